@@ -1,0 +1,69 @@
+//! Binding evidence to one TLS session.
+//!
+//! The attester puts `report_data(spki, binder)` into its evidence; the verifier recomputes it from the
+//! middlebox certificate it saw and from *its own* view of the binder. The binder is normally the TLS
+//! exporter of the secondary session, which is unique per handshake, so evidence replayed from an earlier
+//! handshake carries a different value and is refused (spec `attestation.md`, "Binding").
+
+use sha2::{Digest, Sha256, Sha512};
+use subtle::ConstantTimeEq;
+
+/// Domain-separation prefix of the binding hash.
+pub const BINDING_CONTEXT: &[u8] = b"mbtls attestation v1";
+
+/// TLS exporter label (RFC 5705 / RFC 8446 §7.5) whose output is the default binder.
+pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-mbtls-attestation";
+
+/// Length in bytes of the exporter output used as binder.
+pub const EXPORTER_LEN: usize = 32;
+
+/// Length of a TEE report's user data field (SGX/TDX `REPORTDATA`).
+pub const REPORT_DATA_LEN: usize = 64;
+
+/// `SHA-512("mbtls attestation v1" ‖ SHA-256(spki_der) ‖ binder)`.
+///
+/// `spki_der` is the DER SubjectPublicKeyInfo of the middlebox's TLS key, which ties the evidence to
+/// the key that terminates the secondary session; `binder` is the exporter value (or a verifier
+/// nonce). No length prefix is needed: the only variable-length input comes last.
+pub fn report_data(spki_der: &[u8], binder: &[u8]) -> [u8; REPORT_DATA_LEN] {
+    let spki_hash = Sha256::digest(spki_der);
+    let mut h = Sha512::new();
+    h.update(BINDING_CONTEXT);
+    h.update(spki_hash);
+    h.update(binder);
+    h.finalize().into()
+}
+
+/// Constant-time equality of two report_data values.
+///
+/// Not secret as such, but the comparison is the freshness check, so it leaks nothing about how much
+/// of a forged value was right.
+pub fn report_data_eq(a: &[u8; REPORT_DATA_LEN], b: &[u8; REPORT_DATA_LEN]) -> bool {
+    bool::from(a.ct_eq(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binding_depends_on_every_input() {
+        let base = report_data(b"spki", &[1; 32]);
+        assert_ne!(base, report_data(b"spkj", &[1; 32]));
+        assert_ne!(base, report_data(b"spki", &[2; 32]));
+        assert!(report_data_eq(&base, &report_data(b"spki", &[1; 32])));
+    }
+
+    #[test]
+    fn binding_matches_the_spec_formula() {
+        let spki = b"some spki";
+        let binder = [7u8; 32];
+        let mut input = Vec::new();
+        input.extend_from_slice(b"mbtls attestation v1");
+        input.extend_from_slice(&Sha256::digest(spki));
+        input.extend_from_slice(&binder);
+        let expected: [u8; 64] = Sha512::digest(&input).into();
+        assert_eq!(report_data(spki, &binder), expected);
+        assert_eq!(EXPORTER_LABEL, b"EXPORTER-mbtls-attestation");
+    }
+}

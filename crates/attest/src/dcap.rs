@@ -1,0 +1,137 @@
+//! Intel SGX / TDX DCAP quote verification, offline, with `dcap-qvl`.
+//!
+//! The evidence carries the quote *and* its collateral (TCB info, QE identity, CRLs and their issuer
+//! chains, as served by a PCCS), so the verifier needs no network: `dcap-qvl` checks the chain up to
+//! Intel's SGX root CA (compiled into it), signatures, CRLs and the validity windows at the `now` we
+//! pass, and computes the platform TCB status. We then check the session binding and apply our
+//! [`Policy`]. Debug enclaves are let through `dcap-qvl` on purpose so that our policy's
+//! `allow_debug` (with its own error) decides.
+
+use dcap_qvl::quote::{Quote, Report, TDReport10};
+use dcap_qvl::verify::QuoteVerifier;
+use dcap_qvl::QuoteCollateralV3;
+
+use crate::binding::{report_data_eq, REPORT_DATA_LEN};
+use crate::claims::{Claims, TcbStatus, TeeKind};
+use crate::error::AttestError;
+use crate::evidence::{DcapEvidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::policy::Policy;
+
+/// SGX `ATTRIBUTES.DEBUG` (bit 1 of the first attribute byte).
+const SGX_ATTR_DEBUG: u8 = 0x02;
+/// TDX `TDATTRIBUTES.TUD` ("TD under debug") byte: bit 0 is DEBUG, the others are reserved debug
+/// features; any of them set means the host may inspect the TD, so all count as debug.
+const TDX_TUD_MASK: u8 = 0xff;
+
+/// Verify DCAP evidence at time `now_unix` (seconds since the epoch).
+pub fn verify_dcap(
+    ev: &DcapEvidence,
+    expected_report_data: &[u8; REPORT_DATA_LEN],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<Claims, AttestError> {
+    verify_dcap_quote(
+        ev.quote(),
+        ev.collateral_json(),
+        expected_report_data,
+        policy,
+        now_unix,
+    )
+}
+
+/// Verify a raw quote with its collateral JSON, check its report_data against
+/// `expected_report_data`, and apply `policy`.
+///
+/// Lower-level than [`verify_dcap`] so that a quote whose report_data is not one of our bindings
+/// (such as Intel sample quotes) can be checked.
+pub fn verify_dcap_quote(
+    quote: &[u8],
+    collateral_json: &[u8],
+    expected_report_data: &[u8; REPORT_DATA_LEN],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<Claims, AttestError> {
+    policy.validate()?;
+    if quote.len() > MAX_QUOTE_LEN {
+        return Err(AttestError::TooLarge {
+            what: "quote",
+            len: quote.len(),
+            max: MAX_QUOTE_LEN,
+        });
+    }
+    if collateral_json.len() > MAX_COLLATERAL_LEN {
+        return Err(AttestError::TooLarge {
+            what: "collateral",
+            len: collateral_json.len(),
+            max: MAX_COLLATERAL_LEN,
+        });
+    }
+    let collateral: QuoteCollateralV3 = serde_json::from_slice(collateral_json)
+        .map_err(|e| AttestError::Collateral(e.to_string()))?;
+
+    let verified = QuoteVerifier::new_prod()
+        .allow_debug(true)
+        .verify(quote, &collateral, now_unix)
+        .map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
+
+    let tcb_status: TcbStatus = verified
+        .status
+        .parse()
+        .map_err(|e: String| AttestError::Dcap(e))?;
+    let (claims, report_data) = match &verified.report {
+        Report::SgxEnclave(r) => (
+            Claims {
+                tee: TeeKind::Sgx,
+                measurement: r.mr_enclave.to_vec(),
+                signer: r.mr_signer.to_vec(),
+                product_id: r.isv_prod_id,
+                svn: r.isv_svn,
+                debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
+                tcb_status: Some(tcb_status),
+                advisory_ids: verified.advisory_ids.clone(),
+            },
+            r.report_data,
+        ),
+        Report::TD10(r) => tdx_claims(r, tcb_status, &verified.advisory_ids),
+        Report::TD15(r) => tdx_claims(&r.base, tcb_status, &verified.advisory_ids),
+        Report::TD15Ex(r) => tdx_claims(&r.base.base, tcb_status, &verified.advisory_ids),
+    };
+    if !report_data_eq(&report_data, expected_report_data) {
+        return Err(AttestError::ReportDataMismatch);
+    }
+    policy.check_claims(&claims)?;
+    Ok(claims)
+}
+
+/// Claims of a TD. TDX has no workload signer or ISV SVN: they are reported empty/0 and policy decides
+/// (a non-empty `signers` list or `min_svn > 0` refuses TDX evidence).
+fn tdx_claims(
+    r: &TDReport10,
+    tcb_status: TcbStatus,
+    advisory_ids: &[String],
+) -> (Claims, [u8; REPORT_DATA_LEN]) {
+    let claims = Claims {
+        tee: TeeKind::Tdx,
+        measurement: r.mr_td.to_vec(),
+        signer: Vec::new(),
+        product_id: 0,
+        svn: 0,
+        debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
+        tcb_status: Some(tcb_status),
+        advisory_ids: advisory_ids.to_vec(),
+    };
+    (claims, r.report_data)
+}
+
+/// The report_data field of a quote, read **without verifying anything**.
+///
+/// For diagnostics and tests (e.g. to learn what a sample quote is bound to); never a basis for trust.
+pub fn quote_report_data_unverified(quote: &[u8]) -> Result<[u8; REPORT_DATA_LEN], AttestError> {
+    let q = Quote::parse(quote).map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
+    match &q.report {
+        Report::SgxEnclave(r) => Ok(r.report_data),
+        Report::TD10(r) => Ok(r.report_data),
+        Report::TD15(r) => Ok(r.base.report_data),
+        Report::TD15Ex(r) => Ok(r.base.base.report_data),
+    }
+}

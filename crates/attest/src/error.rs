@@ -1,0 +1,101 @@
+//! One error type for every attestation failure.
+//!
+//! Each refusal has its own variant so that callers (and tests) can tell *which* check failed; the
+//! mbTLS driver turns any of them into a fatal alert.
+
+use std::path::PathBuf;
+
+use crate::claims::TcbStatus;
+
+/// Why evidence was refused or could not be produced.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttestError {
+    /// The evidence bytes do not follow the encoding (truncated, trailing bytes, bad field).
+    #[error("malformed evidence: {0}")]
+    Malformed(&'static str),
+    /// A length field or the whole input exceeds its limit; checked before allocating.
+    #[error("{what} is {len} bytes, limit is {max}")]
+    TooLarge {
+        /// Which part was too large.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The evidence encoding version is not one we understand.
+    #[error("unsupported evidence version {0}")]
+    UnsupportedVersion(u8),
+    /// The evidence kind tag is unknown.
+    #[error("unknown evidence kind {0}")]
+    UnknownKind(u8),
+    /// The policy itself is invalid (bad hex, wrong digest length, unknown field, ...).
+    #[error("invalid attestation policy: {0}")]
+    Policy(String),
+    /// The peer presented no evidence but the policy requires it.
+    #[error("attestation evidence is required by policy but none was presented")]
+    EvidenceRequired,
+    /// Simulated evidence under a policy without `allow_simulated = true`.
+    #[error("simulated attestation evidence is not allowed by policy (allow_simulated = false)")]
+    SimulatedNotAllowed,
+    /// Simulated evidence signed by a platform key the policy does not trust.
+    #[error("simulated evidence is signed by an untrusted platform key {0}")]
+    UntrustedPlatformKey(String),
+    /// The platform signature over simulated evidence does not verify.
+    #[error("simulated evidence signature is invalid")]
+    BadSignature,
+    /// The report_data in the evidence is not the binding of this session.
+    #[error("report_data does not match this session's binding (stale or replayed evidence)")]
+    ReportDataMismatch,
+    /// The policy lists no accepted measurement, so nothing can be accepted.
+    #[error("policy lists no accepted measurements")]
+    NoMeasurementsConfigured,
+    /// The code measurement is not in the policy's list.
+    #[error("code measurement {0} is not accepted by policy")]
+    MeasurementNotAllowed(String),
+    /// The signer measurement is not in the policy's list.
+    #[error("signer {0} is not accepted by policy")]
+    SignerNotAllowed(String),
+    /// The security version is below `min_svn`.
+    #[error("security version {svn} is below the policy minimum {min}")]
+    SvnTooLow {
+        /// The evidence's SVN.
+        svn: u16,
+        /// The policy's `min_svn`.
+        min: u16,
+    },
+    /// A debug-mode TEE (its memory is readable by the host) under `allow_debug = false`.
+    #[error("debug-mode TEE is not allowed by policy (allow_debug = false)")]
+    DebugNotAllowed,
+    /// The platform's TCB status is not in the policy's accepted list.
+    #[error("TCB status {0} is not accepted by policy")]
+    TcbStatusNotAllowed(TcbStatus),
+    /// DCAP quote or collateral verification failed (signature chain, expiry, revocation, parse).
+    #[error("DCAP quote verification failed: {0}")]
+    Dcap(String),
+    /// The DCAP collateral JSON could not be parsed.
+    #[error("DCAP collateral is invalid: {0}")]
+    Collateral(String),
+    /// Key generation or loading failed.
+    #[error("platform key error: {0}")]
+    Key(&'static str),
+    /// `/dev/attestation` is missing: the process is not running inside a Gramine enclave.
+    #[error("not inside Gramine: {} does not exist", path.display())]
+    NotInsideGramine {
+        /// The missing file.
+        path: PathBuf,
+    },
+    /// Gramine is configured with an attestation type we cannot use (e.g. `none`, `epid`).
+    #[error("Gramine attestation type {0:?} is not supported (need \"dcap\")")]
+    UnsupportedAttestationType(String),
+    /// Reading or writing an attestation file failed.
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

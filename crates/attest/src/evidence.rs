@@ -1,0 +1,396 @@
+//! Evidence and its wire encoding.
+//!
+//! Evidence travels from the middlebox to the endpoint over the secondary TLS session, so decoding
+//! handles untrusted bytes: every length is checked against a limit before anything is allocated, and
+//! nothing panics. Encoding (all integers big-endian):
+//!
+//! ```text
+//! magic "MBXA" | version u8 (= 1) | kind u8 | body
+//! kind 1, simulated: measurement[32] signer[32] product_id u16 svn u16 debug u8 (0|1)
+//!                    report_data[64] platform_key[32] signature[64]
+//!                    (Ed25519 signature over every preceding byte, magic included)
+//! kind 2, DCAP:      quote_len u32 | quote | collateral_len u32 | collateral (JSON, PCCS format)
+//! ```
+//!
+//! The decoder requires the input to end exactly where the body ends.
+
+use crate::binding::REPORT_DATA_LEN;
+use crate::error::AttestError;
+
+/// Leading bytes of every encoded evidence.
+pub const MAGIC: [u8; 4] = *b"MBXA";
+/// The only encoding version produced and accepted.
+pub const VERSION: u8 = 1;
+/// Largest encoded evidence accepted.
+pub const MAX_EVIDENCE_LEN: usize = 192 * 1024;
+/// Largest DCAP quote accepted (real SGX/TDX quotes with their PCK chain are about 5 KiB).
+pub const MAX_QUOTE_LEN: usize = 32 * 1024;
+/// Largest DCAP collateral JSON accepted (Intel's are 14–25 KiB).
+pub const MAX_COLLATERAL_LEN: usize = 128 * 1024;
+
+/// Evidence kind tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum EvidenceKind {
+    /// Software simulator, signed by a platform key.
+    Simulated = 1,
+    /// Intel SGX/TDX DCAP quote plus collateral.
+    Dcap = 2,
+}
+
+impl EvidenceKind {
+    fn from_u8(v: u8) -> Result<Self, AttestError> {
+        match v {
+            1 => Ok(EvidenceKind::Simulated),
+            2 => Ok(EvidenceKind::Dcap),
+            other => Err(AttestError::UnknownKind(other)),
+        }
+    }
+}
+
+/// Simulated evidence: a report signed by a software platform key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimEvidence {
+    /// Code measurement (see [`crate::sim::measure`]).
+    pub measurement: [u8; 32],
+    /// Signer measurement (see [`crate::sim::signer_id`]).
+    pub signer: [u8; 32],
+    /// Product id.
+    pub product_id: u16,
+    /// Security version.
+    pub svn: u16,
+    /// Claimed debug mode.
+    pub debug: bool,
+    /// Session binding, see [`crate::binding::report_data`].
+    pub report_data: [u8; REPORT_DATA_LEN],
+    /// Ed25519 public key of the platform that signed.
+    pub platform_key: [u8; 32],
+    /// Ed25519 signature over [`SimEvidence::signed_bytes`].
+    pub signature: [u8; 64],
+}
+
+/// Encoded length of a simulated evidence (header included).
+const SIM_LEN: usize = 4 + 1 + 1 + 32 + 32 + 2 + 2 + 1 + REPORT_DATA_LEN + 32 + 64;
+
+impl SimEvidence {
+    /// The bytes the platform key signs: the whole encoding up to the signature.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SIM_LEN);
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(EvidenceKind::Simulated as u8);
+        out.extend_from_slice(&self.measurement);
+        out.extend_from_slice(&self.signer);
+        out.extend_from_slice(&self.product_id.to_be_bytes());
+        out.extend_from_slice(&self.svn.to_be_bytes());
+        out.push(u8::from(self.debug));
+        out.extend_from_slice(&self.report_data);
+        out.extend_from_slice(&self.platform_key);
+        out
+    }
+}
+
+/// DCAP evidence: a quote and the collateral that lets the verifier check it offline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DcapEvidence {
+    quote: Vec<u8>,
+    collateral_json: Vec<u8>,
+}
+
+impl DcapEvidence {
+    /// Wrap a quote and its collateral (PCCS JSON, as `dcap-qvl`'s `QuoteCollateralV3` serializes).
+    pub fn new(quote: Vec<u8>, collateral_json: Vec<u8>) -> Result<Self, AttestError> {
+        check_len("quote", quote.len(), MAX_QUOTE_LEN)?;
+        check_len("collateral", collateral_json.len(), MAX_COLLATERAL_LEN)?;
+        Ok(DcapEvidence {
+            quote,
+            collateral_json,
+        })
+    }
+
+    /// The raw SGX/TDX quote.
+    pub fn quote(&self) -> &[u8] {
+        &self.quote
+    }
+
+    /// The collateral JSON.
+    pub fn collateral_json(&self) -> &[u8] {
+        &self.collateral_json
+    }
+}
+
+/// Evidence from some TEE backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// From the software simulator.
+    Simulated(SimEvidence),
+    /// From Intel SGX/TDX.
+    Dcap(DcapEvidence),
+}
+
+fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), AttestError> {
+    if len > max {
+        Err(AttestError::TooLarge { what, len, max })
+    } else {
+        Ok(())
+    }
+}
+
+/// Bounds-checked cursor over untrusted bytes.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], AttestError> {
+        if n > self.buf.len() {
+            return Err(AttestError::Malformed("truncated"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], AttestError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, AttestError> {
+        Ok(u8::from_be_bytes(self.array()?))
+    }
+
+    fn u16(&mut self) -> Result<u16, AttestError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, AttestError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    /// A `u32`-length-prefixed field, refused above `max` before it is read.
+    fn vec32(&mut self, what: &'static str, max: usize) -> Result<Vec<u8>, AttestError> {
+        let len = usize::try_from(self.u32()?).unwrap_or(usize::MAX);
+        check_len(what, len, max)?;
+        Ok(self.take(len)?.to_vec())
+    }
+
+    fn finish(&self) -> Result<(), AttestError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(AttestError::Malformed("trailing bytes"))
+        }
+    }
+}
+
+impl Evidence {
+    /// The kind tag.
+    pub fn kind(&self) -> EvidenceKind {
+        match self {
+            Evidence::Simulated(_) => EvidenceKind::Simulated,
+            Evidence::Dcap(_) => EvidenceKind::Dcap,
+        }
+    }
+
+    /// Encode for the wire.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Evidence::Simulated(sim) => {
+                let mut out = sim.signed_bytes();
+                out.extend_from_slice(&sim.signature);
+                out
+            }
+            Evidence::Dcap(d) => {
+                let mut out = Vec::with_capacity(14 + d.quote.len() + d.collateral_json.len());
+                out.extend_from_slice(&MAGIC);
+                out.push(VERSION);
+                out.push(EvidenceKind::Dcap as u8);
+                // Lengths fit: `DcapEvidence::new` bounds them far below u32::MAX.
+                out.extend_from_slice(&(d.quote.len() as u32).to_be_bytes());
+                out.extend_from_slice(&d.quote);
+                out.extend_from_slice(&(d.collateral_json.len() as u32).to_be_bytes());
+                out.extend_from_slice(&d.collateral_json);
+                out
+            }
+        }
+    }
+
+    /// Decode untrusted bytes. Never panics; refuses oversize input before allocating.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, AttestError> {
+        check_len("evidence", bytes.len(), MAX_EVIDENCE_LEN)?;
+        let mut r = Reader { buf: bytes };
+        if r.array::<4>()? != MAGIC {
+            return Err(AttestError::Malformed("bad magic"));
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(AttestError::UnsupportedVersion(version));
+        }
+        let evidence = match EvidenceKind::from_u8(r.u8()?)? {
+            EvidenceKind::Simulated => {
+                let measurement = r.array()?;
+                let signer = r.array()?;
+                let product_id = r.u16()?;
+                let svn = r.u16()?;
+                let debug = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(AttestError::Malformed("debug flag is not 0 or 1")),
+                };
+                Evidence::Simulated(SimEvidence {
+                    measurement,
+                    signer,
+                    product_id,
+                    svn,
+                    debug,
+                    report_data: r.array()?,
+                    platform_key: r.array()?,
+                    signature: r.array()?,
+                })
+            }
+            EvidenceKind::Dcap => {
+                let quote = r.vec32("quote", MAX_QUOTE_LEN)?;
+                let collateral_json = r.vec32("collateral", MAX_COLLATERAL_LEN)?;
+                Evidence::Dcap(DcapEvidence {
+                    quote,
+                    collateral_json,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(evidence)
+    }
+}
+
+/// Serialized as its wire encoding (a byte string), so evidence can sit inside other messages.
+impl serde::Serialize for Evidence {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.to_bytes())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Evidence {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Evidence;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("encoded attestation evidence (bytes)")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Evidence, E> {
+                Evidence::from_bytes(v).map_err(E::custom)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Evidence, A::Error> {
+                let mut buf = Vec::new();
+                while let Some(b) = seq.next_element::<u8>()? {
+                    if buf.len() >= MAX_EVIDENCE_LEN {
+                        return Err(serde::de::Error::custom("evidence too large"));
+                    }
+                    buf.push(b);
+                }
+                Evidence::from_bytes(&buf).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim() -> SimEvidence {
+        SimEvidence {
+            measurement: [1; 32],
+            signer: [2; 32],
+            product_id: 0x0304,
+            svn: 0x0506,
+            debug: true,
+            report_data: [7; 64],
+            platform_key: [8; 32],
+            signature: [9; 64],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let e = Evidence::Simulated(sim());
+        let bytes = e.to_bytes();
+        assert_eq!(bytes.len(), SIM_LEN);
+        assert_eq!(Evidence::from_bytes(&bytes).unwrap(), e);
+
+        let d = Evidence::Dcap(DcapEvidence::new(vec![1, 2, 3], b"{}".to_vec()).unwrap());
+        assert_eq!(Evidence::from_bytes(&d.to_bytes()).unwrap(), d);
+        assert_eq!(d.kind(), EvidenceKind::Dcap);
+    }
+
+    #[test]
+    fn serde_uses_the_wire_encoding() {
+        let e = Evidence::Simulated(sim());
+        let json = serde_json::to_vec(&e).unwrap();
+        assert_eq!(serde_json::from_slice::<Evidence>(&json).unwrap(), e);
+        let expected: Vec<u8> = e.to_bytes();
+        assert_eq!(json, serde_json::to_vec(&expected).unwrap());
+        assert!(serde_json::from_slice::<Evidence>(b"[1,2,3]").is_err());
+    }
+
+    #[test]
+    fn rejects_header_problems() {
+        let good = Evidence::Simulated(sim()).to_bytes();
+        let mut b = good.clone();
+        b[0] ^= 1;
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::Malformed("bad magic"))
+        ));
+        let mut b = good.clone();
+        b[4] = 2;
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::UnsupportedVersion(2))
+        ));
+        let mut b = good.clone();
+        b[5] = 9;
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::UnknownKind(9))
+        ));
+        let mut b = good.clone();
+        b[4 + 1 + 1 + 64 + 4] = 2; // debug flag
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::Malformed(_))
+        ));
+        let mut b = good;
+        b.push(0);
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::Malformed("trailing bytes"))
+        ));
+    }
+
+    #[test]
+    fn length_limits_apply_before_allocation() {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&[VERSION, EvidenceKind::Dcap as u8]);
+        b.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            Evidence::from_bytes(&b),
+            Err(AttestError::TooLarge { what: "quote", .. })
+        ));
+        assert!(matches!(
+            Evidence::from_bytes(&vec![0; MAX_EVIDENCE_LEN + 1]),
+            Err(AttestError::TooLarge {
+                what: "evidence",
+                ..
+            })
+        ));
+        assert!(DcapEvidence::new(vec![0; MAX_QUOTE_LEN + 1], vec![]).is_err());
+        assert!(DcapEvidence::new(vec![], vec![0; MAX_COLLATERAL_LEN + 1]).is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! Quote generation inside a Gramine SGX enclave, through its `/dev/attestation` pseudo-files.
+//!
+//! Protocol (Gramine "attestation" docs): read `attestation_type` (must be `dcap`), write the 64-byte
+//! report_data to `user_report_data`, then read `quote`, which Gramine produces via the quoting
+//! enclave. The collateral that makes the evidence verifiable offline cannot be produced inside the
+//! enclave without network access, so it is read from a file that the operator keeps fresh (e.g. a
+//! periodic PCCS fetch by a helper outside the middlebox).
+//!
+//! This path needs SGX hardware and Gramine; it **cannot be exercised on our machines**. Only the
+//! failure outside Gramine is tested.
+
+use std::fs;
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::binding::REPORT_DATA_LEN;
+use crate::error::AttestError;
+use crate::evidence::{DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::verify::Attester;
+
+/// Where Gramine mounts its attestation pseudo-files.
+pub const GRAMINE_ATTESTATION_DIR: &str = "/dev/attestation";
+
+/// Attester for a middlebox running in a Gramine SGX enclave with DCAP.
+#[derive(Clone, Debug)]
+pub struct GramineAttester {
+    dir: PathBuf,
+    collateral_path: PathBuf,
+}
+
+impl GramineAttester {
+    /// Use `/dev/attestation` and the collateral JSON at `collateral_path`.
+    pub fn new(collateral_path: impl Into<PathBuf>) -> Self {
+        GramineAttester {
+            dir: PathBuf::from(GRAMINE_ATTESTATION_DIR),
+            collateral_path: collateral_path.into(),
+        }
+    }
+
+    /// Use another directory than `/dev/attestation` (for tests of the failure paths).
+    pub fn with_attestation_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = dir.into();
+        self
+    }
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> AttestError {
+    AttestError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Read at most `max` bytes; a longer file is an error rather than a silent truncation.
+fn read_limited(path: &Path, what: &'static str, max: usize) -> Result<Vec<u8>, AttestError> {
+    let file = fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut buf = Vec::new();
+    file.take(max as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| io_err(path, e))?;
+    if buf.len() > max {
+        return Err(AttestError::TooLarge {
+            what,
+            len: buf.len(),
+            max,
+        });
+    }
+    Ok(buf)
+}
+
+impl Attester for GramineAttester {
+    fn evidence(&self, report_data: &[u8; REPORT_DATA_LEN]) -> Result<Evidence, AttestError> {
+        let type_path = self.dir.join("attestation_type");
+        let attestation_type = match fs::read_to_string(&type_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(AttestError::NotInsideGramine { path: type_path })
+            }
+            Err(e) => return Err(io_err(&type_path, e)),
+        };
+        let attestation_type = attestation_type.trim();
+        if attestation_type != "dcap" {
+            return Err(AttestError::UnsupportedAttestationType(
+                attestation_type.to_string(),
+            ));
+        }
+
+        // The pseudo-file exists inside Gramine; never create a regular file in its place.
+        let urd_path = self.dir.join("user_report_data");
+        let mut urd = fs::OpenOptions::new()
+            .write(true)
+            .open(&urd_path)
+            .map_err(|e| io_err(&urd_path, e))?;
+        urd.write_all(report_data)
+            .map_err(|e| io_err(&urd_path, e))?;
+        drop(urd);
+
+        let quote = read_limited(&self.dir.join("quote"), "quote", MAX_QUOTE_LEN)?;
+        let collateral = read_limited(&self.collateral_path, "collateral", MAX_COLLATERAL_LEN)?;
+        Ok(Evidence::Dcap(DcapEvidence::new(quote, collateral)?))
+    }
+}

@@ -1,0 +1,38 @@
+//! Attestation for mbx: evidence that a middlebox runs the expected code in a TEE, bound to one TLS
+//! session, checked against a policy before any session key is released to it.
+//!
+//! - [`binding`]: `report_data = SHA-512("mbtls attestation v1" ‖ SHA-256(SPKI) ‖ binder)`, the binder
+//!   being the secondary session's exporter ([`EXPORTER_LABEL`], 32 bytes).
+//! - [`evidence`]: the versioned, kind-tagged wire encoding; decoding untrusted bytes never panics.
+//! - [`sim`]: a software platform key standing in for hardware; refused unless the policy sets
+//!   `allow_simulated = true`, and every acceptance logs a warning.
+//! - [`dcap`]: offline Intel SGX/TDX quote verification with `dcap-qvl` (quote + collateral).
+//! - [`gramine`]: quote generation inside a Gramine enclave (needs hardware; not testable here).
+//! - [`policy`]: the `[attestation]` table of the configuration.
+//!
+//! The spec is `attestation.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod binding;
+pub mod claims;
+pub mod dcap;
+pub mod error;
+pub mod evidence;
+pub mod gramine;
+pub mod policy;
+pub mod sim;
+pub mod verify;
+
+pub use binding::{
+    report_data, report_data_eq, BINDING_CONTEXT, EXPORTER_LABEL, EXPORTER_LEN, REPORT_DATA_LEN,
+};
+pub use claims::{Claims, TcbStatus, TeeKind};
+pub use dcap::{quote_report_data_unverified, verify_dcap, verify_dcap_quote};
+pub use error::AttestError;
+pub use evidence::{DcapEvidence, Evidence, EvidenceKind, SimEvidence};
+pub use gramine::GramineAttester;
+pub use policy::{HexBytes, Policy};
+pub use sim::{verify_simulated, SimulatedAttester, SimulatedPlatform};
+pub use verify::{unix_seconds, verify, verify_bytes, Attester, DefaultVerifier, Verifier};

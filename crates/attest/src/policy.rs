@@ -1,0 +1,381 @@
+//! Relying-party policy: which attested peers are acceptable.
+//!
+//! Configured as the `[attestation]` table of `attestation.md`:
+//!
+//! ```toml
+//! [attestation]
+//! required = true                 # refuse middleboxes that present no evidence
+//! allow_simulated = false         # default; tests and the demo set it explicitly
+//! measurements = ["<hex>"]        # accepted code measurements (MRENCLAVE / MRTD / simulated)
+//! signers = ["<hex>"]             # accepted signers (optional; empty = any signer)
+//! min_svn = 0
+//! allow_debug = false
+//! # Extensions of this crate (optional):
+//! accepted_tcb_statuses = ["UpToDate"]   # DCAP platform TCB statuses accepted (default: UpToDate only)
+//! sim_platform_keys = ["<hex>"]          # Ed25519 public keys of trusted simulated platforms
+//! ```
+//!
+//! Everything fails closed: an empty `measurements` list accepts nothing, simulated evidence needs
+//! `allow_simulated = true` *and* a trusted platform key, and `Revoked` can never be accepted.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use subtle::{Choice, ConstantTimeEq};
+
+use crate::claims::{Claims, TcbStatus};
+use crate::error::AttestError;
+
+/// Bytes written as a hex string in configuration files.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct HexBytes(pub Vec<u8>);
+
+impl HexBytes {
+    /// Parse a hex string (upper or lower case, no prefix).
+    pub fn from_hex(s: &str) -> Result<Self, AttestError> {
+        hex::decode(s.trim())
+            .map(HexBytes)
+            .map_err(|e| AttestError::Policy(format!("invalid hex {s:?}: {e}")))
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for HexBytes {
+    fn from(b: &[u8]) -> Self {
+        HexBytes(b.to_vec())
+    }
+}
+
+impl<const N: usize> From<[u8; N]> for HexBytes {
+    fn from(b: [u8; N]) -> Self {
+        HexBytes(b.to_vec())
+    }
+}
+
+impl fmt::Debug for HexBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(&self.0))
+    }
+}
+
+impl fmt::Display for HexBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(&self.0))
+    }
+}
+
+impl Serialize for HexBytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for HexBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        hex::decode(s.trim())
+            .map(HexBytes)
+            .map_err(|e| serde::de::Error::custom(format!("invalid hex {s:?}: {e}")))
+    }
+}
+
+/// Lengths a measurement or signer may have: 32 (SGX, simulated) or 48 (TDX).
+const DIGEST_LENS: [usize; 2] = [32, 48];
+
+/// Length of an Ed25519 public key.
+const ED25519_PUBLIC_KEY_LEN: usize = 32;
+
+/// Acceptance policy for attestation evidence (the `[attestation]` table).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// Refuse peers that present no evidence. Default `true`.
+    pub required: bool,
+    /// Accept evidence from the software simulator. Default `false`; never set it in production.
+    pub allow_simulated: bool,
+    /// Accepted code measurements. Empty accepts nothing.
+    pub measurements: Vec<HexBytes>,
+    /// Accepted signer measurements. Empty accepts any signer.
+    pub signers: Vec<HexBytes>,
+    /// Minimum security version (ISV SVN for SGX; TDX quotes carry none and report 0).
+    pub min_svn: u16,
+    /// Accept TEEs running in debug mode. Default `false`.
+    pub allow_debug: bool,
+    /// DCAP platform TCB statuses to accept. Default `["UpToDate"]`. Typical additions are
+    /// `SWHardeningNeeded` (the enclave is built with the mitigations) and `ConfigurationNeeded`
+    /// (e.g. SMT enabled, accepted knowingly). `Revoked` is refused even if listed.
+    pub accepted_tcb_statuses: Vec<TcbStatus>,
+    /// Ed25519 public keys (32 bytes, hex) of the simulated platforms whose evidence is trusted.
+    pub sim_platform_keys: Vec<HexBytes>,
+}
+
+impl Default for Policy {
+    /// Strict: evidence required, no simulator, no debug, UpToDate TCB only, no measurement yet.
+    fn default() -> Self {
+        Policy {
+            required: true,
+            allow_simulated: false,
+            measurements: Vec::new(),
+            signers: Vec::new(),
+            min_svn: 0,
+            allow_debug: false,
+            accepted_tcb_statuses: vec![TcbStatus::UpToDate],
+            sim_platform_keys: Vec::new(),
+        }
+    }
+}
+
+/// Constant-time "is `value` one of `list`": every entry is compared in full, whatever matches.
+fn ct_contains(list: &[HexBytes], value: &[u8]) -> bool {
+    let mut found = Choice::from(0);
+    for item in list {
+        found |= item.0.as_slice().ct_eq(value);
+    }
+    bool::from(found)
+}
+
+impl Policy {
+    /// Parse a policy from TOML: either a document with an `[attestation]` table, or the table's
+    /// contents on their own. The result is validated.
+    pub fn from_toml_str(s: &str) -> Result<Self, AttestError> {
+        let value: toml::Table = s
+            .parse()
+            .map_err(|e: toml::de::Error| AttestError::Policy(e.to_string()))?;
+        let table = match value.get("attestation") {
+            Some(toml::Value::Table(t)) => t.clone(),
+            Some(_) => return Err(AttestError::Policy("`attestation` must be a table".into())),
+            None => value,
+        };
+        let policy: Policy = table
+            .try_into()
+            .map_err(|e: toml::de::Error| AttestError::Policy(e.to_string()))?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Reject configuration mistakes that would otherwise silently never match.
+    pub fn validate(&self) -> Result<(), AttestError> {
+        for (what, list) in [
+            ("measurement", &self.measurements),
+            ("signer", &self.signers),
+        ] {
+            for m in list {
+                if !DIGEST_LENS.contains(&m.0.len()) {
+                    return Err(AttestError::Policy(format!(
+                        "{what} {m} is {} bytes; expected 32 (SGX/simulated) or 48 (TDX)",
+                        m.0.len()
+                    )));
+                }
+            }
+        }
+        for k in &self.sim_platform_keys {
+            if k.0.len() != ED25519_PUBLIC_KEY_LEN {
+                return Err(AttestError::Policy(format!(
+                    "simulated platform key {k} is {} bytes; expected a 32-byte Ed25519 key",
+                    k.0.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decide what to do when the peer presented no evidence at all.
+    pub fn check_missing_evidence(&self) -> Result<(), AttestError> {
+        if self.required {
+            Err(AttestError::EvidenceRequired)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Is this Ed25519 public key a trusted simulated platform?
+    pub(crate) fn trusts_platform_key(&self, key: &[u8]) -> bool {
+        self.sim_platform_keys.iter().any(|k| k.0 == key)
+    }
+
+    /// Apply the policy to claims whose signature and binding were already verified.
+    ///
+    /// Measurement and signer comparisons are constant-time over the whole list.
+    pub fn check_claims(&self, claims: &Claims) -> Result<(), AttestError> {
+        if self.measurements.is_empty() {
+            return Err(AttestError::NoMeasurementsConfigured);
+        }
+        if !ct_contains(&self.measurements, &claims.measurement) {
+            return Err(AttestError::MeasurementNotAllowed(hex::encode(
+                &claims.measurement,
+            )));
+        }
+        if !self.signers.is_empty() && !ct_contains(&self.signers, &claims.signer) {
+            return Err(AttestError::SignerNotAllowed(hex::encode(&claims.signer)));
+        }
+        if claims.svn < self.min_svn {
+            return Err(AttestError::SvnTooLow {
+                svn: claims.svn,
+                min: self.min_svn,
+            });
+        }
+        if claims.debug && !self.allow_debug {
+            return Err(AttestError::DebugNotAllowed);
+        }
+        if let Some(status) = claims.tcb_status {
+            if status == TcbStatus::Revoked || !self.accepted_tcb_statuses.contains(&status) {
+                return Err(AttestError::TcbStatusNotAllowed(status));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::TeeKind;
+
+    fn claims() -> Claims {
+        Claims {
+            tee: TeeKind::Sgx,
+            measurement: vec![1; 32],
+            signer: vec![2; 32],
+            product_id: 0,
+            svn: 3,
+            debug: false,
+            tcb_status: Some(TcbStatus::UpToDate),
+            advisory_ids: vec![],
+        }
+    }
+
+    fn accepting() -> Policy {
+        Policy {
+            measurements: vec![HexBytes(vec![1; 32])],
+            signers: vec![HexBytes(vec![2; 32])],
+            min_svn: 3,
+            ..Policy::default()
+        }
+    }
+
+    #[test]
+    fn parses_the_spec_table() {
+        let m = "11".repeat(32);
+        let s = "22".repeat(32);
+        let doc = format!(
+            "[attestation]\nrequired = true\nallow_simulated = false\nmeasurements = [\"{m}\"]\n\
+             signers = [\"{s}\"]\nmin_svn = 2\nallow_debug = false\n"
+        );
+        let p = Policy::from_toml_str(&doc).unwrap();
+        assert_eq!(
+            p,
+            Policy {
+                measurements: vec![HexBytes(vec![0x11; 32])],
+                signers: vec![HexBytes(vec![0x22; 32])],
+                min_svn: 2,
+                ..Policy::default()
+            }
+        );
+        // The bare table works too, and extensions parse.
+        let p = Policy::from_toml_str(&format!(
+            "measurements = [\"{m}\"]\naccepted_tcb_statuses = [\"UpToDate\", \"SWHardeningNeeded\"]\n\
+             allow_simulated = true\nsim_platform_keys = [\"{s}\"]"
+        ))
+        .unwrap();
+        assert!(p.allow_simulated);
+        assert_eq!(
+            p.accepted_tcb_statuses,
+            [TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded]
+        );
+    }
+
+    #[test]
+    fn defaults_are_strict() {
+        let p = Policy::from_toml_str("").unwrap();
+        assert_eq!(p, Policy::default());
+        assert!(p.required && !p.allow_simulated && !p.allow_debug);
+        assert!(matches!(
+            p.check_missing_evidence(),
+            Err(AttestError::EvidenceRequired)
+        ));
+        assert!(Policy {
+            required: false,
+            ..Policy::default()
+        }
+        .check_missing_evidence()
+        .is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_config() {
+        for bad in [
+            "measurements = [\"zz\"]",
+            "measurements = [\"1234\"]",
+            "sim_platform_keys = [\"1234\"]",
+            "allow_simulate = true",
+            "accepted_tcb_statuses = [\"Fine\"]",
+            "attestation = 3",
+        ] {
+            assert!(
+                matches!(Policy::from_toml_str(bad), Err(AttestError::Policy(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn check_claims_each_rule() {
+        assert!(accepting().check_claims(&claims()).is_ok());
+        assert!(matches!(
+            Policy::default().check_claims(&claims()),
+            Err(AttestError::NoMeasurementsConfigured)
+        ));
+        let mut c = claims();
+        c.measurement[31] ^= 1;
+        assert!(matches!(
+            accepting().check_claims(&c),
+            Err(AttestError::MeasurementNotAllowed(_))
+        ));
+        let mut c = claims();
+        c.signer[0] ^= 1;
+        assert!(matches!(
+            accepting().check_claims(&c),
+            Err(AttestError::SignerNotAllowed(_))
+        ));
+        let mut c = claims();
+        c.svn = 2;
+        assert!(matches!(
+            accepting().check_claims(&c),
+            Err(AttestError::SvnTooLow { svn: 2, min: 3 })
+        ));
+        let mut c = claims();
+        c.debug = true;
+        assert!(matches!(
+            accepting().check_claims(&c),
+            Err(AttestError::DebugNotAllowed)
+        ));
+        let mut c = claims();
+        c.tcb_status = Some(TcbStatus::OutOfDate);
+        assert!(matches!(
+            accepting().check_claims(&c),
+            Err(AttestError::TcbStatusNotAllowed(TcbStatus::OutOfDate))
+        ));
+        let mut c = claims();
+        c.tcb_status = Some(TcbStatus::Revoked);
+        let p = Policy {
+            accepted_tcb_statuses: vec![TcbStatus::Revoked],
+            ..accepting()
+        };
+        assert!(matches!(
+            p.check_claims(&c),
+            Err(AttestError::TcbStatusNotAllowed(TcbStatus::Revoked))
+        ));
+    }
+
+    #[test]
+    fn ct_contains_requires_equal_length() {
+        let list = [HexBytes(vec![1; 32])];
+        assert!(ct_contains(&list, &[1; 32]));
+        assert!(!ct_contains(&list, &[1; 31]));
+        assert!(!ct_contains(&[], &[1; 32]));
+    }
+}

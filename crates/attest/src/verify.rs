@@ -1,0 +1,82 @@
+//! The two roles: the attester (inside the TEE) and the verifier (the relying endpoint).
+
+use crate::binding::REPORT_DATA_LEN;
+use crate::claims::Claims;
+use crate::dcap::verify_dcap;
+use crate::error::AttestError;
+use crate::evidence::Evidence;
+use crate::policy::Policy;
+use crate::sim::verify_simulated;
+
+/// Produces evidence binding `report_data` to the TEE's identity.
+pub trait Attester: Send + Sync {
+    /// Evidence whose report_data field is exactly `report_data`.
+    fn evidence(&self, report_data: &[u8; REPORT_DATA_LEN]) -> Result<Evidence, AttestError>;
+}
+
+/// Checks evidence against the session binding and a policy.
+pub trait Verifier: Send + Sync {
+    /// `Ok(claims)` only if the evidence is authentic, bound to `expected_report_data`, and
+    /// acceptable under `policy` at `now_unix` (seconds since the Unix epoch).
+    fn verify(
+        &self,
+        evidence: &Evidence,
+        expected_report_data: &[u8; REPORT_DATA_LEN],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<Claims, AttestError>;
+}
+
+/// The verifier for every backend this crate knows; dispatches on the evidence kind.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultVerifier;
+
+impl Verifier for DefaultVerifier {
+    fn verify(
+        &self,
+        evidence: &Evidence,
+        expected_report_data: &[u8; REPORT_DATA_LEN],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<Claims, AttestError> {
+        verify(evidence, expected_report_data, policy, now_unix)
+    }
+}
+
+/// Verify any evidence: dispatches to the simulated or DCAP backend by kind.
+///
+/// `now_unix` is passed in (not read from the clock) so the check is deterministic and testable;
+/// drivers pass the current time.
+pub fn verify(
+    evidence: &Evidence,
+    expected_report_data: &[u8; REPORT_DATA_LEN],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<Claims, AttestError> {
+    match evidence {
+        Evidence::Simulated(ev) => verify_simulated(ev, expected_report_data, policy),
+        Evidence::Dcap(ev) => verify_dcap(ev, expected_report_data, policy, now_unix),
+    }
+}
+
+/// Seconds since the Unix epoch of `t` (0 before the epoch), for the `now_unix` argument.
+pub fn unix_seconds(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Decode untrusted evidence bytes and [`verify`] them.
+pub fn verify_bytes(
+    evidence: &[u8],
+    expected_report_data: &[u8; REPORT_DATA_LEN],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<Claims, AttestError> {
+    verify(
+        &Evidence::from_bytes(evidence)?,
+        expected_report_data,
+        policy,
+        now_unix,
+    )
+}

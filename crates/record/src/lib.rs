@@ -1,0 +1,24 @@
+//! TLS record protection and key schedules for mbx.
+//!
+//! mbTLS, maTLS, BlindBox and EndBox all need a record layer that runs under keys a TLS library
+//! would not accept (per-hop keys, exported session keys). This crate is that record layer:
+//! AEAD protection of TLS 1.2 (RFC 5288, RFC 7905) and TLS 1.3 (RFC 8446 §5) records, and the
+//! TLS 1.2 PRF / TLS 1.3 HKDF-Expand-Label key derivations. It is sans-I/O: callers feed whole
+//! records (see `mbx_wire::RecordReader`) and get plaintext back, or the reverse.
+//!
+//! Cryptography is `ring`'s. Key material we hold is zeroized on drop; `ring`'s own expanded
+//! key schedules are outside our control.
+
+pub mod error;
+pub mod keys;
+pub mod protect;
+pub mod suite;
+pub mod tls12;
+pub mod tls13;
+
+pub use error::RecordError;
+pub use keys::TrafficKeys;
+pub use mbx_wire::ContentType;
+pub use protect::{Opened, RecordOpener, RecordSealer};
+pub use suite::{Aead, CipherSuite, HashAlg, TlsVersion};
+pub use zeroize::Zeroizing;

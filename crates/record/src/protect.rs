@@ -1,0 +1,465 @@
+//! Record protection: sealing and opening whole TLS records.
+//!
+//! TLS 1.2 (RFC 5246 §6.2.3.3): AES-GCM records carry an 8-byte explicit nonce (we send the
+//! sequence number, RFC 5288 §3) after a 4-byte implicit salt; ChaCha20-Poly1305 records carry
+//! none and XOR the sequence number into a 12-byte IV (RFC 7905 §2). AAD = seq ‖ type ‖
+//! version ‖ plaintext length.
+//!
+//! TLS 1.3 (RFC 8446 §5.2–§5.4): nonce = IV XOR padded sequence number, outer type
+//! application_data and version 0x0303, AAD = the 5-byte header, and the plaintext is
+//! `content ‖ type ‖ zeros`.
+//!
+//! Sequence numbers are never reused and never wrap: at 2^64−1 both sides stop with
+//! [`RecordError::SequenceExhausted`]. An opener that saw one bad record refuses all later ones.
+
+use core::fmt;
+
+use mbx_wire::record::{
+    HEADER_LEN, MAX_CIPHERTEXT_LEN_TLS12, MAX_CIPHERTEXT_LEN_TLS13, MAX_PLAINTEXT_LEN,
+};
+use mbx_wire::{version, ContentType, RecordHeader, WireError};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
+use zeroize::{Zeroize, Zeroizing};
+
+use crate::error::RecordError;
+use crate::keys::TrafficKeys;
+use crate::suite::{Aead, TlsVersion};
+
+/// The version field every protected record carries (TLS 1.2, and TLS 1.3's legacy value).
+const RECORD_VERSION: u16 = version::TLS1_2;
+
+/// A successfully opened record.
+pub struct Opened {
+    /// The content type; for TLS 1.3 the inner (real) type.
+    pub content_type: ContentType,
+    pub plaintext: Zeroizing<Vec<u8>>,
+}
+
+impl fmt::Debug for Opened {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opened")
+            .field("content_type", &self.content_type)
+            .field("plaintext_len", &self.plaintext.len())
+            .finish()
+    }
+}
+
+/// The keyed AEAD plus what is needed to build nonces.
+struct Cipher {
+    version: TlsVersion,
+    aead: Aead,
+    key: LessSafeKey,
+    /// TLS 1.3 / TLS 1.2 ChaCha20: the full IV. TLS 1.2 GCM: the salt, then zeros.
+    iv: Zeroizing<[u8; 12]>,
+    fingerprint: [u8; 8],
+}
+
+impl Cipher {
+    fn new(version: TlsVersion, keys: &TrafficKeys) -> Result<Cipher, RecordError> {
+        let aead = keys.aead();
+        let want_iv = match version {
+            TlsVersion::Tls13 => aead.nonce_len(),
+            TlsVersion::Tls12 => aead.tls12_fixed_iv_len(),
+        };
+        if keys.iv().len() != want_iv {
+            return Err(RecordError::BadIvLength);
+        }
+        let mut iv = Zeroizing::new([0u8; 12]);
+        iv.get_mut(..want_iv)
+            .ok_or(RecordError::BadIvLength)?
+            .copy_from_slice(keys.iv());
+        let unbound =
+            UnboundKey::new(aead.ring_alg(), keys.key()).map_err(|_| RecordError::BadKeyLength)?;
+        Ok(Cipher {
+            version,
+            aead,
+            key: LessSafeKey::new(unbound),
+            iv,
+            fingerprint: keys.fingerprint(),
+        })
+    }
+
+    /// The nonce for `seq`, given the explicit part carried in the record (TLS 1.2 GCM only).
+    fn nonce(&self, seq: u64, explicit: Option<&[u8; 8]>) -> Nonce {
+        let mut n = *self.iv;
+        match explicit {
+            Some(e) => {
+                for (d, s) in n.iter_mut().skip(4).zip(e) {
+                    *d = *s;
+                }
+            }
+            None => {
+                for (d, s) in n.iter_mut().skip(4).zip(seq.to_be_bytes()) {
+                    *d ^= s;
+                }
+            }
+        }
+        let nonce = Nonce::assume_unique_for_key(n);
+        n.zeroize();
+        nonce
+    }
+
+    fn explicit_len(&self) -> usize {
+        match self.version {
+            TlsVersion::Tls13 => 0,
+            TlsVersion::Tls12 => self.aead.tls12_explicit_nonce_len(),
+        }
+    }
+}
+
+/// Content types a sealer/opener accepts: the known ones plus those explicitly allowed.
+#[derive(Debug, Clone, Default)]
+struct TypePolicy {
+    extra: Vec<ContentType>,
+}
+
+impl TypePolicy {
+    fn allows(&self, version: TlsVersion, ct: ContentType) -> bool {
+        // TLS 1.3 never protects change_cipher_spec: a protected one is an unexpected_message
+        // (RFC 8446 §5).
+        if version == TlsVersion::Tls13 && ct == ContentType::CHANGE_CIPHER_SPEC {
+            return false;
+        }
+        ct.is_known() || (ct.0 != 0 && self.extra.contains(&ct))
+    }
+}
+
+fn header_bytes(ct: ContentType, len: usize) -> Result<[u8; HEADER_LEN], RecordError> {
+    let length = u16::try_from(len).map_err(|_| RecordError::RecordOverflow)?;
+    Ok(RecordHeader {
+        content_type: ct,
+        version: RECORD_VERSION,
+        length,
+    }
+    .encode())
+}
+
+/// TLS 1.2 additional data: seq ‖ type ‖ version ‖ length (RFC 5246 §6.2.3.3).
+fn tls12_aad(seq: u64, ct: ContentType, version: u16, len: usize) -> Result<[u8; 13], RecordError> {
+    let len = u16::try_from(len).map_err(|_| RecordError::RecordOverflow)?;
+    let mut aad = [0u8; 13];
+    let parts = seq
+        .to_be_bytes()
+        .into_iter()
+        .chain([ct.0])
+        .chain(version.to_be_bytes())
+        .chain(len.to_be_bytes());
+    for (d, s) in aad.iter_mut().zip(parts) {
+        *d = s;
+    }
+    Ok(aad)
+}
+
+/// Protects outgoing records for one direction.
+pub struct RecordSealer {
+    cipher: Result<Cipher, RecordError>,
+    seq: u64,
+    types: TypePolicy,
+}
+
+impl RecordSealer {
+    /// A sealer whose first record uses sequence number `next_seq`. Keys that do not fit
+    /// `version` (IV length) make every `seal` fail with that error.
+    pub fn new(version: TlsVersion, keys: TrafficKeys, next_seq: u64) -> Self {
+        RecordSealer {
+            cipher: Cipher::new(version, &keys),
+            seq: next_seq,
+            types: TypePolicy::default(),
+        }
+    }
+
+    /// Also accept content type `ct` (e.g. mbTLS's 30/31/32). Type 0 is never accepted.
+    pub fn allow_content_type(&mut self, ct: ContentType) {
+        self.types.extra.push(ct);
+    }
+
+    /// Sequence number of the next record.
+    pub fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The fingerprint of the keys in use ([`TrafficKeys::fingerprint`]), if they were usable.
+    pub fn key_fingerprint(&self) -> Option<[u8; 8]> {
+        self.cipher.as_ref().ok().map(|c| c.fingerprint)
+    }
+
+    /// Append one protected record (header + payload) to `out`. `plaintext` ≤ 2^14 bytes.
+    pub fn seal(
+        &mut self,
+        content_type: ContentType,
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), RecordError> {
+        self.seal_padded(content_type, plaintext, 0, out)
+    }
+
+    /// Like [`seal`](Self::seal) with `padding` zero bytes after the inner content type
+    /// (TLS 1.3 only; any padding for TLS 1.2 is [`RecordError::PaddingNotAllowed`]).
+    pub fn seal_padded(
+        &mut self,
+        content_type: ContentType,
+        plaintext: &[u8],
+        padding: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RecordError> {
+        let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
+        if cipher.version == TlsVersion::Tls12 && padding > 0 {
+            return Err(RecordError::PaddingNotAllowed);
+        }
+        if !self.types.allows(cipher.version, content_type) {
+            return Err(RecordError::UnexpectedContentType);
+        }
+        if plaintext.is_empty() && !content_type.may_be_empty() {
+            return Err(RecordError::EmptyFragment);
+        }
+        if plaintext.len() > MAX_PLAINTEXT_LEN {
+            return Err(RecordError::RecordOverflow);
+        }
+        if self.seq == u64::MAX {
+            return Err(RecordError::SequenceExhausted);
+        }
+        let tag_len = cipher.aead.tag_len();
+        let start = out.len();
+        let (header, aad13, body_at) = match cipher.version {
+            TlsVersion::Tls13 => {
+                // TLSInnerPlaintext must not exceed 2^14 + 1 bytes (RFC 8446 §5.4).
+                let inner = plaintext
+                    .len()
+                    .checked_add(1)
+                    .and_then(|n| n.checked_add(padding))
+                    .filter(|n| *n <= MAX_PLAINTEXT_LEN + 1)
+                    .ok_or(RecordError::RecordOverflow)?;
+                let header = header_bytes(ContentType::APPLICATION_DATA, inner + tag_len)?;
+                out.reserve(HEADER_LEN + inner + tag_len);
+                out.extend_from_slice(&header);
+                out.extend_from_slice(plaintext);
+                out.push(content_type.0);
+                out.resize(out.len() + padding, 0);
+                (header, None, start + HEADER_LEN)
+            }
+            TlsVersion::Tls12 => {
+                let explicit = cipher.explicit_len();
+                let header = header_bytes(content_type, explicit + plaintext.len() + tag_len)?;
+                let aad = tls12_aad(self.seq, content_type, RECORD_VERSION, plaintext.len())?;
+                out.reserve(HEADER_LEN + explicit + plaintext.len() + tag_len);
+                out.extend_from_slice(&header);
+                if explicit > 0 {
+                    out.extend_from_slice(&self.seq.to_be_bytes());
+                }
+                out.extend_from_slice(plaintext);
+                (header, Some(aad), start + HEADER_LEN + explicit)
+            }
+        };
+        // The explicit nonce we send is the sequence number, so the nonce is the same either way.
+        let nonce = cipher.nonce(self.seq, None);
+        let sealed = match out.get_mut(body_at..) {
+            Some(body) => match &aad13 {
+                Some(aad) => cipher
+                    .key
+                    .seal_in_place_separate_tag(nonce, Aad::from(aad), body),
+                None => cipher
+                    .key
+                    .seal_in_place_separate_tag(nonce, Aad::from(&header), body),
+            },
+            None => Err(ring::error::Unspecified),
+        };
+        match sealed {
+            Ok(tag) => {
+                out.extend_from_slice(tag.as_ref());
+                self.seq += 1;
+                Ok(())
+            }
+            Err(_) => {
+                // Do not leave plaintext behind in the caller's buffer.
+                if let Some(tail) = out.get_mut(start..) {
+                    tail.zeroize();
+                }
+                out.truncate(start);
+                Err(RecordError::EncryptFailed)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RecordSealer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordSealer")
+            .field("seq", &self.seq)
+            .field("keys", &self.key_fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Removes protection from incoming records for one direction.
+pub struct RecordOpener {
+    cipher: Result<Cipher, RecordError>,
+    seq: u64,
+    types: TypePolicy,
+    failed: bool,
+}
+
+impl RecordOpener {
+    /// An opener expecting sequence number `next_seq` next. Keys that do not fit `version`
+    /// make every `open` fail with that error.
+    pub fn new(version: TlsVersion, keys: TrafficKeys, next_seq: u64) -> Self {
+        RecordOpener {
+            cipher: Cipher::new(version, &keys),
+            seq: next_seq,
+            types: TypePolicy::default(),
+            failed: false,
+        }
+    }
+
+    /// Also accept content type `ct` (e.g. mbTLS's 30/31/32). Type 0 is never accepted.
+    pub fn allow_content_type(&mut self, ct: ContentType) {
+        self.types.extra.push(ct);
+    }
+
+    /// Sequence number of the next record.
+    pub fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// True once an open has failed: the opener refuses everything from then on.
+    pub fn is_poisoned(&self) -> bool {
+        self.failed
+    }
+
+    pub fn key_fingerprint(&self) -> Option<[u8; 8]> {
+        self.cipher.as_ref().ok().map(|c| c.fingerprint)
+    }
+
+    /// Open exactly one complete record (header included).
+    ///
+    /// Any failure is final: this opener returns [`RecordError::Poisoned`] afterwards, since a
+    /// stream with one bad record cannot be trusted again (RFC 8446 §5.2: bad_record_mac is
+    /// fatal).
+    pub fn open(&mut self, record: &[u8]) -> Result<Opened, RecordError> {
+        if self.failed {
+            return Err(RecordError::Poisoned);
+        }
+        let result = self.try_open(record);
+        match &result {
+            Ok(_) => self.seq += 1,
+            Err(_) => self.failed = true,
+        }
+        result
+    }
+
+    fn try_open(&self, record: &[u8]) -> Result<Opened, RecordError> {
+        let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
+        if self.seq == u64::MAX {
+            return Err(RecordError::SequenceExhausted);
+        }
+        let header = RecordHeader::parse(record)?;
+        let len = usize::from(header.length);
+        let total = HEADER_LEN + len;
+        if record.len() < total {
+            return Err(WireError::Truncated {
+                needed: total - record.len(),
+            }
+            .into());
+        }
+        if record.len() > total {
+            return Err(WireError::TrailingBytes(record.len() - total).into());
+        }
+        if (header.version >> 8) as u8 != version::MAJOR {
+            return Err(WireError::BadVersion(header.version).into());
+        }
+        let header_raw = record.get(..HEADER_LEN).ok_or(RecordError::BadRecordMac)?;
+        let payload = record.get(HEADER_LEN..).ok_or(RecordError::BadRecordMac)?;
+        let tag_len = cipher.aead.tag_len();
+        match cipher.version {
+            TlsVersion::Tls13 => {
+                if header.content_type != ContentType::APPLICATION_DATA {
+                    return Err(RecordError::UnexpectedContentType);
+                }
+                if len > MAX_CIPHERTEXT_LEN_TLS13 {
+                    return Err(RecordError::RecordOverflow);
+                }
+                if len < tag_len {
+                    return Err(RecordError::BadRecordMac);
+                }
+                let mut buf = Zeroizing::new(payload.to_vec());
+                let nonce = cipher.nonce(self.seq, None);
+                let plain_len = cipher
+                    .key
+                    .open_in_place(nonce, Aad::from(header_raw), &mut buf)
+                    .map_err(|_| RecordError::BadRecordMac)?
+                    .len();
+                buf.truncate(plain_len);
+                if plain_len > MAX_PLAINTEXT_LEN + 1 {
+                    return Err(RecordError::RecordOverflow);
+                }
+                // The content type is the last non-zero byte; zeros after it are padding.
+                let type_at = buf
+                    .iter()
+                    .rposition(|b| *b != 0)
+                    .ok_or(RecordError::MissingInnerContentType)?;
+                let ct = ContentType(buf.get(type_at).copied().unwrap_or(0));
+                if !self.types.allows(cipher.version, ct) {
+                    return Err(RecordError::UnexpectedContentType);
+                }
+                if type_at == 0 && !ct.may_be_empty() {
+                    return Err(RecordError::EmptyFragment);
+                }
+                buf.truncate(type_at);
+                Ok(Opened {
+                    content_type: ct,
+                    plaintext: buf,
+                })
+            }
+            TlsVersion::Tls12 => {
+                let ct = header.content_type;
+                if !self.types.allows(cipher.version, ct) {
+                    return Err(RecordError::UnexpectedContentType);
+                }
+                if len > MAX_CIPHERTEXT_LEN_TLS12 {
+                    return Err(RecordError::RecordOverflow);
+                }
+                let explicit_len = cipher.explicit_len();
+                let plain_len = len
+                    .checked_sub(explicit_len + tag_len)
+                    .ok_or(RecordError::BadRecordMac)?;
+                if plain_len > MAX_PLAINTEXT_LEN {
+                    return Err(RecordError::RecordOverflow);
+                }
+                let explicit: Option<[u8; 8]> = if explicit_len > 0 {
+                    let e = payload.get(..8).ok_or(RecordError::BadRecordMac)?;
+                    Some(<[u8; 8]>::try_from(e).map_err(|_| RecordError::BadRecordMac)?)
+                } else {
+                    None
+                };
+                let sealed = payload
+                    .get(explicit_len..)
+                    .ok_or(RecordError::BadRecordMac)?;
+                let aad = tls12_aad(self.seq, ct, header.version, plain_len)?;
+                let mut buf = Zeroizing::new(sealed.to_vec());
+                let nonce = cipher.nonce(self.seq, explicit.as_ref());
+                let opened_len = cipher
+                    .key
+                    .open_in_place(nonce, Aad::from(&aad), &mut buf)
+                    .map_err(|_| RecordError::BadRecordMac)?
+                    .len();
+                buf.truncate(opened_len);
+                if buf.is_empty() && !ct.may_be_empty() {
+                    return Err(RecordError::EmptyFragment);
+                }
+                Ok(Opened {
+                    content_type: ct,
+                    plaintext: buf,
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RecordOpener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordOpener")
+            .field("seq", &self.seq)
+            .field("poisoned", &self.failed)
+            .field("keys", &self.key_fingerprint())
+            .finish_non_exhaustive()
+    }
+}

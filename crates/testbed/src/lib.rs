@@ -1,0 +1,25 @@
+//! Test bed shared by the integration tests and benchmarks of every system in `mbx`.
+//!
+//! * [`pki`]: throw-away certificate authorities and leaf certificates (servers, middleboxes,
+//!   clients) in every key type the systems must support, as DER, PEM and files.
+//! * [`relay`]: a userspace TCP relay that adds one-way latency (this kernel has no `tc netem`),
+//!   with an optional tap that captures one hop's bytes and a flight counter for round trips.
+//! * [`netns`]: network namespaces linked by veth pairs when running as root, and a [`netns::Topology`]
+//!   that falls back to loopback when namespaces are unavailable.
+//! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`) and run
+//!   them as child processes that are killed on drop.
+//!
+//! Nothing here is used in production code paths; it is a library so that every crate's tests and
+//! the benchmarks share one implementation.
+
+pub mod netns;
+pub mod peers;
+pub mod pki;
+pub mod relay;
+
+pub use netns::{Host, Topology};
+pub use peers::{
+    ensure_tool, free_port, Curl, Nginx, OpensslClient, OpensslServer, ServerMode, TlsVersion,
+};
+pub use pki::{IssuedCert, KeyType, LeafSpec, PkiFiles, Role, TestPki, Validity};
+pub use relay::{DelayRelay, Direction, FlightCounter, Tap};

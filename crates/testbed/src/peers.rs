@@ -1,0 +1,1048 @@
+//! Real peers: find-or-install tools and run `openssl s_server`/`s_client`, `nginx` and `curl`.
+//!
+//! Every spawned process is owned by a guard that kills it on drop. Readiness is polled (connect
+//! to the port) with a bounded number of attempts; nothing assumes how long a start takes.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Attempts to bind a fresh port before a launcher gives up.
+const BIND_ATTEMPTS: usize = 8;
+/// Upper bound on waiting for a peer to accept connections. Generous: the machine is shared.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default bound for one client run (s_client, curl).
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pause between readiness polls.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Errors from finding, installing or running peers.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The tool is missing and cannot be installed here.
+    #[error("`{tool}` not found and cannot be installed: {reason}")]
+    ToolMissing {
+        /// Binary name.
+        tool: String,
+        /// Why it could not be installed.
+        reason: String,
+    },
+    /// `apt-get` failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Install {
+        /// The apt-get command line.
+        command: String,
+        /// Exit status.
+        status: ExitStatus,
+        /// Last part of its output.
+        stderr: String,
+    },
+    /// I/O error (spawning, temp files, sockets).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// A peer exited before it became ready.
+    #[error("{what} exited early ({status}): {log}")]
+    Exited {
+        /// Which peer.
+        what: String,
+        /// Its exit status.
+        status: ExitStatus,
+        /// Its error output.
+        log: String,
+    },
+    /// A peer did not become ready or a run did not finish within the bound.
+    #[error("{what} timed out after {after:?}: {log}")]
+    Timeout {
+        /// Which peer or command.
+        what: String,
+        /// The bound that was exceeded.
+        after: Duration,
+        /// Output collected so far.
+        log: String,
+    },
+    /// Invalid launcher configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PeerError {
+    let context = context.into();
+    move |source| PeerError::Io { context, source }
+}
+
+/// TLS protocol version selector for the launchers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    Tls12,
+    /// TLS 1.3.
+    Tls13,
+}
+
+impl TlsVersion {
+    fn openssl_flag(self) -> &'static str {
+        match self {
+            TlsVersion::Tls12 => "-tls1_2",
+            TlsVersion::Tls13 => "-tls1_3",
+        }
+    }
+
+    fn nginx_name(self) -> &'static str {
+        match self {
+            TlsVersion::Tls12 => "TLSv1.2",
+            TlsVersion::Tls13 => "TLSv1.3",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tools
+
+/// Looks for `tool` on `PATH`, then in the sbin directories that non-login root shells often lack.
+pub fn find_tool(tool: &str) -> Option<PathBuf> {
+    if tool.contains('/') {
+        let p = PathBuf::from(tool);
+        return is_executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(tool))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Serialises installs within the process; the bool records whether `apt-get update` ran.
+static APT: Mutex<bool> = Mutex::new(false);
+
+fn apt_get(args: &[&str]) -> Result<(), PeerError> {
+    let command = format!("apt-get {}", args.join(" "));
+    tracing::info!(%command, "installing test dependency");
+    let out = Command::new(find_tool("apt-get").unwrap_or_else(|| PathBuf::from("apt-get")))
+        // Wait for another apt process (another test binary) instead of failing on its lock.
+        .args(["-o", "DPkg::Lock::Timeout=600", "-q"])
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err(format!("running {command}")))?;
+    if !out.status.success() {
+        let mut stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if stderr.len() > 2000 {
+            stderr = stderr.split_off(stderr.len() - 2000);
+        }
+        return Err(PeerError::Install {
+            command,
+            status: out.status,
+            stderr,
+        });
+    }
+    Ok(())
+}
+
+/// Finds `tool`, installing Debian package `package` if it is missing and we are root.
+///
+/// `apt-get update` runs at most once per process. Without root (or without apt) the error says
+/// which package to install, e.g. via `scripts/install-deps.sh`.
+pub fn ensure_tool(tool: &str, package: &str) -> Result<PathBuf, PeerError> {
+    if let Some(p) = find_tool(tool) {
+        return Ok(p);
+    }
+    let missing = |reason: &str| PeerError::ToolMissing {
+        tool: tool.to_owned(),
+        reason: format!(
+            "{reason}; install the Debian package `{package}` (scripts/install-deps.sh)"
+        ),
+    };
+    if !is_root() {
+        return Err(missing("not running as root"));
+    }
+    if find_tool("apt-get").is_none() {
+        return Err(missing("apt-get is not available"));
+    }
+    let mut updated = APT.lock().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have installed it while we waited for the lock.
+    if let Some(p) = find_tool(tool) {
+        return Ok(p);
+    }
+    if !*updated {
+        apt_get(&["update"])?;
+        *updated = true;
+    }
+    apt_get(&["install", "-y", "--no-install-recommends", package])?;
+    find_tool(tool).ok_or_else(|| missing("package installed but the binary is still not found"))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, release it).
+///
+/// Another process can take it before it is used; launchers retry with a new port on bind failure.
+pub fn free_port() -> Result<u16, PeerError> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_err("binding 127.0.0.1:0"))?;
+    Ok(l.local_addr().map_err(io_err("local_addr"))?.port())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process that is killed (and reaped) when dropped.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Takes ownership of `child`.
+    pub fn new(child: Child) -> Self {
+        ChildGuard { child: Some(child) }
+    }
+
+    /// OS process id.
+    pub fn id(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The exit status if the process has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Mutable access to the child, e.g. to take its stdout.
+    pub fn child_mut(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
+    }
+
+    /// Kills and reaps the process now.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit by itself, killing it after `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return None;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls until `addr` accepts a TCP connection, failing early if `child` exits.
+pub fn wait_for_port(
+    addr: SocketAddr,
+    child: &mut ChildGuard,
+    what: &str,
+    log: &Path,
+) -> Result<(), PeerError> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait() {
+            return Err(PeerError::Exited {
+                what: what.to_owned(),
+                status,
+                log: read_lossy(log),
+            });
+        }
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(PeerError::Timeout {
+                what: what.to_owned(),
+                after: READY_TIMEOUT,
+                log: read_lossy(log),
+            });
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+fn read_lossy(path: &Path) -> String {
+    std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+fn looks_like_bind_failure(log: &str) -> bool {
+    let l = log.to_ascii_lowercase();
+    l.contains("address already in use") || l.contains("bind") && l.contains("fail")
+}
+
+/// Output of a finished command.
+#[derive(Debug, Clone)]
+pub struct ProcessOutput {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+}
+
+impl ProcessOutput {
+    /// Standard output as text.
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Standard error as text.
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// Runs `cmd` with `input` on stdin, capturing output; killed after `timeout`.
+pub fn run_with_timeout(
+    mut cmd: Command,
+    input: &[u8],
+    timeout: Duration,
+) -> Result<ProcessOutput, PeerError> {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io_err(format!("spawning {what}")))?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        if let Some(mut s) = stdin {
+            let _ = s.write_all(&input);
+        }
+    });
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out_t = drain(stdout.map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let err_t = drain(stderr.map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let mut guard = ChildGuard::new(child);
+    let status = guard.wait_timeout(timeout);
+    let _ = writer.join();
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    match status {
+        Some(status) => Ok(ProcessOutput {
+            status,
+            stdout,
+            stderr,
+        }),
+        None => Err(PeerError::Timeout {
+            what,
+            after: timeout,
+            log: String::from_utf8_lossy(&stderr).into_owned(),
+        }),
+    }
+}
+
+fn temp_dir(prefix: &str) -> Result<tempfile::TempDir, PeerError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(io_err("creating temp dir"))
+}
+
+fn log_file(path: &Path) -> Result<std::fs::File, PeerError> {
+    std::fs::File::create(path).map_err(io_err(format!("creating {}", path.display())))
+}
+
+// ---------------------------------------------------------------------------------------------
+// openssl s_server
+
+/// What `openssl s_server` does with a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerMode {
+    /// `-www`: answers any GET with an HTML status page (includes the negotiated protocol).
+    Www,
+    /// `-rev`: echoes each received line reversed; a line `CLOSE` closes the connection.
+    Reverse,
+}
+
+/// Builder for [`OpensslServer`].
+#[derive(Debug, Clone)]
+pub struct OpensslServerBuilder {
+    cert: PathBuf,
+    key: PathBuf,
+    chain: Option<PathBuf>,
+    version: Option<TlsVersion>,
+    mode: ServerMode,
+    args: Vec<String>,
+}
+
+impl OpensslServerBuilder {
+    /// Intermediates sent after the leaf (`-cert_chain`).
+    pub fn chain(mut self, chain: impl Into<PathBuf>) -> Self {
+        self.chain = Some(chain.into());
+        self
+    }
+
+    /// Restricts to one protocol version (`-tls1_2` / `-tls1_3`); default: whatever OpenSSL allows.
+    pub fn version(mut self, version: TlsVersion) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// Connection handling mode (default [`ServerMode::Www`]).
+    pub fn mode(mut self, mode: ServerMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Extra `s_server` argument (e.g. `-Verify 1`, `-CAfile`, `-keylogfile`).
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Starts the server on a free 127.0.0.1 port and waits until it accepts connections.
+    pub fn start(self) -> Result<OpensslServer, PeerError> {
+        let openssl = ensure_tool("openssl", "openssl")?;
+        let dir = temp_dir("mbx-s_server")?;
+        let mut last = None;
+        for attempt in 0..BIND_ATTEMPTS {
+            let port = free_port()?;
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let log = dir.path().join(format!("s_server.{attempt}.log"));
+            let mut cmd = Command::new(&openssl);
+            cmd.arg("s_server")
+                .arg("-accept")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("-cert")
+                .arg(&self.cert)
+                .arg("-key")
+                .arg(&self.key);
+            if let Some(chain) = &self.chain {
+                cmd.arg("-cert_chain").arg(chain);
+            }
+            if let Some(v) = self.version {
+                cmd.arg(v.openssl_flag());
+            }
+            cmd.arg(match self.mode {
+                ServerMode::Www => "-www",
+                ServerMode::Reverse => "-rev",
+            });
+            cmd.args(&self.args);
+            let out = log_file(&log)?;
+            let err = out.try_clone().map_err(io_err("dup log"))?;
+            let child = cmd
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .map_err(io_err("spawning openssl s_server"))?;
+            let mut child = ChildGuard::new(child);
+            match wait_for_port(addr, &mut child, "openssl s_server", &log) {
+                Ok(()) => {
+                    return Ok(OpensslServer {
+                        addr,
+                        log,
+                        child,
+                        _dir: dir,
+                    })
+                }
+                Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
+                    last = Some(text);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(PeerError::Timeout {
+            what: "openssl s_server (no free port)".into(),
+            after: READY_TIMEOUT,
+            log: last.unwrap_or_default(),
+        })
+    }
+}
+
+/// A running `openssl s_server`, killed on drop.
+#[derive(Debug)]
+pub struct OpensslServer {
+    addr: SocketAddr,
+    log: PathBuf,
+    child: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+impl OpensslServer {
+    /// A server presenting `cert` (leaf PEM) with `key`.
+    pub fn builder(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> OpensslServerBuilder {
+        OpensslServerBuilder {
+            cert: cert.into(),
+            key: key.into(),
+            chain: None,
+            version: None,
+            mode: ServerMode::Www,
+            args: Vec::new(),
+        }
+    }
+
+    /// A server for files written by [`crate::pki::IssuedCert::write_to`], sending intermediates.
+    pub fn from_files(files: &crate::pki::PkiFiles) -> OpensslServerBuilder {
+        let b = Self::builder(&files.cert, &files.key);
+        let has_intermediates = std::fs::metadata(&files.intermediates)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false);
+        if has_intermediates {
+            b.chain(&files.intermediates)
+        } else {
+            b
+        }
+    }
+
+    /// Listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Listening port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Everything s_server printed so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        read_lossy(&self.log)
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// openssl s_client
+
+/// Builder-style runner for `openssl s_client`.
+#[derive(Debug, Clone)]
+pub struct OpensslClient {
+    connect: String,
+    servername: Option<String>,
+    cafile: Option<PathBuf>,
+    version: Option<TlsVersion>,
+    cert: Option<(PathBuf, PathBuf)>,
+    ign_eof: bool,
+    args: Vec<String>,
+    input: Vec<u8>,
+    timeout: Duration,
+}
+
+impl OpensslClient {
+    /// A client for `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        OpensslClient {
+            connect: addr.to_string(),
+            servername: None,
+            cafile: None,
+            version: None,
+            cert: None,
+            ign_eof: true,
+            args: Vec::new(),
+            input: Vec::new(),
+            timeout: RUN_TIMEOUT,
+        }
+    }
+
+    /// SNI name (`-servername`) and name to verify (`-verify_hostname`).
+    pub fn servername(mut self, name: &str) -> Self {
+        self.servername = Some(name.to_owned());
+        self
+    }
+
+    /// Trust anchors; verification failures abort the handshake (`-verify_return_error`).
+    pub fn cafile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.cafile = Some(path.into());
+        self
+    }
+
+    /// Restricts to one protocol version.
+    pub fn version(mut self, version: TlsVersion) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// Client certificate and key.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Whether to keep reading after stdin ends until the server closes (default true, so the
+    /// response to the input is captured; with [`ServerMode::Reverse`] end the input with `CLOSE\n`).
+    pub fn ign_eof(mut self, on: bool) -> Self {
+        self.ign_eof = on;
+        self
+    }
+
+    /// Bytes written to s_client's stdin.
+    pub fn input(mut self, input: impl Into<Vec<u8>>) -> Self {
+        self.input = input.into();
+        self
+    }
+
+    /// Extra argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Bound on the whole run (default 60 s); the process is killed after it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs s_client to completion.
+    pub fn run(&self) -> Result<ProcessOutput, PeerError> {
+        let openssl = ensure_tool("openssl", "openssl")?;
+        let mut cmd = Command::new(openssl);
+        cmd.args(["s_client", "-connect", &self.connect]);
+        if let Some(name) = &self.servername {
+            cmd.args(["-servername", name, "-verify_hostname", name]);
+        }
+        if let Some(ca) = &self.cafile {
+            cmd.arg("-CAfile").arg(ca).arg("-verify_return_error");
+        }
+        if let Some(v) = self.version {
+            cmd.arg(v.openssl_flag());
+        }
+        if let Some((cert, key)) = &self.cert {
+            cmd.arg("-cert").arg(cert).arg("-key").arg(key);
+        }
+        if self.ign_eof {
+            cmd.arg("-ign_eof");
+        }
+        cmd.args(&self.args);
+        run_with_timeout(cmd, &self.input, self.timeout)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// nginx
+
+/// Builder for [`Nginx`].
+#[derive(Debug, Clone)]
+pub struct NginxBuilder {
+    cert_chain: PathBuf,
+    key: PathBuf,
+    protocols: Vec<TlsVersion>,
+    headers: Vec<String>,
+    extra_server: String,
+    extra_http: String,
+}
+
+impl NginxBuilder {
+    /// Protocols to enable (default TLS 1.2 and 1.3).
+    pub fn protocols(mut self, protocols: &[TlsVersion]) -> Self {
+        self.protocols = protocols.to_vec();
+        self
+    }
+
+    /// A request header to record in the access log and echo at `/headers`
+    /// (e.g. `X-Mbtls`). nginx has no variable for all headers, so name each one.
+    pub fn log_header(mut self, name: &str) -> Self {
+        self.headers.push(name.to_owned());
+        self
+    }
+
+    /// Extra directives inside the `server` block (e.g. more `location`s, `ssl_verify_client`).
+    pub fn extra_server_config(mut self, conf: &str) -> Self {
+        self.extra_server.push_str(conf);
+        self.extra_server.push('\n');
+        self
+    }
+
+    /// Extra directives inside the `http` block (e.g. a second plain-HTTP `server`).
+    pub fn extra_http_config(mut self, conf: &str) -> Self {
+        self.extra_http.push_str(conf);
+        self.extra_http.push('\n');
+        self
+    }
+
+    fn config(&self, dir: &Path, port: u16) -> Result<String, PeerError> {
+        let mut vars = Vec::new();
+        for h in &self.headers {
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return Err(PeerError::Config(format!("header name {h:?}")));
+            }
+            vars.push((
+                h.clone(),
+                format!("$http_{}", h.to_ascii_lowercase().replace('-', "_")),
+            ));
+        }
+        if self.protocols.is_empty() {
+            return Err(PeerError::Config("no TLS protocol enabled".into()));
+        }
+        let protocols: Vec<&str> = self.protocols.iter().map(|p| p.nginx_name()).collect();
+        let log_fields: String = vars
+            .iter()
+            .map(|(name, var)| format!(" {}=\"{var}\"", name.to_ascii_lowercase()))
+            .collect();
+        let echo: String = vars
+            .iter()
+            .map(|(name, var)| format!("{}: {var}\\n", name.to_ascii_lowercase()))
+            .collect();
+        let d = dir.display();
+        Ok(format!(
+            r#"# generated by mbx-testbed
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    default_type text/plain;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    log_format mbx '$remote_addr "$request" $status $ssl_protocol{log_fields}';
+    access_log {d}/access.log mbx;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        server_name _;
+        ssl_certificate {chain};
+        ssl_certificate_key {key};
+        ssl_protocols {protocols};
+        location = /headers {{ return 200 "{echo}"; }}
+        location = /protocol {{ return 200 "$ssl_protocol\n"; }}
+        location / {{ return 200 "mbx nginx ok\n"; }}
+{extra_server}    }}
+{extra_http}}}
+"#,
+            chain = self.cert_chain.display(),
+            key = self.key.display(),
+            protocols = protocols.join(" "),
+            extra_server = self.extra_server,
+            extra_http = self.extra_http,
+        ))
+    }
+
+    /// Writes the config, starts nginx in the foreground on a free port and waits until it accepts.
+    pub fn start(self) -> Result<Nginx, PeerError> {
+        let nginx = ensure_tool("nginx", "nginx")?;
+        let dir = temp_dir("mbx-nginx")?;
+        let mut last = None;
+        for attempt in 0..BIND_ATTEMPTS {
+            let port = free_port()?;
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let conf_path = dir.path().join("nginx.conf");
+            std::fs::write(&conf_path, self.config(dir.path(), port)?)
+                .map_err(io_err("writing nginx.conf"))?;
+            let log = dir.path().join(format!("stderr.{attempt}.log"));
+            let out = log_file(&log)?;
+            let err = out.try_clone().map_err(io_err("dup log"))?;
+            let child = Command::new(&nginx)
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-e")
+                .arg(dir.path().join("error.log"))
+                .arg("-c")
+                .arg(&conf_path)
+                .args(["-g", "daemon off;"])
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .map_err(io_err("spawning nginx"))?;
+            let mut child = ChildGuard::new(child);
+            match wait_for_port(addr, &mut child, "nginx", &log) {
+                Ok(()) => return Ok(Nginx { addr, dir, child }),
+                Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
+                    last = Some(text);
+                }
+                Err(PeerError::Exited {
+                    what,
+                    status,
+                    log: text,
+                }) => {
+                    let errlog = read_lossy(&dir.path().join("error.log"));
+                    return Err(PeerError::Exited {
+                        what,
+                        status,
+                        log: format!("{text}\n{errlog}"),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(PeerError::Timeout {
+            what: "nginx (no free port)".into(),
+            after: READY_TIMEOUT,
+            log: last.unwrap_or_default(),
+        })
+    }
+}
+
+/// A running nginx (single process, foreground), killed on drop.
+///
+/// Locations: `/headers` echoes the configured headers as `name: value` lines, `/protocol`
+/// returns the negotiated TLS version, everything else returns `mbx nginx ok`.
+#[derive(Debug)]
+pub struct Nginx {
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    child: ChildGuard,
+}
+
+impl Nginx {
+    /// nginx serving `cert_chain` (leaf then intermediates, PEM) with `key`.
+    pub fn builder(cert_chain: impl Into<PathBuf>, key: impl Into<PathBuf>) -> NginxBuilder {
+        NginxBuilder {
+            cert_chain: cert_chain.into(),
+            key: key.into(),
+            protocols: vec![TlsVersion::Tls12, TlsVersion::Tls13],
+            headers: Vec::new(),
+            extra_server: String::new(),
+            extra_http: String::new(),
+        }
+    }
+
+    /// nginx for files written by [`crate::pki::IssuedCert::write_to`].
+    pub fn from_files(files: &crate::pki::PkiFiles) -> NginxBuilder {
+        Self::builder(&files.chain, &files.key)
+    }
+
+    /// Listening address (127.0.0.1).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Listening port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Directory holding the config and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Path of the access log.
+    pub fn access_log_path(&self) -> PathBuf {
+        self.dir.path().join("access.log")
+    }
+
+    /// Current access log contents.
+    pub fn access_log(&self) -> String {
+        read_lossy(&self.access_log_path())
+    }
+
+    /// Current error log contents.
+    pub fn error_log(&self) -> String {
+        read_lossy(&self.dir.path().join("error.log"))
+    }
+
+    /// Polls the access log until `pred` holds (nginx logs after sending the response, so a
+    /// client can finish first). Returns the log, or the last contents on timeout.
+    pub fn wait_access_log(&self, pred: impl Fn(&str) -> bool) -> Result<String, PeerError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let log = self.access_log();
+            if pred(&log) {
+                return Ok(log);
+            }
+            if Instant::now() >= deadline {
+                return Err(PeerError::Timeout {
+                    what: "nginx access log".into(),
+                    after: READY_TIMEOUT,
+                    log,
+                });
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// curl
+
+/// Builder-style runner for `curl`.
+#[derive(Debug, Clone)]
+pub struct Curl {
+    url: String,
+    cacert: Option<PathBuf>,
+    resolve: Vec<String>,
+    version: Option<TlsVersion>,
+    headers: Vec<String>,
+    args: Vec<String>,
+    timeout: Duration,
+}
+
+/// Result of a curl run.
+#[derive(Debug, Clone)]
+pub struct CurlOutput {
+    /// curl's exit code (0 on success; 60 = certificate problem, 35 = handshake failure).
+    pub exit_code: Option<i32>,
+    /// HTTP status, if a response was received.
+    pub status: Option<u16>,
+    /// Response body.
+    pub body: Vec<u8>,
+    /// `-v` trace and errors (stderr).
+    pub verbose: String,
+}
+
+impl CurlOutput {
+    /// Body as text.
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The TLS version curl reports (`SSL connection using TLSv1.3 / ...`).
+    pub fn tls_version(&self) -> Option<String> {
+        self.verbose.lines().find_map(|l| {
+            let rest = l.split("SSL connection using ").nth(1)?;
+            rest.split_whitespace().next().map(str::to_owned)
+        })
+    }
+}
+
+impl Curl {
+    /// A GET of `url`.
+    pub fn new(url: &str) -> Self {
+        Curl {
+            url: url.to_owned(),
+            cacert: None,
+            resolve: Vec::new(),
+            version: None,
+            headers: Vec::new(),
+            args: Vec::new(),
+            timeout: RUN_TIMEOUT,
+        }
+    }
+
+    /// Trust anchors (`--cacert`).
+    pub fn cacert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.cacert = Some(path.into());
+        self
+    }
+
+    /// Resolve `host:port` to `ip` (`--resolve`), so a DNS name from the test PKI reaches loopback.
+    pub fn resolve(mut self, host: &str, port: u16, ip: std::net::IpAddr) -> Self {
+        self.resolve.push(format!("{host}:{port}:{ip}"));
+        self
+    }
+
+    /// Exactly this TLS version (`--tlsv1.x --tls-max 1.x`).
+    pub fn version(mut self, version: TlsVersion) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// A request header, `Name: value`.
+    pub fn header(mut self, header: &str) -> Self {
+        self.headers.push(header.to_owned());
+        self
+    }
+
+    /// Extra argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Bound on the run (also passed as `--max-time`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs curl. A failed transfer is not an `Err`: inspect `exit_code`.
+    pub fn run(&self) -> Result<CurlOutput, PeerError> {
+        let curl = ensure_tool("curl", "curl")?;
+        let dir = temp_dir("mbx-curl")?;
+        let body_path = dir.path().join("body");
+        let mut cmd = Command::new(curl);
+        cmd.args(["-sS", "-v", "--max-time"])
+            .arg(self.timeout.as_secs().max(1).to_string())
+            .arg("-o")
+            .arg(&body_path)
+            .args(["-w", "%{http_code}"]);
+        if let Some(ca) = &self.cacert {
+            cmd.arg("--cacert").arg(ca);
+        }
+        for r in &self.resolve {
+            cmd.args(["--resolve", r]);
+        }
+        match self.version {
+            Some(TlsVersion::Tls12) => {
+                cmd.args(["--tlsv1.2", "--tls-max", "1.2"]);
+            }
+            Some(TlsVersion::Tls13) => {
+                cmd.args(["--tlsv1.3", "--tls-max", "1.3"]);
+            }
+            None => {}
+        }
+        for h in &self.headers {
+            cmd.args(["-H", h]);
+        }
+        cmd.args(&self.args).arg(&self.url);
+        let out = run_with_timeout(cmd, &[], self.timeout + Duration::from_secs(5))?;
+        let status = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|s| *s != 0);
+        Ok(CurlOutput {
+            exit_code: out.status.code(),
+            status,
+            body: std::fs::read(&body_path).unwrap_or_default(),
+            verbose: out.stderr_str(),
+        })
+    }
+}

@@ -1,0 +1,44 @@
+//! The one error type of the wire codecs.
+
+use crate::content::ContentType;
+
+/// Why bytes could not be decoded (or a value could not be encoded).
+///
+/// Variants carry enough detail to choose the right TLS alert; none carries secret data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The input ended before a complete value: `needed` more bytes were expected.
+    #[error("truncated input: {needed} more byte(s) needed")]
+    Truncated { needed: usize },
+    /// A complete value was followed by bytes that belong to nothing.
+    #[error("{0} trailing byte(s) after a complete value")]
+    TrailingBytes(usize),
+    /// A record's length field exceeds the limit for its protection state.
+    #[error("record length {len} exceeds the limit of {max}")]
+    RecordOverflow { len: usize, max: usize },
+    /// A record carried a content type we do not accept (strict mode).
+    #[error("unknown content type {0:?}")]
+    UnknownContentType(ContentType),
+    /// A record version whose major byte is not 3 (not SSL3/TLS): the stream is not TLS.
+    #[error("bad record version 0x{0:04x}")]
+    BadVersion(u16),
+    /// A zero-length record of a type for which that is illegal (RFC 5246 §6.2.1, RFC 8446 §5.1).
+    #[error("zero-length record of type {0:?}")]
+    EmptyRecord(ContentType),
+    /// A handshake message longer than the configured maximum.
+    #[error("handshake message length {len} exceeds the limit of {max}")]
+    HandshakeTooLarge { len: usize, max: usize },
+    /// The same extension type appears twice in one hello (RFC 8446 §4.2).
+    #[error("duplicate extension {0}")]
+    DuplicateExtension(u16),
+    /// The handshake message was not of the type the parser expects.
+    #[error("unexpected handshake message type {got} (expected {expected})")]
+    UnexpectedMessage { expected: u8, got: u8 },
+    /// A structurally invalid field; the string names it (static, never input data).
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+    /// A value is too long for the length prefix (or field) it has to fit in.
+    #[error("value of length {len} does not fit a field of at most {max}")]
+    TooLong { len: usize, max: usize },
+}
