@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+. scripts/ensure-rust.sh
 cargo build --quiet -p mbx-cli --bin mbx
 exec target/debug/mbx demo "$@"

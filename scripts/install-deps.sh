@@ -83,15 +83,5 @@ else
     log "installed ${#MISSING[@]} package(s)."
 fi
 
-# Rust toolchain: not a Debian package here (Debian's cargo is too old); rustup is expected.
-if command -v cargo >/dev/null 2>&1; then
-    log "found $(cargo --version)"
-elif [[ -x "${HOME}/.cargo/bin/cargo" ]]; then
-    log "cargo is installed in ~/.cargo/bin but not on PATH: run 'source \"\$HOME/.cargo/env\"'."
-    exit 1
-else
-    log "cargo not found. Install Rust with rustup (https://rustup.rs):"
-    log "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y"
-    log "then 'source \"\$HOME/.cargo/env\"' and re-run this script."
-    exit 1
-fi
+# The Rust toolchain is handled by scripts/ensure-rust.sh (sourced by demo.sh and test.sh), because
+# it must change the caller's PATH.

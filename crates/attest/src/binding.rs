@@ -34,6 +34,14 @@ pub fn report_data(spki_der: &[u8], binder: &[u8]) -> [u8; REPORT_DATA_LEN] {
     h.finalize().into()
 }
 
+/// The DER SubjectPublicKeyInfo of a DER X.509 certificate: the `spki_der` input of
+/// [`report_data`] when the verifier knows the attester's key from its TLS certificate.
+pub fn spki_from_certificate(cert_der: &[u8]) -> Result<Vec<u8>, crate::AttestError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|_| crate::AttestError::Malformed("certificate is not valid DER X.509"))?;
+    Ok(cert.tbs_certificate.subject_pki.raw.to_vec())
+}
+
 /// Constant-time equality of two report_data values.
 ///
 /// Not secret as such, but the comparison is the freshness check, so it leaks nothing about how much
@@ -52,6 +60,12 @@ mod tests {
         assert_ne!(base, report_data(b"spkj", &[1; 32]));
         assert_ne!(base, report_data(b"spki", &[2; 32]));
         assert!(report_data_eq(&base, &report_data(b"spki", &[1; 32])));
+    }
+
+    #[test]
+    fn spki_extraction_rejects_garbage() {
+        assert!(spki_from_certificate(b"not a certificate").is_err());
+        assert!(spki_from_certificate(&[]).is_err());
     }
 
     #[test]

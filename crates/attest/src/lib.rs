@@ -12,6 +12,11 @@
 //!
 //! The spec is `attestation.md`.
 
+// Network input must never panic the process: no unwrap/expect/panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -26,7 +31,8 @@ pub mod sim;
 pub mod verify;
 
 pub use binding::{
-    report_data, report_data_eq, BINDING_CONTEXT, EXPORTER_LABEL, EXPORTER_LEN, REPORT_DATA_LEN,
+    report_data, report_data_eq, spki_from_certificate, BINDING_CONTEXT, EXPORTER_LABEL,
+    EXPORTER_LEN, REPORT_DATA_LEN,
 };
 pub use claims::{Claims, TcbStatus, TeeKind};
 pub use dcap::{quote_report_data_unverified, verify_dcap, verify_dcap_quote};

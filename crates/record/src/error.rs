@@ -46,6 +46,9 @@ pub enum RecordError {
     /// Padding was requested for TLS 1.2, which has none.
     #[error("padding is only available in TLS 1.3")]
     PaddingNotAllowed,
+    /// An explicit nonce was set where there is none (TLS 1.3, ChaCha20) or after the first record.
+    #[error("explicit nonces exist only in TLS 1.2 AES-GCM and are fixed before the first record")]
+    UnexpectedExplicitNonce,
     /// HKDF-Expand-Label inputs out of range (label/context over 255 bytes, output too long).
     #[error("key derivation input out of range")]
     KeyDerivation,

@@ -9,6 +9,11 @@
 //! Cryptography is `ring`'s. Key material we hold is zeroized on drop; `ring`'s own expanded
 //! key schedules are outside our control.
 
+// Network input must never panic the process: no unwrap/expect/panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod error;
 pub mod keys;
 pub mod protect;

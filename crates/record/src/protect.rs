@@ -155,6 +155,10 @@ pub struct RecordSealer {
     cipher: Result<Cipher, RecordError>,
     seq: u64,
     types: TypePolicy,
+    /// TLS 1.2 GCM: explicit nonce = `seq + explicit_offset` (wrapping). Fixed before the first
+    /// record, so explicit nonces stay as unique as sequence numbers.
+    explicit_offset: u64,
+    sealed_any: bool,
 }
 
 impl RecordSealer {
@@ -165,7 +169,27 @@ impl RecordSealer {
             cipher: Cipher::new(version, &keys),
             seq: next_seq,
             types: TypePolicy::default(),
+            explicit_offset: 0,
+            sealed_any: false,
         }
+    }
+
+    /// TLS 1.2 AES-GCM only, before the first record: make the next record's explicit nonce
+    /// `next_explicit` and count up from there, one per record.
+    ///
+    /// By default the explicit nonce is the sequence number. OpenSSL instead counts from a random
+    /// start; continuing its counter lets a verifier re-encrypt a captured session byte for byte.
+    /// Uniqueness is kept: the nonce is the sequence number plus a fixed offset.
+    pub fn continue_explicit_nonces(&mut self, next_explicit: [u8; 8]) -> Result<(), RecordError> {
+        let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
+        if cipher.explicit_len() != 8 {
+            return Err(RecordError::UnexpectedExplicitNonce);
+        }
+        if self.sealed_any {
+            return Err(RecordError::UnexpectedExplicitNonce);
+        }
+        self.explicit_offset = u64::from_be_bytes(next_explicit).wrapping_sub(self.seq);
+        Ok(())
     }
 
     /// Also accept content type `ct` (e.g. mbTLS's 30/31/32). Type 0 is never accepted.
@@ -244,14 +268,16 @@ impl RecordSealer {
                 out.reserve(HEADER_LEN + explicit + plaintext.len() + tag_len);
                 out.extend_from_slice(&header);
                 if explicit > 0 {
-                    out.extend_from_slice(&self.seq.to_be_bytes());
+                    out.extend_from_slice(&self.explicit_nonce().to_be_bytes());
                 }
                 out.extend_from_slice(plaintext);
                 (header, Some(aad), start + HEADER_LEN + explicit)
             }
         };
-        // The explicit nonce we send is the sequence number, so the nonce is the same either way.
-        let nonce = cipher.nonce(self.seq, None);
+        let nonce = match cipher.explicit_len() {
+            8 => cipher.nonce(self.seq, Some(&self.explicit_nonce().to_be_bytes())),
+            _ => cipher.nonce(self.seq, None),
+        };
         let sealed = match out.get_mut(body_at..) {
             Some(body) => match &aad13 {
                 Some(aad) => cipher
@@ -267,6 +293,7 @@ impl RecordSealer {
             Ok(tag) => {
                 out.extend_from_slice(tag.as_ref());
                 self.seq += 1;
+                self.sealed_any = true;
                 Ok(())
             }
             Err(_) => {
@@ -278,6 +305,12 @@ impl RecordSealer {
                 Err(RecordError::EncryptFailed)
             }
         }
+    }
+}
+
+impl RecordSealer {
+    fn explicit_nonce(&self) -> u64 {
+        self.seq.wrapping_add(self.explicit_offset)
     }
 }
 

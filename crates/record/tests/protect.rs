@@ -98,6 +98,37 @@ fn tls12_gcm_explicit_nonce_is_the_sequence_number() {
     }
 }
 
+#[test]
+fn tls12_gcm_explicit_nonces_can_continue_a_peer_counter() {
+    for a in [Aead::Aes128Gcm, Aead::Aes256Gcm] {
+        let mut s = RecordSealer::new(TlsVersion::Tls12, keys(TlsVersion::Tls12, a, 1), 5);
+        s.continue_explicit_nonces([0xff; 8]).unwrap();
+        let r1 = seal(&mut s, ContentType::APPLICATION_DATA, b"one");
+        let r2 = seal(&mut s, ContentType::APPLICATION_DATA, b"two");
+        assert_eq!(&r1[5..13], &[0xff; 8]);
+        assert_eq!(&r2[5..13], &[0; 8], "the counter wraps like a u64");
+        // The receiver needs no change: it reads the explicit nonce from the record.
+        let mut o = RecordOpener::new(TlsVersion::Tls12, keys(TlsVersion::Tls12, a, 1), 5);
+        assert_eq!(&o.open(&r1).unwrap().plaintext[..], b"one");
+        assert_eq!(&o.open(&r2).unwrap().plaintext[..], b"two");
+        // Fixed before the first record, so nonces stay unique.
+        assert_eq!(
+            s.continue_explicit_nonces([1; 8]),
+            Err(RecordError::UnexpectedExplicitNonce)
+        );
+    }
+    for (v, a) in [
+        (TlsVersion::Tls12, Aead::ChaCha20Poly1305),
+        (TlsVersion::Tls13, Aead::Aes128Gcm),
+    ] {
+        let mut s = RecordSealer::new(v, keys(v, a, 1), 0);
+        assert_eq!(
+            s.continue_explicit_nonces([1; 8]),
+            Err(RecordError::UnexpectedExplicitNonce)
+        );
+    }
+}
+
 /// Independent construction of TLS 1.2 records straight from RFC 5246 §6.2.3.3 / RFC 5288 /
 /// RFC 7905 with `ring`, compared byte-for-byte with the sealer's output.
 #[test]

@@ -4,6 +4,11 @@
 //! Every parser works on untrusted network input and reports problems as [`WireError`];
 //! none of them panics, whatever the bytes.
 
+// Network input must never panic the process: no unwrap/expect/panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod codec;
 pub mod content;
 pub mod error;

@@ -1,0 +1,110 @@
+//! `mbx`: one command for the five middlebox-in-TLS systems of this toolkit.
+//!
+//! Each system is a subcommand. Systems that are not built yet say so and exit non-zero: the CLI never
+//! prints output it did not compute.
+
+mod config;
+mod demo;
+mod driver;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mbx",
+    version,
+    about = "Middleboxes in encrypted traffic without giving up end-to-end security",
+    long_about = "mbx brings middleboxes back into TLS without breaking end-to-end security.\n\
+        It implements mbTLS, maTLS, BlindBox, Keyless SSL and EndBox as subcommands of one program.\n\
+        Options can come from a TOML file (--config); flags given on the command line win."
+)]
+struct Cli {
+    /// TOML configuration file; every option in it can also be given as a flag.
+    #[arg(long, short = 'c', global = true, env = "MBX_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// Log filter (tracing env-filter syntax, e.g. `info`, `mbx_engine=debug`).
+    #[arg(long, global = true, env = "MBX_LOG")]
+    log: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start every party on loopback and show what happened on the wire.
+    ///
+    /// Today the demo runs real TLS 1.2 and 1.3 sessions between our OpenSSL and rustls engines
+    /// through a tapping relay, exports the session keys, decrypts and re-encrypts the captured
+    /// records with the toolkit's own record layer, and checks attestation evidence bound to the
+    /// session (simulated TEE, explicitly allowed).
+    Demo(demo::DemoArgs),
+    /// Middlebox TLS: endpoints add middleboxes to a TLS session with per-hop keys,
+    /// in-band discovery, attestation of middlebox code and one legacy endpoint. (not implemented yet)
+    Mbtls(NotYet),
+    /// Middlebox-aware TLS: certified middleboxes, security-parameter reports and modification
+    /// logs that endpoints can audit. (not implemented yet)
+    Matls(NotYet),
+    /// BlindBox: a middlebox detects attack keywords in traffic it cannot decrypt. (not implemented yet)
+    Blindbox(NotYet),
+    /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
+    /// (not implemented yet)
+    Keyless(NotYet),
+    /// EndBox: middlebox functions in a TEE on each client behind an attested VPN. (not implemented yet)
+    Endbox(NotYet),
+}
+
+/// Arguments of a system that is not built yet: accepted so `--help` works, then refused.
+#[derive(clap::Args, Debug)]
+struct NotYet {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match cli.config.as_deref().map(Config::load).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("mbx: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(cli.log.as_deref().or(config.log.as_deref()));
+
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args, &config.demo),
+        Command::Mbtls(_) => not_yet("mbtls"),
+        Command::Matls(_) => not_yet("matls"),
+        Command::Blindbox(_) => not_yet("blindbox"),
+        Command::Keyless(_) => not_yet("keyless"),
+        Command::Endbox(_) => not_yet("endbox"),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mbx: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn not_yet(system: &str) -> anyhow::Result<()> {
+    anyhow::bail!("`{system}` is not implemented yet")
+}
+
+fn init_tracing(filter: Option<&str>) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or("warn"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

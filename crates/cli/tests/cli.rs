@@ -1,0 +1,117 @@
+//! The `mbx` binary as a user runs it.
+
+use std::process::Command;
+
+fn mbx() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mbx"));
+    cmd.env_remove("MBX_CONFIG").env_remove("MBX_LOG");
+    cmd
+}
+
+#[test]
+fn systems_not_built_yet_refuse_and_exit_non_zero() {
+    for system in ["mbtls", "matls", "blindbox", "keyless", "endbox"] {
+        let out = mbx().arg(system).output().unwrap();
+        assert!(!out.status.success(), "{system} must not pretend to work");
+        assert!(
+            out.stdout.is_empty(),
+            "{system} printed output it did not compute"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not implemented yet"), "{system}: {err}");
+    }
+}
+
+#[test]
+fn help_explains_each_system() {
+    let out = mbx().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["demo", "mbtls", "matls", "blindbox", "keyless", "endbox"] {
+        assert!(text.contains(word), "--help does not mention {word}");
+    }
+}
+
+#[test]
+fn demo_runs_both_versions_and_every_check_passes() {
+    let out = mbx().arg("demo").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "TLS 1.3 / TLS_AES_128_GCM_SHA256",
+        "TLS 1.2 / TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        "re-encrypted: identical",
+        "close_notify sealed by mbx-record was accepted",
+        "default policy: refused",
+        "allow_simulated = true: accepted",
+        "replayed into",
+        "All checks passed.",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "demo output lacks {expected:?}:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn config_file_sets_demo_options_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mbx.toml");
+    std::fs::write(&path, "[demo]\nversions = [\"1.2\"]\nlatency_ms = 1\n").unwrap();
+    let out = mbx()
+        .arg("--config")
+        .arg(&path)
+        .arg("demo")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("TLS 1.2 /") && !stdout.contains("TLS 1.3 /"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 ms one-way latency"), "{stdout}");
+
+    let out = mbx()
+        .arg("--config")
+        .arg(&path)
+        .args(["demo", "--tls", "1.3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("TLS 1.3 /") && !stdout.contains("TLS 1.2 /"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_config_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[demo]\nno_such_option = 1\n").unwrap();
+    let out = mbx()
+        .arg("--config")
+        .arg(&path)
+        .arg("demo")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid config file") && err.contains("no_such_option"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_tls_version_is_refused() {
+    let out = mbx().args(["demo", "--tls", "1.1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown TLS version"));
+}

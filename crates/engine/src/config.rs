@@ -1,0 +1,192 @@
+//! Engine configuration shared by the OpenSSL and rustls engines.
+
+use std::fmt;
+use std::sync::Arc;
+
+use mbx_record::TlsVersion;
+use zeroize::Zeroizing;
+
+use crate::AlertDescription;
+
+/// Which side of the handshake an engine plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+/// A certificate chain (leaf first) and its private key, both PEM.
+#[derive(Clone)]
+pub struct Identity {
+    pub cert_chain_pem: Vec<u8>,
+    pub key_pem: Zeroizing<Vec<u8>>,
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("key_pem", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a handler decides about a received custom extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtensionResponse {
+    /// Keep the payload (readable through `received_extension`) and send nothing back.
+    Accept,
+    /// Keep the payload and, on a server, answer with this payload in the ServerHello (TLS 1.2)
+    /// or EncryptedExtensions (TLS 1.3). Ignored on clients.
+    Reply(Vec<u8>),
+    /// Abort the handshake with this fatal alert.
+    Reject(AlertDescription),
+}
+
+/// Called inside the handshake with a received extension payload. Must not block.
+pub type ExtensionHandler = Arc<dyn Fn(&[u8]) -> ExtensionResponse + Send + Sync>;
+
+/// A custom (private-use) TLS extension handled by the OpenSSL engine. The rustls engine rejects
+/// any configuration containing one with [`crate::EngineError::Unsupported`]: rustls cannot add
+/// extensions by design.
+#[derive(Clone)]
+pub struct CustomExtension {
+    /// Codepoint; mbTLS uses one in the private-use range 0xFF00–0xFFFF.
+    pub ext_type: u16,
+    /// Clients: payload put in every ClientHello (a connection can override it with
+    /// `OpenSslEngine::set_extension_payload`). `None`: sent only when set per connection.
+    pub client_payload: Option<Vec<u8>>,
+    /// Called with what the peer sent (server: the ClientHello's payload; client: the server's
+    /// reply). Without a handler the payload is accepted and stored.
+    pub handler: Option<ExtensionHandler>,
+}
+
+impl CustomExtension {
+    /// An extension registered for receiving (server) or replies (client), with no handler.
+    pub fn new(ext_type: u16) -> Self {
+        Self {
+            ext_type,
+            client_payload: None,
+            handler: None,
+        }
+    }
+}
+
+impl fmt::Debug for CustomExtension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CustomExtension")
+            .field("ext_type", &format_args!("{:#06x}", self.ext_type))
+            .field(
+                "client_payload",
+                &self.client_payload.as_ref().map(Vec::len),
+            )
+            .field("handler", &self.handler.is_some())
+            .finish()
+    }
+}
+
+/// Configuration of one side of a TLS connection.
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    pub role: Role,
+    /// Our certificate and key (required for servers, optional client certificate).
+    pub identity: Option<Identity>,
+    /// PEM trust anchors for verifying the peer.
+    pub trust_roots_pem: Option<Vec<u8>>,
+    /// Client: verify the server chain (and hostname, when `server_name` is set).
+    /// Server: require and verify a client certificate.
+    pub verify_peer: bool,
+    /// Client: SNI and the name checked against the server certificate.
+    pub server_name: Option<String>,
+    /// ALPN protocols in preference order (empty: no ALPN).
+    pub alpn: Vec<Vec<u8>>,
+    pub min_version: TlsVersion,
+    pub max_version: TlsVersion,
+    /// IANA ids of the AEAD suites to offer/accept (empty: library defaults). See
+    /// [`suite_openssl_name`] for the supported ids.
+    pub cipher_suites: Vec<u16>,
+    /// Servers: issue session tickets (TLS 1.2 NewSessionTicket / TLS 1.3 tickets).
+    pub session_tickets: bool,
+    /// Private-use extensions (OpenSSL engine only).
+    pub custom_extensions: Vec<CustomExtension>,
+    /// Stop processing incoming records as soon as the handshake completes, so that everything
+    /// after it is left for the caller's record layer (see `Handoff::unprocessed_incoming`).
+    pub pause_after_handshake: bool,
+}
+
+impl TlsConfig {
+    /// A client verifying `server_name` against `trust_roots_pem`, TLS 1.2–1.3.
+    pub fn client(server_name: &str, trust_roots_pem: Vec<u8>) -> Self {
+        Self {
+            role: Role::Client,
+            identity: None,
+            trust_roots_pem: Some(trust_roots_pem),
+            verify_peer: true,
+            server_name: Some(server_name.to_owned()),
+            alpn: Vec::new(),
+            min_version: TlsVersion::Tls12,
+            max_version: TlsVersion::Tls13,
+            cipher_suites: Vec::new(),
+            session_tickets: true,
+            custom_extensions: Vec::new(),
+            pause_after_handshake: false,
+        }
+    }
+
+    /// A server presenting `identity`, no client authentication, TLS 1.2–1.3.
+    pub fn server(identity: Identity) -> Self {
+        Self {
+            role: Role::Server,
+            identity: Some(identity),
+            trust_roots_pem: None,
+            verify_peer: false,
+            server_name: None,
+            alpn: Vec::new(),
+            min_version: TlsVersion::Tls12,
+            max_version: TlsVersion::Tls13,
+            cipher_suites: Vec::new(),
+            session_tickets: true,
+            custom_extensions: Vec::new(),
+            pause_after_handshake: false,
+        }
+    }
+
+    /// Restricts the connection to exactly one version.
+    pub fn only(mut self, version: TlsVersion) -> Self {
+        self.min_version = version;
+        self.max_version = version;
+        self
+    }
+
+    /// ALPN protocols in the wire format (length-prefixed list).
+    pub(crate) fn alpn_wire(&self) -> Result<Vec<u8>, crate::EngineError> {
+        let mut out = Vec::new();
+        for p in &self.alpn {
+            let len = u8::try_from(p.len())
+                .ok()
+                .filter(|l| *l > 0)
+                .ok_or_else(|| {
+                    crate::EngineError::Config("ALPN protocol must be 1..=255 bytes".into())
+                })?;
+            out.push(len);
+            out.extend_from_slice(p);
+        }
+        Ok(out)
+    }
+}
+
+/// OpenSSL's name for an AEAD suite and whether it is a TLS 1.3 suite. These nine are the AEAD
+/// suites both OpenSSL and rustls implement and `mbx-record` can take over.
+pub fn suite_openssl_name(id: u16) -> Option<(&'static str, bool)> {
+    Some(match id {
+        0x1301 => ("TLS_AES_128_GCM_SHA256", true),
+        0x1302 => ("TLS_AES_256_GCM_SHA384", true),
+        0x1303 => ("TLS_CHACHA20_POLY1305_SHA256", true),
+        0xC02B => ("ECDHE-ECDSA-AES128-GCM-SHA256", false),
+        0xC02C => ("ECDHE-ECDSA-AES256-GCM-SHA384", false),
+        0xC02F => ("ECDHE-RSA-AES128-GCM-SHA256", false),
+        0xC030 => ("ECDHE-RSA-AES256-GCM-SHA384", false),
+        0xCCA8 => ("ECDHE-RSA-CHACHA20-POLY1305", false),
+        0xCCA9 => ("ECDHE-ECDSA-CHACHA20-POLY1305", false),
+        _ => return None,
+    })
+}

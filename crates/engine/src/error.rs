@@ -1,0 +1,118 @@
+//! Typed errors shared by both engines.
+
+use std::fmt;
+
+/// A TLS alert description (RFC 8446 §6), with names for the common ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AlertDescription(pub u8);
+
+impl AlertDescription {
+    pub const CLOSE_NOTIFY: Self = Self(0);
+    pub const UNEXPECTED_MESSAGE: Self = Self(10);
+    pub const BAD_RECORD_MAC: Self = Self(20);
+    pub const HANDSHAKE_FAILURE: Self = Self(40);
+    pub const BAD_CERTIFICATE: Self = Self(42);
+    pub const CERTIFICATE_UNKNOWN: Self = Self(46);
+    pub const ILLEGAL_PARAMETER: Self = Self(47);
+    pub const UNKNOWN_CA: Self = Self(48);
+    pub const DECODE_ERROR: Self = Self(50);
+    pub const DECRYPT_ERROR: Self = Self(51);
+    pub const PROTOCOL_VERSION: Self = Self(70);
+    pub const INSUFFICIENT_SECURITY: Self = Self(71);
+    pub const INTERNAL_ERROR: Self = Self(80);
+    pub const UNSUPPORTED_EXTENSION: Self = Self(110);
+    pub const UNRECOGNIZED_NAME: Self = Self(112);
+    pub const CERTIFICATE_REQUIRED: Self = Self(116);
+    pub const NO_APPLICATION_PROTOCOL: Self = Self(120);
+
+    /// The RFC name of this alert, if it is one we know.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "close_notify",
+            10 => "unexpected_message",
+            20 => "bad_record_mac",
+            22 => "record_overflow",
+            40 => "handshake_failure",
+            42 => "bad_certificate",
+            43 => "unsupported_certificate",
+            44 => "certificate_revoked",
+            45 => "certificate_expired",
+            46 => "certificate_unknown",
+            47 => "illegal_parameter",
+            48 => "unknown_ca",
+            49 => "access_denied",
+            50 => "decode_error",
+            51 => "decrypt_error",
+            70 => "protocol_version",
+            71 => "insufficient_security",
+            80 => "internal_error",
+            86 => "inappropriate_fallback",
+            90 => "user_canceled",
+            109 => "missing_extension",
+            110 => "unsupported_extension",
+            112 => "unrecognized_name",
+            116 => "certificate_required",
+            120 => "no_application_protocol",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for AlertDescription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n}({})", self.0),
+            None => write!(f, "alert({})", self.0),
+        }
+    }
+}
+
+/// Everything that can go wrong in an engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The configuration cannot be applied (bad PEM, unknown suite, ...).
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// The peer sent a fatal alert.
+    #[error("peer sent fatal alert {alert}")]
+    AlertReceived { alert: AlertDescription },
+    /// The TLS library failed; `alert` is the alert it sent to the peer, when it sent one.
+    #[error("TLS failure (sent alert: {}): {detail}", .alert.map(|a| a.to_string()).unwrap_or_else(|| "none".into()))]
+    Fatal {
+        alert: Option<AlertDescription>,
+        /// OpenSSL error stack or rustls error text.
+        detail: String,
+    },
+    /// An OpenSSL call outside the TLS state machine failed.
+    #[error("OpenSSL: {0}")]
+    OpenSsl(#[from] openssl::error::ErrorStack),
+    /// The operation exists in the trait but this engine cannot do it (rustls cannot add or read
+    /// custom handshake extensions, by design).
+    #[error("not supported by this engine: {0}")]
+    Unsupported(&'static str),
+    /// The operation needs a completed handshake.
+    #[error("handshake not complete")]
+    HandshakeIncomplete,
+    /// The operation is only valid before the handshake starts, or for the other role.
+    #[error("invalid state: {0}")]
+    State(&'static str),
+    /// A secret needed for export never appeared in the key log.
+    #[error("key log did not provide {0}")]
+    MissingSecret(&'static str),
+    /// The negotiated suite is not one our record layer implements (only AEAD suites are).
+    #[error("cipher suite {0:#06x} is not supported by the mbx record layer")]
+    UnsupportedSuite(u16),
+    /// Sequence numbers (or keys) at the export point cannot be determined exactly; refusing to
+    /// guess.
+    #[error("cannot export session exactly: {0}")]
+    InexactExport(&'static str),
+    /// Deriving keys in the record layer failed.
+    #[error("record layer: {0}")]
+    Record(#[from] mbx_record::RecordError),
+    /// Bytes from the network that are not TLS records.
+    #[error("malformed TLS data: {0}")]
+    Malformed(&'static str),
+    /// The connection was closed (close_notify received or sent) and cannot carry data.
+    #[error("connection closed")]
+    Closed,
+}

@@ -1,0 +1,135 @@
+//! TLS handshake engines over memory buffers.
+//!
+//! mbx never implements a TLS handshake itself (architecture principle 2): it drives a real
+//! library — OpenSSL 3 where the handshake must carry our own extensions (mbTLS, maTLS), rustls
+//! elsewhere — and then, when a protocol needs it, takes the session over with its own record
+//! layer (`mbx-record`). Both engines have the same sans-I/O shape, [`TlsEngine`]:
+//!
+//! 1. [`TlsEngine::feed`] ciphertext from the peer, [`TlsEngine::process`] it, send what
+//!    [`TlsEngine::take_outgoing`] returns; repeat until `!is_handshaking()`.
+//! 2. Exchange application data with [`TlsEngine::write_plaintext`] /
+//!    [`TlsEngine::take_plaintext`], or
+//! 3. [`TlsEngine::export_session`]: consume the engine and get exact keys and sequence numbers
+//!    for both directions plus the bytes that were still in flight ([`Handoff`]).
+//!
+//! Engines only ever pass whole records to the library, so nothing is stranded inside it at
+//! export time, and they count records per key epoch (OpenSSL: message callback; rustls: its
+//! own extracted sequence numbers), so the sequence numbers are exact.
+//!
+//! All `unsafe` code lives in `openssl_engine::ffi` (custom extensions, message callback); the
+//! rest of the crate is checked by `#![deny(unsafe_code)]`.
+
+// Network input must never panic the process: no unwrap/expect/panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![deny(unsafe_code)]
+
+mod config;
+mod error;
+mod openssl_engine;
+mod records;
+mod rustls_engine;
+mod session;
+
+pub use config::{
+    suite_openssl_name, CustomExtension, ExtensionHandler, ExtensionResponse, Identity, Role,
+    TlsConfig,
+};
+pub use error::{AlertDescription, EngineError};
+pub use openssl_engine::{OpenSslContext, OpenSslEngine};
+pub use rustls_engine::RustlsEngine;
+pub use session::{DirectionState, ExportedSession, Handoff};
+
+use mbx_record::TlsVersion;
+use zeroize::Zeroizing;
+
+/// A TLS endpoint driven over memory buffers. No I/O, clocks or threads inside.
+pub trait TlsEngine {
+    /// Our role.
+    fn role(&self) -> Role;
+
+    /// Appends ciphertext received from the peer. Nothing is processed until
+    /// [`TlsEngine::process`].
+    fn feed(&mut self, ciphertext: &[u8]);
+
+    /// Advances the handshake and decrypts every complete record fed so far (unless paused after
+    /// the handshake, see [`TlsConfig::pause_after_handshake`]). A fatal problem is returned as
+    /// a typed error (peer alert, our alert plus library detail) and the engine stays failed.
+    fn process(&mut self) -> Result<(), EngineError>;
+
+    /// Takes the ciphertext to send to the peer (may be empty).
+    fn take_outgoing(&mut self) -> Vec<u8>;
+
+    /// True until the handshake completed.
+    fn is_handshaking(&self) -> bool;
+
+    /// Encrypts application data (handshake must be complete); the records appear in
+    /// [`TlsEngine::take_outgoing`].
+    fn write_plaintext(&mut self, data: &[u8]) -> Result<(), EngineError>;
+
+    /// Takes the application data decrypted so far.
+    fn take_plaintext(&mut self) -> Vec<u8>;
+
+    /// True once the peer sent close_notify.
+    fn peer_closed(&self) -> bool;
+
+    /// Queues a close_notify alert.
+    fn close(&mut self) -> Result<(), EngineError>;
+
+    /// RFC 5705 / RFC 8446 §7.5 exporter. `context: None` and `Some(&[])` differ in TLS 1.2.
+    fn export_keying_material(
+        &self,
+        label: &str,
+        context: Option<&[u8]>,
+        len: usize,
+    ) -> Result<Zeroizing<Vec<u8>>, EngineError>;
+
+    /// Negotiated version (after the handshake).
+    fn version(&self) -> Option<TlsVersion>;
+
+    /// Negotiated IANA cipher suite id (after the handshake).
+    fn cipher_suite(&self) -> Option<u16>;
+
+    /// Negotiated ALPN protocol.
+    fn alpn(&self) -> Option<Vec<u8>>;
+
+    /// The peer's certificate chain, leaf first, DER.
+    fn peer_certificates(&self) -> Vec<Vec<u8>>;
+
+    /// The payload of custom extension `ext_type` the peer sent, if it sent one. Errors with
+    /// `Unsupported` on engines that cannot see extensions (rustls).
+    fn received_extension(&self, ext_type: u16) -> Result<Option<Vec<u8>>, EngineError>;
+
+    /// Consumes the engine and hands the session to our record layer. Only after the handshake;
+    /// errors (never guesses) if keys or sequence numbers cannot be determined exactly.
+    fn export_session(self) -> Result<Handoff, EngineError>
+    where
+        Self: Sized;
+
+    /// Boxed form of [`TlsEngine::export_session`] for `dyn TlsEngine` users.
+    fn export_session_boxed(self: Box<Self>) -> Result<Handoff, EngineError>;
+
+    /// Client only, before anything was sent: starts the handshake and returns its first flight
+    /// as the complete ClientHello handshake message (4-byte header included), removing the
+    /// records that carried it from the outgoing buffer. Used for mbTLS's optimistic
+    /// ClientHellos, which travel inside an extension of another hello; the peer's answer is then
+    /// fed as ordinary records.
+    fn take_client_hello(&mut self) -> Result<Vec<u8>, EngineError> {
+        if self.role() != Role::Client {
+            return Err(EngineError::State("only a client has a ClientHello"));
+        }
+        self.process()?;
+        let out = self.take_outgoing();
+        match records::first_handshake_message(&out, 1)? {
+            Some((msg, used)) if used == out.len() => Ok(msg),
+            Some(_) => Err(EngineError::State(
+                "first flight holds more than the ClientHello",
+            )),
+            None => Err(EngineError::State(
+                "no ClientHello produced (handshake already started?)",
+            )),
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The crate's only `unsafe` code: OpenSSL hooks the safe `openssl` crate does not wrap.
+//!
+//! * `SSL_CTX_add_custom_ext` — our own ClientHello / ServerHello / EncryptedExtensions
+//!   extensions (mbTLS MiddleboxSupport).
+//! * `SSL_set_msg_callback` — record-header and handshake-message notifications, used to count
+//!   records per key epoch so exported sequence numbers are exact.
+//!
+//! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
+//! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
+//! and frees together with the `SSL`; so no callback data can outlive or be outlived by the
+//! objects it belongs to. Every callback catches panics (unwinding into C is undefined), turns
+//! them into `internal_error`, and hands plain slices to safe code in the parent module.
+
+use std::os::raw::{c_int, c_uchar, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use foreign_types::ForeignTypeRef;
+use libc::size_t;
+use openssl::ssl::{SslContextBuilder, SslRef};
+use openssl_sys as sys;
+
+use crate::AlertDescription;
+
+/// Where our extensions may appear: ClientHello, TLS 1.2 ServerHello, TLS 1.3
+/// EncryptedExtensions; TLS only (not DTLS). Values from OpenSSL's `ssl.h`, as exported by
+/// `openssl-sys`.
+const EXT_CONTEXT: c_uint = sys::SSL_EXT_TLS_ONLY
+    | sys::SSL_EXT_CLIENT_HELLO
+    | sys::SSL_EXT_TLS1_2_SERVER_HELLO
+    | sys::SSL_EXT_TLS1_3_ENCRYPTED_EXTENSIONS;
+
+/// `msg_callback` pseudo content type for a record header (`ssl3.h`: `SSL3_RT_HEADER`).
+pub(super) const RT_HEADER: c_int = 0x100;
+
+type MsgCallback = unsafe extern "C" fn(
+    write_p: c_int,
+    version: c_int,
+    content_type: c_int,
+    buf: *const c_void,
+    len: size_t,
+    ssl: *mut sys::SSL,
+    arg: *mut c_void,
+);
+
+extern "C" {
+    // Not bound by openssl-sys; a real function in libssl 3 (ssl.h), linked through openssl-sys.
+    fn SSL_set_msg_callback(ssl: *mut sys::SSL, cb: Option<MsgCallback>);
+}
+
+/// Registers extension `ext_type` on the context with our add/free/parse callbacks.
+pub(super) fn register_custom_extension(builder: &mut SslContextBuilder, ext_type: u16) -> bool {
+    // SAFETY: `builder.as_ptr()` is the live SSL_CTX the builder owns. The callbacks are
+    // `'static` functions, and both user-data pointers are null, so nothing has to outlive the
+    // context. OpenSSL copies the registration into every SSL created from the context.
+    let rc = unsafe {
+        sys::SSL_CTX_add_custom_ext(
+            builder.as_ptr(),
+            c_uint::from(ext_type),
+            EXT_CONTEXT,
+            Some(add_cb),
+            Some(free_cb),
+            ptr::null_mut(),
+            Some(parse_cb),
+            ptr::null_mut(),
+        )
+    };
+    rc == 1
+}
+
+/// Installs the message callback on one connection.
+pub(super) fn install_msg_callback(ssl: &mut SslRef) {
+    // SAFETY: `ssl.as_ptr()` is a live SSL we hold exclusively; `msg_cb` is a `'static` function
+    // and no callback argument is set (it stays null).
+    unsafe { SSL_set_msg_callback(ssl.as_ptr(), Some(msg_cb)) }
+}
+
+/// Runs `f` on the `SslRef` behind a callback's `SSL*`, catching panics.
+///
+/// # Safety
+/// `ssl` must be the non-null, live `SSL` OpenSSL invoked the callback for.
+unsafe fn with_ssl<R>(ssl: *mut sys::SSL, f: impl FnOnce(&SslRef) -> R) -> Option<R> {
+    if ssl.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract, `ssl` is live for the whole callback; we only create a shared
+    // reference, as the `openssl` crate does for its own callbacks.
+    let ssl = unsafe { SslRef::from_ptr(ssl) };
+    catch_unwind(AssertUnwindSafe(|| f(ssl))).ok()
+}
+
+/// Builds a byte slice from a C buffer, treating null/empty as empty.
+///
+/// # Safety
+/// If `len > 0` and `p` is non-null, `p` must point to `len` readable bytes that stay valid and
+/// unmodified for the returned lifetime (true for callback arguments during the callback).
+unsafe fn slice<'a>(p: *const c_uchar, len: size_t) -> &'a [u8] {
+    if p.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: see the function contract.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+}
+
+/// `SSL_custom_ext_add_cb_ex`: returns 1 with a malloc'ed copy of the payload to send, 0 to send
+/// nothing, -1 on failure.
+unsafe extern "C" fn add_cb(
+    ssl: *mut sys::SSL,
+    ext_type: c_uint,
+    context: c_uint,
+    out: *mut *const c_uchar,
+    outlen: *mut size_t,
+    _x: *mut sys::X509,
+    _chainidx: size_t,
+    al: *mut c_int,
+    _add_arg: *mut c_void,
+) -> c_int {
+    let Ok(ty) = u16::try_from(ext_type) else {
+        return 0;
+    };
+    let in_client_hello = context & sys::SSL_EXT_CLIENT_HELLO != 0;
+    // SAFETY: OpenSSL calls us with the live SSL being handshaked.
+    let payload = unsafe { with_ssl(ssl, |s| super::extension_to_send(s, ty, in_client_hello)) };
+    let payload = match payload {
+        Some(Some(p)) => p,
+        Some(None) => return 0,
+        None => {
+            // SAFETY: `al` is a valid out-pointer for the duration of the callback.
+            unsafe { *al = c_int::from(AlertDescription::INTERNAL_ERROR.0) };
+            return -1;
+        }
+    };
+    // SAFETY: malloc of at least 1 byte (so the pointer is non-null and freeable even for an
+    // empty payload); we copy `payload.len()` bytes into it. Ownership goes to OpenSSL until it
+    // calls `free_cb` with the same pointer, which frees it with the matching `free`.
+    unsafe {
+        let buf = libc::malloc(payload.len().max(1)).cast::<c_uchar>();
+        if buf.is_null() {
+            *al = c_int::from(AlertDescription::INTERNAL_ERROR.0);
+            return -1;
+        }
+        ptr::copy_nonoverlapping(payload.as_ptr(), buf, payload.len());
+        *out = buf;
+        *outlen = payload.len();
+    }
+    1
+}
+
+/// `SSL_custom_ext_free_cb_ex`: frees what `add_cb` allocated.
+unsafe extern "C" fn free_cb(
+    _ssl: *mut sys::SSL,
+    _ext_type: c_uint,
+    _context: c_uint,
+    out: *const c_uchar,
+    _add_arg: *mut c_void,
+) {
+    // SAFETY: `out` is exactly a pointer `add_cb` returned from `libc::malloc` (OpenSSL only
+    // calls free_cb after a successful add_cb), freed once.
+    unsafe { libc::free(out.cast_mut().cast::<c_void>()) }
+}
+
+/// `SSL_custom_ext_parse_cb_ex`: 1 to accept, 0 with `*al` set to abort the handshake.
+unsafe extern "C" fn parse_cb(
+    ssl: *mut sys::SSL,
+    ext_type: c_uint,
+    context: c_uint,
+    input: *const c_uchar,
+    inlen: size_t,
+    _x: *mut sys::X509,
+    _chainidx: size_t,
+    al: *mut c_int,
+    _parse_arg: *mut c_void,
+) -> c_int {
+    let from_client_hello = context & sys::SSL_EXT_CLIENT_HELLO != 0;
+    // SAFETY: `input`/`inlen` describe the extension body, valid during the callback.
+    let data = unsafe { slice(input, inlen) };
+    let verdict = match u16::try_from(ext_type) {
+        // SAFETY: OpenSSL calls us with the live SSL being handshaked.
+        Ok(ty) => unsafe {
+            with_ssl(ssl, |s| {
+                super::extension_received(s, ty, from_client_hello, data)
+            })
+        },
+        Err(_) => None,
+    };
+    match verdict {
+        Some(Ok(())) => 1,
+        Some(Err(alert)) => {
+            // SAFETY: `al` is a valid out-pointer for the duration of the callback.
+            unsafe { *al = c_int::from(alert.0) };
+            0
+        }
+        None => {
+            // SAFETY: as above.
+            unsafe { *al = c_int::from(AlertDescription::INTERNAL_ERROR.0) };
+            0
+        }
+    }
+}
+
+/// `SSL_set_msg_callback` callback: forwards record headers, handshake messages, CCS and alerts.
+unsafe extern "C" fn msg_cb(
+    write_p: c_int,
+    _version: c_int,
+    content_type: c_int,
+    buf: *const c_void,
+    len: size_t,
+    ssl: *mut sys::SSL,
+    _arg: *mut c_void,
+) {
+    // SAFETY: `buf`/`len` describe the message or header, valid during the callback.
+    let data = unsafe { slice(buf.cast::<c_uchar>(), len) };
+    // SAFETY: OpenSSL calls us with the live SSL whose records are being processed.
+    unsafe {
+        with_ssl(ssl, |s| {
+            super::on_message(s, write_p != 0, content_type, data)
+        })
+    };
+}

@@ -1,0 +1,742 @@
+//! The OpenSSL 3 engine: `SslStream` over an in-memory transport, plus the hooks in [`ffi`].
+
+#[allow(unsafe_code)]
+mod ffi;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use mbx_record::TlsVersion;
+use openssl::error::ErrorStack;
+use openssl::pkey::PKey;
+use openssl::ssl::{
+    AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef,
+    SslStream, SslVerifyMode, SslVersion,
+};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
+use zeroize::Zeroizing;
+
+use crate::records::{self, CT_ALERT, CT_APPLICATION_DATA, CT_CHANGE_CIPHER_SPEC, CT_HANDSHAKE};
+use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
+use crate::{
+    AlertDescription, EngineError, ExtensionHandler, ExtensionResponse, Handoff, Role, TlsConfig,
+    TlsEngine,
+};
+
+const HS_FINISHED: u8 = 20;
+const HS_KEY_UPDATE: u8 = 24;
+
+/// Record counts of one direction, driven by the message callback.
+///
+/// OpenSSL reports a record's header before the messages it carries, and a handshake message
+/// after the record(s) carrying it were written/read; and it switches keys right after the
+/// record/message that ends an epoch (TLS 1.2: the ChangeCipherSpec record; TLS 1.3: the first
+/// Finished of each side). So the records reported after it are exactly those of the new epoch.
+/// (TLS 1.3 compatibility CCS records are unprotected and take no sequence number; they are not
+/// counted as application_data records.)
+#[derive(Default, Debug)]
+struct EpochCounter {
+    /// Records (any type) since the last ChangeCipherSpec: the TLS 1.2 sequence number.
+    since_ccs: u64,
+    ccs_seen: u32,
+    /// Protected records (outer type application_data) since the first Finished: the TLS 1.3
+    /// application-epoch sequence number.
+    since_finished: u64,
+    finished_seen: u32,
+    key_updates: u32,
+}
+
+impl EpochCounter {
+    /// A record header. A ChangeCipherSpec record is recognised by its header: OpenSSL 3.0
+    /// reports the content of a CCS it sends but not of one it receives.
+    fn on_header(&mut self, outer_type: u8) {
+        match outer_type {
+            CT_CHANGE_CIPHER_SPEC => {
+                self.since_ccs = 0;
+                self.ccs_seen = self.ccs_seen.saturating_add(1);
+            }
+            CT_APPLICATION_DATA => {
+                self.since_ccs = self.since_ccs.saturating_add(1);
+                self.since_finished = self.since_finished.saturating_add(1);
+            }
+            _ => self.since_ccs = self.since_ccs.saturating_add(1),
+        }
+    }
+
+    fn on_handshake(&mut self, msg_type: u8) {
+        match msg_type {
+            // Only the first Finished ends the handshake epoch; a later one (TLS 1.3
+            // post-handshake authentication) changes no keys.
+            HS_FINISHED => {
+                if self.finished_seen == 0 {
+                    self.since_finished = 0;
+                }
+                self.finished_seen = self.finished_seen.saturating_add(1);
+            }
+            HS_KEY_UPDATE => self.key_updates = self.key_updates.saturating_add(1),
+            _ => {}
+        }
+    }
+
+    /// Next sequence number for `version`, or why it is not exact.
+    fn next_seq(&self, version: TlsVersion) -> Result<u64, EngineError> {
+        match version {
+            TlsVersion::Tls12 => match self.ccs_seen {
+                1 => Ok(self.since_ccs),
+                0 => Err(EngineError::HandshakeIncomplete),
+                _ => Err(EngineError::InexactExport("renegotiation happened")),
+            },
+            TlsVersion::Tls13 => {
+                if self.key_updates > 0 {
+                    return Err(EngineError::Unsupported("export after a TLS 1.3 KeyUpdate"));
+                }
+                if self.finished_seen == 0 {
+                    return Err(EngineError::HandshakeIncomplete);
+                }
+                Ok(self.since_finished)
+            }
+        }
+    }
+}
+
+/// Per-connection state shared with OpenSSL's callbacks through the SSL's ex_data.
+#[derive(Default)]
+struct ConnState {
+    secrets: KeyLogSecrets,
+    tx: EpochCounter,
+    rx: EpochCounter,
+    alert_sent: Option<(u8, AlertDescription)>,
+    alert_received: Option<(u8, AlertDescription)>,
+    /// Payloads we put in our hello (client) for each extension type.
+    ext_send: BTreeMap<u16, Vec<u8>>,
+    /// Replies a server handler chose, sent in ServerHello / EncryptedExtensions.
+    ext_reply: BTreeMap<u16, Vec<u8>>,
+    ext_received: BTreeMap<u16, Vec<u8>>,
+    handlers: BTreeMap<u16, ExtensionHandler>,
+}
+
+type SharedState = Arc<Mutex<ConnState>>;
+
+fn lock(state: &SharedState) -> MutexGuard<'_, ConnState> {
+    // A panic while holding the lock can only come from a user handler (caught in ffi); the
+    // state itself stays consistent, so keep using it.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static STATE_INDEX: OnceLock<openssl::ex_data::Index<Ssl, SharedState>> = OnceLock::new();
+
+fn state_index() -> Result<openssl::ex_data::Index<Ssl, SharedState>, ErrorStack> {
+    if let Some(i) = STATE_INDEX.get() {
+        return Ok(*i);
+    }
+    let fresh = Ssl::new_ex_index()?;
+    Ok(*STATE_INDEX.get_or_init(|| fresh))
+}
+
+fn state_of(ssl: &SslRef) -> Option<&SharedState> {
+    STATE_INDEX.get().and_then(|i| ssl.ex_data(*i))
+}
+
+/// Called by [`ffi`] when OpenSSL builds a hello: the payload to put in it, if any.
+fn extension_to_send(ssl: &SslRef, ty: u16, in_client_hello: bool) -> Option<Vec<u8>> {
+    let st = lock(state_of(ssl)?);
+    if in_client_hello {
+        st.ext_send.get(&ty).cloned()
+    } else {
+        st.ext_reply.get(&ty).cloned()
+    }
+}
+
+/// Called by [`ffi`] with a received extension; runs the handler without holding the lock.
+fn extension_received(
+    ssl: &SslRef,
+    ty: u16,
+    from_client_hello: bool,
+    payload: &[u8],
+) -> Result<(), AlertDescription> {
+    let state = state_of(ssl).ok_or(AlertDescription::INTERNAL_ERROR)?;
+    let handler = lock(state).handlers.get(&ty).cloned();
+    let response = handler.map_or(ExtensionResponse::Accept, |h| h(payload));
+    let mut st = lock(state);
+    match response {
+        ExtensionResponse::Reject(alert) => return Err(alert),
+        ExtensionResponse::Reply(reply) if from_client_hello => {
+            st.ext_reply.insert(ty, reply);
+        }
+        ExtensionResponse::Reply(_) | ExtensionResponse::Accept => {}
+    }
+    st.ext_received.insert(ty, payload.to_vec());
+    Ok(())
+}
+
+/// Called by [`ffi`] for every record header, handshake message, CCS and alert.
+fn on_message(ssl: &SslRef, write: bool, content_type: i32, data: &[u8]) {
+    let Some(state) = state_of(ssl) else { return };
+    let mut st = lock(state);
+    let dir = if write { &mut st.tx } else { &mut st.rx };
+    match (content_type, data.first()) {
+        (ffi::RT_HEADER, Some(&outer)) => dir.on_header(outer),
+        (ct, Some(&msg_type)) if ct == i32::from(CT_HANDSHAKE) => dir.on_handshake(msg_type),
+        (ct, Some(&level)) if ct == i32::from(CT_ALERT) => {
+            if let Some(&desc) = data.get(1) {
+                let alert = Some((level, AlertDescription(desc)));
+                if write {
+                    st.alert_sent = alert;
+                } else {
+                    st.alert_received = alert;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// In-memory transport under `SslStream`. Reads only ever hand out bytes of complete records,
+/// so OpenSSL (which without read-ahead reads exactly one record at a time) never holds a
+/// partial record: whatever it has not processed stays here.
+#[derive(Default)]
+struct MemIo {
+    incoming: Vec<u8>,
+    /// Length of the prefix of `incoming` made of complete records.
+    readable: usize,
+    /// When set, OpenSSL gets no more input (pause / export).
+    frozen: bool,
+    outgoing: Vec<u8>,
+    malformed: bool,
+}
+
+impl MemIo {
+    fn feed(&mut self, data: &[u8]) {
+        self.incoming.extend_from_slice(data);
+        self.rescan();
+    }
+
+    fn rescan(&mut self) {
+        match self
+            .incoming
+            .get(self.readable..)
+            .map(records::complete_prefix_len)
+        {
+            Some(Ok(n)) => self.readable += n,
+            // Let OpenSSL see the garbage: it will fail the connection with the right alert.
+            Some(Err(_)) => {
+                self.malformed = true;
+                self.readable = self.incoming.len();
+            }
+            None => {}
+        }
+    }
+}
+
+impl Read for MemIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.readable);
+        if self.frozen || n == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        buf[..n].copy_from_slice(&self.incoming[..n]);
+        self.incoming.drain(..n);
+        self.readable -= n;
+        Ok(n)
+    }
+}
+
+impl Write for MemIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.outgoing.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Splits a wire-format ALPN list into its entries (a malformed tail is ignored).
+fn alpn_entries(mut list: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let (&len, rest) = list.split_first()?;
+        let entry = rest.get(..usize::from(len))?;
+        list = rest.get(usize::from(len)..)?;
+        Some(entry)
+    })
+}
+
+/// Server-preference ALPN choice, returning the client's copy (OpenSSL wants a slice of the
+/// client's list).
+fn pick_alpn<'c>(server: &[u8], client: &'c [u8]) -> Option<&'c [u8]> {
+    alpn_entries(server).find_map(|s| alpn_entries(client).find(|c| *c == s))
+}
+
+fn ssl_version(v: TlsVersion) -> SslVersion {
+    match v {
+        TlsVersion::Tls12 => SslVersion::TLS1_2,
+        TlsVersion::Tls13 => SslVersion::TLS1_3,
+    }
+}
+
+fn config_err(what: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Config(format!("{what}: {e}"))
+}
+
+/// An `SSL_CTX` built from a [`TlsConfig`]; cheap to create many engines from.
+pub struct OpenSslContext {
+    ctx: SslContext,
+    role: Role,
+    server_name: Option<String>,
+    verify_peer: bool,
+    pause_after_handshake: bool,
+    registered: BTreeSet<u16>,
+    ext_send: BTreeMap<u16, Vec<u8>>,
+    handlers: BTreeMap<u16, ExtensionHandler>,
+}
+
+impl OpenSslContext {
+    pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
+        let mut b = SslContextBuilder::new(SslMethod::tls())?;
+        b.set_min_proto_version(Some(ssl_version(config.min_version)))?;
+        b.set_max_proto_version(Some(ssl_version(config.max_version)))?;
+        // Renegotiation would start a new epoch behind our counters' back.
+        b.set_options(SslOptions::NO_RENEGOTIATION);
+        if !config.session_tickets {
+            b.set_options(SslOptions::NO_TICKET);
+            b.set_num_tickets(0)?;
+        }
+        Self::apply_suites(&mut b, &config.cipher_suites)?;
+
+        if let Some(id) = &config.identity {
+            let chain = X509::stack_from_pem(&id.cert_chain_pem)
+                .map_err(|e| config_err("certificate chain", e))?;
+            let mut certs = chain.into_iter();
+            let leaf = certs
+                .next()
+                .ok_or_else(|| EngineError::Config("empty certificate chain".into()))?;
+            b.set_certificate(&leaf)?;
+            for c in certs {
+                b.add_extra_chain_cert(c)?;
+            }
+            let key = PKey::private_key_from_pem(&id.key_pem)
+                .map_err(|e| config_err("private key", e))?;
+            b.set_private_key(&key)?;
+            b.check_private_key()
+                .map_err(|e| config_err("key does not match certificate", e))?;
+        } else if config.role == Role::Server {
+            return Err(EngineError::Config("a server needs an identity".into()));
+        }
+
+        if let Some(pem) = &config.trust_roots_pem {
+            let mut store = X509StoreBuilder::new()?;
+            for c in X509::stack_from_pem(pem).map_err(|e| config_err("trust roots", e))? {
+                store.add_cert(c)?;
+            }
+            b.set_verify_cert_store(store.build())?;
+        }
+        let mode = match (config.role, config.verify_peer) {
+            (_, false) => SslVerifyMode::NONE,
+            (Role::Client, true) => SslVerifyMode::PEER,
+            (Role::Server, true) => SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT,
+        };
+        if config.verify_peer && config.trust_roots_pem.is_none() {
+            return Err(EngineError::Config("verify_peer needs trust roots".into()));
+        }
+        b.set_verify(mode);
+
+        let alpn = config.alpn_wire()?;
+        if !alpn.is_empty() {
+            match config.role {
+                Role::Client => b.set_alpn_protos(&alpn)?,
+                Role::Server => b.set_alpn_select_callback(move |_, client| {
+                    pick_alpn(&alpn, client).ok_or(AlpnError::NOACK)
+                }),
+            }
+        }
+
+        b.set_keylog_callback(|ssl, line| {
+            if let Some(st) = state_of(ssl) {
+                lock(st).secrets.record_line(line);
+            }
+        });
+
+        let mut registered = BTreeSet::new();
+        let mut ext_send = BTreeMap::new();
+        let mut handlers = BTreeMap::new();
+        for ext in &config.custom_extensions {
+            if !registered.insert(ext.ext_type)
+                || !ffi::register_custom_extension(&mut b, ext.ext_type)
+            {
+                return Err(EngineError::Config(format!(
+                    "cannot register extension {:#06x} (duplicate or built into OpenSSL)",
+                    ext.ext_type
+                )));
+            }
+            if let (Role::Client, Some(p)) = (config.role, &ext.client_payload) {
+                ext_send.insert(ext.ext_type, p.clone());
+            }
+            if let Some(h) = &ext.handler {
+                handlers.insert(ext.ext_type, h.clone());
+            }
+        }
+        // Make sure the ex_data slot exists before any callback can look for it.
+        state_index()?;
+        Ok(Self {
+            ctx: b.build(),
+            role: config.role,
+            server_name: config.server_name.clone(),
+            verify_peer: config.verify_peer,
+            pause_after_handshake: config.pause_after_handshake,
+            registered,
+            ext_send,
+            handlers,
+        })
+    }
+
+    fn apply_suites(b: &mut SslContextBuilder, ids: &[u16]) -> Result<(), EngineError> {
+        let (mut v12, mut v13) = (Vec::new(), Vec::new());
+        for id in ids {
+            let (name, is13) = crate::suite_openssl_name(*id).ok_or_else(|| {
+                EngineError::Config(format!("unsupported cipher suite {id:#06x}"))
+            })?;
+            if is13 {
+                v13.push(name)
+            } else {
+                v12.push(name)
+            }
+        }
+        if !v12.is_empty() {
+            b.set_cipher_list(&v12.join(":"))?;
+        }
+        if !v13.is_empty() {
+            b.set_ciphersuites(&v13.join(":"))?;
+        }
+        Ok(())
+    }
+
+    /// A new connection using the configured server name.
+    pub fn engine(&self) -> Result<OpenSslEngine, EngineError> {
+        self.engine_for(self.server_name.as_deref())
+    }
+
+    /// A new connection; for clients, `server_name` is the SNI and the verified hostname.
+    pub fn engine_for(&self, server_name: Option<&str>) -> Result<OpenSslEngine, EngineError> {
+        let mut ssl = Ssl::new(&self.ctx)?;
+        match self.role {
+            Role::Client => {
+                ssl.set_connect_state();
+                if let Some(name) = server_name {
+                    let ip = name.parse::<std::net::IpAddr>().ok();
+                    if ip.is_none() {
+                        ssl.set_hostname(name)?;
+                    }
+                    if self.verify_peer {
+                        match ip {
+                            Some(ip) => ssl.param_mut().set_ip(ip)?,
+                            None => ssl.param_mut().set_host(name)?,
+                        }
+                    }
+                }
+            }
+            Role::Server => ssl.set_accept_state(),
+        }
+        let state = Arc::new(Mutex::new(ConnState {
+            ext_send: self.ext_send.clone(),
+            handlers: self.handlers.clone(),
+            ..ConnState::default()
+        }));
+        ssl.set_ex_data(state_index()?, state.clone());
+        ffi::install_msg_callback(&mut ssl);
+        let stream = SslStream::new(ssl, MemIo::default())?;
+        Ok(OpenSslEngine {
+            stream,
+            state,
+            role: self.role,
+            registered: self.registered.clone(),
+            pause_after_handshake: self.pause_after_handshake,
+            handshake_done: false,
+            started: false,
+            failed: false,
+            peer_closed: false,
+            plaintext: Vec::new(),
+        })
+    }
+}
+
+/// A TLS connection run by OpenSSL over memory buffers.
+pub struct OpenSslEngine {
+    stream: SslStream<MemIo>,
+    state: SharedState,
+    role: Role,
+    registered: BTreeSet<u16>,
+    pause_after_handshake: bool,
+    handshake_done: bool,
+    started: bool,
+    failed: bool,
+    peer_closed: bool,
+    plaintext: Vec<u8>,
+}
+
+impl OpenSslEngine {
+    /// Client, before the handshake starts: the payload of custom extension `ext_type` (which
+    /// must be registered in the context) for this connection's ClientHello.
+    pub fn set_extension_payload(
+        &mut self,
+        ext_type: u16,
+        payload: Vec<u8>,
+    ) -> Result<(), EngineError> {
+        if self.role != Role::Client || self.started {
+            return Err(EngineError::State(
+                "extension payloads are set on a client before it starts",
+            ));
+        }
+        if !self.registered.contains(&ext_type) {
+            return Err(EngineError::Config(format!(
+                "extension {ext_type:#06x} is not registered"
+            )));
+        }
+        lock(&self.state).ext_send.insert(ext_type, payload);
+        Ok(())
+    }
+
+    /// The underlying OpenSSL connection, for read-only queries the trait does not cover.
+    pub fn ssl(&self) -> &SslRef {
+        self.stream.ssl()
+    }
+
+    /// Turns a library failure into a typed error, preferring alerts seen on the wire.
+    fn fail(&mut self, e: openssl::ssl::Error) -> EngineError {
+        self.failed = true;
+        let st = lock(&self.state);
+        if let Some((_, alert)) = st
+            .alert_received
+            .filter(|(_, a)| *a != AlertDescription::CLOSE_NOTIFY)
+        {
+            return EngineError::AlertReceived { alert };
+        }
+        let mut detail = e.to_string();
+        if let Some(stack) = e.ssl_error() {
+            if !detail.contains(&stack.to_string()) {
+                detail = format!("{detail}: {stack}");
+            }
+        }
+        if self.stream.get_ref().malformed {
+            detail = format!("{detail} (peer bytes are not TLS records)");
+        }
+        EngineError::Fatal {
+            alert: st.alert_sent.map(|(_, a)| a),
+            detail,
+        }
+    }
+
+    fn check_usable(&self) -> Result<(), EngineError> {
+        if self.failed {
+            Err(EngineError::State("engine failed earlier"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn read_available(&mut self) -> Result<(), EngineError> {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match self.stream.ssl_read(&mut buf) {
+                Ok(n) => self.plaintext.extend_from_slice(&buf[..n]),
+                Err(e) if e.code() == ErrorCode::ZERO_RETURN => {
+                    self.peer_closed = true;
+                    return Ok(());
+                }
+                Err(e) if e.code() == ErrorCode::WANT_READ => return Ok(()),
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+    }
+}
+
+impl TlsEngine for OpenSslEngine {
+    fn role(&self) -> Role {
+        self.role
+    }
+
+    fn feed(&mut self, ciphertext: &[u8]) {
+        self.stream.get_mut().feed(ciphertext);
+    }
+
+    fn process(&mut self) -> Result<(), EngineError> {
+        self.check_usable()?;
+        self.started = true;
+        if !self.handshake_done {
+            match self.stream.do_handshake() {
+                Ok(()) => self.handshake_done = true,
+                Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
+                    return Ok(())
+                }
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        if self.pause_after_handshake {
+            self.stream.get_mut().frozen = true;
+            return Ok(());
+        }
+        if !self.peer_closed {
+            self.read_available()?;
+        }
+        Ok(())
+    }
+
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.stream.get_mut().outgoing)
+    }
+
+    fn is_handshaking(&self) -> bool {
+        !self.handshake_done
+    }
+
+    fn write_plaintext(&mut self, mut data: &[u8]) -> Result<(), EngineError> {
+        self.check_usable()?;
+        if !self.handshake_done {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        while !data.is_empty() {
+            match self.stream.ssl_write(data) {
+                Ok(n) => data = data.get(n..).unwrap_or_default(),
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.plaintext)
+    }
+
+    fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    fn close(&mut self) -> Result<(), EngineError> {
+        self.check_usable()?;
+        match self.stream.shutdown() {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn export_keying_material(
+        &self,
+        label: &str,
+        context: Option<&[u8]>,
+        len: usize,
+    ) -> Result<Zeroizing<Vec<u8>>, EngineError> {
+        if !self.handshake_done {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        let mut out = Zeroizing::new(vec![0u8; len]);
+        self.stream
+            .ssl()
+            .export_keying_material(&mut out, label, context)?;
+        Ok(out)
+    }
+
+    fn version(&self) -> Option<TlsVersion> {
+        if !self.handshake_done {
+            return None;
+        }
+        match self.stream.ssl().version2()? {
+            SslVersion::TLS1_2 => Some(TlsVersion::Tls12),
+            SslVersion::TLS1_3 => Some(TlsVersion::Tls13),
+            _ => None,
+        }
+    }
+
+    fn cipher_suite(&self) -> Option<u16> {
+        if !self.handshake_done {
+            return None;
+        }
+        let c = self.stream.ssl().current_cipher()?;
+        Some(u16::from_be_bytes(c.protocol_id()))
+    }
+
+    fn alpn(&self) -> Option<Vec<u8>> {
+        self.stream
+            .ssl()
+            .selected_alpn_protocol()
+            .map(<[u8]>::to_vec)
+    }
+
+    fn peer_certificates(&self) -> Vec<Vec<u8>> {
+        let ssl = self.stream.ssl();
+        let mut out = Vec::new();
+        // A server's SSL_get_peer_cert_chain omits the client's leaf; a client's includes it.
+        if self.role == Role::Server {
+            if let Some(leaf) = ssl.peer_certificate().and_then(|c| c.to_der().ok()) {
+                out.push(leaf);
+            }
+        }
+        if let Some(chain) = ssl.peer_cert_chain() {
+            out.extend(chain.iter().filter_map(|c| c.to_der().ok()));
+        }
+        out
+    }
+
+    fn received_extension(&self, ext_type: u16) -> Result<Option<Vec<u8>>, EngineError> {
+        Ok(lock(&self.state).ext_received.get(&ext_type).cloned())
+    }
+
+    fn export_session(mut self) -> Result<Handoff, EngineError> {
+        self.check_usable()?;
+        if !self.handshake_done {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        // No further records go into OpenSSL; drain plaintext it already decrypted.
+        self.stream.get_mut().frozen = true;
+        let mut buf = vec![0u8; 16 * 1024];
+        while self.stream.ssl().pending() > 0 {
+            match self.stream.ssl_read(&mut buf) {
+                Ok(n) if n > 0 => self.plaintext.extend_from_slice(&buf[..n]),
+                _ => {
+                    return Err(EngineError::InexactExport(
+                        "OpenSSL holds undeliverable plaintext",
+                    ))
+                }
+            }
+        }
+        let version = self.version().ok_or(EngineError::Unsupported(
+            "protocol version other than TLS 1.2/1.3",
+        ))?;
+        let suite_id = self
+            .cipher_suite()
+            .ok_or(EngineError::HandshakeIncomplete)?;
+        let ssl = self.stream.ssl();
+        let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
+        if ssl.client_random(&mut client_random) != 32
+            || ssl.server_random(&mut server_random) != 32
+        {
+            return Err(EngineError::InexactExport("hello randoms unavailable"));
+        }
+        let session = {
+            let st = lock(&self.state);
+            derive_session(ExportInputs {
+                role: self.role,
+                version,
+                suite_id,
+                client_random,
+                server_random,
+                secrets: &st.secrets,
+                tx_seq: st.tx.next_seq(version)?,
+                rx_seq: st.rx.next_seq(version)?,
+            })?
+        };
+        let io = self.stream.get_mut();
+        Ok(Handoff {
+            session,
+            unprocessed_incoming: std::mem::take(&mut io.incoming),
+            pending_outgoing: std::mem::take(&mut io.outgoing),
+            pending_plaintext: std::mem::take(&mut self.plaintext),
+        })
+    }
+
+    fn export_session_boxed(self: Box<Self>) -> Result<Handoff, EngineError> {
+        (*self).export_session()
+    }
+}

@@ -1,0 +1,512 @@
+//! The rustls engine: `rustls::Connection` over memory buffers.
+//!
+//! rustls cannot add or read custom handshake extensions (by design, and forking it is not
+//! allowed), so configurations with `custom_extensions` are rejected with
+//! [`EngineError::Unsupported`] and [`TlsEngine::received_extension`] always returns it.
+//! A rustls client also always verifies the server (`verify_peer = false` is unsupported).
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mbx_record::TlsVersion;
+use openssl::pkey::PKey;
+use openssl::x509::X509;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::{ClientConfig, ConnectionTrafficSecrets, RootCertStore, ServerConfig};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use crate::records::{self, CT_ALERT};
+use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
+use crate::{AlertDescription, EngineError, Handoff, Role, TlsConfig, TlsEngine};
+
+/// Per-connection key log sink (rustls's key log is per config; we build one config per
+/// engine).
+#[derive(Default)]
+struct SecretSink(Mutex<KeyLogSecrets>);
+
+impl SecretSink {
+    fn lock(&self) -> MutexGuard<'_, KeyLogSecrets> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for SecretSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretSink")
+    }
+}
+
+impl rustls::KeyLog for SecretSink {
+    fn log(&self, label: &str, client_random: &[u8], secret: &[u8]) {
+        self.lock().record(label, client_random, secret);
+    }
+}
+
+fn rustls_err(e: rustls::Error) -> EngineError {
+    EngineError::Config(format!("rustls: {e}"))
+}
+
+fn certs_from_pem(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, EngineError> {
+    X509::stack_from_pem(pem)
+        .map_err(|e| EngineError::Config(format!("{what}: {e}")))?
+        .iter()
+        .map(|c| Ok(CertificateDer::from(c.to_der()?)))
+        .collect()
+}
+
+fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, EngineError> {
+    let key = PKey::private_key_from_pem(pem)
+        .map_err(|e| EngineError::Config(format!("private key: {e}")))?;
+    Ok(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        key.private_key_to_pkcs8()?,
+    )))
+}
+
+fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
+    let mut p = rustls::crypto::ring::default_provider();
+    if !config.cipher_suites.is_empty() {
+        for id in &config.cipher_suites {
+            if !p.cipher_suites.iter().any(|s| u16::from(s.suite()) == *id) {
+                return Err(EngineError::Config(format!(
+                    "unsupported cipher suite {id:#06x}"
+                )));
+            }
+        }
+        p.cipher_suites
+            .retain(|s| config.cipher_suites.contains(&u16::from(s.suite())));
+    }
+    Ok(Arc::new(p))
+}
+
+fn versions(config: &TlsConfig) -> Vec<&'static rustls::SupportedProtocolVersion> {
+    let mut v = Vec::new();
+    for (ver, proto) in [
+        (TlsVersion::Tls12, &rustls::version::TLS12),
+        (TlsVersion::Tls13, &rustls::version::TLS13),
+    ] {
+        let rank = |x: TlsVersion| matches!(x, TlsVersion::Tls13) as u8;
+        if rank(config.min_version) <= rank(ver) && rank(ver) <= rank(config.max_version) {
+            v.push(proto);
+        }
+    }
+    v
+}
+
+fn roots(config: &TlsConfig) -> Result<RootCertStore, EngineError> {
+    let pem = config
+        .trust_roots_pem
+        .as_deref()
+        .ok_or_else(|| EngineError::Config("verify_peer needs trust roots".into()))?;
+    let mut store = RootCertStore::empty();
+    for c in certs_from_pem(pem, "trust roots")? {
+        store.add(c).map_err(rustls_err)?;
+    }
+    Ok(store)
+}
+
+/// A TLS connection run by rustls over memory buffers.
+pub struct RustlsEngine {
+    conn: rustls::Connection,
+    role: Role,
+    secrets: Arc<SecretSink>,
+    incoming: Vec<u8>,
+    outgoing: Vec<u8>,
+    plaintext: Vec<u8>,
+    /// Server→client bytes kept until the ServerHello random is found (rustls does not expose
+    /// it; TLS 1.2 key expansion needs it).
+    server_flight: Vec<u8>,
+    server_random: Option<[u8; 32]>,
+    pause_after_handshake: bool,
+    failed: bool,
+    peer_closed: bool,
+}
+
+/// Stop looking for the ServerHello after this many bytes.
+const SERVER_FLIGHT_CAP: usize = 64 * 1024;
+
+impl RustlsEngine {
+    pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
+        if !config.custom_extensions.is_empty() {
+            return Err(EngineError::Unsupported(
+                "custom extensions (rustls cannot add them)",
+            ));
+        }
+        let provider = provider(config)?;
+        let versions = versions(config);
+        let secrets = Arc::new(SecretSink::default());
+        let alpn = config.alpn.clone();
+        config.alpn_wire()?;
+        let identity = match &config.identity {
+            Some(id) => Some((
+                certs_from_pem(&id.cert_chain_pem, "certificate chain")?,
+                key_from_pem(&id.key_pem)?,
+            )),
+            None => None,
+        };
+        let conn = match config.role {
+            Role::Client => {
+                if !config.verify_peer {
+                    return Err(EngineError::Unsupported(
+                        "rustls client without server verification",
+                    ));
+                }
+                let name = config.server_name.clone().ok_or_else(|| {
+                    EngineError::Config("a rustls client needs a server name".into())
+                })?;
+                let b = ClientConfig::builder_with_provider(provider)
+                    .with_protocol_versions(&versions)
+                    .map_err(rustls_err)?
+                    .with_root_certificates(roots(config)?);
+                let mut cfg = match identity {
+                    Some((chain, key)) => {
+                        b.with_client_auth_cert(chain, key).map_err(rustls_err)?
+                    }
+                    None => b.with_no_client_auth(),
+                };
+                cfg.alpn_protocols = alpn;
+                cfg.enable_secret_extraction = true;
+                cfg.key_log = secrets.clone();
+                if !config.session_tickets {
+                    cfg.resumption = rustls::client::Resumption::disabled();
+                }
+                let name = ServerName::try_from(name)
+                    .map_err(|e| EngineError::Config(format!("server name: {e}")))?;
+                rustls::Connection::Client(
+                    rustls::ClientConnection::new(Arc::new(cfg), name).map_err(rustls_err)?,
+                )
+            }
+            Role::Server => {
+                let b = ServerConfig::builder_with_provider(provider.clone())
+                    .with_protocol_versions(&versions)
+                    .map_err(rustls_err)?;
+                let b = if config.verify_peer {
+                    let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        Arc::new(roots(config)?),
+                        provider,
+                    )
+                    .build()
+                    .map_err(|e| EngineError::Config(format!("client verifier: {e}")))?;
+                    b.with_client_cert_verifier(v)
+                } else {
+                    b.with_no_client_auth()
+                };
+                let (chain, key) = identity
+                    .ok_or_else(|| EngineError::Config("a server needs an identity".into()))?;
+                let mut cfg = b.with_single_cert(chain, key).map_err(rustls_err)?;
+                cfg.alpn_protocols = alpn;
+                cfg.enable_secret_extraction = true;
+                cfg.key_log = secrets.clone();
+                if config.session_tickets {
+                    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(rustls_err)?;
+                } else {
+                    cfg.send_tls13_tickets = 0;
+                }
+                rustls::Connection::Server(
+                    rustls::ServerConnection::new(Arc::new(cfg)).map_err(rustls_err)?,
+                )
+            }
+        };
+        let mut engine = Self {
+            conn,
+            role: config.role,
+            secrets,
+            incoming: Vec::new(),
+            outgoing: Vec::new(),
+            plaintext: Vec::new(),
+            server_flight: Vec::new(),
+            server_random: None,
+            pause_after_handshake: config.pause_after_handshake,
+            failed: false,
+            peer_closed: false,
+        };
+        engine.conn.set_buffer_limit(None);
+        Ok(engine)
+    }
+
+    /// TLS 1.3: sends a KeyUpdate (rustls's `refresh_traffic_keys`). After it, this engine's
+    /// session can no longer be exported exactly (the key log only has the first secrets), and
+    /// `export_session` says so.
+    pub fn refresh_traffic_keys(&mut self) -> Result<(), EngineError> {
+        self.conn
+            .refresh_traffic_keys()
+            .map_err(|e| EngineError::Fatal {
+                alert: None,
+                detail: format!("key update: {e}"),
+            })?;
+        self.flush()
+    }
+
+    fn watch_server_flight(&mut self, bytes: &[u8]) {
+        if self.server_random.is_some() || self.server_flight.len() > SERVER_FLIGHT_CAP {
+            return;
+        }
+        self.server_flight.extend_from_slice(bytes);
+        if let Ok(Some(r)) = records::server_random(&self.server_flight) {
+            self.server_random = Some(r);
+            self.server_flight = Vec::new();
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), EngineError> {
+        let start = self.outgoing.len();
+        while self.conn.wants_write() {
+            self.conn
+                .write_tls(&mut self.outgoing)
+                .map_err(|e| EngineError::Fatal {
+                    alert: None,
+                    detail: format!("rustls write_tls: {e}"),
+                })?;
+        }
+        if self.role == Role::Server {
+            let new = self.outgoing.get(start..).unwrap_or_default().to_vec();
+            self.watch_server_flight(&new);
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: rustls::Error) -> EngineError {
+        self.failed = true;
+        if let rustls::Error::AlertReceived(a) = e {
+            return EngineError::AlertReceived {
+                alert: AlertDescription(u8::from(a)),
+            };
+        }
+        // rustls queues its alert; send it, and name it when it is still in plaintext.
+        let start = self.outgoing.len();
+        let _ = self.flush();
+        let out = self.outgoing.get(start..).unwrap_or_default();
+        let alert = match out {
+            [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => Some(AlertDescription(*desc)),
+            _ => None,
+        };
+        EngineError::Fatal {
+            alert,
+            detail: e.to_string(),
+        }
+    }
+
+    fn drain_plaintext(&mut self) -> Result<(), EngineError> {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.conn.reader().read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.plaintext.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                // UnexpectedEof: the peer closed without close_notify; surfaced by peer_closed().
+                Err(_) => return Ok(()),
+            }
+        }
+    }
+}
+
+impl TlsEngine for RustlsEngine {
+    fn role(&self) -> Role {
+        self.role
+    }
+
+    fn feed(&mut self, ciphertext: &[u8]) {
+        self.incoming.extend_from_slice(ciphertext);
+    }
+
+    fn process(&mut self) -> Result<(), EngineError> {
+        if self.failed {
+            return Err(EngineError::State("engine failed earlier"));
+        }
+        self.flush()?;
+        // One whole record at a time: nothing is left half-read inside rustls, and a pause
+        // right after the handshake is exact.
+        loop {
+            if self.pause_after_handshake && !self.conn.is_handshaking() {
+                break;
+            }
+            let n = match records::complete_record_len(&self.incoming) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(e) => {
+                    self.failed = true;
+                    return Err(e);
+                }
+            };
+            let record: Vec<u8> = self.incoming.drain(..n).collect();
+            if self.role == Role::Client {
+                self.watch_server_flight(&record);
+            }
+            let mut rd = record.as_slice();
+            while !rd.is_empty() {
+                if let Err(e) = self.conn.read_tls(&mut rd) {
+                    self.failed = true;
+                    return Err(EngineError::Fatal {
+                        alert: None,
+                        detail: format!("rustls read_tls: {e}"),
+                    });
+                }
+            }
+            match self.conn.process_new_packets() {
+                Ok(state) => self.peer_closed |= state.peer_has_closed(),
+                Err(e) => return Err(self.fail(e)),
+            }
+            self.drain_plaintext()?;
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        let _ = self.flush();
+        std::mem::take(&mut self.outgoing)
+    }
+
+    fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
+    }
+
+    fn write_plaintext(&mut self, data: &[u8]) -> Result<(), EngineError> {
+        if self.failed {
+            return Err(EngineError::State("engine failed earlier"));
+        }
+        if self.conn.is_handshaking() {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        self.conn
+            .writer()
+            .write_all(data)
+            .map_err(|e| EngineError::Fatal {
+                alert: None,
+                detail: format!("rustls write: {e}"),
+            })?;
+        self.flush()
+    }
+
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.plaintext)
+    }
+
+    fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    fn close(&mut self) -> Result<(), EngineError> {
+        self.conn.send_close_notify();
+        self.flush()
+    }
+
+    fn export_keying_material(
+        &self,
+        label: &str,
+        context: Option<&[u8]>,
+        len: usize,
+    ) -> Result<Zeroizing<Vec<u8>>, EngineError> {
+        if self.conn.is_handshaking() {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        self.conn
+            .export_keying_material(Zeroizing::new(vec![0u8; len]), label.as_bytes(), context)
+            .map_err(|e| EngineError::Fatal {
+                alert: None,
+                detail: format!("exporter: {e}"),
+            })
+    }
+
+    fn version(&self) -> Option<TlsVersion> {
+        match self.conn.protocol_version()? {
+            rustls::ProtocolVersion::TLSv1_2 => Some(TlsVersion::Tls12),
+            rustls::ProtocolVersion::TLSv1_3 => Some(TlsVersion::Tls13),
+            _ => None,
+        }
+    }
+
+    fn cipher_suite(&self) -> Option<u16> {
+        self.conn
+            .negotiated_cipher_suite()
+            .map(|s| u16::from(s.suite()))
+    }
+
+    fn alpn(&self) -> Option<Vec<u8>> {
+        self.conn.alpn_protocol().map(<[u8]>::to_vec)
+    }
+
+    fn peer_certificates(&self) -> Vec<Vec<u8>> {
+        self.conn
+            .peer_certificates()
+            .map(|c| c.iter().map(|d| d.to_vec()).collect())
+            .unwrap_or_default()
+    }
+
+    fn received_extension(&self, _ext_type: u16) -> Result<Option<Vec<u8>>, EngineError> {
+        Err(EngineError::Unsupported(
+            "custom extensions (rustls cannot see them)",
+        ))
+    }
+
+    fn export_session(mut self) -> Result<Handoff, EngineError> {
+        if self.failed {
+            return Err(EngineError::State("engine failed earlier"));
+        }
+        if self.conn.is_handshaking() {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        self.flush()?;
+        self.drain_plaintext()?;
+        let version = self.version().ok_or(EngineError::Unsupported(
+            "protocol version other than TLS 1.2/1.3",
+        ))?;
+        let suite_id = self
+            .cipher_suite()
+            .ok_or(EngineError::HandshakeIncomplete)?;
+        let server_random = self
+            .server_random
+            .ok_or(EngineError::InexactExport("ServerHello random not seen"))?;
+        let client_random = self
+            .secrets
+            .lock()
+            .client_random()
+            .ok_or(EngineError::MissingSecret("client random"))?;
+        // Consumes the connection; gives rustls's own sequence numbers and keys.
+        let extracted = self.conn.dangerous_extract_secrets().map_err(|e| {
+            EngineError::InexactExport(if matches!(e, rustls::Error::HandshakeNotComplete) {
+                "handshake not complete"
+            } else {
+                "rustls refused secret extraction"
+            })
+        })?;
+        let session = derive_session(ExportInputs {
+            role: self.role,
+            version,
+            suite_id,
+            client_random,
+            server_random,
+            secrets: &self.secrets.lock(),
+            tx_seq: extracted.tx.0,
+            rx_seq: extracted.rx.0,
+        })?;
+        // Our key schedule must agree with rustls's current keys (it would not after a KeyUpdate).
+        for (ours, theirs) in [
+            (&session.tx.keys, &extracted.tx.1),
+            (&session.rx.keys, &extracted.rx.1),
+        ] {
+            let key = match theirs {
+                ConnectionTrafficSecrets::Aes128Gcm { key, .. }
+                | ConnectionTrafficSecrets::Aes256Gcm { key, .. }
+                | ConnectionTrafficSecrets::Chacha20Poly1305 { key, .. } => key.as_ref(),
+                _ => return Err(EngineError::UnsupportedSuite(suite_id)),
+            };
+            if !bool::from(ours.key().ct_eq(key)) {
+                return Err(EngineError::InexactExport(
+                    "derived keys differ from rustls's current keys (KeyUpdate?)",
+                ));
+            }
+        }
+        Ok(Handoff {
+            session,
+            unprocessed_incoming: self.incoming,
+            pending_outgoing: self.outgoing,
+            pending_plaintext: self.plaintext,
+        })
+    }
+
+    fn export_session_boxed(self: Box<Self>) -> Result<Handoff, EngineError> {
+        (*self).export_session()
+    }
+}

@@ -1,0 +1,159 @@
+//! Shared test helpers: PKI from mbx-testbed, in-memory pumping, record splitting.
+#![allow(dead_code)]
+
+use mbx_engine::{EngineError, Identity, TlsConfig, TlsEngine};
+use mbx_record::{Aead, ContentType, RecordOpener, RecordSealer, TlsVersion};
+use mbx_testbed::pki::{IssuedCert, KeyType, LeafSpec, TestPki};
+use zeroize::Zeroizing;
+
+pub const HOST: &str = "server.mbx.test";
+
+pub struct Pki {
+    pub ca: TestPki,
+    pub server: IssuedCert,
+    pub client: IssuedCert,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        Self::with_key(KeyType::EcdsaP256)
+    }
+
+    pub fn with_key(key: KeyType) -> Self {
+        let ca = TestPki::new("mbx-engine test CA").expect("CA");
+        let server = ca
+            .issue(&LeafSpec::server(HOST).key_type(key))
+            .expect("server cert");
+        let client = ca
+            .issue(&LeafSpec::client("client.mbx.test"))
+            .expect("client cert");
+        Pki { ca, server, client }
+    }
+
+    pub fn roots(&self) -> Vec<u8> {
+        self.ca.root_pem().into_bytes()
+    }
+
+    pub fn server_identity(&self) -> Identity {
+        identity(&self.server)
+    }
+
+    pub fn client_identity(&self) -> Identity {
+        identity(&self.client)
+    }
+
+    pub fn client_config(&self) -> TlsConfig {
+        TlsConfig::client(HOST, self.roots())
+    }
+
+    pub fn server_config(&self) -> TlsConfig {
+        TlsConfig::server(self.server_identity())
+    }
+}
+
+pub fn identity(c: &IssuedCert) -> Identity {
+    Identity {
+        cert_chain_pem: c.chain_pem().into_bytes(),
+        key_pem: Zeroizing::new(c.key_pem().as_bytes().to_vec()),
+    }
+}
+
+/// Moves bytes between two engines until neither has anything to say and both finished the
+/// handshake (or one fails).
+pub fn pump(a: &mut dyn TlsEngine, b: &mut dyn TlsEngine) -> Result<(), EngineError> {
+    for _ in 0..32 {
+        a.process()?;
+        let ab = a.take_outgoing();
+        b.feed(&ab);
+        b.process()?;
+        let ba = b.take_outgoing();
+        a.feed(&ba);
+        if ab.is_empty() && ba.is_empty() && !a.is_handshaking() && !b.is_handshaking() {
+            a.process()?;
+            return Ok(());
+        }
+    }
+    panic!("handshake did not converge");
+}
+
+/// Like [`pump`] but returns the first error from either side together with which side.
+pub fn pump_err(
+    a: &mut dyn TlsEngine,
+    b: &mut dyn TlsEngine,
+) -> (Option<EngineError>, Option<EngineError>) {
+    let mut ea = None;
+    let mut eb = None;
+    for _ in 0..32 {
+        if let Err(e) = a.process() {
+            ea.get_or_insert(e);
+        }
+        let ab = a.take_outgoing();
+        b.feed(&ab);
+        if let Err(e) = b.process() {
+            eb.get_or_insert(e);
+        }
+        let ba = b.take_outgoing();
+        a.feed(&ba);
+        if ab.is_empty() && ba.is_empty() {
+            break;
+        }
+    }
+    (ea, eb)
+}
+
+/// Splits a byte stream into whole records (panics on a partial tail: test data is whole).
+pub fn split_records(mut s: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !s.is_empty() {
+        let len = 5 + usize::from(u16::from_be_bytes([s[3], s[4]]));
+        out.push(s[..len].to_vec());
+        s = &s[len..];
+    }
+    out
+}
+
+/// Opens every record with `opener`; checks that re-sealing each with a sealer at the same
+/// sequence number reproduces the peer's bytes exactly; returns (content type, plaintext) pairs.
+///
+/// TLS 1.2 AES-GCM records carry an explicit nonce the sender chooses (OpenSSL counts up from a
+/// random start, rustls and mbx-record use the sequence number, and a stream may mix both after
+/// a handoff), so each re-seal continues from that record's own explicit nonce.
+pub fn open_and_reseal(
+    version: TlsVersion,
+    keys: &mbx_record::TrafficKeys,
+    opener: &mut RecordOpener,
+    records: &[Vec<u8>],
+) -> Vec<(ContentType, Vec<u8>)> {
+    let gcm12 = version == TlsVersion::Tls12 && keys.aead() != Aead::ChaCha20Poly1305;
+    let mut out = Vec::new();
+    for rec in records {
+        let seq = opener.next_seq();
+        let opened = opener
+            .open(rec)
+            .unwrap_or_else(|e| panic!("record at seq {seq} did not open: {e}"));
+        let mut sealer = RecordSealer::new(version, keys.clone(), seq);
+        if gcm12 {
+            let explicit: [u8; 8] = rec[5..13].try_into().unwrap();
+            sealer.continue_explicit_nonces(explicit).unwrap();
+        }
+        let mut again = Vec::new();
+        sealer
+            .seal(opened.content_type, &opened.plaintext, &mut again)
+            .expect("reseal");
+        assert_eq!(
+            &again, rec,
+            "re-encrypted record at seq {seq} differs from the peer's"
+        );
+        out.push((opened.content_type, opened.plaintext.to_vec()));
+    }
+    out
+}
+
+/// Application data in opened records, concatenated.
+pub fn app_data(opened: &[(ContentType, Vec<u8>)]) -> Vec<u8> {
+    opened
+        .iter()
+        .filter(|(ct, _)| *ct == ContentType::APPLICATION_DATA)
+        .flat_map(|(_, p)| p.clone())
+        .collect()
+}

@@ -1,0 +1,730 @@
+//! Engines against each other over memory buffers: OpenSSL↔OpenSSL, OpenSSL↔rustls.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{open_and_reseal, pump, pump_err, split_records, Pki};
+use mbx_engine::{
+    AlertDescription, CustomExtension, EngineError, ExtensionResponse, Handoff, OpenSslContext,
+    OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine,
+};
+use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
+
+const V12: TlsVersion = TlsVersion::Tls12;
+const V13: TlsVersion = TlsVersion::Tls13;
+
+/// (version, suite id) pairs covering every AEAD suite with an ECDSA certificate.
+const SUITES: [(TlsVersion, u16); 6] = [
+    (V12, 0xC02B),
+    (V12, 0xC02C),
+    (V12, 0xCCA9),
+    (V13, 0x1301),
+    (V13, 0x1302),
+    (V13, 0x1303),
+];
+
+fn ossl(cfg: &TlsConfig) -> OpenSslEngine {
+    OpenSslContext::new(cfg)
+        .expect("context")
+        .engine()
+        .expect("engine")
+}
+
+fn pair(pki: &Pki, version: TlsVersion, suite: Option<u16>) -> (OpenSslEngine, OpenSslEngine) {
+    let mut c = pki.client_config().only(version);
+    let mut s = pki.server_config().only(version);
+    if let Some(id) = suite {
+        c.cipher_suites = vec![id];
+        s.cipher_suites = vec![id];
+    }
+    (ossl(&c), ossl(&s))
+}
+
+/// Sends `msg` from `a` to `b` through the engines and checks it arrives.
+fn transfer(a: &mut dyn TlsEngine, b: &mut dyn TlsEngine, msg: &[u8]) {
+    a.write_plaintext(msg).unwrap();
+    let bytes = a.take_outgoing();
+    b.feed(&bytes);
+    b.process().unwrap();
+    assert_eq!(b.take_plaintext(), msg);
+}
+
+#[test]
+fn openssl_pair_all_suites() {
+    let pki = Pki::new();
+    for (version, id) in SUITES {
+        let (mut c, mut s) = pair(&pki, version, Some(id));
+        pump(&mut c, &mut s).unwrap();
+        for e in [&c as &dyn TlsEngine, &s] {
+            assert_eq!(e.version(), Some(version));
+            assert_eq!(e.cipher_suite(), Some(id));
+        }
+        transfer(&mut c, &mut s, b"client to server");
+        transfer(&mut s, &mut c, b"server to client");
+        // The client saw the server chain (leaf first); the server saw no client certificate.
+        let chain = c.peer_certificates();
+        assert_eq!(
+            chain.first().map(Vec::as_slice),
+            Some(pki.server.cert_der().as_ref())
+        );
+        assert!(s.peer_certificates().is_empty());
+    }
+}
+
+#[test]
+fn alpn_and_client_auth() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let mut cc = pki.client_config().only(version);
+        cc.alpn = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        cc.identity = Some(pki.client_identity());
+        let mut sc = pki.server_config().only(version);
+        sc.alpn = vec![b"http/1.1".to_vec()];
+        sc.verify_peer = true;
+        sc.trust_roots_pem = Some(pki.roots());
+        let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!(c.alpn().as_deref(), Some(&b"http/1.1"[..]));
+        assert_eq!(s.alpn().as_deref(), Some(&b"http/1.1"[..]));
+        let seen = s.peer_certificates();
+        assert_eq!(
+            seen.first().map(Vec::as_slice),
+            Some(pki.client.cert_der().as_ref())
+        );
+
+        // Same server, client without a certificate: the server must refuse.
+        let mut bare = pki.client_config().only(version);
+        bare.alpn = cc.alpn.clone();
+        let (mut c, mut s) = (ossl(&bare), ossl(&sc));
+        let (ec, es) = pump_err(&mut c, &mut s);
+        assert!(
+            matches!(es, Some(EngineError::Fatal { alert: Some(_), .. })),
+            "server: {es:?}"
+        );
+        if version == V12 {
+            // In TLS 1.3 the client has finished before it hears the alert.
+            assert!(
+                matches!(ec, Some(EngineError::AlertReceived { .. })),
+                "client: {ec:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn client_rejects_wrong_hostname() {
+    let pki = Pki::new();
+    let mut cc = pki.client_config();
+    cc.server_name = Some("other.mbx.test".into());
+    let (mut c, mut s) = (ossl(&cc), ossl(&pki.server_config()));
+    let (ec, es) = pump_err(&mut c, &mut s);
+    let Some(EngineError::Fatal {
+        alert: Some(_),
+        detail,
+    }) = ec
+    else {
+        panic!("client accepted a certificate for another name: {ec:?}");
+    };
+    assert!(detail.contains("certificate verify failed"), "{detail}");
+    assert!(
+        matches!(es, Some(EngineError::AlertReceived { .. })),
+        "{es:?}"
+    );
+    // Positive control: the right name works.
+    let (mut c, mut s) = (ossl(&pki.client_config()), ossl(&pki.server_config()));
+    pump(&mut c, &mut s).unwrap();
+}
+
+const MBX_EXT: u16 = 0xFF42;
+
+fn ext_configs(
+    pki: &Pki,
+    version: TlsVersion,
+    handler: Option<mbx_engine::ExtensionHandler>,
+) -> (TlsConfig, TlsConfig) {
+    let mut cc = pki.client_config().only(version);
+    cc.custom_extensions = vec![CustomExtension {
+        ext_type: MBX_EXT,
+        client_payload: Some(b"middlebox support v1".to_vec()),
+        handler: None,
+    }];
+    let mut sc = pki.server_config().only(version);
+    sc.custom_extensions = vec![CustomExtension {
+        ext_type: MBX_EXT,
+        client_payload: None,
+        handler,
+    }];
+    (cc, sc)
+}
+
+#[test]
+fn custom_extension_round_trip() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let handler: mbx_engine::ExtensionHandler = Arc::new(|payload: &[u8]| {
+            let mut reply = b"ack:".to_vec();
+            reply.extend_from_slice(payload);
+            ExtensionResponse::Reply(reply)
+        });
+        let (cc, sc) = ext_configs(&pki, version, Some(handler));
+        let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!(
+            s.received_extension(MBX_EXT).unwrap().as_deref(),
+            Some(&b"middlebox support v1"[..])
+        );
+        assert_eq!(
+            c.received_extension(MBX_EXT).unwrap().as_deref(),
+            Some(&b"ack:middlebox support v1"[..]),
+            "{version:?}"
+        );
+        assert_eq!(s.received_extension(0xFF43).unwrap(), None);
+
+        // Per-connection payload override (what mbTLS does with optimistic ClientHellos).
+        let ctx = OpenSslContext::new(&cc).unwrap();
+        let mut c = ctx.engine().unwrap();
+        c.set_extension_payload(MBX_EXT, vec![7; 300]).unwrap();
+        assert!(
+            c.set_extension_payload(0xFF43, vec![1]).is_err(),
+            "unregistered type accepted"
+        );
+        let mut s = ossl(&sc);
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!(s.received_extension(MBX_EXT).unwrap(), Some(vec![7; 300]));
+        assert!(
+            c.set_extension_payload(MBX_EXT, vec![1]).is_err(),
+            "payload changed after start"
+        );
+    }
+}
+
+#[test]
+fn custom_extension_absent_and_accept_without_reply() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        // Client registers the type but sends nothing; server's handler must not run.
+        let (mut cc, sc) = ext_configs(
+            &pki,
+            version,
+            Some(Arc::new(|_: &[u8]| {
+                ExtensionResponse::Reject(AlertDescription::ILLEGAL_PARAMETER)
+            })),
+        );
+        cc.custom_extensions[0].client_payload = None;
+        let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!(s.received_extension(MBX_EXT).unwrap(), None);
+        assert_eq!(c.received_extension(MBX_EXT).unwrap(), None);
+
+        // Server without handler: accepted, stored, no reply.
+        let (cc, sc) = ext_configs(&pki, version, None);
+        let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+        pump(&mut c, &mut s).unwrap();
+        assert!(s.received_extension(MBX_EXT).unwrap().is_some());
+        assert_eq!(c.received_extension(MBX_EXT).unwrap(), None);
+
+        // A server that does not know the extension ignores it.
+        let cc = ext_configs(&pki, version, None).0;
+        let (mut c, mut s) = (ossl(&cc), ossl(&pki.server_config().only(version)));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!(s.received_extension(MBX_EXT).unwrap(), None);
+    }
+}
+
+#[test]
+fn custom_extension_rejected_by_server_handler() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let (cc, sc) = ext_configs(
+            &pki,
+            version,
+            Some(Arc::new(|p: &[u8]| {
+                if p == b"middlebox support v1" {
+                    ExtensionResponse::Reject(AlertDescription::ILLEGAL_PARAMETER)
+                } else {
+                    ExtensionResponse::Accept
+                }
+            })),
+        );
+        let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+        let (ec, es) = pump_err(&mut c, &mut s);
+        match es {
+            Some(EngineError::Fatal { alert: Some(a), .. }) => {
+                assert_eq!(a, AlertDescription::ILLEGAL_PARAMETER)
+            }
+            other => panic!("server did not fail with our alert: {other:?}"),
+        }
+        match ec {
+            Some(EngineError::AlertReceived { alert }) => {
+                assert_eq!(alert, AlertDescription::ILLEGAL_PARAMETER)
+            }
+            other => panic!("client did not see the alert: {other:?}"),
+        }
+        assert!(c.write_plaintext(b"x").is_err());
+    }
+}
+
+#[test]
+fn take_client_hello_contains_extension() {
+    let pki = Pki::new();
+    let (cc, _) = ext_configs(&pki, V13, None);
+    let mut c = ossl(&cc);
+    let hello = c.take_client_hello().unwrap();
+    assert_eq!(hello[0], 1, "not a ClientHello");
+    let len = (usize::from(hello[1]) << 16) | (usize::from(hello[2]) << 8) | usize::from(hello[3]);
+    assert_eq!(hello.len(), 4 + len);
+    let needle = [
+        &MBX_EXT.to_be_bytes()[..],
+        &[0, 20],
+        b"middlebox support v1",
+    ]
+    .concat();
+    assert!(
+        hello.windows(needle.len()).any(|w| w == needle),
+        "extension not in ClientHello"
+    );
+    assert!(c.take_outgoing().is_empty());
+    assert!(c.take_client_hello().is_err(), "second ClientHello");
+
+    let mut r = RustlsEngine::new(&pki.client_config()).unwrap();
+    let hello = r.take_client_hello().unwrap();
+    assert_eq!(hello[0], 1);
+    let mut s = ossl(&pki.server_config());
+    assert!(s.take_client_hello().is_err());
+}
+
+#[test]
+fn rustls_rejects_custom_extensions() {
+    let pki = Pki::new();
+    let (cc, _) = ext_configs(&pki, V13, None);
+    assert!(matches!(
+        RustlsEngine::new(&cc),
+        Err(EngineError::Unsupported(_))
+    ));
+    let r = RustlsEngine::new(&pki.client_config()).unwrap();
+    assert!(matches!(
+        r.received_extension(MBX_EXT),
+        Err(EngineError::Unsupported(_))
+    ));
+}
+
+fn rustls_cfg(cfg: TlsConfig) -> RustlsEngine {
+    RustlsEngine::new(&cfg).expect("rustls engine")
+}
+
+#[test]
+fn openssl_and_rustls_interoperate_both_directions() {
+    let pki = Pki::new();
+    for (version, id) in SUITES {
+        let mut cc = pki.client_config().only(version);
+        let mut sc = pki.server_config().only(version);
+        cc.cipher_suites = vec![id];
+        sc.cipher_suites = vec![id];
+        cc.alpn = vec![b"mbx".to_vec()];
+        sc.alpn = vec![b"mbx".to_vec()];
+
+        // rustls client -> OpenSSL server
+        let (mut c, mut s) = (rustls_cfg(cc.clone()), ossl(&sc));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!((c.version(), c.cipher_suite()), (Some(version), Some(id)));
+        assert_eq!(c.alpn().as_deref(), Some(&b"mbx"[..]));
+        assert_eq!(
+            c.peer_certificates().first().map(Vec::as_slice),
+            Some(pki.server.cert_der().as_ref())
+        );
+        transfer(&mut c, &mut s, b"rustls -> openssl");
+        transfer(&mut s, &mut c, b"openssl -> rustls");
+        check_exporters(&c, &s);
+        check_export_pair(c.export_session().unwrap(), s.export_session().unwrap());
+
+        // OpenSSL client -> rustls server
+        let (mut c, mut s) = (ossl(&cc), rustls_cfg(sc.clone()));
+        pump(&mut c, &mut s).unwrap();
+        assert_eq!((s.version(), s.cipher_suite()), (Some(version), Some(id)));
+        transfer(&mut c, &mut s, b"openssl -> rustls");
+        transfer(&mut s, &mut c, b"rustls -> openssl");
+        check_exporters(&c, &s);
+        check_export_pair(c.export_session().unwrap(), s.export_session().unwrap());
+    }
+}
+
+/// Exporter values agree between the two ends and depend on label, context and session.
+fn check_exporters(a: &dyn TlsEngine, b: &dyn TlsEngine) {
+    let ka = a
+        .export_keying_material("EXPORTER-mbx test", Some(b"ctx"), 32)
+        .unwrap();
+    let kb = b
+        .export_keying_material("EXPORTER-mbx test", Some(b"ctx"), 32)
+        .unwrap();
+    assert_eq!(*ka, *kb);
+    let other_label = a
+        .export_keying_material("EXPORTER-mbx other", Some(b"ctx"), 32)
+        .unwrap();
+    let other_ctx = a
+        .export_keying_material("EXPORTER-mbx test", Some(b"ctx2"), 32)
+        .unwrap();
+    assert_ne!(*ka, *other_label);
+    assert_ne!(*ka, *other_ctx);
+    let none_a = a
+        .export_keying_material("EXPORTER-mbx test", None, 32)
+        .unwrap();
+    let none_b = b
+        .export_keying_material("EXPORTER-mbx test", None, 32)
+        .unwrap();
+    assert_eq!(*none_a, *none_b);
+    let long = a
+        .export_keying_material("EXPORTER-mbx test", Some(b"ctx"), 100)
+        .unwrap();
+    assert_eq!(long.len(), 100);
+}
+
+#[test]
+fn exporters_openssl_pair_and_per_session() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let (mut c1, mut s1) = pair(&pki, version, None);
+        pump(&mut c1, &mut s1).unwrap();
+        check_exporters(&c1, &s1);
+        let (mut c2, mut s2) = pair(&pki, version, None);
+        pump(&mut c2, &mut s2).unwrap();
+        let k1 = c1
+            .export_keying_material("EXPORTER-mbx test", None, 32)
+            .unwrap();
+        let k2 = c2
+            .export_keying_material("EXPORTER-mbx test", None, 32)
+            .unwrap();
+        assert_ne!(*k1, *k2, "two sessions exported the same keying material");
+        if version == V12 {
+            // RFC 5705: "no context" and "empty context" differ in TLS 1.2.
+            let empty = c1
+                .export_keying_material("EXPORTER-mbx test", Some(b""), 32)
+                .unwrap();
+            assert_ne!(*k1, *empty);
+        }
+        let (c3, _) = pair(&pki, version, None);
+        assert!(matches!(
+            c3.export_keying_material("EXPORTER-mbx test", None, 32),
+            Err(EngineError::HandshakeIncomplete)
+        ));
+    }
+}
+
+/// Client and server handoffs describe the same session; our record layer carries data
+/// both ways after the export, including records that were in flight.
+fn check_export_pair(c: Handoff, s: Handoff) {
+    let (cs, ss) = (&c.session, &s.session);
+    assert_eq!(cs.version, ss.version);
+    assert_eq!(cs.suite, ss.suite);
+    assert_eq!(cs.client_random, ss.client_random);
+    assert_eq!(cs.server_random, ss.server_random);
+    assert_ne!(cs.client_random, [0; 32]);
+    for (tx, rx) in [(&cs.tx, &ss.rx), (&ss.tx, &cs.rx)] {
+        assert_eq!(tx.keys.key(), rx.keys.key());
+        assert_eq!(tx.keys.iv(), rx.keys.iv());
+        assert_eq!(tx.traffic_secret.as_deref(), rx.traffic_secret.as_deref());
+        assert_eq!(tx.traffic_secret.is_some(), cs.version == V13);
+    }
+    // Records in flight (not taken from the sender, or not processed by the receiver): the
+    // receiver's next_seq is behind by exactly that many.
+    let c_in_flight = (split_records(&c.pending_outgoing).len()
+        + split_records(&s.unprocessed_incoming).len()) as u64;
+    let s_in_flight = (split_records(&s.pending_outgoing).len()
+        + split_records(&c.unprocessed_incoming).len()) as u64;
+    assert_eq!(cs.tx.next_seq, ss.rx.next_seq + c_in_flight);
+    assert_eq!(ss.tx.next_seq, cs.rx.next_seq + s_in_flight);
+
+    let v = cs.version;
+    // Server -> client: in-flight engine records first, then ours.
+    let mut s_sealer = RecordSealer::new(v, ss.tx.keys.clone(), ss.tx.next_seq);
+    let mut wire = s.pending_outgoing.clone();
+    s_sealer
+        .seal(
+            ContentType::APPLICATION_DATA,
+            b"sealed by mbx-record (s->c)",
+            &mut wire,
+        )
+        .unwrap();
+    let mut c_opener = RecordOpener::new(v, cs.rx.keys.clone(), cs.rx.next_seq);
+    let mut stream = c.unprocessed_incoming.clone();
+    stream.extend_from_slice(&wire);
+    let opened = open_and_reseal(v, &cs.rx.keys, &mut c_opener, &split_records(&stream));
+    assert!(common::app_data(&opened).ends_with(b"sealed by mbx-record (s->c)"));
+
+    // Client -> server.
+    let mut c_sealer = RecordSealer::new(v, cs.tx.keys.clone(), cs.tx.next_seq);
+    let mut wire = c.pending_outgoing.clone();
+    c_sealer
+        .seal(
+            ContentType::APPLICATION_DATA,
+            b"sealed by mbx-record (c->s)",
+            &mut wire,
+        )
+        .unwrap();
+    let mut s_opener = RecordOpener::new(v, ss.rx.keys.clone(), ss.rx.next_seq);
+    let mut stream = s.unprocessed_incoming.clone();
+    stream.extend_from_slice(&wire);
+    let opened = open_and_reseal(v, &ss.rx.keys, &mut s_opener, &split_records(&stream));
+    assert!(common::app_data(&opened).ends_with(b"sealed by mbx-record (c->s)"));
+
+    // A wrong sequence number must not open (proves the numbers above are load-bearing).
+    let mut off_by_one = RecordOpener::new(v, ss.rx.keys.clone(), ss.rx.next_seq + 1);
+    let mut rec = Vec::new();
+    RecordSealer::new(v, cs.tx.keys.clone(), cs.tx.next_seq)
+        .seal(ContentType::APPLICATION_DATA, b"x", &mut rec)
+        .unwrap();
+    if c.pending_outgoing.is_empty() && s.unprocessed_incoming.is_empty() {
+        assert!(off_by_one.open(&rec).is_err());
+    }
+}
+
+#[test]
+fn export_session_openssl_pair_with_data_and_in_flight_records() {
+    let pki = Pki::new();
+    for (version, id) in SUITES {
+        for tickets in [true, false] {
+            let mut cc = pki.client_config().only(version);
+            let mut sc = pki.server_config().only(version);
+            cc.cipher_suites = vec![id];
+            sc.cipher_suites = vec![id];
+            sc.session_tickets = tickets;
+            let (mut c, mut s) = (ossl(&cc), ossl(&sc));
+            pump(&mut c, &mut s).unwrap();
+            // Application data through the engines before export.
+            for i in 0..3 {
+                transfer(&mut c, &mut s, format!("c{i}").as_bytes());
+                transfer(&mut s, &mut c, format!("s{i}").as_bytes());
+            }
+            // Exact numbers at the export point, in both directions.
+            let c_h = c.export_session().unwrap();
+            let s_h = s.export_session().unwrap();
+            assert_eq!(c_h.session.tx.next_seq, s_h.session.rx.next_seq);
+            let expected_c_tx = if version == V12 { 1 + 3 } else { 3 };
+            assert_eq!(
+                c_h.session.tx.next_seq, expected_c_tx,
+                "{version:?} {id:#x}"
+            );
+            // TLS 1.3 servers send 2 tickets by default before any data.
+            let expected_s_tx = match (version, tickets) {
+                (V12, _) => 1 + 3,
+                (V13, true) => 2 + 3,
+                (V13, false) => 3,
+            };
+            assert_eq!(
+                s_h.session.tx.next_seq, expected_s_tx,
+                "{version:?} {id:#x} tickets={tickets}"
+            );
+            check_export_pair(c_h, s_h);
+        }
+    }
+}
+
+#[test]
+fn export_with_records_in_flight_and_undelivered_plaintext() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let (mut c, mut s) = pair(&pki, version, None);
+        pump(&mut c, &mut s).unwrap();
+        // "A": decrypted by the client engine but not taken by the application.
+        s.write_plaintext(b"A: decrypted, not taken").unwrap();
+        let a = s.take_outgoing();
+        c.feed(&a);
+        c.process().unwrap();
+        // "B": fed to the client engine but never processed.
+        s.write_plaintext(b"B: fed, not processed").unwrap();
+        let b = s.take_outgoing();
+        c.feed(&b);
+        // "C": produced by the client engine but never taken off it.
+        c.write_plaintext(b"C: not sent").unwrap();
+        let ch = c.export_session().unwrap();
+        let sh = s.export_session().unwrap();
+        assert_eq!(ch.pending_plaintext, b"A: decrypted, not taken");
+        assert_eq!(ch.unprocessed_incoming, b);
+        assert_eq!(split_records(&ch.pending_outgoing).len(), 1);
+        check_export_pair(ch, sh);
+    }
+}
+
+#[test]
+fn pause_after_handshake_leaves_records_to_caller() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let mut cc = pki.client_config().only(version);
+        cc.pause_after_handshake = true;
+        let (mut c, mut s) = (ossl(&cc), ossl(&pki.server_config().only(version)));
+        pump(&mut c, &mut s).unwrap();
+        s.write_plaintext(b"after handshake").unwrap();
+        let bytes = s.take_outgoing();
+        c.feed(&bytes);
+        c.process().unwrap();
+        assert!(
+            c.take_plaintext().is_empty(),
+            "paused engine decrypted data"
+        );
+        let ch = c.export_session().unwrap();
+        // TLS 1.2: the server Finished was record 0 of the new epoch.
+        assert_eq!(ch.session.rx.next_seq, if version == V12 { 1 } else { 0 });
+        // TLS 1.3: the two tickets plus the data are ours to open.
+        let n = split_records(&ch.unprocessed_incoming).len();
+        assert_eq!(
+            n,
+            if version == V13 { 3 } else { 1 },
+            "{version:?}: {:?}",
+            ch.session
+        );
+        check_export_pair(ch, s.export_session().unwrap());
+    }
+}
+
+#[test]
+fn export_refused_before_handshake_and_for_rustls_too() {
+    let pki = Pki::new();
+    let (c, _) = pair(&pki, V13, None);
+    assert!(matches!(
+        c.export_session(),
+        Err(EngineError::HandshakeIncomplete)
+    ));
+    let r = rustls_cfg(pki.client_config());
+    assert!(matches!(
+        r.export_session(),
+        Err(EngineError::HandshakeIncomplete) | Err(EngineError::InexactExport(_))
+    ));
+}
+
+#[test]
+fn cipher_suites_outside_the_record_layer_are_config_errors() {
+    let pki = Pki::new();
+    // 0xC009 (ECDHE-ECDSA-AES128-SHA, CBC) is not an AEAD suite mbx-record can take over.
+    let cfg = TlsConfig {
+        cipher_suites: vec![0xC009],
+        ..pki.client_config()
+    };
+    assert!(matches!(
+        OpenSslContext::new(&cfg),
+        Err(EngineError::Config(_))
+    ));
+    assert!(matches!(
+        RustlsEngine::new(&cfg),
+        Err(EngineError::Config(_))
+    ));
+    let ok = TlsConfig {
+        cipher_suites: vec![0xC02B],
+        ..pki.client_config()
+    };
+    assert!(OpenSslContext::new(&ok).is_ok());
+    assert!(RustlsEngine::new(&ok).is_ok());
+}
+
+#[test]
+fn malformed_input_is_a_typed_error() {
+    let pki = Pki::new();
+    for mut e in [
+        Box::new(ossl(&pki.server_config())) as Box<dyn TlsEngine>,
+        Box::new(rustls_cfg(pki.server_config())),
+    ] {
+        e.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(e.process().is_err());
+        assert!(e.process().is_err(), "failed engine became usable again");
+    }
+}
+
+#[test]
+fn close_notify_is_seen() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let (mut c, mut s) = pair(&pki, version, None);
+        pump(&mut c, &mut s).unwrap();
+        c.close().unwrap();
+        let bytes = c.take_outgoing();
+        s.feed(&bytes);
+        s.process().unwrap();
+        assert!(s.peer_closed());
+        let (mut c, mut s) = (
+            rustls_cfg(pki.client_config().only(version)),
+            ossl(&pki.server_config().only(version)),
+        );
+        pump(&mut c, &mut s).unwrap();
+        s.close().unwrap();
+        let bytes = s.take_outgoing();
+        c.feed(&bytes);
+        c.process().unwrap();
+        assert!(c.peer_closed());
+    }
+}
+
+#[test]
+fn extension_codepoints_openssl_handles_itself_are_refused() {
+    let pki = Pki::new();
+    // 0xFF01 is renegotiation_info, inside the private-use range but built into OpenSSL.
+    for ty in [0xFF01, 0x0000] {
+        let mut cfg = pki.client_config();
+        cfg.custom_extensions = vec![CustomExtension::new(ty)];
+        assert!(
+            matches!(OpenSslContext::new(&cfg), Err(EngineError::Config(_))),
+            "{ty:#x}"
+        );
+    }
+    let mut cfg = pki.client_config();
+    cfg.custom_extensions = vec![CustomExtension::new(MBX_EXT), CustomExtension::new(MBX_EXT)];
+    assert!(
+        matches!(OpenSslContext::new(&cfg), Err(EngineError::Config(_))),
+        "duplicate accepted"
+    );
+}
+
+#[test]
+fn key_update_before_export_is_refused_not_guessed() {
+    let pki = Pki::new();
+    let (cc, sc) = (pki.client_config().only(V13), pki.server_config().only(V13));
+    let (mut c, mut s) = (rustls_cfg(cc), ossl(&sc));
+    pump(&mut c, &mut s).unwrap();
+    c.refresh_traffic_keys().unwrap();
+    transfer(&mut c, &mut s, b"under the updated keys");
+    // OpenSSL side saw a KeyUpdate from the peer: typed refusal.
+    assert!(matches!(
+        s.export_session(),
+        Err(EngineError::Unsupported(_))
+    ));
+    // rustls side: its current keys no longer match the key-log secrets: typed refusal.
+    assert!(matches!(
+        c.export_session(),
+        Err(EngineError::InexactExport(_))
+    ));
+}
+
+#[test]
+fn partial_records_stay_with_the_caller() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        for kind in 0..2 {
+            let cc = pki.client_config().only(version);
+            let mut c: Box<dyn TlsEngine> = if kind == 0 {
+                Box::new(ossl(&cc))
+            } else {
+                Box::new(rustls_cfg(cc))
+            };
+            let mut s = ossl(&pki.server_config().only(version));
+            pump(c.as_mut(), &mut s).unwrap();
+            s.write_plaintext(b"split across two reads").unwrap();
+            let bytes = s.take_outgoing();
+            c.feed(&bytes[..10]);
+            c.process().unwrap();
+            assert!(c.take_plaintext().is_empty());
+            let ch = c.export_session_boxed().unwrap();
+            // The library never saw half a record: all ten bytes come back.
+            assert_eq!(
+                ch.unprocessed_incoming,
+                &bytes[..10],
+                "kind {kind} {version:?}"
+            );
+            let mut whole = ch.unprocessed_incoming.clone();
+            whole.extend_from_slice(&bytes[10..]);
+            let mut o =
+                RecordOpener::new(version, ch.session.rx.keys.clone(), ch.session.rx.next_seq);
+            assert_eq!(
+                &o.open(&whole).unwrap().plaintext[..],
+                b"split across two reads"
+            );
+        }
+    }
+}
