@@ -8,23 +8,12 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use common::{app_data, open_and_reseal, split_records, Pki, HOST};
+use common::{
+    app_data, open_and_reseal, split_records, Pki, HOST, SUITES as LIVE_SUITES, V12, V13,
+};
 use mbx_engine::{suite_openssl_name, Handoff, OpenSslContext, RustlsEngine, TlsConfig, TlsEngine};
 use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
 use mbx_testbed::peers::{self, OpensslClient, OpensslServer, ServerMode};
-
-const V12: TlsVersion = TlsVersion::Tls12;
-const V13: TlsVersion = TlsVersion::Tls13;
-
-/// TLS 1.2 AES-GCM (both sizes) and ChaCha20; TLS 1.3 AES-GCM and ChaCha20.
-const LIVE_SUITES: [(TlsVersion, u16); 6] = [
-    (V12, 0xC02B),
-    (V12, 0xC02C),
-    (V12, 0xCCA9),
-    (V13, 0x1301),
-    (V13, 0x1302),
-    (V13, 0x1303),
-];
 
 /// Guards against a hung peer only; no assertion depends on it.
 const IO_GUARD: Duration = Duration::from_secs(60);

@@ -4,25 +4,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{open_and_reseal, pump, pump_err, split_records, Pki};
+use common::{open_and_reseal, pump, pump_err, split_records, Pki, SUITES, V12, V13};
 use mbx_engine::{
     AlertDescription, CustomExtension, EngineError, ExtensionResponse, Handoff, OpenSslContext,
     OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine,
 };
 use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
-
-const V12: TlsVersion = TlsVersion::Tls12;
-const V13: TlsVersion = TlsVersion::Tls13;
-
-/// (version, suite id) pairs covering every AEAD suite with an ECDSA certificate.
-const SUITES: [(TlsVersion, u16); 6] = [
-    (V12, 0xC02B),
-    (V12, 0xC02C),
-    (V12, 0xCCA9),
-    (V13, 0x1301),
-    (V13, 0x1302),
-    (V13, 0x1303),
-];
 
 fn ossl(cfg: &TlsConfig) -> OpenSslEngine {
     OpenSslContext::new(cfg)

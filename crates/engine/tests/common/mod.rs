@@ -157,3 +157,17 @@ pub fn app_data(opened: &[(ContentType, Vec<u8>)]) -> Vec<u8> {
         .flat_map(|(_, p)| p.clone())
         .collect()
 }
+
+pub const V12: TlsVersion = TlsVersion::Tls12;
+pub const V13: TlsVersion = TlsVersion::Tls13;
+
+/// (version, suite id) pairs covering every AEAD suite with an ECDSA certificate: TLS 1.2
+/// AES-128/256-GCM and ChaCha20, TLS 1.3 AES-128/256-GCM and ChaCha20.
+pub const SUITES: [(TlsVersion, u16); 6] = [
+    (V12, 0xC02B),
+    (V12, 0xC02C),
+    (V12, 0xCCA9),
+    (V13, 0x1301),
+    (V13, 0x1302),
+    (V13, 0x1303),
+];
