@@ -3,6 +3,7 @@
 //! Each system is a subcommand. Systems that are not built yet say so and exit non-zero: the CLI never
 //! prints output it did not compute.
 
+mod blindbox;
 mod config;
 mod demo;
 mod driver;
@@ -51,8 +52,9 @@ enum Command {
     /// Middlebox-aware TLS: certified middleboxes, security-parameter reports and modification
     /// logs that endpoints can audit. (not implemented yet)
     Matls(NotYet),
-    /// BlindBox: a middlebox detects attack keywords in traffic it cannot decrypt. (not implemented yet)
-    Blindbox(NotYet),
+    /// BlindBox: a middlebox detects attack keywords in traffic it cannot decrypt.
+    /// (today: `blindbox rules stats`; sender, receiver and middlebox not implemented yet)
+    Blindbox(blindbox::BlindboxArgs),
     /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
     /// (not implemented yet)
     Keyless(NotYet),
@@ -82,7 +84,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args, &config.demo),
         Command::Mbtls(_) => not_yet("mbtls"),
         Command::Matls(_) => not_yet("matls"),
-        Command::Blindbox(_) => not_yet("blindbox"),
+        Command::Blindbox(args) => blindbox::run(args),
         Command::Keyless(_) => not_yet("keyless"),
         Command::Endbox(_) => not_yet("endbox"),
     };

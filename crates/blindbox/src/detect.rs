@@ -1,0 +1,915 @@
+//! BlindBox Detect (paper §3.2, §4, §5): the middlebox's per-flow state over encrypted tokens.
+//!
+//! Setup: a [`DetectionPlan`] splits every rule keyword into 8-byte chunks (the values the
+//! middlebox needs `AES_k(r)` for, [`DetectionPlan::chunks`]). The middlebox never holds `k`:
+//! [`EncryptedRules::new`] takes the `AES_k(r)` values, which come from the garbled-circuit rule
+//! preparation (tests compute them directly).
+//!
+//! Per flow, [`Detector`] keeps for each chunk `r` its count `ct*(r)` and the one ciphertext
+//! `Enc(salt0 + step·ct*(r), r)` it expects next, in a hash map keyed by that 5-byte ciphertext: one
+//! lookup per token whatever the number of rules. A hit bumps the count and replaces the entry; a
+//! salt announcement resets all counts. Keyword occurrences are rebuilt from chunk hits at their
+//! stream offsets (window mode: every chunk; delimiter mode: the first and last chunk), and rules
+//! are evaluated with Snort's positional semantics per HTTP message ([`MatchRule::satisfied`]).
+//!
+//! Protocol III rules (pcre, short keywords, ...) contribute their >= 8-byte keywords as triggers:
+//! when one occurs, the detector recovers the flow key from the hit token's `c2` and emits a
+//! [`ProbableCause`] carrying it, so the flow can be decrypted and the full rule run.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use aes::Aes128;
+
+use crate::dpienc::{enc, recover_flow_key, FlowKey, KeywordKey, SaltScheme, TokenMsg, C1};
+use crate::rules::{
+    classify, Action, BufferPolicy, Direction, MatchRule, Protocol, Rule, MAX_OCCURRENCES,
+    MIN_KEYWORD,
+};
+use crate::tokenize::{Lane, Token, Tokenization, TOKEN_LEN};
+
+/// Errors: a token stream that does not follow the protocol (a misbehaving endpoint).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DetectError {
+    #[error("{got} keyword keys given, the plan has {expected} chunks")]
+    KeyCount { expected: usize, got: usize },
+    #[error("token before any salt announcement")]
+    TokenBeforeSalt,
+    #[error("stream offset went backwards ({got} after {last})")]
+    OffsetRegression { last: u64, got: u64 },
+    #[error("Protocol III token without c2")]
+    MissingC2,
+    #[error("c2 in a Protocol I/II flow")]
+    UnexpectedC2,
+}
+
+/// Who a content belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// Content `j` of match rule `r`.
+    Rule(u32, u32),
+    /// A keyword of Protocol III rule `t`.
+    Trigger(u32),
+}
+
+#[derive(Clone, Debug)]
+struct PlanContent {
+    owner: Owner,
+    /// Offset of the last chunk (where the occurrence completes).
+    last_rel: u64,
+    chunk_count: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ChunkUse {
+    content: u32,
+    index: u32,
+    rel: u64,
+    /// Folded-lane hits count too (a `nocase` content).
+    any_lane: bool,
+}
+
+/// A Protocol III rule as a trigger.
+#[derive(Clone, Debug)]
+struct Trigger {
+    sid: u32,
+    flow: Option<Direction>,
+}
+
+/// Rules compiled to chunks for one tokenization mode.
+#[derive(Clone, Debug)]
+pub struct DetectionPlan {
+    mode: Tokenization,
+    rules: Vec<MatchRule>,
+    triggers: Vec<Trigger>,
+    contents: Vec<PlanContent>,
+    chunks: Vec<Token>,
+    uses: Vec<Vec<ChunkUse>>,
+    needs_folding: bool,
+}
+
+/// Relative offsets of the chunks that represent a keyword of length `len` (>= 8).
+pub fn chunk_offsets(len: usize, mode: Tokenization) -> Vec<usize> {
+    if len < TOKEN_LEN {
+        return Vec::new();
+    }
+    let last = len - TOKEN_LEN;
+    let mut v: Vec<usize> = match mode {
+        Tokenization::Window => (0..=last).step_by(TOKEN_LEN).collect(),
+        Tokenization::Delimiter => vec![0],
+    };
+    if v.last() != Some(&last) {
+        v.push(last);
+    }
+    v
+}
+
+impl DetectionPlan {
+    /// Compiles `rules`: Protocol I/II rules (under `policy`) for exact matching, Protocol III rules
+    /// as probable-cause triggers; rules that are not addressable are left out.
+    pub fn new<'a>(
+        rules: impl IntoIterator<Item = &'a Rule>,
+        mode: Tokenization,
+        policy: BufferPolicy,
+    ) -> Self {
+        let mut plan = Self {
+            mode,
+            rules: Vec::new(),
+            triggers: Vec::new(),
+            contents: Vec::new(),
+            chunks: Vec::new(),
+            uses: Vec::new(),
+            needs_folding: false,
+        };
+        let mut chunk_ids: HashMap<Token, u32> = HashMap::new();
+        for rule in rules {
+            match classify(rule, policy).protocol {
+                Protocol::I | Protocol::II => {
+                    let Some(m) = MatchRule::from_rule(rule, policy) else {
+                        continue;
+                    };
+                    let r = plan.rules.len() as u32;
+                    for (j, c) in m.contents.iter().enumerate() {
+                        plan.add_content(
+                            Owner::Rule(r, j as u32),
+                            &c.pattern,
+                            c.nocase,
+                            &mut chunk_ids,
+                        );
+                    }
+                    plan.rules.push(m);
+                }
+                Protocol::III => {
+                    let t = plan.triggers.len() as u32;
+                    for c in rule
+                        .contents
+                        .iter()
+                        .filter(|c| !c.negated && c.pattern.len() >= MIN_KEYWORD)
+                    {
+                        plan.add_content(Owner::Trigger(t), &c.pattern, c.nocase, &mut chunk_ids);
+                    }
+                    plan.triggers.push(Trigger {
+                        sid: rule.sid.unwrap_or_default(),
+                        flow: rule.flow,
+                    });
+                }
+                Protocol::NotAddressable => {}
+            }
+        }
+        plan
+    }
+
+    fn add_content(
+        &mut self,
+        owner: Owner,
+        pattern: &[u8],
+        nocase: bool,
+        ids: &mut HashMap<Token, u32>,
+    ) {
+        let offsets = chunk_offsets(pattern.len(), self.mode);
+        let content = self.contents.len() as u32;
+        self.needs_folding |= nocase;
+        for (index, &rel) in offsets.iter().enumerate() {
+            let mut value = [0u8; TOKEN_LEN];
+            if let Some(src) = pattern.get(rel..rel + TOKEN_LEN) {
+                value.copy_from_slice(src);
+            }
+            if nocase {
+                value.make_ascii_lowercase();
+            }
+            let id = *ids.entry(value).or_insert_with(|| {
+                self.chunks.push(value);
+                self.uses.push(Vec::new());
+                (self.chunks.len() - 1) as u32
+            });
+            if let Some(u) = self.uses.get_mut(id as usize) {
+                u.push(ChunkUse {
+                    content,
+                    index: index as u32,
+                    rel: rel as u64,
+                    any_lane: nocase,
+                });
+            }
+        }
+        self.contents.push(PlanContent {
+            owner,
+            last_rel: offsets.last().copied().unwrap_or_default() as u64,
+            chunk_count: offsets.len(),
+        });
+    }
+
+    /// The distinct chunk values, in the order [`EncryptedRules::new`] wants their `AES_k(r)`.
+    pub fn chunks(&self) -> &[Token] {
+        &self.chunks
+    }
+
+    /// The exact-match (Protocol I/II) rules.
+    pub fn match_rules(&self) -> &[MatchRule] {
+        &self.rules
+    }
+
+    /// Number of Protocol III trigger rules.
+    pub fn trigger_count(&self) -> usize {
+        self.triggers.len()
+    }
+
+    /// Whether some keyword is `nocase`: the endpoints must then send the folded lane
+    /// ([`CaseMode::Dual`](crate::tokenize::CaseMode)).
+    pub fn needs_folding(&self) -> bool {
+        self.needs_folding
+    }
+
+    pub fn mode(&self) -> Tokenization {
+        self.mode
+    }
+}
+
+/// A plan together with the expanded `AES_k(r)` key of each chunk (kept for the connection).
+pub struct EncryptedRules {
+    plan: DetectionPlan,
+    ciphers: Vec<Aes128>,
+}
+
+impl EncryptedRules {
+    /// `keys[i]` is `AES_k(plan.chunks()[i])`, as produced by the rule-preparation setup.
+    pub fn new(plan: DetectionPlan, keys: &[KeywordKey]) -> Result<Self, DetectError> {
+        if keys.len() != plan.chunks.len() {
+            return Err(DetectError::KeyCount {
+                expected: plan.chunks.len(),
+                got: keys.len(),
+            });
+        }
+        let ciphers = keys.iter().map(KeywordKey::cipher).collect();
+        Ok(Self { plan, ciphers })
+    }
+
+    pub fn plan(&self) -> &DetectionPlan {
+        &self.plan
+    }
+}
+
+impl std::fmt::Debug for EncryptedRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncryptedRules")
+            .field("chunks", &self.ciphers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A Protocol I/II rule matched.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Alert {
+    pub sid: u32,
+    pub action: Action,
+    /// Stream offset of the HTTP message the rule matched in.
+    pub message_start: u64,
+}
+
+impl Alert {
+    /// Whether the rule's action blocks the flow.
+    pub fn blocks(&self) -> bool {
+        matches!(self.action, Action::Drop | Action::Reject | Action::Sdrop)
+    }
+}
+
+/// A Protocol III keyword matched: the middlebox may now decrypt the flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbableCause {
+    pub sid: u32,
+    pub message_start: u64,
+    /// Stream offset of the keyword.
+    pub offset: u64,
+    /// Recovered from the hit token's `c2`; opens the sealed traffic secrets
+    /// ([`open_secrets`](crate::dpienc::open_secrets)).
+    pub flow_key: FlowKey,
+}
+
+/// What the detector reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Alert(Alert),
+    ProbableCause(ProbableCause),
+}
+
+/// Per-flow detection state (one direction).
+pub struct Detector {
+    rules: Arc<EncryptedRules>,
+    scheme: SaltScheme,
+    dir: Option<Direction>,
+    salt0: Option<u64>,
+    counts: Vec<u64>,
+    expected: Vec<C1>,
+    table: HashMap<C1, Vec<u32>>,
+    last_offset: u64,
+    message_start: u64,
+    pending: HashMap<(u32, u64), Vec<u64>>,
+    occ: HashMap<u32, Vec<u64>>,
+    fired: HashSet<u32>,
+    triggered: HashSet<u32>,
+    flow_key: Option<FlowKey>,
+    hits: u64,
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("scheme", &self.scheme)
+            .field("salt0", &self.salt0)
+            .field("hits", &self.hits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pending partial occurrences above which dead ones are pruned.
+const PRUNE_AT: usize = 4096;
+
+impl Detector {
+    /// `dir`: the direction of this flow (rules with `flow:` for the other direction do not apply);
+    /// `None` applies every rule.
+    pub fn new(rules: Arc<EncryptedRules>, scheme: SaltScheme, dir: Option<Direction>) -> Self {
+        let n = rules.plan.chunks.len();
+        Self {
+            rules,
+            scheme,
+            dir,
+            salt0: None,
+            counts: vec![0; n],
+            expected: vec![[0; 5]; n],
+            table: HashMap::with_capacity(n),
+            last_offset: 0,
+            message_start: 0,
+            pending: HashMap::new(),
+            occ: HashMap::new(),
+            fired: HashSet::new(),
+            triggered: HashSet::new(),
+            flow_key: None,
+            hits: 0,
+        }
+    }
+
+    /// Chunk hits so far (each reveals one keyword occurrence to the middlebox).
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Processes one token-channel message.
+    pub fn process(&mut self, msg: &TokenMsg, out: &mut Vec<Event>) -> Result<(), DetectError> {
+        match *msg {
+            TokenMsg::Salt(s) => {
+                self.reset_salt(s);
+                Ok(())
+            }
+            TokenMsg::MessageStart(o) => {
+                self.advance(o)?;
+                self.message_start = o;
+                self.pending.clear();
+                self.occ.clear();
+                self.fired.clear();
+                self.triggered.clear();
+                Ok(())
+            }
+            TokenMsg::Token(t) => {
+                let Some(salt0) = self.salt0 else {
+                    return Err(DetectError::TokenBeforeSalt);
+                };
+                match (self.scheme, t.c2.is_some()) {
+                    (SaltScheme::ProbableCause, false) => return Err(DetectError::MissingC2),
+                    (SaltScheme::ExactMatch, true) => return Err(DetectError::UnexpectedC2),
+                    _ => {}
+                }
+                self.advance(t.offset)?;
+                if t.offset < self.message_start {
+                    return Err(DetectError::OffsetRegression {
+                        last: self.message_start,
+                        got: t.offset,
+                    });
+                }
+                let Some(ids) = self.table.get(&t.c1).cloned() else {
+                    return Ok(());
+                };
+                for id in ids {
+                    self.on_hit(id, salt0, t.offset, t.lane, t.c2.as_ref(), out);
+                }
+                if self.pending.len() > PRUNE_AT {
+                    self.prune(t.offset);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn advance(&mut self, offset: u64) -> Result<(), DetectError> {
+        if offset < self.last_offset {
+            return Err(DetectError::OffsetRegression {
+                last: self.last_offset,
+                got: offset,
+            });
+        }
+        self.last_offset = offset;
+        Ok(())
+    }
+
+    fn reset_salt(&mut self, salt0: u64) {
+        self.salt0 = Some(salt0);
+        self.table.clear();
+        for (id, cipher) in self.rules.ciphers.iter().enumerate() {
+            if let Some(c) = self.counts.get_mut(id) {
+                *c = 0;
+            }
+            let ct = enc(cipher, salt0);
+            if let Some(e) = self.expected.get_mut(id) {
+                *e = ct;
+            }
+            self.table.entry(ct).or_default().push(id as u32);
+        }
+    }
+
+    fn on_hit(
+        &mut self,
+        id: u32,
+        salt0: u64,
+        offset: u64,
+        lane: Lane,
+        c2: Option<&[u8; 16]>,
+        out: &mut Vec<Event>,
+    ) {
+        let idx = id as usize;
+        let rules = Arc::clone(&self.rules);
+        let (Some(cipher), Some(count)) = (rules.ciphers.get(idx), self.counts.get(idx).copied())
+        else {
+            return;
+        };
+        self.hits += 1;
+        let salt = self.scheme.salt(salt0, count);
+        // Replace the entry: the next occurrence of this chunk uses the next salt.
+        let old = self.expected.get(idx).copied().unwrap_or_default();
+        if let Some(v) = self.table.get_mut(&old) {
+            v.retain(|&x| x != id);
+            if v.is_empty() {
+                self.table.remove(&old);
+            }
+        }
+        let next = enc(cipher, self.scheme.salt(salt0, count + 1));
+        if let Some(e) = self.expected.get_mut(idx) {
+            *e = next;
+        }
+        if let Some(c) = self.counts.get_mut(idx) {
+            *c = count + 1;
+        }
+        self.table.entry(next).or_default().push(id);
+
+        let plan = &rules.plan;
+        let uses = plan.uses.get(idx).map(Vec::as_slice).unwrap_or_default();
+        let mut key_candidate: Option<FlowKey> = None;
+        for u in uses {
+            if !u.any_lane && lane == Lane::Folded {
+                continue;
+            }
+            let Some(start) = offset.checked_sub(u.rel) else {
+                continue;
+            };
+            if start < self.message_start {
+                continue;
+            }
+            let Some(content) = plan.contents.get(u.content as usize) else {
+                continue;
+            };
+            let complete = if content.chunk_count <= 1 {
+                true
+            } else {
+                let bits = self
+                    .pending
+                    .entry((u.content, start))
+                    .or_insert_with(|| vec![0u64; content.chunk_count.div_ceil(64)]);
+                if let Some(w) = bits.get_mut((u.index / 64) as usize) {
+                    *w |= 1 << (u.index % 64);
+                }
+                let set: u32 = bits.iter().map(|w| w.count_ones()).sum();
+                if set as usize == content.chunk_count {
+                    self.pending.remove(&(u.content, start));
+                    true
+                } else {
+                    false
+                }
+            };
+            if !complete {
+                continue;
+            }
+            match content.owner {
+                Owner::Rule(r, _) => self.on_rule_content(r, u.content, start, out),
+                Owner::Trigger(t) => {
+                    let Some(trigger) = plan.triggers.get(t as usize) else {
+                        continue;
+                    };
+                    if !applies(trigger.flow, self.dir) || self.triggered.contains(&t) {
+                        continue;
+                    }
+                    let Some(c2) = c2 else { continue };
+                    let key = key_candidate
+                        .get_or_insert_with(|| recover_flow_key(cipher, salt, c2))
+                        .clone();
+                    self.triggered.insert(t);
+                    if self.flow_key.is_none() {
+                        self.flow_key = Some(key.clone());
+                    }
+                    out.push(Event::ProbableCause(ProbableCause {
+                        sid: trigger.sid,
+                        message_start: self.message_start,
+                        offset: start,
+                        flow_key: key,
+                    }));
+                }
+            }
+        }
+    }
+
+    fn on_rule_content(&mut self, r: u32, content: u32, start: u64, out: &mut Vec<Event>) {
+        let rel = start - self.message_start;
+        let list = self.occ.entry(content).or_default();
+        if list.last() == Some(&rel) || list.len() >= MAX_OCCURRENCES {
+            return;
+        }
+        list.push(rel);
+        let rules = Arc::clone(&self.rules);
+        let Some(rule) = rules.plan.rules.get(r as usize) else {
+            return;
+        };
+        if self.fired.contains(&r) || !rule.applies(self.dir) {
+            return;
+        }
+        // Gather this rule's occurrence lists (its contents are consecutive in the plan).
+        let first = content - self.content_index(r, content);
+        let occ: Vec<Vec<u64>> = (0..rule.contents.len() as u32)
+            .map(|j| self.occ.get(&(first + j)).cloned().unwrap_or_default())
+            .collect();
+        if occ.iter().any(Vec::is_empty) {
+            return;
+        }
+        if rule.satisfied(&occ) {
+            self.fired.insert(r);
+            out.push(Event::Alert(Alert {
+                sid: rule.sid,
+                action: rule.action,
+                message_start: self.message_start,
+            }));
+        }
+    }
+
+    fn content_index(&self, _r: u32, content: u32) -> u32 {
+        match self
+            .rules
+            .plan
+            .contents
+            .get(content as usize)
+            .map(|c| c.owner)
+        {
+            Some(Owner::Rule(_, j)) => j,
+            _ => 0,
+        }
+    }
+
+    fn prune(&mut self, offset: u64) {
+        let contents = &self.rules.plan.contents;
+        self.pending.retain(|&(c, start), _| {
+            contents
+                .get(c as usize)
+                .is_some_and(|pc| start.saturating_add(pc.last_rel) >= offset)
+        });
+    }
+
+    /// The flow key recovered by a Protocol III trigger, if any.
+    pub fn flow_key(&self) -> Option<&FlowKey> {
+        self.flow_key.as_ref()
+    }
+
+    /// Everything this flow's state holds, serialized (expected ciphertexts, counts, partial and
+    /// complete keyword occurrences, recovered key). For privacy audits: after a flow that matched
+    /// no keyword it must be a function of the rules and salts only.
+    pub fn audit_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&self.salt0.unwrap_or_default().to_be_bytes());
+        for (e, c) in self.expected.iter().zip(&self.counts) {
+            v.extend_from_slice(e);
+            v.extend_from_slice(&c.to_be_bytes());
+        }
+        let mut pending: Vec<_> = self.pending.iter().collect();
+        pending.sort();
+        for ((c, s), bits) in pending {
+            v.extend_from_slice(&c.to_be_bytes());
+            v.extend_from_slice(&s.to_be_bytes());
+            for b in bits {
+                v.extend_from_slice(&b.to_be_bytes());
+            }
+        }
+        let mut occ: Vec<_> = self.occ.iter().collect();
+        occ.sort();
+        for (c, list) in occ {
+            v.extend_from_slice(&c.to_be_bytes());
+            for s in list {
+                v.extend_from_slice(&s.to_be_bytes());
+            }
+        }
+        if let Some(k) = &self.flow_key {
+            v.extend_from_slice(k.as_bytes());
+        }
+        v
+    }
+
+    /// Counts per chunk (for tests and audits).
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+}
+
+fn applies(want: Option<Direction>, have: Option<Direction>) -> bool {
+    match (want, have) {
+        (Some(w), Some(h)) => w == h,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dpienc::{EncToken, TokenEncryptor, TokenKey};
+    use crate::rules::parse_rule;
+    use crate::tokenize::{CaseMode, FlowEvent, FlowTokenizer};
+
+    const K: [u8; 16] = [0x42; 16];
+
+    fn setup(rules: &[&str], mode: Tokenization) -> Arc<EncryptedRules> {
+        let parsed: Vec<Rule> = rules.iter().map(|r| parse_rule(r, 1).unwrap()).collect();
+        let plan = DetectionPlan::new(&parsed, mode, BufferPolicy::Approximate);
+        let key = TokenKey::new(&K);
+        let keys: Vec<KeywordKey> = plan.chunks().iter().map(|c| key.keyword_key(c)).collect();
+        Arc::new(EncryptedRules::new(plan, &keys).unwrap())
+    }
+
+    fn send(data: &[u8], mode: Tokenization, enc: &mut TokenEncryptor) -> Vec<TokenMsg> {
+        let mut t = FlowTokenizer::new(mode, CaseMode::Dual, true);
+        let mut evs = Vec::new();
+        t.push(data, &mut evs);
+        t.finish(&mut evs);
+        let mut out = Vec::new();
+        for e in &evs {
+            enc.process(e, &mut out);
+        }
+        out
+    }
+
+    fn run(det: &mut Detector, msgs: &[TokenMsg]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for m in msgs {
+            det.process(m, &mut out).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn repeated_keyword_hits_every_time_across_resets() {
+        let rules = setup(
+            &[r#"alert tcp any any -> any any (content:"EVILWORD"; sid:7;)"#],
+            Tokenization::Window,
+        );
+        let mut enc = TokenEncryptor::new(TokenKey::new(&K), 77, 40);
+        let data = b"GET /EVILWORD?EVILWORD HTTP/1.1\r\nX: EVILWORD EVILWORD EVILWORD\r\n\r\nGET /EVILWORD HTTP/1.1\r\n\r\n";
+        let msgs = send(data, Tokenization::Window, &mut enc);
+        assert!(
+            msgs.iter()
+                .filter(|m| matches!(m, TokenMsg::Salt(_)))
+                .count()
+                >= 2,
+            "resets happened"
+        );
+        let mut det = Detector::new(rules, SaltScheme::ExactMatch, None);
+        let events = run(&mut det, &msgs);
+        // One alert per HTTP message, every occurrence (6 total) seen as a hit despite the resets.
+        assert_eq!(events.len(), 2);
+        assert_eq!(det.hits(), 6);
+    }
+
+    #[test]
+    fn missing_a_reset_announcement_loses_sync() {
+        // The check the previous test relies on: if the detector ignored salt announcements,
+        // hits after a reset would be missed.
+        let rules = setup(
+            &[r#"alert tcp any any -> any any (content:"EVILWORD"; sid:7;)"#],
+            Tokenization::Window,
+        );
+        let mut enc = TokenEncryptor::new(TokenKey::new(&K), 77, 20);
+        // "zzzzzzzz" repeats in the first epoch, so the new salt0 is not where the old schedule
+        // would have put the second EVILWORD.
+        let msgs = send(
+            b"EVILWORD zzzzzzzzzzzzzzzz EVILWORD",
+            Tokenization::Window,
+            &mut enc,
+        );
+        let mut first_salt = true;
+        let filtered: Vec<TokenMsg> = msgs
+            .iter()
+            .copied()
+            .filter(|m| match m {
+                TokenMsg::Salt(_) if first_salt => {
+                    first_salt = false;
+                    true
+                }
+                TokenMsg::Salt(_) => false,
+                _ => true,
+            })
+            .collect();
+        let mut full = Detector::new(Arc::clone(&rules), SaltScheme::ExactMatch, None);
+        run(&mut full, &msgs);
+        assert_eq!(full.hits(), 2);
+        let mut det = Detector::new(rules, SaltScheme::ExactMatch, None);
+        run(&mut det, &filtered);
+        assert_eq!(det.hits(), 1, "the occurrence after the reset is missed");
+    }
+
+    #[test]
+    fn positions_and_direction() {
+        let rules = setup(
+            &[
+                r#"alert tcp any any -> any any (flow:to_server; content:"GET /admin"; depth:10; content:"password="; distance:0; within:100; sid:1;)"#,
+                r#"drop tcp any any -> any any (flow:to_client; content:"GET /admin"; sid:2;)"#,
+            ],
+            Tokenization::Window,
+        );
+        let mut enc = TokenEncryptor::new(TokenKey::new(&K), 5, 1 << 20);
+        let msgs = send(b"GET /admin?password=1 HTTP/1.1\r\n\r\nPOST /x HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET /admin?password", Tokenization::Window, &mut enc);
+        let events = run(
+            &mut Detector::new(
+                Arc::clone(&rules),
+                SaltScheme::ExactMatch,
+                Some(Direction::ToServer),
+            ),
+            &msgs,
+        );
+        assert_eq!(
+            events,
+            vec![Event::Alert(Alert {
+                sid: 1,
+                action: Action::Alert,
+                message_start: 0
+            })]
+        );
+        // sid 1 needs the keyword within the first 10 bytes: not in the second message's body.
+        let events = run(
+            &mut Detector::new(rules, SaltScheme::ExactMatch, Some(Direction::ToClient)),
+            &msgs,
+        );
+        assert_eq!(events.len(), 2, "sid 2 in both messages");
+        for e in &events {
+            let Event::Alert(a) = e else { panic!() };
+            assert_eq!(a.sid, 2);
+            assert!(a.blocks());
+        }
+    }
+
+    #[test]
+    fn nocase_needs_the_folded_lane_and_case_sensitive_ignores_it() {
+        let rules = setup(
+            &[
+                r#"alert tcp any any -> any any (content:"select * from"; nocase; sid:1;)"#,
+                r#"alert tcp any any -> any any (content:"union all"; sid:2;)"#,
+            ],
+            Tokenization::Window,
+        );
+        let mut enc = TokenEncryptor::new(TokenKey::new(&K), 9, 1 << 20);
+        let msgs = send(
+            b"SeLeCt * FrOm users UNION ALL",
+            Tokenization::Window,
+            &mut enc,
+        );
+        let events = run(
+            &mut Detector::new(Arc::clone(&rules), SaltScheme::ExactMatch, None),
+            &msgs,
+        );
+        assert_eq!(
+            events,
+            vec![Event::Alert(Alert {
+                sid: 1,
+                action: Action::Alert,
+                message_start: 0
+            })]
+        );
+        // Without the folded lane the nocase keyword is missed.
+        let exact_only: Vec<TokenMsg> = msgs
+            .into_iter()
+            .filter(|m| {
+                !matches!(
+                    m,
+                    TokenMsg::Token(EncToken {
+                        lane: Lane::Folded,
+                        ..
+                    })
+                )
+            })
+            .collect();
+        let events = run(
+            &mut Detector::new(rules, SaltScheme::ExactMatch, None),
+            &exact_only,
+        );
+        assert!(events.is_empty());
+    }
+
+    #[test]
+    fn probable_cause_recovers_the_flow_key() {
+        let rules = setup(
+            &[r#"alert tcp any any -> any any (content:"cmd.exe?/c"; pcre:"/dir\s+c:/i"; sid:3;)"#],
+            Tokenization::Window,
+        );
+        assert_eq!(rules.plan().trigger_count(), 1);
+        let fk = FlowKey::from_bytes([0xa5; 16]);
+        let mut enc = TokenEncryptor::with_flow_key(TokenKey::new(&K), 1000, 1 << 20, fk.clone());
+        let msgs = send(
+            b"GET /scripts/cmd.exe?/c+dir+c:\\ HTTP/1.1\r\n\r\n",
+            Tokenization::Window,
+            &mut enc,
+        );
+        let mut det = Detector::new(rules, SaltScheme::ProbableCause, None);
+        let events = run(&mut det, &msgs);
+        assert_eq!(events.len(), 1);
+        let Event::ProbableCause(pc) = &events[0] else {
+            panic!()
+        };
+        assert_eq!((pc.sid, pc.offset), (3, 13));
+        assert_eq!(pc.flow_key, fk);
+    }
+
+    #[test]
+    fn protocol_violations_are_errors() {
+        let rules = setup(
+            &[r#"alert tcp any any -> any any (content:"EVILWORD"; sid:7;)"#],
+            Tokenization::Window,
+        );
+        let tok = |offset| {
+            TokenMsg::Token(EncToken {
+                offset,
+                lane: Lane::Exact,
+                c1: [0; 5],
+                c2: None,
+            })
+        };
+        let mut det = Detector::new(Arc::clone(&rules), SaltScheme::ExactMatch, None);
+        let mut out = Vec::new();
+        assert_eq!(
+            det.process(&tok(0), &mut out),
+            Err(DetectError::TokenBeforeSalt)
+        );
+        det.process(&TokenMsg::Salt(1), &mut out).unwrap();
+        det.process(&tok(5), &mut out).unwrap();
+        assert_eq!(
+            det.process(&tok(4), &mut out),
+            Err(DetectError::OffsetRegression { last: 5, got: 4 })
+        );
+        let mut det3 = Detector::new(rules, SaltScheme::ProbableCause, None);
+        det3.process(&TokenMsg::Salt(2), &mut out).unwrap();
+        assert_eq!(det3.process(&tok(0), &mut out), Err(DetectError::MissingC2));
+    }
+
+    #[test]
+    fn hostile_offsets_do_not_panic() {
+        // A sender may claim any offsets; with correct ciphertexts the hits go through the
+        // positional logic near u64::MAX.
+        let rules = setup(
+            &[
+                r#"alert tcp any any -> any any (content:"EVILWORDEVILWORD"; content:"OTHERWORD"; distance:5; within:30; sid:7;)"#,
+            ],
+            Tokenization::Window,
+        );
+        let mut enc = TokenEncryptor::new(TokenKey::new(&K), u64::MAX - 1, 4);
+        let mut msgs = Vec::new();
+        for (i, t) in [b"EVILWORD", b"EVILWORD", b"OTHERWOR", b"THERWORD"]
+            .iter()
+            .enumerate()
+        {
+            let offset = u64::MAX - 40 + 8 * i as u64;
+            enc.process(
+                &FlowEvent::Token {
+                    offset,
+                    lane: Lane::Exact,
+                    token: **t,
+                },
+                &mut msgs,
+            );
+        }
+        let mut det = Detector::new(rules, SaltScheme::ExactMatch, None);
+        let mut out = Vec::new();
+        det.process(&TokenMsg::MessageStart(u64::MAX - 50), &mut out)
+            .unwrap();
+        for m in &msgs {
+            det.process(m, &mut out).unwrap();
+        }
+        assert!(det.hits() >= 2);
+    }
+
+    #[test]
+    fn chunking() {
+        assert_eq!(chunk_offsets(8, Tokenization::Window), vec![0]);
+        assert_eq!(chunk_offsets(11, Tokenization::Window), vec![0, 3]);
+        assert_eq!(chunk_offsets(16, Tokenization::Window), vec![0, 8]);
+        assert_eq!(chunk_offsets(20, Tokenization::Window), vec![0, 8, 12]);
+        assert_eq!(chunk_offsets(20, Tokenization::Delimiter), vec![0, 12]);
+        assert!(chunk_offsets(7, Tokenization::Window).is_empty());
+    }
+}

@@ -1,0 +1,156 @@
+//! The key server's request handler: bytes of one request in, bytes of its response out.
+//!
+//! No sockets, no clocks, no threads: the driver cuts the stream into frames and calls
+//! [`KeyServerCore::handle_frame`] on a worker thread. Checks, in order: major version (0x04),
+//! body format (0x07), opcode (0x05 unknown/unsupported, 0x06 a response opcode), ping, key lookup
+//! by SKI then digest and authorization (both 0x02), payload present (0x07), then the operation.
+//! Every response is padded to at least 1024 bytes, so all responses to one fixed operation have
+//! the same length.
+
+use std::sync::{Arc, RwLock};
+
+use zeroize::Zeroizing;
+
+use crate::keys::{KeyOperation, KeyStore};
+use crate::server::authz::{Authorization, EdgeIdentity};
+use crate::wire::{
+    encode, Body, ErrorCode, Frame, FrameError, FrameOrFormat, Message, Opcode,
+    DEFAULT_MAX_BODY_LEN, VERSION_MAJOR,
+};
+
+/// Key store and authorization behind locks that are only held for a pointer copy, so a reload
+/// (SIGHUP, later) swaps them without disturbing requests in flight.
+#[derive(Debug)]
+pub struct KeyServerCore {
+    keys: RwLock<Arc<KeyStore>>,
+    authz: RwLock<Arc<Authorization>>,
+    max_body_len: usize,
+}
+
+fn snapshot<T>(lock: &RwLock<Arc<T>>) -> Arc<T> {
+    match lock.read() {
+        Ok(g) => Arc::clone(&g),
+        Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+    }
+}
+
+fn replace<T>(lock: &RwLock<Arc<T>>, value: T) {
+    match lock.write() {
+        Ok(mut g) => *g = Arc::new(value),
+        Err(poisoned) => *poisoned.into_inner() = Arc::new(value),
+    }
+}
+
+impl KeyServerCore {
+    /// A handler serving `keys` under `authz`, with the default maximum body length.
+    pub fn new(keys: KeyStore, authz: Authorization) -> KeyServerCore {
+        KeyServerCore {
+            keys: RwLock::new(Arc::new(keys)),
+            authz: RwLock::new(Arc::new(authz)),
+            max_body_len: DEFAULT_MAX_BODY_LEN,
+        }
+    }
+
+    /// Sets the largest body accepted; a longer header closes the connection.
+    pub fn with_max_body_len(mut self, max: usize) -> KeyServerCore {
+        self.max_body_len = max;
+        self
+    }
+
+    /// The largest body accepted.
+    pub fn max_body_len(&self) -> usize {
+        self.max_body_len
+    }
+
+    /// Replaces the key store (requests already running keep the old one).
+    pub fn replace_keys(&self, keys: KeyStore) {
+        replace(&self.keys, keys);
+    }
+
+    /// Replaces the authorization rules.
+    pub fn replace_authorization(&self, authz: Authorization) {
+        replace(&self.authz, authz);
+    }
+
+    /// The current key store.
+    pub fn keys(&self) -> Arc<KeyStore> {
+        snapshot(&self.keys)
+    }
+
+    /// Handles one complete request message. `Err` means the connection must be closed (no
+    /// header, or a body longer than the maximum); everything else is answered.
+    pub fn handle(
+        &self,
+        request: &[u8],
+        edge: &EdgeIdentity,
+    ) -> Result<Zeroizing<Vec<u8>>, FrameError> {
+        match Frame::from_message(request, self.max_body_len) {
+            Ok(frame) => Ok(self.handle_frame(&frame, edge)),
+            Err(FrameOrFormat::Frame(e)) => Err(e),
+            Err(FrameOrFormat::Format { header, error }) => {
+                tracing::debug!(request_id = header.request_id, %error, "malformed request");
+                Ok(respond(
+                    header.request_id,
+                    Body::error(ErrorCode::FormatError),
+                ))
+            }
+        }
+    }
+
+    /// Handles one frame cut by the driver's deframer.
+    pub fn handle_frame(&self, frame: &Frame, edge: &EdgeIdentity) -> Zeroizing<Vec<u8>> {
+        let id = frame.header.request_id;
+        let body = match self.answer(frame, edge) {
+            Ok(body) => body,
+            Err(code) => {
+                tracing::debug!(request_id = id, error = %code, edge = ?edge.names(), "request refused");
+                Body::error(code)
+            }
+        };
+        respond(id, body)
+    }
+
+    fn answer(&self, frame: &Frame, edge: &EdgeIdentity) -> Result<Body, ErrorCode> {
+        if frame.header.major != VERSION_MAJOR {
+            return Err(ErrorCode::VersionMismatch);
+        }
+        let request = frame.decode().map_err(|_| ErrorCode::FormatError)?;
+        let body = request.body;
+        let opcode_byte = body.opcode.ok_or(ErrorCode::FormatError)?;
+        let opcode = Opcode::from_u8(opcode_byte).ok_or(ErrorCode::BadOpcode)?;
+        if opcode == Opcode::Ping {
+            let mut body = body;
+            return Ok(Body::op(
+                Opcode::Pong,
+                body.payload.take().unwrap_or_default(),
+            ));
+        }
+        let operation = KeyOperation::from_opcode(opcode)?;
+        let keys = self.keys();
+        let key = keys
+            .find(body.ski.as_ref(), body.certificate_digest.as_ref())
+            .ok_or(ErrorCode::KeyNotFound)?;
+        if !snapshot(&self.authz).permits(edge, key.as_ref()) {
+            // Same answer as a missing key: an edge cannot learn which keys exist.
+            return Err(ErrorCode::KeyNotFound);
+        }
+        let payload = body.payload.as_deref().ok_or(ErrorCode::FormatError)?;
+        let output = key.perform(operation, payload).map_err(|e| {
+            tracing::debug!(error = %e, "key operation failed");
+            e.code()
+        })?;
+        Ok(Body::op(Opcode::Response, output.to_vec()))
+    }
+}
+
+/// Encodes a response; a ping echo too large to encode becomes a format error.
+fn respond(request_id: u32, body: Body) -> Zeroizing<Vec<u8>> {
+    Zeroizing::new(encode(&Message { request_id, body }).unwrap_or_else(|_| {
+        // An error body is 7 bytes, so it always encodes; the fallback is a bare header.
+        encode(&Message {
+            request_id,
+            body: Body::error(ErrorCode::FormatError),
+        })
+        .unwrap_or_default()
+    }))
+}

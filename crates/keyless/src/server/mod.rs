@@ -1,0 +1,297 @@
+//! The key server: a sans-I/O request handler ([`KeyServerCore`]) and a thin tokio driver
+//! ([`KeyServer`]) that accepts mutually authenticated TLS connections.
+//!
+//! Each connection has a reader that cuts frames and hands them to a fixed pool of worker threads
+//! (one per core, so RSA signing never blocks the async reactor), and a writer that sends
+//! responses in the order they finish: a slow RSA-4096 decrypt does not hold back the ECDSA
+//! signatures pipelined behind it. A body longer than the maximum closes the connection; every
+//! other problem is answered and the connection stays open.
+
+pub mod authz;
+pub mod config;
+pub mod core;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use zeroize::Zeroizing;
+
+pub use self::authz::{Authorization, AuthzError, EdgeGrant, EdgeIdentity};
+pub use self::config::{DenyConfig, ServerConfig, DEFAULT_PORT};
+pub use self::core::KeyServerCore;
+
+use crate::keys::{KeyStore, KeyStoreError};
+use crate::tls::{self, DenyList, TlsSetupError};
+use crate::wire::Deframer;
+
+/// Errors starting the key server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Keys could not be loaded.
+    #[error(transparent)]
+    Keys(#[from] KeyStoreError),
+    /// The authorization rules are invalid.
+    #[error(transparent)]
+    Authz(#[from] AuthzError),
+    /// The TLS configuration is invalid.
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
+    /// The worker pool could not start.
+    #[error("worker pool: {0}")]
+    Pool(#[from] rayon::ThreadPoolBuildError),
+    /// Binding or accepting failed.
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Counters kept by a running server (the metrics endpoint will export them).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// TCP connections accepted.
+    pub connections: AtomicU64,
+    /// TLS handshakes that failed (no, expired, unknown-CA or denied certificate, …).
+    pub handshake_failures: AtomicU64,
+    /// Requests answered (including error answers).
+    pub requests: AtomicU64,
+    /// Connections closed because a header announced an oversized body.
+    pub oversized_closes: AtomicU64,
+}
+
+impl ServerStats {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// A configured key server, ready to listen.
+pub struct KeyServer {
+    core: Arc<KeyServerCore>,
+    acceptor: TlsAcceptor,
+    pool: Arc<rayon::ThreadPool>,
+    max_in_flight: usize,
+    stats: Arc<ServerStats>,
+}
+
+impl std::fmt::Debug for KeyServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyServer")
+            .field("workers", &self.pool.current_num_threads())
+            .field("max_in_flight", &self.max_in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyServer {
+    /// A server from a handler and a TLS configuration (see [`crate::tls::server_config`]).
+    /// `workers == 0` means one worker per core.
+    pub fn new(
+        core: KeyServerCore,
+        tls: Arc<rustls::ServerConfig>,
+        workers: usize,
+        max_in_flight: usize,
+    ) -> Result<KeyServer, ServerError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .thread_name(|i| format!("keyless-worker-{i}"))
+            .build()?;
+        Ok(KeyServer {
+            core: Arc::new(core),
+            acceptor: TlsAcceptor::from(tls),
+            pool: Arc::new(pool),
+            max_in_flight: max_in_flight.max(1),
+            stats: Arc::new(ServerStats::default()),
+        })
+    }
+
+    /// Loads keys, authorization, certificates and deny list from a [`ServerConfig`].
+    pub fn from_config(config: &ServerConfig) -> Result<KeyServer, ServerError> {
+        let keys = KeyStore::load_dir(&config.key_dir)?;
+        let authz = Authorization::from_grants(&config.edges)?;
+        let deny = DenyList::from_hex(&config.deny.sha256, &config.deny.serials)?;
+        let tls = tls::server_config(
+            tls::load_certificates(&config.certificate)?,
+            tls::load_private_key(&config.private_key)?,
+            &tls::load_certificates(&config.edge_ca)?,
+            deny,
+        )?;
+        tracing::info!(
+            keys = keys.len(),
+            edges = config.edges.len(),
+            "key server configured"
+        );
+        let core = KeyServerCore::new(keys, authz).with_max_body_len(config.max_body_length);
+        KeyServer::new(
+            core,
+            tls,
+            config.workers,
+            config.max_in_flight_per_connection,
+        )
+    }
+
+    /// The request handler (for reloading keys or rules while running).
+    pub fn core(&self) -> &Arc<KeyServerCore> {
+        &self.core
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> &Arc<ServerStats> {
+        &self.stats
+    }
+
+    /// Binds `addr` and serves in a background task until the returned handle is dropped.
+    pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServerError> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let stats = Arc::clone(&self.stats);
+        let core = Arc::clone(&self.core);
+        let task = tokio::spawn(async move { self.serve(listener).await });
+        tracing::info!(%local_addr, "key server listening");
+        Ok(RunningServer {
+            local_addr,
+            stats,
+            core,
+            task,
+        })
+    }
+
+    /// Accepts connections on `listener` forever.
+    pub async fn serve(self, listener: TcpListener) -> Result<(), ServerError> {
+        let this = Arc::new(self);
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: log, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            };
+            ServerStats::bump(&this.stats.connections);
+            let this = Arc::clone(&this);
+            tokio::spawn(async move { this.connection(tcp, peer).await });
+        }
+    }
+
+    async fn connection(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
+        let _ = tcp.set_nodelay(true);
+        let tls = match self.acceptor.accept(tcp).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                ServerStats::bump(&self.stats.handshake_failures);
+                tracing::info!(%peer, error = %e, "edge handshake refused");
+                return;
+            }
+        };
+        let identity = match tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| EdgeIdentity::from_certificate(c))
+        {
+            Some(Ok(id)) => id,
+            _ => {
+                // The verifier requires a certificate, so this only happens on a parse failure.
+                tracing::warn!(%peer, "edge certificate has no usable identity");
+                return;
+            }
+        };
+        tracing::debug!(%peer, names = ?identity.names(), "edge connected");
+        let identity = Arc::new(identity);
+        let (mut reader, mut writer) = tokio::io::split(tls);
+        // Each response travels with its in-flight permit, released only once written: an edge that
+        // sends without reading stalls its own connection instead of growing our memory.
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Zeroizing<Vec<u8>>, OwnedSemaphorePermit)>();
+        let writer_task = tokio::spawn(async move {
+            while let Some((response, permit)) = rx.recv().await {
+                if writer.write_all(&response).await.is_err() {
+                    return;
+                }
+                drop(permit);
+            }
+            let _ = writer.shutdown().await;
+        });
+        let in_flight = Arc::new(Semaphore::new(self.max_in_flight));
+        let mut deframer = Deframer::new(self.core.max_body_len());
+        let mut buf = Zeroizing::new(vec![0u8; 16 * 1024]);
+        'read: loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            deframer.push(buf.get(..n).unwrap_or_default());
+            loop {
+                match deframer.next_frame() {
+                    Ok(Some(frame)) => {
+                        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                            break 'read;
+                        };
+                        let core = Arc::clone(&self.core);
+                        let identity = Arc::clone(&identity);
+                        let tx = tx.clone();
+                        let stats = Arc::clone(&self.stats);
+                        self.pool.spawn(move || {
+                            let response = core.handle_frame(&frame, &identity);
+                            ServerStats::bump(&stats.requests);
+                            let _ = tx.send((response, permit));
+                        });
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        ServerStats::bump(&self.stats.oversized_closes);
+                        tracing::warn!(%peer, error = %e, "closing connection");
+                        writer_task.abort();
+                        return;
+                    }
+                }
+            }
+        }
+        // The edge stopped sending: answer what is still in progress, then close.
+        drop(tx);
+        let _ = writer_task.await;
+    }
+}
+
+/// A server running in a background task; dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    stats: Arc<ServerStats>,
+    core: Arc<KeyServerCore>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// The request handler.
+    pub fn core(&self) -> &Arc<KeyServerCore> {
+        &self.core
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
