@@ -12,6 +12,8 @@ pub struct Config {
     pub log: Option<String>,
     #[serde(default)]
     pub demo: crate::demo::DemoConfig,
+    #[serde(default)]
+    pub keyless: crate::keyless::KeylessConfig,
 }
 
 impl Config {

@@ -7,6 +7,7 @@ mod blindbox;
 mod config;
 mod demo;
 mod driver;
+mod keyless;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,8 +57,8 @@ enum Command {
     /// (today: `blindbox rules stats`; sender, receiver and middlebox not implemented yet)
     Blindbox(blindbox::BlindboxArgs),
     /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
-    /// (not implemented yet)
-    Keyless(NotYet),
+    /// (today: `keyless keyserver`; the edge is not implemented yet)
+    Keyless(keyless::KeylessArgs),
     /// EndBox: middlebox functions in a TEE on each client behind an attested VPN. (not implemented yet)
     Endbox(NotYet),
 }
@@ -85,7 +86,7 @@ fn main() -> ExitCode {
         Command::Mbtls(_) => not_yet("mbtls"),
         Command::Matls(_) => not_yet("matls"),
         Command::Blindbox(args) => blindbox::run(args),
-        Command::Keyless(_) => not_yet("keyless"),
+        Command::Keyless(args) => keyless::run(args, &config.keyless),
         Command::Endbox(_) => not_yet("endbox"),
     };
     match result {
