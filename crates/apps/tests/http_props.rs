@@ -1,0 +1,133 @@
+//! Header insertion inserts exactly once per request, however the stream is split.
+
+use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
+use proptest::prelude::*;
+
+/// One generated request: the bytes a client sends and the bytes the server must receive.
+#[derive(Debug, Clone)]
+struct Req {
+    sent: Vec<u8>,
+    expected: Vec<u8>,
+}
+
+const HEADER: &str = "X-Mbtls-Proxy: inserted";
+
+fn request() -> impl Strategy<Value = Req> {
+    let method = prop_oneof![Just("GET"), Just("POST"), Just("PUT")];
+    let path = "/[a-z0-9/]{0,12}";
+    let extra = proptest::collection::vec(("[A-Za-z][A-Za-z0-9-]{0,10}", "[ -~]{0,20}"), 0..4);
+    // 0: no body, 1: Content-Length, 2: chunked
+    let body_kind = 0u8..3;
+    // Bodies deliberately contain request-like text and CRLFs.
+    let body = proptest::collection::vec(
+        prop_oneof![
+            Just(b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"0\r\n\r\n".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ],
+        0..5,
+    )
+    .prop_map(|parts| parts.concat());
+    let chunk_sizes = proptest::collection::vec(1usize..30, 0..6);
+    (method, path, extra, body_kind, body, chunk_sizes).prop_map(
+        |(method, path, extra, kind, body, chunk_sizes)| {
+            let mut head = format!("{method} /{path} HTTP/1.1\r\nHost: example.test\r\n");
+            for (n, v) in &extra {
+                // Never generate framing headers by accident.
+                let lower = n.to_ascii_lowercase();
+                if lower == "content-length" || lower == "transfer-encoding" || lower == "upgrade" {
+                    continue;
+                }
+                head.push_str(&format!("{n}: {}\r\n", v.trim()));
+            }
+            let mut body_bytes = Vec::new();
+            match kind {
+                1 => {
+                    head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+                    body_bytes = body;
+                }
+                2 => {
+                    head.push_str("Transfer-Encoding: chunked\r\n");
+                    let mut rest = &body[..];
+                    let mut sizes = chunk_sizes.into_iter().cycle();
+                    while !rest.is_empty() {
+                        let n = sizes.next().unwrap_or(7).min(rest.len());
+                        body_bytes.extend_from_slice(format!("{n:x};x=y\r\n").as_bytes());
+                        body_bytes.extend_from_slice(&rest[..n]);
+                        body_bytes.extend_from_slice(b"\r\n");
+                        rest = &rest[n..];
+                    }
+                    body_bytes.extend_from_slice(b"0\r\nTrailer-A: GET / HTTP/1.1\r\n\r\n");
+                }
+                _ => {}
+            }
+            let mut sent = head.clone().into_bytes();
+            sent.extend_from_slice(b"\r\n");
+            sent.extend_from_slice(&body_bytes);
+            let mut expected = head.into_bytes();
+            expected.extend_from_slice(HEADER.as_bytes());
+            expected.extend_from_slice(b"\r\n\r\n");
+            expected.extend_from_slice(&body_bytes);
+            Req { sent, expected }
+        },
+    )
+}
+
+fn split(data: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for c in cuts.into_iter().chain([data.len()]) {
+        out.push(data[prev..c].to_vec());
+        prev = c;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn inserts_exactly_once_per_request(
+        reqs in proptest::collection::vec(request(), 1..6),
+        cuts in proptest::collection::vec(any::<usize>(), 0..40),
+    ) {
+        let sent: Vec<u8> = reqs.iter().flat_map(|r| r.sent.clone()).collect();
+        let expected: Vec<u8> = reqs.iter().flat_map(|r| r.expected.clone()).collect();
+        let mut app = HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
+        let mut out = Vec::new();
+        for piece in split(&sent, &cuts) {
+            prop_assert_eq!(app.on_data(Direction::ClientToServer, &piece, &mut out), Verdict::Continue);
+        }
+        prop_assert_eq!(app.on_end(Direction::ClientToServer, &mut out), Verdict::Continue);
+        prop_assert_eq!(app.requests(), reqs.len() as u64);
+        prop_assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn one_byte_at_a_time(reqs in proptest::collection::vec(request(), 1..4)) {
+        let sent: Vec<u8> = reqs.iter().flat_map(|r| r.sent.clone()).collect();
+        let expected: Vec<u8> = reqs.iter().flat_map(|r| r.expected.clone()).collect();
+        let mut app = HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
+        let mut out = Vec::new();
+        for b in &sent {
+            prop_assert_eq!(app.on_data(Direction::ClientToServer, &[*b], &mut out), Verdict::Continue);
+        }
+        prop_assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn never_panics_on_garbage(
+        data in proptest::collection::vec(any::<u8>(), 0..2048),
+        cuts in proptest::collection::vec(any::<usize>(), 0..10),
+    ) {
+        let mut app = HttpHeaderInsert::new("X-A", "b").unwrap();
+        let mut out = Vec::new();
+        for piece in split(&data, &cuts) {
+            let _ = app.on_data(Direction::ClientToServer, &piece, &mut out);
+        }
+        let _ = app.on_end(Direction::ClientToServer, &mut out);
+    }
+}

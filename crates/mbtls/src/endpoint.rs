@@ -1,0 +1,215 @@
+//! An endpoint's data phase: its record layer after the handshake, under the keys of its
+//! adjacent hop (fresh keys from its side's key generation, or the primary session's keys when
+//! it has no middlebox on its side).
+//!
+//! Same fail-closed rules as a middlebox: a record that fails framing or authentication is a
+//! fatal `bad_record_mac` sent to the neighbour; nothing from it is delivered.
+
+use std::collections::VecDeque;
+
+use mbx_engine::{AlertDescription, Role};
+use mbx_record::{ContentType, TlsVersion};
+use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
+use mbx_wire::{HandshakeDeframer, HandshakeType};
+
+use crate::error::MbtlsError;
+use crate::hop::{Alert, Hop};
+use crate::keys::HopKeys;
+
+/// What happened on an endpoint's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointEvent {
+    /// The peer ended its direction with close_notify.
+    PeerClosed,
+    /// A non-fatal warning alert arrived.
+    PeerWarning(Alert),
+    /// The peer (or a middlebox) ended the session with this alert.
+    PeerAlert(Alert),
+    /// A TLS 1.3 NewSessionTicket arrived and was ignored (resumption through mbTLS is not built).
+    SessionTicketIgnored,
+    /// We ended the session: `alert` was sent to the neighbour.
+    Failed { alert: Alert, what: &'static str },
+}
+
+/// The record layer of a client or server after an mbTLS handshake.
+pub struct EndpointDataPhase {
+    role: Role,
+    hop: Hop,
+    handshake: HandshakeDeframer,
+    outgoing: Vec<u8>,
+    plaintext: Vec<u8>,
+    peer_closed: bool,
+    we_closed: bool,
+    failed: Option<Alert>,
+    events: VecDeque<EndpointEvent>,
+}
+
+impl EndpointDataPhase {
+    /// `keys` are the hop to the endpoint's neighbour; a client writes `c2s`, a server `s2c`.
+    pub fn new(role: Role, version: TlsVersion, keys: HopKeys) -> Self {
+        let HopKeys { c2s, s2c } = keys;
+        let hop = match role {
+            Role::Client => Hop::new(version, s2c, c2s),
+            Role::Server => Hop::new(version, c2s, s2c),
+        };
+        EndpointDataPhase {
+            role,
+            hop,
+            handshake: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            outgoing: Vec::new(),
+            plaintext: Vec::new(),
+            peer_closed: false,
+            we_closed: false,
+            failed: None,
+            events: VecDeque::new(),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Encrypt application data for the neighbour (records of at most 2^14 bytes).
+    pub fn write(&mut self, data: &[u8]) -> Result<(), MbtlsError> {
+        if let Some(a) = self.failed {
+            return Err(MbtlsError::Failed(a));
+        }
+        if self.we_closed {
+            return Err(MbtlsError::Closed);
+        }
+        let r = self
+            .hop
+            .seal_data(ContentType::APPLICATION_DATA, data, &mut self.outgoing);
+        if let Err(e) = r {
+            self.fail(AlertDescription::INTERNAL_ERROR, "sealing failed");
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Send close_notify: no more data from us.
+    pub fn close(&mut self) -> Result<(), MbtlsError> {
+        if let Some(a) = self.failed {
+            return Err(MbtlsError::Failed(a));
+        }
+        if !self.we_closed {
+            self.hop
+                .seal_alert(Alert::close_notify(), &mut self.outgoing)?;
+            self.we_closed = true;
+        }
+        Ok(())
+    }
+
+    /// Ciphertext from the neighbour, split anywhere.
+    pub fn receive(&mut self, bytes: &[u8]) {
+        if self.failed.is_some() || self.peer_closed {
+            return;
+        }
+        self.hop.push(bytes);
+        while self.failed.is_none() && !self.peer_closed {
+            let record = match self.hop.next_record() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(_) => return self.fail(AlertDescription::BAD_RECORD_MAC, "bad record framing"),
+            };
+            let opened = match self.hop.open(&record) {
+                Ok(o) => o,
+                Err(_) => return self.fail(AlertDescription::BAD_RECORD_MAC, "bad record"),
+            };
+            let pt = &opened.plaintext;
+            match opened.content_type {
+                ContentType::APPLICATION_DATA => self.plaintext.extend_from_slice(pt),
+                ContentType::ALERT => match Alert::parse(pt) {
+                    None => self.fail(AlertDescription::DECODE_ERROR, "malformed alert"),
+                    Some(a) if a.is_close_notify() => {
+                        self.peer_closed = true;
+                        self.events.push_back(EndpointEvent::PeerClosed);
+                    }
+                    Some(a) if a.ends_session(self.hop.version()) => {
+                        self.failed = Some(a);
+                        self.events.push_back(EndpointEvent::PeerAlert(a));
+                    }
+                    Some(a) => self.events.push_back(EndpointEvent::PeerWarning(a)),
+                },
+                ContentType::HANDSHAKE if self.hop.version() == TlsVersion::Tls13 => {
+                    self.handshake.push(pt);
+                    self.post_handshake_messages();
+                }
+                _ => self.fail(
+                    AlertDescription::UNEXPECTED_MESSAGE,
+                    "record type not allowed in the data phase",
+                ),
+            }
+        }
+    }
+
+    fn post_handshake_messages(&mut self) {
+        loop {
+            match self.handshake.next_message() {
+                Ok(None) => return,
+                Ok(Some(m)) if m.typ() == HandshakeType::NEW_SESSION_TICKET => {
+                    self.events.push_back(EndpointEvent::SessionTicketIgnored)
+                }
+                Ok(Some(_)) => {
+                    return self.fail(
+                        AlertDescription::UNEXPECTED_MESSAGE,
+                        "post-handshake message not supported through mbTLS",
+                    )
+                }
+                Err(_) => {
+                    return self.fail(AlertDescription::DECODE_ERROR, "bad handshake framing")
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, desc: AlertDescription, what: &'static str) {
+        let alert = Alert::fatal(desc);
+        self.failed = Some(alert);
+        // Best effort: the session is failed whether or not the alert could be sealed.
+        let _ = self.hop.seal_alert(alert, &mut self.outgoing);
+        self.events.push_back(EndpointEvent::Failed { alert, what });
+    }
+
+    /// Application data that was already decrypted before this data phase took over (e.g. an
+    /// engine's pending plaintext at export); it is returned first by `take_plaintext`.
+    pub(crate) fn inject_plaintext(&mut self, data: &[u8]) {
+        if !data.is_empty() {
+            let mut all = data.to_vec();
+            all.append(&mut self.plaintext);
+            self.plaintext = all;
+        }
+    }
+
+    pub fn take_outgoing(&mut self) -> Vec<u8> {
+        core::mem::take(&mut self.outgoing)
+    }
+
+    /// Application data received so far.
+    pub fn take_plaintext(&mut self) -> Vec<u8> {
+        core::mem::take(&mut self.plaintext)
+    }
+
+    pub fn poll_event(&mut self) -> Option<EndpointEvent> {
+        self.events.pop_front()
+    }
+
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// The alert that ended the session, sent or received.
+    pub fn failure(&self) -> Option<Alert> {
+        self.failed
+    }
+}
+
+impl core::fmt::Debug for EndpointDataPhase {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("EndpointDataPhase")
+            .field("role", &self.role)
+            .field("hop", &self.hop)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,504 @@
+//! A client-side middlebox's handshake (sans-I/O), pre-configured or on the path.
+//!
+//! Forwards the primary handshake unchanged, answers one optimistic ClientHello from the
+//! MiddleboxSupport extension with its own TLS server engine on a subchannel (injected before
+//! the primary ServerHello, so no round trip is added), sends exporter-bound attestation
+//! evidence over the secondary session once it is established, and switches to the data phase
+//! ([`MiddleboxRelay`]) when the client's key material arrives. Server records that must wait
+//! for the keys are held, not dropped (`docs/mbtls.md` §4.1 step 7).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use mbx_apps::MiddleboxApp;
+use mbx_attest::{report_data, spki_from_certificate, Attester, EXPORTER_LABEL, EXPORTER_LEN};
+use mbx_engine::{OpenSslContext, OpenSslEngine, TlsEngine};
+use mbx_record::{ContentType, RecordOpener, TlsVersion};
+use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
+use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, ServerHello};
+
+use super::demux::{hello_records, Demux, Piece};
+use super::HandshakeError;
+use crate::hop::Side;
+use crate::relay::{MiddleboxRelay, RelayEvent};
+use crate::wire::{
+    Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
+    MIDDLEBOX_SUPPORT_EXTENSION,
+};
+
+/// What a middlebox needs for its secondary sessions.
+#[derive(Clone)]
+pub struct MiddleboxHandshakeConfig {
+    /// A server context with the middlebox's certificate and key.
+    pub tls: Arc<OpenSslContext>,
+    /// The middlebox's leaf certificate (DER): its SubjectPublicKeyInfo is bound into the
+    /// evidence.
+    pub certificate_der: Vec<u8>,
+    /// Produces evidence; `None` sends empty evidence (accepted only by policies that do not
+    /// require attestation).
+    pub attester: Option<Arc<dyn Attester>>,
+}
+
+/// Progress reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MiddleboxHandshakeEvent {
+    /// Our secondary ServerHello went out on this subchannel.
+    Joined { subchannel: u8 },
+    /// Not taking part (no MiddleboxSupport, no hello left, unsupported version): forwarding
+    /// bytes unchanged.
+    Passive(&'static str),
+    /// The secondary handshake finished and evidence was sent.
+    EvidenceSent,
+    /// Key material arrived; the data phase runs.
+    KeysInstalled,
+    /// An event of the data phase.
+    Relay(RelayEvent),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before the primary ServerHello.
+    Hello,
+    /// Our secondary session is running.
+    Joined,
+    /// Not taking part: forward everything raw.
+    Passive,
+}
+
+/// A middlebox between the client and the next hop toward the server.
+pub struct MiddleboxHandshake<A: MiddleboxApp> {
+    cfg: MiddleboxHandshakeConfig,
+    spki: Vec<u8>,
+    app: Option<A>,
+    mode: Mode,
+    from_client: Demux,
+    from_server: Demux,
+    out_client: Vec<u8>,
+    out_server: Vec<u8>,
+    client_hello: HandshakeDeframer,
+    hellos: Option<Vec<Vec<u8>>>,
+    server_hello: HandshakeDeframer,
+    /// Server records before (and including) the one completing the ServerHello.
+    pending_sh: Vec<Record>,
+    version: Option<TlsVersion>,
+    /// Subchannels used by middleboxes nearer the server.
+    used_ids: BTreeSet<u8>,
+    subchannel: u8,
+    /// We answered an optimistic hello (even if we later went passive).
+    joined: bool,
+    engine: Option<OpenSslEngine>,
+    evidence_sent: bool,
+    secondary: SecondaryReader,
+    /// TLS 1.2: the server's ChangeCipherSpec went by; the next record is its Finished.
+    after_ccs: bool,
+    /// Hold server records from now on (they need the keys).
+    hold: bool,
+    held: Vec<Record>,
+    /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
+    copies: Vec<Record>,
+    relay: Option<MiddleboxRelay<A>>,
+    failed: bool,
+    events: VecDeque<MiddleboxHandshakeEvent>,
+}
+
+impl<A: MiddleboxApp> MiddleboxHandshake<A> {
+    pub fn new(cfg: MiddleboxHandshakeConfig, app: A) -> Result<Self, HandshakeError> {
+        let spki = spki_from_certificate(&cfg.certificate_der)?;
+        Ok(MiddleboxHandshake {
+            cfg,
+            spki,
+            app: Some(app),
+            mode: Mode::Hello,
+            from_client: Demux::new(),
+            from_server: Demux::new(),
+            out_client: Vec::new(),
+            out_server: Vec::new(),
+            client_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            hellos: None,
+            server_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            pending_sh: Vec::new(),
+            version: None,
+            used_ids: BTreeSet::new(),
+            subchannel: 0,
+            joined: false,
+            engine: None,
+            evidence_sent: false,
+            secondary: SecondaryReader::new(),
+            after_ccs: false,
+            hold: false,
+            held: Vec::new(),
+            copies: Vec::new(),
+            relay: None,
+            failed: false,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
+    /// connections (no key material was or will be used).
+    pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        if self.failed {
+            return Err(HandshakeError::Protocol(
+                "middlebox handshake already failed",
+            ));
+        }
+        let r = self.receive_inner(from, bytes);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        match from {
+            Side::Client => self.from_client.push(bytes),
+            Side::Server => self.from_server.push(bytes),
+        }
+        loop {
+            let piece = match from {
+                Side::Client => self.from_client.next_piece()?,
+                Side::Server => self.from_server.next_piece()?,
+            };
+            let Some(piece) = piece else {
+                return Ok(());
+            };
+            if let Some(relay) = self.relay.as_mut() {
+                let raw = match &piece {
+                    Piece::Primary(r) => r.as_bytes(),
+                    Piece::Sub { raw, .. } => raw.as_bytes(),
+                };
+                relay.receive(from, raw);
+                self.drain_relay();
+                continue;
+            }
+            match from {
+                Side::Client => self.client_piece(piece)?,
+                Side::Server => self.server_piece(piece)?,
+            }
+        }
+    }
+
+    fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
+        match piece {
+            Piece::Sub { enc, .. }
+                if self.mode == Mode::Joined && enc.subchannel == self.subchannel =>
+            {
+                self.secondary_in(&enc.inner)
+            }
+            // Our own subchannel after we left the session (the client's closing records).
+            Piece::Sub { enc, .. } if self.joined && enc.subchannel == self.subchannel => Ok(()),
+            Piece::Sub { raw, .. } => {
+                self.out_server.extend_from_slice(raw.as_bytes());
+                Ok(())
+            }
+            Piece::Primary(rec) => {
+                if self.hellos.is_none() && self.mode == Mode::Hello {
+                    self.look_for_client_hello(&rec)?;
+                }
+                // TLS 1.3: the client's first encrypted record is its Finished, sent after it
+                // processed the server's whole flight: what the server sends from now on is
+                // application epoch and must wait for our keys.
+                if self.mode == Mode::Joined
+                    && self.version == Some(TlsVersion::Tls13)
+                    && rec.content_type() == ContentType::APPLICATION_DATA
+                {
+                    self.hold = true;
+                }
+                self.out_server.extend_from_slice(rec.as_bytes());
+                Ok(())
+            }
+        }
+    }
+
+    fn look_for_client_hello(&mut self, rec: &Record) -> Result<(), HandshakeError> {
+        if rec.content_type() != ContentType::HANDSHAKE {
+            return Ok(());
+        }
+        self.client_hello.push(rec.payload());
+        if let Some(msg) = self.client_hello.next_message()? {
+            let ch = ClientHello::parse_message(msg.as_bytes())?;
+            let hellos = match ch.extension(MIDDLEBOX_SUPPORT_EXTENSION) {
+                Some(data) => MiddleboxSupport::parse(data)?.client_hellos,
+                None => Vec::new(),
+            };
+            self.hellos = Some(hellos);
+        }
+        Ok(())
+    }
+
+    fn server_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
+        match piece {
+            Piece::Sub { enc, raw } => {
+                if self.mode == Mode::Hello {
+                    self.used_ids.insert(enc.subchannel);
+                }
+                self.out_client.extend_from_slice(raw.as_bytes());
+                Ok(())
+            }
+            Piece::Primary(rec) => match self.mode {
+                Mode::Passive => {
+                    self.out_client.extend_from_slice(rec.as_bytes());
+                    Ok(())
+                }
+                Mode::Hello => self.before_server_hello(rec),
+                Mode::Joined => {
+                    self.server_record(rec);
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    fn before_server_hello(&mut self, rec: Record) -> Result<(), HandshakeError> {
+        if rec.content_type() != ContentType::HANDSHAKE {
+            // An alert before the ServerHello: the handshake is failing; pass it on.
+            self.out_client.extend_from_slice(rec.as_bytes());
+            return Ok(());
+        }
+        self.server_hello.push(rec.payload());
+        self.pending_sh.push(rec);
+        let Some(msg) = self.server_hello.next_message()? else {
+            return Ok(());
+        };
+        if msg.typ() != HandshakeType::SERVER_HELLO {
+            return Err(HandshakeError::Protocol(
+                "first server message is not a ServerHello",
+            ));
+        }
+        let sh = ServerHello::parse_message(msg.as_bytes())?;
+        let pending = core::mem::take(&mut self.pending_sh);
+        match self.join(&sh) {
+            Ok(()) => {}
+            Err(why) => {
+                self.mode = Mode::Passive;
+                self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+            }
+        }
+        for rec in pending {
+            match self.mode {
+                Mode::Joined => self.server_record(rec),
+                _ => self.out_client.extend_from_slice(rec.as_bytes()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Answer an optimistic ClientHello; `Err` says why we stay passive.
+    fn join(&mut self, sh: &ServerHello<'_>) -> Result<(), &'static str> {
+        if sh.is_hello_retry_request() {
+            return Err("HelloRetryRequest is not supported yet");
+        }
+        self.version = match sh.selected_version() {
+            Ok(version::TLS1_3) => Some(TlsVersion::Tls13),
+            Ok(version::TLS1_2) => Some(TlsVersion::Tls12),
+            _ => return Err("primary version is neither TLS 1.2 nor TLS 1.3"),
+        };
+        let hellos = self.hellos.take().unwrap_or_default();
+        let id = (0..=u8::MAX)
+            .find(|id| !self.used_ids.contains(id))
+            .ok_or("no free subchannel")?;
+        let hello = hellos
+            .get(usize::from(id))
+            .ok_or("no optimistic ClientHello left for us")?;
+        let mut engine = self
+            .cfg
+            .tls
+            .engine()
+            .map_err(|_| "cannot create TLS engine")?;
+        let records = hello_records(hello).map_err(|_| "optimistic ClientHello too large")?;
+        engine.feed(&records);
+        engine
+            .process()
+            .map_err(|_| "optimistic ClientHello refused by our TLS engine")?;
+        let flight = engine.take_outgoing();
+        Encapsulated::wrap_stream(id, &flight, version::TLS1_2, &mut self.out_client)
+            .map_err(|_| "secondary record too large for a subchannel")?;
+        self.engine = Some(engine);
+        self.subchannel = id;
+        self.joined = true;
+        self.mode = Mode::Joined;
+        self.events
+            .push_back(MiddleboxHandshakeEvent::Joined { subchannel: id });
+        Ok(())
+    }
+
+    /// A primary server record while joined and without keys: forward or hold.
+    fn server_record(&mut self, rec: Record) {
+        if self.hold {
+            self.held.push(rec);
+            return;
+        }
+        match self.version {
+            Some(TlsVersion::Tls12) => {
+                if self.after_ccs {
+                    // This is the server's Finished; everything after it is application data.
+                    self.hold = true;
+                }
+                if rec.content_type() == ContentType::CHANGE_CIPHER_SPEC {
+                    self.after_ccs = true;
+                }
+            }
+            _ => {
+                if rec.content_type() == ContentType::APPLICATION_DATA {
+                    self.copies.push(rec.clone());
+                }
+            }
+        }
+        self.out_client.extend_from_slice(rec.as_bytes());
+    }
+
+    fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
+        let Some(engine) = self.engine.as_mut() else {
+            return Err(HandshakeError::Protocol("subchannel record before joining"));
+        };
+        engine.feed(inner.as_bytes());
+        let processed = engine.process();
+        let out = engine.take_outgoing();
+        Encapsulated::wrap_stream(self.subchannel, &out, version::TLS1_2, &mut self.out_client)?;
+        if processed.is_err() {
+            // The client refused us (certificate, approval) or the session broke: we get no
+            // keys, so we can only pass ciphertext on.
+            self.go_passive("secondary session failed");
+            return Ok(());
+        }
+        if engine.is_handshaking() {
+            return Ok(());
+        }
+        if engine.peer_closed() {
+            self.go_passive("the client closed the secondary session without key material");
+            return Ok(());
+        }
+        if !self.evidence_sent {
+            let label = core::str::from_utf8(EXPORTER_LABEL)
+                .map_err(|_| HandshakeError::Config("exporter label"))?;
+            let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
+            let rd = report_data(&self.spki, &binder);
+            let evidence = match &self.cfg.attester {
+                Some(a) => a.evidence(&rd)?.to_bytes(),
+                None => Vec::new(),
+            };
+            let msg = SecondaryMessage::Evidence(evidence).encode()?;
+            engine.write_plaintext(&msg)?;
+            let out = engine.take_outgoing();
+            Encapsulated::wrap_stream(
+                self.subchannel,
+                &out,
+                version::TLS1_2,
+                &mut self.out_client,
+            )?;
+            self.evidence_sent = true;
+            self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+        }
+        // May hold key material: wiped when dropped.
+        let plain = zeroize::Zeroizing::new(engine.take_plaintext());
+        self.secondary.push(&plain);
+        match self.secondary.next_message()? {
+            Some(SecondaryMessage::KeyMaterial(_)) if self.secondary.buffered() > 0 => Err(
+                HandshakeError::Protocol("data after the key material on the secondary session"),
+            ),
+            Some(SecondaryMessage::KeyMaterial(km)) => self.install(*km),
+            Some(SecondaryMessage::Evidence(_)) => {
+                Err(HandshakeError::Protocol("a client sent evidence"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Stop taking part: release what was held and forward everything unchanged from now on.
+    fn go_passive(&mut self, why: &'static str) {
+        self.mode = Mode::Passive;
+        self.engine = None;
+        self.copies.clear();
+        for rec in self.held.drain(..) {
+            self.out_client.extend_from_slice(rec.as_bytes());
+        }
+        self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+    }
+
+    fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
+        let version = self.version.ok_or(HandshakeError::Protocol("no version"))?;
+        if km.version != version {
+            return Err(HandshakeError::Protocol(
+                "key material for another TLS version",
+            ));
+        }
+        let app = self
+            .app
+            .take()
+            .ok_or(HandshakeError::Protocol("key material twice"))?;
+        // TLS 1.3: raw-forwarded server records from the first one that opens under the bridge
+        // keys on were application epoch (sent with the server's Finished): the client dropped
+        // them and they go through the app now. Handshake-key records fail to open.
+        let first_app = match version {
+            TlsVersion::Tls13 => {
+                let s2c = &km.toward_server.s2c;
+                self.copies
+                    .iter()
+                    .position(|c| {
+                        RecordOpener::new(version, s2c.keys.clone(), s2c.next_seq)
+                            .open(c.as_bytes())
+                            .is_ok()
+                    })
+                    .unwrap_or(self.copies.len())
+            }
+            TlsVersion::Tls12 => self.copies.len(),
+        };
+        let replay: Vec<Record> = self.copies.drain(..).skip(first_app).collect();
+        let mut relay = MiddleboxRelay::new(km, app)?;
+        // The marker: our secondary session's close_notify. Everything we send the client after
+        // it is under the client-side hop's keys.
+        if let Some(engine) = self.engine.as_mut() {
+            engine.close()?;
+            let out = engine.take_outgoing();
+            Encapsulated::wrap_stream(
+                self.subchannel,
+                &out,
+                version::TLS1_2,
+                &mut self.out_client,
+            )?;
+        }
+        self.engine = None;
+        for rec in replay.iter().chain(self.held.iter()) {
+            relay.receive(Side::Server, rec.as_bytes());
+        }
+        self.held.clear();
+        self.relay = Some(relay);
+        self.events
+            .push_back(MiddleboxHandshakeEvent::KeysInstalled);
+        self.drain_relay();
+        Ok(())
+    }
+
+    fn drain_relay(&mut self) {
+        if let Some(relay) = self.relay.as_mut() {
+            self.out_client
+                .extend_from_slice(&relay.take_outgoing(Side::Client));
+            self.out_server
+                .extend_from_slice(&relay.take_outgoing(Side::Server));
+            while let Some(ev) = relay.poll_event() {
+                self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
+            }
+        }
+    }
+
+    pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        match to {
+            Side::Client => core::mem::take(&mut self.out_client),
+            Side::Server => core::mem::take(&mut self.out_server),
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {
+        self.events.pop_front()
+    }
+
+    /// True once key material arrived and the data phase runs.
+    pub fn keys_installed(&self) -> bool {
+        self.relay.is_some()
+    }
+
+    /// The data phase, once keys are installed.
+    pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
+        self.relay.as_ref()
+    }
+}

@@ -1,0 +1,42 @@
+//! mbTLS (Middlebox TLS, Naylor et al., CoNEXT 2017) for mbx.
+//!
+//! mbTLS adds middleboxes to a TLS session without giving any of them the endpoints' keys: each
+//! hop between adjacent nodes has its own fresh AEAD keys, handed to a middlebox by the endpoint
+//! on its side over a secondary TLS session, and the primary (end-to-end) session's keys bridge
+//! the client side and the server side. The protocol is specified in `shared/specs/mbtls.md` and
+//! our design (wire layouts, handshake plan) in `docs/mbtls.md`.
+//!
+//! This crate is sans-I/O (architecture principle 1):
+//! - [`wire`]: the Appendix A formats — encapsulated records, key material (TLS 1.2 paper layout
+//!   and our TLS 1.3 layout), middlebox announcements, the MiddleboxSupport extension.
+//! - [`keys`]: fresh per-hop keys and the key material each middlebox receives.
+//! - [`relay`]: a middlebox's data phase: decrypt from one hop, run the app, re-encrypt for the
+//!   other hop; fail closed on any bad record.
+//! - [`endpoint`]: an endpoint's record layer after the handshake, under the keys of its hop.
+//! - [`handshake`]: the handshake cores over real OpenSSL engines; so far a client with one
+//!   pre-configured client-side middlebox, in front of any TLS server.
+
+// Network input must never panic the process: no unwrap/expect/panic outside tests.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![forbid(unsafe_code)]
+
+pub mod endpoint;
+pub mod error;
+pub mod handshake;
+pub mod hop;
+pub mod keys;
+pub mod relay;
+pub mod wire;
+
+pub use endpoint::{EndpointDataPhase, EndpointEvent};
+pub use error::MbtlsError;
+pub use hop::{Alert, Side};
+pub use keys::{client_side_keys, server_side_keys, DirectionKeys, HopKeys, SideKeys};
+pub use relay::{FailCause, MiddleboxRelay, RelayEvent};
+pub use wire::{
+    Encapsulated, KeyMaterial, MiddleboxSupport, CT_ENCAPSULATED, CT_KEY_MATERIAL,
+    CT_MIDDLEBOX_ANNOUNCEMENT, MIDDLEBOX_SUPPORT_EXTENSION,
+};

@@ -1,0 +1,332 @@
+//! A middlebox's data phase (sans-I/O): decrypt with the keys of the hop a record came from,
+//! give the plaintext to the app, encrypt what the app returns with the keys of the other hop.
+//!
+//! Fail closed (architecture principle 5, spec "Data phase"): a record that cannot be framed or
+//! authenticated is a fatal `bad_record_mac`. Nothing from it is forwarded; an alert goes to
+//! each neighbour, sealed under that hop's keys; both directions are closed and all later input
+//! is ignored. Alerts are re-protected per hop: close_notify ends one direction (after the app
+//! has flushed it), a fatal alert ends the session.
+
+use std::collections::VecDeque;
+
+use mbx_apps::{CloseAlert, Direction, MiddleboxApp, Verdict};
+use mbx_engine::AlertDescription;
+use mbx_record::{ContentType, TlsVersion};
+
+use crate::error::MbtlsError;
+use crate::hop::{Alert, Hop, Side};
+use crate::wire::KeyMaterial;
+
+/// Why the session ended abnormally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailCause {
+    /// A record from `from` failed framing or authentication.
+    BadRecord { from: Side },
+    /// `from` sent a fatal alert, which was forwarded to the other side.
+    PeerAlert { from: Side },
+    /// `from` sent something not allowed in the data phase.
+    Protocol { from: Side, what: &'static str },
+    /// The app closed the session.
+    App,
+    /// Sealing failed locally (e.g. sequence numbers exhausted).
+    Local,
+}
+
+/// What happened, for the driver and for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayEvent {
+    /// The sender on `from` ended its direction with close_notify; it was forwarded.
+    DirectionClosed { from: Side },
+    /// A non-fatal alert from `from` was forwarded.
+    AlertForwarded { from: Side, alert: Alert },
+    /// The app ended the session in an orderly way; close_notify was sent to both sides.
+    AppClosed,
+    /// The session ended with `alert` (sent to both sides, or forwarded).
+    Failed { cause: FailCause, alert: Alert },
+}
+
+/// The data phase of one middlebox between its client-side and server-side hops.
+pub struct MiddleboxRelay<A: MiddleboxApp> {
+    version: TlsVersion,
+    client: Hop,
+    server: Hop,
+    app: A,
+    out_client: Vec<u8>,
+    out_server: Vec<u8>,
+    /// Per receiving side: the sender ended its direction.
+    ended_from_client: bool,
+    ended_from_server: bool,
+    failed: bool,
+    events: VecDeque<RelayEvent>,
+    scratch: Vec<u8>,
+}
+
+impl<A: MiddleboxApp> MiddleboxRelay<A> {
+    /// A relay under the keys an endpoint sent this middlebox.
+    pub fn new(keys: KeyMaterial, app: A) -> Result<Self, MbtlsError> {
+        if keys.suite.version != keys.version {
+            return Err(MbtlsError::KeyMaterial(
+                "cipher suite does not match version",
+            ));
+        }
+        let KeyMaterial {
+            version,
+            toward_client,
+            toward_server,
+            ..
+        } = keys;
+        Ok(MiddleboxRelay {
+            version,
+            client: Hop::new(version, toward_client.c2s, toward_client.s2c),
+            server: Hop::new(version, toward_server.s2c, toward_server.c2s),
+            app,
+            out_client: Vec::new(),
+            out_server: Vec::new(),
+            ended_from_client: false,
+            ended_from_server: false,
+            failed: false,
+            events: VecDeque::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn version(&self) -> TlsVersion {
+        self.version
+    }
+
+    pub fn app(&self) -> &A {
+        &self.app
+    }
+
+    /// True once both directions ended or the session failed.
+    pub fn is_closed(&self) -> bool {
+        self.failed || (self.ended_from_client && self.ended_from_server)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed
+    }
+
+    /// Key fingerprints per side: (read, write). Identify hop keys in logs without revealing them.
+    pub fn key_fingerprints(&self, side: Side) -> (Option<[u8; 8]>, Option<[u8; 8]>) {
+        self.hop_ref(side).fingerprints()
+    }
+
+    /// Ciphertext to send to the neighbour on `to`.
+    pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        core::mem::take(self.out(to))
+    }
+
+    pub fn poll_event(&mut self) -> Option<RelayEvent> {
+        self.events.pop_front()
+    }
+
+    /// Ciphertext arrived from the neighbour on `from`, split anywhere.
+    pub fn receive(&mut self, from: Side, bytes: &[u8]) {
+        if self.failed || self.ended(from) {
+            return;
+        }
+        self.hop(from).push(bytes);
+        while !self.failed && !self.ended(from) {
+            let record = match self.hop(from).next_record() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(_) => return self.bad_record(from),
+            };
+            let opened = match self.hop(from).open(&record) {
+                Ok(o) => o,
+                Err(_) => return self.bad_record(from),
+            };
+            self.handle(from, opened.content_type, &opened.plaintext);
+        }
+    }
+
+    fn handle(&mut self, from: Side, ct: ContentType, plaintext: &[u8]) {
+        let dir = direction(from);
+        match ct {
+            ContentType::APPLICATION_DATA => {
+                let mut out = core::mem::take(&mut self.scratch);
+                out.clear();
+                let verdict = self.app.on_data(dir, plaintext, &mut out);
+                self.forward_data(from.other(), &out);
+                self.scratch = out;
+                self.apply(verdict);
+            }
+            ContentType::ALERT => match Alert::parse(plaintext) {
+                None => self.fail_both(
+                    FailCause::Protocol {
+                        from,
+                        what: "malformed alert",
+                    },
+                    Alert::fatal(AlertDescription::DECODE_ERROR),
+                ),
+                Some(a) if a.is_close_notify() => {
+                    let mut out = Vec::new();
+                    let verdict = self.app.on_end(dir, &mut out);
+                    self.forward_data(from.other(), &out);
+                    self.set_ended(from);
+                    self.seal_alert(from.other(), Alert::close_notify());
+                    self.events.push_back(RelayEvent::DirectionClosed { from });
+                    self.apply(verdict);
+                }
+                Some(a) if a.ends_session(self.version) => {
+                    self.failed = true;
+                    self.seal_alert(from.other(), a);
+                    self.events.push_back(RelayEvent::Failed {
+                        cause: FailCause::PeerAlert { from },
+                        alert: a,
+                    });
+                }
+                Some(a) => {
+                    self.seal_alert(from.other(), a);
+                    self.events
+                        .push_back(RelayEvent::AlertForwarded { from, alert: a });
+                }
+            },
+            // TLS 1.3 post-handshake messages (NewSessionTicket) belong to the endpoints: pass
+            // them on re-protected. A KeyUpdate cannot be followed (no traffic secrets are
+            // distributed); the sender's next record then fails to open, which is fatal.
+            ContentType::HANDSHAKE if self.version == TlsVersion::Tls13 => {
+                let to = from.other();
+                let r = {
+                    let (hop, out) = self.hop_and_out(to);
+                    hop.seal_data(ContentType::HANDSHAKE, plaintext, out)
+                };
+                if r.is_err() {
+                    self.local_failure();
+                }
+            }
+            _ => self.fail_both(
+                FailCause::Protocol {
+                    from,
+                    what: "record type not allowed in the data phase",
+                },
+                Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE),
+            ),
+        }
+    }
+
+    /// Act on what the app decided after its output was forwarded.
+    fn apply(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Continue => {}
+            Verdict::Close(CloseAlert(0)) => {
+                for side in [Side::Client, Side::Server] {
+                    if !self.ended(side.other()) {
+                        self.seal_alert(side, Alert::close_notify());
+                    }
+                }
+                self.ended_from_client = true;
+                self.ended_from_server = true;
+                self.events.push_back(RelayEvent::AppClosed);
+            }
+            Verdict::Close(CloseAlert(d)) => {
+                self.fail_both(FailCause::App, Alert::fatal(AlertDescription(d)))
+            }
+        }
+    }
+
+    fn bad_record(&mut self, from: Side) {
+        self.fail_both(
+            FailCause::BadRecord { from },
+            Alert::fatal(AlertDescription::BAD_RECORD_MAC),
+        );
+    }
+
+    /// Send `alert` to both neighbours, each under its own hop's keys, and stop.
+    fn fail_both(&mut self, cause: FailCause, alert: Alert) {
+        self.failed = true;
+        for side in [Side::Client, Side::Server] {
+            self.seal_alert(side, alert);
+        }
+        self.events.push_back(RelayEvent::Failed { cause, alert });
+    }
+
+    fn local_failure(&mut self) {
+        self.fail_both(
+            FailCause::Local,
+            Alert::fatal(AlertDescription::INTERNAL_ERROR),
+        );
+    }
+
+    fn forward_data(&mut self, to: Side, data: &[u8]) {
+        if data.is_empty() || self.failed {
+            return;
+        }
+        let r = {
+            let (hop, out) = self.hop_and_out(to);
+            hop.seal_data(ContentType::APPLICATION_DATA, data, out)
+        };
+        if r.is_err() {
+            self.local_failure();
+        }
+    }
+
+    /// Best effort: if even the alert cannot be sealed, the session is failed anyway.
+    fn seal_alert(&mut self, to: Side, alert: Alert) {
+        let (hop, out) = self.hop_and_out(to);
+        if hop.seal_alert(alert, out).is_err() {
+            self.failed = true;
+        }
+    }
+
+    fn ended(&self, from: Side) -> bool {
+        match from {
+            Side::Client => self.ended_from_client,
+            Side::Server => self.ended_from_server,
+        }
+    }
+
+    fn set_ended(&mut self, from: Side) {
+        match from {
+            Side::Client => self.ended_from_client = true,
+            Side::Server => self.ended_from_server = true,
+        }
+    }
+
+    fn hop(&mut self, side: Side) -> &mut Hop {
+        match side {
+            Side::Client => &mut self.client,
+            Side::Server => &mut self.server,
+        }
+    }
+
+    fn hop_ref(&self, side: Side) -> &Hop {
+        match side {
+            Side::Client => &self.client,
+            Side::Server => &self.server,
+        }
+    }
+
+    fn out(&mut self, side: Side) -> &mut Vec<u8> {
+        match side {
+            Side::Client => &mut self.out_client,
+            Side::Server => &mut self.out_server,
+        }
+    }
+
+    fn hop_and_out(&mut self, side: Side) -> (&mut Hop, &mut Vec<u8>) {
+        match side {
+            Side::Client => (&mut self.client, &mut self.out_client),
+            Side::Server => (&mut self.server, &mut self.out_server),
+        }
+    }
+}
+
+impl<A: MiddleboxApp> core::fmt::Debug for MiddleboxRelay<A> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MiddleboxRelay")
+            .field("client", &self.client)
+            .field("server", &self.server)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Data received from `from` travels in this direction.
+fn direction(from: Side) -> Direction {
+    match from {
+        Side::Client => Direction::ClientToServer,
+        Side::Server => Direction::ServerToClient,
+    }
+}

@@ -1,0 +1,185 @@
+//! Messages on a secondary session's application-data stream.
+//!
+//! After its secondary handshake a middlebox sends attestation evidence, and the endpoint
+//! answers with key material; both travel as application data of the secondary TLS session
+//! (so encrypted under the secondary keys, inside encapsulated records). No TLS engine lets us
+//! add record or handshake types, so the stream is framed by us:
+//! ```text
+//! uint8  msg_type      /* 17 = evidence, 31 = key material */
+//! uint24 length
+//! opaque body[length]
+//! ```
+//! 17 is the paper's `sgx_attestation` handshake number and 31 its key-material record type.
+//! An evidence body is `mbx-attest`'s evidence encoding; an empty one means "no evidence".
+
+use mbx_wire::{Reader, WireError, Writer};
+use zeroize::Zeroizing;
+
+use super::{malformed, KeyMaterial, MAX_KEY_MATERIAL_LEN};
+
+/// Message type of attestation evidence.
+pub const MSG_EVIDENCE: u8 = 17;
+/// Message type of key material.
+pub const MSG_KEY_MATERIAL: u8 = 31;
+/// Largest evidence body accepted (mbx-attest's evidence is at most 192 KiB).
+pub const MAX_EVIDENCE_LEN: usize = 256 * 1024;
+
+/// One message of the secondary stream.
+#[derive(Debug, Clone)]
+pub enum SecondaryMessage {
+    /// Attestation evidence bytes (empty: the middlebox has none).
+    Evidence(Vec<u8>),
+    KeyMaterial(Box<KeyMaterial>),
+}
+
+impl SecondaryMessage {
+    /// Encode; zeroized on drop since key material is secret.
+    pub fn encode(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        let mut out = Zeroizing::new(Vec::new());
+        let mut w = Writer::new(&mut out);
+        match self {
+            SecondaryMessage::Evidence(e) => {
+                if e.len() > MAX_EVIDENCE_LEN {
+                    return Err(WireError::TooLong {
+                        len: e.len(),
+                        max: MAX_EVIDENCE_LEN,
+                    });
+                }
+                w.u8(MSG_EVIDENCE);
+                w.vec_u24(e)?;
+            }
+            SecondaryMessage::KeyMaterial(km) => {
+                let body = km.encode()?;
+                w.u8(MSG_KEY_MATERIAL);
+                w.vec_u24(&body)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Reassembles secondary messages from decrypted application data in any split. Errors are
+/// sticky; buffered bytes are zeroized.
+#[derive(Debug, Default)]
+pub struct SecondaryReader {
+    buf: Zeroizing<Vec<u8>>,
+    failed: Option<WireError>,
+}
+
+impl SecondaryReader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        if self.failed.is_none() {
+            self.buf.extend_from_slice(data);
+        }
+    }
+
+    /// Bytes buffered but not yet returned.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete message, `Ok(None)` if more bytes are needed.
+    pub fn next_message(&mut self) -> Result<Option<SecondaryMessage>, WireError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        match self.try_next() {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                self.buf.clear();
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn try_next(&mut self) -> Result<Option<SecondaryMessage>, WireError> {
+        let mut r = Reader::new(&self.buf);
+        let (Ok(typ), Ok(len)) = (r.u8(), r.u24()) else {
+            return Ok(None);
+        };
+        let len = len as usize;
+        let max = match typ {
+            MSG_EVIDENCE => MAX_EVIDENCE_LEN,
+            MSG_KEY_MATERIAL => MAX_KEY_MATERIAL_LEN,
+            _ => return Err(malformed("unknown secondary message type")),
+        };
+        if len > max {
+            return Err(WireError::TooLong { len, max });
+        }
+        let Ok(body) = r.take(len) else {
+            return Ok(None);
+        };
+        let msg = match typ {
+            MSG_EVIDENCE => SecondaryMessage::Evidence(body.to_vec()),
+            _ => SecondaryMessage::KeyMaterial(Box::new(KeyMaterial::decode(body)?)),
+        };
+        let used = 4 + len;
+        let rest = Zeroizing::new(self.buf.get(used..).unwrap_or(&[]).to_vec());
+        self.buf = rest;
+        Ok(Some(msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::HopKeys;
+    use mbx_record::{CipherSuite, TlsVersion};
+
+    #[test]
+    fn messages_reassembled_byte_by_byte() {
+        let s = CipherSuite::TLS13_CHACHA20_POLY1305_SHA256;
+        let km = KeyMaterial {
+            version: TlsVersion::Tls13,
+            suite: s,
+            toward_client: HopKeys::generate(TlsVersion::Tls13, &s, 0, 1).unwrap(),
+            toward_server: HopKeys::generate(TlsVersion::Tls13, &s, 2, 3).unwrap(),
+        };
+        let mut stream = SecondaryMessage::Evidence(b"evidence".to_vec())
+            .encode()
+            .unwrap()
+            .to_vec();
+        stream.extend_from_slice(
+            &SecondaryMessage::KeyMaterial(Box::new(km.clone()))
+                .encode()
+                .unwrap(),
+        );
+        let mut r = SecondaryReader::new();
+        let mut got = Vec::new();
+        for b in &stream {
+            r.push(&[*b]);
+            while let Some(m) = r.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert!(matches!(&got[0], SecondaryMessage::Evidence(e) if e == b"evidence"));
+        match &got[1] {
+            SecondaryMessage::KeyMaterial(k) => {
+                assert_eq!(k.encode().unwrap(), km.encode().unwrap())
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.buffered(), 0);
+    }
+
+    #[test]
+    fn unknown_type_and_oversize_are_sticky_errors() {
+        let mut r = SecondaryReader::new();
+        r.push(&[99, 0, 0, 0]);
+        assert!(r.next_message().is_err());
+        r.push(&[17, 0, 0, 0]);
+        assert!(r.next_message().is_err());
+        let mut r = SecondaryReader::new();
+        r.push(&[31, 0, 1, 1]);
+        assert!(matches!(r.next_message(), Err(WireError::TooLong { .. })));
+        let mut r = SecondaryReader::new();
+        r.push(&[31, 0, 0, 1, 0]);
+        assert!(r.next_message().is_err());
+    }
+}

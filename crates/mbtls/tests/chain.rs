@@ -1,0 +1,382 @@
+//! The data phase end to end in memory: client endpoint → N middleboxes → server endpoint.
+//!
+//! Properties from the spec: data survives byte for byte; P1C (each hop's ciphertext differs);
+//! P2 (modified, dropped, reordered, replayed records are detected and nothing is forwarded);
+//! P4 (a record from one hop is rejected on another); alerts re-protected per hop.
+
+mod common;
+
+use common::{records, App, Chain, SUITES};
+use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, PassThrough, Verdict};
+use mbx_engine::AlertDescription;
+use mbx_mbtls::relay::FailCause;
+use mbx_mbtls::{Alert, EndpointEvent, RelayEvent, Side};
+use mbx_record::{CipherSuite, TlsVersion};
+use proptest::prelude::*;
+
+fn pass(n: usize) -> Vec<App> {
+    (0..n).map(|_| Box::new(PassThrough) as App).collect()
+}
+
+fn tls13() -> (TlsVersion, CipherSuite) {
+    (TlsVersion::Tls13, CipherSuite::TLS13_AES_128_GCM_SHA256)
+}
+
+fn bad_mac() -> Alert {
+    Alert::fatal(AlertDescription::BAD_RECORD_MAC)
+}
+
+fn events_of_server(chain: &mut Chain) -> Vec<EndpointEvent> {
+    std::iter::from_fn(|| chain.server().poll_event()).collect()
+}
+
+fn events_of_client(chain: &mut Chain) -> Vec<EndpointEvent> {
+    std::iter::from_fn(|| chain.client().poll_event()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random data in both directions through 0..4 pass-through middleboxes (split between the
+    /// client side and the server side), delivered in random chunks, arrives byte for byte.
+    #[test]
+    fn data_survives_any_chain(
+        suite_idx in 0..SUITES.len(),
+        n_client in 0usize..=4,
+        n_server_raw in 0usize..=4,
+        c2s in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
+        s2c in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
+        chunking in proptest::collection::vec(1usize..700, 0..6),
+    ) {
+        let n_server = n_server_raw.min(4 - n_client);
+        let (v, s) = SUITES[suite_idx];
+        let mut chain = Chain::new(v, s, pass(n_client), pass(n_server));
+        chain.chunking = chunking;
+        for (i, w) in c2s.iter().enumerate() {
+            chain.client().write(w).unwrap();
+            if let Some(r) = s2c.get(i) {
+                chain.server().write(r).unwrap();
+            }
+            chain.pump();
+        }
+        for r in s2c.iter().skip(c2s.len()) {
+            chain.server().write(r).unwrap();
+        }
+        chain.client().close().unwrap();
+        chain.server().close().unwrap();
+        chain.pump();
+        prop_assert_eq!(chain.server().take_plaintext(), c2s.concat());
+        prop_assert_eq!(chain.client().take_plaintext(), s2c.concat());
+        prop_assert!(chain.server().peer_closed());
+        prop_assert!(chain.client().peer_closed());
+        for i in 0..n_client + n_server {
+            prop_assert!(chain.mbox(i).is_closed());
+            prop_assert!(!chain.mbox(i).is_failed());
+        }
+    }
+}
+
+/// P1C: the same plaintext crosses each hop as a different ciphertext.
+#[test]
+fn p1c_same_plaintext_differs_on_every_hop() {
+    for &(v, s) in SUITES {
+        let mut chain = Chain::new(v, s, pass(1), pass(1));
+        let data = vec![0x42u8; 1000];
+        chain.client().write(&data).unwrap();
+        chain.server().write(&data).unwrap();
+        chain.pump();
+        assert_eq!(chain.server().take_plaintext(), data);
+        for tap in [&chain.tap_c2s, &chain.tap_s2c] {
+            let recs: Vec<Vec<u8>> = tap.iter().map(|t| records(t).remove(0)).collect();
+            assert_eq!(recs.len(), 3);
+            for a in 0..recs.len() {
+                for b in a + 1..recs.len() {
+                    // Same length (pass-through keeps sizes) but different bytes after the header.
+                    assert_eq!(recs[a].len(), recs[b].len());
+                    assert_ne!(recs[a][5..], recs[b][5..], "{v:?} hops {a} and {b}");
+                }
+            }
+        }
+        // Each middlebox reads with one key and writes with another, per direction.
+        let (r, w) = chain.mbox(0).key_fingerprints(Side::Client);
+        let (r2, w2) = chain.mbox(0).key_fingerprints(Side::Server);
+        let all = [r.unwrap(), w.unwrap(), r2.unwrap(), w2.unwrap()];
+        for a in 0..4 {
+            for b in a + 1..4 {
+                assert_ne!(all[a], all[b]);
+            }
+        }
+    }
+}
+
+/// Sets up client → M0 → M1 → server with one record of "first" and one of "second" written
+/// by the client but not yet delivered; returns the chain and the two records as captured.
+fn two_undelivered_records(v: TlsVersion, s: CipherSuite) -> (Chain, Vec<u8>, Vec<u8>) {
+    let mut chain = Chain::new(v, s, pass(2), vec![]);
+    chain.client().write(b"first").unwrap();
+    let a = chain.client().take_outgoing();
+    chain.client().write(b"second").unwrap();
+    let b = chain.client().take_outgoing();
+    (chain, a, b)
+}
+
+/// After M0 saw a bad record: it failed with bad_record_mac, nothing reached the server except
+/// what `delivered` says, and both endpoints got a bad_record_mac alert under their own hop keys.
+fn assert_fail_closed(chain: &mut Chain, delivered: &[u8]) {
+    assert!(chain.mbox(0).is_failed());
+    let evs: Vec<RelayEvent> = std::iter::from_fn(|| chain.mbox(0).poll_event()).collect();
+    assert!(
+        evs.contains(&RelayEvent::Failed {
+            cause: FailCause::BadRecord { from: Side::Client },
+            alert: bad_mac(),
+        }),
+        "{evs:?}"
+    );
+    chain.pump();
+    assert_eq!(chain.server().take_plaintext(), delivered);
+    assert!(events_of_server(chain).contains(&EndpointEvent::PeerAlert(bad_mac())));
+    assert!(events_of_client(chain).contains(&EndpointEvent::PeerAlert(bad_mac())));
+    assert_eq!(chain.client().failure(), Some(bad_mac()));
+    assert_eq!(chain.server().failure(), Some(bad_mac()));
+    // M1 forwarded the fatal alert; it did not see a bad record itself.
+    let m1: Vec<RelayEvent> = std::iter::from_fn(|| chain.mbox(1).poll_event()).collect();
+    assert_eq!(
+        m1,
+        vec![RelayEvent::Failed {
+            cause: FailCause::PeerAlert { from: Side::Client },
+            alert: bad_mac()
+        }]
+    );
+    // And nothing passes any more.
+    assert!(chain.client().write(b"more").is_err());
+}
+
+#[test]
+fn p2_modified_record_is_fatal_and_not_forwarded() {
+    for &(v, s) in SUITES {
+        let len = two_undelivered_records(v, s).1.len();
+        for i in 0..len {
+            let (mut chain, mut a, b) = two_undelivered_records(v, s);
+            a[i] ^= 0x01;
+            chain.nodes[1].receive(Side::Client, &a);
+            // A changed length field makes the deframer wait for more bytes: give it some.
+            chain.nodes[1].receive(Side::Client, &b);
+            chain.nodes[1].receive(Side::Client, &[0u8; 300]);
+            assert_fail_closed(&mut chain, b"");
+        }
+    }
+}
+
+#[test]
+fn p2_dropped_record_is_detected() {
+    for &(v, s) in SUITES {
+        let (mut chain, _a, b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive(Side::Client, &b);
+        assert_fail_closed(&mut chain, b"");
+    }
+}
+
+#[test]
+fn p2_reordered_records_are_detected() {
+    for &(v, s) in SUITES {
+        let (mut chain, a, b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive(Side::Client, &b);
+        chain.nodes[1].receive(Side::Client, &a);
+        assert_fail_closed(&mut chain, b"");
+    }
+}
+
+#[test]
+fn p2_replayed_record_is_detected() {
+    for &(v, s) in SUITES {
+        let (mut chain, a, _b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive(Side::Client, &a);
+        chain.nodes[1].receive(Side::Client, &a);
+        assert_fail_closed(&mut chain, b"first");
+    }
+}
+
+#[test]
+fn p2_truncated_stream_and_garbage_are_fatal() {
+    let (v, s) = tls13();
+    let (mut chain, a, _b) = two_undelivered_records(v, s);
+    // A header announcing an oversized record: framing error, same outcome.
+    chain.nodes[1].receive(Side::Client, &[23, 3, 3, 0xff, 0xff]);
+    assert_fail_closed(&mut chain, b"");
+    // Input after the failure is ignored.
+    chain.nodes[1].receive(Side::Client, &a);
+    chain.pump();
+    assert_eq!(chain.server().take_plaintext(), b"");
+}
+
+/// P4: a record captured on one hop and injected on another is rejected.
+#[test]
+fn p4_record_from_another_hop_is_rejected() {
+    for &(v, s) in SUITES {
+        // Injected into M1 (skipping M0): the client→M0 record, at the sequence number M1
+        // expects next.
+        let (mut chain, a, _b) = two_undelivered_records(v, s);
+        chain.nodes[2].receive(Side::Client, &a);
+        assert!(chain.mbox(1).is_failed());
+        chain.pump();
+        assert_eq!(chain.server().take_plaintext(), b"");
+        assert!(events_of_server(&mut chain).contains(&EndpointEvent::PeerAlert(bad_mac())));
+
+        // Injected into the server (skipping every middlebox).
+        let (mut chain, a, _b) = two_undelivered_records(v, s);
+        chain.server().receive(&a);
+        assert_eq!(chain.server().take_plaintext(), b"");
+        assert_eq!(chain.server().failure(), Some(bad_mac()));
+
+        // A server→client record of hop M1–server replayed toward the server on the same hop
+        // (reflection) is rejected too: each direction has its own key.
+        let mut chain = Chain::new(v, s, pass(2), vec![]);
+        chain.server().write(b"reflect me").unwrap();
+        let r = chain.server().take_outgoing();
+        chain.nodes[2].receive(Side::Client, &r);
+        assert!(chain.mbox(1).is_failed());
+    }
+}
+
+/// A control: the same records delivered in order on the right hop pass (so the rejections
+/// above are due to the hop/order, not to the harness).
+#[test]
+fn control_records_pass_when_delivered_correctly() {
+    for &(v, s) in SUITES {
+        let (mut chain, a, b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive(Side::Client, &a);
+        chain.nodes[1].receive(Side::Client, &b);
+        chain.pump();
+        assert_eq!(chain.server().take_plaintext(), b"firstsecond");
+        assert!(!chain.mbox(0).is_failed());
+    }
+}
+
+#[test]
+fn close_notify_is_reprotected_per_hop_and_half_closes() {
+    let (v, s) = tls13();
+    let mut chain = Chain::new(v, s, pass(1), pass(1));
+    chain.client().write(b"req").unwrap();
+    chain.client().close().unwrap();
+    chain.pump();
+    assert!(chain.server().peer_closed());
+    assert_eq!(chain.server().take_plaintext(), b"req");
+    // Every hop carried its own close_notify record (two records per link: data + alert).
+    for t in &chain.tap_c2s {
+        assert_eq!(records(t).len(), 2);
+    }
+    // The other direction still works (half-close).
+    chain.server().write(b"resp").unwrap();
+    chain.server().close().unwrap();
+    chain.pump();
+    assert_eq!(chain.client().take_plaintext(), b"resp");
+    assert!(chain.client().peer_closed());
+    assert!(chain.mbox(0).is_closed() && chain.mbox(1).is_closed());
+}
+
+#[test]
+fn fatal_alert_from_the_server_side_is_forwarded_to_the_client() {
+    let (v, s) = (
+        TlsVersion::Tls12,
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    );
+    let mut chain = Chain::new(v, s, pass(1), vec![]);
+    chain.server().write(b"x").unwrap();
+    chain.pump();
+    assert_eq!(chain.client().take_plaintext(), b"x");
+    // Server-side corruption: the server gets garbage, sends bad_record_mac toward M0, which
+    // forwards it to the client as a fatal alert under the client hop's keys.
+    chain.server().receive(&[
+        23, 3, 3, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    chain.pump();
+    assert_eq!(chain.client().failure(), Some(bad_mac()));
+    let evs: Vec<RelayEvent> = std::iter::from_fn(|| chain.mbox(0).poll_event()).collect();
+    assert!(evs.contains(&RelayEvent::Failed {
+        cause: FailCause::PeerAlert { from: Side::Server },
+        alert: bad_mac()
+    }));
+}
+
+/// An app that doubles every byte: records change size, output is split into ≤ 2^14 records.
+struct Doubler;
+impl MiddleboxApp for Doubler {
+    fn on_data(&mut self, _dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        for b in data {
+            out.extend_from_slice(&[*b, *b]);
+        }
+        Verdict::Continue
+    }
+}
+
+#[test]
+fn app_may_grow_data_and_records_stay_within_limits() {
+    for &(v, s) in SUITES {
+        let mut chain = Chain::new(v, s, vec![Box::new(Doubler)], pass(1));
+        let data: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        chain.client().write(&data).unwrap();
+        chain.pump();
+        let doubled: Vec<u8> = data.iter().flat_map(|b| [*b, *b]).collect();
+        assert_eq!(chain.server().take_plaintext(), doubled);
+        for tap in &chain.tap_c2s {
+            for r in records(tap) {
+                assert!(r.len() - 5 <= (1 << 14) + 256, "{}", r.len());
+            }
+        }
+    }
+}
+
+/// An app that ends the session when it sees "BLOCK".
+struct Blocker;
+impl MiddleboxApp for Blocker {
+    fn on_data(&mut self, _dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        if data.windows(5).any(|w| w == b"BLOCK") {
+            return Verdict::Close(mbx_apps::CloseAlert::ACCESS_DENIED);
+        }
+        out.extend_from_slice(data);
+        Verdict::Continue
+    }
+}
+
+#[test]
+fn app_can_close_the_session() {
+    let (v, s) = tls13();
+    let mut chain = Chain::new(v, s, vec![Box::new(Blocker)], vec![]);
+    chain.client().write(b"fine").unwrap();
+    chain.pump();
+    chain.client().write(b"BLOCK this").unwrap();
+    chain.pump();
+    assert_eq!(chain.server().take_plaintext(), b"fine");
+    let denied = Alert::fatal(AlertDescription(49));
+    assert_eq!(chain.server().failure(), Some(denied));
+    assert_eq!(chain.client().failure(), Some(denied));
+}
+
+#[test]
+fn header_insertion_in_the_chain_inserts_once_per_request() {
+    for &(v, s) in SUITES {
+        let http: App = Box::new(HttpHeaderInsert::new("X-Mbtls", "mb1").unwrap());
+        let mut chain = Chain::new(v, s, vec![Box::new(PassThrough), http], pass(1));
+        chain.chunking = vec![7, 1, 300];
+        let reqs = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n\
+            POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello\
+            POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        // Written in awkward pieces, so requests straddle records.
+        for piece in reqs.chunks(11) {
+            chain.client().write(piece).unwrap();
+        }
+        chain.pump();
+        let got = String::from_utf8(chain.server().take_plaintext()).unwrap();
+        assert_eq!(got.matches("X-Mbtls: mb1\r\n").count(), 3, "{got}");
+        assert_eq!(
+            got,
+            "GET /a HTTP/1.1\r\nHost: h\r\nX-Mbtls: mb1\r\n\r\n\
+             POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nX-Mbtls: mb1\r\n\r\nhello\
+             POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX-Mbtls: mb1\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        // Responses pass unchanged.
+        chain.server().write(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        chain.pump();
+        assert_eq!(chain.client().take_plaintext(), b"HTTP/1.1 200 OK\r\n\r\n");
+    }
+}

@@ -1,0 +1,188 @@
+//! An in-memory chain: client endpoint → middleboxes → server endpoint, keys generated per hop
+//! as the endpoints would (client side, bridge, server side), with a tap on every link.
+
+#![allow(dead_code, clippy::large_enum_variant)]
+
+use mbx_apps::MiddleboxApp;
+use mbx_engine::Role;
+use mbx_mbtls::{
+    client_side_keys, server_side_keys, EndpointDataPhase, HopKeys, MiddleboxRelay, Side,
+};
+use mbx_record::{CipherSuite, TlsVersion};
+
+pub type App = Box<dyn MiddleboxApp>;
+
+pub enum Node {
+    End(EndpointDataPhase),
+    Mbox(MiddleboxRelay<App>),
+}
+
+impl Node {
+    pub fn take_out(&mut self, to: Side) -> Vec<u8> {
+        match self {
+            Node::End(e) => match (e.role(), to) {
+                (Role::Client, Side::Server) | (Role::Server, Side::Client) => e.take_outgoing(),
+                _ => Vec::new(),
+            },
+            Node::Mbox(m) => m.take_outgoing(to),
+        }
+    }
+
+    pub fn receive(&mut self, from: Side, bytes: &[u8]) {
+        match self {
+            Node::End(e) => e.receive(bytes),
+            Node::Mbox(m) => m.receive(from, bytes),
+        }
+    }
+
+    pub fn mbox(&mut self) -> &mut MiddleboxRelay<App> {
+        match self {
+            Node::Mbox(m) => m,
+            Node::End(_) => panic!("not a middlebox"),
+        }
+    }
+
+    pub fn end(&mut self) -> &mut EndpointDataPhase {
+        match self {
+            Node::End(e) => e,
+            Node::Mbox(_) => panic!("not an endpoint"),
+        }
+    }
+}
+
+pub struct Chain {
+    /// Path order: client, middleboxes, server.
+    pub nodes: Vec<Node>,
+    /// Per link i (between node i and i+1): ciphertext seen client→server and server→client.
+    pub tap_c2s: Vec<Vec<u8>>,
+    pub tap_s2c: Vec<Vec<u8>>,
+    /// Sizes to split deliveries into (cycled); empty = deliver whole.
+    pub chunking: Vec<usize>,
+}
+
+impl Chain {
+    /// `client_apps` / `server_apps`: the middleboxes on each side, in path order.
+    pub fn new(
+        version: TlsVersion,
+        suite: CipherSuite,
+        client_apps: Vec<App>,
+        server_apps: Vec<App>,
+    ) -> Chain {
+        // The bridge stands in for the primary session's exported keys, at arbitrary positions.
+        let bridge = HopKeys::generate(version, &suite, 3, 5).unwrap();
+        let cs = client_side_keys(version, suite, bridge.clone(), client_apps.len()).unwrap();
+        let ss = server_side_keys(version, suite, bridge, server_apps.len()).unwrap();
+        let mut nodes = vec![Node::End(EndpointDataPhase::new(
+            Role::Client,
+            version,
+            cs.endpoint,
+        ))];
+        for (km, app) in cs
+            .middleboxes
+            .into_iter()
+            .chain(ss.middleboxes)
+            .zip(client_apps.into_iter().chain(server_apps))
+        {
+            // Every middlebox gets its keys through the wire encoding, as it would on the net.
+            let wire = km.encode().unwrap();
+            let km = mbx_mbtls::KeyMaterial::decode(&wire).unwrap();
+            nodes.push(Node::Mbox(MiddleboxRelay::new(km, app).unwrap()));
+        }
+        nodes.push(Node::End(EndpointDataPhase::new(
+            Role::Server,
+            version,
+            ss.endpoint,
+        )));
+        let links = nodes.len() - 1;
+        Chain {
+            nodes,
+            tap_c2s: vec![Vec::new(); links],
+            tap_s2c: vec![Vec::new(); links],
+            chunking: Vec::new(),
+        }
+    }
+
+    pub fn client(&mut self) -> &mut EndpointDataPhase {
+        self.nodes.first_mut().unwrap().end()
+    }
+
+    pub fn server(&mut self) -> &mut EndpointDataPhase {
+        self.nodes.last_mut().unwrap().end()
+    }
+
+    pub fn mbox(&mut self, i: usize) -> &mut MiddleboxRelay<App> {
+        self.nodes[i + 1].mbox()
+    }
+
+    fn deliver(&mut self, node: usize, from: Side, bytes: &[u8]) {
+        if self.chunking.is_empty() {
+            self.nodes[node].receive(from, bytes);
+            return;
+        }
+        let mut rest = bytes;
+        let mut sizes = self.chunking.clone().into_iter().cycle();
+        while !rest.is_empty() {
+            let n = sizes.next().unwrap().max(1).min(rest.len());
+            self.nodes[node].receive(from, &rest[..n]);
+            rest = &rest[n..];
+        }
+    }
+
+    /// Move bytes along every link until nothing moves.
+    pub fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            for i in 0..self.nodes.len() - 1 {
+                let fwd = self.nodes[i].take_out(Side::Server);
+                if !fwd.is_empty() {
+                    moved = true;
+                    self.tap_c2s[i].extend_from_slice(&fwd);
+                    self.deliver(i + 1, Side::Client, &fwd);
+                }
+                let back = self.nodes[i + 1].take_out(Side::Client);
+                if !back.is_empty() {
+                    moved = true;
+                    self.tap_s2c[i].extend_from_slice(&back);
+                    self.deliver(i, Side::Server, &back);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+}
+
+/// Split a captured link stream into whole records.
+pub fn records(stream: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = stream;
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        out.push(rest[..len].to_vec());
+        rest = &rest[len..];
+    }
+    assert!(rest.is_empty(), "partial record in capture");
+    out
+}
+
+pub const SUITES: &[(TlsVersion, CipherSuite)] = &[
+    (TlsVersion::Tls13, CipherSuite::TLS13_AES_128_GCM_SHA256),
+    (TlsVersion::Tls13, CipherSuite::TLS13_AES_256_GCM_SHA384),
+    (
+        TlsVersion::Tls13,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        TlsVersion::Tls12,
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        TlsVersion::Tls12,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        TlsVersion::Tls12,
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+];

@@ -1,0 +1,631 @@
+//! Client ↔ pre-configured middlebox ↔ plain TLS server, all OpenSSL engines in memory.
+
+use std::sync::Arc;
+
+use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
+use mbx_attest::sim::{measure, signer_id};
+use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
+use mbx_mbtls::handshake::{
+    ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox, HandshakeError,
+    MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+};
+use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
+use mbx_record::TlsVersion;
+use mbx_testbed::pki::{LeafSpec, TestPki};
+use zeroize::Zeroizing;
+
+const PROGRAM: &str = "mbx-test-middlebox";
+
+struct Setup {
+    client_cfg: ClientHandshakeConfig,
+    mbox_cfg: MiddleboxHandshakeConfig,
+    server_ctx: OpenSslContext,
+}
+
+fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
+    let leaf = pki.issue(spec).unwrap();
+    (
+        Identity {
+            cert_chain_pem: leaf.chain_pem().into_bytes(),
+            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+        },
+        leaf.cert_der().to_vec(),
+    )
+}
+
+/// `mbox_name`: the name in the middlebox certificate; `accepted`: the measurement the client's
+/// policy accepts.
+fn setup(version: TlsVersion, mbox_name: &str, accepted: [u8; 32]) -> Setup {
+    setup_with(version, mbox_name, accepted, false)
+}
+
+/// `rogue_ca`: the middlebox certificate comes from a CA the client does not trust.
+fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca: bool) -> Setup {
+    let pki = TestPki::new("mbtls test root").unwrap();
+    let root = pki.root_pem().into_bytes();
+    let (server_id, _) = identity(&pki, &LeafSpec::server("server.test"));
+    let rogue = TestPki::new("rogue root").unwrap();
+    let mbox_ca = if rogue_ca { &rogue } else { &pki };
+    let (mbox_id, mbox_der) = identity(mbox_ca, &LeafSpec::middlebox(mbox_name));
+
+    let mut primary = TlsConfig::client("server.test", root.clone()).only(version);
+    primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+    primary.pause_after_handshake = true;
+    let secondary = TlsConfig::client("mb.test", root);
+
+    let platform = Arc::new(SimulatedPlatform::generate().unwrap());
+    let attester = SimulatedAttester::new(
+        platform.clone(),
+        measure(PROGRAM, b""),
+        signer_id("mbx tests"),
+    );
+    let policy = Policy {
+        allow_simulated: true,
+        measurements: vec![HexBytes(accepted.to_vec())],
+        sim_platform_keys: vec![HexBytes(platform.public_key().to_vec())],
+        ..Policy::default()
+    };
+    Setup {
+        client_cfg: ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            server_name: "server.test".into(),
+            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
+            policy,
+            now_unix: 1_800_000_000,
+        },
+        mbox_cfg: MiddleboxHandshakeConfig {
+            tls: Arc::new(OpenSslContext::new(&TlsConfig::server(mbox_id)).unwrap()),
+            certificate_der: mbox_der,
+            attester: Some(Arc::new(attester)),
+        },
+        // A legacy server: plain OpenSSL, knows nothing about mbTLS.
+        server_ctx: OpenSslContext::new(&TlsConfig::server(server_id).only(version)).unwrap(),
+    }
+}
+
+/// Counts the bytes each record of the server→client direction carried through the app.
+struct Net<A: MiddleboxApp> {
+    client: ClientHandshake,
+    mbox: MiddleboxHandshake<A>,
+    server: OpenSslEngine,
+    client_err: Option<HandshakeError>,
+    mbox_err: Option<HandshakeError>,
+}
+
+impl<A: MiddleboxApp> Net<A> {
+    fn new(s: &Setup, app: A) -> Self {
+        Net {
+            client: ClientHandshake::new(s.client_cfg.clone()).unwrap(),
+            mbox: MiddleboxHandshake::new(s.mbox_cfg.clone(), app).unwrap(),
+            server: s.server_ctx.engine().unwrap(),
+            client_err: None,
+            mbox_err: None,
+        }
+    }
+
+    /// Moves bytes until nothing moves. The server writes `server_first` as soon as its
+    /// handshake is complete (data in the same flight as its last handshake messages).
+    fn pump(&mut self, server_first: &mut Option<Vec<u8>>) {
+        loop {
+            let mut moved = false;
+            let c = self.client.take_outgoing();
+            if !c.is_empty() && self.mbox_err.is_none() {
+                moved = true;
+                if let Err(e) = self.mbox.receive(Side::Client, &c) {
+                    self.mbox_err = Some(e);
+                }
+            }
+            let to_s = self.mbox.take_outgoing(Side::Server);
+            if !to_s.is_empty() {
+                moved = true;
+                self.server.feed(&to_s);
+                let _ = self.server.process();
+            }
+            if !self.server.is_handshaking() {
+                if let Some(d) = server_first.take() {
+                    self.server.write_plaintext(&d).unwrap();
+                }
+            }
+            let s = self.server.take_outgoing();
+            if !s.is_empty() && self.mbox_err.is_none() {
+                moved = true;
+                if let Err(e) = self.mbox.receive(Side::Server, &s) {
+                    self.mbox_err = Some(e);
+                }
+            }
+            let to_c = self.mbox.take_outgoing(Side::Client);
+            if !to_c.is_empty() && self.client_err.is_none() {
+                moved = true;
+                if let Err(e) = self.client.receive(&to_c) {
+                    self.client_err = Some(e);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+}
+
+fn mbox_events<A: MiddleboxApp>(m: &mut MiddleboxHandshake<A>) -> Vec<MiddleboxHandshakeEvent> {
+    std::iter::from_fn(|| m.poll_event()).collect()
+}
+
+fn client_events(c: &mut ClientHandshake) -> Vec<ClientHandshakeEvent> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+/// Marks server→client data so we can see it crossed the middlebox's app.
+struct Tagger(HttpHeaderInsert);
+impl MiddleboxApp for Tagger {
+    fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        match dir {
+            Direction::ServerToClient => {
+                out.extend(data.iter().map(|b| b.to_ascii_uppercase()));
+                Verdict::Continue
+            }
+            Direction::ClientToServer => self.0.on_data(dir, data, out),
+        }
+    }
+}
+
+fn tagger() -> Tagger {
+    Tagger(HttpHeaderInsert::new("X-Mbtls", "mb.test").unwrap())
+}
+
+#[test]
+fn preconfigured_middlebox_joins_and_relays_both_versions() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let s = setup(version, "mb.test", measure(PROGRAM, b""));
+        let mut net = Net::new(&s, tagger());
+        // The server talks first, in the flight of its last handshake messages: this data has
+        // to wait at the middlebox for its keys, and must still go through its app.
+        let mut first = Some(b"hello from the server".to_vec());
+        net.client
+            .write(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
+            .unwrap();
+        net.pump(&mut first);
+        assert!(
+            net.client_err.is_none(),
+            "{version:?}: {:?}",
+            net.client_err
+        );
+        assert!(net.mbox_err.is_none(), "{version:?}: {:?}", net.mbox_err);
+
+        let me = mbox_events(&mut net.mbox);
+        assert!(
+            me.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 0 }),
+            "{me:?}"
+        );
+        assert!(me.contains(&MiddleboxHandshakeEvent::EvidenceSent));
+        assert!(me.contains(&MiddleboxHandshakeEvent::KeysInstalled));
+        let ce = client_events(&mut net.client);
+        assert!(
+            matches!(
+                ce.first(),
+                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+            ),
+            "{ce:?}"
+        );
+        assert!(ce.contains(&ClientHandshakeEvent::KeysSent));
+        if version == TlsVersion::Tls13 {
+            // OpenSSL's session tickets crossed the middlebox re-protected and were ignored.
+            assert!(
+                ce.contains(&ClientHandshakeEvent::Data(
+                    EndpointEvent::SessionTicketIgnored
+                )),
+                "{ce:?}"
+            );
+        }
+        assert!(ce.contains(&ClientHandshakeEvent::Ready));
+        assert!(net.client.is_ready());
+        // The middlebox held the server's application records instead of forwarding them raw.
+        assert_eq!(net.client.discarded_records(), 0, "{version:?}");
+
+        // The request reached the legacy server through the app (header inserted once).
+        assert_eq!(
+            net.server.take_plaintext(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb.test\r\n\r\n"
+        );
+        // The server's early data went through the app too (upper-cased), exactly once.
+        assert_eq!(net.client.take_plaintext(), b"HELLO FROM THE SERVER");
+
+        // More traffic both ways.
+        net.server.write_plaintext(b"response body").unwrap();
+        net.client.write(b"GET /2 HTTP/1.1\r\n\r\n").unwrap();
+        net.pump(&mut None);
+        assert_eq!(net.client.take_plaintext(), b"RESPONSE BODY");
+        assert_eq!(
+            net.server.take_plaintext(),
+            b"GET /2 HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+        );
+        // Middlebox hop keys differ from the bridge (primary) keys on the server side.
+        let relay = net.mbox.relay().unwrap();
+        assert_ne!(
+            relay.key_fingerprints(Side::Client).0,
+            relay.key_fingerprints(Side::Server).1
+        );
+    }
+}
+
+#[test]
+fn evidence_failing_policy_gets_no_key_material() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let s = setup(version, "mb.test", measure("some other program", b""));
+        let mut net = Net::new(&s, tagger());
+        net.client.write(b"secret request").unwrap();
+        net.pump(&mut None);
+        assert!(
+            matches!(net.client_err, Some(HandshakeError::Attestation(_))),
+            "{:?}",
+            net.client_err
+        );
+        assert!(!net.client.keys_sent());
+        assert!(!net.mbox.keys_installed());
+        let me = mbox_events(&mut net.mbox);
+        assert!(me.contains(&MiddleboxHandshakeEvent::EvidenceSent));
+        assert!(!me.contains(&MiddleboxHandshakeEvent::KeysInstalled));
+        assert!(net.server.take_plaintext().is_empty());
+    }
+}
+
+#[test]
+fn middlebox_with_wrong_certificate_gets_no_key_material() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let s = setup(version, "impostor.test", measure(PROGRAM, b""));
+        let mut net = Net::new(&s, tagger());
+        net.client.write(b"secret request").unwrap();
+        net.pump(&mut None);
+        assert!(
+            matches!(net.client_err, Some(HandshakeError::Engine(_))),
+            "{:?}",
+            net.client_err
+        );
+        assert!(!net.client.keys_sent());
+        assert!(!net.mbox.keys_installed());
+        assert!(net.server.take_plaintext().is_empty());
+    }
+}
+
+#[test]
+fn evidence_from_another_session_is_rejected() {
+    // The middlebox replays evidence bound to a different exporter value.
+    struct Replayer(SimulatedAttester);
+    impl mbx_attest::Attester for Replayer {
+        fn evidence(
+            &self,
+            _report_data: &[u8; 64],
+        ) -> Result<mbx_attest::Evidence, mbx_attest::AttestError> {
+            self.0.evidence(&[7u8; 64])
+        }
+    }
+    let mut s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let platform = Arc::new(SimulatedPlatform::generate().unwrap());
+    s.client_cfg.policy.sim_platform_keys = vec![HexBytes(platform.public_key().to_vec())];
+    s.mbox_cfg.attester = Some(Arc::new(Replayer(SimulatedAttester::new(
+        platform,
+        measure(PROGRAM, b""),
+        signer_id("mbx tests"),
+    ))));
+    let mut net = Net::new(&s, tagger());
+    net.pump(&mut None);
+    assert!(matches!(
+        net.client_err,
+        Some(HandshakeError::Attestation(_))
+    ));
+    assert!(!net.mbox.keys_installed());
+}
+
+/// Records of `stream` whose type is not mbTLS-encapsulated (30).
+fn primary_only(stream: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = stream;
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if rest[0] != 30 {
+            out.extend_from_slice(&rest[..len]);
+        }
+        rest = &rest[len..];
+    }
+    out
+}
+
+/// TLS 1.3: the server's application records reach the middlebox *before* the client's
+/// Finished does (0.5-RTT data). The middlebox has forwarded them raw; they must still go
+/// through its app, exactly once, after its keys arrive (found by trial opening).
+#[test]
+fn tls13_server_data_ahead_of_client_finished_goes_through_the_app() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    // Flight 1: ClientHello through the middlebox to the server, server flight back.
+    let ch = net.client.take_outgoing();
+    net.mbox.receive(Side::Client, &ch).unwrap();
+    net.server.feed(&net.mbox.take_outgoing(Side::Server));
+    net.server.process().unwrap();
+    net.mbox
+        .receive(Side::Server, &net.server.take_outgoing())
+        .unwrap();
+    net.client
+        .receive(&net.mbox.take_outgoing(Side::Client))
+        .unwrap();
+    // Flight 2 from the client: secondary Finished (encapsulated) + primary Finished.
+    let flight2 = net.client.take_outgoing();
+    // The server gets the primary part first (as if the middlebox were slow), completes and
+    // sends data at once.
+    net.server.feed(&primary_only(&flight2));
+    net.server.process().unwrap();
+    assert!(!net.server.is_handshaking());
+    net.server.write_plaintext(b"early words").unwrap();
+    let early = net.server.take_outgoing();
+    // The middlebox sees the server's data before the client's Finished.
+    net.mbox.receive(Side::Server, &early).unwrap();
+    net.mbox.receive(Side::Client, &flight2).unwrap();
+    // What it forwards to the server now is the client's Finished again: already delivered.
+    let _ = net.mbox.take_outgoing(Side::Server);
+    net.pump(&mut None);
+    assert!(net.client_err.is_none(), "{:?}", net.client_err);
+    assert!(net.mbox_err.is_none(), "{:?}", net.mbox_err);
+    assert!(net.mbox.keys_installed());
+    assert!(net.client.is_ready());
+    // Forwarded raw before the client's Finished passed (so dropped by the client), then
+    // through the app (upper-cased), exactly once.
+    assert!(net.client.discarded_records() >= 1);
+    assert_eq!(net.client.take_plaintext(), b"EARLY WORDS");
+    net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    net.pump(&mut None);
+    assert_eq!(
+        net.server.take_plaintext(),
+        b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+    );
+}
+
+/// The raw server records the client drops before the middlebox's switch marker must still
+/// authenticate under the bridge keys: a tampered one is fatal, not silently ignored.
+#[test]
+fn tampered_record_before_the_switch_marker_is_fatal() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    let ch = net.client.take_outgoing();
+    net.mbox.receive(Side::Client, &ch).unwrap();
+    net.server.feed(&net.mbox.take_outgoing(Side::Server));
+    net.server.process().unwrap();
+    net.mbox
+        .receive(Side::Server, &net.server.take_outgoing())
+        .unwrap();
+    net.client
+        .receive(&net.mbox.take_outgoing(Side::Client))
+        .unwrap();
+    let flight2 = net.client.take_outgoing();
+    net.server.feed(&primary_only(&flight2));
+    net.server.process().unwrap();
+    net.server.write_plaintext(b"early words").unwrap();
+    let early = net.server.take_outgoing();
+    // The middlebox forwards the server's early record raw; an attacker flips its last byte.
+    net.mbox.receive(Side::Server, &early).unwrap();
+    let mut raw = net.mbox.take_outgoing(Side::Client);
+    assert!(!raw.is_empty());
+    *raw.last_mut().unwrap() ^= 1;
+    // Before the export the client's paused engine just holds it ...
+    net.client.receive(&raw).unwrap();
+    net.mbox.receive(Side::Client, &flight2).unwrap();
+    let _ = net.mbox.take_outgoing(Side::Server);
+    net.pump(&mut None);
+    // ... and at the export it is authenticated and refused, although the middlebox re-sends a
+    // good copy through its app afterwards.
+    assert!(
+        matches!(&net.client_err, Some(HandshakeError::Protocol(m)) if m.contains("failed authentication")),
+        "{:?}",
+        net.client_err
+    );
+    assert!(!net.client.is_ready());
+    assert!(net.client.take_plaintext().is_empty());
+}
+
+/// A pre-configured middlebox that is not on the path (the client reaches the server
+/// directly): the handshake fails and no key material is ever sent.
+#[test]
+fn missing_preconfigured_middlebox_fails_the_handshake() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let s = setup(version, "mb.test", measure(PROGRAM, b""));
+        let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+        let mut server = s.server_ctx.engine().unwrap();
+        let mut err = None;
+        for _ in 0..10 {
+            server.feed(&client.take_outgoing());
+            let _ = server.process();
+            let out = server.take_outgoing();
+            if out.is_empty() {
+                break;
+            }
+            if let Err(e) = client.receive(&out) {
+                err = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(err, Some(HandshakeError::Protocol(m)) if m.contains("did not join")),
+            "{version:?}: {err:?}"
+        );
+        assert!(!client.data_phase_started());
+        // Failure is sticky.
+        assert!(client.receive(&[]).is_err());
+    }
+}
+
+mod garbage {
+    use super::*;
+    use mbx_apps::PassThrough;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    fn shared() -> &'static Setup {
+        static S: OnceLock<Setup> = OnceLock::new();
+        S.get_or_init(|| setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b"")))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Arbitrary bytes from either side, after a real ClientHello or instead of one, never
+        /// panic a middlebox or a client; errors are typed.
+        #[test]
+        fn never_panics(
+            from_client in proptest::collection::vec(any::<u8>(), 0..400),
+            from_server in proptest::collection::vec(any::<u8>(), 0..400),
+            real_hello in any::<bool>(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+        ) {
+            let s = shared();
+            let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+            let mut mbox = MiddleboxHandshake::new(s.mbox_cfg.clone(), PassThrough).unwrap();
+            let mut ch = client.take_outgoing();
+            if real_hello {
+                let _ = mbox.receive(Side::Client, &ch);
+            }
+            let _ = mbox.receive(Side::Client, &from_client);
+            let _ = mbox.receive(Side::Server, &from_server);
+            // A flipped ClientHello (maybe in the MiddleboxSupport extension).
+            for (i, x) in flips {
+                let n = ch.len();
+                ch[i % n] ^= x;
+            }
+            let mut m2 = MiddleboxHandshake::new(s.mbox_cfg.clone(), PassThrough).unwrap();
+            let _ = m2.receive(Side::Client, &ch);
+            let _ = client.receive(&from_server);
+        }
+    }
+}
+
+mod discovered {
+    use super::*;
+
+    fn discover(s: &mut Setup, approve_name: &'static str) {
+        s.client_cfg.middlebox = ClientMiddlebox::Discover(Arc::new(move |chain: &[Vec<u8>]| {
+            // The application's policy: approve by the name in the leaf certificate.
+            chain
+                .first()
+                .map(|der| {
+                    der.windows(approve_name.len())
+                        .any(|w| w == approve_name.as_bytes())
+                })
+                .unwrap_or(false)
+        }));
+    }
+
+    fn run(s: &Setup) -> Net<Tagger> {
+        let mut net = Net::new(s, tagger());
+        let mut first = Some(b"server first".to_vec());
+        net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        net.pump(&mut first);
+        net
+    }
+
+    #[test]
+    fn approved_discovered_middlebox_joins() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            discover(&mut s, "mb.test");
+            let mut net = run(&s);
+            assert!(net.client_err.is_none() && net.mbox_err.is_none());
+            assert!(net.client.keys_sent() && net.mbox.keys_installed());
+            assert_eq!(net.client.take_plaintext(), b"SERVER FIRST");
+            assert_eq!(
+                net.server.take_plaintext(),
+                b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+            );
+        }
+    }
+
+    /// Not approved, untrusted certificate, evidence refused: the middlebox never gets key
+    /// material, goes passive, and the session runs end to end on the primary keys (the app
+    /// sees nothing: no header inserted, nothing upper-cased).
+    #[test]
+    fn excluded_middleboxes_get_no_keys_and_the_session_continues() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let cases: Vec<(&str, Setup)> = vec![
+                ("not approved", {
+                    let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+                    discover(&mut s, "someone-else.test");
+                    s
+                }),
+                ("untrusted certificate", {
+                    let mut s = setup_with(version, "mb.test", measure(PROGRAM, b""), true);
+                    discover(&mut s, "mb.test");
+                    s
+                }),
+                ("evidence refused", {
+                    let mut s = setup(version, "mb.test", measure("other program", b""));
+                    discover(&mut s, "mb.test");
+                    s
+                }),
+            ];
+            for (what, s) in cases {
+                let mut net = run(&s);
+                assert!(
+                    net.client_err.is_none(),
+                    "{version:?} {what}: {:?}",
+                    net.client_err
+                );
+                assert!(
+                    net.mbox_err.is_none(),
+                    "{version:?} {what}: {:?}",
+                    net.mbox_err
+                );
+                assert!(!net.client.keys_sent(), "{what}");
+                assert!(!net.mbox.keys_installed(), "{what}");
+                let ce = client_events(&mut net.client);
+                assert!(
+                    ce.iter()
+                        .any(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded(_))),
+                    "{what}: {ce:?}"
+                );
+                assert!(ce.contains(&ClientHandshakeEvent::Direct), "{what}: {ce:?}");
+                let me = mbox_events(&mut net.mbox);
+                assert!(
+                    me.iter()
+                        .any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(_))),
+                    "{what}: {me:?}"
+                );
+                assert_eq!(
+                    net.server.take_plaintext(),
+                    b"GET / HTTP/1.1\r\n\r\n",
+                    "{what}"
+                );
+                assert_eq!(net.client.take_plaintext(), b"server first", "{what}");
+                net.server.write_plaintext(b"more").unwrap();
+                net.client.write(b"again").unwrap();
+                net.pump(&mut None);
+                assert_eq!(net.client.take_plaintext(), b"more");
+                assert_eq!(net.server.take_plaintext(), b"again");
+            }
+        }
+    }
+
+    /// No middlebox on the path at all: an mbTLS client with a legacy server (P5).
+    #[test]
+    fn no_middlebox_on_the_path() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            discover(&mut s, "mb.test");
+            let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+            let mut server = s.server_ctx.engine().unwrap();
+            client.write(b"hello server").unwrap();
+            let mut first = Some(b"hello client".to_vec());
+            for _ in 0..10 {
+                server.feed(&client.take_outgoing());
+                server.process().unwrap();
+                if !server.is_handshaking() {
+                    if let Some(d) = first.take() {
+                        server.write_plaintext(&d).unwrap();
+                    }
+                }
+                client.receive(&server.take_outgoing()).unwrap();
+            }
+            assert!(client.is_ready() && !client.keys_sent());
+            assert_eq!(server.take_plaintext(), b"hello server");
+            assert_eq!(client.take_plaintext(), b"hello client");
+        }
+    }
+}
