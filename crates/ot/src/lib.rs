@@ -1,0 +1,1 @@
+//! mbx-ot (in progress).
