@@ -15,6 +15,8 @@
 //! - [`endpoint`]: an endpoint's record layer after the handshake, under the keys of its hop.
 //! - [`handshake`]: the handshake cores over real OpenSSL engines; so far a client with one
 //!   pre-configured client-side middlebox, in front of any TLS server.
+//! - [`driver`]: thin tokio drivers (client, middlebox) that only move bytes between sockets and
+//!   the sans-I/O cores above.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(
@@ -23,6 +25,7 @@
 )]
 #![forbid(unsafe_code)]
 
+pub mod driver;
 pub mod endpoint;
 pub mod error;
 pub mod handshake;

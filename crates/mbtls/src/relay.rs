@@ -103,6 +103,11 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.failed || (self.ended_from_client && self.ended_from_server)
     }
 
+    /// True once the sender on `from` ended its direction (close_notify), or the session failed.
+    pub fn direction_ended(&self, from: Side) -> bool {
+        self.failed || self.ended(from)
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed
     }

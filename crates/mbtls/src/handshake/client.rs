@@ -109,7 +109,39 @@ pub struct ClientHandshake {
     /// (fail closed), never silently ignored.
     pre_marker: Option<mbx_record::RecordOpener>,
     failed: bool,
+    summary: Option<SessionSummary>,
     events: VecDeque<ClientHandshakeEvent>,
+}
+
+/// Fingerprints (`TrafficKeys::fingerprint`) of one hop's keys: they identify the keys in logs
+/// and user output without revealing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HopFingerprint {
+    pub c2s: [u8; 8],
+    pub s2c: [u8; 8],
+}
+
+impl HopFingerprint {
+    fn of(hop: &HopKeys) -> Self {
+        HopFingerprint {
+            c2s: hop.c2s.keys.fingerprint(),
+            s2c: hop.s2c.keys.fingerprint(),
+        }
+    }
+}
+
+/// What the client knows once its data phase started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    /// The primary session's version and suite (every hop uses them).
+    pub version: mbx_record::TlsVersion,
+    pub suite: mbx_record::CipherSuite,
+    /// Every hop the client knows keys for, in path order from the client: with a middlebox,
+    /// client↔middlebox (fresh) then middlebox↔server (the bridge = primary session keys);
+    /// without, only the bridge.
+    pub hops: Vec<HopFingerprint>,
+    /// True when a middlebox received key material.
+    pub middlebox_joined: bool,
 }
 
 /// The only subchannel used with one client-side middlebox.
@@ -148,6 +180,7 @@ impl ClientHandshake {
             discarded: 0,
             pre_marker: None,
             failed: false,
+            summary: None,
             events: VecDeque::new(),
         })
     }
@@ -360,7 +393,14 @@ impl ClientHandshake {
             self.drop_authenticated(rec)?;
         }
         let bridge = HopKeys::from_export(Role::Client, &session);
+        let bridge_fp = HopFingerprint::of(&bridge);
         let side = client_side_keys(session.version, session.suite, bridge, 1)?;
+        self.summary = Some(SessionSummary {
+            version: session.version,
+            suite: session.suite,
+            hops: vec![HopFingerprint::of(&side.endpoint), bridge_fp],
+            middlebox_joined: true,
+        });
         let [km] = <[_; 1]>::try_from(side.middleboxes)
             .map_err(|_| HandshakeError::Protocol("one middlebox expected"))?;
         let msg = SecondaryMessage::KeyMaterial(Box::new(km)).encode()?;
@@ -386,6 +426,12 @@ impl ClientHandshake {
             ..
         } = handoff;
         let bridge = HopKeys::from_export(Role::Client, &session);
+        self.summary = Some(SessionSummary {
+            version: session.version,
+            suite: session.suite,
+            hops: vec![HopFingerprint::of(&bridge)],
+            middlebox_joined: false,
+        });
         let mut data = EndpointDataPhase::new(Role::Client, session.version, bridge);
         data.receive(&unprocessed_incoming);
         self.start_data(data)?;
@@ -417,6 +463,19 @@ impl ClientHandshake {
                 Ok(())
             }
         }
+    }
+
+    /// Ends our direction with close_notify (data phase only).
+    pub fn close(&mut self) -> Result<(), HandshakeError> {
+        match self.data.as_mut() {
+            Some(d) => Ok(d.close()?),
+            None => Err(HandshakeError::Protocol("close before the data phase")),
+        }
+    }
+
+    /// Version, suite and hop key fingerprints, once the data phase started.
+    pub fn summary(&self) -> Option<&SessionSummary> {
+        self.summary.as_ref()
     }
 
     /// Ciphertext for the next hop, in order.

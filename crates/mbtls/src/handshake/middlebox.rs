@@ -492,6 +492,11 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.events.pop_front()
     }
 
+    /// True when the middlebox does not take part and forwards bytes unchanged.
+    pub fn is_passive(&self) -> bool {
+        self.mode == Mode::Passive
+    }
+
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
         self.relay.is_some()

@@ -8,6 +8,7 @@ mod middlebox;
 
 pub use client::{
     Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
+    HopFingerprint, SessionSummary,
 };
 pub use demux::{hello_records, Demux, Piece};
 pub use middlebox::{MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};

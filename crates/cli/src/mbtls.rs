@@ -1,0 +1,590 @@
+//! `mbx mbtls`: an mbTLS client that fetches a URL through one pre-configured middlebox, and the
+//! middlebox itself (in front of any TLS server). Server-side mbTLS support is not built yet.
+//!
+//! Options come from `[mbtls.client]` / `[mbtls.middlebox]` of the config file; flags override
+//! them. See docs/mbtls.md ("Running it") for a worked example.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
+use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_mbtls::driver::client::MiddleboxVerdict;
+use mbx_mbtls::driver::{
+    fingerprint_hex, AppFactory, ConnectionReport, MbtlsClient, MiddleboxServer,
+    MiddleboxServerConfig,
+};
+use mbx_mbtls::handshake::{
+    ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
+};
+use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_record::TlsVersion;
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+/// What the simulated TEE measures: this program plus the middlebox's configuration.
+const PROGRAM: &str = concat!("mbx mbtls middlebox ", env!("CARGO_PKG_VERSION"));
+
+#[derive(clap::Args, Debug)]
+pub struct MbtlsArgs {
+    #[command(subcommand)]
+    command: MbtlsCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum MbtlsCommand {
+    /// Fetch an https:// URL through a pre-configured mbTLS middlebox and print the path, each
+    /// hop's key fingerprint, the attestation verdict, the TLS version, then the response.
+    /// Options: `[mbtls.client]` of the config file, overridden by these flags.
+    Client(ClientFlags),
+    /// Run a client-side mbTLS middlebox: accept mbTLS clients, connect each to the next hop
+    /// (any TLS server), join the session and apply the app to the plaintext.
+    /// Options: `[mbtls.middlebox]` of the config file, overridden by these flags.
+    Middlebox(MiddleboxFlags),
+    /// An mbTLS-aware server with server-side middleboxes (not implemented yet: today the server
+    /// is any legacy TLS server, e.g. nginx, behind `mbx mbtls middlebox`).
+    Server(Rest),
+}
+
+#[derive(clap::Args, Debug)]
+struct Rest {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ClientFlags {
+    /// The URL to fetch (https://host[:port]/path); host is the server name checked in its
+    /// certificate. The TCP connection goes to the middlebox, which knows the server's address.
+    url: String,
+    /// Address of the middlebox (host:port).
+    #[arg(long)]
+    middlebox: Option<String>,
+    /// Name the middlebox's certificate must carry (default: the host of --middlebox).
+    #[arg(long)]
+    middlebox_name: Option<String>,
+    /// CA certificates (PEM) that issue server certificates.
+    #[arg(long)]
+    server_ca: Option<PathBuf>,
+    /// CA certificates (PEM) that issue middlebox certificates (default: --server-ca).
+    #[arg(long)]
+    middlebox_ca: Option<PathBuf>,
+    /// Attestation policy (TOML: an `[attestation]` table or its contents).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Accept evidence from the simulated TEE (demos only; never in production).
+    #[arg(long)]
+    allow_simulated: bool,
+    /// Add an accepted code measurement (hex) to the policy.
+    #[arg(long = "measurement")]
+    measurements: Vec<String>,
+    /// Add a trusted simulated platform key (hex) to the policy.
+    #[arg(long = "sim-platform-key")]
+    sim_platform_keys: Vec<String>,
+    /// Only this TLS version (1.2 or 1.3); default: both offered.
+    #[arg(long)]
+    tls: Option<String>,
+    /// Give up after this many seconds (default 30).
+    #[arg(long)]
+    timeout_secs: Option<u64>,
+}
+
+#[derive(clap::Args, Debug)]
+struct MiddleboxFlags {
+    /// Address to listen on (default 127.0.0.1:8443).
+    #[arg(long)]
+    listen: Option<String>,
+    /// The server (host:port) every accepted connection is relayed to.
+    #[arg(long)]
+    next_hop: Option<String>,
+    /// The middlebox's certificate chain (PEM, leaf first).
+    #[arg(long)]
+    certificate: Option<PathBuf>,
+    /// The middlebox's private key (PEM).
+    #[arg(long)]
+    private_key: Option<PathBuf>,
+    /// `passthrough` or `http-header:NAME:VALUE` (insert a request header).
+    #[arg(long)]
+    app: Option<String>,
+    /// `none` (send no evidence) or `sim` (simulated TEE, for demos).
+    #[arg(long)]
+    attester: Option<String>,
+    /// Simulated platform key (PKCS#8 DER file); created if missing.
+    #[arg(long)]
+    sim_platform_key: Option<PathBuf>,
+}
+
+/// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MbtlsConfig {
+    #[serde(default)]
+    pub client: toml::Table,
+    #[serde(default)]
+    pub middlebox: toml::Table,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientSettings {
+    middlebox: String,
+    middlebox_name: Option<String>,
+    server_ca: PathBuf,
+    middlebox_ca: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    /// Inline policy, as the `[attestation]` table.
+    attestation: Option<toml::Table>,
+    #[serde(default)]
+    allow_simulated: bool,
+    #[serde(default)]
+    measurements: Vec<String>,
+    #[serde(default)]
+    sim_platform_keys: Vec<String>,
+    tls: Option<String>,
+    timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MiddleboxSettings {
+    #[serde(default = "default_listen")]
+    listen: String,
+    next_hop: String,
+    certificate: PathBuf,
+    private_key: PathBuf,
+    #[serde(default = "default_app")]
+    app: String,
+    #[serde(default = "default_attester")]
+    attester: String,
+    sim_platform_key: Option<PathBuf>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8443".into()
+}
+fn default_app() -> String {
+    "passthrough".into()
+}
+fn default_attester() -> String {
+    "none".into()
+}
+
+pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
+    match args.command {
+        MbtlsCommand::Client(flags) => client(flags, config),
+        MbtlsCommand::Middlebox(flags) => middlebox(flags, config),
+        MbtlsCommand::Server(_) => bail!("`mbtls server` is not implemented yet"),
+    }
+}
+
+fn set(table: &mut toml::Table, key: &str, value: Option<String>) {
+    if let Some(v) = value {
+        table.insert(key.into(), toml::Value::String(v));
+    }
+}
+
+fn path_str(p: Option<PathBuf>) -> Option<String> {
+    p.map(|p| p.display().to_string())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
+}
+
+fn version_name(v: TlsVersion) -> &'static str {
+    match v {
+        TlsVersion::Tls12 => "TLS 1.2",
+        TlsVersion::Tls13 => "TLS 1.3",
+    }
+}
+
+fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
+    match s {
+        "1.2" => Ok(TlsVersion::Tls12),
+        "1.3" => Ok(TlsVersion::Tls13),
+        other => bail!("unknown TLS version {other:?} (use 1.2 or 1.3)"),
+    }
+}
+
+fn fp(h: &HopFingerprint) -> String {
+    format!(
+        "c2s {} s2c {}",
+        fingerprint_hex(&h.c2s),
+        fingerprint_hex(&h.s2c)
+    )
+}
+
+/// `https://host[:port]/path` → (host, host header, path).
+fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
+    let rest = url
+        .strip_prefix("https://")
+        .with_context(|| format!("URL {url:?} must start with https://"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if port.parse::<u16>().is_ok() => h,
+        _ => authority,
+    };
+    ensure!(
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'),
+        "URL {url:?} has no usable host name"
+    );
+    ensure!(
+        path.bytes().all(|b| b.is_ascii_graphic()),
+        "URL path must be visible ASCII"
+    );
+    Ok((host.to_owned(), authority.to_owned(), path.to_owned()))
+}
+
+fn client_policy(s: &ClientSettings) -> anyhow::Result<Policy> {
+    let mut policy = match (&s.policy, &s.attestation) {
+        (Some(_), Some(_)) => bail!("give the attestation policy as a file or a table, not both"),
+        (Some(path), None) => {
+            let text = String::from_utf8(read(path, "policy file")?)
+                .context("policy file is not UTF-8")?;
+            Policy::from_toml_str(&text)
+                .with_context(|| format!("invalid policy {}", path.display()))?
+        }
+        (None, Some(table)) => Policy::from_toml_str(&toml::to_string(table)?)
+            .context("invalid [mbtls.client.attestation]")?,
+        (None, None) => Policy::default(),
+    };
+    if s.allow_simulated {
+        policy.allow_simulated = true;
+    }
+    for m in &s.measurements {
+        policy
+            .measurements
+            .push(HexBytes::from_hex(m).context("--measurement")?);
+    }
+    for k in &s.sim_platform_keys {
+        policy
+            .sim_platform_keys
+            .push(HexBytes::from_hex(k).context("--sim-platform-key")?);
+    }
+    policy.validate().context("invalid attestation policy")?;
+    Ok(policy)
+}
+
+fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+    let mut table = config.client.clone();
+    set(&mut table, "middlebox", flags.middlebox);
+    set(&mut table, "middlebox_name", flags.middlebox_name);
+    set(&mut table, "server_ca", path_str(flags.server_ca));
+    set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
+    set(&mut table, "policy", path_str(flags.policy));
+    set(&mut table, "tls", flags.tls);
+    if flags.allow_simulated {
+        table.insert("allow_simulated".into(), toml::Value::Boolean(true));
+    }
+    for (key, list) in [
+        ("measurements", flags.measurements),
+        ("sim_platform_keys", flags.sim_platform_keys),
+    ] {
+        if !list.is_empty() {
+            let entry = table
+                .entry(key)
+                .or_insert_with(|| toml::Value::Array(Vec::new()));
+            if let toml::Value::Array(a) = entry {
+                a.extend(list.into_iter().map(toml::Value::String));
+            }
+        }
+    }
+    if let Some(t) = flags.timeout_secs {
+        table.insert(
+            "timeout_secs".into(),
+            toml::Value::Integer(i64::try_from(t)?),
+        );
+    }
+    let s = ClientSettings::deserialize(toml::Value::Table(table))
+        .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
+
+    let (server_name, authority, path) = parse_url(&flags.url)?;
+    let mbox_name = match &s.middlebox_name {
+        Some(n) => n.clone(),
+        None => s
+            .middlebox
+            .rsplit_once(':')
+            .map(|(h, _)| h.to_owned())
+            .unwrap_or_else(|| s.middlebox.clone()),
+    };
+    let version = s.tls.as_deref().map(parse_version).transpose()?;
+    let policy = client_policy(&s)?;
+    let server_ca = read(&s.server_ca, "server CA file")?;
+    let mbox_ca = match &s.middlebox_ca {
+        Some(p) => read(p, "middlebox CA file")?,
+        None => server_ca.clone(),
+    };
+    let mut primary = TlsConfig::client(&server_name, server_ca);
+    if let Some(v) = version {
+        primary = primary.only(v);
+    }
+    primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+    primary.pause_after_handshake = true;
+    let secondary = TlsConfig::client(&mbox_name, mbox_ca);
+    let cfg = ClientHandshakeConfig {
+        primary: Arc::new(OpenSslContext::new(&primary).context("client TLS configuration")?),
+        server_name: server_name.clone(),
+        secondary: Arc::new(
+            OpenSslContext::new(&secondary).context("middlebox TLS configuration")?,
+        ),
+        middlebox: ClientMiddlebox::Preconfigured(mbox_name.clone()),
+        policy,
+        now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
+    };
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
+    );
+    let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
+    let middlebox_addr = s.middlebox.clone();
+    runtime()?.block_on(async move {
+        let fetch = async {
+            let mut c =
+                MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes())
+                    .await
+                    // The driver's message names every cause already: no source chain on top.
+                    .map_err(|e| {
+                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
+                    })?;
+            print_session(&c, &mbox_name, &middlebox_addr, &server_name);
+            let body = c
+                .read_to_end()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the response failed: {e}"))?;
+            // Best effort: the server already ended its direction.
+            let _ = c.close().await;
+            anyhow::Ok(body)
+        };
+        let body = tokio::time::timeout(bound, fetch)
+            .await
+            .with_context(|| format!("no complete response within {} s", bound.as_secs()))??;
+        print_response(&body);
+        Ok(())
+    })
+}
+
+fn print_session(c: &MbtlsClient, mbox_name: &str, mbox_addr: &str, server: &str) {
+    println!("path: client -> {mbox_name} ({mbox_addr}) -> {server}");
+    if let Some(sum) = c.summary() {
+        println!("{}, {}", version_name(sum.version), sum.suite.name());
+        let names = if sum.middlebox_joined {
+            vec![
+                format!("client <-> {mbox_name} (fresh keys)"),
+                format!("{mbox_name} <-> {server} (primary session keys)"),
+            ]
+        } else {
+            vec![format!("client <-> {server} (primary session keys)")]
+        };
+        for (i, (hop, name)) in sum.hops.iter().zip(names).enumerate() {
+            println!("hop {}: {name}: {}", i + 1, fp(hop));
+        }
+    }
+    match c.verdict() {
+        MiddleboxVerdict::Verified(Some(claims)) => println!(
+            "attestation: {mbox_name} verified ({} TEE, measurement {}, signer {}, svn {})",
+            claims.tee,
+            hex::encode(&claims.measurement),
+            hex::encode(&claims.signer),
+            claims.svn,
+        ),
+        MiddleboxVerdict::Verified(None) => {
+            println!("attestation: {mbox_name} sent no evidence (the policy does not require it)")
+        }
+        MiddleboxVerdict::Excluded(why) => println!("attestation: {mbox_name} excluded: {why}"),
+        MiddleboxVerdict::Direct => println!("attestation: no middlebox took part"),
+    }
+}
+
+fn print_response(body: &[u8]) {
+    let text = String::from_utf8_lossy(body);
+    match text.split_once("\r\n\r\n") {
+        Some((head, rest)) => {
+            let mut lines = head.split("\r\n");
+            if let Some(status) = lines.next() {
+                println!("status: {status}");
+            }
+            println!("headers:");
+            for l in lines {
+                println!("  {l}");
+            }
+            println!("body ({} bytes):", rest.len());
+            print!("{rest}");
+            if !rest.ends_with('\n') {
+                println!();
+            }
+        }
+        None => {
+            println!("response ({} bytes, no HTTP header):", body.len());
+            println!("{text}");
+        }
+    }
+}
+
+/// `passthrough` or `http-header:NAME:VALUE`.
+fn app_factory(spec: &str) -> anyhow::Result<AppFactory> {
+    if spec == "passthrough" {
+        return Ok(Arc::new(|| {
+            Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>
+        }));
+    }
+    let Some(hv) = spec.strip_prefix("http-header:") else {
+        bail!("unknown app {spec:?} (use passthrough or http-header:NAME:VALUE)");
+    };
+    let (name, value) = hv
+        .split_once(':')
+        .with_context(|| format!("app {spec:?}: expected http-header:NAME:VALUE"))?;
+    let prototype =
+        HttpHeaderInsert::new(name, value).map_err(|e| anyhow::anyhow!("app {spec:?}: {e}"))?;
+    // A fresh copy (empty parser state) per connection.
+    Ok(Arc::new(move || {
+        Box::new(prototype.clone()) as Box<dyn MiddleboxApp + Send>
+    }))
+}
+
+fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> {
+    let Some(path) = path else {
+        return Ok((
+            SimulatedPlatform::generate()?,
+            "fresh for this run".to_owned(),
+        ));
+    };
+    if !path.exists() {
+        let pkcs8 = SimulatedPlatform::generate_pkcs8()?;
+        std::fs::write(path, &*pkcs8)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
+    Ok((
+        SimulatedPlatform::from_pkcs8(&pkcs8)?,
+        format!("from {}", path.display()),
+    ))
+}
+
+fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+    let mut table = config.middlebox.clone();
+    set(&mut table, "listen", flags.listen);
+    set(&mut table, "next_hop", flags.next_hop);
+    set(&mut table, "certificate", path_str(flags.certificate));
+    set(&mut table, "private_key", path_str(flags.private_key));
+    set(&mut table, "app", flags.app);
+    set(&mut table, "attester", flags.attester);
+    set(
+        &mut table,
+        "sim_platform_key",
+        path_str(flags.sim_platform_key),
+    );
+    let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
+        .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
+
+    let chain = read(&s.certificate, "certificate")?;
+    let key = Zeroizing::new(read(&s.private_key, "private key")?);
+    let leaf = openssl::x509::X509::stack_from_pem(&chain)
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .context("the certificate file holds no PEM certificate")?
+        .to_der()?;
+    let tls = OpenSslContext::new(&TlsConfig::server(Identity {
+        cert_chain_pem: chain,
+        key_pem: key,
+    }))
+    .context("middlebox TLS configuration")?;
+    let app = app_factory(&s.app)?;
+    // The measured configuration: what the middlebox does to traffic.
+    let measured_config = format!("app={}", s.app);
+    let (attester, attestation_line): (Option<Arc<dyn Attester>>, String) =
+        match s.attester.as_str() {
+            "none" => (None, "none (sends empty evidence)".into()),
+            "sim" => {
+                let (platform, origin) = platform(s.sim_platform_key.as_deref())?;
+                let measurement = sim::measure(PROGRAM, measured_config.as_bytes());
+                let line = format!(
+                    "SIMULATED TEE (demo only): platform key {} ({origin}), measurement {}",
+                    hex::encode(platform.public_key()),
+                    hex::encode(measurement)
+                );
+                let a =
+                    SimulatedAttester::new(Arc::new(platform), measurement, sim::signer_id("mbx"));
+                (Some(Arc::new(a)), line)
+            }
+            other => bail!("unknown attester {other:?} (use none or sim)"),
+        };
+    let cfg = MiddleboxServerConfig {
+        handshake: MiddleboxHandshakeConfig {
+            tls: Arc::new(tls),
+            certificate_der: leaf,
+            attester,
+        },
+        next_hop: s.next_hop.clone(),
+        app,
+    };
+    runtime()?.block_on(async move {
+        let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
+            .await
+            .with_context(|| format!("cannot listen on {}", s.listen))?;
+        println!(
+            "mbTLS middlebox listening on {}, next hop {}",
+            server.local_addr(),
+            s.next_hop
+        );
+        println!("app: {}", s.app);
+        println!("attestation: {attestation_line}");
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    r.context("cannot wait for Ctrl-C")?;
+                    println!("middlebox stopping");
+                    return Ok(());
+                }
+                report = server.next_report() => match report {
+                    Some(r) => print_report(&r),
+                    None => bail!("the middlebox stopped"),
+                },
+            }
+        }
+    })
+}
+
+fn print_report(r: &ConnectionReport) {
+    let from = r
+        .client
+        .map(|a: SocketAddr| a.to_string())
+        .unwrap_or_default();
+    let mut line = format!("connection {} from {from}: ", r.id);
+    if r.keys_installed {
+        line.push_str(&format!(
+            "joined, {}",
+            r.version.map(version_name).unwrap_or("?")
+        ));
+        if let Some(h) = &r.client_hop {
+            line.push_str(&format!("; client hop {}", fp(h)));
+        }
+        if let Some(h) = &r.server_hop {
+            line.push_str(&format!("; server hop {}", fp(h)));
+        }
+    } else if let Some(why) = r.passive {
+        line.push_str(&format!("not joined ({why}), bytes forwarded unchanged"));
+    } else {
+        line.push_str("no key material received");
+    }
+    match &r.outcome {
+        Ok(()) => line.push_str("; closed cleanly"),
+        Err(e) => line.push_str(&format!("; ended with error: {e}")),
+    }
+    println!("{line}");
+}

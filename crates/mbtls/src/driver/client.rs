@@ -1,0 +1,192 @@
+//! The client driver: one TCP connection to the pre-configured middlebox, the handshake core
+//! on it, then application data through the first hop.
+
+use mbx_attest::Claims;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+use super::{DriverError, READ_BUF};
+use crate::endpoint::EndpointEvent;
+use crate::handshake::{
+    ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, SessionSummary,
+};
+
+/// What the client decided about the middlebox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MiddleboxVerdict {
+    /// Certificate and evidence passed; `None` = no evidence, and the policy does not require it.
+    Verified(Option<Claims>),
+    /// A discovered middlebox failed a check and got no key material.
+    Excluded(&'static str),
+    /// No middlebox took part.
+    Direct,
+}
+
+/// An mbTLS client session over TCP, after its handshake.
+pub struct MbtlsClient {
+    stream: TcpStream,
+    hs: ClientHandshake,
+    verdict: MiddleboxVerdict,
+    peer_closed: bool,
+    buf: Vec<u8>,
+}
+
+impl MbtlsClient {
+    /// Connects to the first middlebox and runs the handshake until the data phase starts
+    /// (key material sent, or a direct session). Any failure closes the connection.
+    pub async fn connect(
+        first_hop: impl ToSocketAddrs,
+        cfg: ClientHandshakeConfig,
+    ) -> Result<MbtlsClient, DriverError> {
+        Self::connect_with_data(first_hop, cfg, &[]).await
+    }
+
+    /// Like [`connect`](Self::connect), with application data (e.g. an HTTP request) that the
+    /// core encrypts as soon as the data phase starts and sends in the same flight as the key
+    /// material, so a request costs no round trip of its own. Nothing of it leaves before the
+    /// middlebox passed every check.
+    pub async fn connect_with_data(
+        first_hop: impl ToSocketAddrs,
+        cfg: ClientHandshakeConfig,
+        data: &[u8],
+    ) -> Result<MbtlsClient, DriverError> {
+        let stream = TcpStream::connect(first_hop)
+            .await
+            .map_err(DriverError::io("cannot connect to the middlebox"))?;
+        let _ = stream.set_nodelay(true);
+        let mut hs = ClientHandshake::new(cfg)?;
+        if !data.is_empty() {
+            hs.write(data)?;
+        }
+        let mut c = MbtlsClient {
+            stream,
+            hs,
+            verdict: MiddleboxVerdict::Direct,
+            peer_closed: false,
+            buf: vec![0u8; READ_BUF],
+        };
+        c.flush().await?;
+        while !c.hs.data_phase_started() {
+            if !c.read_some().await? {
+                return Err(DriverError::PeerGone {
+                    peer: "middlebox",
+                    when: "during the handshake",
+                });
+            }
+        }
+        Ok(c)
+    }
+
+    /// Version, suite and the key fingerprint of every hop the client generated or bridged.
+    pub fn summary(&self) -> Option<&SessionSummary> {
+        self.hs.summary()
+    }
+
+    /// The attestation/approval verdict on the middlebox.
+    pub fn verdict(&self) -> &MiddleboxVerdict {
+        &self.verdict
+    }
+
+    /// Encrypts and sends `data` to the server (through the middlebox).
+    pub async fn write_all(&mut self, data: &[u8]) -> Result<(), DriverError> {
+        self.hs.write(data)?;
+        self.flush().await
+    }
+
+    /// Sends close_notify: no more data from us. Reading stays possible.
+    pub async fn close(&mut self) -> Result<(), DriverError> {
+        self.hs.close()?;
+        self.flush().await
+    }
+
+    /// The next piece of application data; `None` once the peer sent close_notify. A connection
+    /// that ends without close_notify is an error (truncation), as is any alert.
+    pub async fn read(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
+        loop {
+            let data = self.hs.take_plaintext();
+            if !data.is_empty() {
+                return Ok(Some(data));
+            }
+            if self.peer_closed {
+                return Ok(None);
+            }
+            if !self.read_some().await? {
+                return Err(DriverError::PeerGone {
+                    peer: "middlebox",
+                    when: "without close_notify (the session may be truncated)",
+                });
+            }
+        }
+    }
+
+    /// Reads until the peer's close_notify.
+    pub async fn read_to_end(&mut self) -> Result<Vec<u8>, DriverError> {
+        let mut all = Vec::new();
+        while let Some(d) = self.read().await? {
+            all.extend_from_slice(&d);
+        }
+        Ok(all)
+    }
+
+    /// One socket read fed to the core; `false` on EOF.
+    async fn read_some(&mut self) -> Result<bool, DriverError> {
+        let n = self
+            .stream
+            .read(&mut self.buf)
+            .await
+            .map_err(DriverError::io("reading from the middlebox"))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let r = self.hs.receive(self.buf.get(..n).unwrap_or_default());
+        // Whatever the core queued (e.g. an alert) goes out before we report the error.
+        let flushed = self.flush().await;
+        r?;
+        self.events()?;
+        flushed?;
+        Ok(true)
+    }
+
+    fn events(&mut self) -> Result<(), DriverError> {
+        while let Some(ev) = self.hs.poll_event() {
+            match ev {
+                ClientHandshakeEvent::MiddleboxVerified(claims) => {
+                    self.verdict = MiddleboxVerdict::Verified(claims)
+                }
+                ClientHandshakeEvent::MiddleboxExcluded(why) => {
+                    self.verdict = MiddleboxVerdict::Excluded(why)
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
+                    return Err(DriverError::alert(a, "received from the path"))
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
+                    return Err(DriverError::alert(alert, what))
+                }
+                ClientHandshakeEvent::Data(ev) => tracing::debug!(?ev, "mbtls client"),
+                ev => tracing::debug!(?ev, "mbtls client"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), DriverError> {
+        let out = self.hs.take_outgoing();
+        if !out.is_empty() {
+            self.stream
+                .write_all(&out)
+                .await
+                .map_err(DriverError::io("writing to the middlebox"))?;
+        }
+        Ok(())
+    }
+}
+
+impl core::fmt::Debug for MbtlsClient {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MbtlsClient")
+            .field("verdict", &self.verdict)
+            .field("summary", &self.hs.summary())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,374 @@
+//! The middlebox driver: accept a connection, connect it to the next hop, and move bytes
+//! between the two sockets and [`MiddleboxHandshake`] (handshake, then relay), both directions
+//! at once. One report per connection says what happened.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mbx_apps::MiddleboxApp;
+use mbx_record::TlsVersion;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::{DriverError, READ_BUF};
+use crate::handshake::{
+    HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+};
+use crate::hop::Side;
+use crate::relay::RelayEvent;
+
+/// Makes a fresh app instance for each connection.
+pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
+
+type App = Box<dyn MiddleboxApp + Send>;
+
+/// Chunks queued toward one neighbour before reading from the other side waits (back-pressure).
+const QUEUE: usize = 64;
+/// After a fatal error or the end of the session: how long queued bytes (e.g. alerts) may take
+/// to leave before the sockets are dropped anyway.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// What a middlebox needs to serve connections.
+#[derive(Clone)]
+pub struct MiddleboxServerConfig {
+    /// Certificate, key and attester for the secondary sessions.
+    pub handshake: MiddleboxHandshakeConfig,
+    /// The next hop toward the server (`host:port`), connected once per accepted connection.
+    pub next_hop: String,
+    /// The middlebox function, one instance per connection.
+    pub app: AppFactory,
+}
+
+/// The outcome of one relayed connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionReport {
+    /// Connection number, from 0 in accept order.
+    pub id: u64,
+    pub client: Option<SocketAddr>,
+    /// We answered an optimistic ClientHello (secondary session started).
+    pub joined: bool,
+    pub evidence_sent: bool,
+    /// Key material arrived: this middlebox saw (and could change) the plaintext.
+    pub keys_installed: bool,
+    /// Why the middlebox did not take part, if it did not.
+    pub passive: Option<&'static str>,
+    pub version: Option<TlsVersion>,
+    /// Key fingerprints of the hop toward the client and the hop toward the server.
+    pub client_hop: Option<HopFingerprint>,
+    pub server_hop: Option<HopFingerprint>,
+    /// `Err` with the reason when the session did not end cleanly.
+    pub outcome: Result<(), String>,
+}
+
+impl ConnectionReport {
+    fn new(id: u64, client: Option<SocketAddr>) -> Self {
+        ConnectionReport {
+            id,
+            client,
+            joined: false,
+            evidence_sent: false,
+            keys_installed: false,
+            passive: None,
+            version: None,
+            client_hop: None,
+            server_hop: None,
+            outcome: Ok(()),
+        }
+    }
+}
+
+/// A listening middlebox. Dropping it stops the listener and every connection (both sockets of
+/// each are closed).
+pub struct MiddleboxServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+    reports: mpsc::UnboundedReceiver<ConnectionReport>,
+}
+
+impl MiddleboxServer {
+    /// Binds `listen` and serves connections in the background (needs a tokio runtime).
+    pub async fn bind(
+        listen: impl ToSocketAddrs,
+        cfg: MiddleboxServerConfig,
+    ) -> Result<MiddleboxServer, DriverError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(DriverError::io("cannot listen"))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(DriverError::io("cannot read the listening address"))?;
+        let (tx, reports) = mpsc::unbounded_channel();
+        let task = tokio::spawn(accept_loop(listener, Arc::new(cfg), tx));
+        Ok(MiddleboxServer {
+            local_addr,
+            task,
+            reports,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The report of the next connection that ends (`None` if the server stopped).
+    pub async fn next_report(&mut self) -> Option<ConnectionReport> {
+        self.reports.recv().await
+    }
+
+    /// Stops listening and drops every connection now (as if the process were killed).
+    pub fn shutdown(self) {}
+}
+
+impl Drop for MiddleboxServer {
+    fn drop(&mut self) {
+        // Aborting the accept task drops its JoinSet, which aborts every connection task and
+        // with it both of its sockets.
+        self.task.abort();
+    }
+}
+
+impl core::fmt::Debug for MiddleboxServer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MiddleboxServer")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    cfg: Arc<MiddleboxServerConfig>,
+    reports: mpsc::UnboundedSender<ConnectionReport>,
+) {
+    let ids = AtomicU64::new(0);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let id = ids.fetch_add(1, Ordering::Relaxed);
+                    let cfg = cfg.clone();
+                    let reports = reports.clone();
+                    conns.spawn(async move {
+                        let report = serve_connection(id, stream, Some(peer), &cfg).await;
+                        match &report.outcome {
+                            Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
+                            Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
+                        }
+                        let _ = reports.send(report);
+                    });
+                }
+                Err(e) => {
+                    // Transient accept errors (e.g. EMFILE) must not end the middlebox.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::task::yield_now().await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Relays one accepted connection to `cfg.next_hop` until both directions ended or something
+/// failed; both sockets are closed when this returns.
+pub async fn serve_connection(
+    id: u64,
+    client: TcpStream,
+    peer: Option<SocketAddr>,
+    cfg: &MiddleboxServerConfig,
+) -> ConnectionReport {
+    let mut report = ConnectionReport::new(id, peer);
+    if let Err(e) = relay(client, cfg, &mut report).await {
+        report.outcome = Err(e.to_string());
+    }
+    report
+}
+
+enum Out {
+    Data(Vec<u8>),
+    /// Half-close: no more bytes toward this neighbour.
+    Fin,
+}
+
+async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) -> std::io::Result<()> {
+    while let Some(out) = rx.recv().await {
+        match out {
+            Out::Data(d) => half.write_all(&d).await?,
+            Out::Fin => {
+                half.shutdown().await?;
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Conn {
+    hs: MiddleboxHandshake<App>,
+    to_client: mpsc::Sender<Out>,
+    to_server: mpsc::Sender<Out>,
+    failure: Option<String>,
+}
+
+impl Conn {
+    fn tx(&self, to: Side) -> &mpsc::Sender<Out> {
+        match to {
+            Side::Client => &self.to_client,
+            Side::Server => &self.to_server,
+        }
+    }
+
+    /// Queues what the core produced for both neighbours, in order.
+    async fn push(&mut self) -> Result<(), DriverError> {
+        for to in [Side::Client, Side::Server] {
+            let out = self.hs.take_outgoing(to);
+            if !out.is_empty() && self.tx(to).send(Out::Data(out)).await.is_err() {
+                return Err(DriverError::PeerGone {
+                    peer: side_name(to),
+                    when: "while we were writing to it",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn events(&mut self, report: &mut ConnectionReport) {
+        while let Some(ev) = self.hs.poll_event() {
+            match ev {
+                MiddleboxHandshakeEvent::Joined { .. } => report.joined = true,
+                MiddleboxHandshakeEvent::Passive(why) => report.passive = Some(why),
+                MiddleboxHandshakeEvent::EvidenceSent => report.evidence_sent = true,
+                MiddleboxHandshakeEvent::KeysInstalled => {
+                    report.keys_installed = true;
+                    if let Some(relay) = self.hs.relay() {
+                        report.version = Some(relay.version());
+                        // Per side: (read, write). Toward the client we read c2s.
+                        let fp = |side, read_is_c2s: bool| {
+                            let (r, w) = relay.key_fingerprints(side);
+                            let (r, w) = (r?, w?);
+                            Some(if read_is_c2s {
+                                HopFingerprint { c2s: r, s2c: w }
+                            } else {
+                                HopFingerprint { c2s: w, s2c: r }
+                            })
+                        };
+                        report.client_hop = fp(Side::Client, true);
+                        report.server_hop = fp(Side::Server, false);
+                    }
+                }
+                MiddleboxHandshakeEvent::Relay(RelayEvent::Failed { cause, alert }) => {
+                    self.failure.get_or_insert_with(|| {
+                        format!("relay failed ({cause:?}), alert {}", alert.description.0)
+                    });
+                }
+                MiddleboxHandshakeEvent::Relay(ev) => tracing::debug!(?ev, "mbtls relay"),
+            }
+        }
+    }
+
+    fn direction_ended(&self, from: Side) -> bool {
+        match self.hs.relay() {
+            Some(r) => r.direction_ended(from),
+            // Forwarding ciphertext it cannot read: TCP half-closes pass through.
+            None => self.hs.is_passive(),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.hs.relay().is_some_and(|r| r.is_closed())
+    }
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Client => "client",
+        Side::Server => "server",
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    cfg: &MiddleboxServerConfig,
+    report: &mut ConnectionReport,
+) -> Result<(), DriverError> {
+    let server = TcpStream::connect(cfg.next_hop.as_str())
+        .await
+        .map_err(DriverError::io("cannot connect to the next hop"))?;
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let hs = MiddleboxHandshake::new(cfg.handshake.clone(), (cfg.app)())?;
+    let (mut client_r, client_w) = client.into_split();
+    let (mut server_r, server_w) = server.into_split();
+    let (to_client, rx_c) = mpsc::channel(QUEUE);
+    let (to_server, rx_s) = mpsc::channel(QUEUE);
+    let mut writers = JoinSet::new();
+    writers.spawn(writer(client_w, rx_c));
+    writers.spawn(writer(server_w, rx_s));
+    let mut conn = Conn {
+        hs,
+        to_client,
+        to_server,
+        failure: None,
+    };
+    let mut open = [true, true]; // reading from client, from server
+    let mut buf_c = vec![0u8; READ_BUF];
+    let mut buf_s = vec![0u8; READ_BUF];
+    let result: Result<(), DriverError> = loop {
+        if let Some(f) = conn.failure.take() {
+            break Err(DriverError::Relay(f));
+        }
+        if conn.finished() || (!open[0] && !open[1]) {
+            break Ok(());
+        }
+        let (from, read) = tokio::select! {
+            r = client_r.read(&mut buf_c), if open[0] => (Side::Client, r.map(|n| buf_c.get(..n).unwrap_or_default())),
+            r = server_r.read(&mut buf_s), if open[1] => (Side::Server, r.map(|n| buf_s.get(..n).unwrap_or_default())),
+            Some(w) = writers.join_next() => {
+                match w {
+                    Ok(Ok(())) => continue,
+                    _ => break Err(DriverError::PeerGone { peer: "neighbour", when: "while we were writing to it" }),
+                }
+            }
+        };
+        // A reset counts as the peer disappearing, like EOF without close_notify.
+        let bytes = read.unwrap_or_default();
+        if bytes.is_empty() {
+            if conn.direction_ended(from) {
+                let idx = usize::from(from == Side::Server);
+                if let Some(slot) = open.get_mut(idx) {
+                    *slot = false;
+                }
+                let _ = conn.tx(from.other()).send(Out::Fin).await;
+                continue;
+            }
+            break Err(DriverError::PeerGone {
+                peer: side_name(from),
+                when: if conn.hs.keys_installed() {
+                    "mid-session, without close_notify"
+                } else {
+                    "during the handshake"
+                },
+            });
+        }
+        let received = conn.hs.receive(from, bytes);
+        conn.events(report);
+        // Alerts the core queued go out even when it failed.
+        let pushed = conn.push().await;
+        received?;
+        pushed?;
+    };
+    // Orderly or not, let queued bytes (close_notify, alerts) leave, then close both sockets.
+    let _ = conn.to_client.send(Out::Fin).await;
+    let _ = conn.to_server.send(Out::Fin).await;
+    drop(conn);
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        while writers.join_next().await.is_some() {}
+    })
+    .await;
+    result
+}

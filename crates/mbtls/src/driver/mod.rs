@@ -1,0 +1,73 @@
+//! Thin tokio drivers: they own the sockets, feed the sans-I/O cores ([`crate::handshake`]) and
+//! write what the cores produce, in order. No protocol decision is taken here.
+//!
+//! - [`client`]: connect to the pre-configured middlebox, run [`ClientHandshake`], then read and
+//!   write application data through the first hop.
+//! - [`middlebox`]: accept connections, connect each to the next hop, run
+//!   [`MiddleboxHandshake`] and the relay, both directions at once.
+//!
+//! Failure rule: any fatal error closes both TCP connections of a middlebox; a peer that
+//! disappears (EOF or reset without close_notify) is an error for the other side, never a hang.
+//!
+//! [`ClientHandshake`]: crate::handshake::ClientHandshake
+//! [`MiddleboxHandshake`]: crate::handshake::MiddleboxHandshake
+
+pub mod client;
+pub mod middlebox;
+
+pub use client::MbtlsClient;
+pub use middlebox::{AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig};
+
+use crate::handshake::HandshakeError;
+use crate::hop::Alert;
+
+/// Bytes read from a socket at once.
+pub(crate) const READ_BUF: usize = 32 * 1024;
+
+/// Why a driver stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// A socket operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        source: std::io::Error,
+    },
+    /// The handshake core refused the session.
+    #[error("mbTLS handshake failed: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// The neighbour closed the TCP connection when it should not have.
+    #[error("the {peer} closed the connection {when}")]
+    PeerGone {
+        peer: &'static str,
+        when: &'static str,
+    },
+    /// The session ended with a fatal alert (received, or sent by us).
+    #[error("session ended with alert {description} ({what})")]
+    Alert { description: u8, what: &'static str },
+    /// The data phase ended abnormally (bad record, alert, app verdict).
+    #[error("relay: {0}")]
+    Relay(String),
+    /// Configuration the driver cannot use.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl DriverError {
+    pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
+        move |source| DriverError::Io { context, source }
+    }
+
+    pub(crate) fn alert(alert: Alert, what: &'static str) -> DriverError {
+        DriverError::Alert {
+            description: alert.description.0,
+            what,
+        }
+    }
+}
+
+/// Hex of a key fingerprint, as printed by the CLI and logs.
+pub fn fingerprint_hex(fp: &[u8; 8]) -> String {
+    fp.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,591 @@
+//! The tokio drivers over real TCP on loopback, in front of real legacy servers (nginx,
+//! `openssl s_server`): client → one pre-configured middlebox → server, TLS 1.2 and 1.3.
+//!
+//! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
+use mbx_attest::sim::{measure, signer_id};
+use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig, TlsEngine};
+use mbx_mbtls::driver::client::MiddleboxVerdict;
+use mbx_mbtls::driver::{
+    AppFactory, DriverError, MbtlsClient, MiddleboxServer, MiddleboxServerConfig,
+};
+use mbx_mbtls::handshake::{
+    ClientHandshakeConfig, ClientMiddlebox, HandshakeError, MiddleboxHandshakeConfig,
+};
+use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_record::TlsVersion;
+use mbx_testbed::relay::{DelayRelay, Direction, FlightCounter, Tap};
+use mbx_testbed::{LeafSpec, Nginx, OpensslServer, PkiFiles, TestPki};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+use zeroize::Zeroizing;
+
+const PROGRAM: &str = "mbx-test-middlebox";
+/// Upper bound for any one network step; only there so that a hang fails instead of blocking.
+const BOUND: Duration = Duration::from_secs(60);
+const VERSIONS: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
+
+fn tb(v: TlsVersion) -> mbx_testbed::TlsVersion {
+    match v {
+        TlsVersion::Tls12 => mbx_testbed::TlsVersion::Tls12,
+        TlsVersion::Tls13 => mbx_testbed::TlsVersion::Tls13,
+    }
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    root_pem: Vec<u8>,
+    server_files: PkiFiles,
+    mbox_id: Identity,
+    mbox_der: Vec<u8>,
+    platform: Arc<SimulatedPlatform>,
+}
+
+impl World {
+    fn new() -> World {
+        let pki = TestPki::new("mbtls driver test root").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server_files = pki
+            .issue(&LeafSpec::server("server.test"))
+            .unwrap()
+            .write_to(dir.path())
+            .unwrap();
+        let mbox = pki.issue(&LeafSpec::middlebox("mb.test")).unwrap();
+        World {
+            _dir: dir,
+            root_pem: pki.root_pem().into_bytes(),
+            server_files,
+            mbox_id: Identity {
+                cert_chain_pem: mbox.chain_pem().into_bytes(),
+                key_pem: Zeroizing::new(mbox.key_pem().as_bytes().to_vec()),
+            },
+            mbox_der: mbox.cert_der().to_vec(),
+            platform: Arc::new(SimulatedPlatform::generate().unwrap()),
+        }
+    }
+
+    /// A client whose policy accepts `accepted` as the middlebox's measurement.
+    fn client(&self, version: TlsVersion, accepted: [u8; 32]) -> ClientHandshakeConfig {
+        let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
+        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client("mb.test", self.root_pem.clone());
+        ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            server_name: "server.test".into(),
+            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
+            policy: Policy {
+                allow_simulated: true,
+                measurements: vec![HexBytes(accepted.to_vec())],
+                sim_platform_keys: vec![HexBytes(self.platform.public_key().to_vec())],
+                ..Policy::default()
+            },
+            now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
+        }
+    }
+
+    fn middlebox(&self, next_hop: std::net::SocketAddr, app: AppFactory) -> MiddleboxServerConfig {
+        let attester = SimulatedAttester::new(
+            self.platform.clone(),
+            measure(PROGRAM, b""),
+            signer_id("mbx tests"),
+        );
+        MiddleboxServerConfig {
+            handshake: MiddleboxHandshakeConfig {
+                tls: Arc::new(
+                    OpenSslContext::new(&TlsConfig::server(self.mbox_id.clone())).unwrap(),
+                ),
+                certificate_der: self.mbox_der.clone(),
+                attester: Some(Arc::new(attester)),
+            },
+            next_hop: next_hop.to_string(),
+            app,
+        }
+    }
+}
+
+fn header_app() -> AppFactory {
+    Arc::new(|| {
+        Box::new(HttpHeaderInsert::new("X-Mbtls", "mb.test").unwrap())
+            as Box<dyn MiddleboxApp + Send>
+    })
+}
+
+fn passthrough() -> AppFactory {
+    Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>)
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+/// Connects with the request in the key-material flight, reads the response until the
+/// server's close_notify, then closes our direction.
+async fn fetch(
+    first_hop: std::net::SocketAddr,
+    cfg: ClientHandshakeConfig,
+    path: &str,
+) -> (MbtlsClient, String) {
+    let mut client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(first_hop, cfg, &get(path)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let body = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+    client.close().await.unwrap();
+    (client, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserted_header_reaches_nginx_both_versions() {
+    let w = World::new();
+    for version in VERSIONS {
+        let nginx = Nginx::from_files(&w.server_files)
+            .protocols(&[tb(version)])
+            .log_header("X-Mbtls")
+            .start()
+            .unwrap();
+        let mut mbox =
+            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
+                .await
+                .unwrap();
+        let (client, response) = fetch(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            "/headers",
+        )
+        .await;
+        assert!(
+            matches!(client.verdict(), MiddleboxVerdict::Verified(Some(c)) if c.measurement == measure(PROGRAM, b"")),
+            "{:?}",
+            client.verdict()
+        );
+        let summary = client.summary().unwrap().clone();
+        assert_eq!(summary.version, version);
+        assert!(summary.middlebox_joined);
+        assert_eq!(summary.hops.len(), 2);
+        assert_ne!(summary.hops[0], summary.hops[1]);
+        drop(client);
+        assert!(
+            response.starts_with("HTTP/1.1 200"),
+            "{version:?}: {response}"
+        );
+        assert!(
+            response.contains("x-mbtls: mb.test"),
+            "{version:?}: {response}"
+        );
+        let log = nginx.wait_access_log(|l| l.contains("/headers")).unwrap();
+        assert!(log.contains("x-mbtls=\"mb.test\""), "{log}");
+        let proto = match version {
+            TlsVersion::Tls12 => "TLSv1.2",
+            TlsVersion::Tls13 => "TLSv1.3",
+        };
+        assert!(log.contains(proto), "{log}");
+
+        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        assert!(
+            report.joined && report.evidence_sent && report.keys_installed,
+            "{report:?}"
+        );
+        assert_eq!(report.version, Some(version));
+        // The middlebox's two hops are the client's two hops, seen from the other end.
+        assert_eq!(report.client_hop, Some(summary.hops[0]));
+        assert_eq!(report.server_hop, Some(summary.hops[1]));
+        assert_eq!(report.outcome, Ok(()), "{report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openssl_s_server_www_through_the_middlebox_both_versions() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server = OpensslServer::from_files(&w.server_files)
+            .version(tb(version))
+            .start()
+            .unwrap();
+        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), header_app()))
+            .await
+            .unwrap();
+        let (client, response) = fetch(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            "/",
+        )
+        .await;
+        assert!(
+            response.starts_with("HTTP/1.0 200 ok"),
+            "{version:?}: {response}"
+        );
+        // s_server -www reports the protocol it negotiated with the (bridging) middlebox.
+        let proto = match version {
+            TlsVersion::Tls12 => "New, TLSv1.2, Cipher is",
+            TlsVersion::Tls13 => "New, TLSv1.3, Cipher is",
+        };
+        assert!(response.contains(proto), "{version:?}: {response}");
+        assert_eq!(client.summary().unwrap().version, version);
+    }
+}
+
+/// Application-data records (type 23) in one direction of a captured hop.
+fn app_records(stream: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = stream;
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if rest[0] == 23 {
+            out.push(rest[..len].to_vec());
+        }
+        rest = &rest[len..];
+    }
+    assert!(rest.is_empty(), "partial record in capture");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1c_same_request_crosses_the_two_hops_as_different_ciphertexts() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server = Nginx::from_files(&w.server_files)
+            .protocols(&[tb(version)])
+            .start()
+            .unwrap();
+        let (tap1, tap2) = (Tap::new(), Tap::new());
+        let hop2 = DelayRelay::builder(server.addr())
+            .tap(tap2.clone())
+            .start()
+            .await
+            .unwrap();
+        let mbox =
+            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(hop2.local_addr(), passthrough()))
+                .await
+                .unwrap();
+        let hop1 = DelayRelay::builder(mbox.local_addr())
+            .tap(tap1.clone())
+            .start()
+            .await
+            .unwrap();
+        let marker = "p1c-marker-".repeat(100);
+        let (client, response) = fetch(
+            hop1.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            &format!("/{marker}"),
+        )
+        .await;
+        assert!(response.contains("mbx nginx ok"), "{response}");
+        let log = server.wait_access_log(|l| l.contains(&marker)).unwrap();
+        assert!(log.contains(&marker), "the server saw the request");
+        drop(client);
+        drop(mbox);
+        drop((hop1, hop2));
+
+        let c1 = tap1.bytes(0, Direction::ClientToServer);
+        let c2 = tap2.bytes(0, Direction::ClientToServer);
+        for capture in [&c1, &c2] {
+            assert!(
+                !capture
+                    .windows(marker.len())
+                    .any(|x| x == marker.as_bytes()),
+                "plaintext visible on a hop"
+            );
+        }
+        // The request is the largest client record; with the pass-through app it has the same
+        // plaintext (hence the same length) on both hops, under different keys.
+        let largest = |c: &[u8]| app_records(c).into_iter().max_by_key(Vec::len).unwrap();
+        let (r1, r2) = (largest(&c1), largest(&c2));
+        assert!(r1.len() > marker.len(), "{version:?}");
+        assert_eq!(r1.len(), r2.len(), "{version:?}: same plaintext");
+        assert_ne!(r1[5..], r2[5..], "{version:?}: same ciphertext on two hops");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_middlebox_makes_the_client_fail_with_an_error() {
+    let w = World::new();
+    for version in VERSIONS {
+        let nginx = Nginx::from_files(&w.server_files)
+            .protocols(&[tb(version)])
+            .start()
+            .unwrap();
+        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), passthrough()))
+            .await
+            .unwrap();
+        let mut client = timeout(
+            BOUND,
+            MbtlsClient::connect(mbox.local_addr(), w.client(version, measure(PROGRAM, b""))),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        // Mid-session: one request answered (keep-alive), then the middlebox dies.
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("mbx nginx ok") {
+            let chunk = timeout(BOUND, client.read())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            got.extend_from_slice(&chunk);
+        }
+        mbox.shutdown();
+        // Writing may still succeed (the kernel buffers it); reading must fail, not hang.
+        let _ = client
+            .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
+            .await;
+        let r = timeout(BOUND, client.read()).await.expect("client hung");
+        match r {
+            Err(DriverError::PeerGone { .. } | DriverError::Io { .. }) => {}
+            other => panic!("{version:?}: expected an error, got {other:?}"),
+        }
+    }
+}
+
+/// A legacy TLS server in process (OpenSSL engine over a socket) that records every byte of
+/// application data it receives, for one connection.
+async fn recording_server(listener: TcpListener, ctx: OpenSslContext) -> (bool, Vec<u8>) {
+    let (mut sock, _) = listener.accept().await.unwrap();
+    let mut engine = ctx.engine().unwrap();
+    let mut plaintext = Vec::new();
+    let mut buf = vec![0u8; 16384];
+    loop {
+        let n = sock.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        engine.feed(&buf[..n]);
+        let failed = engine.process().is_err();
+        plaintext.extend(engine.take_plaintext());
+        let out = engine.take_outgoing();
+        if !out.is_empty() && sock.write_all(&out).await.is_err() || failed {
+            break;
+        }
+    }
+    (!engine.is_handshaking(), plaintext)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server_leaf = Identity {
+            cert_chain_pem: std::fs::read(&w.server_files.chain).unwrap(),
+            key_pem: Zeroizing::new(std::fs::read(&w.server_files.key).unwrap()),
+        };
+        let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(recording_server(listener, ctx));
+        let mut mbox =
+            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
+                .await
+                .unwrap();
+        // The client accepts another measurement than the one the middlebox runs.
+        let cfg = w.client(version, measure("some-other-program", b""));
+        let r = timeout(BOUND, MbtlsClient::connect(mbox.local_addr(), cfg))
+            .await
+            .unwrap();
+        match r {
+            Err(DriverError::Handshake(HandshakeError::Attestation(_))) => {}
+            other => panic!("{version:?}: expected an attestation error, got {other:?}"),
+        }
+        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        assert!(report.evidence_sent, "{report:?}");
+        assert!(!report.keys_installed, "{report:?}");
+        assert!(report.outcome.is_err(), "{report:?}");
+        let (handshake_done, data) = timeout(BOUND, server).await.unwrap().unwrap();
+        // The primary handshake got through to the server; no application byte followed it.
+        assert!(handshake_done, "{version:?}");
+        assert!(data.is_empty(), "{version:?}: server received {data:?}");
+    }
+}
+
+/// A plain TLS client (no MiddleboxSupport): handshake, one request, read until the server
+/// closes. Returns the response.
+async fn plain_fetch(addr: std::net::SocketAddr, root: &[u8], version: TlsVersion) -> Vec<u8> {
+    let ctx = OpenSslContext::new(&TlsConfig::client("server.test", root.to_vec()).only(version))
+        .unwrap();
+    let mut engine = ctx.engine().unwrap();
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.set_nodelay(true).unwrap();
+    engine.process().unwrap();
+    let mut sent = false;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16384];
+    loop {
+        if !engine.is_handshaking() && !sent {
+            engine
+                .write_plaintext(
+                    b"GET / HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n",
+                )
+                .unwrap();
+            sent = true;
+        }
+        let out = engine.take_outgoing();
+        if !out.is_empty() {
+            sock.write_all(&out).await.unwrap();
+        }
+        if engine.peer_closed() {
+            // As the mbTLS client does: answer the server's close_notify with ours.
+            engine.close().unwrap();
+            sock.write_all(&engine.take_outgoing()).await.unwrap();
+            return got;
+        }
+        let n = sock.read(&mut buf).await.unwrap();
+        if n == 0 {
+            return got;
+        }
+        engine.feed(&buf[..n]);
+        engine.process().unwrap();
+        got.extend(engine.take_plaintext());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p7_round_trips_mbtls_vs_plain_tls_through_the_same_path() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server = OpensslServer::from_files(&w.server_files)
+            .version(tb(version))
+            .start()
+            .unwrap();
+        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
+            .await
+            .unwrap();
+        let flights = FlightCounter::new();
+        let hop1 = DelayRelay::builder(mbox.local_addr())
+            .flights(flights.clone())
+            .start()
+            .await
+            .unwrap();
+        // Connection 0: mbTLS, the middlebox joins.
+        let (client, mbtls) = fetch(
+            hop1.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            "/",
+        )
+        .await;
+        assert!(client.summary().unwrap().middlebox_joined);
+        drop(client);
+        // Connection 1: plain TLS through the same relay and middlebox (which stays passive).
+        let plain = timeout(BOUND, plain_fetch(hop1.local_addr(), &w.root_pem, version))
+            .await
+            .unwrap();
+        assert!(mbtls.starts_with("HTTP/1.0 200 ok"));
+        assert!(String::from_utf8_lossy(&plain).starts_with("HTTP/1.0 200 ok"));
+        let (m, p) = (flights.round_trips(0), flights.round_trips(1));
+        println!(
+            "{version:?}: mbTLS {m} round trips {:?}; plain TLS {p} round trips {:?}",
+            flights.sequence(0),
+            flights.sequence(1)
+        );
+        match version {
+            TlsVersion::Tls12 => assert_eq!(m, p, "round trips mbTLS vs plain TLS 1.2"),
+            // Known gap (docs/mbtls.md §7): the middlebox's evidence needs its secondary
+            // session's application keys, and our OpenSSL engine cannot write 0.5-RTT data, so
+            // under TLS 1.3 it leaves only after the client's secondary Finished: one round trip
+            // more than plain TLS 1.3 before the first request. Update this when it is fixed.
+            TlsVersion::Tls13 => assert_eq!(m, p + 1, "round trips mbTLS vs plain TLS 1.3"),
+        }
+    }
+}
+
+/// What the in-process server does once the client's request arrived.
+#[derive(Clone, Copy, Debug)]
+enum Misbehave {
+    /// Sends a record that cannot authenticate (forged on the bridge hop).
+    Forge,
+    /// Closes the TCP connection without close_notify.
+    Vanish,
+}
+
+/// A legacy server that misbehaves after the first request; returns once its connection is
+/// closed by the other side (Forge) or right after closing it (Vanish).
+async fn misbehaving_server(listener: TcpListener, ctx: OpenSslContext, how: Misbehave) {
+    let (mut sock, _) = listener.accept().await.unwrap();
+    let mut engine = ctx.engine().unwrap();
+    let mut buf = vec![0u8; 16384];
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = sock.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed before the request");
+        engine.feed(&buf[..n]);
+        engine.process().unwrap();
+        got.extend(engine.take_plaintext());
+        sock.write_all(&engine.take_outgoing()).await.unwrap();
+    }
+    match how {
+        Misbehave::Vanish => drop(sock),
+        Misbehave::Forge => {
+            let mut forged = vec![23, 3, 3, 0, 40];
+            forged.extend([0u8; 40]);
+            sock.write_all(&forged).await.unwrap();
+            // The middlebox must close this connection (after its alert): read until EOF.
+            while sock.read(&mut buf).await.unwrap_or(0) > 0 {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_failures_close_both_connections_and_fail_the_client() {
+    let w = World::new();
+    for version in VERSIONS {
+        for how in [Misbehave::Forge, Misbehave::Vanish] {
+            let server_leaf = Identity {
+                cert_chain_pem: std::fs::read(&w.server_files.chain).unwrap(),
+                key_pem: Zeroizing::new(std::fs::read(&w.server_files.key).unwrap()),
+            };
+            let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let server_addr = listener.local_addr().unwrap();
+            let server = tokio::spawn(misbehaving_server(listener, ctx, how));
+            let mut mbox =
+                MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
+                    .await
+                    .unwrap();
+            let mut client = timeout(
+                BOUND,
+                MbtlsClient::connect_with_data(
+                    mbox.local_addr(),
+                    w.client(version, measure(PROGRAM, b"")),
+                    &get("/"),
+                ),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+            let r = timeout(BOUND, client.read()).await.expect("client hung");
+            match (how, r) {
+                // bad_record_mac from the middlebox, sealed under the client's hop keys.
+                (
+                    Misbehave::Forge,
+                    Err(DriverError::Alert {
+                        description: 20, ..
+                    }),
+                ) => {}
+                (Misbehave::Vanish, Err(DriverError::PeerGone { .. })) => {}
+                (how, other) => panic!("{version:?} {how:?}: got {other:?}"),
+            }
+            // The server's connection was closed by the middlebox (Forge waits for that).
+            timeout(BOUND, server).await.unwrap().unwrap();
+            let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+            assert!(report.keys_installed, "{report:?}");
+            let err = report.outcome.unwrap_err();
+            match how {
+                Misbehave::Forge => assert!(err.contains("BadRecord"), "{err}"),
+                Misbehave::Vanish => assert!(err.contains("server closed"), "{err}"),
+            }
+        }
+    }
+}
