@@ -14,6 +14,8 @@ pub struct Config {
     pub demo: crate::demo::DemoConfig,
     #[serde(default)]
     pub keyless: crate::keyless::KeylessConfig,
+    #[serde(default)]
+    pub mbtls: crate::mbtls::MbtlsConfig,
 }
 
 impl Config {

@@ -1,9 +1,10 @@
-//! `mbx keyless`: the Keyless SSL key server (the edge comes later).
+//! `mbx keyless`: the Keyless SSL key server and edge server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use mbx_keyless::edge::{Edge, EdgeConfig};
 use mbx_keyless::server::{KeyServer, ServerConfig};
 use serde::Deserialize;
 
@@ -19,9 +20,50 @@ enum KeylessCommand {
     /// over mutually authenticated TLS (default port 2407). Options come from the `[keyless.keyserver]`
     /// table of the config file (see docs/keyless.md); these flags override it.
     Keyserver(KeyserverFlags),
-    /// The edge server (not implemented yet).
-    #[command(external_subcommand)]
-    Other(Vec<String>),
+    /// Run an edge server: terminates clients' TLS with the sites' certificates, has every
+    /// signature made by key servers, checks the Host header and proxies (with a cache) to the
+    /// origins. Options come from the `[keyless.edge]` table of the config file (see
+    /// docs/keyless.md); these flags override it or add a key-server group, origin and sites
+    /// all named "default".
+    Edge(EdgeFlags),
+}
+
+#[derive(clap::Args, Debug)]
+struct EdgeFlags {
+    /// Address to listen on (default 0.0.0.0:443).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// A key server of the "default" group (repeatable; replaces the group's addresses).
+    #[arg(long = "key-server")]
+    key_servers: Vec<SocketAddr>,
+    /// Name in the key servers' certificates ("default" group).
+    #[arg(long)]
+    key_server_name: Option<String>,
+    /// CA certificates (PEM) of the key servers ("default" group).
+    #[arg(long)]
+    key_server_ca: Option<PathBuf>,
+    /// This edge's client certificate chain (PEM) towards key servers ("default" group).
+    #[arg(long)]
+    client_certificate: Option<PathBuf>,
+    /// This edge's client private key (PEM) ("default" group).
+    #[arg(long)]
+    client_key: Option<PathBuf>,
+    /// Per-operation key-server timeout in milliseconds (every group).
+    #[arg(long)]
+    key_server_timeout_ms: Option<u64>,
+    /// Bound on a whole client handshake in milliseconds.
+    #[arg(long)]
+    handshake_timeout_ms: Option<u64>,
+    /// Address of the "default" origin (plain HTTP/1.1).
+    #[arg(long)]
+    origin: Option<SocketAddr>,
+    /// Session-ticket key file of the "default" origin (64 hex digits).
+    #[arg(long)]
+    ticket_key_file: Option<PathBuf>,
+    /// A site: `SNI_NAME=CERTIFICATE_CHAIN.pem`, served with the "default" group and origin
+    /// (repeatable).
+    #[arg(long = "site")]
+    sites: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -53,16 +95,113 @@ struct KeyserverFlags {
 pub struct KeylessConfig {
     #[serde(default)]
     pub keyserver: toml::Table,
+    #[serde(default)]
+    pub edge: toml::Table,
 }
 
 pub fn run(args: KeylessArgs, config: &KeylessConfig) -> anyhow::Result<()> {
     match args.command {
         KeylessCommand::Keyserver(flags) => keyserver(flags, config),
-        KeylessCommand::Other(words) => {
-            let name = words.first().map(String::as_str).unwrap_or("");
-            anyhow::bail!("`keyless {name}` is not implemented yet")
+        KeylessCommand::Edge(flags) => edge(flags, config),
+    }
+}
+
+/// The sub-table `name` of `table`, created if missing.
+fn sub_table<'a>(table: &'a mut toml::Table, name: &str) -> anyhow::Result<&'a mut toml::Table> {
+    table
+        .entry(name.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .with_context(|| format!("`{name}` must be a table"))
+}
+
+fn edge(flags: EdgeFlags, config: &KeylessConfig) -> anyhow::Result<()> {
+    let mut table = config.edge.clone();
+    let path = |p: &PathBuf| toml::Value::String(p.display().to_string());
+    if let Some(v) = flags.listen {
+        table.insert("listen".into(), toml::Value::String(v.to_string()));
+    }
+    if let Some(v) = flags.handshake_timeout_ms {
+        table.insert(
+            "handshake_timeout_ms".into(),
+            toml::Value::Integer(i64::try_from(v)?),
+        );
+    }
+    {
+        let groups = sub_table(&mut table, "key_servers")?;
+        let touches_default = !flags.key_servers.is_empty()
+            || flags.key_server_name.is_some()
+            || flags.key_server_ca.is_some()
+            || flags.client_certificate.is_some()
+            || flags.client_key.is_some();
+        if touches_default {
+            let g = sub_table(groups, "default")?;
+            if !flags.key_servers.is_empty() {
+                let list = flags
+                    .key_servers
+                    .iter()
+                    .map(|a| toml::Value::String(a.to_string()))
+                    .collect();
+                g.insert("addresses".into(), toml::Value::Array(list));
+            }
+            if let Some(v) = &flags.key_server_name {
+                g.insert("server_name".into(), toml::Value::String(v.clone()));
+            }
+            for (key, value) in [
+                ("ca", &flags.key_server_ca),
+                ("certificate", &flags.client_certificate),
+                ("private_key", &flags.client_key),
+            ] {
+                if let Some(v) = value {
+                    g.insert(key.into(), path(v));
+                }
+            }
+        }
+        if let Some(ms) = flags.key_server_timeout_ms {
+            for (_, g) in groups.iter_mut() {
+                if let Some(g) = g.as_table_mut() {
+                    g.insert(
+                        "timeout_ms".into(),
+                        toml::Value::Integer(i64::try_from(ms)?),
+                    );
+                }
+            }
         }
     }
+    if flags.origin.is_some() || flags.ticket_key_file.is_some() {
+        let o = sub_table(sub_table(&mut table, "origins")?, "default")?;
+        if let Some(v) = flags.origin {
+            o.insert("address".into(), toml::Value::String(v.to_string()));
+        }
+        if let Some(v) = &flags.ticket_key_file {
+            o.insert("ticket_key_file".into(), path(v));
+        }
+    }
+    for site in &flags.sites {
+        let (name, chain) = site
+            .split_once('=')
+            .with_context(|| format!("--site {site:?}: expected SNI_NAME=CERTIFICATE_CHAIN"))?;
+        let s = sub_table(sub_table(&mut table, "sites")?, name)?;
+        s.insert("certificate".into(), toml::Value::String(chain.to_owned()));
+        s.insert("key_server".into(), toml::Value::String("default".into()));
+        s.insert("origin".into(), toml::Value::String("default".into()));
+    }
+    let cfg = EdgeConfig::deserialize(toml::Value::Table(table))
+        .context("invalid edge configuration ([keyless.edge] and flags)")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let edge = Edge::from_config(&cfg).context("cannot start the edge")?;
+        let running = edge.bind(cfg.listen).await.context("cannot listen")?;
+        println!("edge listening on {}", running.local_addr());
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot wait for Ctrl-C")?;
+        println!("edge stopping");
+        Ok(())
+    })
 }
 
 fn keyserver(flags: KeyserverFlags, config: &KeylessConfig) -> anyhow::Result<()> {

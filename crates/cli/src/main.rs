@@ -8,6 +8,7 @@ mod config;
 mod demo;
 mod driver;
 mod keyless;
+mod mbtls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,8 +49,10 @@ enum Command {
     /// session (simulated TEE, explicitly allowed).
     Demo(demo::DemoArgs),
     /// Middlebox TLS: endpoints add middleboxes to a TLS session with per-hop keys,
-    /// in-band discovery, attestation of middlebox code and one legacy endpoint. (not implemented yet)
-    Mbtls(NotYet),
+    /// in-band discovery, attestation of middlebox code and one legacy endpoint.
+    /// (today: `mbtls client` and `mbtls middlebox` for one client-side middlebox in front of any
+    /// TLS server; `mbtls server` not implemented yet)
+    Mbtls(mbtls::MbtlsArgs),
     /// Middlebox-aware TLS: certified middleboxes, security-parameter reports and modification
     /// logs that endpoints can audit. (not implemented yet)
     Matls(NotYet),
@@ -57,7 +60,7 @@ enum Command {
     /// (today: `blindbox rules stats`; sender, receiver and middlebox not implemented yet)
     Blindbox(blindbox::BlindboxArgs),
     /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
-    /// (today: `keyless keyserver`; the edge is not implemented yet)
+    /// (`keyless keyserver`, `keyless edge`)
     Keyless(keyless::KeylessArgs),
     /// EndBox: middlebox functions in a TEE on each client behind an attested VPN. (not implemented yet)
     Endbox(NotYet),
@@ -83,7 +86,7 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::Demo(args) => demo::run(args, &config.demo),
-        Command::Mbtls(_) => not_yet("mbtls"),
+        Command::Mbtls(args) => mbtls::run(args, &config.mbtls),
         Command::Matls(_) => not_yet("matls"),
         Command::Blindbox(args) => blindbox::run(args),
         Command::Keyless(args) => keyless::run(args, &config.keyless),

@@ -9,6 +9,8 @@
 //!   certificates, authorization per edge, and a worker pool for the signing work.
 //! * [`client`]: the edge-side library: pipelined requests, timeouts, and RSA premaster
 //!   unpadding in constant time on the edge ([`premaster`]).
+//! * [`edge`]: the edge server: rustls with a remote signing key on pooled key-server
+//!   connections, certificate by SNI, Host check, caching reverse proxy, per-origin tickets.
 //! * [`tls`]: the rustls configurations of both ends (mutual TLS 1.3/1.2, deny list).
 //!
 //! See `docs/keyless.md` for deployment and the protocol choices.
@@ -20,6 +22,7 @@
 )]
 
 pub mod client;
+pub mod edge;
 pub mod keys;
 pub mod premaster;
 pub mod server;
