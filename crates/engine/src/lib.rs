@@ -12,6 +12,10 @@
 //! 3. [`TlsEngine::export_session`]: consume the engine and get exact keys and sequence numbers
 //!    for both directions plus the bytes that were still in flight ([`Handoff`]).
 //!
+//! A TLS 1.3 OpenSSL server can also send 0.5-RTT data right after its Finished
+//! ([`OpenSslEngine::enable_half_rtt`], [`TlsEngine::write_half_rtt`]); the exporter is available
+//! from that point on, and those records count in the application epoch like any other.
+//!
 //! Engines only ever pass whole records to the library, so nothing is stranded inside it at
 //! export time, and they count records per key epoch (OpenSSL: message callback; rustls: its
 //! own extracted sequence numbers), so the sequence numbers are exact.
@@ -68,6 +72,24 @@ pub trait TlsEngine {
     /// Encrypts application data (handshake must be complete); the records appear in
     /// [`TlsEngine::take_outgoing`].
     fn write_plaintext(&mut self, data: &[u8]) -> Result<(), EngineError>;
+
+    /// TLS 1.3 server only: encrypts 0.5-RTT application data, sent right after our Finished
+    /// and before the client's Finished was received (RFC 8446 §4.4.4); the peer is not
+    /// authenticated yet and has not confirmed the handshake. The records use the application
+    /// epoch and count in the exported sequence numbers. Only possible while
+    /// [`TlsEngine::can_write_half_rtt`]; `Unsupported` on engines that cannot do it (rustls
+    /// here), `State` otherwise.
+    fn write_half_rtt(&mut self, data: &[u8]) -> Result<(), EngineError> {
+        let _ = data;
+        Err(EngineError::Unsupported("0.5-RTT application data"))
+    }
+
+    /// True while [`TlsEngine::write_half_rtt`] can be used (OpenSSL server with
+    /// `enable_half_rtt`, TLS 1.3, our Finished sent, the client's not yet processed). The
+    /// exporter, version and suite are available then too.
+    fn can_write_half_rtt(&self) -> bool {
+        false
+    }
 
     /// Takes the application data decrypted so far.
     fn take_plaintext(&mut self) -> Vec<u8>;

@@ -313,3 +313,81 @@ fn server_against_s_client_record_layer_takes_over() {
         }
     }
 }
+
+/// Our OpenSSL server sends 0.5-RTT data to a real `s_client` right after its Finished (TLS
+/// 1.3), then hands over to mbx-record: s_client prints both the 0.5-RTT data and the record we
+/// seal at the exported sequence number, which proves the 0.5-RTT record was counted.
+#[test]
+fn server_half_rtt_data_to_s_client_then_record_layer_takes_over() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let files = pki.server.write_to(dir.path()).unwrap();
+    for (version, id) in LIVE_SUITES.into_iter().filter(|(v, _)| *v == V13) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = OpensslClient::new(addr)
+            .servername(HOST)
+            .cafile(&files.ca)
+            .version(peer_version(version))
+            .input(b"hello from s_client\n".to_vec());
+        let runner = std::thread::spawn(move || client.run());
+
+        let (mut sock, _) = listener.accept().unwrap();
+        sock.set_read_timeout(Some(IO_GUARD)).unwrap();
+        let mut cfg = pki.server_config().only(version);
+        cfg.cipher_suites = vec![id];
+        cfg.pause_after_handshake = true;
+        let mut e = OpenSslContext::new(&cfg).unwrap().engine().unwrap();
+        e.enable_half_rtt().unwrap();
+        let mut buf = [0u8; 16 * 1024];
+        let mut sent_half_rtt = false;
+        loop {
+            e.process().unwrap();
+            if e.can_write_half_rtt() && !sent_half_rtt {
+                e.write_half_rtt(b"half-rtt hello from mbx\n").unwrap();
+                sent_half_rtt = true;
+            }
+            sock.write_all(&e.take_outgoing()).unwrap();
+            if !e.is_handshaking() {
+                break;
+            }
+            let n = sock.read(&mut buf).unwrap();
+            assert!(n > 0, "peer closed during the handshake");
+            e.feed(&buf[..n]);
+        }
+        assert!(sent_half_rtt);
+        let h = e.export_session().unwrap();
+        let s = &h.session;
+        let ctx = format!("{version:?} {id:#06x}");
+        sock.write_all(&h.pending_outgoing).unwrap();
+
+        let mut wire = Vec::new();
+        let mut sealer = RecordSealer::new(version, s.tx.keys.clone(), s.tx.next_seq);
+        sealer
+            .seal(
+                ContentType::APPLICATION_DATA,
+                b"hello from mbx record layer\n",
+                &mut wire,
+            )
+            .unwrap();
+        sealer.seal(ContentType::ALERT, &[1, 0], &mut wire).unwrap();
+        sock.write_all(&wire).unwrap();
+        let _ = sock.shutdown(Shutdown::Write);
+        let _ = read_records(&mut sock, h.unprocessed_incoming.clone(), |_| false);
+
+        let out = runner.join().unwrap().unwrap();
+        let stdout = out.stdout_str();
+        let half = stdout.find("half-rtt hello from mbx");
+        let after = stdout.find("hello from mbx record layer");
+        assert!(
+            half.is_some() && after.is_some() && half < after,
+            "{ctx}: s_client printed:\n{stdout}\n{}",
+            out.stderr_str()
+        );
+        assert!(
+            !out.stderr_str().contains("bad record mac"),
+            "{ctx}: {}",
+            out.stderr_str()
+        );
+    }
+}

@@ -21,6 +21,8 @@ struct Setup {
     client_cfg: ClientHandshakeConfig,
     mbox_cfg: MiddleboxHandshakeConfig,
     server_ctx: OpenSslContext,
+    /// The middlebox's secondary context limited to TLS 1.2 (no 0.5-RTT data possible).
+    mbox_tls12: Arc<OpenSslContext>,
 }
 
 fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
@@ -75,6 +77,10 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
             policy,
             now_unix: 1_800_000_000,
         },
+        mbox_tls12: Arc::new(
+            OpenSslContext::new(&TlsConfig::server(mbox_id.clone()).only(TlsVersion::Tls12))
+                .unwrap(),
+        ),
         mbox_cfg: MiddleboxHandshakeConfig {
             tls: Arc::new(OpenSslContext::new(&TlsConfig::server(mbox_id)).unwrap()),
             certificate_der: mbox_der,
@@ -381,6 +387,173 @@ fn tls13_server_data_ahead_of_client_finished_goes_through_the_app() {
     );
 }
 
+/// Client's first flight to the server, then the server's first flight back to the client,
+/// both through the middlebox.
+fn first_round_trip<A: MiddleboxApp>(net: &mut Net<A>) {
+    let ch = net.client.take_outgoing();
+    net.mbox.receive(Side::Client, &ch).unwrap();
+    net.server.feed(&net.mbox.take_outgoing(Side::Server));
+    net.server.process().unwrap();
+    net.mbox
+        .receive(Side::Server, &net.server.take_outgoing())
+        .unwrap();
+    net.client
+        .receive(&net.mbox.take_outgoing(Side::Client))
+        .unwrap();
+}
+
+/// P7 under TLS 1.3: the evidence is 0.5-RTT data of the secondary session, in the
+/// middlebox's first flight, so the client verifies it and sends key material and its first
+/// request in its second flight, as a plain TLS 1.3 client would send its request.
+#[test]
+fn tls13_evidence_rides_the_middleboxs_first_flight() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    first_round_trip(&mut net);
+    let me = mbox_events(&mut net.mbox);
+    assert!(
+        me.contains(&MiddleboxHandshakeEvent::EvidenceSent),
+        "{me:?}"
+    );
+    let ce = client_events(&mut net.client);
+    assert!(
+        matches!(
+            ce.first(),
+            Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+        ),
+        "{ce:?}"
+    );
+    assert!(ce.contains(&ClientHandshakeEvent::KeysSent), "{ce:?}");
+    // The second flight: primary Finished, secondary Finished, key material, request.
+    let flight2 = net.client.take_outgoing();
+    net.mbox.receive(Side::Client, &flight2).unwrap();
+    assert!(mbox_events(&mut net.mbox).contains(&MiddleboxHandshakeEvent::KeysInstalled));
+    net.server.feed(&net.mbox.take_outgoing(Side::Server));
+    net.server.process().unwrap();
+    assert!(!net.server.is_handshaking());
+    assert_eq!(
+        net.server.take_plaintext(),
+        b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+    );
+}
+
+/// A TLS 1.2 secondary session cannot carry 0.5-RTT data: the evidence follows the
+/// middlebox's Finished, after the client's secondary Finished, and the handshake still works.
+#[test]
+fn tls12_secondary_session_sends_evidence_after_its_handshake() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+        s.mbox_cfg.tls = s.mbox_tls12.clone();
+        let mut net = Net::new(&s, tagger());
+        net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        first_round_trip(&mut net);
+        let me = mbox_events(&mut net.mbox);
+        assert!(
+            me.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 0 }),
+            "{me:?}"
+        );
+        assert!(
+            !me.contains(&MiddleboxHandshakeEvent::EvidenceSent),
+            "{me:?}"
+        );
+        assert!(!net.client.keys_sent());
+        net.pump(&mut None);
+        assert!(net.client_err.is_none(), "{:?}", net.client_err);
+        assert!(net.mbox_err.is_none(), "{:?}", net.mbox_err);
+        assert!(mbox_events(&mut net.mbox).contains(&MiddleboxHandshakeEvent::EvidenceSent));
+        assert!(net.client.is_ready());
+        assert_eq!(
+            net.server.take_plaintext(),
+            b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+        );
+    }
+}
+
+/// A rogue middlebox (a plain server engine speaking the mbTLS wire format) that sends its
+/// valid evidence as 0.5-RTT data followed by `extra`: the client accepts nothing but the one
+/// evidence message, fails, and never sends key material.
+#[test]
+fn client_accepts_only_the_evidence_as_half_rtt_data() {
+    use mbx_attest::{report_data, spki_from_certificate, EXPORTER_LABEL, EXPORTER_LEN};
+    use mbx_mbtls::handshake::{hello_records, Demux, Piece};
+    use mbx_mbtls::wire::{Encapsulated, MiddleboxSupport, SecondaryMessage};
+    use mbx_mbtls::{client_side_keys, HopKeys};
+    use mbx_record::CipherSuite;
+    use mbx_wire::ClientHello;
+
+    let suite = CipherSuite::TLS13_AES_128_GCM_SHA256;
+    let bridge = HopKeys::generate(TlsVersion::Tls13, &suite, 0, 0).unwrap();
+    let km = client_side_keys(TlsVersion::Tls13, suite, bridge, 1)
+        .unwrap()
+        .middleboxes
+        .remove(0);
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let extras = [
+        SecondaryMessage::KeyMaterial(Box::new(km)),
+        SecondaryMessage::Evidence(Vec::new()),
+    ];
+    for extra in extras {
+        let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+        let mut server = s.server_ctx.engine().unwrap();
+        let ch = client.take_outgoing();
+        // The optimistic hello from the client's MiddleboxSupport extension.
+        let mut demux = Demux::new();
+        demux.push(&ch);
+        let Some(Piece::Primary(rec)) = demux.next_piece().unwrap() else {
+            panic!("no primary ClientHello record");
+        };
+        let hello = ClientHello::parse_message(rec.payload()).unwrap();
+        let support =
+            MiddleboxSupport::parse(hello.extension(MIDDLEBOX_SUPPORT_EXTENSION).unwrap()).unwrap();
+        let mut rogue = s.mbox_cfg.tls.engine().unwrap();
+        rogue.enable_half_rtt().unwrap();
+        rogue.feed(&hello_records(&support.client_hellos[0]).unwrap());
+        rogue.process().unwrap();
+        let label = std::str::from_utf8(EXPORTER_LABEL).unwrap();
+        let binder = rogue
+            .export_keying_material(label, None, EXPORTER_LEN)
+            .unwrap();
+        let spki = spki_from_certificate(&s.mbox_cfg.certificate_der).unwrap();
+        let attester = s.mbox_cfg.attester.as_ref().unwrap();
+        let evidence = attester
+            .evidence(&report_data(&spki, &binder))
+            .unwrap()
+            .to_bytes();
+        let good = SecondaryMessage::Evidence(evidence).encode().unwrap();
+        rogue.write_half_rtt(&good).unwrap();
+        rogue.write_half_rtt(&extra.encode().unwrap()).unwrap();
+        let mut to_client = Vec::new();
+        Encapsulated::wrap_stream(
+            0,
+            &rogue.take_outgoing(),
+            mbx_wire::version::TLS1_2,
+            &mut to_client,
+        )
+        .unwrap();
+        server.feed(&ch);
+        server.process().unwrap();
+        to_client.extend(server.take_outgoing());
+
+        let err = client.receive(&to_client).unwrap_err();
+        assert!(
+            matches!(&err, HandshakeError::Protocol(m) if m.contains("unexpected secondary message")),
+            "{err:?}"
+        );
+        // The evidence itself was good: only the extra message failed the handshake.
+        let ce = client_events(&mut client);
+        assert!(
+            matches!(
+                ce.first(),
+                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+            ),
+            "{ce:?}"
+        );
+        assert!(!ce.contains(&ClientHandshakeEvent::KeysSent), "{ce:?}");
+        assert!(!client.keys_sent());
+    }
+}
+
 /// The raw server records the client drops before the middlebox's switch marker must still
 /// authenticate under the bridge keys: a tampered one is fatal, not silently ignored.
 #[test]
@@ -407,18 +580,19 @@ fn tampered_record_before_the_switch_marker_is_fatal() {
     let mut raw = net.mbox.take_outgoing(Side::Client);
     assert!(!raw.is_empty());
     *raw.last_mut().unwrap() ^= 1;
-    // Before the export the client's paused engine just holds it ...
-    net.client.receive(&raw).unwrap();
+    // The client already exported (the evidence came with the middlebox's first flight, so
+    // its second flight carried the key material): the record arrives before the switch marker,
+    // is authenticated under the bridge keys and refused, although the middlebox would re-send
+    // a good copy through its app afterwards.
+    assert!(net.client.keys_sent());
+    let err = net.client.receive(&raw).unwrap_err();
+    assert!(
+        matches!(&err, HandshakeError::Protocol(m) if m.contains("failed authentication")),
+        "{err:?}"
+    );
     net.mbox.receive(Side::Client, &flight2).unwrap();
     let _ = net.mbox.take_outgoing(Side::Server);
     net.pump(&mut None);
-    // ... and at the export it is authenticated and refused, although the middlebox re-sends a
-    // good copy through its app afterwards.
-    assert!(
-        matches!(&net.client_err, Some(HandshakeError::Protocol(m)) if m.contains("failed authentication")),
-        "{:?}",
-        net.client_err
-    );
     assert!(!net.client.is_ready());
     assert!(net.client.take_plaintext().is_empty());
 }

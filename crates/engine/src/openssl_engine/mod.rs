@@ -454,12 +454,26 @@ impl OpenSslContext {
             registered: self.registered.clone(),
             pause_after_handshake: self.pause_after_handshake,
             handshake_done: false,
+            half_rtt: HalfRtt::Off,
             started: false,
             failed: false,
             peer_closed: false,
             plaintext: Vec::new(),
         })
     }
+}
+
+/// Server-side 0.5-RTT progress (see [`OpenSslEngine::enable_half_rtt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HalfRtt {
+    /// Not enabled: the handshake is driven with `SSL_do_handshake`.
+    Off,
+    /// Enabled; our Finished is not written yet (driven with `SSL_read_early_data`, which stops
+    /// right after the server's Finished in TLS 1.3).
+    Pending,
+    /// `SSL_read_early_data` finished: our Finished is out (TLS 1.3) or the whole handshake is
+    /// done (TLS 1.2); the rest of the handshake runs with `SSL_do_handshake`.
+    Open,
 }
 
 /// A TLS connection run by OpenSSL over memory buffers.
@@ -470,6 +484,7 @@ pub struct OpenSslEngine {
     registered: BTreeSet<u16>,
     pause_after_handshake: bool,
     handshake_done: bool,
+    half_rtt: HalfRtt,
     started: bool,
     failed: bool,
     peer_closed: bool,
@@ -496,6 +511,55 @@ impl OpenSslEngine {
         }
         lock(&self.state).ext_send.insert(ext_type, payload);
         Ok(())
+    }
+
+    /// Server, before the handshake starts: lets this connection send 0.5-RTT application data
+    /// ([`TlsEngine::write_half_rtt`]) in TLS 1.3, i.e. data right after our Finished and before
+    /// the client's Finished arrives (RFC 8446 §4.4.4). The handshake is then driven through
+    /// OpenSSL's server early-data path (`SSL_read_early_data`), which pauses right after the
+    /// server's Finished; client early (0-RTT) data is still never accepted. TLS 1.2 handshakes
+    /// run unchanged.
+    pub fn enable_half_rtt(&mut self) -> Result<(), EngineError> {
+        if self.role != Role::Server || self.started {
+            return Err(EngineError::State(
+                "0.5-RTT data is enabled on a server before it starts",
+            ));
+        }
+        self.half_rtt = HalfRtt::Pending;
+        Ok(())
+    }
+
+    /// True while a TLS 1.3 server may write 0.5-RTT data: its Finished is out, the client's
+    /// has not been processed yet.
+    fn half_rtt_window(&self) -> bool {
+        self.half_rtt == HalfRtt::Open
+            && !self.handshake_done
+            && self.stream.ssl().version2() == Some(SslVersion::TLS1_3)
+    }
+
+    /// Keys and the exporter are usable: handshake complete, or our TLS 1.3 Finished is out.
+    fn keys_available(&self) -> bool {
+        self.handshake_done || self.half_rtt_window()
+    }
+
+    /// Drives the handshake with `SSL_read_early_data` until our Finished is out. Returns true
+    /// once that happened.
+    fn advance_half_rtt(&mut self) -> Result<bool, EngineError> {
+        let mut buf = [0u8; 1];
+        match self.stream.read_early_data(&mut buf) {
+            Ok(0) => {
+                self.half_rtt = HalfRtt::Open;
+                Ok(true)
+            }
+            // Early data is never enabled on our contexts (max_early_data stays 0), so OpenSSL
+            // cannot have accepted any; refuse rather than deliver unauthenticated bytes.
+            Ok(_) => {
+                self.failed = true;
+                Err(EngineError::State("client early data was accepted"))
+            }
+            Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(false),
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// The underlying OpenSSL connection, for read-only queries the trait does not cover.
@@ -564,6 +628,9 @@ impl TlsEngine for OpenSslEngine {
     fn process(&mut self) -> Result<(), EngineError> {
         self.check_usable()?;
         self.started = true;
+        if self.half_rtt == HalfRtt::Pending && !self.advance_half_rtt()? {
+            return Ok(());
+        }
         if !self.handshake_done {
             match self.stream.do_handshake() {
                 Ok(()) => self.handshake_done = true,
@@ -605,6 +672,29 @@ impl TlsEngine for OpenSslEngine {
         Ok(())
     }
 
+    fn write_half_rtt(&mut self, mut data: &[u8]) -> Result<(), EngineError> {
+        self.check_usable()?;
+        if self.half_rtt == HalfRtt::Off {
+            return Err(EngineError::State("0.5-RTT data was not enabled"));
+        }
+        if !self.half_rtt_window() {
+            return Err(EngineError::State(
+                "0.5-RTT data needs a TLS 1.3 server between its Finished and the client's",
+            ));
+        }
+        while !data.is_empty() {
+            match self.stream.write_early_data(data) {
+                Ok(n) => data = data.get(n..).unwrap_or_default(),
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn can_write_half_rtt(&self) -> bool {
+        !self.failed && self.half_rtt_window()
+    }
+
     fn take_plaintext(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.plaintext)
     }
@@ -628,7 +718,9 @@ impl TlsEngine for OpenSslEngine {
         context: Option<&[u8]>,
         len: usize,
     ) -> Result<Zeroizing<Vec<u8>>, EngineError> {
-        if !self.handshake_done {
+        // A TLS 1.3 server has the exporter master secret once its Finished is out (RFC 8446
+        // §7.1), which OpenSSL allows too.
+        if !self.keys_available() {
             return Err(EngineError::HandshakeIncomplete);
         }
         let mut out = Zeroizing::new(vec![0u8; len]);
@@ -639,7 +731,7 @@ impl TlsEngine for OpenSslEngine {
     }
 
     fn version(&self) -> Option<TlsVersion> {
-        if !self.handshake_done {
+        if !self.keys_available() {
             return None;
         }
         match self.stream.ssl().version2()? {
@@ -650,7 +742,7 @@ impl TlsEngine for OpenSslEngine {
     }
 
     fn cipher_suite(&self) -> Option<u16> {
-        if !self.handshake_done {
+        if !self.keys_available() {
             return None;
         }
         let c = self.stream.ssl().current_cipher()?;

@@ -3,7 +3,8 @@
 //! Forwards the primary handshake unchanged, answers one optimistic ClientHello from the
 //! MiddleboxSupport extension with its own TLS server engine on a subchannel (injected before
 //! the primary ServerHello, so no round trip is added), sends exporter-bound attestation
-//! evidence over the secondary session once it is established, and switches to the data phase
+//! evidence over the secondary session right after its Finished (TLS 1.3: as 0.5-RTT data in
+//! that same first flight, so P7 holds), and switches to the data phase
 //! ([`MiddleboxRelay`]) when the client's key material arrives. Server records that must wait
 //! for the keys are held, not dropped (`docs/mbtls.md` §4.1 step 7).
 
@@ -47,7 +48,8 @@ pub enum MiddleboxHandshakeEvent {
     /// Not taking part (no MiddleboxSupport, no hello left, unsupported version): forwarding
     /// bytes unchanged.
     Passive(&'static str),
-    /// The secondary handshake finished and evidence was sent.
+    /// Evidence was sent, right after our secondary Finished (TLS 1.3: 0.5-RTT data, before
+    /// the client's Finished; TLS 1.2: after it).
     EvidenceSent,
     /// Key material arrived; the data phase runs.
     KeysInstalled,
@@ -267,7 +269,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         let sh = ServerHello::parse_message(msg.as_bytes())?;
         let pending = core::mem::take(&mut self.pending_sh);
-        match self.join(&sh) {
+        match self.join(&sh)? {
             Ok(()) => {}
             Err(why) => {
                 self.mode = Mode::Passive;
@@ -283,42 +285,103 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         Ok(())
     }
 
-    /// Answer an optimistic ClientHello; `Err` says why we stay passive.
-    fn join(&mut self, sh: &ServerHello<'_>) -> Result<(), &'static str> {
+    /// Answer an optimistic ClientHello; the inner `Err` says why we stay passive, the outer
+    /// one is fatal (the attester failed).
+    fn join(&mut self, sh: &ServerHello<'_>) -> Result<Result<(), &'static str>, HandshakeError> {
         if sh.is_hello_retry_request() {
-            return Err("HelloRetryRequest is not supported yet");
+            return Ok(Err("HelloRetryRequest is not supported yet"));
         }
         self.version = match sh.selected_version() {
             Ok(version::TLS1_3) => Some(TlsVersion::Tls13),
             Ok(version::TLS1_2) => Some(TlsVersion::Tls12),
-            _ => return Err("primary version is neither TLS 1.2 nor TLS 1.3"),
+            _ => return Ok(Err("primary version is neither TLS 1.2 nor TLS 1.3")),
         };
+        let Some(mut engine) = (match self.secondary_engine() {
+            Ok(e) => e,
+            Err(why) => return Ok(Err(why)),
+        }) else {
+            return Ok(Err("no optimistic ClientHello left for us"));
+        };
+        // TLS 1.3 secondary session: our Finished is out, so the evidence can leave in the
+        // same flight as 0.5-RTT data (docs/mbtls.md §4.1 step 4); the client gets it together
+        // with our Finished and can release its key material in its second flight (P7).
+        let half_rtt = engine.can_write_half_rtt();
+        if half_rtt {
+            Self::write_evidence(&self.cfg, &self.spki, &mut engine)?;
+        }
+        let flight = engine.take_outgoing();
+        if Encapsulated::wrap_stream(
+            self.subchannel,
+            &flight,
+            version::TLS1_2,
+            &mut self.out_client,
+        )
+        .is_err()
+        {
+            return Ok(Err("secondary record too large for a subchannel"));
+        }
+        self.engine = Some(engine);
+        self.joined = true;
+        self.mode = Mode::Joined;
+        self.events.push_back(MiddleboxHandshakeEvent::Joined {
+            subchannel: self.subchannel,
+        });
+        if half_rtt {
+            self.evidence_sent = true;
+            self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+        }
+        Ok(Ok(()))
+    }
+
+    /// Our secondary server engine with the optimistic hello for our subchannel processed;
+    /// `Ok(None)` if no hello is left for us.
+    fn secondary_engine(&mut self) -> Result<Option<OpenSslEngine>, &'static str> {
         let hellos = self.hellos.take().unwrap_or_default();
         let id = (0..=u8::MAX)
             .find(|id| !self.used_ids.contains(id))
             .ok_or("no free subchannel")?;
-        let hello = hellos
-            .get(usize::from(id))
-            .ok_or("no optimistic ClientHello left for us")?;
+        let Some(hello) = hellos.get(usize::from(id)) else {
+            return Ok(None);
+        };
         let mut engine = self
             .cfg
             .tls
             .engine()
             .map_err(|_| "cannot create TLS engine")?;
+        engine
+            .enable_half_rtt()
+            .map_err(|_| "our secondary context is not a server")?;
         let records = hello_records(hello).map_err(|_| "optimistic ClientHello too large")?;
         engine.feed(&records);
         engine
             .process()
             .map_err(|_| "optimistic ClientHello refused by our TLS engine")?;
-        let flight = engine.take_outgoing();
-        Encapsulated::wrap_stream(id, &flight, version::TLS1_2, &mut self.out_client)
-            .map_err(|_| "secondary record too large for a subchannel")?;
-        self.engine = Some(engine);
         self.subchannel = id;
-        self.joined = true;
-        self.mode = Mode::Joined;
-        self.events
-            .push_back(MiddleboxHandshakeEvent::Joined { subchannel: id });
+        Ok(Some(engine))
+    }
+
+    /// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
+    /// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
+    /// in the engine's outgoing buffer for the caller to wrap.
+    fn write_evidence(
+        cfg: &MiddleboxHandshakeConfig,
+        spki: &[u8],
+        engine: &mut OpenSslEngine,
+    ) -> Result<(), HandshakeError> {
+        let label = core::str::from_utf8(EXPORTER_LABEL)
+            .map_err(|_| HandshakeError::Config("exporter label"))?;
+        let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
+        let rd = report_data(spki, &binder);
+        let evidence = match &cfg.attester {
+            Some(a) => a.evidence(&rd)?.to_bytes(),
+            None => Vec::new(),
+        };
+        let msg = SecondaryMessage::Evidence(evidence).encode()?;
+        if engine.can_write_half_rtt() {
+            engine.write_half_rtt(&msg)?;
+        } else {
+            engine.write_plaintext(&msg)?;
+        }
         Ok(())
     }
 
@@ -369,16 +432,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             return Ok(());
         }
         if !self.evidence_sent {
-            let label = core::str::from_utf8(EXPORTER_LABEL)
-                .map_err(|_| HandshakeError::Config("exporter label"))?;
-            let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
-            let rd = report_data(&self.spki, &binder);
-            let evidence = match &self.cfg.attester {
-                Some(a) => a.evidence(&rd)?.to_bytes(),
-                None => Vec::new(),
-            };
-            let msg = SecondaryMessage::Evidence(evidence).encode()?;
-            engine.write_plaintext(&msg)?;
+            // TLS 1.2 secondary session: the evidence follows our Finished in its flight.
+            Self::write_evidence(&self.cfg, &self.spki, engine)?;
             let out = engine.take_outgoing();
             Encapsulated::wrap_stream(
                 self.subchannel,
