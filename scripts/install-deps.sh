@@ -20,6 +20,7 @@ PACKAGES=(
     libssl-dev       # OpenSSL 3 headers and libraries for the openssl crate
     build-essential  # C compiler and make for crates with C parts
     ca-certificates  # cargo/rustup over HTTPS
+    softhsm2         # PKCS#11 token for the keyless key server's HSM tests
 )
 
 # Extra packages from arguments or the environment.

@@ -1,7 +1,7 @@
 //! `mbx keyless`: the Keyless SSL key server and edge server.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use mbx_keyless::edge::{Edge, EdgeConfig};
@@ -18,7 +18,8 @@ pub struct KeylessArgs {
 enum KeylessCommand {
     /// Run a key server: holds the sites' private keys and signs (or decrypts) for authorized edges
     /// over mutually authenticated TLS (default port 2407). Options come from the `[keyless.keyserver]`
-    /// table of the config file (see docs/keyless.md); these flags override it.
+    /// table of the config file (see docs/keyless.md); these flags override it. SIGHUP re-reads the
+    /// config file, keys, certificates and rules without dropping connections.
     Keyserver(KeyserverFlags),
     /// Run an edge server: terminates clients' TLS with the sites' certificates, has every
     /// signature made by key servers, checks the Host header and proxies (with a cache) to the
@@ -86,6 +87,9 @@ struct KeyserverFlags {
     /// Worker threads for private-key operations (0: one per core).
     #[arg(long)]
     workers: Option<usize>,
+    /// Serve Prometheus metrics on plain HTTP at this address (`GET /metrics`).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// `[keyless]` in the config file. The key server table is kept as TOML so that flags can fill in
@@ -99,9 +103,14 @@ pub struct KeylessConfig {
     pub edge: toml::Table,
 }
 
-pub fn run(args: KeylessArgs, config: &KeylessConfig) -> anyhow::Result<()> {
+/// `config_path` is the `--config` file, re-read by the key server on SIGHUP.
+pub fn run(
+    args: KeylessArgs,
+    config: &KeylessConfig,
+    config_path: Option<&Path>,
+) -> anyhow::Result<()> {
     match args.command {
-        KeylessCommand::Keyserver(flags) => keyserver(flags, config),
+        KeylessCommand::Keyserver(flags) => keyserver(flags, config, config_path),
         KeylessCommand::Edge(flags) => edge(flags, config),
     }
 }
@@ -204,17 +213,23 @@ fn edge(flags: EdgeFlags, config: &KeylessConfig) -> anyhow::Result<()> {
     })
 }
 
-fn keyserver(flags: KeyserverFlags, config: &KeylessConfig) -> anyhow::Result<()> {
-    let mut table = config.keyserver.clone();
-    let path = |p: PathBuf| toml::Value::String(p.display().to_string());
-    if let Some(v) = flags.listen {
-        table.insert("listen".into(), toml::Value::String(v.to_string()));
+/// The key server configuration: the `[keyless.keyserver]` table with the flags applied.
+fn keyserver_config(flags: &KeyserverFlags, table: &toml::Table) -> anyhow::Result<ServerConfig> {
+    let mut table = table.clone();
+    let path = |p: &PathBuf| toml::Value::String(p.display().to_string());
+    for (key, value) in [
+        ("listen", flags.listen),
+        ("metrics_listen", flags.metrics_listen),
+    ] {
+        if let Some(v) = value {
+            table.insert(key.into(), toml::Value::String(v.to_string()));
+        }
     }
     for (key, value) in [
-        ("key_dir", flags.key_dir),
-        ("certificate", flags.certificate),
-        ("private_key", flags.private_key),
-        ("edge_ca", flags.edge_ca),
+        ("key_dir", &flags.key_dir),
+        ("certificate", &flags.certificate),
+        ("private_key", &flags.private_key),
+        ("edge_ca", &flags.edge_ca),
     ] {
         if let Some(v) = value {
             table.insert(key.into(), path(v));
@@ -223,19 +238,64 @@ fn keyserver(flags: KeyserverFlags, config: &KeylessConfig) -> anyhow::Result<()
     if let Some(v) = flags.workers {
         table.insert("workers".into(), toml::Value::Integer(i64::try_from(v)?));
     }
-    let cfg = ServerConfig::deserialize(toml::Value::Table(table))
-        .context("invalid key server configuration ([keyless.keyserver] and flags)")?;
+    ServerConfig::deserialize(toml::Value::Table(table))
+        .context("invalid key server configuration ([keyless.keyserver] and flags)")
+}
+
+/// The configuration a SIGHUP asks for: the config file read again (if there is one), flags
+/// applied again.
+fn reread_keyserver_config(
+    flags: &KeyserverFlags,
+    first: &KeylessConfig,
+    config_path: Option<&Path>,
+) -> anyhow::Result<ServerConfig> {
+    match config_path {
+        Some(p) => keyserver_config(flags, &crate::config::Config::load(p)?.keyless.keyserver),
+        None => keyserver_config(flags, &first.keyserver),
+    }
+}
+
+fn keyserver(
+    flags: KeyserverFlags,
+    config: &KeylessConfig,
+    config_path: Option<&Path>,
+) -> anyhow::Result<()> {
+    let cfg = keyserver_config(&flags, &config.keyserver)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Installed before the address is printed, so a SIGHUP right after it is not fatal.
+        let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
         let server = KeyServer::from_config(&cfg).context("cannot start the key server")?;
         let running = server.bind(cfg.listen).await.context("cannot listen")?;
         println!("key server listening on {}", running.local_addr());
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot wait for Ctrl-C")?;
+        if let Some(m) = running.metrics_addr() {
+            println!("metrics listening on {m}");
+        }
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    r.context("cannot wait for Ctrl-C")?;
+                    break;
+                }
+                _ = hangup.recv() => {
+                    // A failed reload keeps the running configuration; the server logs why.
+                    match reread_keyserver_config(&flags, config, config_path) {
+                        Ok(new) => match running.reload(&new) {
+                            Ok(()) => println!("key server reloaded"),
+                            Err(e) => eprintln!("mbx: reload failed, configuration unchanged: {e}"),
+                        },
+                        Err(e) => {
+                            tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
+                            eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
+                        }
+                    }
+                }
+            }
+        }
         println!("key server stopping");
         Ok(())
     })

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
         Command::Mbtls(args) => mbtls::run(args, &config.mbtls),
         Command::Matls(_) => not_yet("matls"),
         Command::Blindbox(args) => blindbox::run(args),
-        Command::Keyless(args) => keyless::run(args, &config.keyless),
+        Command::Keyless(args) => keyless::run(args, &config.keyless, cli.config.as_deref()),
         Command::Endbox(_) => not_yet("endbox"),
     };
     match result {

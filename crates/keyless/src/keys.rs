@@ -1,8 +1,8 @@
 //! Private keys and the operations the key server performs with them.
 //!
 //! [`KeyOperation`] is what an opcode asks for; [`KeyHandle`] is anything that can perform it (a
-//! key in memory today, a PKCS#11 token object later); [`KeyStore`] finds a handle by SKI or by
-//! certificate digest. [`KeyStore::load_dir`] reads a directory of PEM/DER private keys (PKCS#8,
+//! key in memory, or a PKCS#11 token object: [`crate::pkcs11::Pkcs11Key`]); [`KeyStore`] finds a
+//! handle by SKI or by certificate digest. [`KeyStore::load_dir`] reads a directory of PEM/DER private keys (PKCS#8,
 //! PKCS#1 RSA, SEC1 EC) and certificates; a certificate whose public key matches a key lends
 //! that key its host names, which authorization rules may name.
 //!
@@ -167,6 +167,9 @@ pub enum OperationError {
     /// The cryptographic library failed.
     #[error("cryptographic operation failed: {0}")]
     Crypto(#[from] openssl::error::ErrorStack),
+    /// The PKCS#11 token refused or failed the operation.
+    #[error("token operation failed: {0}")]
+    Token(String),
 }
 
 impl OperationError {
@@ -175,7 +178,7 @@ impl OperationError {
         match self {
             OperationError::InputLength { .. } => ErrorCode::FormatError,
             OperationError::WrongKeyType { .. } => ErrorCode::BadOpcode,
-            OperationError::Crypto(_) => ErrorCode::CryptoFailure,
+            OperationError::Crypto(_) | OperationError::Token(_) => ErrorCode::CryptoFailure,
         }
     }
 }
@@ -278,6 +281,9 @@ pub enum KeyStoreError {
     /// Two files hold the same key.
     #[error("duplicate key with SKI {0}")]
     Duplicate(String),
+    /// A PKCS#11 token could not be opened or read.
+    #[error("PKCS#11: {0}")]
+    Token(String),
 }
 
 /// SHA-256 of the upper-case hexadecimal text of an RSA modulus (the protocol's certificate
@@ -499,6 +505,15 @@ impl KeyStore {
     /// a broken key never goes unnoticed. Certificates whose public key matches a key add their
     /// names to that key; other certificates are ignored.
     pub fn load_dir(dir: &Path) -> Result<KeyStore, KeyStoreError> {
+        KeyStore::load_dir_with(dir, Vec::new())
+    }
+
+    /// As [`KeyStore::load_dir`], plus keys held by PKCS#11 tokens; certificates in `dir` lend
+    /// their names to token keys too.
+    pub fn load_dir_with(
+        dir: &Path,
+        mut token_keys: Vec<crate::pkcs11::Pkcs11Key>,
+    ) -> Result<KeyStore, KeyStoreError> {
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| KeyStoreError::Io { path, source }
@@ -552,10 +567,18 @@ impl KeyStore {
                 let names = x509::certificate_names(cert).unwrap_or_default();
                 key.add_hostnames(names);
             }
+            if let Some(key) = token_keys.iter_mut().find(|k| k.ski() == ski) {
+                let names = x509::certificate_names(cert).unwrap_or_default();
+                key.add_hostnames(names);
+            }
         }
         let mut store = KeyStore::new();
         for key in keys {
             tracing::debug!(algorithm = %key.algorithm, ski = %hex::encode(key.ski), hostnames = ?key.hostnames, "loaded key");
+            store.insert(Arc::new(key))?;
+        }
+        for key in token_keys {
+            tracing::debug!(algorithm = %key.algorithm(), ski = %hex::encode(key.ski()), label = key.label(), hostnames = ?key.hostnames(), "loaded token key");
             store.insert(Arc::new(key))?;
         }
         Ok(store)

@@ -5,6 +5,8 @@
 //!   codec, with a deframer for a stream of pipelined messages.
 //! * [`keys`]: private keys from a directory (PKCS#8, PKCS#1, SEC1; PEM or DER), found by SKI or
 //!   certificate digest, and the operations each opcode asks for.
+//! * [`pkcs11`]: keys that stay inside a PKCS#11 token (HSM; SoftHSM2 in tests), with pooled
+//!   sessions.
 //! * [`server`]: the request handler (sans-I/O) and the tokio/rustls driver with required client
 //!   certificates, authorization per edge, and a worker pool for the signing work.
 //! * [`client`]: the edge-side library: pipelined requests, timeouts, and RSA premaster
@@ -24,6 +26,7 @@
 pub mod client;
 pub mod edge;
 pub mod keys;
+pub mod pkcs11;
 pub mod premaster;
 pub mod server;
 pub mod tls;

@@ -9,6 +9,12 @@
 //! max_body_length = 16384
 //! workers = 0                       # 0: one per core
 //! max_in_flight_per_connection = 256
+//! metrics_listen = "127.0.0.1:9407"  # optional: Prometheus text on plain HTTP
+//!
+//! [[pkcs11]]                       # optional, repeatable: keys on a PKCS#11 token
+//! module = "/usr/lib/softhsm/libsofthsm2.so"
+//! token_label = "keyless"
+//! pin_file = "/etc/mbx/keyless/token.pin"
 //!
 //! [deny]
 //! sha256 = ["3f1c…"]                # SHA-256 of the DER certificate
@@ -25,6 +31,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::pkcs11::Pkcs11Config;
 use crate::server::authz::EdgeGrant;
 use crate::wire::DEFAULT_MAX_BODY_LEN;
 
@@ -79,6 +86,12 @@ pub struct ServerConfig {
     /// Requests one connection may have in progress before we stop reading from it.
     #[serde(default = "default_in_flight")]
     pub max_in_flight_per_connection: usize,
+    /// Plain-HTTP address serving `GET /metrics` (Prometheus text); none by default.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// PKCS#11 tokens whose private keys are served next to those of `key_dir`.
+    #[serde(default)]
+    pub pkcs11: Vec<Pkcs11Config>,
     /// Deny list.
     #[serde(default)]
     pub deny: DenyConfig,

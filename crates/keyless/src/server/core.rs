@@ -19,7 +19,7 @@ use crate::wire::{
 };
 
 /// Key store and authorization behind locks that are only held for a pointer copy, so a reload
-/// (SIGHUP, later) swaps them without disturbing requests in flight.
+/// (SIGHUP) swaps them without disturbing requests in flight.
 #[derive(Debug)]
 pub struct KeyServerCore {
     keys: RwLock<Arc<KeyStore>>,
@@ -99,18 +99,34 @@ impl KeyServerCore {
 
     /// Handles one frame cut by the driver's deframer.
     pub fn handle_frame(&self, frame: &Frame, edge: &EdgeIdentity) -> Zeroizing<Vec<u8>> {
+        self.handle_frame_outcome(frame, edge).0
+    }
+
+    /// As [`KeyServerCore::handle_frame`], and says what happened, for the metrics.
+    pub fn handle_frame_outcome(
+        &self,
+        frame: &Frame,
+        edge: &EdgeIdentity,
+    ) -> (Zeroizing<Vec<u8>>, RequestOutcome) {
         let id = frame.header.request_id;
-        let body = match self.answer(frame, edge) {
+        let mut outcome = RequestOutcome::default();
+        let body = match self.answer(frame, edge, &mut outcome) {
             Ok(body) => body,
             Err(code) => {
                 tracing::debug!(request_id = id, error = %code, edge = ?edge.names(), "request refused");
+                outcome.error = Some(code);
                 Body::error(code)
             }
         };
-        respond(id, body)
+        (respond(id, body), outcome)
     }
 
-    fn answer(&self, frame: &Frame, edge: &EdgeIdentity) -> Result<Body, ErrorCode> {
+    fn answer(
+        &self,
+        frame: &Frame,
+        edge: &EdgeIdentity,
+        outcome: &mut RequestOutcome,
+    ) -> Result<Body, ErrorCode> {
         if frame.header.major != VERSION_MAJOR {
             return Err(ErrorCode::VersionMismatch);
         }
@@ -118,6 +134,7 @@ impl KeyServerCore {
         let body = request.body;
         let opcode_byte = body.opcode.ok_or(ErrorCode::FormatError)?;
         let opcode = Opcode::from_u8(opcode_byte).ok_or(ErrorCode::BadOpcode)?;
+        outcome.opcode = Some(opcode);
         if opcode == Opcode::Ping {
             let mut body = body;
             return Ok(Body::op(
@@ -141,6 +158,15 @@ impl KeyServerCore {
         })?;
         Ok(Body::op(Opcode::Response, output.to_vec()))
     }
+}
+
+/// What a request asked for and how it ended, as counted by the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestOutcome {
+    /// The request's opcode, if it had a known one.
+    pub opcode: Option<Opcode>,
+    /// The error byte answered, `None` for success.
+    pub error: Option<ErrorCode>,
 }
 
 /// Encodes a response; a ping echo too large to encode becomes a format error.

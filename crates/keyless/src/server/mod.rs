@@ -10,10 +10,11 @@
 pub mod authz;
 pub mod config;
 pub mod core;
+pub mod metrics;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,7 +25,8 @@ use zeroize::Zeroizing;
 
 pub use self::authz::{Authorization, AuthzError, EdgeGrant, EdgeIdentity};
 pub use self::config::{DenyConfig, ServerConfig, DEFAULT_PORT};
-pub use self::core::KeyServerCore;
+pub use self::core::{KeyServerCore, RequestOutcome};
+pub use self::metrics::ServerStats;
 
 use crate::keys::{KeyStore, KeyStoreError};
 use crate::tls::{self, DenyList, TlsSetupError};
@@ -50,37 +52,15 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
 }
 
-/// Counters kept by a running server (the metrics endpoint will export them).
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    /// TCP connections accepted.
-    pub connections: AtomicU64,
-    /// TLS handshakes that failed (no, expired, unknown-CA or denied certificate, …).
-    pub handshake_failures: AtomicU64,
-    /// Requests answered (including error answers).
-    pub requests: AtomicU64,
-    /// Connections closed because a header announced an oversized body.
-    pub oversized_closes: AtomicU64,
-}
-
-impl ServerStats {
-    fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Reads a counter.
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-}
-
 /// A configured key server, ready to listen.
 pub struct KeyServer {
     core: Arc<KeyServerCore>,
-    acceptor: TlsAcceptor,
+    /// Swapped by [`KeyServer::reload`]; each connection clones it once, at accept.
+    acceptor: RwLock<TlsAcceptor>,
     pool: Arc<rayon::ThreadPool>,
     max_in_flight: usize,
     stats: Arc<ServerStats>,
+    metrics_listen: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for KeyServer {
@@ -107,16 +87,29 @@ impl KeyServer {
             .build()?;
         Ok(KeyServer {
             core: Arc::new(core),
-            acceptor: TlsAcceptor::from(tls),
+            acceptor: RwLock::new(TlsAcceptor::from(tls)),
             pool: Arc::new(pool),
             max_in_flight: max_in_flight.max(1),
             stats: Arc::new(ServerStats::default()),
+            metrics_listen: None,
         })
     }
 
-    /// Loads keys, authorization, certificates and deny list from a [`ServerConfig`].
-    pub fn from_config(config: &ServerConfig) -> Result<KeyServer, ServerError> {
-        let keys = KeyStore::load_dir(&config.key_dir)?;
+    /// Also serves the counters in Prometheus text format on plain HTTP at `addr`
+    /// (`GET /metrics`) once bound.
+    pub fn with_metrics(mut self, addr: SocketAddr) -> KeyServer {
+        self.metrics_listen = Some(addr);
+        self
+    }
+
+    /// Everything [`KeyServer::reload`] swaps, loaded from `config` without touching the
+    /// running server.
+    fn load(config: &ServerConfig) -> Result<Loaded, ServerError> {
+        let mut token_keys = Vec::new();
+        for token in &config.pkcs11 {
+            token_keys.extend(crate::pkcs11::Pkcs11Token::open(token)?);
+        }
+        let keys = KeyStore::load_dir_with(&config.key_dir, token_keys)?;
         let authz = Authorization::from_grants(&config.edges)?;
         let deny = DenyList::from_hex(&config.deny.sha256, &config.deny.serials)?;
         let tls = tls::server_config(
@@ -125,18 +118,64 @@ impl KeyServer {
             &tls::load_certificates(&config.edge_ca)?,
             deny,
         )?;
+        Ok(Loaded { keys, authz, tls })
+    }
+
+    /// Re-reads keys, authorization, the server's certificate and key, the edge CA and the deny
+    /// list from `config` and swaps them in at once. Connections already open keep their TLS
+    /// session and are served with the new keys and rules from their next request; new
+    /// connections are accepted with the new certificate, CA and deny list. If anything fails to
+    /// load, nothing changes and the error is returned (and logged). `listen`, `workers`,
+    /// `max_in_flight_per_connection`, `max_body_length` and `metrics_listen` only take effect
+    /// on restart.
+    pub fn reload(&self, config: &ServerConfig) -> Result<(), ServerError> {
+        match KeyServer::load(config) {
+            Ok(Loaded { keys, authz, tls }) => {
+                let n = keys.len();
+                self.core.replace_keys(keys);
+                self.core.replace_authorization(authz);
+                match self.acceptor.write() {
+                    Ok(mut a) => *a = TlsAcceptor::from(tls),
+                    Err(poisoned) => *poisoned.into_inner() = TlsAcceptor::from(tls),
+                }
+                ServerStats::bump(&self.stats.reloads);
+                tracing::info!(keys = n, edges = config.edges.len(), "key server reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                ServerStats::bump(&self.stats.reload_failures);
+                tracing::error!(error = %e, "reload failed; keeping the previous configuration");
+                Err(e)
+            }
+        }
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        match self.acceptor.read() {
+            Ok(a) => a.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Loads keys, authorization, certificates and deny list from a [`ServerConfig`].
+    pub fn from_config(config: &ServerConfig) -> Result<KeyServer, ServerError> {
+        let Loaded { keys, authz, tls } = KeyServer::load(config)?;
         tracing::info!(
             keys = keys.len(),
             edges = config.edges.len(),
             "key server configured"
         );
         let core = KeyServerCore::new(keys, authz).with_max_body_len(config.max_body_length);
-        KeyServer::new(
+        let server = KeyServer::new(
             core,
             tls,
             config.workers,
             config.max_in_flight_per_connection,
-        )
+        )?;
+        Ok(match config.metrics_listen {
+            Some(addr) => server.with_metrics(addr),
+            None => server,
+        })
     }
 
     /// The request handler (for reloading keys or rules while running).
@@ -149,25 +188,39 @@ impl KeyServer {
         &self.stats
     }
 
-    /// Binds `addr` and serves in a background task until the returned handle is dropped.
+    /// Binds `addr` (and the metrics address, if set) and serves in background tasks until the
+    /// returned handle is dropped.
     pub async fn bind(self, addr: SocketAddr) -> Result<RunningServer, ServerError> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
-        let stats = Arc::clone(&self.stats);
-        let core = Arc::clone(&self.core);
-        let task = tokio::spawn(async move { self.serve(listener).await });
+        let metrics = match self.metrics_listen {
+            Some(maddr) => {
+                let l = TcpListener::bind(maddr).await?;
+                let maddr = l.local_addr()?;
+                let stats = Arc::clone(&self.stats);
+                tracing::info!(%maddr, "metrics listening");
+                Some((maddr, tokio::spawn(metrics::serve_metrics(l, stats))))
+            }
+            None => None,
+        };
+        let server = Arc::new(self);
+        let task = tokio::spawn(Arc::clone(&server).serve_shared(listener));
         tracing::info!(%local_addr, "key server listening");
         Ok(RunningServer {
             local_addr,
-            stats,
-            core,
+            server,
             task,
+            metrics,
         })
     }
 
     /// Accepts connections on `listener` forever.
     pub async fn serve(self, listener: TcpListener) -> Result<(), ServerError> {
-        let this = Arc::new(self);
+        Arc::new(self).serve_shared(listener).await
+    }
+
+    async fn serve_shared(self: Arc<Self>, listener: TcpListener) -> Result<(), ServerError> {
+        let this = self;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(x) => x,
@@ -185,8 +238,9 @@ impl KeyServer {
     }
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
+        let _open = metrics::OpenConnection::new(&self.stats);
         let _ = tcp.set_nodelay(true);
-        let tls = match self.acceptor.accept(tcp).await {
+        let tls = match self.acceptor().accept(tcp).await {
             Ok(tls) => tls,
             Err(e) => {
                 ServerStats::bump(&self.stats.handshake_failures);
@@ -243,8 +297,9 @@ impl KeyServer {
                         let tx = tx.clone();
                         let stats = Arc::clone(&self.stats);
                         self.pool.spawn(move || {
-                            let response = core.handle_frame(&frame, &identity);
-                            ServerStats::bump(&stats.requests);
+                            let start = Instant::now();
+                            let (response, outcome) = core.handle_frame_outcome(&frame, &identity);
+                            stats.record(&outcome, start.elapsed());
                             let _ = tx.send((response, permit));
                         });
                     }
@@ -264,13 +319,21 @@ impl KeyServer {
     }
 }
 
-/// A server running in a background task; dropping it stops accepting connections.
+/// What [`KeyServer::reload`] swaps in.
+struct Loaded {
+    keys: KeyStore,
+    authz: Authorization,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+/// A server running in a background task; dropping it stops accepting connections (and the
+/// metrics listener).
 #[derive(Debug)]
 pub struct RunningServer {
     local_addr: SocketAddr,
-    stats: Arc<ServerStats>,
-    core: Arc<KeyServerCore>,
+    server: Arc<KeyServer>,
     task: JoinHandle<Result<(), ServerError>>,
+    metrics: Option<(SocketAddr, JoinHandle<()>)>,
 }
 
 impl RunningServer {
@@ -279,19 +342,32 @@ impl RunningServer {
         self.local_addr
     }
 
+    /// The bound metrics address, if a metrics listener was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(a, _)| *a)
+    }
+
     /// The server's counters.
     pub fn stats(&self) -> &ServerStats {
-        &self.stats
+        &self.server.stats
     }
 
     /// The request handler.
     pub fn core(&self) -> &Arc<KeyServerCore> {
-        &self.core
+        &self.server.core
+    }
+
+    /// See [`KeyServer::reload`].
+    pub fn reload(&self, config: &ServerConfig) -> Result<(), ServerError> {
+        self.server.reload(config)
     }
 }
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some((_, t)) = &self.metrics {
+            t.abort();
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! algorithm (in each file format), a key server on loopback, and edge clients.
 #![allow(dead_code)]
 
+pub mod verify;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
