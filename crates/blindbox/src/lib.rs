@@ -8,6 +8,10 @@
 //! * [`sender`] chains the two for one direction of a flow (the receiver re-runs it to validate);
 //! * [`rules`] parses Snort rules, classifies them (Protocol I / II / III) and computes Table 1;
 //! * [`detect`] is the middlebox's per-flow detection over encrypted tokens;
+//! * [`channel`] is the token channel's wire format (frames, deframer, tags);
+//! * [`keys`] derives `k`, `k_rand`, flow keys and channel keys from the primary session's exporter;
+//! * [`flow`] puts it together: sender, middlebox and receiver of one direction (validation,
+//!   Protocol III decryption); [`fullrule`] evaluates full rules (`pcre`) on decrypted flows;
 //! * [`plaintext`] is the Aho–Corasick reference matcher used as the oracle.
 //!
 //! See `docs/blindbox.md` for the privacy models and what the middlebox learns.
@@ -17,18 +21,28 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod channel;
 pub mod detect;
 pub mod dpienc;
+pub mod flow;
+pub mod fullrule;
 pub mod http;
+pub mod keys;
 pub mod plaintext;
 pub mod rules;
 pub mod sender;
 pub mod tokenize;
 
+pub use channel::{ChannelParams, Privacy};
 pub use detect::{
     Alert, DetectError, DetectionPlan, Detector, EncryptedRules, Event, ProbableCause,
 };
 pub use dpienc::{EncToken, FlowKey, KeywordKey, SaltScheme, TokenEncryptor, TokenKey, TokenMsg};
+pub use flow::{
+    Culprit, FlowConfig, FlowOutput, FlowReceiver, FlowSender, MbEvent, MiddleboxFlow,
+    Misbehaviour, PrimaryKeys, ValidationError,
+};
+pub use keys::SessionKeys;
 pub use rules::{classify, parse_rules, BufferPolicy, Protocol, Rule};
 pub use sender::Sender;
 pub use tokenize::{CaseMode, FlowTokenizer, Tokenization};

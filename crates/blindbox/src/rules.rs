@@ -121,6 +121,7 @@ pub struct Rule {
     pub flow: Option<Direction>,
     pub flow_flags: Vec<String>,
     pub contents: Vec<Content>,
+    /// `pcre` values as written (`/re/flags` or `m<d>re<d>flags`), with a leading `!` if negated.
     pub pcre: Vec<String>,
     pub unsupported: Vec<Unsupported>,
 }
@@ -354,11 +355,13 @@ fn apply_option(rule: &mut Rule, name: &str, value: Option<String>) -> Result<()
         }
         "pcre" => {
             let v = need(&value)?;
+            let negated = v.starts_with('!');
             let v = unquote_raw(v.strip_prefix('!').map_or(v, str::trim_start))?;
             if !(v.starts_with('/') || v.starts_with('m')) || v.len() < 2 {
                 return Err("pcre without delimiters".into());
             }
-            rule.pcre.push(v);
+            // A negated pcre keeps its `!` (see `Rule::pcre`).
+            rule.pcre.push(if negated { format!("!{v}") } else { v });
         }
         "nocase" | "offset" | "depth" | "distance" | "within" | "fast_pattern" => {
             let last = rule

@@ -36,8 +36,7 @@ impl Sender {
     }
 
     fn flush(&mut self, out: &mut Vec<TokenMsg>) {
-        for ev in self.scratch.drain(..) {
-            self.encryptor.process(&ev, out);
-        }
+        self.encryptor.process_all(&self.scratch, out);
+        self.scratch.clear();
     }
 }
