@@ -27,6 +27,10 @@ enum KeylessCommand {
     /// docs/keyless.md); these flags override it or add a key-server group, origin and sites
     /// all named "default".
     Edge(EdgeFlags),
+    /// Run Keyless SSL on loopback in one process: an origin, one key server per site (ECDSA
+    /// P-256 and RSA-2048) and an edge holding only certificates; fetch pages through the edge
+    /// like curl and show which key server signed, the edge cache and the Host check.
+    Demo(crate::keyless_demo::KeylessDemoArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -112,6 +116,7 @@ pub fn run(
     match args.command {
         KeylessCommand::Keyserver(flags) => keyserver(flags, config, config_path),
         KeylessCommand::Edge(flags) => edge(flags, config),
+        KeylessCommand::Demo(args) => crate::keyless_demo::run(args),
     }
 }
 

@@ -8,6 +8,7 @@ mod config;
 mod demo;
 mod driver;
 mod keyless;
+mod keyless_demo;
 mod mbtls;
 
 use std::path::PathBuf;
@@ -60,7 +61,7 @@ enum Command {
     /// (today: `blindbox rules stats`; sender, receiver and middlebox not implemented yet)
     Blindbox(blindbox::BlindboxArgs),
     /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
-    /// (`keyless keyserver`, `keyless edge`)
+    /// (`keyless keyserver`, `keyless edge`, `keyless demo`)
     Keyless(keyless::KeylessArgs),
     /// EndBox: middlebox functions in a TEE on each client behind an attested VPN. (not implemented yet)
     Endbox(NotYet),
