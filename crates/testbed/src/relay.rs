@@ -411,7 +411,7 @@ async fn write_side(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Item>, la
         match item {
             Item::Data(arrived, data) => {
                 if !latency.is_zero() {
-                    tokio::time::sleep_until(arrived + latency).await;
+                    sleep_until_precisely(arrived + latency).await;
                 }
                 if writer.write_all(&data).await.is_err() {
                     return;
@@ -419,11 +419,33 @@ async fn write_side(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Item>, la
             }
             Item::Eof(arrived) => {
                 if !latency.is_zero() {
-                    tokio::time::sleep_until(arrived + latency).await;
+                    sleep_until_precisely(arrived + latency).await;
                 }
                 let _ = writer.shutdown().await;
                 return;
             }
         }
+    }
+}
+
+/// Sleeps until `deadline` with sub-millisecond precision.
+///
+/// tokio's timer wheel has 1 ms granularity and rounds deadlines up, so every emulated traversal
+/// would arrive up to 1 ms late, and a handshake crosses a relay 4-6 times. The coarse part of the
+/// wait stays on the timer wheel; the last stretch is a real `nanosleep` on the blocking pool.
+async fn sleep_until_precisely(deadline: Instant) {
+    let coarse_margin = Duration::from_millis(2);
+    if let Some(coarse) = deadline.checked_sub(coarse_margin) {
+        if coarse > Instant::now() {
+            tokio::time::sleep_until(coarse).await;
+        }
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if !remaining.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
+    }
+    // Under a paused (virtual) clock the real sleep did not move time: finish on the timer wheel.
+    if Instant::now() < deadline {
+        tokio::time::sleep_until(deadline).await;
     }
 }
