@@ -532,6 +532,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         },
         next_hop: s.next_hop.clone(),
         app,
+        placement: mbx_mbtls::driver::Placement::ClientSide,
     };
     runtime()?.block_on(async move {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)

@@ -12,7 +12,7 @@ use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig, TlsEngine};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    AppFactory, DriverError, MbtlsClient, MiddleboxServer, MiddleboxServerConfig,
+    AppFactory, DriverError, MbtlsClient, MiddleboxServer, MiddleboxServerConfig, Placement,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, HandshakeError, MiddleboxHandshakeConfig,
@@ -107,6 +107,7 @@ impl World {
             },
             next_hop: next_hop.to_string(),
             app,
+            placement: Placement::ClientSide,
         }
     }
 }

@@ -2,9 +2,10 @@
 //! between the two sockets and [`MiddleboxHandshake`] (handshake, then relay), both directions
 //! at once. One report per connection says what happened.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mbx_apps::MiddleboxApp;
@@ -17,10 +18,11 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::{DriverError, READ_BUF};
 use crate::handshake::{
-    HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+    HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
+    MiddleboxHandshakeEvent, ServerSideMiddlebox,
 };
 use crate::hop::Side;
-use crate::relay::RelayEvent;
+use crate::relay::{MiddleboxRelay, RelayEvent};
 
 /// Makes a fresh app instance for each connection.
 pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
@@ -42,6 +44,20 @@ pub struct MiddleboxServerConfig {
     pub next_hop: String,
     /// The middlebox function, one instance per connection.
     pub app: AppFactory,
+    /// Which endpoint the middlebox works for.
+    pub placement: Placement,
+}
+
+/// Which side of the path a middlebox is on, i.e. which endpoint gives it its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Joins by answering an optimistic ClientHello of the client (pre-configured by the
+    /// client, or discovered on the path).
+    ClientSide,
+    /// Announces itself to the server after the ClientHello. A server that fails a session
+    /// without answering the announcement is remembered as legacy (per next hop) and not
+    /// announced to again by this listener.
+    ServerSide,
 }
 
 /// The outcome of one relayed connection.
@@ -50,7 +66,13 @@ pub struct ConnectionReport {
     /// Connection number, from 0 in accept order.
     pub id: u64,
     pub client: Option<SocketAddr>,
-    /// We answered an optimistic ClientHello (secondary session started).
+    /// Server-side: we sent a MiddleboxAnnouncement.
+    pub announced: bool,
+    /// Server-side: the session failed and the server never answered our announcement, so it
+    /// is now remembered as legacy.
+    pub legacy_server: bool,
+    /// Our secondary session started (client side: we answered an optimistic ClientHello;
+    /// server side: the server answered our announcement).
     pub joined: bool,
     pub evidence_sent: bool,
     /// Key material arrived: this middlebox saw (and could change) the plaintext.
@@ -70,6 +92,8 @@ impl ConnectionReport {
         ConnectionReport {
             id,
             client,
+            announced: false,
+            legacy_server: false,
             joined: false,
             evidence_sent: false,
             keys_installed: false,
@@ -103,7 +127,11 @@ impl MiddleboxServer {
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
         let (tx, reports) = mpsc::unbounded_channel();
-        let task = tokio::spawn(accept_loop(listener, Arc::new(cfg), tx));
+        let shared = Arc::new(Shared {
+            cfg,
+            legacy_servers: Mutex::new(HashSet::new()),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared, tx));
         Ok(MiddleboxServer {
             local_addr,
             task,
@@ -140,9 +168,31 @@ impl core::fmt::Debug for MiddleboxServer {
     }
 }
 
+/// What every connection of one listener shares.
+struct Shared {
+    cfg: MiddleboxServerConfig,
+    /// Next hops that failed a session without answering our announcement (server side).
+    legacy_servers: Mutex<HashSet<String>>,
+}
+
+impl Shared {
+    fn is_legacy(&self, next_hop: &str) -> bool {
+        self.legacy_servers
+            .lock()
+            .map(|set| set.contains(next_hop))
+            .unwrap_or(false)
+    }
+
+    fn remember_legacy(&self, next_hop: &str) {
+        if let Ok(mut set) = self.legacy_servers.lock() {
+            set.insert(next_hop.to_string());
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
-    cfg: Arc<MiddleboxServerConfig>,
+    cfg: Arc<Shared>,
     reports: mpsc::UnboundedSender<ConnectionReport>,
 ) {
     let ids = AtomicU64::new(0);
@@ -155,7 +205,7 @@ async fn accept_loop(
                     let cfg = cfg.clone();
                     let reports = reports.clone();
                     conns.spawn(async move {
-                        let report = serve_connection(id, stream, Some(peer), &cfg).await;
+                        let report = serve(id, stream, Some(peer), &cfg).await;
                         match &report.outcome {
                             Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
                             Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
@@ -176,17 +226,83 @@ async fn accept_loop(
 
 /// Relays one accepted connection to `cfg.next_hop` until both directions ended or something
 /// failed; both sockets are closed when this returns.
+/// A connection served on its own has no memory of legacy servers.
 pub async fn serve_connection(
     id: u64,
     client: TcpStream,
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
 ) -> ConnectionReport {
+    let shared = Shared {
+        cfg: cfg.clone(),
+        legacy_servers: Mutex::new(HashSet::new()),
+    };
+    serve(id, client, peer, &shared).await
+}
+
+async fn serve(
+    id: u64,
+    client: TcpStream,
+    peer: Option<SocketAddr>,
+    shared: &Shared,
+) -> ConnectionReport {
     let mut report = ConnectionReport::new(id, peer);
-    if let Err(e) = relay(client, cfg, &mut report).await {
+    let announce = !shared.is_legacy(&shared.cfg.next_hop);
+    if let Err(e) = relay(client, &shared.cfg, announce, &mut report).await {
         report.outcome = Err(e.to_string());
+        if report.announced && !report.joined {
+            report.legacy_server = true;
+            shared.remember_legacy(&shared.cfg.next_hop);
+        }
     }
     report
+}
+
+/// The handshake core of either placement.
+enum Core {
+    ClientSide(MiddleboxHandshake<App>),
+    ServerSide(ServerSideMiddlebox<App>),
+}
+
+impl Core {
+    fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        match self {
+            Core::ClientSide(c) => c.receive(from, bytes),
+            Core::ServerSide(c) => c.receive(from, bytes),
+        }
+    }
+
+    fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        match self {
+            Core::ClientSide(c) => c.take_outgoing(to),
+            Core::ServerSide(c) => c.take_outgoing(to),
+        }
+    }
+
+    fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {
+        match self {
+            Core::ClientSide(c) => c.poll_event(),
+            Core::ServerSide(c) => c.poll_event(),
+        }
+    }
+
+    fn relay(&self) -> Option<&MiddleboxRelay<App>> {
+        match self {
+            Core::ClientSide(c) => c.relay(),
+            Core::ServerSide(c) => c.relay(),
+        }
+    }
+
+    fn is_passive(&self) -> bool {
+        match self {
+            Core::ClientSide(c) => c.is_passive(),
+            Core::ServerSide(c) => c.is_passive(),
+        }
+    }
+
+    fn keys_installed(&self) -> bool {
+        self.relay().is_some()
+    }
 }
 
 enum Out {
@@ -209,7 +325,7 @@ async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) -> std::i
 }
 
 struct Conn {
-    hs: MiddleboxHandshake<App>,
+    hs: Core,
     to_client: mpsc::Sender<Out>,
     to_server: mpsc::Sender<Out>,
     failure: Option<String>,
@@ -240,6 +356,7 @@ impl Conn {
     fn events(&mut self, report: &mut ConnectionReport) {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
+                MiddleboxHandshakeEvent::Announced { .. } => report.announced = true,
                 MiddleboxHandshakeEvent::Joined { .. } => report.joined = true,
                 MiddleboxHandshakeEvent::Passive(why) => report.passive = Some(why),
                 MiddleboxHandshakeEvent::EvidenceSent => report.evidence_sent = true,
@@ -294,6 +411,7 @@ fn side_name(side: Side) -> &'static str {
 async fn relay(
     client: TcpStream,
     cfg: &MiddleboxServerConfig,
+    announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
     let server = TcpStream::connect(cfg.next_hop.as_str())
@@ -301,7 +419,16 @@ async fn relay(
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let hs = MiddleboxHandshake::new(cfg.handshake.clone(), (cfg.app)())?;
+    let hs = match cfg.placement {
+        Placement::ClientSide => {
+            Core::ClientSide(MiddleboxHandshake::new(cfg.handshake.clone(), (cfg.app)())?)
+        }
+        Placement::ServerSide => Core::ServerSide(ServerSideMiddlebox::new(
+            cfg.handshake.clone(),
+            (cfg.app)(),
+            announce,
+        )?),
+    };
     let (mut client_r, client_w) = client.into_split();
     let (mut server_r, server_w) = server.into_split();
     let (to_client, rx_c) = mpsc::channel(QUEUE);

@@ -4,19 +4,28 @@
 //! - [`client`]: connect to the pre-configured middlebox, run [`ClientHandshake`], then read and
 //!   write application data through the first hop.
 //! - [`middlebox`]: accept connections, connect each to the next hop, run
-//!   [`MiddleboxHandshake`] and the relay, both directions at once.
+//!   [`MiddleboxHandshake`] (client side) or [`ServerSideMiddlebox`] (server side) and the relay,
+//!   both directions at once.
+//! - [`server`]: accept connections, run [`ServerHandshake`], pass the plaintext to a TCP
+//!   backend and its answers back.
 //!
 //! Failure rule: any fatal error closes both TCP connections of a middlebox; a peer that
 //! disappears (EOF or reset without close_notify) is an error for the other side, never a hang.
 //!
 //! [`ClientHandshake`]: crate::handshake::ClientHandshake
 //! [`MiddleboxHandshake`]: crate::handshake::MiddleboxHandshake
+//! [`ServerSideMiddlebox`]: crate::handshake::ServerSideMiddlebox
+//! [`ServerHandshake`]: crate::handshake::ServerHandshake
 
 pub mod client;
 pub mod middlebox;
+pub mod server;
 
-pub use client::MbtlsClient;
-pub use middlebox::{AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig};
+pub use client::{MbtlsClient, MiddleboxVerdict};
+pub use middlebox::{
+    AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,
+};
+pub use server::{MbtlsServer, MbtlsServerConfig, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;
 use crate::hop::Alert;

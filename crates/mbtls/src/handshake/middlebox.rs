@@ -43,6 +43,8 @@ pub struct MiddleboxHandshakeConfig {
 /// Progress reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MiddleboxHandshakeEvent {
+    /// Server-side middlebox: our MiddleboxAnnouncement went out on this subchannel.
+    Announced { subchannel: u8 },
     /// Our secondary ServerHello went out on this subchannel.
     Joined { subchannel: u8 },
     /// Not taking part (no MiddleboxSupport, no hello left, unsupported version): forwarding
@@ -307,7 +309,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // with our Finished and can release its key material in its second flight (P7).
         let half_rtt = engine.can_write_half_rtt();
         if half_rtt {
-            Self::write_evidence(&self.cfg, &self.spki, &mut engine)?;
+            write_evidence(&self.cfg, &self.spki, &mut engine)?;
         }
         let flight = engine.take_outgoing();
         if Encapsulated::wrap_stream(
@@ -360,31 +362,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         Ok(Some(engine))
     }
 
-    /// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
-    /// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
-    /// in the engine's outgoing buffer for the caller to wrap.
-    fn write_evidence(
-        cfg: &MiddleboxHandshakeConfig,
-        spki: &[u8],
-        engine: &mut OpenSslEngine,
-    ) -> Result<(), HandshakeError> {
-        let label = core::str::from_utf8(EXPORTER_LABEL)
-            .map_err(|_| HandshakeError::Config("exporter label"))?;
-        let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
-        let rd = report_data(spki, &binder);
-        let evidence = match &cfg.attester {
-            Some(a) => a.evidence(&rd)?.to_bytes(),
-            None => Vec::new(),
-        };
-        let msg = SecondaryMessage::Evidence(evidence).encode()?;
-        if engine.can_write_half_rtt() {
-            engine.write_half_rtt(&msg)?;
-        } else {
-            engine.write_plaintext(&msg)?;
-        }
-        Ok(())
-    }
-
     /// A primary server record while joined and without keys: forward or hold.
     fn server_record(&mut self, rec: Record) {
         if self.hold {
@@ -433,7 +410,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         if !self.evidence_sent {
             // TLS 1.2 secondary session: the evidence follows our Finished in its flight.
-            Self::write_evidence(&self.cfg, &self.spki, engine)?;
+            write_evidence(&self.cfg, &self.spki, engine)?;
             let out = engine.take_outgoing();
             Encapsulated::wrap_stream(
                 self.subchannel,
@@ -486,15 +463,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // them and they go through the app now. Handshake-key records fail to open.
         let first_app = match version {
             TlsVersion::Tls13 => {
-                let s2c = &km.toward_server.s2c;
-                self.copies
-                    .iter()
-                    .position(|c| {
-                        RecordOpener::new(version, s2c.keys.clone(), s2c.next_seq)
-                            .open(c.as_bytes())
-                            .is_ok()
-                    })
-                    .unwrap_or(self.copies.len())
+                first_application_record(version, &km.toward_server.s2c, &self.copies)
             }
             TlsVersion::Tls12 => self.copies.len(),
         };
@@ -561,4 +530,46 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
         self.relay.as_ref()
     }
+}
+/// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
+/// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
+/// in the engine's outgoing buffer for the caller to wrap.
+pub(super) fn write_evidence(
+    cfg: &MiddleboxHandshakeConfig,
+    spki: &[u8],
+    engine: &mut OpenSslEngine,
+) -> Result<(), HandshakeError> {
+    let label = core::str::from_utf8(EXPORTER_LABEL)
+        .map_err(|_| HandshakeError::Config("exporter label"))?;
+    let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
+    let rd = report_data(spki, &binder);
+    let evidence = match &cfg.attester {
+        Some(a) => a.evidence(&rd)?.to_bytes(),
+        None => Vec::new(),
+    };
+    let msg = SecondaryMessage::Evidence(evidence).encode()?;
+    if engine.can_write_half_rtt() {
+        engine.write_half_rtt(&msg)?;
+    } else {
+        engine.write_plaintext(&msg)?;
+    }
+    Ok(())
+}
+
+/// Index of the first record in `copies` that opens under `keys` (one direction of the bridge)
+/// at its next sequence number: records still under handshake keys fail to open. `copies.len()`
+/// when none does.
+pub(super) fn first_application_record(
+    version: TlsVersion,
+    keys: &crate::keys::DirectionKeys,
+    copies: &[Record],
+) -> usize {
+    copies
+        .iter()
+        .position(|c| {
+            RecordOpener::new(version, keys.keys.clone(), keys.next_seq)
+                .open(c.as_bytes())
+                .is_ok()
+        })
+        .unwrap_or(copies.len())
 }

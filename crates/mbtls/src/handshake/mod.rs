@@ -1,17 +1,27 @@
-//! Handshake cores (sans-I/O). Built so far: a client with **one client-side middlebox**,
-//! pre-configured or discovered with approval ([`ClientHandshake`], [`MiddleboxHandshake`]);
-//! the server is any TLS server (the primary handshake is plain TLS to it). Design and the remaining join modes: `docs/mbtls.md` §4.
+//! Handshake cores (sans-I/O): at most **one middlebox per side**.
+//! - Client side: [`ClientHandshake`] with a pre-configured or discovered (approved)
+//!   [`MiddleboxHandshake`]; the server may be legacy.
+//! - Server side: [`ServerHandshake`] with a pre-configured or discovered (approved)
+//!   [`ServerSideMiddlebox`], which announces itself; the client may be legacy.
+//!
+//! Both sides together give `client → M1 → M2 → server` with the primary keys as the bridge
+//! between M1 and M2. Design: `docs/mbtls.md` §4.
 
 mod client;
 mod demux;
+mod endpoint_core;
 mod middlebox;
+mod server;
+mod server_side;
 
-pub use client::{
-    Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
-    HopFingerprint, SessionSummary,
-};
+pub use client::{ClientHandshake, ClientHandshakeConfig, ClientMiddlebox};
 pub use demux::{hello_records, Demux, Piece};
+pub use endpoint_core::{
+    Approver, ClientHandshakeEvent, HopFingerprint, ServerHandshakeEvent, SessionSummary,
+};
 pub use middlebox::{MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
+pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
+pub use server_side::{ServerSideMiddlebox, MAX_COPIED_BYTES};
 
 use mbx_attest::AttestError;
 use mbx_engine::EngineError;

@@ -1,0 +1,287 @@
+//! The server driver: accept connections (from a client or a server-side middlebox), run the
+//! [`ServerHandshake`] core, then pass the decrypted byte stream to a plain TCP backend (e.g. a
+//! local HTTP server) and its answers back, both directions at once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::client::MiddleboxVerdict;
+use super::{DriverError, READ_BUF};
+use crate::endpoint::EndpointEvent;
+use crate::handshake::{
+    ServerHandshake, ServerHandshakeConfig, ServerHandshakeEvent, SessionSummary,
+};
+
+/// What an mbTLS server needs.
+#[derive(Clone)]
+pub struct MbtlsServerConfig {
+    /// Certificates, policy and the expected server-side middlebox. `now_unix` is replaced by
+    /// the current time for each connection.
+    pub handshake: ServerHandshakeConfig,
+    /// The plain-TCP backend (`host:port`) each session's plaintext is passed to.
+    pub backend: String,
+}
+
+/// The outcome of one session.
+#[derive(Debug, Clone)]
+pub struct ServerConnectionReport {
+    pub id: u64,
+    pub peer: Option<SocketAddr>,
+    /// What the server decided about the middlebox on its side.
+    pub verdict: MiddleboxVerdict,
+    pub summary: Option<SessionSummary>,
+    /// Plaintext bytes passed to the backend and back.
+    pub bytes_to_backend: u64,
+    pub bytes_from_backend: u64,
+    /// `Err` with the reason when the session did not end cleanly.
+    pub outcome: Result<(), String>,
+}
+
+/// A listening mbTLS server. Dropping it stops the listener and every session.
+pub struct MbtlsServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+    reports: mpsc::UnboundedReceiver<ServerConnectionReport>,
+}
+
+impl MbtlsServer {
+    /// Binds `listen` and serves sessions in the background (needs a tokio runtime).
+    pub async fn bind(
+        listen: impl ToSocketAddrs,
+        cfg: MbtlsServerConfig,
+    ) -> Result<MbtlsServer, DriverError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(DriverError::io("cannot listen"))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(DriverError::io("cannot read the listening address"))?;
+        let (tx, reports) = mpsc::unbounded_channel();
+        let task = tokio::spawn(accept_loop(listener, Arc::new(cfg), tx));
+        Ok(MbtlsServer {
+            local_addr,
+            task,
+            reports,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The report of the next session that ends (`None` if the server stopped).
+    pub async fn next_report(&mut self) -> Option<ServerConnectionReport> {
+        self.reports.recv().await
+    }
+}
+
+impl Drop for MbtlsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl core::fmt::Debug for MbtlsServer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MbtlsServer")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    cfg: Arc<MbtlsServerConfig>,
+    reports: mpsc::UnboundedSender<ServerConnectionReport>,
+) {
+    let ids = AtomicU64::new(0);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let id = ids.fetch_add(1, Ordering::Relaxed);
+                    let cfg = cfg.clone();
+                    let reports = reports.clone();
+                    conns.spawn(async move {
+                        let report = serve_session(id, stream, Some(peer), &cfg).await;
+                        match &report.outcome {
+                            Ok(()) => tracing::info!(?report, "mbtls server session ended"),
+                            Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
+                        }
+                        let _ = reports.send(report);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::task::yield_now().await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Serves one accepted connection until both directions ended or something failed.
+pub async fn serve_session(
+    id: u64,
+    stream: TcpStream,
+    peer: Option<SocketAddr>,
+    cfg: &MbtlsServerConfig,
+) -> ServerConnectionReport {
+    let mut session = Session {
+        report: ServerConnectionReport {
+            id,
+            peer,
+            verdict: MiddleboxVerdict::Direct,
+            summary: None,
+            bytes_to_backend: 0,
+            bytes_from_backend: 0,
+            outcome: Ok(()),
+        },
+        peer_closed: false,
+    };
+    if let Err(e) = session.run(stream, cfg).await {
+        session.report.outcome = Err(e.to_string());
+    }
+    session.report
+}
+
+struct Session {
+    report: ServerConnectionReport,
+    peer_closed: bool,
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        mut stream: TcpStream,
+        cfg: &MbtlsServerConfig,
+    ) -> Result<(), DriverError> {
+        let _ = stream.set_nodelay(true);
+        let mut hs_cfg = cfg.handshake.clone();
+        hs_cfg.now_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let mut hs = ServerHandshake::new(hs_cfg)?;
+        let mut buf = vec![0u8; READ_BUF];
+        // Handshake: until the data phase starts.
+        while !hs.data_phase_started() {
+            let n = stream
+                .read(&mut buf)
+                .await
+                .map_err(DriverError::io("reading from the previous hop"))?;
+            if n == 0 {
+                return Err(DriverError::PeerGone {
+                    peer: "previous hop",
+                    when: "during the handshake",
+                });
+            }
+            let r = hs.receive(buf.get(..n).unwrap_or_default());
+            let flushed = flush(&mut hs, &mut stream).await;
+            r?;
+            self.events(&mut hs)?;
+            flushed?;
+        }
+        self.report.summary = hs.summary().cloned();
+        let backend = TcpStream::connect(cfg.backend.as_str())
+            .await
+            .map_err(DriverError::io("cannot connect to the backend"))?;
+        let _ = backend.set_nodelay(true);
+        let (mut backend_r, mut backend_w) = backend.into_split();
+        let mut backend_buf = vec![0u8; READ_BUF];
+        let mut backend_open = true;
+        let mut backend_write_open = true;
+        loop {
+            // Plaintext that arrived (possibly with the handshake) goes to the backend first.
+            let plain = hs.take_plaintext();
+            if !plain.is_empty() && backend_write_open {
+                self.report.bytes_to_backend += plain.len() as u64;
+                backend_w
+                    .write_all(&plain)
+                    .await
+                    .map_err(DriverError::io("writing to the backend"))?;
+            }
+            if self.peer_closed && backend_write_open {
+                let _ = backend_w.shutdown().await;
+                backend_write_open = false;
+            }
+            if self.peer_closed && !backend_open {
+                return Ok(());
+            }
+            tokio::select! {
+                r = stream.read(&mut buf), if !self.peer_closed => {
+                    let n = r.map_err(DriverError::io("reading from the previous hop"))?;
+                    if n == 0 {
+                        // After our close_notify (the backend finished its answer) a client
+                        // may just close, as HTTP clients do; before it, this is truncation.
+                        if !backend_open {
+                            return Ok(());
+                        }
+                        return Err(DriverError::PeerGone {
+                            peer: "previous hop",
+                            when: "without close_notify (the session may be truncated)",
+                        });
+                    }
+                    let r = hs.receive(buf.get(..n).unwrap_or_default());
+                    let flushed = flush(&mut hs, &mut stream).await;
+                    r?;
+                    self.events(&mut hs)?;
+                    flushed?;
+                }
+                r = backend_r.read(&mut backend_buf), if backend_open => {
+                    let n = r.map_err(DriverError::io("reading from the backend"))?;
+                    if n == 0 {
+                        backend_open = false;
+                        hs.close()?;
+                    } else {
+                        self.report.bytes_from_backend += n as u64;
+                        hs.write(backend_buf.get(..n).unwrap_or_default())?;
+                    }
+                    flush(&mut hs, &mut stream).await?;
+                }
+            }
+        }
+    }
+
+    fn events(&mut self, hs: &mut ServerHandshake) -> Result<(), DriverError> {
+        while let Some(ev) = hs.poll_event() {
+            match ev {
+                ServerHandshakeEvent::MiddleboxVerified(claims) => {
+                    self.report.verdict = MiddleboxVerdict::Verified(claims)
+                }
+                ServerHandshakeEvent::MiddleboxExcluded(why) => {
+                    self.report.verdict = MiddleboxVerdict::Excluded(why)
+                }
+                ServerHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ServerHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
+                    return Err(DriverError::alert(a, "received from the path"))
+                }
+                ServerHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
+                    return Err(DriverError::alert(alert, what))
+                }
+                ev => tracing::debug!(?ev, "mbtls server"),
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn flush(hs: &mut ServerHandshake, stream: &mut TcpStream) -> Result<(), DriverError> {
+    let out = hs.take_outgoing();
+    if !out.is_empty() {
+        stream
+            .write_all(&out)
+            .await
+            .map_err(DriverError::io("writing to the previous hop"))?;
+    }
+    Ok(())
+}

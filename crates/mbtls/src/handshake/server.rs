@@ -1,0 +1,184 @@
+//! The mbTLS server's handshake with (at most) one server-side middlebox (sans-I/O), which
+//! announces itself (pre-configured: must, discovered: may, if the application approves).
+//!
+//! The primary handshake runs in a real OpenSSL server engine, paused right after it completes;
+//! the client may be legacy (curl, `openssl s_client`) or mbTLS. When a
+//! `MiddleboxAnnouncement` arrives on a subchannel the server opens the secondary session there
+//! **as TLS client** with its own engine (paper §3.4), checks the middlebox's certificate,
+//! approval and exporter-bound evidence, and once its primary handshake is done sends the
+//! middlebox the keys of its two hops: the bridge (primary session keys, toward the client) and
+//! a fresh hop toward the server. A middlebox that fails a check gets no key material.
+
+use std::sync::Arc;
+
+use mbx_attest::Policy;
+use mbx_engine::{OpenSslContext, Role};
+
+use super::demux::{Demux, Piece};
+use super::endpoint_core::{
+    Approver, EndpointCore, Secondary, ServerHandshakeEvent, SessionSummary,
+};
+use super::HandshakeError;
+use mbx_engine::TlsEngine;
+
+/// Which middlebox the server expects on its side.
+#[derive(Clone)]
+pub enum ServerMiddlebox {
+    /// Configured by the server's operator: must announce itself, and its certificate must be
+    /// valid for this name.
+    Preconfigured(String),
+    /// A middlebox on the path may announce itself; its chain must verify against the secondary
+    /// context's roots and the approver must accept it. Without one the session is direct.
+    Discover(Approver),
+}
+
+/// The server's configuration.
+#[derive(Clone)]
+pub struct ServerHandshakeConfig {
+    /// Primary context: a server with `pause_after_handshake` (so no application record is
+    /// consumed before the export). Session tickets off is recommended (resumption through
+    /// middleboxes is not supported).
+    pub primary: Arc<OpenSslContext>,
+    /// Context for the secondary session: a TLS *client* with the trust roots for middlebox
+    /// certificates.
+    pub secondary: Arc<OpenSslContext>,
+    pub middlebox: ServerMiddlebox,
+    /// Attestation policy for the middlebox.
+    pub policy: Policy,
+    /// Current time for evidence verification (seconds since the Unix epoch).
+    pub now_unix: u64,
+}
+
+/// An mbTLS server.
+pub struct ServerHandshake {
+    cfg: ServerHandshakeConfig,
+    core: EndpointCore,
+    demux: Demux,
+}
+
+impl ServerHandshake {
+    pub fn new(cfg: ServerHandshakeConfig) -> Result<Self, HandshakeError> {
+        let primary = cfg.primary.engine()?;
+        let approver = match &cfg.middlebox {
+            ServerMiddlebox::Preconfigured(_) => None,
+            ServerMiddlebox::Discover(a) => Some(a.clone()),
+        };
+        let core = EndpointCore::new(
+            Role::Server,
+            cfg.policy.clone(),
+            cfg.now_unix,
+            approver,
+            primary,
+            None,
+        );
+        Ok(ServerHandshake {
+            cfg,
+            core,
+            demux: Demux::new(),
+        })
+    }
+
+    /// Bytes from the previous hop (the client or the nearest middlebox). Errors are fatal and
+    /// no key material is sent afterwards.
+    pub fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError> {
+        self.demux.push(bytes);
+        let demux = &mut self.demux;
+        let cfg = &self.cfg;
+        self.core.guarded(|core| {
+            while let Some(piece) = demux.next_piece()? {
+                match piece {
+                    Piece::Primary(rec) => core.primary_record(&rec)?,
+                    Piece::Sub { enc, .. } if enc.is_announcement() => {
+                        announced(cfg, core, enc.subchannel)?
+                    }
+                    Piece::Sub { enc, .. }
+                        if core.secondary.is_some() && enc.subchannel == core.subchannel =>
+                    {
+                        core.secondary_in(&enc)?
+                    }
+                    Piece::Sub { .. } => {
+                        return Err(HandshakeError::Protocol("record on an unknown subchannel"))
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Application data for the client; held until the data phase starts.
+    pub fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError> {
+        self.core.write(data)
+    }
+
+    /// Ends our direction with close_notify (data phase only).
+    pub fn close(&mut self) -> Result<(), HandshakeError> {
+        self.core.close()
+    }
+
+    /// Version, suite and hop key fingerprints, once the data phase started.
+    pub fn summary(&self) -> Option<&SessionSummary> {
+        self.core.summary()
+    }
+
+    /// Ciphertext for the previous hop, in order.
+    pub fn take_outgoing(&mut self) -> Vec<u8> {
+        self.core.take_outgoing()
+    }
+
+    /// Application data received (once ready).
+    pub fn take_plaintext(&mut self) -> Vec<u8> {
+        self.core.take_plaintext()
+    }
+
+    pub fn poll_event(&mut self) -> Option<ServerHandshakeEvent> {
+        self.core.poll_event()
+    }
+
+    /// True once key material was sent to the middlebox.
+    pub fn keys_sent(&self) -> bool {
+        self.core.keys_sent()
+    }
+
+    /// True once the data phase started (with or without a middlebox).
+    pub fn data_phase_started(&self) -> bool {
+        self.core.data_phase_started()
+    }
+
+    /// Primary-key records dropped because the middlebox re-sends them through its app.
+    pub fn discarded_records(&self) -> usize {
+        self.core.discarded_records()
+    }
+
+    /// True once received data is readable.
+    pub fn is_ready(&self) -> bool {
+        self.core.is_ready()
+    }
+}
+
+/// A middlebox announced itself on `subchannel`: open the secondary session there as TLS client.
+fn announced(
+    cfg: &ServerHandshakeConfig,
+    core: &mut EndpointCore,
+    subchannel: u8,
+) -> Result<(), HandshakeError> {
+    if core.secondary.is_some() {
+        return Err(HandshakeError::Protocol(
+            "several server-side middleboxes are not supported yet",
+        ));
+    }
+    if core.state != Secondary::Waiting || core.data_phase_started() {
+        return Err(HandshakeError::Protocol(
+            "middlebox announcement after the handshake",
+        ));
+    }
+    let name = match &cfg.middlebox {
+        ServerMiddlebox::Preconfigured(name) => Some(name.as_str()),
+        ServerMiddlebox::Discover(_) => None,
+    };
+    let mut engine = cfg.secondary.engine_for(name)?;
+    engine.process()?;
+    core.secondary = Some(engine);
+    core.subchannel = subchannel;
+    core.state = Secondary::Running;
+    core.flush_secondary()
+}

@@ -1,0 +1,434 @@
+//! A server-side middlebox's handshake (sans-I/O), pre-configured by the server or on its path.
+//!
+//! Forwards the primary handshake unchanged and, right behind the ClientHello, sends a
+//! `MiddleboxAnnouncement` toward the server on the lowest subchannel not used by a middlebox
+//! nearer the client. An mbTLS server answers with a secondary ClientHello there; our TLS
+//! server engine answers it, sends exporter-bound evidence as 0.5-RTT data in the same flight
+//! (TLS 1.3; after the handshake in TLS 1.2) and waits for the server's key material.
+//!
+//! Switching without losing or skipping records (`docs/mbtls.md` §4.2): client records pass raw
+//! while we have no keys, and we keep a copy of each application-data record. When the key
+//! material arrives, the copies from the first one that opens under the bridge's client→server
+//! keys on are replayed through the app; the server dropped their raw forms (after
+//! authenticating them) up to our marker, the close_notify of our secondary session. Server
+//! records after its key material are under the fresh hop's keys and go to the relay.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use mbx_apps::MiddleboxApp;
+use mbx_attest::spki_from_certificate;
+use mbx_engine::{OpenSslEngine, TlsEngine};
+use mbx_record::{ContentType, TlsVersion};
+use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
+use mbx_wire::{version, HandshakeDeframer, HandshakeType, Record, ServerHello};
+
+use super::demux::{Demux, Piece};
+use super::middlebox::{first_application_record, write_evidence};
+use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
+use crate::hop::Side;
+use crate::relay::MiddleboxRelay;
+use crate::wire::{
+    announcement_record, Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader,
+};
+
+/// Client application data we forward raw (and copy) before our keys arrive; more is refused.
+/// It is what a client can send in about one round trip between us and the server.
+pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before the ClientHello went by.
+    Hello,
+    /// Announcement sent; no answer from the server yet.
+    Announced,
+    /// Our secondary session is running.
+    Joined,
+    /// Not taking part: forward everything raw.
+    Passive,
+}
+
+/// A middlebox between the previous hop toward the client and the server.
+pub struct ServerSideMiddlebox<A: MiddleboxApp> {
+    cfg: MiddleboxHandshakeConfig,
+    spki: Vec<u8>,
+    app: Option<A>,
+    announce: bool,
+    mode: Mode,
+    from_client: Demux,
+    from_server: Demux,
+    out_client: Vec<u8>,
+    out_server: Vec<u8>,
+    client_hello: HandshakeDeframer,
+    server_hello: HandshakeDeframer,
+    version: Option<TlsVersion>,
+    /// Subchannels announced by middleboxes nearer the client.
+    used_ids: BTreeSet<u8>,
+    subchannel: u8,
+    engine: Option<OpenSslEngine>,
+    announced: bool,
+    /// The server answered our announcement (a secondary record arrived).
+    answered: bool,
+    evidence_sent: bool,
+    secondary: SecondaryReader,
+    /// Client application-data records forwarded raw before our keys arrived.
+    copies: Vec<Record>,
+    copied_bytes: usize,
+    relay: Option<MiddleboxRelay<A>>,
+    failed: bool,
+    events: VecDeque<MiddleboxHandshakeEvent>,
+}
+
+impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
+    /// `announce = false` forwards everything unchanged (e.g. the server is known to be legacy).
+    pub fn new(
+        cfg: MiddleboxHandshakeConfig,
+        app: A,
+        announce: bool,
+    ) -> Result<Self, HandshakeError> {
+        let spki = spki_from_certificate(&cfg.certificate_der)?;
+        Ok(ServerSideMiddlebox {
+            cfg,
+            spki,
+            app: Some(app),
+            announce,
+            mode: Mode::Hello,
+            from_client: Demux::new(),
+            from_server: Demux::new(),
+            out_client: Vec::new(),
+            out_server: Vec::new(),
+            client_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            server_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            version: None,
+            used_ids: BTreeSet::new(),
+            subchannel: 0,
+            engine: None,
+            announced: false,
+            answered: false,
+            evidence_sent: false,
+            secondary: SecondaryReader::new(),
+            copies: Vec::new(),
+            copied_bytes: 0,
+            relay: None,
+            failed: false,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
+    /// connections.
+    pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        if self.failed {
+            return Err(HandshakeError::Protocol(
+                "middlebox handshake already failed",
+            ));
+        }
+        let r = self.receive_inner(from, bytes);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        match from {
+            Side::Client => self.from_client.push(bytes),
+            Side::Server => self.from_server.push(bytes),
+        }
+        loop {
+            let piece = match from {
+                Side::Client => self.from_client.next_piece()?,
+                Side::Server => self.from_server.next_piece()?,
+            };
+            let Some(piece) = piece else {
+                return Ok(());
+            };
+            if let Some(relay) = self.relay.as_mut() {
+                let raw = match &piece {
+                    Piece::Primary(r) => r.as_bytes(),
+                    Piece::Sub { raw, .. } => raw.as_bytes(),
+                };
+                relay.receive(from, raw);
+                self.drain_relay();
+                continue;
+            }
+            match from {
+                Side::Client => self.client_piece(piece)?,
+                Side::Server => self.server_piece(piece)?,
+            }
+        }
+    }
+
+    fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
+        match piece {
+            Piece::Sub { enc, raw } => {
+                // Announcements (and secondary records) of middleboxes nearer the client.
+                if self.mode == Mode::Hello {
+                    self.used_ids.insert(enc.subchannel);
+                }
+                self.out_server.extend_from_slice(raw.as_bytes());
+                Ok(())
+            }
+            Piece::Primary(rec) => {
+                self.out_server.extend_from_slice(rec.as_bytes());
+                match self.mode {
+                    Mode::Hello => self.look_for_client_hello(&rec),
+                    Mode::Announced | Mode::Joined => self.copy(rec),
+                    Mode::Passive => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Keeps a copy of a client application-data record forwarded raw: it may be application
+    /// epoch, which the server drops and we replay through the app once we have keys.
+    fn copy(&mut self, rec: Record) -> Result<(), HandshakeError> {
+        if rec.content_type() != ContentType::APPLICATION_DATA {
+            return Ok(());
+        }
+        self.copied_bytes += rec.as_bytes().len();
+        if self.copied_bytes > MAX_COPIED_BYTES {
+            return Err(HandshakeError::Protocol(
+                "too much client data before the server's key material",
+            ));
+        }
+        self.copies.push(rec);
+        Ok(())
+    }
+
+    fn look_for_client_hello(&mut self, rec: &Record) -> Result<(), HandshakeError> {
+        if rec.content_type() != ContentType::HANDSHAKE {
+            return Ok(());
+        }
+        self.client_hello.push(rec.payload());
+        let Some(msg) = self.client_hello.next_message()? else {
+            return Ok(());
+        };
+        if msg.typ() != HandshakeType::CLIENT_HELLO {
+            return Err(HandshakeError::Protocol(
+                "first client message is not a ClientHello",
+            ));
+        }
+        if !self.announce {
+            self.go_passive("not announcing to this server");
+            return Ok(());
+        }
+        let id = (0..=u8::MAX)
+            .find(|id| !self.used_ids.contains(id))
+            .ok_or(HandshakeError::Protocol("no free subchannel"))?;
+        self.subchannel = id;
+        self.out_server
+            .extend_from_slice(&announcement_record(id, version::TLS1_2)?);
+        self.mode = Mode::Announced;
+        self.announced = true;
+        self.events
+            .push_back(MiddleboxHandshakeEvent::Announced { subchannel: id });
+        Ok(())
+    }
+
+    fn server_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
+        match piece {
+            Piece::Sub { enc, .. }
+                if matches!(self.mode, Mode::Announced | Mode::Joined)
+                    && enc.subchannel == self.subchannel =>
+            {
+                self.secondary_in(&enc.inner)
+            }
+            Piece::Sub { raw, .. } => {
+                self.out_client.extend_from_slice(raw.as_bytes());
+                Ok(())
+            }
+            Piece::Primary(rec) => {
+                if self.version.is_none() && rec.content_type() == ContentType::HANDSHAKE {
+                    self.look_for_server_hello(&rec)?;
+                }
+                if self.mode == Mode::Announced && rec.content_type() == ContentType::ALERT {
+                    // A legacy server refuses the unknown record type; the driver remembers it.
+                    self.go_passive("the server did not answer the announcement");
+                }
+                self.out_client.extend_from_slice(rec.as_bytes());
+                Ok(())
+            }
+        }
+    }
+
+    fn look_for_server_hello(&mut self, rec: &Record) -> Result<(), HandshakeError> {
+        self.server_hello.push(rec.payload());
+        let Some(msg) = self.server_hello.next_message()? else {
+            return Ok(());
+        };
+        if msg.typ() != HandshakeType::SERVER_HELLO {
+            return Err(HandshakeError::Protocol(
+                "first server message is not a ServerHello",
+            ));
+        }
+        let sh = ServerHello::parse_message(msg.as_bytes())?;
+        self.version = match sh.selected_version() {
+            Ok(version::TLS1_3) => Some(TlsVersion::Tls13),
+            Ok(version::TLS1_2) => Some(TlsVersion::Tls12),
+            _ => {
+                self.go_passive("primary version is neither TLS 1.2 nor TLS 1.3");
+                return Ok(());
+            }
+        };
+        if sh.is_hello_retry_request() {
+            // The version is right, but a real ServerHello follows: read it too.
+            self.version = None;
+            self.server_hello = HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN);
+        }
+        Ok(())
+    }
+
+    /// A record of our secondary session from the server (TLS client toward us).
+    fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
+        if self.engine.is_none() {
+            let mut engine = self
+                .cfg
+                .tls
+                .engine()
+                .map_err(|_| HandshakeError::Config("cannot create our TLS engine"))?;
+            engine
+                .enable_half_rtt()
+                .map_err(|_| HandshakeError::Config("our secondary context is not a server"))?;
+            self.engine = Some(engine);
+            self.answered = true;
+            self.mode = Mode::Joined;
+            self.events.push_back(MiddleboxHandshakeEvent::Joined {
+                subchannel: self.subchannel,
+            });
+        }
+        let Some(engine) = self.engine.as_mut() else {
+            return Err(HandshakeError::Protocol("no secondary session"));
+        };
+        engine.feed(inner.as_bytes());
+        let processed = engine.process();
+        if processed.is_ok() && !self.evidence_sent {
+            // TLS 1.3: our Finished is out with our first flight, the evidence rides it as
+            // 0.5-RTT data; TLS 1.2: it follows our Finished once the handshake is done.
+            let ready = engine.can_write_half_rtt() || !engine.is_handshaking();
+            if ready {
+                write_evidence(&self.cfg, &self.spki, engine)?;
+                self.evidence_sent = true;
+                self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+            }
+        }
+        let out = engine.take_outgoing();
+        Encapsulated::wrap_stream(self.subchannel, &out, version::TLS1_2, &mut self.out_server)?;
+        if processed.is_err() {
+            // The server refused us (certificate, approval): no keys, ciphertext only.
+            self.go_passive("secondary session failed");
+            return Ok(());
+        }
+        if engine.is_handshaking() {
+            return Ok(());
+        }
+        if engine.peer_closed() {
+            self.go_passive("the server closed the secondary session without key material");
+            return Ok(());
+        }
+        // May hold key material: wiped when dropped.
+        let plain = zeroize::Zeroizing::new(engine.take_plaintext());
+        self.secondary.push(&plain);
+        match self.secondary.next_message()? {
+            Some(SecondaryMessage::KeyMaterial(_)) if self.secondary.buffered() > 0 => Err(
+                HandshakeError::Protocol("data after the key material on the secondary session"),
+            ),
+            Some(SecondaryMessage::KeyMaterial(km)) => self.install(*km),
+            Some(SecondaryMessage::Evidence(_)) => {
+                Err(HandshakeError::Protocol("a server sent evidence"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Stop taking part and forward everything unchanged from now on (nothing is held).
+    fn go_passive(&mut self, why: &'static str) {
+        self.mode = Mode::Passive;
+        self.engine = None;
+        self.copies.clear();
+        self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+    }
+
+    fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
+        let version = self.version.ok_or(HandshakeError::Protocol(
+            "key material before the ServerHello",
+        ))?;
+        if km.version != version {
+            return Err(HandshakeError::Protocol(
+                "key material for another TLS version",
+            ));
+        }
+        let app = self
+            .app
+            .take()
+            .ok_or(HandshakeError::Protocol("key material twice"))?;
+        // Raw-forwarded client records from the first that opens under the bridge keys on are
+        // application epoch: the server dropped them, they go through the app now.
+        let first = first_application_record(version, &km.toward_client.c2s, &self.copies);
+        let replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
+        let mut relay = MiddleboxRelay::new(km, app)?;
+        // The marker: everything we send the server after it is under the fresh hop's keys.
+        if let Some(engine) = self.engine.as_mut() {
+            engine.close()?;
+            let out = engine.take_outgoing();
+            Encapsulated::wrap_stream(
+                self.subchannel,
+                &out,
+                version::TLS1_2,
+                &mut self.out_server,
+            )?;
+        }
+        self.engine = None;
+        for rec in &replay {
+            relay.receive(Side::Client, rec.as_bytes());
+        }
+        self.relay = Some(relay);
+        self.events
+            .push_back(MiddleboxHandshakeEvent::KeysInstalled);
+        self.drain_relay();
+        Ok(())
+    }
+
+    fn drain_relay(&mut self) {
+        if let Some(relay) = self.relay.as_mut() {
+            self.out_client
+                .extend_from_slice(&relay.take_outgoing(Side::Client));
+            self.out_server
+                .extend_from_slice(&relay.take_outgoing(Side::Server));
+            while let Some(ev) = relay.poll_event() {
+                self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
+            }
+        }
+    }
+
+    pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        match to {
+            Side::Client => core::mem::take(&mut self.out_client),
+            Side::Server => core::mem::take(&mut self.out_server),
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {
+        self.events.pop_front()
+    }
+
+    /// True when the middlebox does not take part and forwards bytes unchanged.
+    pub fn is_passive(&self) -> bool {
+        self.mode == Mode::Passive
+    }
+
+    /// True once key material arrived and the data phase runs.
+    pub fn keys_installed(&self) -> bool {
+        self.relay.is_some()
+    }
+
+    /// The data phase, once keys are installed.
+    pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
+        self.relay.as_ref()
+    }
+
+    /// We announced ourselves and the server never answered on our subchannel (a legacy
+    /// server, if the session then failed).
+    pub fn announcement_unanswered(&self) -> bool {
+        self.announced && !self.answered
+    }
+}

@@ -1,0 +1,369 @@
+//! Server-side middleboxes over real TCP on loopback: legacy clients (**curl**, **openssl
+//! s_client**) → server-side middlebox → mbTLS server → plain HTTP backend, TLS 1.2 and 1.3;
+//! the full path mbTLS client → client-side middlebox → server-side middlebox → mbTLS server;
+//! a legacy server behind a server-side middlebox is remembered and not announced to again.
+//!
+//! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mbx_apps::{HttpHeaderInsert, MiddleboxApp};
+use mbx_attest::sim::{measure, signer_id};
+use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_mbtls::driver::{
+    AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    MiddleboxServerConfig, MiddleboxVerdict, Placement,
+};
+use mbx_mbtls::handshake::{
+    ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
+    ServerMiddlebox,
+};
+use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_record::TlsVersion;
+use mbx_testbed::{Curl, LeafSpec, OpensslClient, OpensslServer, PkiFiles, TestPki};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::time::timeout;
+use zeroize::Zeroizing;
+
+const PROGRAM: &str = "mbx-test-middlebox";
+const BOUND: Duration = Duration::from_secs(60);
+const VERSIONS: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
+
+fn tb(v: TlsVersion) -> mbx_testbed::TlsVersion {
+    match v {
+        TlsVersion::Tls12 => mbx_testbed::TlsVersion::Tls12,
+        TlsVersion::Tls13 => mbx_testbed::TlsVersion::Tls13,
+    }
+}
+
+fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
+    let leaf = pki.issue(spec).unwrap();
+    (
+        Identity {
+            cert_chain_pem: leaf.chain_pem().into_bytes(),
+            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+        },
+        leaf.cert_der().to_vec(),
+    )
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    pki: TestPki,
+    root_pem: Vec<u8>,
+    server_files: PkiFiles,
+    server_id: Identity,
+    platform: Arc<SimulatedPlatform>,
+}
+
+impl World {
+    fn new() -> World {
+        let pki = TestPki::new("mbtls server-side test root").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = pki.issue(&LeafSpec::server("server.test")).unwrap();
+        let server_files = server.write_to(dir.path()).unwrap();
+        World {
+            _dir: dir,
+            root_pem: pki.root_pem().into_bytes(),
+            server_id: Identity {
+                cert_chain_pem: server.chain_pem().into_bytes(),
+                key_pem: Zeroizing::new(server.key_pem().as_bytes().to_vec()),
+            },
+            server_files,
+            pki,
+            platform: Arc::new(SimulatedPlatform::generate().unwrap()),
+        }
+    }
+
+    fn policy(&self) -> Policy {
+        Policy {
+            allow_simulated: true,
+            measurements: vec![HexBytes(measure(PROGRAM, b"").to_vec())],
+            sim_platform_keys: vec![HexBytes(self.platform.public_key().to_vec())],
+            ..Policy::default()
+        }
+    }
+
+    fn middlebox(
+        &self,
+        name: &str,
+        next_hop: SocketAddr,
+        placement: Placement,
+    ) -> MiddleboxServerConfig {
+        let (id, der) = identity(&self.pki, &LeafSpec::middlebox(name));
+        let attester = SimulatedAttester::new(
+            self.platform.clone(),
+            measure(PROGRAM, b""),
+            signer_id("mbx tests"),
+        );
+        MiddleboxServerConfig {
+            handshake: MiddleboxHandshakeConfig {
+                tls: Arc::new(OpenSslContext::new(&TlsConfig::server(id)).unwrap()),
+                certificate_der: der,
+                attester: Some(Arc::new(attester)),
+            },
+            next_hop: next_hop.to_string(),
+            app: header_app(name),
+            placement,
+        }
+    }
+
+    fn server(&self, version: TlsVersion, backend: SocketAddr) -> MbtlsServerConfig {
+        let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client("mb2.test", self.root_pem.clone());
+        MbtlsServerConfig {
+            handshake: ServerHandshakeConfig {
+                primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+                secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+                middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
+                policy: self.policy(),
+                now_unix: 0,
+            },
+            backend: backend.to_string(),
+        }
+    }
+
+    fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
+        let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
+        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client("mb1.test", self.root_pem.clone());
+        ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            server_name: "server.test".into(),
+            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
+            policy: self.policy(),
+            now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
+        }
+    }
+}
+
+fn header_app(name: &str) -> AppFactory {
+    let name = name.to_string();
+    Arc::new(move || {
+        Box::new(HttpHeaderInsert::new("X-Mbtls", &name).unwrap()) as Box<dyn MiddleboxApp + Send>
+    })
+}
+
+/// A plain HTTP backend: answers every request with its head as the body, then closes.
+async fn echo_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    head.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.write_all(&head).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
+            .await
+            .unwrap();
+        let mut mb2 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+        )
+        .await
+        .unwrap();
+        let port = mb2.local_addr().port();
+        let ca = w.server_files.ca.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            Curl::new(&format!("https://server.test:{port}/legacy-client"))
+                .cacert(ca)
+                .resolve("server.test", port, "127.0.0.1".parse().unwrap())
+                .version(tb(version))
+                .run()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.exit_code, Some(0), "{version:?}: {}", out.verbose);
+        assert_eq!(out.status, Some(200));
+        let body = out.body_str();
+        assert!(body.contains("GET /legacy-client HTTP/1.1"), "{body}");
+        assert!(body.contains("X-Mbtls: mb2.test"), "{version:?}: {body}");
+        let expected = match version {
+            TlsVersion::Tls12 => "TLSv1.2",
+            TlsVersion::Tls13 => "TLSv1.3",
+        };
+        assert_eq!(out.tls_version().as_deref(), Some(expected));
+
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(
+            report.announced && report.joined && report.evidence_sent && report.keys_installed,
+            "{report:?}"
+        );
+        let sreport = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        assert!(sreport.outcome.is_ok(), "{sreport:?}");
+        assert!(
+            matches!(sreport.verdict, MiddleboxVerdict::Verified(Some(_))),
+            "{sreport:?}"
+        );
+        let summary = sreport.summary.unwrap();
+        assert_eq!(summary.version, version);
+        // The server's hops are the middlebox's, seen from the other end.
+        assert_eq!(Some(summary.hops[0]), report.client_hop);
+        assert_eq!(Some(summary.hops[1]), report.server_hop);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
+            .await
+            .unwrap();
+        let mut mb2 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+        )
+        .await
+        .unwrap();
+        let addr = mb2.local_addr();
+        let ca = w.server_files.ca.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            OpensslClient::new(addr)
+                .servername("server.test")
+                .cafile(ca)
+                .version(tb(version))
+                .input(&b"GET /s-client HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n"[..])
+                .run()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = out.stdout_str();
+        assert!(
+            stdout.contains("HTTP/1.1 200 OK"),
+            "{version:?}: {stdout}\n{}",
+            out.stderr_str()
+        );
+        assert!(stdout.contains("X-Mbtls: mb2.test"), "{stdout}");
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(report.keys_installed, "{report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn middleboxes_on_both_sides_over_tcp_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
+            .await
+            .unwrap();
+        let mut mb2 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+        )
+        .await
+        .unwrap();
+        let mut mb1 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
+        )
+        .await
+        .unwrap();
+        let request = b"GET /both HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
+        let mut client = timeout(
+            BOUND,
+            MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), request),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let body = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert!(
+            body.contains("X-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n"),
+            "{version:?}: {body}"
+        );
+        let csum = client.summary().unwrap().clone();
+        let _ = client.close().await;
+        let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+        let r2 = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        let rs = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        let ssum = rs.summary.unwrap();
+        // Three hops: client↔mb1 (client's fresh keys), mb1↔mb2 (the primary session's keys,
+        // known to both endpoints), mb2↔server (server's fresh keys).
+        assert_eq!(r1.client_hop, Some(csum.hops[0]));
+        assert_eq!(r1.server_hop, Some(csum.hops[1]));
+        assert_eq!(r2.client_hop, Some(ssum.hops[0]));
+        assert_eq!(csum.hops[1], ssum.hops[0]);
+        assert_eq!(r2.server_hop, Some(ssum.hops[1]));
+        assert_ne!(csum.hops[0], ssum.hops[1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
+    let w = World::new();
+    let s_server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls13))
+        .start()
+        .unwrap();
+    let mut mb2 = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        w.middlebox("mb2.test", s_server.addr(), Placement::ServerSide),
+    )
+    .await
+    .unwrap();
+    let port = mb2.local_addr().port();
+    let run = |path: &'static str| {
+        let ca = w.server_files.ca.clone();
+        tokio::task::spawn_blocking(move || {
+            Curl::new(&format!("https://server.test:{port}{path}"))
+                .cacert(ca)
+                .resolve("server.test", port, "127.0.0.1".parse().unwrap())
+                .run()
+                .unwrap()
+        })
+    };
+    // First session: the announcement makes the legacy server fail.
+    let first = run("/first").await.unwrap();
+    assert_ne!(first.exit_code, Some(0), "{}", first.verbose);
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    assert!(report.announced && report.legacy_server, "{report:?}");
+    // Second session: not announced, forwarded unchanged, works.
+    let second = run("/second").await.unwrap();
+    assert_eq!(second.exit_code, Some(0), "{}", second.verbose);
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    assert!(!report.announced && !report.keys_installed, "{report:?}");
+    assert!(
+        report.outcome.is_ok() || report.passive.is_some(),
+        "{report:?}"
+    );
+}

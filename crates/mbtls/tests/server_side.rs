@@ -1,0 +1,580 @@
+//! Server-side middleboxes, all OpenSSL engines in memory: legacy client → server-side
+//! middlebox → mbTLS server; mbTLS client → client-side middlebox → server-side middlebox →
+//! mbTLS server; exclusion, refused evidence, a legacy server behind a server-side middlebox.
+
+use std::sync::Arc;
+
+use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, PassThrough, Verdict};
+use mbx_attest::sim::{measure, signer_id};
+use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
+use mbx_mbtls::handshake::{
+    Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
+    HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+    ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
+};
+use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
+use mbx_record::TlsVersion;
+use mbx_testbed::pki::{LeafSpec, TestPki};
+use zeroize::Zeroizing;
+
+const PROGRAM: &str = "mbx-test-middlebox";
+const VERSIONS: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
+
+fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
+    let leaf = pki.issue(spec).unwrap();
+    (
+        Identity {
+            cert_chain_pem: leaf.chain_pem().into_bytes(),
+            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+        },
+        leaf.cert_der().to_vec(),
+    )
+}
+
+struct Setup {
+    root: Vec<u8>,
+    platform: Arc<SimulatedPlatform>,
+    server_id: Identity,
+    policy: Policy,
+    pki: TestPki,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let pki = TestPki::new("mbtls test root").unwrap();
+        let root = pki.root_pem().into_bytes();
+        let (server_id, _) = identity(&pki, &LeafSpec::server("server.test"));
+        let platform = Arc::new(SimulatedPlatform::generate().unwrap());
+        let policy = Policy {
+            allow_simulated: true,
+            measurements: vec![HexBytes(measure(PROGRAM, b"").to_vec())],
+            sim_platform_keys: vec![HexBytes(platform.public_key().to_vec())],
+            ..Policy::default()
+        };
+        Setup {
+            root,
+            platform,
+            server_id,
+            policy,
+            pki,
+        }
+    }
+
+    fn middlebox(&self, name: &str, program: &str) -> MiddleboxHandshakeConfig {
+        let (id, der) = identity(&self.pki, &LeafSpec::middlebox(name));
+        let attester = SimulatedAttester::new(
+            self.platform.clone(),
+            measure(program, b""),
+            signer_id("mbx tests"),
+        );
+        MiddleboxHandshakeConfig {
+            tls: Arc::new(OpenSslContext::new(&TlsConfig::server(id)).unwrap()),
+            certificate_der: der,
+            attester: Some(Arc::new(attester)),
+        }
+    }
+
+    fn server(&self, version: TlsVersion, middlebox: ServerMiddlebox) -> ServerHandshake {
+        let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client("mb2.test", self.root.clone());
+        ServerHandshake::new(ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            middlebox,
+            policy: self.policy.clone(),
+            now_unix: 1_800_000_000,
+        })
+        .unwrap()
+    }
+
+    fn legacy_client(&self, version: TlsVersion) -> OpenSslEngine {
+        let cfg = TlsConfig::client("server.test", self.root.clone()).only(version);
+        OpenSslContext::new(&cfg).unwrap().engine().unwrap()
+    }
+
+    fn legacy_server(&self, version: TlsVersion) -> OpenSslEngine {
+        let cfg = TlsConfig::server(self.server_id.clone()).only(version);
+        OpenSslContext::new(&cfg).unwrap().engine().unwrap()
+    }
+
+    fn mbtls_client(&self, version: TlsVersion) -> ClientHandshake {
+        let mut primary = TlsConfig::client("server.test", self.root.clone()).only(version);
+        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client("mb1.test", self.root.clone());
+        ClientHandshake::new(ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            server_name: "server.test".into(),
+            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
+            policy: self.policy.clone(),
+            now_unix: 1_800_000_000,
+        })
+        .unwrap()
+    }
+}
+
+/// One node of an in-memory path.
+enum Node {
+    LegacyClient(OpenSslEngine),
+    Client(ClientHandshake),
+    ClientSideMb(MiddleboxHandshake<Box<dyn MiddleboxApp>>),
+    ServerSideMb(ServerSideMiddlebox<Box<dyn MiddleboxApp>>),
+    Server(ServerHandshake),
+    LegacyServer(OpenSslEngine),
+}
+
+impl Node {
+    fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), String> {
+        let e = |e: HandshakeError| e.to_string();
+        match self {
+            Node::LegacyClient(c) | Node::LegacyServer(c) => {
+                c.feed(bytes);
+                c.process().map_err(|e| e.to_string())
+            }
+            Node::Client(c) => c.receive(bytes).map_err(e),
+            Node::ClientSideMb(m) => m.receive(from, bytes).map_err(e),
+            Node::ServerSideMb(m) => m.receive(from, bytes).map_err(e),
+            Node::Server(s) => s.receive(bytes).map_err(e),
+        }
+    }
+
+    fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        match (self, to) {
+            (Node::LegacyClient(c), Side::Server) | (Node::LegacyServer(c), Side::Client) => {
+                c.take_outgoing()
+            }
+            (Node::Client(c), Side::Server) => c.take_outgoing(),
+            (Node::Server(s), Side::Client) => s.take_outgoing(),
+            (Node::ClientSideMb(m), to) => m.take_outgoing(to),
+            (Node::ServerSideMb(m), to) => m.take_outgoing(to),
+            _ => Vec::new(),
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) {
+        match self {
+            Node::LegacyClient(c) | Node::LegacyServer(c) => c.write_plaintext(data).unwrap(),
+            Node::Client(c) => c.write(data).unwrap(),
+            Node::Server(s) => s.write(data).unwrap(),
+            _ => panic!("not an endpoint"),
+        }
+    }
+
+    fn read(&mut self) -> Vec<u8> {
+        match self {
+            Node::LegacyClient(c) | Node::LegacyServer(c) => c.take_plaintext(),
+            Node::Client(c) => c.take_plaintext(),
+            Node::Server(s) => s.take_plaintext(),
+            _ => panic!("not an endpoint"),
+        }
+    }
+}
+
+struct Path {
+    nodes: Vec<Node>,
+    errors: Vec<Option<String>>,
+    /// Per link: everything sent client→server.
+    tap_c2s: Vec<Vec<u8>>,
+}
+
+impl Path {
+    fn new(nodes: Vec<Node>) -> Path {
+        let n = nodes.len();
+        Path {
+            nodes,
+            errors: vec![None; n],
+            tap_c2s: vec![Vec::new(); n - 1],
+        }
+    }
+
+    fn deliver(&mut self, node: usize, from: Side, bytes: &[u8]) {
+        if bytes.is_empty() || self.errors[node].is_some() {
+            return;
+        }
+        if let Err(e) = self.nodes[node].receive(from, bytes) {
+            self.errors[node] = Some(e);
+        }
+    }
+
+    fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            for i in 0..self.nodes.len() - 1 {
+                let fwd = self.nodes[i].take_outgoing(Side::Server);
+                if !fwd.is_empty() {
+                    moved = true;
+                    self.tap_c2s[i].extend_from_slice(&fwd);
+                    self.deliver(i + 1, Side::Client, &fwd);
+                }
+                let back = self.nodes[i + 1].take_outgoing(Side::Client);
+                if !back.is_empty() {
+                    moved = true;
+                    self.deliver(i, Side::Server, &back);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn first(&mut self) -> &mut Node {
+        self.nodes.first_mut().unwrap()
+    }
+
+    fn last(&mut self) -> &mut Node {
+        self.nodes.last_mut().unwrap()
+    }
+
+    fn server(&mut self) -> &mut ServerHandshake {
+        match self.last() {
+            Node::Server(s) => s,
+            _ => panic!("not an mbTLS server"),
+        }
+    }
+
+    fn server_side_mb(&mut self, i: usize) -> &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>> {
+        match &mut self.nodes[i] {
+            Node::ServerSideMb(m) => m,
+            _ => panic!("not a server-side middlebox"),
+        }
+    }
+
+    fn assert_no_errors(&self) {
+        assert!(self.errors.iter().all(Option::is_none), "{:?}", self.errors);
+    }
+}
+
+/// Inserts a request header and upper-cases responses: shows both directions crossed the app.
+struct Tagger(HttpHeaderInsert);
+impl MiddleboxApp for Tagger {
+    fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        match dir {
+            Direction::ServerToClient => {
+                out.extend(data.iter().map(|b| b.to_ascii_uppercase()));
+                Verdict::Continue
+            }
+            Direction::ClientToServer => self.0.on_data(dir, data, out),
+        }
+    }
+}
+
+fn tagger(value: &str) -> Box<dyn MiddleboxApp> {
+    Box::new(Tagger(HttpHeaderInsert::new("X-Mbtls", value).unwrap()))
+}
+
+fn passthrough() -> Box<dyn MiddleboxApp> {
+    Box::new(PassThrough)
+}
+
+fn server_side_mb(s: &Setup, app: Box<dyn MiddleboxApp>) -> Node {
+    Node::ServerSideMb(
+        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), app, true).unwrap(),
+    )
+}
+
+fn mb_events(m: &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>>) -> Vec<MiddleboxHandshakeEvent> {
+    std::iter::from_fn(|| m.poll_event()).collect()
+}
+
+fn server_events(s: &mut ServerHandshake) -> Vec<ClientHandshakeEvent> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n";
+
+#[test]
+fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        // The legacy client sends its request as soon as its handshake is done: in TLS 1.3 in
+        // the flight of its Finished, before the middlebox has keys (copied, replayed).
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        let mb = path.server_side_mb(1);
+        assert!(mb.keys_installed(), "{version:?}");
+        let me = mb_events(mb);
+        assert!(
+            me.contains(&MiddleboxHandshakeEvent::Announced { subchannel: 0 }),
+            "{me:?}"
+        );
+        assert!(me.contains(&MiddleboxHandshakeEvent::EvidenceSent));
+        let se = server_events(path.server());
+        assert!(
+            matches!(
+                se.first(),
+                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+            ),
+            "{se:?}"
+        );
+        assert!(se.contains(&ClientHandshakeEvent::KeysSent));
+        assert!(path.server().is_ready());
+        // The request crossed the middlebox's app exactly once.
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\n\r\n"
+        );
+        path.last().write(b"response");
+        path.pump();
+        assert_eq!(path.first().read(), b"RESPONSE");
+        // Two hops, and the fresh one is not the bridge.
+        let summary = path.server().summary().unwrap().clone();
+        assert_eq!(summary.version, version);
+        assert_eq!(summary.hops.len(), 2);
+        assert_ne!(summary.hops[0], summary.hops[1]);
+        assert!(summary.middlebox_joined);
+    }
+}
+
+#[test]
+fn middleboxes_on_both_sides_share_the_primary_keys_as_bridge() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mb1 =
+            MiddleboxHandshake::new(s.middlebox("mb1.test", PROGRAM), tagger("mb1.test")).unwrap();
+        let mut path = Path::new(vec![
+            Node::Client(s.mbtls_client(version)),
+            Node::ClientSideMb(mb1),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
+            "{version:?}"
+        );
+        path.last().write(b"response");
+        path.pump();
+        // Upper-cased twice is upper-cased.
+        assert_eq!(path.first().read(), b"RESPONSE");
+        let client = match path.first() {
+            Node::Client(c) => c.summary().unwrap().clone(),
+            _ => unreachable!(),
+        };
+        let server = path.server().summary().unwrap().clone();
+        // client↔mb1, mb1↔mb2 (bridge), mb2↔server: the endpoints agree on the bridge only.
+        assert_eq!(client.hops[1], server.hops[0]);
+        assert_ne!(client.hops[0], client.hops[1]);
+        assert_ne!(server.hops[1], server.hops[0]);
+        assert_ne!(client.hops[0], server.hops[1]);
+        // P1C: the same request crosses the three hops as three different ciphertexts.
+        let taps: Vec<Vec<u8>> = path.tap_c2s.clone();
+        assert!(taps
+            .iter()
+            .all(|t| !t.windows(14).any(|w| w == b"GET / HTTP/1.1")));
+    }
+}
+
+#[test]
+fn undiscovered_middlebox_not_approved_gets_no_keys_and_the_session_is_direct() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let refuse: Approver = Arc::new(|_chain: &[Vec<u8>]| false);
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(s.server(version, ServerMiddlebox::Discover(refuse))),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        let mb = path.server_side_mb(1);
+        assert!(!mb.keys_installed());
+        assert!(mb.is_passive());
+        let se = server_events(path.server());
+        assert!(
+            se.contains(&ClientHandshakeEvent::MiddleboxExcluded(
+                "not approved by the application"
+            )),
+            "{se:?}"
+        );
+        assert!(se.contains(&ClientHandshakeEvent::Direct));
+        // Untouched by the app: no header.
+        assert_eq!(path.last().read(), REQUEST, "{version:?}");
+        path.last().write(b"response");
+        path.pump();
+        assert_eq!(path.first().read(), b"response");
+    }
+}
+
+#[test]
+fn server_side_middlebox_failing_policy_gets_no_key_material() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mb = ServerSideMiddlebox::new(
+            s.middlebox("mb2.test", "some other program"),
+            tagger("mb2.test"),
+            true,
+        )
+        .unwrap();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            Node::ServerSideMb(mb),
+            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        if let Node::LegacyClient(c) = path.first() {
+            // The server fails before finishing its handshake (TLS 1.2): nothing to write.
+            let _ = c.write_plaintext(REQUEST);
+        }
+        path.pump();
+        let err = path.errors[2].clone().unwrap_or_default();
+        assert!(
+            err.contains("attestation"),
+            "{version:?}: {:?}",
+            path.errors
+        );
+        assert!(!path.server().keys_sent());
+        assert!(!path.server_side_mb(1).keys_installed());
+        assert!(path.last().read().is_empty());
+    }
+}
+
+#[test]
+fn unknown_server_side_middlebox_with_wrong_name_is_refused_when_preconfigured() {
+    let s = Setup::new();
+    let mb =
+        ServerSideMiddlebox::new(s.middlebox("impostor.test", PROGRAM), tagger("x"), true).unwrap();
+    let mut path = Path::new(vec![
+        Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+        Node::ServerSideMb(mb),
+        Node::Server(s.server(
+            TlsVersion::Tls13,
+            ServerMiddlebox::Preconfigured("mb2.test".into()),
+        )),
+    ]);
+    path.first().receive(Side::Server, &[]).unwrap();
+    path.pump();
+    assert!(path.errors[2].is_some(), "{:?}", path.errors);
+    assert!(!path.server().keys_sent());
+    assert!(!path.server_side_mb(1).keys_installed());
+}
+
+#[test]
+fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            server_side_mb(&s, passthrough()),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        // OpenSSL refuses the unknown record type with an alert.
+        assert!(path.errors[2].is_some(), "{:?}", path.errors);
+        // (The alert may be encrypted: the session's failure plus the unanswered announcement
+        // is what the driver remembers the server by.)
+        assert!(path.server_side_mb(1).announcement_unanswered());
+        // Not announcing (the server is remembered as legacy): the session works untouched.
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            Node::ServerSideMb(
+                ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), false)
+                    .unwrap(),
+            ),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(path.last().read(), REQUEST);
+    }
+}
+
+/// Runs a legacy client, a server-side middlebox and an mbTLS server up to the client's
+/// Finished flight, which carries the request too (before the middlebox has keys). Returns the
+/// three nodes and what the middlebox forwards to the server from that flight.
+fn up_to_finished_with_request(
+    s: &Setup,
+    version: TlsVersion,
+) -> (
+    OpenSslEngine,
+    ServerSideMiddlebox<Box<dyn MiddleboxApp>>,
+    ServerHandshake,
+    Vec<u8>,
+) {
+    let mut client = s.legacy_client(version);
+    let mut mb =
+        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), tagger("mb2"), true).unwrap();
+    let mut server = s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()));
+    client.process().unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    server.receive(&mb.take_outgoing(Side::Server)).unwrap();
+    mb.receive(Side::Server, &server.take_outgoing()).unwrap();
+    server.receive(&mb.take_outgoing(Side::Server)).unwrap();
+    client.feed(&mb.take_outgoing(Side::Client));
+    client.process().unwrap();
+    if version == TlsVersion::Tls12 {
+        // TLS 1.2: the server's Finished comes after the client's; one more round trip.
+        mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+        server.receive(&mb.take_outgoing(Side::Server)).unwrap();
+        mb.receive(Side::Server, &server.take_outgoing()).unwrap();
+        client.feed(&mb.take_outgoing(Side::Client));
+        client.process().unwrap();
+    }
+    client.write_plaintext(REQUEST).unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    let to_server = mb.take_outgoing(Side::Server);
+    (client, mb, server, to_server)
+}
+
+#[test]
+fn request_in_the_clients_finished_flight_is_replayed_through_the_app_exactly_once() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let (client, mb, mut server, to_server) = up_to_finished_with_request(&s, version);
+        server.receive(&to_server).unwrap();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(client),
+            Node::ServerSideMb(mb),
+            Node::Server(server),
+        ]);
+        path.pump();
+        path.assert_no_errors();
+        // TLS 1.3: the raw request reached the server before the middlebox had keys and was
+        // dropped there (after authentication); TLS 1.2: the keys came with the server's
+        // Finished, before the client could send anything.
+        let discarded = path.server().discarded_records();
+        match version {
+            TlsVersion::Tls13 => assert!(discarded >= 1),
+            _ => assert_eq!(discarded, 0),
+        }
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2\r\n\r\n",
+            "{version:?}"
+        );
+    }
+}
+
+#[test]
+fn tampered_client_record_before_the_marker_is_fatal_at_the_server() {
+    let s = Setup::new();
+    let (_client, _mb, mut server, mut to_server) =
+        up_to_finished_with_request(&s, TlsVersion::Tls13);
+    // Flip a byte of the last record (the request, forwarded raw before the keys).
+    let last = to_server.len() - 1;
+    to_server[last] ^= 1;
+    let err = server.receive(&to_server).unwrap_err();
+    assert!(err.to_string().contains("failed authentication"), "{err}");
+}
