@@ -1,8 +1,9 @@
-//! `mbx mbtls`: an mbTLS client that fetches a URL through one pre-configured middlebox, and the
-//! middlebox itself (in front of any TLS server). Server-side mbTLS support is not built yet.
+//! `mbx mbtls`: an mbTLS client that fetches a URL through one pre-configured middlebox, the
+//! middlebox itself (client side: in front of any TLS server; server side: announcing itself to
+//! an mbTLS server), and the mbTLS server in front of a plain-HTTP backend.
 //!
-//! Options come from `[mbtls.client]` / `[mbtls.middlebox]` of the config file; flags override
-//! them. See docs/mbtls.md ("Running it") for a worked example.
+//! Options come from `[mbtls.client]` / `[mbtls.middlebox]` / `[mbtls.server]` of the config
+//! file; flags override them. See docs/mbtls.md ("Running it") for a worked example.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,11 +16,12 @@ use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPl
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ConnectionReport, MbtlsClient, MiddleboxServer,
-    MiddleboxServerConfig,
+    fingerprint_hex, AppFactory, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
+    MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
-    ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
+    Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
+    ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -41,19 +43,59 @@ enum MbtlsCommand {
     /// hop's key fingerprint, the attestation verdict, the TLS version, then the response.
     /// Options: `[mbtls.client]` of the config file, overridden by these flags.
     Client(ClientFlags),
-    /// Run a client-side mbTLS middlebox: accept mbTLS clients, connect each to the next hop
-    /// (any TLS server), join the session and apply the app to the plaintext.
+    /// Run an mbTLS middlebox: accept connections, connect each to the next hop, join the
+    /// session and apply the app to the plaintext. Client side (default): joins mbTLS clients'
+    /// sessions, in front of any TLS server. Server side (`--server-side`): announces itself to
+    /// an mbTLS server, behind any TLS client (curl, browsers).
     /// Options: `[mbtls.middlebox]` of the config file, overridden by these flags.
     Middlebox(MiddleboxFlags),
-    /// An mbTLS-aware server with server-side middleboxes (not implemented yet: today the server
-    /// is any legacy TLS server, e.g. nginx, behind `mbx mbtls middlebox`).
-    Server(Rest),
+    /// Run an mbTLS server in front of a plain-HTTP backend: terminates TLS from any client
+    /// (legacy or mbTLS), gives its server-side middlebox its keys after checking its
+    /// certificate and attestation, and passes the plaintext to the backend.
+    /// Options: `[mbtls.server]` of the config file, overridden by these flags.
+    Server(ServerFlags),
 }
 
 #[derive(clap::Args, Debug)]
-struct Rest {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+struct ServerFlags {
+    /// Address to listen on (default 127.0.0.1:9443).
+    #[arg(long)]
+    listen: Option<String>,
+    /// The plain-TCP backend (host:port), e.g. a local HTTP server.
+    #[arg(long)]
+    backend: Option<String>,
+    /// The server's certificate chain (PEM, leaf first).
+    #[arg(long)]
+    certificate: Option<PathBuf>,
+    /// The server's private key (PEM).
+    #[arg(long)]
+    private_key: Option<PathBuf>,
+    /// A pre-configured server-side middlebox: every session must include it, with a
+    /// certificate for this name.
+    #[arg(long)]
+    middlebox_name: Option<String>,
+    /// Approve a discovered (announcing) middlebox whose certificate carries this DNS name
+    /// (repeatable). Without this and --middlebox-name every announcing middlebox is excluded.
+    #[arg(long = "allow-middlebox")]
+    allow_middleboxes: Vec<String>,
+    /// CA certificates (PEM) that issue middlebox certificates.
+    #[arg(long)]
+    middlebox_ca: Option<PathBuf>,
+    /// Attestation policy (TOML: an `[attestation]` table or its contents).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Accept evidence from the simulated TEE (demos only; never in production).
+    #[arg(long)]
+    allow_simulated: bool,
+    /// Add an accepted code measurement (hex) to the policy.
+    #[arg(long = "measurement")]
+    measurements: Vec<String>,
+    /// Add a trusted simulated platform key (hex) to the policy.
+    #[arg(long = "sim-platform-key")]
+    sim_platform_keys: Vec<String>,
+    /// Only this TLS version (1.2 or 1.3); default: both.
+    #[arg(long)]
+    tls: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -116,6 +158,10 @@ struct MiddleboxFlags {
     /// Simulated platform key (PKCS#8 DER file); created if missing.
     #[arg(long)]
     sim_platform_key: Option<PathBuf>,
+    /// Work for the server: announce ourselves to it (it must run mbTLS, e.g. `mbx mbtls
+    /// server`; a legacy server fails the first session and is then passed through unchanged).
+    #[arg(long)]
+    server_side: bool,
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
@@ -126,6 +172,8 @@ pub struct MbtlsConfig {
     pub client: toml::Table,
     #[serde(default)]
     pub middlebox: toml::Table,
+    #[serde(default)]
+    pub server: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,6 +209,39 @@ struct MiddleboxSettings {
     #[serde(default = "default_attester")]
     attester: String,
     sim_platform_key: Option<PathBuf>,
+    /// `client` (default) or `server`.
+    #[serde(default = "default_side")]
+    side: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerSettings {
+    #[serde(default = "default_server_listen")]
+    listen: String,
+    backend: String,
+    certificate: PathBuf,
+    private_key: PathBuf,
+    middlebox_name: Option<String>,
+    #[serde(default)]
+    allow_middleboxes: Vec<String>,
+    middlebox_ca: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    attestation: Option<toml::Table>,
+    #[serde(default)]
+    allow_simulated: bool,
+    #[serde(default)]
+    measurements: Vec<String>,
+    #[serde(default)]
+    sim_platform_keys: Vec<String>,
+    tls: Option<String>,
+}
+
+fn default_side() -> String {
+    "client".into()
+}
+fn default_server_listen() -> String {
+    "127.0.0.1:9443".into()
 }
 
 fn default_listen() -> String {
@@ -177,7 +258,7 @@ pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
     match args.command {
         MbtlsCommand::Client(flags) => client(flags, config),
         MbtlsCommand::Middlebox(flags) => middlebox(flags, config),
-        MbtlsCommand::Server(_) => bail!("`mbtls server` is not implemented yet"),
+        MbtlsCommand::Server(flags) => server(flags, config),
     }
 }
 
@@ -252,8 +333,27 @@ fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     Ok((host.to_owned(), authority.to_owned(), path.to_owned()))
 }
 
+/// The attestation policy from a file or an inline table, plus the flags' additions.
+struct PolicyParts<'a> {
+    file: &'a Option<PathBuf>,
+    table: &'a Option<toml::Table>,
+    allow_simulated: bool,
+    measurements: &'a [String],
+    sim_platform_keys: &'a [String],
+}
+
 fn client_policy(s: &ClientSettings) -> anyhow::Result<Policy> {
-    let mut policy = match (&s.policy, &s.attestation) {
+    build_policy(PolicyParts {
+        file: &s.policy,
+        table: &s.attestation,
+        allow_simulated: s.allow_simulated,
+        measurements: &s.measurements,
+        sim_platform_keys: &s.sim_platform_keys,
+    })
+}
+
+fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
+    let mut policy = match (s.file, s.table) {
         (Some(_), Some(_)) => bail!("give the attestation policy as a file or a table, not both"),
         (Some(path), None) => {
             let text = String::from_utf8(read(path, "policy file")?)
@@ -262,18 +362,18 @@ fn client_policy(s: &ClientSettings) -> anyhow::Result<Policy> {
                 .with_context(|| format!("invalid policy {}", path.display()))?
         }
         (None, Some(table)) => Policy::from_toml_str(&toml::to_string(table)?)
-            .context("invalid [mbtls.client.attestation]")?,
+            .context("invalid inline [attestation] table")?,
         (None, None) => Policy::default(),
     };
     if s.allow_simulated {
         policy.allow_simulated = true;
     }
-    for m in &s.measurements {
+    for m in s.measurements {
         policy
             .measurements
             .push(HexBytes::from_hex(m).context("--measurement")?);
     }
-    for k in &s.sim_platform_keys {
+    for k in s.sim_platform_keys {
         policy
             .sim_platform_keys
             .push(HexBytes::from_hex(k).context("--sim-platform-key")?);
@@ -489,6 +589,9 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         "sim_platform_key",
         path_str(flags.sim_platform_key),
     );
+    if flags.server_side {
+        set(&mut table, "side", Some("server".into()));
+    }
     let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
 
@@ -532,16 +635,21 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         },
         next_hop: s.next_hop.clone(),
         app,
-        placement: mbx_mbtls::driver::Placement::ClientSide,
+        placement: match s.side.as_str() {
+            "client" => Placement::ClientSide,
+            "server" => Placement::ServerSide,
+            other => bail!("unknown middlebox side {other:?} (use client or server)"),
+        },
     };
     runtime()?.block_on(async move {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         println!(
-            "mbTLS middlebox listening on {}, next hop {}",
+            "mbTLS middlebox listening on {}, next hop {}, {} side",
             server.local_addr(),
-            s.next_hop
+            s.next_hop,
+            s.side
         );
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
@@ -578,11 +686,179 @@ fn print_report(r: &ConnectionReport) {
         if let Some(h) = &r.server_hop {
             line.push_str(&format!("; server hop {}", fp(h)));
         }
+    } else if r.legacy_server {
+        line.push_str("the server did not answer our announcement: remembered as legacy, not announced to again");
     } else if let Some(why) = r.passive {
         line.push_str(&format!("not joined ({why}), bytes forwarded unchanged"));
     } else {
         line.push_str("no key material received");
     }
+    match &r.outcome {
+        Ok(()) => line.push_str("; closed cleanly"),
+        Err(e) => line.push_str(&format!("; ended with error: {e}")),
+    }
+    println!("{line}");
+}
+
+/// Settings of `mbx mbtls server` from `[mbtls.server]` and the flags.
+fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSettings> {
+    let mut table = config.server.clone();
+    set(&mut table, "listen", flags.listen);
+    set(&mut table, "backend", flags.backend);
+    set(&mut table, "certificate", path_str(flags.certificate));
+    set(&mut table, "private_key", path_str(flags.private_key));
+    set(&mut table, "middlebox_name", flags.middlebox_name);
+    set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
+    set(&mut table, "policy", path_str(flags.policy));
+    set(&mut table, "tls", flags.tls);
+    if flags.allow_simulated {
+        table.insert("allow_simulated".into(), toml::Value::Boolean(true));
+    }
+    for (key, list) in [
+        ("allow_middleboxes", flags.allow_middleboxes),
+        ("measurements", flags.measurements),
+        ("sim_platform_keys", flags.sim_platform_keys),
+    ] {
+        if !list.is_empty() {
+            let entry = table
+                .entry(key)
+                .or_insert_with(|| toml::Value::Array(Vec::new()));
+            if let toml::Value::Array(a) = entry {
+                a.extend(list.into_iter().map(toml::Value::String));
+            }
+        }
+    }
+    ServerSettings::deserialize(toml::Value::Table(table))
+        .context("invalid mbTLS server configuration ([mbtls.server] and flags)")
+}
+
+/// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
+fn name_approver(names: Vec<String>) -> Approver {
+    Arc::new(move |chain: &[Vec<u8>]| {
+        let Some(leaf) = chain.first() else {
+            return false;
+        };
+        let Ok(cert) = openssl::x509::X509::from_der(leaf) else {
+            return false;
+        };
+        let Some(sans) = cert.subject_alt_names() else {
+            return false;
+        };
+        sans.iter()
+            .filter_map(|n| n.dnsname())
+            .any(|d| names.iter().any(|allowed| allowed.eq_ignore_ascii_case(d)))
+    })
+}
+
+fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+    let s = server_settings(flags, config)?;
+    let policy = build_policy(PolicyParts {
+        file: &s.policy,
+        table: &s.attestation,
+        allow_simulated: s.allow_simulated,
+        measurements: &s.measurements,
+        sim_platform_keys: &s.sim_platform_keys,
+    })?;
+    let chain = read(&s.certificate, "certificate")?;
+    let key = Zeroizing::new(read(&s.private_key, "private key")?);
+    let mut primary = TlsConfig::server(Identity {
+        cert_chain_pem: chain.clone(),
+        key_pem: key,
+    });
+    if let Some(v) = s.tls.as_deref().map(parse_version).transpose()? {
+        primary = primary.only(v);
+    }
+    primary.pause_after_handshake = true;
+    // Resumption through middleboxes is not supported: full handshakes only.
+    primary.session_tickets = false;
+    let (middlebox, described) = match (&s.middlebox_name, s.allow_middleboxes.is_empty()) {
+        (Some(_), false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
+        (Some(name), true) => (
+            ServerMiddlebox::Preconfigured(name.clone()),
+            format!("pre-configured {name} (required)"),
+        ),
+        (None, false) => (
+            ServerMiddlebox::Discover(name_approver(s.allow_middleboxes.clone())),
+            format!(
+                "discovered, approved if named {}",
+                s.allow_middleboxes.join(", ")
+            ),
+        ),
+        (None, true) => (
+            ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
+            "none accepted (announcing middleboxes are excluded)".to_string(),
+        ),
+    };
+    // Without a middlebox CA nothing can verify: the server's own chain stands in as the trust
+    // store, so only a middlebox certified by the server's own CA chain could pass.
+    let mbox_ca = match &s.middlebox_ca {
+        Some(p) => read(p, "middlebox CA file")?,
+        None if s.middlebox_name.is_some() || !s.allow_middleboxes.is_empty() => {
+            bail!("--middlebox-ca is required with --middlebox-name or --allow-middlebox")
+        }
+        None => chain,
+    };
+    let secondary = TlsConfig::client(s.middlebox_name.as_deref().unwrap_or("middlebox"), mbox_ca);
+    let cfg = MbtlsServerConfig {
+        handshake: ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),
+            secondary: Arc::new(
+                OpenSslContext::new(&secondary).context("middlebox TLS configuration")?,
+            ),
+            middlebox,
+            policy,
+            now_unix: 0,
+        },
+        backend: s.backend.clone(),
+    };
+    runtime()?.block_on(async move {
+        let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
+            .await
+            .with_context(|| format!("cannot listen on {}", s.listen))?;
+        println!(
+            "mbTLS server listening on {}, backend {}",
+            server.local_addr(),
+            s.backend
+        );
+        println!("server-side middlebox: {described}");
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    r.context("cannot wait for Ctrl-C")?;
+                    println!("server stopping");
+                    return Ok(());
+                }
+                report = server.next_report() => match report {
+                    Some(r) => print_server_report(&r),
+                    None => bail!("the server stopped"),
+                },
+            }
+        }
+    })
+}
+
+fn print_server_report(r: &ServerConnectionReport) {
+    let from = r.peer.map(|a| a.to_string()).unwrap_or_default();
+    let mut line = format!("session {} from {from}: ", r.id);
+    if let Some(sum) = &r.summary {
+        line.push_str(version_name(sum.version));
+        let hops: Vec<String> = sum.hops.iter().map(fp).collect();
+        line.push_str(&format!("; hops {}", hops.join(" | ")));
+    }
+    match &r.verdict {
+        MiddleboxVerdict::Verified(Some(c)) => line.push_str(&format!(
+            "; middlebox verified ({} TEE, measurement {})",
+            c.tee,
+            hex::encode(&c.measurement)
+        )),
+        MiddleboxVerdict::Verified(None) => line.push_str("; middlebox sent no evidence"),
+        MiddleboxVerdict::Excluded(why) => line.push_str(&format!("; middlebox excluded: {why}")),
+        MiddleboxVerdict::Direct => line.push_str("; no middlebox"),
+    }
+    line.push_str(&format!(
+        "; {} bytes to the backend, {} back",
+        r.bytes_to_backend, r.bytes_from_backend
+    ));
     match &r.outcome {
         Ok(()) => line.push_str("; closed cleanly"),
         Err(e) => line.push_str(&format!("; ended with error: {e}")),

@@ -11,8 +11,7 @@ fn mbx() -> Command {
 #[test]
 fn parts_not_built_yet_refuse_and_exit_non_zero() {
     for args in [
-        &["mbtls", "server"][..],
-        &["matls"],
+        &["matls"][..],
         &["endbox"],
         // End-to-end BlindBox needs the rule-encryption setup; no insecure shortcut meanwhile.
         &["blindbox", "sender"],

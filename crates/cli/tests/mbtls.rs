@@ -1,4 +1,5 @@
-//! `mbx mbtls middlebox` and `mbx mbtls client` as processes, in front of a real nginx.
+//! `mbx mbtls middlebox`, `client` and `server` as processes: in front of a real nginx, and
+//! behind curl (server-side middlebox and mbTLS server).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -170,7 +171,179 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
 }
 
 #[test]
-fn mbtls_server_is_not_built_and_says_so() {
-    let out = mbx().args(["mbtls", "server", "--help"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("not implemented yet"));
+fn mbtls_server_without_a_backend_is_one_clear_error() {
+    let out = mbx().args(["mbtls", "server"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid mbTLS server configuration"), "{err}");
+}
+
+/// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.
+fn echo_backend() -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    head.len()
+                );
+                let _ = s.write_all(&head);
+            });
+        }
+    });
+    addr
+}
+
+/// Starts `mbx` with `args`, returns the process and its stdout lines after reading `n` of them.
+fn start(
+    args: &[&std::ffi::OsStr],
+    n: usize,
+) -> (
+    ChildGuard,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
+    let child = mbx()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let stdout = child.child_mut().unwrap().stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let head = (0..n).map(|_| lines.next().unwrap().unwrap()).collect();
+    (child, lines, head)
+}
+
+fn listening_addr(line: &str) -> String {
+    line.split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned()
+}
+
+#[test]
+fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new("mbx cli mbtls server root").unwrap();
+    let server = pki
+        .issue(&LeafSpec::server("server.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "server")
+        .unwrap();
+    let mbox = pki
+        .issue(&LeafSpec::middlebox("mb2.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "mbox")
+        .unwrap();
+    let backend = echo_backend().to_string();
+    let platform = dir.path().join("platform.key");
+
+    // The middlebox first (its banner gives the attestation facts the server's policy needs);
+    // its next hop is the server's port, chosen now.
+    let server_port = mbx_testbed::peers::free_port().unwrap();
+    let server_addr = format!("127.0.0.1:{server_port}");
+    let (_mb, mut mb_lines, mb_head) = start(
+        &[
+            OsStr::new("mbtls"),
+            OsStr::new("middlebox"),
+            OsStr::new("--server-side"),
+            OsStr::new("--listen"),
+            OsStr::new("127.0.0.1:0"),
+            OsStr::new("--next-hop"),
+            OsStr::new(&server_addr),
+            OsStr::new("--certificate"),
+            mbox.chain.as_os_str(),
+            OsStr::new("--private-key"),
+            mbox.key.as_os_str(),
+            OsStr::new("--app"),
+            OsStr::new("http-header:X-Mbtls:mb2.test"),
+            OsStr::new("--attester"),
+            OsStr::new("sim"),
+            OsStr::new("--sim-platform-key"),
+            platform.as_os_str(),
+        ],
+        3,
+    );
+    assert!(mb_head[0].ends_with("server side"), "{mb_head:?}");
+    let mb_addr = listening_addr(&mb_head[0]);
+    let word_after = |word: &str| {
+        let line = &mb_head[2];
+        let i = line.find(word).unwrap_or_else(|| panic!("{line}")) + word.len();
+        line[i..].split_whitespace().next().unwrap().to_owned()
+    };
+    let platform_key = word_after("platform key ");
+    let measurement = word_after("measurement ");
+
+    let (_srv, mut srv_lines, srv_head) = start(
+        &[
+            OsStr::new("mbtls"),
+            OsStr::new("server"),
+            OsStr::new("--listen"),
+            OsStr::new(&server_addr),
+            OsStr::new("--backend"),
+            OsStr::new(&backend),
+            OsStr::new("--certificate"),
+            server.chain.as_os_str(),
+            OsStr::new("--private-key"),
+            server.key.as_os_str(),
+            OsStr::new("--middlebox-name"),
+            OsStr::new("mb2.test"),
+            OsStr::new("--middlebox-ca"),
+            server.ca.as_os_str(),
+            OsStr::new("--allow-simulated"),
+            OsStr::new("--measurement"),
+            OsStr::new(&measurement),
+            OsStr::new("--sim-platform-key"),
+            OsStr::new(&platform_key),
+        ],
+        2,
+    );
+    assert_eq!(listening_addr(&srv_head[0]), server_addr, "{srv_head:?}");
+    assert!(
+        srv_head[1].contains("pre-configured mb2.test"),
+        "{srv_head:?}"
+    );
+
+    let port: u16 = mb_addr.rsplit(':').next().unwrap().parse().unwrap();
+    for version in [
+        mbx_testbed::TlsVersion::Tls12,
+        mbx_testbed::TlsVersion::Tls13,
+    ] {
+        let out = mbx_testbed::Curl::new(&format!("https://server.test:{port}/via-mb2"))
+            .cacert(&server.ca)
+            .resolve("server.test", port, "127.0.0.1".parse().unwrap())
+            .version(version)
+            .run()
+            .unwrap();
+        assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
+        let body = out.body_str();
+        assert!(body.contains("X-Mbtls: mb2.test"), "{body}");
+        let mb_report = mb_lines.next().unwrap().unwrap();
+        assert!(mb_report.contains("joined, TLS 1."), "{mb_report}");
+        let srv_report = srv_lines.next().unwrap().unwrap();
+        assert!(
+            srv_report.contains(&format!(
+                "middlebox verified (sim TEE, measurement {measurement})"
+            )),
+            "{srv_report}"
+        );
+        assert!(srv_report.contains("closed cleanly"), "{srv_report}");
+    }
 }
