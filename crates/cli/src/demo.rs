@@ -142,6 +142,8 @@ async fn run_cases(cases: &[Case], latency: Duration) -> anyhow::Result<()> {
         sessions.push(run_case(i + 1, *case, &world, latency).await?);
     }
     attestation(&world, &sessions)?;
+    let versions: Vec<TlsVersion> = cases.iter().map(|c| c.version).collect();
+    crate::mbtls_demo::run(&versions, latency).await?;
     println!("\nAll checks passed.");
     Ok(())
 }

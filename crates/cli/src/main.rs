@@ -10,6 +10,7 @@ mod driver;
 mod keyless;
 mod keyless_demo;
 mod mbtls;
+mod mbtls_demo;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,15 +45,16 @@ struct Cli {
 enum Command {
     /// Start every party on loopback and show what happened on the wire.
     ///
-    /// Today the demo runs real TLS 1.2 and 1.3 sessions between our OpenSSL and rustls engines
-    /// through a tapping relay, exports the session keys, decrypts and re-encrypts the captured
-    /// records with the toolkit's own record layer, and checks attestation evidence bound to the
-    /// session (simulated TEE, explicitly allowed).
+    /// Runs real TLS 1.2 and 1.3 sessions between our OpenSSL and rustls engines through a
+    /// tapping relay, exports the session keys, decrypts and re-encrypts the captured records with
+    /// the toolkit's own record layer, and checks attestation evidence bound to the session
+    /// (simulated TEE, explicitly allowed); then fetches a page over mbTLS through a client-side
+    /// and a server-side middlebox and checks every hop's keys, verdict and inserted header.
     Demo(demo::DemoArgs),
     /// Middlebox TLS: endpoints add middleboxes to a TLS session with per-hop keys,
     /// in-band discovery, attestation of middlebox code and one legacy endpoint.
-    /// (today: `mbtls client` and `mbtls middlebox` for one client-side middlebox in front of any
-    /// TLS server; `mbtls server` not implemented yet)
+    /// (`mbtls client`, `mbtls middlebox` client or server side, `mbtls server`, `mbtls demo`;
+    /// one middlebox per side so far)
     Mbtls(mbtls::MbtlsArgs),
     /// Middlebox-aware TLS: certified middleboxes, security-parameter reports and modification
     /// logs that endpoints can audit. (not implemented yet)

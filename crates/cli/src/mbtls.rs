@@ -54,6 +54,17 @@ enum MbtlsCommand {
     /// certificate and attestation, and passes the plaintext to the backend.
     /// Options: `[mbtls.server]` of the config file, overridden by these flags.
     Server(ServerFlags),
+    /// Start an mbTLS client, a client-side middlebox, a server-side middlebox, an mbTLS server
+    /// and an HTTP backend on loopback, fetch a page, and show each hop's keys, each attestation
+    /// verdict and what the middleboxes did (also part of `mbx demo`).
+    Demo(DemoFlags),
+}
+
+#[derive(clap::Args, Debug)]
+struct DemoFlags {
+    /// TLS versions to run (`1.2`, `1.3`). Default: both.
+    #[arg(long = "tls", value_delimiter = ',')]
+    versions: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -259,6 +270,20 @@ pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
         MbtlsCommand::Client(flags) => client(flags, config),
         MbtlsCommand::Middlebox(flags) => middlebox(flags, config),
         MbtlsCommand::Server(flags) => server(flags, config),
+        MbtlsCommand::Demo(flags) => {
+            let names = if flags.versions.is_empty() {
+                vec!["1.3".to_string(), "1.2".to_string()]
+            } else {
+                flags.versions
+            };
+            let versions = names
+                .iter()
+                .map(|v| parse_version(v.trim()))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            runtime()?.block_on(crate::mbtls_demo::run(&versions, Duration::ZERO))?;
+            println!("\nAll checks passed.");
+            Ok(())
+        }
     }
 }
 

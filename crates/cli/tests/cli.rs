@@ -96,6 +96,13 @@ fn demo_runs_both_versions_and_every_check_passes() {
         "default policy: refused",
         "allow_simulated = true: accepted",
         "replayed into",
+        "mbTLS: client -> mb1.test (client side) -> mb2.test (server side) -> server.test",
+        "[TLS 1.3] TLS_",
+        "[TLS 1.2] TLS_",
+        "client verified mb1.test: sim TEE",
+        "server verified mb2.test: sim TEE",
+        "the backend received the request with: X-Mbtls-Middlebox: mb1.test / X-Mbtls-Middlebox: mb2.test",
+        "the endpoints share only hop 2",
         "All checks passed.",
     ] {
         assert!(
