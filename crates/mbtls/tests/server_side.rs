@@ -1,6 +1,8 @@
-//! Server-side middleboxes, all OpenSSL engines in memory: legacy client → server-side
-//! middlebox → mbTLS server; mbTLS client → client-side middlebox → server-side middlebox →
-//! mbTLS server; exclusion, refused evidence, a legacy server behind a server-side middlebox.
+//! Paths with middleboxes on the server side and several on the client side, all OpenSSL
+//! engines in memory: legacy client → server-side middlebox → mbTLS server; mbTLS client →
+//! client-side middlebox(es) → server-side middlebox → mbTLS server; two client-side
+//! middleboxes in front of a legacy server; exclusion, refused evidence, a legacy server behind
+//! a server-side middlebox.
 
 use std::sync::Arc;
 
@@ -100,6 +102,14 @@ impl Setup {
     }
 
     fn mbtls_client(&self, version: TlsVersion) -> ClientHandshake {
+        self.mbtls_client_path(version, ClientMiddlebox::Preconfigured("mb1.test".into()))
+    }
+
+    fn mbtls_client_path(
+        &self,
+        version: TlsVersion,
+        middlebox: ClientMiddlebox,
+    ) -> ClientHandshake {
         let mut primary = TlsConfig::client("server.test", self.root.clone()).only(version);
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
@@ -108,7 +118,7 @@ impl Setup {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             server_name: "server.test".into(),
             secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
-            middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
+            middlebox,
             policy: self.policy.clone(),
             now_unix: 1_800_000_000,
         })
@@ -577,4 +587,186 @@ fn tampered_client_record_before_the_marker_is_fatal_at_the_server() {
     to_server[last] ^= 1;
     let err = server.receive(&to_server).unwrap_err();
     assert!(err.to_string().contains("failed authentication"), "{err}");
+}
+
+fn client_mb(s: &Setup, name: &str) -> Node {
+    Node::ClientSideMb(MiddleboxHandshake::new(s.middlebox(name, PROGRAM), tagger(name)).unwrap())
+}
+
+fn path_client(s: &Setup, version: TlsVersion, names: &[&str]) -> Node {
+    Node::Client(s.mbtls_client_path(
+        version,
+        ClientMiddlebox::PreconfiguredPath(names.iter().map(|n| n.to_string()).collect()),
+    ))
+}
+
+#[test]
+fn two_client_side_middleboxes_in_front_of_a_legacy_server_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb0.test"]),
+            client_mb(&s, "mb1.test"),
+            client_mb(&s, "mb0.test"),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        // The legacy server answers as soon as it has the request.
+        path.last().write(b"first answer");
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n",
+            "{version:?}"
+        );
+        assert_eq!(path.first().read(), b"FIRST ANSWER", "{version:?}");
+        path.first().write(b"GET /2 HTTP/1.1\r\n\r\n");
+        path.last().write(b"second");
+        path.pump();
+        assert_eq!(
+            path.last().read(),
+            b"GET /2 HTTP/1.1\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n"
+        );
+        assert_eq!(path.first().read(), b"SECOND");
+        let Node::Client(c) = path.first() else {
+            unreachable!()
+        };
+        let sum = c.summary().unwrap().clone();
+        // client↔mb1, mb1↔mb0, mb0↔server (bridge): three different hops.
+        assert_eq!(sum.hops.len(), 3, "{version:?}");
+        assert!(
+            sum.hops[0] != sum.hops[1] && sum.hops[1] != sum.hops[2] && sum.hops[0] != sum.hops[2]
+        );
+        for i in [1, 2] {
+            let Node::ClientSideMb(m) = &path.nodes[i] else {
+                unreachable!()
+            };
+            let relay = m.relay().unwrap();
+            let (r, w) = relay.key_fingerprints(Side::Client);
+            assert_eq!(
+                (r.unwrap(), w.unwrap()),
+                (sum.hops[i - 1].c2s, sum.hops[i - 1].s2c)
+            );
+        }
+    }
+}
+
+#[test]
+fn server_data_in_the_last_handshake_flight_crosses_two_client_side_middleboxes_once() {
+    // TLS 1.3: the server writes right after its handshake, before any middlebox has keys.
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut server = s.legacy_server(version);
+        let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
+        let mut mb1 = client_mb(&s, "mb1.test");
+        let mut mb0 = client_mb(&s, "mb0.test");
+        client.write(REQUEST);
+        let mut written = false;
+        // Pump by hand so the server writes in the flight of its last handshake messages.
+        for _ in 0..50 {
+            let a = client.take_outgoing(Side::Server);
+            mb1.receive(Side::Client, &a).unwrap();
+            let b = mb1.take_outgoing(Side::Server);
+            mb0.receive(Side::Client, &b).unwrap();
+            let c = mb0.take_outgoing(Side::Server);
+            server.feed(&c);
+            server.process().unwrap();
+            if !written && !server.is_handshaking() {
+                server.write_plaintext(b"early").unwrap();
+                written = true;
+            }
+            let d = server.take_outgoing();
+            mb0.receive(Side::Server, &d).unwrap();
+            let e = mb0.take_outgoing(Side::Client);
+            mb1.receive(Side::Server, &e).unwrap();
+            let f = mb1.take_outgoing(Side::Client);
+            client.receive(Side::Server, &f).unwrap();
+            if a.is_empty()
+                && b.is_empty()
+                && c.is_empty()
+                && d.is_empty()
+                && e.is_empty()
+                && f.is_empty()
+            {
+                break;
+            }
+        }
+        assert!(written);
+        // Upper-cased by both apps, delivered exactly once.
+        assert_eq!(client.read(), b"EARLY", "{version:?}");
+        assert_eq!(
+            server.take_plaintext(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n"
+        );
+    }
+}
+
+#[test]
+fn two_client_side_and_one_server_side_middlebox_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb0.test"]),
+            client_mb(&s, "mb1.test"),
+            client_mb(&s, "mb0.test"),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        path.last().write(b"response");
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\nX-Mbtls: mb2.test\r\n\r\n",
+            "{version:?}"
+        );
+        assert_eq!(path.first().read(), b"RESPONSE");
+        let Node::Client(c) = path.first() else {
+            unreachable!()
+        };
+        let cs = c.summary().unwrap().clone();
+        let ss = path.server().summary().unwrap().clone();
+        // Four hops; the endpoints share exactly the bridge (mb0↔mb2).
+        assert_eq!(cs.hops.len() + ss.hops.len() - 1, 4);
+        assert_eq!(cs.hops[2], ss.hops[0]);
+        // P1C: the request is encrypted differently on each of the four links.
+        for t in &path.tap_c2s {
+            assert!(!t.windows(14).any(|w| w == b"GET / HTTP/1.1"));
+        }
+    }
+}
+
+#[test]
+fn one_of_two_preconfigured_middleboxes_failing_policy_stops_all_key_material() {
+    let s = Setup::new();
+    let version = TlsVersion::Tls13;
+    let bad =
+        MiddleboxHandshake::new(s.middlebox("mb0.test", "other program"), tagger("mb0")).unwrap();
+    let mut path = Path::new(vec![
+        path_client(&s, version, &["mb1.test", "mb0.test"]),
+        client_mb(&s, "mb1.test"),
+        Node::ClientSideMb(bad),
+        Node::LegacyServer(s.legacy_server(version)),
+    ]);
+    path.first().write(REQUEST);
+    path.pump();
+    assert!(
+        path.errors[0]
+            .as_deref()
+            .unwrap_or("")
+            .contains("attestation"),
+        "{:?}",
+        path.errors
+    );
+    for i in [1, 2] {
+        let Node::ClientSideMb(m) = &path.nodes[i] else {
+            unreachable!()
+        };
+        assert!(!m.keys_installed());
+    }
+    assert!(path.last().read().is_empty());
 }

@@ -420,7 +420,25 @@ impl OpenSslContext {
 
     /// A new connection; for clients, `server_name` is the SNI and the verified hostname.
     pub fn engine_for(&self, server_name: Option<&str>) -> Result<OpenSslEngine, EngineError> {
+        self.new_engine(server_name, true)
+    }
+
+    /// A new server connection that sends no TLS 1.3 session tickets, whatever the context
+    /// says: for sessions that must not emit records after their handshake on their own (an
+    /// mbTLS middlebox's secondary session, whose next record is its switch marker).
+    pub fn engine_without_tickets(&self) -> Result<OpenSslEngine, EngineError> {
+        self.new_engine(None, false)
+    }
+
+    fn new_engine(
+        &self,
+        server_name: Option<&str>,
+        tickets: bool,
+    ) -> Result<OpenSslEngine, EngineError> {
         let mut ssl = Ssl::new(&self.ctx)?;
+        if !tickets && self.role == Role::Server {
+            ssl.set_num_tickets(0)?;
+        }
         match self.role {
             Role::Client => {
                 ssl.set_connect_state();

@@ -16,23 +16,26 @@ use mbx_attest::Policy;
 use mbx_engine::{OpenSslContext, Role, TlsEngine};
 
 use super::demux::{Demux, Piece};
-use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary};
+use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary, Slot};
 use super::HandshakeError;
 use crate::wire::{MiddleboxSupport, MIDDLEBOX_SUPPORT_EXTENSION};
 
-/// Which middlebox the client expects.
+/// Which middleboxes the client expects.
 #[derive(Clone)]
 pub enum ClientMiddlebox {
     /// Configured a priori: must join, and its certificate must be valid for this name (sent in
     /// the extension's middlebox list).
     Preconfigured(String),
+    /// Several configured a priori, in path order from the client (the client connects to the
+    /// first): all must join, each with a certificate for its name.
+    PreconfiguredPath(Vec<String>),
     /// Any on-path middlebox may offer to join; its chain must verify against the secondary
     /// context's roots and the approver must accept it. With none on the path the session is
     /// direct (an mbTLS client that allows server-side middleboxes only).
     Discover(Approver),
 }
 
-/// The client's configuration for one client-side middlebox.
+/// The client's configuration for its client-side middleboxes.
 #[derive(Clone)]
 pub struct ClientHandshakeConfig {
     /// Primary context: must register [`MIDDLEBOX_SUPPORT_EXTENSION`] as a custom extension and
@@ -49,47 +52,54 @@ pub struct ClientHandshakeConfig {
     pub now_unix: u64,
 }
 
-/// A client whose path has (at most) one client-side middlebox.
+/// A client with its client-side middleboxes (pre-configured path, or one discovered).
 pub struct ClientHandshake {
     core: EndpointCore,
     demux: Demux,
 }
 
-/// The only subchannel used with one client-side middlebox.
-const SUBCHANNEL: u8 = 0;
-
 impl ClientHandshake {
     /// Starts the handshake; the first flight is in [`take_outgoing`](Self::take_outgoing).
     pub fn new(cfg: ClientHandshakeConfig) -> Result<Self, HandshakeError> {
-        let (mut secondary, listed, approver) = match &cfg.middlebox {
-            ClientMiddlebox::Preconfigured(name) => (
-                cfg.secondary.engine_for(Some(name))?,
-                vec![name.clone()],
-                None,
-            ),
-            ClientMiddlebox::Discover(a) => {
-                (cfg.secondary.engine_for(None)?, Vec::new(), Some(a.clone()))
+        let (names, approver) = match &cfg.middlebox {
+            ClientMiddlebox::Preconfigured(name) => (vec![Some(name.clone())], None),
+            ClientMiddlebox::PreconfiguredPath(path) => {
+                (path.iter().cloned().map(Some).collect(), None)
             }
+            ClientMiddlebox::Discover(a) => (vec![None], Some(a.clone())),
         };
-        let hello = secondary.take_client_hello()?;
+        if names.is_empty() || names.len() > usize::from(u8::MAX) {
+            return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
+        }
+        // Subchannel i is answered by the i-th middlebox counted from the server (ids are taken
+        // as the primary ServerHello passes them), so hello i is made for that middlebox's name.
+        let mut slots = Vec::with_capacity(names.len());
+        let mut hellos = Vec::with_capacity(names.len());
+        for (id, name) in names.iter().rev().enumerate() {
+            let mut engine = cfg.secondary.engine_for(name.as_deref())?;
+            hellos.push(engine.take_client_hello()?);
+            let id = u8::try_from(id).map_err(|_| HandshakeError::Config("subchannel id"))?;
+            slots.push(Slot::new(id, engine));
+        }
         let ext = MiddleboxSupport {
-            client_hellos: vec![hello],
-            middleboxes: listed,
+            client_hellos: hellos,
+            middleboxes: names.iter().flatten().cloned().collect(),
         }
         .encode()?;
         let mut primary = cfg.primary.engine_for(Some(&cfg.server_name))?;
         primary.set_extension_payload(MIDDLEBOX_SUPPORT_EXTENSION, ext)?;
         primary.process()?;
         let out = primary.take_outgoing();
+        let required = if approver.is_none() { names.len() } else { 0 };
         let mut core = EndpointCore::new(
             Role::Client,
             cfg.policy,
             cfg.now_unix,
             approver,
+            required,
             primary,
-            Some(secondary),
         );
-        core.subchannel = SUBCHANNEL;
+        core.slots = slots;
         core.out = out;
         Ok(ClientHandshake {
             core,
@@ -104,12 +114,7 @@ impl ClientHandshake {
         self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
-                    Piece::Sub { enc, .. } if enc.subchannel == SUBCHANNEL => {
-                        core.secondary_in(&enc)?
-                    }
-                    Piece::Sub { .. } => {
-                        return Err(HandshakeError::Protocol("record on an unknown subchannel"))
-                    }
+                    Piece::Sub { enc, .. } => core.secondary_in(&enc)?,
                     Piece::Primary(rec) => core.primary_record(&rec)?,
                 }
             }
@@ -146,7 +151,7 @@ impl ClientHandshake {
         self.core.poll_event()
     }
 
-    /// True once key material was sent to the middlebox.
+    /// True once key material was sent to the middleboxes.
     pub fn keys_sent(&self) -> bool {
         self.core.keys_sent()
     }

@@ -78,7 +78,7 @@ pub struct SessionSummary {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Secondary {
-    /// Nothing from (or to) the middlebox yet.
+    /// Nothing from the middlebox yet.
     Waiting,
     Running,
     /// Certificate, approval and evidence passed.
@@ -87,22 +87,43 @@ pub(super) enum Secondary {
     Excluded,
 }
 
+/// One middlebox on our side: its secondary session on its subchannel.
+pub(super) struct Slot {
+    pub(super) subchannel: u8,
+    engine: OpenSslEngine,
+    pub(super) state: Secondary,
+    rx: SecondaryReader,
+}
+
+impl Slot {
+    pub(super) fn new(subchannel: u8, engine: OpenSslEngine) -> Self {
+        Slot {
+            subchannel,
+            engine,
+            state: Secondary::Waiting,
+            rx: SecondaryReader::new(),
+        }
+    }
+}
+
 /// The state both endpoints share.
 pub(super) struct EndpointCore {
     role: Role,
     policy: Policy,
     now_unix: u64,
-    /// `None`: pre-configured (must join; the engine checks its name).
+    /// `None`: pre-configured (each must join; the engine checks its name).
     approver: Option<Approver>,
+    /// How many middleboxes must join (pre-configured); 0 when discovered.
+    required: usize,
     pub(super) primary: Option<OpenSslEngine>,
-    pub(super) secondary: Option<OpenSslEngine>,
-    pub(super) subchannel: u8,
-    pub(super) state: Secondary,
-    secondary_rx: SecondaryReader,
+    /// Our middleboxes' secondary sessions, by subchannel.
+    pub(super) slots: Vec<Slot>,
     pub(super) out: Vec<u8>,
     data: Option<EndpointDataPhase>,
-    /// Waiting for the middlebox's marker; primary-key records meanwhile are dropped (the
-    /// middlebox re-sends them through its app).
+    /// The subchannel whose close_notify marks the switch of our nearest middlebox.
+    marker_subchannel: Option<u8>,
+    /// Waiting for that marker; primary-key records meanwhile are dropped (the middlebox
+    /// re-sends them through its app).
     marker_seen: bool,
     pending_writes: Vec<u8>,
     /// Primary-key records dropped while waiting for the marker.
@@ -122,21 +143,20 @@ impl EndpointCore {
         policy: Policy,
         now_unix: u64,
         approver: Option<Approver>,
+        required: usize,
         primary: OpenSslEngine,
-        secondary: Option<OpenSslEngine>,
     ) -> Self {
         EndpointCore {
             role,
             policy,
             now_unix,
             approver,
+            required,
             primary: Some(primary),
-            secondary,
-            subchannel: 0,
-            state: Secondary::Waiting,
-            secondary_rx: SecondaryReader::new(),
+            slots: Vec::new(),
             out: Vec::new(),
             data: None,
+            marker_subchannel: None,
             marker_seen: false,
             pending_writes: Vec::new(),
             discarded: 0,
@@ -200,17 +220,32 @@ impl EndpointCore {
                 // A middlebox speaks before the primary handshake can end (client side: its
                 // ServerHello precedes the primary one; server side: its announcement follows
                 // the ClientHello), so one that has not spoken by then is absent.
-                if !primary.is_handshaking() && self.state == Secondary::Waiting {
-                    if self.preconfigured() {
-                        return Err(HandshakeError::Protocol(
-                            "the pre-configured middlebox did not join",
-                        ));
-                    }
-                    self.state = Secondary::Excluded;
+                if !primary.is_handshaking() {
+                    self.absent_middleboxes()?;
                 }
             }
         }
         self.maybe_finish()
+    }
+
+    /// At the end of the primary handshake: silent middleboxes are absent.
+    fn absent_middleboxes(&mut self) -> Result<(), HandshakeError> {
+        let spoke = self
+            .slots
+            .iter()
+            .filter(|s| s.state != Secondary::Waiting)
+            .count();
+        if self.preconfigured() && spoke < self.required {
+            return Err(HandshakeError::Protocol(
+                "a pre-configured middlebox did not join",
+            ));
+        }
+        for slot in &mut self.slots {
+            if slot.state == Secondary::Waiting {
+                slot.state = Secondary::Excluded;
+            }
+        }
+        Ok(())
     }
 
     fn data_events(&mut self) {
@@ -221,138 +256,167 @@ impl EndpointCore {
         }
     }
 
-    /// Wraps what the secondary engine produced for our subchannel (nothing once the data phase
-    /// runs: the middlebox would take any later encapsulated record as an attack).
-    pub(super) fn flush_secondary(&mut self) -> Result<(), HandshakeError> {
-        let Some(engine) = self.secondary.as_mut() else {
-            return Ok(());
-        };
-        let out = engine.take_outgoing();
-        if self.data.is_none() {
-            Encapsulated::wrap_stream(self.subchannel, &out, version::TLS1_2, &mut self.out)?;
+    fn slot_mut(&mut self, subchannel: u8) -> Result<&mut Slot, HandshakeError> {
+        self.slots
+            .iter_mut()
+            .find(|s| s.subchannel == subchannel)
+            .ok_or(HandshakeError::Protocol("record on an unknown subchannel"))
+    }
+
+    /// True if `subchannel` belongs to one of our middleboxes.
+    pub(super) fn has_slot(&self, subchannel: u8) -> bool {
+        self.slots.iter().any(|s| s.subchannel == subchannel)
+    }
+
+    /// Wraps what a secondary engine produced for its subchannel (nothing once the data phase
+    /// runs: a middlebox would take any later encapsulated record as an attack).
+    pub(super) fn flush_secondary(&mut self, subchannel: u8) -> Result<(), HandshakeError> {
+        let data_started = self.data.is_some();
+        let slot = self.slot_mut(subchannel)?;
+        let out = slot.engine.take_outgoing();
+        if !data_started {
+            Encapsulated::wrap_stream(subchannel, &out, version::TLS1_2, &mut self.out)?;
         }
         Ok(())
     }
 
-    /// A discovered middlebox failed a check: close the secondary session without key material
-    /// (the middlebox then forwards ciphertext only). A pre-configured one fails the handshake.
-    fn exclude(&mut self, why: &'static str, err: HandshakeError) -> Result<(), HandshakeError> {
+    /// A discovered middlebox failed a check: close its secondary session without key material
+    /// (it then forwards ciphertext only). A pre-configured one fails the handshake.
+    fn exclude(
+        &mut self,
+        subchannel: u8,
+        why: &'static str,
+        err: HandshakeError,
+    ) -> Result<(), HandshakeError> {
         if self.preconfigured() {
             return Err(err);
         }
-        if let Some(engine) = self.secondary.as_mut() {
-            // Best effort: a failed engine may have queued an alert instead of a close_notify.
-            let _ = engine.close();
-        }
-        self.flush_secondary()?;
-        self.state = Secondary::Excluded;
+        let slot = self.slot_mut(subchannel)?;
+        // Best effort: a failed engine may have queued an alert instead of a close_notify.
+        let _ = slot.engine.close();
+        slot.state = Secondary::Excluded;
+        self.flush_secondary(subchannel)?;
         self.events
             .push_back(ClientHandshakeEvent::MiddleboxExcluded(why));
         self.maybe_finish()
     }
 
-    /// An inner record of our subchannel for the secondary engine.
+    /// An inner record of one of our subchannels for its secondary engine.
     pub(super) fn secondary_in(&mut self, enc: &Encapsulated) -> Result<(), HandshakeError> {
-        if self.state == Secondary::Excluded {
+        let id = enc.subchannel;
+        let slot = self.slot_mut(id)?;
+        if slot.state == Secondary::Excluded {
             return Ok(());
         }
-        if self.state == Secondary::Waiting {
-            self.state = Secondary::Running;
+        if slot.state == Secondary::Waiting {
+            slot.state = Secondary::Running;
         }
-        let engine = self.secondary.as_mut().ok_or(HandshakeError::Protocol(
-            "subchannel record before the secondary session",
-        ))?;
-        engine.feed(enc.inner.as_bytes());
-        let processed = engine.process();
-        let handshaking = engine.is_handshaking();
-        self.flush_secondary()?;
+        slot.engine.feed(enc.inner.as_bytes());
+        let processed = slot.engine.process();
+        let handshaking = slot.engine.is_handshaking();
+        self.flush_secondary(id)?;
         if let Err(e) = processed {
-            return self.exclude("secondary handshake failed", e.into());
+            return self.exclude(id, "secondary handshake failed", e.into());
         }
         if handshaking {
             return Ok(());
         }
-        if self.state == Secondary::Running {
+        let slot = self.slot_mut(id)?;
+        let (running, chain) = (
+            slot.state == Secondary::Running,
+            slot.engine.peer_certificates(),
+        );
+        if running {
             if let Some(approve) = &self.approver {
-                let chain = self
-                    .secondary
-                    .as_ref()
-                    .map(TlsEngine::peer_certificates)
-                    .unwrap_or_default();
                 if !approve(&chain) {
                     return self.exclude(
+                        id,
                         "not approved by the application",
                         HandshakeError::Protocol("middlebox not approved"),
                     );
                 }
             }
         }
-        let plain = self
-            .secondary
-            .as_mut()
-            .map(TlsEngine::take_plaintext)
-            .unwrap_or_default();
-        self.secondary_rx.push(&plain);
-        while let Some(msg) = self.secondary_rx.next_message()? {
+        let slot = self.slot_mut(id)?;
+        let plain = slot.engine.take_plaintext();
+        slot.rx.push(&plain);
+        while let Some(msg) = self.slot_mut(id)?.rx.next_message()? {
             match msg {
-                SecondaryMessage::Evidence(e) if self.state == Secondary::Running => {
-                    if let Err(err) = self.verify(&e) {
-                        return self.exclude("evidence refused", err);
+                SecondaryMessage::Evidence(e) if self.slot_mut(id)?.state == Secondary::Running => {
+                    if let Err(err) = self.verify(id, &e) {
+                        return self.exclude(id, "evidence refused", err);
                     }
                 }
                 _ => return Err(HandshakeError::Protocol("unexpected secondary message")),
             }
         }
-        let peer_closed = self.secondary.as_ref().is_some_and(TlsEngine::peer_closed);
-        if self.data.is_some() && peer_closed && !self.marker_seen {
+        let peer_closed = self.slot_mut(id)?.engine.peer_closed();
+        if self.data.is_some()
+            && peer_closed
+            && !self.marker_seen
+            && self.marker_subchannel == Some(id)
+        {
             self.marker_seen = true;
             self.events.push_back(ClientHandshakeEvent::Ready);
         }
         self.maybe_finish()
     }
 
-    /// Exporter-bound evidence of this secondary session, checked against the policy.
-    fn verify(&mut self, evidence: &[u8]) -> Result<(), HandshakeError> {
-        let engine = self
-            .secondary
-            .as_ref()
-            .ok_or(HandshakeError::Protocol("no secondary session"))?;
+    /// Exporter-bound evidence of one secondary session, checked against the policy.
+    fn verify(&mut self, subchannel: u8, evidence: &[u8]) -> Result<(), HandshakeError> {
+        let (policy, now) = (self.policy.clone(), self.now_unix);
+        let slot = self.slot_mut(subchannel)?;
         let label = core::str::from_utf8(EXPORTER_LABEL)
             .map_err(|_| HandshakeError::Config("exporter label"))?;
-        let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
-        let certs = engine.peer_certificates();
+        let binder = slot
+            .engine
+            .export_keying_material(label, None, EXPORTER_LEN)?;
+        let certs = slot.engine.peer_certificates();
         let leaf = certs
             .first()
             .ok_or(HandshakeError::Protocol("middlebox sent no certificate"))?;
         let spki = spki_from_certificate(leaf)?;
         let expected = report_data(&spki, &binder);
         let claims = if evidence.is_empty() {
-            self.policy.check_missing_evidence()?;
+            policy.check_missing_evidence()?;
             None
         } else {
-            Some(verify_bytes(
-                evidence,
-                &expected,
-                &self.policy,
-                self.now_unix,
-            )?)
+            Some(verify_bytes(evidence, &expected, &policy, now)?)
         };
-        self.state = Secondary::Verified;
+        slot.state = Secondary::Verified;
         self.events
             .push_back(ClientHandshakeEvent::MiddleboxVerified(claims));
         Ok(())
     }
 
-    /// Once the primary handshake is done and the middlebox is verified (or excluded, or
+    /// The middleboxes that take part, in path order from the client. Client side: subchannel
+    /// 0 went to the middlebox nearest the server (ids are taken as the primary ServerHello
+    /// passes them), so path order is descending id. Server side: the middlebox nearest the
+    /// client announces first and takes the lowest id, so path order is ascending id.
+    fn joined_in_path_order(&self) -> Vec<u8> {
+        let mut ids: Vec<u8> = self
+            .slots
+            .iter()
+            .filter(|s| s.state == Secondary::Verified)
+            .map(|s| s.subchannel)
+            .collect();
+        ids.sort_unstable();
+        if self.role == Role::Client {
+            ids.reverse();
+        }
+        ids
+    }
+
+    /// Once the primary handshake is done and every middlebox is verified (or excluded, or
     /// absent): export the primary session and start the data phase.
     fn maybe_finish(&mut self) -> Result<(), HandshakeError> {
         let primary_done = self.primary.as_ref().is_some_and(|p| !p.is_handshaking());
-        let middlebox_settled = match self.state {
-            Secondary::Verified => self.secondary.as_ref().is_some_and(|s| !s.is_handshaking()),
+        let settled = self.slots.iter().all(|s| match s.state {
+            Secondary::Verified => !s.engine.is_handshaking(),
             Secondary::Excluded => true,
             Secondary::Waiting | Secondary::Running => false,
-        };
-        if self.data.is_some() || !primary_done || !middlebox_settled {
+        });
+        if self.data.is_some() || !primary_done || !settled {
             return Ok(());
         }
         let primary = self
@@ -361,7 +425,8 @@ impl EndpointCore {
             .ok_or(HandshakeError::Protocol("primary engine gone"))?;
         let handoff = primary.export_session()?;
         self.out.extend_from_slice(&handoff.pending_outgoing);
-        if self.state == Secondary::Excluded {
+        let joined = self.joined_in_path_order();
+        if joined.is_empty() {
             return self.direct(handoff);
         }
         // Records the engine did not process are application epoch under the primary keys: the
@@ -377,33 +442,50 @@ impl EndpointCore {
             self.drop_authenticated(rec)?;
         }
         let bridge = HopKeys::from_export(self.role, &session);
-        let bridge_fp = HopFingerprint::of(&bridge);
-        let (side, hops) = match self.role {
-            Role::Client => {
-                let side = client_side_keys(session.version, session.suite, bridge, 1)?;
-                let hops = vec![HopFingerprint::of(&side.endpoint), bridge_fp];
-                (side, hops)
-            }
-            Role::Server => {
-                let side = server_side_keys(session.version, session.suite, bridge, 1)?;
-                let hops = vec![bridge_fp, HopFingerprint::of(&side.endpoint)];
-                (side, hops)
-            }
+        let n = joined.len();
+        let side = match self.role {
+            Role::Client => client_side_keys(session.version, session.suite, bridge, n)?,
+            Role::Server => server_side_keys(session.version, session.suite, bridge, n)?,
         };
+        // Every hop in path order: the first middlebox's hop toward the client, then each
+        // middlebox's hop toward the server.
+        let mut hops: Vec<HopFingerprint> = side
+            .middleboxes
+            .first()
+            .map(|km| HopFingerprint::of(&km.toward_client))
+            .into_iter()
+            .collect();
+        hops.extend(
+            side.middleboxes
+                .iter()
+                .map(|km| HopFingerprint::of(&km.toward_server)),
+        );
         self.summary = Some(SessionSummary {
             version: session.version,
             suite: session.suite,
             hops,
             middlebox_joined: true,
         });
-        let [km] = <[_; 1]>::try_from(side.middleboxes)
-            .map_err(|_| HandshakeError::Protocol("one middlebox expected"))?;
-        let msg = SecondaryMessage::KeyMaterial(Box::new(km)).encode()?;
-        self.secondary
-            .as_mut()
-            .ok_or(HandshakeError::Protocol("no secondary session"))?
-            .write_plaintext(&msg)?;
-        self.flush_secondary()?;
+        // Farthest first: a middlebox switches at its own key material, after which it takes
+        // every record from our side as data; the others' key material must be past it by then.
+        let mut order: Vec<usize> = (0..n).collect();
+        if self.role == Role::Client {
+            order.reverse();
+        }
+        self.marker_subchannel = match self.role {
+            Role::Client => joined.first().copied(),
+            Role::Server => joined.last().copied(),
+        };
+        for j in order {
+            let (Some(&id), Some(km)) = (joined.get(j), side.middleboxes.get(j)) else {
+                return Err(HandshakeError::Protocol(
+                    "key material for a missing middlebox",
+                ));
+            };
+            let msg = SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?;
+            self.slot_mut(id)?.engine.write_plaintext(&msg)?;
+            self.flush_secondary(id)?;
+        }
         self.start_data(EndpointDataPhase::new(
             self.role,
             session.version,
@@ -492,7 +574,7 @@ impl EndpointCore {
     }
 
     pub(super) fn keys_sent(&self) -> bool {
-        self.data.is_some() && self.state == Secondary::Verified
+        self.data.is_some() && self.marker_subchannel.is_some()
     }
 
     pub(super) fn data_phase_started(&self) -> bool {

@@ -101,6 +101,15 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
     relay: Option<MiddleboxRelay<A>>,
+    /// A middlebox nearer the server joined too (its secondary records passed us before the
+    /// primary ServerHello). It re-sends every application record through its own app once it
+    /// switches, so what it forwarded raw before is not ours to relay.
+    neighbour: bool,
+    /// Switched, the neighbour not yet: its raw records are dropped until its marker (the first
+    /// encapsulated record from it after our switch: its secondary close_notify).
+    awaiting_neighbour_marker: bool,
+    /// Raw records of the neighbour dropped that way.
+    neighbour_records_dropped: usize,
     failed: bool,
     events: VecDeque<MiddleboxHandshakeEvent>,
 }
@@ -133,6 +142,9 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             held: Vec::new(),
             copies: Vec::new(),
             relay: None,
+            neighbour: false,
+            awaiting_neighbour_marker: false,
+            neighbour_records_dropped: 0,
             failed: false,
             events: VecDeque::new(),
         })
@@ -166,6 +178,14 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             let Some(piece) = piece else {
                 return Ok(());
             };
+            if from == Side::Server && self.awaiting_neighbour_marker {
+                match piece {
+                    // Under the bridge keys: the neighbour re-sends it through its app.
+                    Piece::Primary(_) => self.neighbour_records_dropped += 1,
+                    Piece::Sub { .. } => self.awaiting_neighbour_marker = false,
+                }
+                continue;
+            }
             if let Some(relay) = self.relay.as_mut() {
                 let raw = match &piece {
                     Piece::Primary(r) => r.as_bytes(),
@@ -324,6 +344,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         self.engine = Some(engine);
         self.joined = true;
+        self.neighbour = !self.used_ids.is_empty();
         self.mode = Mode::Joined;
         self.events.push_back(MiddleboxHandshakeEvent::Joined {
             subchannel: self.subchannel,
@@ -348,7 +369,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         let mut engine = self
             .cfg
             .tls
-            .engine()
+            .engine_without_tickets()
             .map_err(|_| "cannot create TLS engine")?;
         engine
             .enable_half_rtt()
@@ -467,7 +488,14 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             }
             TlsVersion::Tls12 => self.copies.len(),
         };
-        let replay: Vec<Record> = self.copies.drain(..).skip(first_app).collect();
+        let mut replay: Vec<Record> = self.copies.drain(..).skip(first_app).collect();
+        if self.neighbour {
+            // Everything from the server side so far is under the bridge keys and will come
+            // again, through the neighbour's app, after its marker.
+            replay.clear();
+            self.held.clear();
+            self.awaiting_neighbour_marker = true;
+        }
         let mut relay = MiddleboxRelay::new(km, app)?;
         // The marker: our secondary session's close_notify. Everything we send the client after
         // it is under the client-side hop's keys.

@@ -16,7 +16,7 @@ use mbx_engine::{OpenSslContext, Role};
 
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{
-    Approver, EndpointCore, Secondary, ServerHandshakeEvent, SessionSummary,
+    Approver, EndpointCore, Secondary, ServerHandshakeEvent, SessionSummary, Slot,
 };
 use super::HandshakeError;
 use mbx_engine::TlsEngine;
@@ -63,13 +63,14 @@ impl ServerHandshake {
             ServerMiddlebox::Preconfigured(_) => None,
             ServerMiddlebox::Discover(a) => Some(a.clone()),
         };
+        let required = usize::from(approver.is_none());
         let core = EndpointCore::new(
             Role::Server,
             cfg.policy.clone(),
             cfg.now_unix,
             approver,
+            required,
             primary,
-            None,
         );
         Ok(ServerHandshake {
             cfg,
@@ -91,9 +92,7 @@ impl ServerHandshake {
                     Piece::Sub { enc, .. } if enc.is_announcement() => {
                         announced(cfg, core, enc.subchannel)?
                     }
-                    Piece::Sub { enc, .. }
-                        if core.secondary.is_some() && enc.subchannel == core.subchannel =>
-                    {
+                    Piece::Sub { enc, .. } if core.has_slot(enc.subchannel) => {
                         core.secondary_in(&enc)?
                     }
                     Piece::Sub { .. } => {
@@ -161,12 +160,12 @@ fn announced(
     core: &mut EndpointCore,
     subchannel: u8,
 ) -> Result<(), HandshakeError> {
-    if core.secondary.is_some() {
+    if !core.slots.is_empty() {
         return Err(HandshakeError::Protocol(
             "several server-side middleboxes are not supported yet",
         ));
     }
-    if core.state != Secondary::Waiting || core.data_phase_started() {
+    if core.data_phase_started() {
         return Err(HandshakeError::Protocol(
             "middlebox announcement after the handshake",
         ));
@@ -177,8 +176,8 @@ fn announced(
     };
     let mut engine = cfg.secondary.engine_for(name)?;
     engine.process()?;
-    core.secondary = Some(engine);
-    core.subchannel = subchannel;
-    core.state = Secondary::Running;
-    core.flush_secondary()
+    let mut slot = Slot::new(subchannel, engine);
+    slot.state = Secondary::Running;
+    core.slots.push(slot);
+    core.flush_secondary(subchannel)
 }

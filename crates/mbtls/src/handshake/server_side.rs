@@ -284,7 +284,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             let mut engine = self
                 .cfg
                 .tls
-                .engine()
+                .engine_without_tickets()
                 .map_err(|_| HandshakeError::Config("cannot create our TLS engine"))?;
             engine
                 .enable_half_rtt()
