@@ -1,5 +1,5 @@
 //! The mbTLS part of `mbx demo` (also `mbx mbtls demo`): on loopback, an mbTLS client fetches a
-//! page through a client-side middlebox and a server-side middlebox from an mbTLS server in
+//! page through two client-side middleboxes and a server-side middlebox from an mbTLS server in
 //! front of a plain HTTP backend. Every link runs through a tapping relay. Prints the path, each
 //! hop's key fingerprint as each party saw it, each attestation verdict, the headers the
 //! middleboxes inserted and the TLS version, and checks every one of them: the endpoints agree on
@@ -31,8 +31,9 @@ use tokio::net::TcpListener;
 use zeroize::Zeroizing;
 
 const SERVER: &str = "server.test";
-const CLIENT_MB: &str = "mb1.test";
-const SERVER_MB: &str = "mb2.test";
+/// The client-side middleboxes, in path order from the client.
+const CLIENT_MBS: [&str; 2] = ["mb1.test", "mb2.test"];
+const SERVER_MB: &str = "mb3.test";
 const PROGRAM: &str = "mbx-demo-middlebox";
 /// Bound on one fetch; only there so a broken path fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(30);
@@ -85,7 +86,10 @@ pub async fn run(versions: &[TlsVersion], latency: Duration) -> anyhow::Result<(
         platform,
         policy,
     };
-    println!("\nmbTLS: client -> {CLIENT_MB} (client side) -> {SERVER_MB} (server side) -> {SERVER} -> HTTP backend");
+    println!(
+        "\nmbTLS: client -> {} (client side) -> {} (client side) -> {SERVER_MB} (server side) -> {SERVER} -> HTTP backend",
+        CLIENT_MBS[0], CLIENT_MBS[1]
+    );
     println!(
         "  PKI: test CA \"mbx mbtls demo CA\" (ECDSA P-256); middleboxes in a simulated TEE, measurement {} (policies opt in to simulated evidence explicitly)",
         hex::encode(sim::measure(PROGRAM, b""))
@@ -185,17 +189,33 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     )
     .await?;
     // Links, from the server back to the client: each behind a tapping relay.
-    let taps = [Tap::new(), Tap::new(), Tap::new()];
-    let link3 = tapped(server.local_addr(), latency, &taps[2]).await?;
+    let taps = [Tap::new(), Tap::new(), Tap::new(), Tap::new()];
+    let link4 = tapped(server.local_addr(), latency, &taps[3]).await?;
+    let mut mb3 = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        middlebox(world, SERVER_MB, link4.local_addr(), Placement::ServerSide)?,
+    )
+    .await?;
+    let link3 = tapped(mb3.local_addr(), latency, &taps[2]).await?;
     let mut mb2 = MiddleboxServer::bind(
         "127.0.0.1:0",
-        middlebox(world, SERVER_MB, link3.local_addr(), Placement::ServerSide)?,
+        middlebox(
+            world,
+            CLIENT_MBS[1],
+            link3.local_addr(),
+            Placement::ClientSide,
+        )?,
     )
     .await?;
     let link2 = tapped(mb2.local_addr(), latency, &taps[1]).await?;
     let mut mb1 = MiddleboxServer::bind(
         "127.0.0.1:0",
-        middlebox(world, CLIENT_MB, link2.local_addr(), Placement::ClientSide)?,
+        middlebox(
+            world,
+            CLIENT_MBS[0],
+            link2.local_addr(),
+            Placement::ClientSide,
+        )?,
     )
     .await?;
     let link1 = tapped(mb1.local_addr(), latency, &taps[0]).await?;
@@ -206,8 +226,11 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let client_cfg = ClientHandshakeConfig {
         primary: Arc::new(OpenSslContext::new(&client_primary)?),
         server_name: SERVER.into(),
-        secondary: Arc::new(OpenSslContext::new(&TlsConfig::client(CLIENT_MB, root))?),
-        middlebox: ClientMiddlebox::Preconfigured(CLIENT_MB.into()),
+        secondary: Arc::new(OpenSslContext::new(&TlsConfig::client(
+            CLIENT_MBS[0],
+            root,
+        ))?),
+        middlebox: ClientMiddlebox::PreconfiguredPath(CLIENT_MBS.map(String::from).to_vec()),
         policy: world.policy.clone(),
         now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
     };
@@ -225,26 +248,27 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let (client, response) = tokio::time::timeout(BOUND, fetch)
         .await
         .context("the mbTLS fetch did not complete")??;
-    let r1 = tokio::time::timeout(BOUND, mb1.next_report())
-        .await?
-        .context("client-side middlebox report")?;
-    let r2 = tokio::time::timeout(BOUND, mb2.next_report())
-        .await?
-        .context("server-side middlebox report")?;
+    let mut reports = Vec::new();
+    for mb in [&mut mb1, &mut mb2, &mut mb3] {
+        reports.push(
+            tokio::time::timeout(BOUND, mb.next_report())
+                .await?
+                .context("middlebox report")?,
+        );
+    }
     let rs = tokio::time::timeout(BOUND, server.next_report())
         .await?
         .context("server report")?;
-    report(version, &client, &response, &r1, &r2, &rs, &taps)
+    report(version, &client, &response, &reports, &rs, &taps)
 }
 
 fn report(
     version: TlsVersion,
     client: &MbtlsClient,
     response: &[u8],
-    r1: &ConnectionReport,
-    r2: &ConnectionReport,
+    mbs: &[ConnectionReport],
     rs: &ServerConnectionReport,
-    taps: &[Tap; 3],
+    taps: &[Tap; 4],
 ) -> anyhow::Result<()> {
     let cs = client.summary().context("client summary")?;
     let ss = rs.summary.as_ref().context("server summary")?;
@@ -253,65 +277,77 @@ fn report(
         cs.version == version && ss.version == version,
         "negotiated version"
     );
-    let (Some(c1), Some(b1), Some(b2), Some(s2)) =
-        (r1.client_hop, r1.server_hop, r2.client_hop, r2.server_hop)
-    else {
-        anyhow::bail!("a middlebox did not install keys: {r1:?} {r2:?}");
-    };
+    ensure!(
+        cs.hops.len() == 3 && ss.hops.len() == 2,
+        "two client-side and one server-side middlebox"
+    );
+    let names = [CLIENT_MBS[0], CLIENT_MBS[1], SERVER_MB];
+    // Path order: client's two fresh hops, the bridge (both endpoints know it), server's hop.
     let hops = [
+        ("client", names[0], "client's fresh keys", cs.hops[0]),
+        (names[0], names[1], "client's fresh keys", cs.hops[1]),
         (
-            format!("client <-> {CLIENT_MB}"),
-            "client's fresh keys",
-            cs.hops[0],
-        ),
-        (
-            format!("{CLIENT_MB} <-> {SERVER_MB}"),
+            names[1],
+            names[2],
             "primary session keys (bridge)",
-            cs.hops[1],
+            cs.hops[2],
         ),
-        (
-            format!("{SERVER_MB} <-> {SERVER}"),
-            "server's fresh keys",
-            ss.hops[1],
-        ),
+        (names[2], SERVER, "server's fresh keys", ss.hops[1]),
     ];
-    for (i, (name, what, h)) in hops.iter().enumerate() {
-        println!("  hop {}: {name:<24} {what:<30} {}", i + 1, fp(h));
+    for (i, (a, b, what, h)) in hops.iter().enumerate() {
+        println!(
+            "  hop {}: {:<24} {what:<30} {}",
+            i + 1,
+            format!("{a} <-> {b}"),
+            fp(h)
+        );
     }
-    // Each party's view of each hop agrees; the endpoints share only the bridge.
+    // Every middlebox holds exactly its two hops, as the endpoints computed them.
     ensure!(
-        cs.hops.len() == 2 && ss.hops.len() == 2,
-        "one middlebox per side"
+        cs.hops[2] == ss.hops[0],
+        "the endpoints disagree on the bridge"
     );
-    ensure!(
-        c1 == cs.hops[0],
-        "{CLIENT_MB} and the client disagree on hop 1"
-    );
-    ensure!(
-        b1 == cs.hops[1] && b2 == ss.hops[0] && cs.hops[1] == ss.hops[0],
-        "the bridge differs between parties"
-    );
-    ensure!(
-        s2 == ss.hops[1],
-        "{SERVER_MB} and the server disagree on hop 3"
-    );
-    ensure!(
-        cs.hops[0] != ss.hops[1] && cs.hops[0] != cs.hops[1] && ss.hops[1] != ss.hops[0],
-        "hop keys repeat"
-    );
-    println!("    each hop's fingerprint as the two parties on it computed it: equal; the endpoints share only hop 2");
+    for (i, r) in mbs.iter().enumerate() {
+        let (Some(toward_client), Some(toward_server)) = (r.client_hop, r.server_hop) else {
+            anyhow::bail!("{} did not install keys: {r:?}", names[i]);
+        };
+        ensure!(
+            toward_client == hops[i].3 && toward_server == hops[i + 1].3,
+            "{} holds other keys than its endpoint gave it",
+            names[i]
+        );
+    }
+    for i in 0..hops.len() {
+        for j in i + 1..hops.len() {
+            ensure!(
+                hops[i].3 != hops[j].3,
+                "hops {} and {} share keys",
+                i + 1,
+                j + 1
+            );
+        }
+    }
+    println!("    each middlebox holds exactly its two hops; the endpoints share only the bridge");
 
-    match client.verdict() {
-        MiddleboxVerdict::Verified(Some(c)) => println!(
-            "  client verified {CLIENT_MB}: {} TEE, measurement {}…, before sending its key material",
-            c.tee,
-            &hex::encode(&c.measurement)[..16]
-        ),
-        other => anyhow::bail!("client's verdict on {CLIENT_MB}: {other:?}"),
+    let verdicts = client.verdicts();
+    ensure!(verdicts.len() == 2, "client verdicts: {verdicts:?}");
+    for v in verdicts {
+        match v {
+            MiddleboxVerdict::Verified(Some(c)) => println!(
+                "  client verified a middlebox: {} TEE, measurement {}…, before sending key material",
+                c.tee,
+                &hex::encode(&c.measurement)[..16]
+            ),
+            other => anyhow::bail!("client's verdict on a middlebox: {other:?}"),
+        }
     }
+    println!(
+        "  (both {} and {} passed, or the client would have sent no key material at all)",
+        names[0], names[1]
+    );
     match &rs.verdict {
         MiddleboxVerdict::Verified(Some(c)) => println!(
-            "  server verified {SERVER_MB}: {} TEE, measurement {}…, before sending its key material",
+            "  server verified {SERVER_MB}: {} TEE, measurement {}…, before sending key material",
             c.tee,
             &hex::encode(&c.measurement)[..16]
         ),
@@ -328,17 +364,17 @@ fn report(
         "  the backend received the request with: {}",
         inserted.join(" / ")
     );
+    let expected: Vec<String> = names
+        .iter()
+        .map(|n| format!("X-Mbtls-Middlebox: {n}"))
+        .collect();
     ensure!(
-        inserted
-            == [
-                format!("X-Mbtls-Middlebox: {CLIENT_MB}"),
-                format!("X-Mbtls-Middlebox: {SERVER_MB}")
-            ],
+        inserted == expected,
         "headers inserted by the middleboxes: {inserted:?}"
     );
 
     // On the wire: the request never in clear, and different ciphertext on every link.
-    let mut firsts = Vec::new();
+    let mut ups = Vec::new();
     for (i, tap) in taps.iter().enumerate() {
         let up = tap.bytes(0, Direction::ClientToServer);
         let down = tap.bytes(0, Direction::ServerToClient);
@@ -347,22 +383,26 @@ fn report(
             "plaintext on link {}",
             i + 1
         );
-        firsts.push(up);
         println!(
             "  link {}: {} bytes toward the server, {} back, no plaintext",
             i + 1,
-            firsts[i].len(),
+            up.len(),
             down.len()
         );
+        ups.push(up);
     }
     ensure!(
-        firsts[0] != firsts[1] && firsts[1] != firsts[2],
+        ups.windows(2).all(|w| w[0] != w[1]),
         "identical link captures"
     );
+    let outcomes: Vec<String> = names
+        .iter()
+        .zip(mbs)
+        .map(|(n, r)| format!("{n}: {}", outcome(&r.outcome)))
+        .collect();
     println!(
-        "  {CLIENT_MB}: {}; {SERVER_MB}: {}; server: {} request bytes to the backend",
-        outcome(&r1.outcome),
-        outcome(&r2.outcome),
+        "  {}; server: {} request bytes to the backend",
+        outcomes.join("; "),
         rs.bytes_to_backend
     );
     Ok(())

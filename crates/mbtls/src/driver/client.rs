@@ -27,6 +27,8 @@ pub struct MbtlsClient {
     stream: TcpStream,
     hs: ClientHandshake,
     verdict: MiddleboxVerdict,
+    /// Every verdict, in the order the middleboxes' evidence was checked.
+    verdicts: Vec<MiddleboxVerdict>,
     peer_closed: bool,
     buf: Vec<u8>,
 }
@@ -62,6 +64,7 @@ impl MbtlsClient {
             stream,
             hs,
             verdict: MiddleboxVerdict::Direct,
+            verdicts: Vec::new(),
             peer_closed: false,
             buf: vec![0u8; READ_BUF],
         };
@@ -82,9 +85,16 @@ impl MbtlsClient {
         self.hs.summary()
     }
 
-    /// The attestation/approval verdict on the middlebox.
+    /// The attestation/approval verdict on the middlebox (the last one checked, when there
+    /// are several).
     pub fn verdict(&self) -> &MiddleboxVerdict {
         &self.verdict
+    }
+
+    /// The verdict on each middlebox that spoke, in the order they were checked (empty for a
+    /// direct session).
+    pub fn verdicts(&self) -> &[MiddleboxVerdict] {
+        &self.verdicts
     }
 
     /// Encrypts and sends `data` to the server (through the middlebox).
@@ -151,10 +161,12 @@ impl MbtlsClient {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
                 ClientHandshakeEvent::MiddleboxVerified(claims) => {
-                    self.verdict = MiddleboxVerdict::Verified(claims)
+                    self.verdict = MiddleboxVerdict::Verified(claims);
+                    self.verdicts.push(self.verdict.clone());
                 }
                 ClientHandshakeEvent::MiddleboxExcluded(why) => {
-                    self.verdict = MiddleboxVerdict::Excluded(why)
+                    self.verdict = MiddleboxVerdict::Excluded(why);
+                    self.verdicts.push(self.verdict.clone());
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
