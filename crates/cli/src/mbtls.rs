@@ -39,8 +39,9 @@ pub struct MbtlsArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum MbtlsCommand {
-    /// Fetch an https:// URL through a pre-configured mbTLS middlebox and print the path, each
-    /// hop's key fingerprint, the attestation verdict, the TLS version, then the response.
+    /// Fetch an https:// URL through pre-configured mbTLS middleboxes (or any approved middlebox
+    /// on the path) and print the path, each hop's key fingerprint, the attestation verdicts,
+    /// the TLS version, then the response.
     /// Options: `[mbtls.client]` of the config file, overridden by these flags.
     Client(ClientFlags),
     /// Run an mbTLS middlebox: accept connections, connect each to the next hop, join the
@@ -114,12 +115,18 @@ struct ClientFlags {
     /// The URL to fetch (https://host[:port]/path); host is the server name checked in its
     /// certificate. The TCP connection goes to the middlebox, which knows the server's address.
     url: String,
-    /// Address of the middlebox (host:port).
+    /// Address of the first middlebox (host:port); without it the client connects to the URL's
+    /// host and port (discovery: a transparent middlebox on the path may join).
     #[arg(long)]
     middlebox: Option<String>,
-    /// Name the middlebox's certificate must carry (default: the host of --middlebox).
-    #[arg(long)]
-    middlebox_name: Option<String>,
+    /// Name the middlebox's certificate must carry (default: the host of --middlebox). Repeat
+    /// for several pre-configured middleboxes, in path order from the client.
+    #[arg(long = "middlebox-name")]
+    middlebox_names: Vec<String>,
+    /// Discovery: let a middlebox on the path join if its certificate carries this DNS name
+    /// (repeatable; the allow-list policy for discovered middleboxes).
+    #[arg(long = "allow-middlebox")]
+    allow_middleboxes: Vec<String>,
     /// CA certificates (PEM) that issue server certificates.
     #[arg(long)]
     server_ca: Option<PathBuf>,
@@ -190,8 +197,14 @@ pub struct MbtlsConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClientSettings {
-    middlebox: String,
+    middlebox: Option<String>,
     middlebox_name: Option<String>,
+    /// Several pre-configured middleboxes, in path order (instead of `middlebox_name`).
+    #[serde(default)]
+    middlebox_names: Vec<String>,
+    /// Discovery allow-list (instead of pre-configured names).
+    #[serde(default)]
+    allow_middleboxes: Vec<String>,
     server_ca: PathBuf,
     middlebox_ca: Option<PathBuf>,
     policy: Option<PathBuf>,
@@ -410,7 +423,23 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
 fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     let mut table = config.client.clone();
     set(&mut table, "middlebox", flags.middlebox);
-    set(&mut table, "middlebox_name", flags.middlebox_name);
+    match flags.middlebox_names.as_slice() {
+        [] => {}
+        [one] => set(&mut table, "middlebox_name", Some(one.clone())),
+        _ => {
+            table.insert(
+                "middlebox_names".into(),
+                toml::Value::Array(
+                    flags
+                        .middlebox_names
+                        .iter()
+                        .cloned()
+                        .map(toml::Value::String)
+                        .collect(),
+                ),
+            );
+        }
+    }
     set(&mut table, "server_ca", path_str(flags.server_ca));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
     set(&mut table, "policy", path_str(flags.policy));
@@ -419,6 +448,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
     for (key, list) in [
+        ("allow_middleboxes", flags.allow_middleboxes),
         ("measurements", flags.measurements),
         ("sim_platform_keys", flags.sim_platform_keys),
     ] {
@@ -441,13 +471,37 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
 
     let (server_name, authority, path) = parse_url(&flags.url)?;
-    let mbox_name = match &s.middlebox_name {
-        Some(n) => n.clone(),
-        None => s
-            .middlebox
-            .rsplit_once(':')
-            .map(|(h, _)| h.to_owned())
-            .unwrap_or_else(|| s.middlebox.clone()),
+    // Pre-configured names in path order, or discovery with an allow-list.
+    let names: Vec<String> = match (&s.middlebox_name, s.middlebox_names.is_empty()) {
+        (Some(_), false) => bail!("give middlebox_name or middlebox_names, not both"),
+        (Some(n), true) => vec![n.clone()],
+        (None, false) => s.middlebox_names.clone(),
+        (None, true) if s.allow_middleboxes.is_empty() => {
+            let addr = s
+                .middlebox
+                .as_deref()
+                .context("give --middlebox (and --middlebox-name) or --allow-middlebox")?;
+            vec![addr
+                .rsplit_once(':')
+                .map(|(h, _)| h.to_owned())
+                .unwrap_or_else(|| addr.to_owned())]
+        }
+        (None, true) => Vec::new(),
+    };
+    ensure!(
+        names.is_empty() || s.allow_middleboxes.is_empty(),
+        "pre-configured middleboxes and a discovery allow-list do not mix"
+    );
+    let first_hop = match &s.middlebox {
+        Some(m) => m.clone(),
+        None if names.is_empty() => {
+            if authority.contains(':') {
+                authority.clone()
+            } else {
+                format!("{authority}:443")
+            }
+        }
+        None => bail!("pre-configured middleboxes need --middlebox (the first one's address)"),
     };
     let version = s.tls.as_deref().map(parse_version).transpose()?;
     let policy = client_policy(&s)?;
@@ -462,14 +516,19 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     }
     primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
     primary.pause_after_handshake = true;
-    let secondary = TlsConfig::client(&mbox_name, mbox_ca);
+    let secondary = TlsConfig::client(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
+    let middlebox = match names.as_slice() {
+        [] => ClientMiddlebox::Discover(name_approver(s.allow_middleboxes.clone())),
+        [one] => ClientMiddlebox::Preconfigured(one.clone()),
+        _ => ClientMiddlebox::PreconfiguredPath(names.clone()),
+    };
     let cfg = ClientHandshakeConfig {
         primary: Arc::new(OpenSslContext::new(&primary).context("client TLS configuration")?),
         server_name: server_name.clone(),
         secondary: Arc::new(
             OpenSslContext::new(&secondary).context("middlebox TLS configuration")?,
         ),
-        middlebox: ClientMiddlebox::Preconfigured(mbox_name.clone()),
+        middlebox,
         policy,
         now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
     };
@@ -477,7 +536,16 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
     );
     let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
-    let middlebox_addr = s.middlebox.clone();
+    let middlebox_addr = first_hop;
+    let path_names = if names.is_empty() {
+        println!(
+            "discovery: a middlebox on the path may join if its certificate names {}",
+            s.allow_middleboxes.join(" or ")
+        );
+        vec!["discovered middlebox".to_string()]
+    } else {
+        names.clone()
+    };
     runtime()?.block_on(async move {
         let fetch = async {
             let mut c =
@@ -487,7 +555,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
                     .map_err(|e| {
                         anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
                     })?;
-            print_session(&c, &mbox_name, &middlebox_addr, &server_name);
+            print_session(&c, &path_names, &middlebox_addr, &server_name);
             let body = c
                 .read_to_end()
                 .await
@@ -504,35 +572,64 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     })
 }
 
-fn print_session(c: &MbtlsClient, mbox_name: &str, mbox_addr: &str, server: &str) {
-    println!("path: client -> {mbox_name} ({mbox_addr}) -> {server}");
+fn print_session(c: &MbtlsClient, names: &[String], first_hop: &str, server: &str) {
+    let path: Vec<&str> = names.iter().map(String::as_str).collect();
+    println!(
+        "path: client -> {} ({first_hop}) -> {server}",
+        path.join(" -> ")
+    );
     if let Some(sum) = c.summary() {
         println!("{}, {}", version_name(sum.version), sum.suite.name());
-        let names = if sum.middlebox_joined {
-            vec![
-                format!("client <-> {mbox_name} (fresh keys)"),
-                format!("{mbox_name} <-> {server} (primary session keys)"),
-            ]
+        let labels: Vec<String> = if sum.middlebox_joined {
+            let mut nodes = vec!["client".to_string()];
+            nodes.extend(names.iter().cloned());
+            nodes.push(server.to_string());
+            nodes
+                .windows(2)
+                .enumerate()
+                .map(|(i, w)| {
+                    let what = if i + 2 == nodes.len() {
+                        "primary session keys"
+                    } else {
+                        "fresh keys"
+                    };
+                    format!("{} <-> {} ({what})", w[0], w[1])
+                })
+                .collect()
         } else {
             vec![format!("client <-> {server} (primary session keys)")]
         };
-        for (i, (hop, name)) in sum.hops.iter().zip(names).enumerate() {
+        for (i, (hop, name)) in sum.hops.iter().zip(labels).enumerate() {
             println!("hop {}: {name}: {}", i + 1, fp(hop));
         }
     }
-    match c.verdict() {
-        MiddleboxVerdict::Verified(Some(claims)) => println!(
-            "attestation: {mbox_name} verified ({} TEE, measurement {}, signer {}, svn {})",
-            claims.tee,
-            hex::encode(&claims.measurement),
-            hex::encode(&claims.signer),
-            claims.svn,
-        ),
-        MiddleboxVerdict::Verified(None) => {
-            println!("attestation: {mbox_name} sent no evidence (the policy does not require it)")
+    if c.verdicts().is_empty() {
+        println!("attestation: no middlebox took part");
+    }
+    for v in c.verdicts() {
+        match v {
+            MiddleboxVerdict::Verified(Some(claims)) => println!(
+                "attestation: {} verified ({} TEE, measurement {}, signer {}, svn {})",
+                if names.len() == 1 {
+                    names[0].as_str()
+                } else {
+                    "middlebox"
+                },
+                claims.tee,
+                hex::encode(&claims.measurement),
+                hex::encode(&claims.signer),
+                claims.svn,
+            ),
+            MiddleboxVerdict::Verified(None) => {
+                println!(
+                    "attestation: a middlebox sent no evidence (the policy does not require it)"
+                )
+            }
+            MiddleboxVerdict::Excluded(why) => {
+                println!("attestation: a middlebox was excluded: {why}")
+            }
+            MiddleboxVerdict::Direct => println!("attestation: no middlebox took part"),
         }
-        MiddleboxVerdict::Excluded(why) => println!("attestation: {mbox_name} excluded: {why}"),
-        MiddleboxVerdict::Direct => println!("attestation: no middlebox took part"),
     }
 }
 

@@ -347,3 +347,149 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert!(srv_report.contains("closed cleanly"), "{srv_report}");
     }
 }
+
+#[test]
+fn client_through_two_middleboxes_and_through_a_discovered_one() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new("mbx cli mbtls path root").unwrap();
+    let server = pki
+        .issue(&LeafSpec::server("server.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "server")
+        .unwrap();
+    let nginx = Nginx::from_files(&server)
+        .log_header("X-Mb0")
+        .log_header("X-Mb1")
+        .start()
+        .unwrap();
+    let platform = dir.path().join("platform.key");
+    let start_mb = |name: &str, header: &str, next_hop: &str| {
+        let files = pki
+            .issue(&LeafSpec::middlebox(name))
+            .unwrap()
+            .write_to_named(dir.path(), name)
+            .unwrap();
+        let app = format!("http-header:{header}:{name}");
+        let (guard, _lines, head) = start(
+            &[
+                OsStr::new("mbtls"),
+                OsStr::new("middlebox"),
+                OsStr::new("--listen"),
+                OsStr::new("127.0.0.1:0"),
+                OsStr::new("--next-hop"),
+                OsStr::new(next_hop),
+                OsStr::new("--certificate"),
+                files.chain.as_os_str(),
+                OsStr::new("--private-key"),
+                files.key.as_os_str(),
+                OsStr::new("--app"),
+                OsStr::new(&app),
+                OsStr::new("--attester"),
+                OsStr::new("sim"),
+                OsStr::new("--sim-platform-key"),
+                platform.as_os_str(),
+            ],
+            3,
+        );
+        let line = head[2].clone();
+        let after = |word: &str| {
+            let i = line.find(word).unwrap() + word.len();
+            line[i..].split_whitespace().next().unwrap().to_owned()
+        };
+        (
+            guard,
+            listening_addr(&head[0]),
+            after("platform key "),
+            after("measurement "),
+        )
+    };
+    // mb0 is nearer the server; mb1 is the client's first hop.
+    let (_g0, mb0, platform_key, m0) = start_mb("mb0.test", "X-Mb0", &nginx.addr().to_string());
+    let (_g1, mb1, _, m1) = start_mb("mb1.test", "X-Mb1", &mb0);
+    let fetch = |extra: &[&str]| {
+        let out = mbx()
+            .args([
+                "mbtls",
+                "client",
+                "https://server.test/path",
+                "--middlebox",
+                &mb1,
+            ])
+            .args(extra)
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .args(["--allow-simulated", "--sim-platform-key", &platform_key])
+            .args(["--measurement", &m0, "--measurement", &m1])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, text, err) = fetch(&[
+        "--middlebox-name",
+        "mb1.test",
+        "--middlebox-name",
+        "mb0.test",
+    ]);
+    assert!(ok, "{text}{err}");
+    for expected in [
+        "path: client -> mb1.test -> mb0.test",
+        "hop 1: client <-> mb1.test (fresh keys)",
+        "hop 2: mb1.test <-> mb0.test (fresh keys)",
+        "hop 3: mb0.test <-> server.test (primary session keys)",
+        "status: HTTP/1.1 200 OK",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert_eq!(
+        text.matches("attestation: middlebox verified (sim TEE")
+            .count(),
+        2,
+        "{text}"
+    );
+    // Both apps ran, each once.
+    nginx
+        .wait_access_log(|l| {
+            l.contains("/path")
+                && l.contains("x-mb0=\"mb0.test\"")
+                && l.contains("x-mb1=\"mb1.test\"")
+        })
+        .unwrap();
+
+    // Discovery through the same two: only one optimistic hello is offered, so the middlebox
+    // nearest the server (mb0) joins if the allow-list names it; mb1 forwards unchanged.
+    let (ok, text, err) = fetch(&["--allow-middlebox", "mb0.test"]);
+    assert!(ok, "{text}{err}");
+    assert!(
+        text.contains(
+            "discovery: a middlebox on the path may join if its certificate names mb0.test"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("attestation: discovered middlebox verified (sim TEE"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hop 2: ") && !text.contains("hop 3: "),
+        "{text}"
+    );
+    nginx
+        .wait_access_log(|l| l.contains("x-mb0=\"mb0.test\" x-mb1=\"-\""))
+        .unwrap();
+    // Not on the allow-list: excluded, and the session continues without it.
+    let (ok, text, err) = fetch(&["--allow-middlebox", "someone-else.test"]);
+    assert!(ok, "{text}{err}");
+    assert!(
+        text.contains("attestation: a middlebox was excluded: not approved"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hop 1: client <-> server.test (primary session keys)"),
+        "{text}"
+    );
+}
