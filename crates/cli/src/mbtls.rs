@@ -83,9 +83,9 @@ struct ServerFlags {
     #[arg(long)]
     private_key: Option<PathBuf>,
     /// A pre-configured server-side middlebox: every session must include it, with a
-    /// certificate for this name.
-    #[arg(long)]
-    middlebox_name: Option<String>,
+    /// certificate for this name. Repeat for several, in path order from the client.
+    #[arg(long = "middlebox-name")]
+    middlebox_names: Vec<String>,
     /// Approve a discovered (announcing) middlebox whose certificate carries this DNS name
     /// (repeatable). Without this and --middlebox-name every announcing middlebox is excluded.
     #[arg(long = "allow-middlebox")]
@@ -246,7 +246,9 @@ struct ServerSettings {
     backend: String,
     certificate: PathBuf,
     private_key: PathBuf,
-    middlebox_name: Option<String>,
+    /// Pre-configured server-side middleboxes, in path order from the client.
+    #[serde(default)]
+    middlebox_names: Vec<String>,
     #[serde(default)]
     allow_middleboxes: Vec<String>,
     middlebox_ca: Option<PathBuf>,
@@ -829,7 +831,6 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "backend", flags.backend);
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
-    set(&mut table, "middlebox_name", flags.middlebox_name);
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
@@ -837,6 +838,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
     for (key, list) in [
+        ("middlebox_names", flags.middlebox_names),
         ("allow_middleboxes", flags.allow_middleboxes),
         ("measurements", flags.measurements),
         ("sim_platform_keys", flags.sim_platform_keys),
@@ -893,20 +895,28 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     primary.pause_after_handshake = true;
     // Resumption through middleboxes is not supported: full handshakes only.
     primary.session_tickets = false;
-    let (middlebox, described) = match (&s.middlebox_name, s.allow_middleboxes.is_empty()) {
-        (Some(_), false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
-        (Some(name), true) => (
+    let names = s.middlebox_names.clone();
+    let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
+        ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
+        ([name], true) => (
             ServerMiddlebox::Preconfigured(name.clone()),
             format!("pre-configured {name} (required)"),
         ),
-        (None, false) => (
+        ([_, _, ..], true) => (
+            ServerMiddlebox::PreconfiguredPath(names.clone()),
+            format!(
+                "pre-configured {} (all required, in this order from the client)",
+                names.join(" -> ")
+            ),
+        ),
+        ([], false) => (
             ServerMiddlebox::Discover(name_approver(s.allow_middleboxes.clone())),
             format!(
                 "discovered, approved if named {}",
                 s.allow_middleboxes.join(", ")
             ),
         ),
-        (None, true) => (
+        ([], true) => (
             ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
             "none accepted (announcing middleboxes are excluded)".to_string(),
         ),
@@ -915,12 +925,12 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     // store, so only a middlebox certified by the server's own CA chain could pass.
     let mbox_ca = match &s.middlebox_ca {
         Some(p) => read(p, "middlebox CA file")?,
-        None if s.middlebox_name.is_some() || !s.allow_middleboxes.is_empty() => {
+        None if !names.is_empty() || !s.allow_middleboxes.is_empty() => {
             bail!("--middlebox-ca is required with --middlebox-name or --allow-middlebox")
         }
         None => chain,
     };
-    let secondary = TlsConfig::client(s.middlebox_name.as_deref().unwrap_or("middlebox"), mbox_ca);
+    let secondary = TlsConfig::client(names.first().map_or("middlebox", String::as_str), mbox_ca);
     let cfg = MbtlsServerConfig {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),

@@ -78,9 +78,18 @@ impl Setup {
     }
 
     fn server(&self, version: TlsVersion, middlebox: ServerMiddlebox) -> ServerHandshake {
+        self.server_with(version, middlebox, "mb2.test")
+    }
+
+    fn server_with(
+        &self,
+        version: TlsVersion,
+        middlebox: ServerMiddlebox,
+        default_name: &str,
+    ) -> ServerHandshake {
         let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
         primary.pause_after_handshake = true;
-        let secondary = TlsConfig::client("mb2.test", self.root.clone());
+        let secondary = TlsConfig::client(default_name, self.root.clone());
         ServerHandshake::new(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
@@ -769,4 +778,155 @@ fn one_of_two_preconfigured_middleboxes_failing_policy_stops_all_key_material() 
         assert!(!m.keys_installed());
     }
     assert!(path.last().read().is_empty());
+}
+
+fn server_mb(s: &Setup, name: &str) -> Node {
+    Node::ServerSideMb(
+        ServerSideMiddlebox::new(s.middlebox(name, PROGRAM), tagger(name), true).unwrap(),
+    )
+}
+
+fn server_path(s: &Setup, version: TlsVersion, names: &[&str]) -> Node {
+    Node::Server(s.server_with(
+        version,
+        ServerMiddlebox::PreconfiguredPath(names.iter().map(|n| n.to_string()).collect()),
+        names[0],
+    ))
+}
+
+#[test]
+fn two_server_side_middleboxes_behind_a_legacy_client_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            server_mb(&s, "mb2.test"),
+            server_mb(&s, "mb3.test"),
+            server_path(&s, version, &["mb2.test", "mb3.test"]),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.first().write(REQUEST);
+        path.pump();
+        path.last().write(b"response");
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
+            "{version:?}"
+        );
+        assert_eq!(path.first().read(), b"RESPONSE");
+        let ss = path.server().summary().unwrap().clone();
+        // bridge (client↔mb2), mb2↔mb3, mb3↔server.
+        assert_eq!(ss.hops.len(), 3);
+        assert!(ss.hops[0] != ss.hops[1] && ss.hops[1] != ss.hops[2]);
+        for (i, node) in [(0usize, 1usize), (1, 2)] {
+            let Node::ServerSideMb(m) = &path.nodes[node] else {
+                unreachable!()
+            };
+            let (r, w) = m.relay().unwrap().key_fingerprints(Side::Server);
+            assert_eq!(
+                (w.unwrap(), r.unwrap()),
+                (ss.hops[i + 1].c2s, ss.hops[i + 1].s2c)
+            );
+        }
+    }
+}
+
+#[test]
+fn request_in_the_finished_flight_crosses_two_server_side_middleboxes_once() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut client = s.legacy_client(version);
+        let mut m2 = server_mb(&s, "mb2.test");
+        let mut m3 = server_mb(&s, "mb3.test");
+        let mut server = server_path(&s, version, &["mb2.test", "mb3.test"]);
+        client.process().unwrap();
+        let mut written = false;
+        for _ in 0..50 {
+            if !written && !client.is_handshaking() {
+                // In the flight of the client's Finished (TLS 1.3) or right after (TLS 1.2).
+                client.write_plaintext(REQUEST).unwrap();
+                written = true;
+            }
+            let a = client.take_outgoing();
+            m2.receive(Side::Client, &a).unwrap();
+            let b = m2.take_outgoing(Side::Server);
+            m3.receive(Side::Client, &b).unwrap();
+            let c = m3.take_outgoing(Side::Server);
+            server.receive(Side::Client, &c).unwrap();
+            let d = server.take_outgoing(Side::Client);
+            m3.receive(Side::Server, &d).unwrap();
+            let e = m3.take_outgoing(Side::Client);
+            m2.receive(Side::Server, &e).unwrap();
+            let f = m2.take_outgoing(Side::Client);
+            client.feed(&f);
+            client.process().unwrap();
+            if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
+                break;
+            }
+        }
+        assert!(written);
+        assert_eq!(
+            server.read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
+            "{version:?}"
+        );
+    }
+}
+
+#[test]
+fn two_middleboxes_on_each_side_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb0.test"]),
+            client_mb(&s, "mb1.test"),
+            client_mb(&s, "mb0.test"),
+            server_mb(&s, "mb2.test"),
+            server_mb(&s, "mb3.test"),
+            server_path(&s, version, &["mb2.test", "mb3.test"]),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        path.last().write(b"response");
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
+            "{version:?}"
+        );
+        assert_eq!(path.first().read(), b"RESPONSE");
+        let Node::Client(c) = path.first() else {
+            unreachable!()
+        };
+        let cs = c.summary().unwrap().clone();
+        let ss = path.server().summary().unwrap().clone();
+        assert_eq!(cs.hops.last(), ss.hops.first());
+        assert_eq!(cs.hops.len() + ss.hops.len() - 1, 5);
+    }
+}
+
+#[test]
+fn a_third_announcing_middlebox_is_refused() {
+    let s = Setup::new();
+    let mut path = Path::new(vec![
+        Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+        server_mb(&s, "mb2.test"),
+        server_mb(&s, "mb3.test"),
+        Node::Server(s.server(
+            TlsVersion::Tls13,
+            ServerMiddlebox::Preconfigured("mb2.test".into()),
+        )),
+    ]);
+    path.first().receive(Side::Server, &[]).unwrap();
+    path.pump();
+    let err = path.errors[3].clone().unwrap_or_default();
+    assert!(
+        err.contains("more middleboxes announced themselves"),
+        "{:?}",
+        path.errors
+    );
 }

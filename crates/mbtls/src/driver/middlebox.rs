@@ -19,7 +19,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::{DriverError, READ_BUF};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
-    MiddleboxHandshakeEvent, ServerSideMiddlebox,
+    MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
 };
 use crate::hop::Side;
 use crate::relay::{MiddleboxRelay, RelayEvent};
@@ -250,10 +250,13 @@ async fn serve(
     let announce = !shared.is_legacy(&shared.cfg.next_hop);
     if let Err(e) = relay(client, &shared.cfg, announce, &mut report).await {
         report.outcome = Err(e.to_string());
-        if report.announced && !report.joined {
-            report.legacy_server = true;
-            shared.remember_legacy(&shared.cfg.next_hop);
-        }
+    }
+    // A server that refused our announcement (alert, or a failed session without an answer)
+    // is legacy: later sessions are not announced to it.
+    let refused = report.outcome.is_err() || report.passive == Some(ANNOUNCEMENT_REFUSED);
+    if report.announced && !report.joined && refused {
+        report.legacy_server = true;
+        shared.remember_legacy(&shared.cfg.next_hop);
     }
     report
 }

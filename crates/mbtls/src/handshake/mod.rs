@@ -21,7 +21,7 @@ pub use endpoint_core::{
 };
 pub use middlebox::{MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
-pub use server_side::{ServerSideMiddlebox, MAX_COPIED_BYTES};
+pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, MAX_COPIED_BYTES};
 
 use mbx_attest::AttestError;
 use mbx_engine::EngineError;

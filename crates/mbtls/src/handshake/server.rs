@@ -1,5 +1,6 @@
-//! The mbTLS server's handshake with (at most) one server-side middlebox (sans-I/O), which
-//! announces itself (pre-configured: must, discovered: may, if the application approves).
+//! The mbTLS server's handshake with its server-side middleboxes (sans-I/O), which announce
+//! themselves (pre-configured: each must, in path order; discovered: one may, if the
+//! application approves).
 //!
 //! The primary handshake runs in a real OpenSSL server engine, paused right after it completes;
 //! the client may be legacy (curl, `openssl s_client`) or mbTLS. When a
@@ -27,6 +28,9 @@ pub enum ServerMiddlebox {
     /// Configured by the server's operator: must announce itself, and its certificate must be
     /// valid for this name.
     Preconfigured(String),
+    /// Several configured by the server's operator, in path order from the client: all must
+    /// announce themselves, each with a certificate for its name.
+    PreconfiguredPath(Vec<String>),
     /// A middlebox on the path may announce itself; its chain must verify against the secondary
     /// context's roots and the approver must accept it. Without one the session is direct.
     Discover(Approver),
@@ -59,11 +63,11 @@ pub struct ServerHandshake {
 impl ServerHandshake {
     pub fn new(cfg: ServerHandshakeConfig) -> Result<Self, HandshakeError> {
         let primary = cfg.primary.engine()?;
-        let approver = match &cfg.middlebox {
-            ServerMiddlebox::Preconfigured(_) => None,
-            ServerMiddlebox::Discover(a) => Some(a.clone()),
+        let (approver, required) = match &cfg.middlebox {
+            ServerMiddlebox::Preconfigured(_) => (None, 1),
+            ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),
+            ServerMiddlebox::Discover(a) => (Some(a.clone()), 0),
         };
-        let required = usize::from(approver.is_none());
         let core = EndpointCore::new(
             Role::Server,
             cfg.policy.clone(),
@@ -160,20 +164,33 @@ fn announced(
     core: &mut EndpointCore,
     subchannel: u8,
 ) -> Result<(), HandshakeError> {
-    if !core.slots.is_empty() {
-        return Err(HandshakeError::Protocol(
-            "several server-side middleboxes are not supported yet",
-        ));
-    }
+    // Announcements arrive in path order (the nearest the client first); each is answered by
+    // the engine for the next configured name.
+    let k = core.slots.len();
+    let name = match &cfg.middlebox {
+        ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name.as_str()),
+        ServerMiddlebox::PreconfiguredPath(names) => match names.get(k) {
+            Some(n) => Some(n.as_str()),
+            None => {
+                return Err(HandshakeError::Protocol(
+                    "more middleboxes announced themselves than are configured",
+                ))
+            }
+        },
+        // Discovered: one at most, since an excluded middlebox between two joined ones would
+        // leave its neighbour waiting for a switch that never comes.
+        ServerMiddlebox::Discover(_) if k == 0 => None,
+        _ => {
+            return Err(HandshakeError::Protocol(
+                "more middleboxes announced themselves than are configured",
+            ))
+        }
+    };
     if core.data_phase_started() {
         return Err(HandshakeError::Protocol(
             "middlebox announcement after the handshake",
         ));
     }
-    let name = match &cfg.middlebox {
-        ServerMiddlebox::Preconfigured(name) => Some(name.as_str()),
-        ServerMiddlebox::Discover(_) => None,
-    };
     let mut engine = cfg.secondary.engine_for(name)?;
     engine.process()?;
     let mut slot = Slot::new(subchannel, engine);

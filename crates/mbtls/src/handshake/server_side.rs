@@ -1,8 +1,10 @@
 //! A server-side middlebox's handshake (sans-I/O), pre-configured by the server or on its path.
 //!
-//! Forwards the primary handshake unchanged and, right behind the ClientHello, sends a
+//! Forwards the primary handshake unchanged and, right before the ClientHello, sends a
 //! `MiddleboxAnnouncement` toward the server on the lowest subchannel not used by a middlebox
-//! nearer the client. An mbTLS server answers with a secondary ClientHello there; our TLS
+//! nearer the client (their announcements precede the ClientHello in the stream, so the choice
+//! is deterministic; the paper sends it after the ClientHello, which leaves the ids of several
+//! server-side middleboxes to a race). An mbTLS server answers with a secondary ClientHello there; our TLS
 //! server engine answers it, sends exporter-bound evidence as 0.5-RTT data in the same flight
 //! (TLS 1.3; after the handshake in TLS 1.2) and waits for the server's key material.
 //!
@@ -35,6 +37,10 @@ use crate::wire::{
 /// It is what a client can send in about one round trip between us and the server.
 pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
 
+/// Why a server-side middlebox goes passive when the server answers its announcement with a
+/// (plaintext) alert: a legacy server refusing the unknown record type.
+pub const ANNOUNCEMENT_REFUSED: &str = "the server did not answer the announcement";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Before the ClientHello went by.
@@ -65,7 +71,16 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     used_ids: BTreeSet<u8>,
     subchannel: u8,
     engine: Option<OpenSslEngine>,
+    /// The whole ClientHello went by.
+    hello_done: bool,
     announced: bool,
+    /// A middlebox nearer the client announced itself too (it joins: several server-side
+    /// middleboxes are pre-configured). It re-sends the client's records through its app once
+    /// it switches, so what it forwarded raw before is not ours to relay.
+    neighbour: bool,
+    /// Switched, the neighbour not yet: its raw records are dropped until its marker (the first
+    /// encapsulated record from it after our switch: its secondary close_notify).
+    awaiting_neighbour_marker: bool,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     evidence_sent: bool,
@@ -102,7 +117,10 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             used_ids: BTreeSet::new(),
             subchannel: 0,
             engine: None,
+            hello_done: false,
             announced: false,
+            neighbour: false,
+            awaiting_neighbour_marker: false,
             answered: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
@@ -142,6 +160,13 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             let Some(piece) = piece else {
                 return Ok(());
             };
+            if from == Side::Client && self.awaiting_neighbour_marker {
+                // Raw records under the bridge keys: the neighbour re-sends them through its app.
+                if let Piece::Sub { .. } = piece {
+                    self.awaiting_neighbour_marker = false;
+                }
+                continue;
+            }
             if let Some(relay) = self.relay.as_mut() {
                 let raw = match &piece {
                     Piece::Primary(r) => r.as_bytes(),
@@ -162,18 +187,28 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         match piece {
             Piece::Sub { enc, raw } => {
                 // Announcements (and secondary records) of middleboxes nearer the client.
-                if self.mode == Mode::Hello {
+                if !self.announced && !self.hello_done {
                     self.used_ids.insert(enc.subchannel);
                 }
                 self.out_server.extend_from_slice(raw.as_bytes());
                 Ok(())
             }
+            Piece::Primary(rec) if !self.hello_done => {
+                // Our announcement goes right before the ClientHello: the announcements of
+                // middleboxes nearer the client are then already in the stream ahead of it, so
+                // the lowest free subchannel id is known.
+                if self.announce && !self.announced && rec.content_type() == ContentType::HANDSHAKE
+                {
+                    self.announce_now()?;
+                }
+                self.out_server.extend_from_slice(rec.as_bytes());
+                self.look_for_client_hello(&rec)
+            }
             Piece::Primary(rec) => {
                 self.out_server.extend_from_slice(rec.as_bytes());
                 match self.mode {
-                    Mode::Hello => self.look_for_client_hello(&rec),
                     Mode::Announced | Mode::Joined => self.copy(rec),
-                    Mode::Passive => Ok(()),
+                    Mode::Hello | Mode::Passive => Ok(()),
                 }
             }
         }
@@ -208,10 +243,16 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 "first client message is not a ClientHello",
             ));
         }
+        self.hello_done = true;
         if !self.announce {
             self.go_passive("not announcing to this server");
-            return Ok(());
         }
+        Ok(())
+    }
+
+    /// Sends our MiddleboxAnnouncement toward the server on the lowest free subchannel.
+    fn announce_now(&mut self) -> Result<(), HandshakeError> {
+        self.neighbour = !self.used_ids.is_empty();
         let id = (0..=u8::MAX)
             .find(|id| !self.used_ids.contains(id))
             .ok_or(HandshakeError::Protocol("no free subchannel"))?;
@@ -243,7 +284,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 }
                 if self.mode == Mode::Announced && rec.content_type() == ContentType::ALERT {
                     // A legacy server refuses the unknown record type; the driver remembers it.
-                    self.go_passive("the server did not answer the announcement");
+                    self.go_passive(ANNOUNCEMENT_REFUSED);
                 }
                 self.out_client.extend_from_slice(rec.as_bytes());
                 Ok(())
@@ -364,7 +405,11 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         // Raw-forwarded client records from the first that opens under the bridge keys on are
         // application epoch: the server dropped them, they go through the app now.
         let first = first_application_record(version, &km.toward_client.c2s, &self.copies);
-        let replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
+        let mut replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
+        if self.neighbour {
+            replay.clear();
+            self.awaiting_neighbour_marker = true;
+        }
         let mut relay = MiddleboxRelay::new(km, app)?;
         // The marker: everything we send the server after it is under the fresh hop's keys.
         if let Some(engine) = self.engine.as_mut() {
