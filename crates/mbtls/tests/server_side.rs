@@ -930,3 +930,49 @@ fn a_third_announcing_middlebox_is_refused() {
         path.errors
     );
 }
+
+mod arbitrary_input {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    fn shared() -> &'static Setup {
+        static S: OnceLock<Setup> = OnceLock::new();
+        S.get_or_init(Setup::new)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Arbitrary bytes from either side, after a real ClientHello or instead of one, never
+        /// panic a server-side middlebox or an mbTLS server; errors are typed.
+        #[test]
+        fn never_panics(
+            from_client in proptest::collection::vec(any::<u8>(), 0..400),
+            from_server in proptest::collection::vec(any::<u8>(), 0..400),
+            real_hello in any::<bool>(),
+            flip in (any::<usize>(), any::<u8>()),
+        ) {
+            let s = shared();
+            let mut client = s.legacy_client(TlsVersion::Tls13);
+            client.process().unwrap();
+            let mut ch = client.take_outgoing();
+            let mut mb = ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
+            let mut server = s.server(TlsVersion::Tls13, ServerMiddlebox::Preconfigured("mb2.test".into()));
+            if real_hello {
+                let _ = mb.receive(Side::Client, &ch);
+                let _ = server.receive(&mb.take_outgoing(Side::Server));
+                let _ = mb.receive(Side::Server, &server.take_outgoing());
+            }
+            let _ = mb.receive(Side::Client, &from_client);
+            let _ = mb.receive(Side::Server, &from_server);
+            let _ = server.receive(&from_client);
+            // A flipped ClientHello, then garbage.
+            let n = ch.len();
+            ch[flip.0 % n] ^= flip.1;
+            let mut server2 = s.server(TlsVersion::Tls13, ServerMiddlebox::Preconfigured("mb2.test".into()));
+            let _ = server2.receive(&ch);
+            let _ = server2.receive(&from_server);
+        }
+    }
+}
