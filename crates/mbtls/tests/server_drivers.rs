@@ -367,3 +367,52 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         "{report:?}"
     );
 }
+
+/// A backend that reads the request and never answers (the session stays open).
+async fn silent_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
+    let w = World::new();
+    let backend = silent_backend().await;
+    let version = TlsVersion::Tls13;
+    let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
+        .await
+        .unwrap();
+    let mb2 = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+    )
+    .await
+    .unwrap();
+    // An mbTLS client with no middlebox of its own (discovery, none on its side).
+    let mut cfg = w.client(version);
+    cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+    let mut client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(mb2.local_addr(), cfg, b"GET / HTTP/1.1\r\n\r\n"),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // The middlebox process dies mid-session.
+    drop(mb2);
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(read.is_err(), "{read:?}");
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    assert!(report.outcome.is_err(), "{report:?}");
+    assert!(
+        matches!(report.verdict, MiddleboxVerdict::Verified(_)),
+        "{report:?}"
+    );
+}
