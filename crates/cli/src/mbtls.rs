@@ -151,6 +151,11 @@ struct ClientFlags {
     /// Give up after this many seconds (default 30).
     #[arg(long)]
     timeout_secs: Option<u64>,
+    /// Act as a local proxy instead of fetching once: listen here (e.g. 127.0.0.1:8080) and
+    /// carry each accepted plain-TCP connection over its own mbTLS session to the URL's server
+    /// (e.g. `curl http://127.0.0.1:8080/` then reaches the server through the middleboxes).
+    #[arg(long)]
+    proxy: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -534,6 +539,9 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         policy,
         now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
     };
+    if let Some(listen) = flags.proxy {
+        return local_proxy(&listen, &first_hop, cfg);
+    }
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
     );
@@ -996,4 +1004,50 @@ fn print_server_report(r: &ServerConnectionReport) {
         Err(e) => line.push_str(&format!("; ended with error: {e}")),
     }
     println!("{line}");
+}
+
+/// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session.
+fn local_proxy(listen: &str, first_hop: &str, cfg: ClientHandshakeConfig) -> anyhow::Result<()> {
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        println!(
+            "mbTLS client proxy listening on {}, sessions to {} via {first_hop}",
+            listener.local_addr()?,
+            cfg.server_name
+        );
+        let mut id = 0u64;
+        loop {
+            let (local, peer) = tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    r.context("cannot wait for Ctrl-C")?;
+                    println!("proxy stopping");
+                    return Ok(());
+                }
+                a = listener.accept() => a.context("accept failed")?,
+            };
+            let (cfg, first_hop) = (cfg.clone(), first_hop.to_string());
+            let n = id;
+            id += 1;
+            tokio::spawn(async move {
+                let line = match MbtlsClient::connect(first_hop.as_str(), cfg).await {
+                    Ok(session) => {
+                        let hops = session
+                            .summary()
+                            .map(|s| s.hops.iter().map(fp).collect::<Vec<_>>().join(" | "))
+                            .unwrap_or_default();
+                        match session.proxy(local).await {
+                            Ok((up, down)) => {
+                                format!("connection {n} from {peer}: {up} bytes up, {down} down; hops {hops}; closed cleanly")
+                            }
+                            Err(e) => format!("connection {n} from {peer}: hops {hops}; ended with error: {e}"),
+                        }
+                    }
+                    Err(e) => format!("connection {n} from {peer}: mbTLS session failed: {e}"),
+                };
+                println!("{line}");
+            });
+        }
+    })
 }

@@ -493,3 +493,82 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         "{text}"
     );
 }
+
+#[test]
+fn client_as_a_local_proxy_carries_curl_over_mbtls() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new("mbx cli mbtls proxy root").unwrap();
+    let server = pki
+        .issue(&LeafSpec::server("server.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "server")
+        .unwrap();
+    let mbox = pki
+        .issue(&LeafSpec::middlebox("mb.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "mbox")
+        .unwrap();
+    let nginx = Nginx::from_files(&server)
+        .log_header("X-Mbtls")
+        .start()
+        .unwrap();
+    let next_hop = nginx.addr().to_string();
+    let (_mb, _mb_lines, head) = start(
+        &[
+            OsStr::new("mbtls"),
+            OsStr::new("middlebox"),
+            OsStr::new("--listen"),
+            OsStr::new("127.0.0.1:0"),
+            OsStr::new("--next-hop"),
+            OsStr::new(&next_hop),
+            OsStr::new("--certificate"),
+            mbox.chain.as_os_str(),
+            OsStr::new("--private-key"),
+            mbox.key.as_os_str(),
+            OsStr::new("--app"),
+            OsStr::new("http-header:X-Mbtls:via-proxy"),
+        ],
+        3,
+    );
+    let mb_addr = listening_addr(&head[0]);
+    // No evidence from this middlebox (attester none): the client's policy says so explicitly.
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[attestation]\nrequired = false\n").unwrap();
+    let (_proxy, mut proxy_lines, phead) = start(
+        &[
+            OsStr::new("mbtls"),
+            OsStr::new("client"),
+            OsStr::new("https://server.test/"),
+            OsStr::new("--middlebox"),
+            OsStr::new(&mb_addr),
+            OsStr::new("--middlebox-name"),
+            OsStr::new("mb.test"),
+            OsStr::new("--server-ca"),
+            server.ca.as_os_str(),
+            OsStr::new("--policy"),
+            policy.as_os_str(),
+            OsStr::new("--proxy"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+        1,
+    );
+    let proxy_addr = listening_addr(&phead[0]);
+    let port: u16 = proxy_addr.rsplit(':').next().unwrap().parse().unwrap();
+    let out = mbx_testbed::Curl::new(&format!("http://127.0.0.1:{port}/headers"))
+        .header("Host: server.test")
+        .run()
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
+    assert_eq!(out.status, Some(200));
+    assert!(
+        out.body_str().contains("x-mbtls: via-proxy"),
+        "{}",
+        out.body_str()
+    );
+    let line = proxy_lines.next().unwrap().unwrap();
+    assert!(
+        line.contains("closed cleanly") || line.contains("bytes up"),
+        "{line}"
+    );
+}

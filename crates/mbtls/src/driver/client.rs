@@ -138,6 +138,69 @@ impl MbtlsClient {
         Ok(all)
     }
 
+    /// Carries a local plain-TCP connection over this session (the client as a local proxy):
+    /// bytes from `local` are encrypted toward the server, the server's data is written to
+    /// `local`. Local EOF sends close_notify; the server's close_notify half-closes `local`.
+    /// Returns the bytes carried each way once both directions ended.
+    pub async fn proxy(mut self, local: TcpStream) -> Result<(u64, u64), DriverError> {
+        let (mut local_r, mut local_w) = local.into_split();
+        let mut local_buf = vec![0u8; READ_BUF];
+        let (mut up, mut down) = (0u64, 0u64);
+        let mut local_open = true;
+        let mut local_write_open = true;
+        loop {
+            let data = self.hs.take_plaintext();
+            if !data.is_empty() && local_write_open {
+                down += data.len() as u64;
+                local_w
+                    .write_all(&data)
+                    .await
+                    .map_err(DriverError::io("writing to the local connection"))?;
+            }
+            if self.peer_closed && local_write_open {
+                let _ = local_w.shutdown().await;
+                local_write_open = false;
+            }
+            if self.peer_closed && !local_open {
+                return Ok((up, down));
+            }
+            // Both reads are cancel-safe; the core and the writes run outside the select.
+            tokio::select! {
+                r = self.stream.read(&mut self.buf), if !self.peer_closed => {
+                    let n = r.map_err(DriverError::io("reading from the middlebox"))?;
+                    if n == 0 {
+                        // After our close_notify a server may just close (nginx does); before
+                        // it this is truncation.
+                        if !local_open {
+                            let _ = local_w.shutdown().await;
+                            return Ok((up, down));
+                        }
+                        return Err(DriverError::PeerGone {
+                            peer: "middlebox",
+                            when: "without close_notify (the session may be truncated)",
+                        });
+                    }
+                    let r = self.hs.receive(self.buf.get(..n).unwrap_or_default());
+                    let flushed = self.flush().await;
+                    r?;
+                    self.events()?;
+                    flushed?;
+                }
+                r = local_r.read(&mut local_buf), if local_open => {
+                    let n = r.map_err(DriverError::io("reading from the local connection"))?;
+                    if n == 0 {
+                        local_open = false;
+                        self.hs.close()?;
+                    } else {
+                        up += n as u64;
+                        self.hs.write(local_buf.get(..n).unwrap_or_default())?;
+                    }
+                    self.flush().await?;
+                }
+            }
+        }
+    }
+
     /// One socket read fed to the core; `false` on EOF.
     async fn read_some(&mut self) -> Result<bool, DriverError> {
         let n = self
