@@ -340,7 +340,7 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
                 .unwrap();
             got.extend_from_slice(&chunk);
         }
-        mbox.shutdown();
+        mbox.shutdown().await;
         // Writing may still succeed (the kernel buffers it); reading must fail, not hang.
         let _ = client
             .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")

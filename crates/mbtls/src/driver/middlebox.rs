@@ -13,7 +13,7 @@ use mbx_record::TlsVersion;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::{DriverError, READ_BUF};
@@ -111,6 +111,7 @@ impl ConnectionReport {
 pub struct MiddleboxServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
+    stop: Option<oneshot::Sender<()>>,
     reports: mpsc::UnboundedReceiver<ConnectionReport>,
 }
 
@@ -131,10 +132,12 @@ impl MiddleboxServer {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
         });
-        let task = tokio::spawn(accept_loop(listener, shared, tx));
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_loop(listener, shared, tx, stopped));
         Ok(MiddleboxServer {
             local_addr,
             task,
+            stop: Some(stop),
             reports,
         })
     }
@@ -148,8 +151,14 @@ impl MiddleboxServer {
         self.reports.recv().await
     }
 
-    /// Stops listening and drops every connection now (as if the process were killed).
-    pub fn shutdown(self) {}
+    /// Stops listening and drops every connection (as if the process were killed); returns once
+    /// every connection task is gone, so nothing is relayed after this.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
 }
 
 impl Drop for MiddleboxServer {
@@ -194,11 +203,18 @@ async fn accept_loop(
     listener: TcpListener,
     cfg: Arc<Shared>,
     reports: mpsc::UnboundedSender<ConnectionReport>,
+    mut stopped: oneshot::Receiver<()>,
 ) {
     let ids = AtomicU64::new(0);
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
+            _ = &mut stopped => {
+                // Wait for every aborted connection so that none relays another byte.
+                conns.abort_all();
+                while conns.join_next().await.is_some() {}
+                return;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let id = ids.fetch_add(1, Ordering::Relaxed);
