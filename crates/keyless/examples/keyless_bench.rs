@@ -3,7 +3,10 @@
 //! per second against a server holding its key locally. Writes `docs/bench/keyless.json` and
 //! `docs/bench/keyless.png`.
 //!
-//! `cargo run --release -p mbx-keyless --example bench_report`
+//! `cargo run --release -p mbx-keyless --example keyless_bench`
+//!
+//! With `KEYLESS_BENCH_SIGNING=<prefix>` (e.g. `ECDSA`, or empty for all) only the key-server
+//! signing part runs, for the algorithms whose label starts with the prefix; nothing is written.
 //!
 //! Every figure is repeated `REPS` times and reported as median and min–max. The machine's cores
 //! are shared with the load generator (and with anything else running), so throughput figures are
@@ -395,19 +398,26 @@ fn signing(bed: &Bed) -> Res<Value> {
     let load = rt("load", 1)?;
     let mut rows = Vec::new();
     for (name, ski, opcode, op, len) in bed.algs.clone() {
+        if let Ok(only) = std::env::var("KEYLESS_BENCH_SIGNING") {
+            if !name.starts_with(&only) {
+                continue;
+            }
+        }
         let key = store.by_ski(&ski).ok_or("key missing")?.clone();
         let input = vec![0x5a; len];
-        // Ceiling: the same KeyHandle::perform on this one thread, per thread-CPU-second.
-        let mut ceiling = Vec::new();
-        for _ in 0..REPS {
+        // Ceiling: the same KeyHandle::perform on this one thread, per thread-CPU-second. One
+        // ceiling sample is taken right before each network sample, so that both see the same
+        // machine load (the cores are shared).
+        let ceiling_sample = || -> Res<f64> {
             let (c0, t0) = (own_cpu(), Instant::now());
             let mut n = 0u64;
             while t0.elapsed() < Duration::from_millis(400) {
                 key.perform(op, &input)?;
                 n += 1;
             }
-            ceiling.push(n as f64 / (own_cpu() - c0).max(1e-9));
-        }
+            Ok(n as f64 / (own_cpu() - c0).max(1e-9))
+        };
+        let mut ceiling = Vec::new();
         // Network: one key server with one worker thread and one reactor thread.
         let ks_rt = rt("ks-rt", 1)?;
         let ks = bed.key_server(&ks_rt, 1)?;
@@ -436,7 +446,9 @@ fn signing(bed: &Bed) -> Res<Value> {
             Res::Ok(v)
         })?;
         let (mut wall, mut per_cpu, mut per_worker_cpu) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pair_ratio, mut pair_ratio_worker) = (Vec::new(), Vec::new());
         for rep in 0..=REPS {
+            let c = ceiling_sample()?;
             let done = Arc::new(AtomicU64::new(0));
             let stop = Arc::new(AtomicBool::new(false));
             let before = thread_cpu(&["ks-rt", "keyless-worker"]);
@@ -472,9 +484,12 @@ fn signing(bed: &Bed) -> Res<Value> {
             if rep == 0 {
                 continue; // warm-up
             }
+            ceiling.push(c);
             wall.push(n / secs);
             per_cpu.push(n / cpu.max(1e-9));
             per_worker_cpu.push(n / wcpu.max(1e-9));
+            pair_ratio.push(n / cpu.max(1e-9) / c);
+            pair_ratio_worker.push(n / wcpu.max(1e-9) / c);
         }
         drop(clients);
         drop(ks);
@@ -487,12 +502,24 @@ fn signing(bed: &Bed) -> Res<Value> {
         );
         let ratio = med(&pc) / med(&c);
         let ratio_worker = med(&pw) / med(&c);
+        let (pr, prw) = (stats(&pair_ratio), stats(&pair_ratio_worker));
+        let range = |v: &Value| {
+            format!(
+                "{:.2}-{:.2}",
+                v["min"].as_f64().unwrap_or(0.0),
+                v["max"].as_f64().unwrap_or(0.0)
+            )
+        };
         println!(
-            "signing {name:24}: in-process {:8.0}/CPU-s | network {:8.0}/s wall, {:8.0}/server-CPU-s (ratio {ratio:.2}), {:8.0}/worker-CPU-s (ratio {ratio_worker:.2})",
+            "signing {name:24}: in-process {:8.0}/CPU-s | network {:8.0}/s wall, {:8.0}/server-CPU-s (ratio {ratio:.2}; per rep {:.2}, {}), {:8.0}/worker-CPU-s (ratio {ratio_worker:.2}; per rep {:.2}, {})",
             med(&c),
             med(&w),
             med(&pc),
-            med(&pw)
+            med(&pr),
+            range(&pr),
+            med(&pw),
+            med(&prw),
+            range(&prw),
         );
         rows.push(json!({
             "algorithm": name,
@@ -502,6 +529,8 @@ fn signing(bed: &Bed) -> Res<Value> {
             "network_per_worker_cpu_s": pw,
             "ratio_server_cpu": ratio,
             "ratio_worker_cpu": ratio_worker,
+            "ratio_server_cpu_per_rep": pr,
+            "ratio_worker_cpu_per_rep": prw,
         }));
     }
     load.shutdown_background();
@@ -703,6 +732,11 @@ where
 fn main() -> Res<()> {
     let started = Instant::now();
     let bed = Bed::new()?;
+    if std::env::var_os("KEYLESS_BENCH_SIGNING").is_some() {
+        // Part 2 only, for the algorithms named, printed and not written.
+        signing(&bed)?;
+        return Ok(());
+    }
     let latency = latency(&bed)?;
     let signing = signing(&bed)?;
     let edge = edge_rate(&bed)?;

@@ -157,8 +157,29 @@ impl KeylessClient {
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
         let (tx, mut rx) = mpsc::unbounded_channel::<Zeroizing<Vec<u8>>>();
         let writer_task = tokio::spawn(async move {
-            while let Some(bytes) = rx.recv().await {
-                if writer.write_all(&bytes).await.is_err() {
+            // Every request queued by the time the writer runs goes out in one TLS write, so
+            // pipelined requests cost the key server one read, not one each.
+            let mut out = Zeroizing::new(Vec::new());
+            while let Some(first) = rx.recv().await {
+                crate::wipe::reserve(&mut out, first.len());
+                out.extend_from_slice(&first);
+                drop(first);
+                // Woken by the first request of a burst: let the tasks woken with it queue
+                // theirs before writing.
+                tokio::task::yield_now().await;
+                while out.len() < 64 * 1024 {
+                    match rx.try_recv() {
+                        Ok(more) => {
+                            crate::wipe::reserve(&mut out, more.len());
+                            out.extend_from_slice(&more);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let sent = writer.write_all(&out).await;
+                crate::wipe::wipe(&mut out);
+                out.clear();
+                if sent.is_err() {
                     break;
                 }
             }

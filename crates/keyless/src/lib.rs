@@ -30,6 +30,7 @@ pub mod pkcs11;
 pub mod premaster;
 pub mod server;
 pub mod tls;
+pub mod wipe;
 pub mod wire;
 pub mod x509;
 

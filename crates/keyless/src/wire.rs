@@ -463,70 +463,105 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
 /// Encodes the body's items in tag order, without padding.
 pub fn encode_body(body: &Body) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::with_capacity(MIN_MESSAGE_LEN);
+    encode_body_into(body, &mut out)?;
+    Ok(out)
+}
+
+/// Appends the body's items to `out`; on error, part of them may have been appended.
+fn encode_body_into(body: &Body, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let out = &mut *out;
     if let Some(v) = &body.certificate_digest {
-        put_item(&mut out, Tag::CertificateDigest, v)?;
+        put_item(out, Tag::CertificateDigest, v)?;
     }
     if let Some(v) = &body.sni {
-        put_item(&mut out, Tag::Sni, v.as_bytes())?;
+        put_item(out, Tag::Sni, v.as_bytes())?;
     }
     if let Some(v) = &body.client_ip {
-        put_item(&mut out, Tag::ClientIp, &ip_bytes(v))?;
+        put_item(out, Tag::ClientIp, &ip_bytes(v))?;
     }
     if let Some(v) = &body.ski {
-        put_item(&mut out, Tag::Ski, v)?;
+        put_item(out, Tag::Ski, v)?;
     }
     if let Some(v) = &body.server_ip {
-        put_item(&mut out, Tag::ServerIp, &ip_bytes(v))?;
+        put_item(out, Tag::ServerIp, &ip_bytes(v))?;
     }
     if let Some(v) = &body.certificate_id {
-        put_item(&mut out, Tag::CertificateId, v.as_bytes())?;
+        put_item(out, Tag::CertificateId, v.as_bytes())?;
     }
     if let Some(v) = body.opcode {
-        put_item(&mut out, Tag::Opcode, &[v])?;
+        put_item(out, Tag::Opcode, &[v])?;
     }
     if let Some(v) = &body.payload {
-        put_item(&mut out, Tag::Payload, v)?;
+        put_item(out, Tag::Payload, v)?;
     }
     if let Some(v) = &body.custom_function_name {
-        put_item(&mut out, Tag::CustomFunctionName, v.as_bytes())?;
+        put_item(out, Tag::CustomFunctionName, v.as_bytes())?;
     }
     if let Some(v) = &body.extra {
-        put_item(&mut out, Tag::Extra, v)?;
+        put_item(out, Tag::Extra, v)?;
     }
     if let Some(v) = &body.tracing_span_context {
-        put_item(&mut out, Tag::TracingSpanContext, v)?;
+        put_item(out, Tag::TracingSpanContext, v)?;
     }
     if let Some(v) = &body.request_context {
-        put_item(&mut out, Tag::RequestContext, v)?;
+        put_item(out, Tag::RequestContext, v)?;
     }
     if let Some(v) = body.compliance_region {
-        put_item(&mut out, Tag::ComplianceRegion, &[v])?;
+        put_item(out, Tag::ComplianceRegion, &[v])?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Encodes a whole message (version 1.0), padded with a 0x20 item to at least
 /// [`MIN_MESSAGE_LEN`] bytes. Bodies of equal length give messages of equal length.
 pub fn encode(message: &Message) -> Result<Vec<u8>, EncodeError> {
-    let mut body = Zeroizing::new(encode_body(&message.body)?);
-    let unpadded = HEADER_LEN + body.len();
+    let mut out = Vec::with_capacity(MIN_MESSAGE_LEN);
+    encode_into(message, &mut out)?;
+    Ok(out)
+}
+
+/// As [`encode`], appending the message to `out` (the key server writes a run of responses into
+/// one buffer this way, with no temporary copy of any body). On error `out` is left as it was,
+/// and the bytes appended meanwhile are wiped.
+pub fn encode_into(message: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let start = out.len();
+    let result = append_message(message, out, start);
+    if result.is_err() {
+        if let Some(partial) = out.get_mut(start..) {
+            partial.zeroize();
+        }
+        out.truncate(start);
+    }
+    result
+}
+
+fn append_message(message: &Message, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    encode_body_into(&message.body, out)?;
+    let unpadded = out.len() - start;
     if unpadded < MIN_MESSAGE_LEN {
         // The padding item's own 3-byte header counts too; near the limit it overshoots a little.
         let pad = MIN_MESSAGE_LEN.saturating_sub(unpadded + 3);
-        put_item(&mut body, Tag::Padding, &vec![0u8; pad])?;
+        let pad_len = u16::try_from(pad).map_err(|_| EncodeError::ItemTooLong {
+            tag: Tag::Padding.to_u8(),
+            len: pad,
+        })?;
+        out.push(Tag::Padding.to_u8());
+        out.extend_from_slice(&pad_len.to_be_bytes());
+        out.resize(out.len() + pad, 0);
     }
-    let body_length =
-        u16::try_from(body.len()).map_err(|_| EncodeError::BodyTooLong(body.len()))?;
+    let body_len = out.len() - start - HEADER_LEN;
+    let body_length = u16::try_from(body_len).map_err(|_| EncodeError::BodyTooLong(body_len))?;
     let header = Header {
         major: VERSION_MAJOR,
         minor: VERSION_MINOR,
         body_length,
         request_id: message.request_id,
     };
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(&header.to_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+    if let Some(slot) = out.get_mut(start..start + HEADER_LEN) {
+        slot.copy_from_slice(&header.to_bytes());
+    }
+    Ok(())
 }
 
 fn set_once<T>(slot: &mut Option<T>, tag: u8, value: T) -> Result<(), FormatError> {
@@ -680,10 +715,12 @@ pub fn decode(bytes: &[u8], max_body_len: usize) -> Result<Message, FrameOrForma
 
 /// Cuts a byte stream into [`Frame`]s. Push bytes in any split; the body length is checked from
 /// the header alone, before any body byte is buffered. Errors are sticky. Buffered bytes are
-/// wiped once consumed and on drop.
+/// wiped once consumed (when the next push compacts the buffer) and on drop.
 #[derive(Debug)]
 pub struct Deframer {
     buf: Vec<u8>,
+    /// Bytes at the front of `buf` already returned as frames (still to be wiped).
+    consumed: usize,
     max_body_len: usize,
     failed: bool,
 }
@@ -699,6 +736,7 @@ impl Deframer {
     pub fn new(max_body_len: usize) -> Deframer {
         Deframer {
             buf: Vec::new(),
+            consumed: 0,
             max_body_len,
             failed: false,
         }
@@ -706,14 +744,33 @@ impl Deframer {
 
     /// Appends bytes read from the stream.
     pub fn push(&mut self, bytes: &[u8]) {
-        if !self.failed {
-            self.buf.extend_from_slice(bytes);
+        if self.failed {
+            return;
         }
+        self.compact();
+        crate::wipe::reserve(&mut self.buf, bytes.len());
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Moves the unconsumed bytes to the front and wipes the bytes they leave behind: every
+    /// consumed byte is wiped exactly once, and no stale copy of a pending byte stays.
+    fn compact(&mut self) {
+        if self.consumed == 0 {
+            return;
+        }
+        let len = self.buf.len();
+        let rest = len - self.consumed;
+        self.buf.copy_within(self.consumed.., 0);
+        if let Some(stale) = self.buf.get_mut(rest..) {
+            crate::wipe::wipe(stale);
+        }
+        self.buf.truncate(rest);
+        self.consumed = 0;
     }
 
     /// Bytes buffered but not yet returned as a frame.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.consumed
     }
 
     /// The next whole frame, `Ok(None)` if more bytes are needed.
@@ -721,29 +778,32 @@ impl Deframer {
         if self.failed {
             return Err(FrameError::Poisoned);
         }
-        let Some(header) = Header::parse(&self.buf) else {
+        let Some(header) = Header::parse(self.buf.get(self.consumed..).unwrap_or_default()) else {
             return Ok(None);
         };
         let len = usize::from(header.body_length);
         if len > self.max_body_len {
             self.failed = true;
             self.buf.zeroize();
+            self.consumed = 0;
             return Err(FrameError::BodyTooLong {
                 len,
                 max: self.max_body_len,
             });
         }
-        let Some(body) = self.buf.get(HEADER_LEN..HEADER_LEN + len) else {
+        let body_start = self.consumed + HEADER_LEN;
+        let Some(body) = self.buf.get(body_start..body_start + len) else {
             return Ok(None);
         };
         let frame = Frame {
             header,
             body: Zeroizing::new(body.to_vec()),
         };
-        // Move the rest out and wipe what was consumed, so no stale copy stays in the buffer.
-        let rest = self.buf.split_off(HEADER_LEN + len);
-        self.buf.zeroize();
-        self.buf = rest;
+        self.consumed += HEADER_LEN + len;
+        if self.consumed == self.buf.len() {
+            // Everything consumed: wipe now, so an idle connection holds no request bytes.
+            self.compact();
+        }
         Ok(Some(frame))
     }
 }
@@ -771,6 +831,36 @@ mod tests {
         .to_vec();
         v.extend_from_slice(body);
         v
+    }
+
+    #[test]
+    fn encode_into_appends_what_encode_returns_and_leaves_out_alone_on_error() {
+        let ok = Message {
+            request_id: 7,
+            body: Body::op(Opcode::Pong, b"pong".to_vec()),
+        };
+        let mut out = b"prefix".to_vec();
+        encode_into(&ok, &mut out).unwrap();
+        encode_into(&ok, &mut out).unwrap();
+        let one = encode(&ok).unwrap();
+        assert_eq!(out.len(), 6 + 2 * one.len());
+        assert_eq!(&out[..6], b"prefix");
+        assert_eq!(&out[6..6 + one.len()], &one[..]);
+        assert_eq!(&out[6 + one.len()..], &one[..]);
+
+        // An item too long for its u16 length fails after the header and earlier items went in.
+        let mut too_long = Body::op(Opcode::Response, vec![0xEE; 70_000]);
+        too_long.sni = Some("site.test".into());
+        let before = out.clone();
+        assert!(encode_into(
+            &Message {
+                request_id: 8,
+                body: too_long,
+            },
+            &mut out,
+        )
+        .is_err());
+        assert_eq!(out, before);
     }
 
     #[test]

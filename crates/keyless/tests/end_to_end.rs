@@ -468,6 +468,54 @@ async fn pipelined_requests_are_answered_out_of_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_finished_before_a_slow_operation_are_sent_before_it() {
+    let bed = Bed::new();
+    let gated_ski = [0x6B; 20];
+    let gated = GatedKey::new(gated_ski);
+    let (gate, entered) = (Arc::clone(&gated.gate), Arc::clone(&gated.entered));
+    let mut keys = bed.keys();
+    keys.insert(Arc::new(gated)).unwrap();
+    // One worker, so both requests below are served by the same job, one after the other.
+    let server = bed.start_with(keys, DenyList::new(), 1).await;
+    let edge = bed.edge(&server, "edge-b").await;
+    let mut authz = bed.authorization();
+    authz.allow("edge-b", [gated_ski], []);
+    server.core().replace_authorization(authz);
+
+    // A ping and, in the same TLS record, a request that blocks in the key operation. The
+    // server batches responses; the pong must still go out before the blocked operation ends.
+    let frame = edge
+        .send_raw(|id| {
+            let mut bytes = encode(&Message {
+                request_id: id,
+                body: Body::op(Opcode::Ping, b"before".to_vec()),
+            })
+            .unwrap();
+            let mut slow = Body::op(Opcode::Ed25519Sign, b"blocked".to_vec());
+            slow.ski = Some(gated_ski);
+            bytes.extend(
+                encode(&Message {
+                    request_id: 1_000_000,
+                    body: slow,
+                })
+                .unwrap(),
+            );
+            bytes
+        })
+        .await
+        .expect("the pong is not held behind the blocked operation");
+    let pong = frame.decode().unwrap().body;
+    assert_eq!(pong.known_opcode(), Some(Opcode::Pong));
+    assert_eq!(pong.payload.as_deref(), Some(&b"before"[..]));
+    tokio::task::spawn_blocking(move || {
+        common::wait(&entered);
+        common::signal(&gate);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rsa_key_transport_is_unpadded_on_the_edge() {
     let bed = Bed::new();
     let server = bed.start().await;

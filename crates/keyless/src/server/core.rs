@@ -1,7 +1,8 @@
 //! The key server's request handler: bytes of one request in, bytes of its response out.
 //!
 //! No sockets, no clocks, no threads: the driver cuts the stream into frames and calls
-//! [`KeyServerCore::handle_frame`] on a worker thread. Checks, in order: major version (0x04),
+//! [`KeyServerCore::handle_frame_into`] on a worker thread, appending each response to a buffer
+//! it writes in one go. Checks, in order: major version (0x04),
 //! body format (0x07), opcode (0x05 unknown/unsupported, 0x06 a response opcode), ping, key lookup
 //! by SKI then digest and authorization (both 0x02), payload present (0x07), then the operation.
 //! Every response is padded to at least 1024 bytes, so all responses to one fixed operation have
@@ -14,8 +15,8 @@ use zeroize::Zeroizing;
 use crate::keys::{KeyOperation, KeyStore};
 use crate::server::authz::{Authorization, EdgeIdentity};
 use crate::wire::{
-    encode, Body, ErrorCode, Frame, FrameError, FrameOrFormat, Message, Opcode,
-    DEFAULT_MAX_BODY_LEN, VERSION_MAJOR,
+    encode_into, Body, ErrorCode, Frame, FrameError, FrameOrFormat, Message, Opcode,
+    DEFAULT_MAX_BODY_LEN, MIN_MESSAGE_LEN, VERSION_MAJOR,
 };
 
 /// Key store and authorization behind locks that are only held for a pointer copy, so a reload
@@ -108,9 +109,27 @@ impl KeyServerCore {
         frame: &Frame,
         edge: &EdgeIdentity,
     ) -> (Zeroizing<Vec<u8>>, RequestOutcome) {
+        let mut out = Zeroizing::new(Vec::with_capacity(MIN_MESSAGE_LEN));
+        let outcome = self.handle_frame_into(frame, edge, &mut out, |_, _| {});
+        (out, outcome)
+    }
+
+    /// As [`KeyServerCore::handle_frame_outcome`], appending the response to `out`, so that a
+    /// driver can gather a run of responses into one buffer (and one TLS write).
+    /// `before_operation` is called with the opcode and `out` once the request is decoded,
+    /// its key found and its edge authorized, just before the private-key operation (not for
+    /// pings or refusals): the driver uses it to send the responses it holds in `out` before an
+    /// operation that may be slow.
+    pub fn handle_frame_into(
+        &self,
+        frame: &Frame,
+        edge: &EdgeIdentity,
+        out: &mut Vec<u8>,
+        before_operation: impl FnOnce(Opcode, &mut Vec<u8>),
+    ) -> RequestOutcome {
         let id = frame.header.request_id;
         let mut outcome = RequestOutcome::default();
-        let body = match self.answer(frame, edge, &mut outcome) {
+        let body = match self.answer(frame, edge, &mut outcome, |op| before_operation(op, out)) {
             Ok(body) => body,
             Err(code) => {
                 tracing::debug!(request_id = id, error = %code, edge = ?edge.names(), "request refused");
@@ -118,7 +137,8 @@ impl KeyServerCore {
                 Body::error(code)
             }
         };
-        (respond(id, body), outcome)
+        respond_into(id, body, out);
+        outcome
     }
 
     fn answer(
@@ -126,6 +146,7 @@ impl KeyServerCore {
         frame: &Frame,
         edge: &EdgeIdentity,
         outcome: &mut RequestOutcome,
+        before_operation: impl FnOnce(Opcode),
     ) -> Result<Body, ErrorCode> {
         if frame.header.major != VERSION_MAJOR {
             return Err(ErrorCode::VersionMismatch);
@@ -152,6 +173,7 @@ impl KeyServerCore {
             return Err(ErrorCode::KeyNotFound);
         }
         let payload = body.payload.as_deref().ok_or(ErrorCode::FormatError)?;
+        before_operation(opcode);
         let output = key.perform(operation, payload).map_err(|e| {
             tracing::debug!(error = %e, "key operation failed");
             e.code()
@@ -171,12 +193,21 @@ pub struct RequestOutcome {
 
 /// Encodes a response; a ping echo too large to encode becomes a format error.
 fn respond(request_id: u32, body: Body) -> Zeroizing<Vec<u8>> {
-    Zeroizing::new(encode(&Message { request_id, body }).unwrap_or_else(|_| {
-        // An error body is 7 bytes, so it always encodes; the fallback is a bare header.
-        encode(&Message {
-            request_id,
-            body: Body::error(ErrorCode::FormatError),
-        })
-        .unwrap_or_default()
-    }))
+    let mut out = Zeroizing::new(Vec::with_capacity(MIN_MESSAGE_LEN));
+    respond_into(request_id, body, &mut out);
+    out
+}
+
+/// As [`respond`], appending to `out`.
+fn respond_into(request_id: u32, body: Body, out: &mut Vec<u8>) {
+    if encode_into(&Message { request_id, body }, out).is_err() {
+        // An error body is 7 bytes, so it always encodes; if not, nothing is appended.
+        let _ = encode_into(
+            &Message {
+                request_id,
+                body: Body::error(ErrorCode::FormatError),
+            },
+            out,
+        );
+    }
 }

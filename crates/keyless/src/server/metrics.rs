@@ -129,6 +129,17 @@ impl ServerStats {
             .map_or(0, |s| Self::get(&s.count))
     }
 
+    /// Mean handling time of `op` so far; `None` before its first request. The driver uses it
+    /// to guess whether the next operation will be quick.
+    pub fn mean_duration(&self, op: Opcode) -> Option<Duration> {
+        let s = self.per_op.get(op_index(Some(op)))?;
+        let count = Self::get(&s.count);
+        if count == 0 {
+            return None;
+        }
+        Some(Duration::from_nanos(Self::get(&s.sum_nanos) / count))
+    }
+
     /// Error answers counted with `code`.
     pub fn errors_for(&self, code: ErrorCode) -> u64 {
         ErrorCode::ALL

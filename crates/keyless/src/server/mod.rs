@@ -1,27 +1,25 @@
 //! The key server: a sans-I/O request handler ([`KeyServerCore`]) and a thin tokio driver
 //! ([`KeyServer`]) that accepts mutually authenticated TLS connections.
 //!
-//! Each connection has a reader that cuts frames and hands them to a fixed pool of worker threads
-//! (one per core, so RSA signing never blocks the async reactor), and a writer that sends
-//! responses in the order they finish: a slow RSA-4096 decrypt does not hold back the ECDSA
-//! signatures pipelined behind it. A body longer than the maximum closes the connection; every
-//! other problem is answered and the connection stays open.
+//! Each connection is one task that cuts frames and hands them, all of a read at once, to a fixed
+//! pool of worker threads (one per core, so RSA signing never blocks the async reactor), and sends
+//! responses in the order they finish, all that are ready in one TLS write: a slow RSA-4096
+//! decrypt does not hold back the ECDSA signatures pipelined behind it (see `conn` for how the
+//! per-request cost is kept off the reactor). A body longer than the maximum closes the
+//! connection; every other problem is answered and the connection stays open.
 
 pub mod authz;
 pub mod config;
+mod conn;
 pub mod core;
 pub mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use zeroize::Zeroizing;
 
 pub use self::authz::{Authorization, AuthzError, EdgeGrant, EdgeIdentity};
 pub use self::config::{DenyConfig, ServerConfig, DEFAULT_PORT};
@@ -30,7 +28,6 @@ pub use self::metrics::ServerStats;
 
 use crate::keys::{KeyStore, KeyStoreError};
 use crate::tls::{self, DenyList, TlsSetupError};
-use crate::wire::Deframer;
 
 /// Errors starting the key server.
 #[derive(Debug, thiserror::Error)]
@@ -263,59 +260,16 @@ impl KeyServer {
             }
         };
         tracing::debug!(%peer, names = ?identity.names(), "edge connected");
-        let identity = Arc::new(identity);
-        let (mut reader, mut writer) = tokio::io::split(tls);
-        // Each response travels with its in-flight permit, released only once written: an edge that
-        // sends without reading stalls its own connection instead of growing our memory.
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Zeroizing<Vec<u8>>, OwnedSemaphorePermit)>();
-        let writer_task = tokio::spawn(async move {
-            while let Some((response, permit)) = rx.recv().await {
-                if writer.write_all(&response).await.is_err() {
-                    return;
-                }
-                drop(permit);
-            }
-            let _ = writer.shutdown().await;
-        });
-        let in_flight = Arc::new(Semaphore::new(self.max_in_flight));
-        let mut deframer = Deframer::new(self.core.max_body_len());
-        let mut buf = Zeroizing::new(vec![0u8; 16 * 1024]);
-        'read: loop {
-            let n = match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            deframer.push(buf.get(..n).unwrap_or_default());
-            loop {
-                match deframer.next_frame() {
-                    Ok(Some(frame)) => {
-                        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                            break 'read;
-                        };
-                        let core = Arc::clone(&self.core);
-                        let identity = Arc::clone(&identity);
-                        let tx = tx.clone();
-                        let stats = Arc::clone(&self.stats);
-                        self.pool.spawn(move || {
-                            let start = Instant::now();
-                            let (response, outcome) = core.handle_frame_outcome(&frame, &identity);
-                            stats.record(&outcome, start.elapsed());
-                            let _ = tx.send((response, permit));
-                        });
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        ServerStats::bump(&self.stats.oversized_closes);
-                        tracing::warn!(%peer, error = %e, "closing connection");
-                        writer_task.abort();
-                        return;
-                    }
-                }
-            }
-        }
-        // The edge stopped sending: answer what is still in progress, then close.
-        drop(tx);
-        let _ = writer_task.await;
+        let (tcp, mut tls) = tls.into_inner();
+        // Back-pressure is the in-flight limit (see `conn`), not rustls' plaintext buffer limit.
+        tls.set_buffer_limit(None);
+        let server = conn::Server {
+            core: Arc::clone(&self.core),
+            stats: Arc::clone(&self.stats),
+            pool: Arc::clone(&self.pool),
+            max_in_flight: self.max_in_flight,
+        };
+        conn::serve(server, tcp, tls, Arc::new(identity), peer).await;
     }
 }
 
