@@ -1,5 +1,5 @@
 //! Criterion benchmarks for the paper's Table 2 rows, beside plaintext baselines in the same run.
-//! `cargo bench -p mbx-blindbox --bench blindbox`; `examples/bench_report.rs` writes the JSON and
+//! `cargo bench -p mbx-blindbox --bench blindbox`; `examples/blindbox_bench.rs` writes the JSON and
 //! the plot under docs/bench/.
 
 #[path = "support/workload.rs"]

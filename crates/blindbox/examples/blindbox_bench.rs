@@ -1,7 +1,7 @@
 //! Benchmark runner: measures the paper's Table 2 rows and the plaintext baselines in one run,
 //! several times each, and writes `docs/bench/blindbox.json` and `docs/bench/blindbox.png`.
 //!
-//! `cargo run --release -p mbx-blindbox --example bench_report [-- RUNS [CORPUS_MIB]]`
+//! `cargo run --release -p mbx-blindbox --example blindbox_bench [-- RUNS [CORPUS_MIB]]`
 //! (defaults: 5 runs over a 2 MiB text-heavy HTTP corpus). Single-threaded: every figure is per
 //! core.
 
@@ -102,6 +102,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let runs: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     let mib: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2);
+    // The machine is shared: the load average when the run started helps read the spread.
+    let load_at_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let data = corpus(mib << 20, 1);
     let n = data.len();
     let mut rows: Vec<Row> = Vec::new();
@@ -168,12 +170,16 @@ fn main() {
         let rs = rules(rule_count);
         let enc = encrypted(&rs, Tokenization::Window);
         let full = Arc::new(FullRuleSet::default());
+        // The forwarding buffer is allocated once: a fresh 10 MiB buffer per run would make
+        // page faults part of the figure.
+        let mut fwd = Vec::with_capacity(chan.len());
         row(
             &format!("middlebox detect, {rule_count} rules (window tokens)"),
             "middlebox",
             measure(runs, || {
                 let mut mb = MiddleboxFlow::new(Arc::clone(&enc), Arc::clone(&full));
-                let (mut fwd, mut ev) = (Vec::with_capacity(chan.len()), Vec::new());
+                fwd.clear();
+                let mut ev = Vec::new();
                 // The channel arrives in pieces of about one packet's worth of tokens.
                 for piece in chan.chunks(PACKET * 5) {
                     mb.token_in(piece, &mut fwd, &mut ev).expect("detect");
@@ -274,6 +280,7 @@ fn main() {
     });
     let report = json!({
         "machine": cpu_name(),
+        "load_average_at_start": load_at_start.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "runs": runs,
         "corpus": {"bytes": n, "kind": "text-heavy HTTP/1.1 responses (HTML prose)", "packet_bytes": PACKET, "salt_period_bytes": PERIOD},
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),

@@ -236,6 +236,12 @@ impl TokenBatch {
         self.first_offset
     }
 
+    /// Window mode: all entries as one slice of `entry_len`-byte entries, `lanes` per position
+    /// (entry `i` is at `first_offset + i / lanes`, lane `i % lanes`); `None` in delimiter mode.
+    pub(crate) fn window_entries(&self) -> Option<(&[u8], usize, usize)> {
+        (!self.delimiter).then_some((self.data.as_slice(), self.entry_len, self.lanes))
+    }
+
     /// Whether entries carry `c2` (probable cause).
     pub fn has_c2(&self) -> bool {
         self.entry_len > C1_LEN
@@ -448,11 +454,23 @@ pub struct Deframer {
     params: Option<ChannelParams>,
     ended: bool,
     failed: bool,
+    /// Leave [`RawFrame::authenticated`] empty (for the middlebox, which cannot check tags).
+    skip_authenticated: bool,
 }
 
 impl Deframer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A deframer whose frames carry no copy of the tagged bytes ([`RawFrame::authenticated`]
+    /// is empty): for the middlebox, which has no `k_auth` and forwards the bytes unchanged
+    /// anyway. Saves one copy of every frame.
+    pub fn without_tag_bytes() -> Self {
+        Self {
+            skip_authenticated: true,
+            ..Self::default()
+        }
     }
 
     /// The parameters from the Hello frame, once seen.
@@ -493,28 +511,16 @@ impl Deframer {
 
     fn try_next(&mut self) -> Result<Option<RawFrame>, ChannelError> {
         let avail = self.buf.get(self.start..).unwrap_or_default();
-        let Some(&[kind, l0, l1, l2]) = avail.get(..HEADER_LEN) else {
+        let Some((frame, total)) = parse_frame(
+            &mut self.params,
+            &mut self.ended,
+            &mut self.seq,
+            self.skip_authenticated,
+            avail,
+        )?
+        else {
             return Ok(None);
         };
-        if !(KIND_HELLO..=KIND_END).contains(&kind) {
-            return Err(ChannelError::UnknownKind(kind));
-        }
-        let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
-        if len > MAX_BODY {
-            return Err(ChannelError::TooLong(len));
-        }
-        if self.ended {
-            return Err(ChannelError::AfterEnd);
-        }
-        let total = HEADER_LEN + len + TAG_LEN;
-        let Some(whole) = avail.get(..total) else {
-            return Ok(None);
-        };
-        let body = whole.get(HEADER_LEN..HEADER_LEN + len).unwrap_or_default();
-        let mut tag = [0u8; TAG_LEN];
-        tag.copy_from_slice(whole.get(HEADER_LEN + len..).unwrap_or(&[0; TAG_LEN]));
-        let frame = decode_frame(&mut self.params, &mut self.ended, kind, body)?;
-        let authenticated = whole.get(..HEADER_LEN + len).unwrap_or_default().to_vec();
         self.start += total;
         if self.start == self.buf.len() {
             self.buf.clear();
@@ -523,15 +529,102 @@ impl Deframer {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        let seq = self.seq;
-        self.seq += 1;
-        Ok(Some(RawFrame {
-            seq,
+        Ok(Some(frame))
+    }
+
+    /// [`Self::push`] then [`Self::next_frame`] until it returns `None`, handing each frame to
+    /// `f` (stopping at the first error, its own or `f`'s): the same frames, errors and state.
+    /// Complete frames are decoded straight from `data` when nothing is buffered, so the bytes
+    /// are not copied into the buffer first (the middlebox's hot path).
+    pub fn push_frames<E: From<ChannelError>>(
+        &mut self,
+        data: &[u8],
+        mut f: impl FnMut(RawFrame) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.failed {
+            return Err(ChannelError::Poisoned.into());
+        }
+        let mut rest = data;
+        if self.buffered() == 0 {
+            loop {
+                let parsed = parse_frame(
+                    &mut self.params,
+                    &mut self.ended,
+                    &mut self.seq,
+                    self.skip_authenticated,
+                    rest,
+                );
+                match parsed {
+                    Ok(Some((frame, total))) => {
+                        rest = rest.get(total..).unwrap_or_default();
+                        if let Err(e) = f(frame) {
+                            // As if everything had been pushed: the rest waits in the buffer.
+                            self.push(rest);
+                            return Err(e);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.failed = true;
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        self.push(rest);
+        while let Some(frame) = self.next_frame()? {
+            f(frame)?;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the frame at the start of `avail`: `None` if it is incomplete, else the frame and
+/// its length on the wire.
+fn parse_frame(
+    params: &mut Option<ChannelParams>,
+    ended: &mut bool,
+    seq: &mut u64,
+    skip_authenticated: bool,
+    avail: &[u8],
+) -> Result<Option<(RawFrame, usize)>, ChannelError> {
+    let Some(&[kind, l0, l1, l2]) = avail.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    if !(KIND_HELLO..=KIND_END).contains(&kind) {
+        return Err(ChannelError::UnknownKind(kind));
+    }
+    let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+    if len > MAX_BODY {
+        return Err(ChannelError::TooLong(len));
+    }
+    if *ended {
+        return Err(ChannelError::AfterEnd);
+    }
+    let total = HEADER_LEN + len + TAG_LEN;
+    let Some(whole) = avail.get(..total) else {
+        return Ok(None);
+    };
+    let body = whole.get(HEADER_LEN..HEADER_LEN + len).unwrap_or_default();
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(whole.get(HEADER_LEN + len..).unwrap_or(&[0; TAG_LEN]));
+    let frame = decode_frame(params, ended, kind, body)?;
+    let authenticated = if skip_authenticated {
+        Vec::new()
+    } else {
+        whole.get(..HEADER_LEN + len).unwrap_or_default().to_vec()
+    };
+    let this = *seq;
+    *seq += 1;
+    Ok(Some((
+        RawFrame {
+            seq: this,
             frame,
             authenticated,
             tag,
-        }))
-    }
+        },
+        total,
+    )))
 }
 
 fn decode_frame(
@@ -844,6 +937,60 @@ mod tests {
             w.finish(&mut out).unwrap();
             let back = decode_all(&out, &cuts, &FrameAuth::new(&[1; 32]));
             prop_assert_eq!(back, msgs);
+        }
+
+        #[test]
+        /// `push_frames` hands out exactly the frames (and the first error) that `push` +
+        /// `next_frame` give, for any split, on valid streams with garbage appended.
+        #[test]
+        fn push_frames_equals_push_and_next(spec in proptest::collection::vec(any::<(u8, u8, u8)>(), 0..100),
+                                            garbage in proptest::collection::vec(any::<u8>(), 0..40),
+                                            cuts in proptest::collection::vec(any::<usize>(), 0..6)) {
+            let p = params(Tokenization::Window, CaseMode::Exact, Privacy::ExactMatch);
+            let mut bytes = Vec::new();
+            let mut w = ChannelWriter::new(p, FrameAuth::new(&[1; 32]), &mut bytes);
+            for m in stream(&spec, &p) {
+                w.push(&m, &mut bytes).unwrap();
+                if m == TokenMsg::MessageStart(0) {
+                    w.flush(&mut bytes);
+                }
+            }
+            w.flush(&mut bytes);
+            bytes.extend_from_slice(&garbage);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            cuts.push(bytes.len());
+            let (mut a, mut b) = (Deframer::new(), Deframer::new());
+            let (mut fa, mut fb) = (Vec::new(), Vec::new());
+            let (mut ea, mut eb) = (None, None);
+            let mut prev = 0;
+            for c in cuts {
+                let piece = &bytes[prev..c];
+                prev = c;
+                if ea.is_none() {
+                    a.push(piece);
+                    loop {
+                        match a.next_frame() {
+                            Ok(Some(f)) => fa.push(f),
+                            Ok(None) => break,
+                            Err(e) => {
+                                ea = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                }
+                if eb.is_none() {
+                    if let Err(e) = b.push_frames(piece, |f| -> Result<(), ChannelError> {
+                        fb.push(f);
+                        Ok(())
+                    }) {
+                        eb = Some(e);
+                    }
+                }
+            }
+            prop_assert_eq!(fa, fb);
+            prop_assert_eq!(ea, eb);
         }
 
         #[test]

@@ -6,11 +6,16 @@
 //! preparation (tests compute them directly).
 //!
 //! Per flow, [`Detector`] keeps for each chunk `r` its count `ct*(r)` and the one ciphertext
-//! `Enc(salt0 + step·ct*(r), r)` it expects next, in a hash map keyed by that 5-byte ciphertext: one
-//! lookup per token whatever the number of rules. A hit bumps the count and replaces the entry; a
-//! salt announcement resets all counts. Keyword occurrences are rebuilt from chunk hits at their
-//! stream offsets (window mode: every chunk; delimiter mode: the first and last chunk), and rules
-//! are evaluated with Snort's positional semantics per HTTP message ([`MatchRule::satisfied`]).
+//! `Enc(salt0 + step·ct*(r), r)` it expects next, in an open-addressing table keyed by that
+//! 5-byte ciphertext behind a 32 KiB prefix bitmap: one bitmap load per token whatever the number
+//! of rules, a table probe for the few that pass. A hit bumps the count and replaces the entry; a
+//! salt announcement resets all counts and recomputes every expectation, eight chunk keys per
+//! AES pass (`aes8`, with the schedules expanded once per rule set). Keyword
+//! occurrences are rebuilt from chunk hits at their stream offsets (window mode: every chunk;
+//! delimiter mode: the first and last chunk): hits of a keyword's earlier chunks are remembered
+//! (per message, pruned once out of reach), and when its last chunk hits, the earlier ones are
+//! looked up at their offsets. Rules are evaluated with Snort's positional semantics per HTTP
+//! message ([`MatchRule::satisfied`]).
 //!
 //! Protocol III rules (pcre, short keywords, ...) contribute their >= 8-byte keywords as triggers:
 //! when one occurs, the detector recovers the flow key from the hit token's `c2` and emits a
@@ -20,10 +25,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use aes::Aes128Enc as Aes128;
+use zeroize::Zeroizing;
 
+use crate::aes8;
 use crate::channel::TokenBatch;
 use crate::dpienc::{
-    enc, recover_flow_key, EncToken, FlowKey, KeywordKey, SaltScheme, TokenMsg, C1,
+    enc, recover_flow_key, EncToken, FlowKey, KeywordKey, SaltScheme, SeededTokenState, TokenMsg,
+    C1, C1_LEN,
 };
 use crate::rules::{
     classify, Action, BufferPolicy, Direction, MatchRule, Protocol, Rule, MAX_OCCURRENCES,
@@ -58,15 +66,15 @@ enum Owner {
 #[derive(Clone, Debug)]
 struct PlanContent {
     owner: Owner,
-    /// Offset of the last chunk (where the occurrence completes).
-    last_rel: u64,
-    chunk_count: usize,
+    /// Folded-lane hits count too (a `nocase` content).
+    any_lane: bool,
+    /// Every chunk but the last: `(chunk id, offset in the keyword)`.
+    earlier: Vec<(u32, u64)>,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct ChunkUse {
     content: u32,
-    index: u32,
     rel: u64,
     /// Folded-lane hits count too (a `nocase` content).
     any_lane: bool,
@@ -87,7 +95,13 @@ pub struct DetectionPlan {
     triggers: Vec<Trigger>,
     contents: Vec<PlanContent>,
     chunks: Vec<Token>,
+    /// Per chunk: the contents it is the last chunk of (an occurrence completes on its hit).
     uses: Vec<Vec<ChunkUse>>,
+    /// Per chunk: whether it is an earlier chunk of some content (its hits are remembered until
+    /// the content's last chunk can arrive).
+    recorded: Vec<bool>,
+    /// The largest `last_rel` of any content: how long a remembered hit can matter.
+    max_span: u64,
     needs_folding: bool,
 }
 
@@ -122,6 +136,8 @@ impl DetectionPlan {
             contents: Vec::new(),
             chunks: Vec::new(),
             uses: Vec::new(),
+            recorded: Vec::new(),
+            max_span: 0,
             needs_folding: false,
         };
         let mut chunk_ids: HashMap<Token, u32> = HashMap::new();
@@ -172,6 +188,8 @@ impl DetectionPlan {
         let offsets = chunk_offsets(pattern.len(), self.mode);
         let content = self.contents.len() as u32;
         self.needs_folding |= nocase;
+        let last = offsets.len().saturating_sub(1);
+        let mut earlier = Vec::new();
         for (index, &rel) in offsets.iter().enumerate() {
             let mut value = [0u8; TOKEN_LEN];
             if let Some(src) = pattern.get(rel..rel + TOKEN_LEN) {
@@ -183,21 +201,28 @@ impl DetectionPlan {
             let id = *ids.entry(value).or_insert_with(|| {
                 self.chunks.push(value);
                 self.uses.push(Vec::new());
+                self.recorded.push(false);
                 (self.chunks.len() - 1) as u32
             });
-            if let Some(u) = self.uses.get_mut(id as usize) {
+            if index < last {
+                earlier.push((id, rel as u64));
+                if let Some(r) = self.recorded.get_mut(id as usize) {
+                    *r = true;
+                }
+            } else if let Some(u) = self.uses.get_mut(id as usize) {
                 u.push(ChunkUse {
                     content,
-                    index: index as u32,
                     rel: rel as u64,
                     any_lane: nocase,
                 });
             }
         }
+        let last_rel = offsets.last().copied().unwrap_or_default() as u64;
+        self.max_span = self.max_span.max(last_rel);
         self.contents.push(PlanContent {
             owner,
-            last_rel: offsets.last().copied().unwrap_or_default() as u64,
-            chunk_count: offsets.len(),
+            any_lane: nocase,
+            earlier,
         });
     }
 
@@ -231,6 +256,9 @@ impl DetectionPlan {
 pub struct EncryptedRules {
     plan: DetectionPlan,
     ciphers: Vec<Aes128>,
+    /// The same key schedules eight chunks per entry, for the salt resets' eight-lane AES
+    /// (`aes8`).
+    schedules: Vec<aes8::Schedule8>,
 }
 
 impl EncryptedRules {
@@ -243,7 +271,21 @@ impl EncryptedRules {
             });
         }
         let ciphers = keys.iter().map(KeywordKey::cipher).collect();
-        Ok(Self { plan, ciphers })
+        let schedules = keys
+            .chunks(aes8::LANES)
+            .map(|group| {
+                let mut raw = Zeroizing::new([0u128; aes8::LANES]);
+                raw.iter_mut()
+                    .zip(group)
+                    .for_each(|(r, k)| *r = u128::from_le_bytes(k.0));
+                aes8::Schedule8::new(&raw)
+            })
+            .collect();
+        Ok(Self {
+            plan,
+            ciphers,
+            schedules,
+        })
     }
 
     pub fn plan(&self) -> &DetectionPlan {
@@ -307,12 +349,18 @@ pub struct Detector {
     filter: Vec<u64>,
     last_offset: u64,
     message_start: u64,
-    pending: HashMap<(u32, u64), Vec<u64>>,
-    occ: HashMap<u32, Vec<u64>>,
-    fired: HashSet<u32>,
-    triggered: HashSet<u32>,
+    /// Hits of chunks that are not the last of their keyword, in the current message:
+    /// `(chunk id, offset)` → lanes (bit 0 exact, bit 1 folded).
+    recent: HashMap<(u32, u64), u8, SeededTokenState>,
+    /// Size of `recent` at which hits out of reach are dropped.
+    prune_at: usize,
+    occ: HashMap<u32, Vec<u64>, SeededTokenState>,
+    fired: HashSet<u32, SeededTokenState>,
+    triggered: HashSet<u32, SeededTokenState>,
     flow_key: Option<FlowKey>,
     hits: u64,
+    /// Chunk ids of the current hit (reused).
+    hit_ids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Detector {
@@ -325,10 +373,8 @@ impl std::fmt::Debug for Detector {
     }
 }
 
-/// Hasher for the ciphertext table. Its keys are the expected ciphertexts, AES outputs under the
-/// chunk keys, so they are uniformly distributed and not chosen by the sender: the bytes
-/// themselves are a good hash (spread by one multiplication), and a lookup of any attacker-chosen
-/// ciphertext probes as few slots as a random one. SipHash cost more than the rest of a lookup.
+/// A multiplicative hasher of ciphertext bytes (the detector's first table used it; kept public
+/// for callers that hash ciphertexts, since they are uniformly distributed AES outputs).
 #[derive(Default, Clone, Copy)]
 pub struct C1Hasher(u64);
 
@@ -346,34 +392,118 @@ impl std::hash::Hasher for C1Hasher {
     }
 }
 
-/// Chunk ids expecting one ciphertext: almost always one (equal 40-bit expectations are rare).
+/// Open-addressing table from expected ciphertext to chunk id (linear probing, backward-shift
+/// deletion, at most half full). Its keys are the expected ciphertexts, AES outputs under the
+/// chunk keys, uniformly distributed and not chosen by the sender, so one multiplication spreads
+/// them and a lookup of any attacker-chosen ciphertext probes as few slots as a random one.
+/// Equal expectations (a 2⁻⁴⁰ event per pair) are separate entries with the same key.
 #[derive(Clone, Debug)]
-enum Ids {
-    One(u32),
-    Many(Vec<u32>),
+struct C1Table {
+    /// `(key | OCCUPIED, chunk id)`, key 0 for an empty slot; side by side so an insert or a
+    /// probe touches one cache line.
+    slots: Vec<(u64, u32)>,
+    mask: usize,
+    len: usize,
 }
 
-impl Ids {
-    fn push(&mut self, id: u32) {
-        match self {
-            Ids::One(a) => *self = Ids::Many(vec![*a, id]),
-            Ids::Many(v) => v.push(id),
+const OCCUPIED: u64 = 1 << 63;
+
+fn c1_key(c: &C1) -> u64 {
+    let mut b = [0u8; 8];
+    b[..C1_LEN].copy_from_slice(c);
+    u64::from_le_bytes(b) | OCCUPIED
+}
+
+impl C1Table {
+    fn with_capacity(n: usize) -> Self {
+        let slots = (2 * n).max(16).next_power_of_two();
+        Self {
+            slots: vec![(0, 0); slots],
+            mask: slots - 1,
+            len: 0,
         }
     }
 
-    /// Removes `id`; true when nothing is left.
-    fn remove(&mut self, id: u32) -> bool {
-        match self {
-            Ids::One(a) => *a == id,
-            Ids::Many(v) => {
-                v.retain(|&x| x != id);
-                v.is_empty()
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & self.mask
+    }
+
+    fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| s.0 = 0);
+        self.len = 0;
+    }
+
+    fn insert(&mut self, key: u64, id: u32) {
+        if 2 * (self.len + 1) > self.slots.len() {
+            let mut bigger = Self::with_capacity(self.slots.len());
+            for &(k, i) in &self.slots {
+                if k != 0 {
+                    bigger.insert(k, i);
+                }
             }
+            *self = bigger;
+        }
+        let mut i = self.home(key);
+        while self.slots.get(i).is_some_and(|s| s.0 != 0) {
+            i = (i + 1) & self.mask;
+        }
+        if let Some(s) = self.slots.get_mut(i) {
+            *s = (key, id);
+            self.len += 1;
         }
     }
-}
 
-type C1Table = HashMap<C1, Ids, std::hash::BuildHasherDefault<C1Hasher>>;
+    /// Appends the ids stored under `key` to `out`.
+    #[inline]
+    fn find(&self, key: u64, out: &mut Vec<u32>) {
+        let mut i = self.home(key);
+        while let Some(&(k, id)) = self.slots.get(i) {
+            if k == 0 {
+                return;
+            }
+            if k == key {
+                out.push(id);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn remove(&mut self, key: u64, id: u32) {
+        let mut i = self.home(key);
+        loop {
+            match self.slots.get(i) {
+                Some(&(k, d)) if k != 0 => {
+                    if k == key && d == id {
+                        break;
+                    }
+                }
+                _ => return,
+            }
+            i = (i + 1) & self.mask;
+        }
+        // Backward shift: move later entries of the run into the hole when their home allows.
+        let mut hole = i;
+        let mut j = (i + 1) & self.mask;
+        while let Some(&(k, d)) = self.slots.get(j) {
+            if k == 0 {
+                break;
+            }
+            let home = self.home(k);
+            if j.wrapping_sub(home) & self.mask >= j.wrapping_sub(hole) & self.mask {
+                if let Some(h) = self.slots.get_mut(hole) {
+                    *h = (k, d);
+                }
+                hole = j;
+            }
+            j = (j + 1) & self.mask;
+        }
+        if let Some(h) = self.slots.get_mut(hole) {
+            h.0 = 0;
+        }
+        self.len -= 1;
+    }
+}
 
 /// Bits of the prefilter (32 KiB, stays in L1/L2): with 10k chunks about 4% of the tokens that
 /// match nothing get past it to the table.
@@ -383,7 +513,7 @@ fn filter_index(c: &C1) -> usize {
     (usize::from(c[0]) | usize::from(c[1]) << 8 | usize::from(c[2]) << 16) & (FILTER_BITS - 1)
 }
 
-/// Pending partial occurrences above which dead ones are pruned.
+/// Remembered hits above which those out of any keyword's reach are pruned.
 const PRUNE_AT: usize = 4096;
 
 impl Detector {
@@ -391,6 +521,7 @@ impl Detector {
     /// `None` applies every rule.
     pub fn new(rules: Arc<EncryptedRules>, scheme: SaltScheme, dir: Option<Direction>) -> Self {
         let n = rules.plan.chunks.len();
+        let seeded = SeededTokenState::random();
         Self {
             rules,
             scheme,
@@ -398,16 +529,18 @@ impl Detector {
             salt0: None,
             counts: vec![0; n],
             expected: vec![[0; 5]; n],
-            table: C1Table::with_capacity_and_hasher(n, Default::default()),
+            table: C1Table::with_capacity(n),
             filter: vec![0; FILTER_BITS / 64],
             last_offset: 0,
             message_start: 0,
-            pending: HashMap::new(),
-            occ: HashMap::new(),
-            fired: HashSet::new(),
-            triggered: HashSet::new(),
+            recent: HashMap::with_hasher(seeded),
+            prune_at: PRUNE_AT,
+            occ: HashMap::with_hasher(seeded),
+            fired: HashSet::with_hasher(seeded),
+            triggered: HashSet::with_hasher(seeded),
             flow_key: None,
             hits: 0,
+            hit_ids: Vec::new(),
         }
     }
 
@@ -426,7 +559,7 @@ impl Detector {
             TokenMsg::MessageStart(o) => {
                 self.advance(o)?;
                 self.message_start = o;
-                self.pending.clear();
+                self.recent.clear();
                 self.occ.clear();
                 self.fired.clear();
                 self.triggered.clear();
@@ -448,7 +581,8 @@ impl Detector {
                         got: t.offset,
                     });
                 }
-                self.candidate(salt0, &t, out);
+                let rules = Arc::clone(&self.rules);
+                self.candidate(&rules, salt0, &t, out);
                 Ok(())
             }
         }
@@ -456,7 +590,13 @@ impl Detector {
 
     /// The table lookup for one token whose offset was checked.
     #[inline]
-    fn candidate(&mut self, salt0: u64, t: &EncToken, out: &mut Vec<Event>) {
+    fn candidate(
+        &mut self,
+        rules: &EncryptedRules,
+        salt0: u64,
+        t: &EncToken,
+        out: &mut Vec<Event>,
+    ) {
         let fi = filter_index(&t.c1);
         let bit = self
             .filter
@@ -465,20 +605,17 @@ impl Detector {
         if !bit {
             return;
         }
-        match self.table.get(&t.c1) {
-            None => return,
-            Some(Ids::One(id)) => {
-                let id = *id;
-                self.on_hit(id, salt0, t.offset, t.lane, t.c2.as_ref(), out);
-            }
-            Some(Ids::Many(v)) => {
-                for id in v.clone() {
-                    self.on_hit(id, salt0, t.offset, t.lane, t.c2.as_ref(), out);
-                }
-            }
+        let mut ids = std::mem::take(&mut self.hit_ids);
+        ids.clear();
+        self.table.find(c1_key(&t.c1), &mut ids);
+        for &id in &ids {
+            self.on_hit(rules, id, salt0, t.offset, t.lane, t.c2.as_ref(), out);
         }
-        if self.pending.len() > PRUNE_AT {
+        self.hit_ids = ids;
+        if self.recent.len() > self.prune_at {
             self.prune(t.offset);
+            // Hits still within reach of a keyword stay; prune again only once they doubled.
+            self.prune_at = (2 * self.recent.len()).max(PRUNE_AT);
         }
     }
 
@@ -506,6 +643,46 @@ impl Detector {
                 got: first,
             });
         }
+        let rules = Arc::clone(&self.rules);
+        if let Some((data, entry_len, lanes)) = batch.window_entries() {
+            // Window mode: fixed-size entries, offsets implicit. The scan between candidates
+            // only reads the prefilter; a candidate (which may change it) is handled outside.
+            let entry_len = entry_len.max(C1_LEN);
+            let mut i = 0usize;
+            while let Some(rest) = data.get(i * entry_len..) {
+                let filter = self.filter.as_slice();
+                let Some(k) = rest.chunks_exact(entry_len).position(|e| {
+                    e.first_chunk::<C1_LEN>().is_some_and(|c1| {
+                        let fi = filter_index(c1);
+                        filter.get(fi / 64).is_some_and(|w| w >> (fi % 64) & 1 == 1)
+                    })
+                }) else {
+                    break;
+                };
+                i += k;
+                if let Some((c1, more)) = rest
+                    .get(k * entry_len..(k + 1) * entry_len)
+                    .and_then(|e| e.split_first_chunk::<C1_LEN>())
+                {
+                    let t = EncToken {
+                        offset: first.wrapping_add((i / lanes) as u64),
+                        lane: if i % lanes == 0 {
+                            Lane::Exact
+                        } else {
+                            Lane::Folded
+                        },
+                        c1: *c1,
+                        c2: more.first_chunk::<16>().copied(),
+                    };
+                    self.candidate(&rules, salt0, &t, out);
+                }
+                i += 1;
+            }
+            let positions = (data.len() / entry_len.max(1) / lanes) as u64;
+            let last = first.wrapping_add(positions.saturating_sub(1));
+            self.last_offset = self.last_offset.max(last);
+            return Ok(());
+        }
         let mut last = first;
         batch.for_each_entry(|offset, lane, c1, c2| {
             last = offset;
@@ -521,7 +698,7 @@ impl Detector {
                     c1: *c1,
                     c2: c2.copied(),
                 };
-                self.candidate(salt0, &t, out);
+                self.candidate(&rules, salt0, &t, out);
             }
         });
         self.last_offset = self.last_offset.max(last);
@@ -544,33 +721,44 @@ impl Detector {
         if let Some(w) = self.filter.get_mut(fi / 64) {
             *w |= 1 << (fi % 64);
         }
-        match self.table.get_mut(&ct) {
-            Some(ids) => ids.push(id),
-            None => {
-                self.table.insert(ct, Ids::One(id));
-            }
-        }
+        self.table.insert(c1_key(&ct), id);
     }
 
     fn reset_salt(&mut self, salt0: u64) {
         self.salt0 = Some(salt0);
         self.table.clear();
         self.filter.iter_mut().for_each(|w| *w = 0);
+        self.counts.iter_mut().for_each(|c| *c = 0);
         let rules = Arc::clone(&self.rules);
-        for (id, cipher) in rules.ciphers.iter().enumerate() {
-            if let Some(c) = self.counts.get_mut(id) {
-                *c = 0;
+        // Enc(salt0, r) for every chunk, eight chunk keys at a time.
+        let block = {
+            let mut b = [0u8; 16];
+            b[8..].copy_from_slice(&salt0.to_be_bytes());
+            aes::Block::from(b)
+        };
+        let n = rules.ciphers.len();
+        for (g, schedule) in rules.schedules.iter().enumerate() {
+            let mut states = [aes::Block8::from([block; aes8::LANES])];
+            schedule.encrypt(&mut states);
+            for (j, b) in states[0].iter().enumerate() {
+                let id = g * aes8::LANES + j;
+                if id >= n {
+                    break;
+                }
+                let mut ct = [0u8; C1_LEN];
+                ct.copy_from_slice(&b[..C1_LEN]);
+                if let Some(e) = self.expected.get_mut(id) {
+                    *e = ct;
+                }
+                self.insert(ct, id as u32);
             }
-            let ct = enc(cipher, salt0);
-            if let Some(e) = self.expected.get_mut(id) {
-                *e = ct;
-            }
-            self.insert(ct, id as u32);
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_hit(
         &mut self,
+        rules: &EncryptedRules,
         id: u32,
         salt0: u64,
         offset: u64,
@@ -579,7 +767,6 @@ impl Detector {
         out: &mut Vec<Event>,
     ) {
         let idx = id as usize;
-        let rules = Arc::clone(&self.rules);
         let (Some(cipher), Some(count)) = (rules.ciphers.get(idx), self.counts.get(idx).copied())
         else {
             return;
@@ -588,11 +775,7 @@ impl Detector {
         let salt = self.scheme.salt(salt0, count);
         // Replace the entry: the next occurrence of this chunk uses the next salt.
         let old = self.expected.get(idx).copied().unwrap_or_default();
-        if let Some(v) = self.table.get_mut(&old) {
-            if v.remove(id) {
-                self.table.remove(&old);
-            }
-        }
+        self.table.remove(c1_key(&old), id);
         let next = enc(cipher, self.scheme.salt(salt0, count + 1));
         if let Some(e) = self.expected.get_mut(idx) {
             *e = next;
@@ -603,6 +786,13 @@ impl Detector {
         self.insert(next, id);
 
         let plan = &rules.plan;
+        let lane_bit = match lane {
+            Lane::Exact => 1u8,
+            Lane::Folded => 2,
+        };
+        if plan.recorded.get(idx).copied().unwrap_or(false) && offset >= self.message_start {
+            *self.recent.entry((id, offset)).or_insert(0) |= lane_bit;
+        }
         let uses = plan.uses.get(idx).map(Vec::as_slice).unwrap_or_default();
         let mut key_candidate: Option<FlowKey> = None;
         for u in uses {
@@ -618,29 +808,21 @@ impl Detector {
             let Some(content) = plan.contents.get(u.content as usize) else {
                 continue;
             };
-            let complete = if content.chunk_count <= 1 {
-                true
-            } else {
-                let bits = self
-                    .pending
-                    .entry((u.content, start))
-                    .or_insert_with(|| vec![0u64; content.chunk_count.div_ceil(64)]);
-                if let Some(w) = bits.get_mut((u.index / 64) as usize) {
-                    *w |= 1 << (u.index % 64);
-                }
-                let set: u32 = bits.iter().map(|w| w.count_ones()).sum();
-                if set as usize == content.chunk_count {
-                    self.pending.remove(&(u.content, start));
-                    true
-                } else {
-                    false
-                }
-            };
+            // The earlier chunks arrived before (lower offsets): each must have hit at its place
+            // in a lane this content accepts.
+            let accept = if content.any_lane { 3 } else { 1 };
+            let complete = content.earlier.iter().all(|&(c, rel)| {
+                start.checked_add(rel).is_some_and(|o| {
+                    self.recent
+                        .get(&(c, o))
+                        .is_some_and(|&lanes| lanes & accept != 0)
+                })
+            });
             if !complete {
                 continue;
             }
             match content.owner {
-                Owner::Rule(r, _) => self.on_rule_content(r, u.content, start, out),
+                Owner::Rule(r, _) => self.on_rule_content(rules, r, u.content, start, out),
                 Owner::Trigger(t) => {
                     let Some(trigger) = plan.triggers.get(t as usize) else {
                         continue;
@@ -667,7 +849,14 @@ impl Detector {
         }
     }
 
-    fn on_rule_content(&mut self, r: u32, content: u32, start: u64, out: &mut Vec<Event>) {
+    fn on_rule_content(
+        &mut self,
+        rules: &EncryptedRules,
+        r: u32,
+        content: u32,
+        start: u64,
+        out: &mut Vec<Event>,
+    ) {
         // A rule reports once per message: once it fired, its occurrences no longer matter.
         if self.fired.contains(&r) {
             return;
@@ -678,7 +867,6 @@ impl Detector {
             return;
         }
         list.push(rel);
-        let rules = Arc::clone(&self.rules);
         let Some(rule) = rules.plan.rules.get(r as usize) else {
             return;
         };
@@ -686,12 +874,8 @@ impl Detector {
             return;
         }
         if rule.contents.len() == 1 {
-            let list = self
-                .occ
-                .get(&content)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            if rule.satisfied(&[list.to_vec()]) {
+            // The earlier occurrences did not satisfy the rule; only the new one can.
+            if rule.satisfied_slices(&[std::slice::from_ref(&rel)]) {
                 self.fired.insert(r);
                 out.push(Event::Alert(Alert {
                     sid: rule.sid,
@@ -733,12 +917,9 @@ impl Detector {
     }
 
     fn prune(&mut self, offset: u64) {
-        let contents = &self.rules.plan.contents;
-        self.pending.retain(|&(c, start), _| {
-            contents
-                .get(c as usize)
-                .is_some_and(|pc| start.saturating_add(pc.last_rel) >= offset)
-        });
+        let span = self.rules.plan.max_span;
+        self.recent
+            .retain(|&(_, o), _| o.saturating_add(span) >= offset);
     }
 
     /// The flow key recovered by a Protocol III trigger, if any.
@@ -756,14 +937,12 @@ impl Detector {
             v.extend_from_slice(e);
             v.extend_from_slice(&c.to_be_bytes());
         }
-        let mut pending: Vec<_> = self.pending.iter().collect();
-        pending.sort();
-        for ((c, s), bits) in pending {
+        let mut recent: Vec<_> = self.recent.iter().collect();
+        recent.sort_unstable();
+        for ((c, o), lanes) in recent {
             v.extend_from_slice(&c.to_be_bytes());
-            v.extend_from_slice(&s.to_be_bytes());
-            for b in bits {
-                v.extend_from_slice(&b.to_be_bytes());
-            }
+            v.extend_from_slice(&o.to_be_bytes());
+            v.push(*lanes);
         }
         let mut occ: Vec<_> = self.occ.iter().collect();
         occ.sort();
@@ -1121,6 +1300,40 @@ mod tests {
         assert_eq!(eb, es);
         assert_eq!(batch.audit_bytes(), single.audit_bytes());
         assert_eq!(batch.hits(), single.hits());
+    }
+
+    proptest::proptest! {
+        /// The ciphertext table agrees with a reference multimap under inserts, removals and
+        /// lookups (few distinct keys, so equal keys, long probe runs, wrap-around and growth).
+        #[test]
+        fn c1_table_is_a_multimap(ops in proptest::collection::vec((0u8..3, 0u8..12, 0u32..6), 0..300)) {
+            let mut t = C1Table::with_capacity(1);
+            let mut reference: Vec<(u64, u32)> = Vec::new();
+            for (op, k, id) in ops {
+                let key = c1_key(&[k, 0, 0, 0, k / 3]);
+                match op {
+                    0 => {
+                        t.insert(key, id);
+                        reference.push((key, id));
+                    }
+                    1 => {
+                        if let Some(i) = reference.iter().position(|&e| e == (key, id)) {
+                            reference.swap_remove(i);
+                            t.remove(key, id);
+                        }
+                    }
+                    _ => {}
+                }
+                let mut got = Vec::new();
+                t.find(key, &mut got);
+                got.sort_unstable();
+                let mut want: Vec<u32> =
+                    reference.iter().filter(|e| e.0 == key).map(|e| e.1).collect();
+                want.sort_unstable();
+                proptest::prop_assert_eq!(got, want);
+                proptest::prop_assert_eq!(t.len, reference.len());
+            }
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ use zeroize::Zeroizing;
 
 use crate::channel::{
     frame_msgs, ChannelError, ChannelParams, ChannelWriter, Deframer, Frame, FrameAuth, Privacy,
+    RawFrame,
 };
 use crate::detect::{Alert, DetectError, Detector, EncryptedRules, Event};
 use crate::dpienc::{
@@ -653,7 +654,7 @@ impl MiddleboxFlow {
         Self {
             rules,
             full,
-            deframer: Deframer::new(),
+            deframer: Deframer::without_tag_bytes(),
             detector: None,
             params: None,
             msgs: Vec::new(),
@@ -688,6 +689,55 @@ impl MiddleboxFlow {
         self.params
     }
 
+    /// One frame of the token channel (detection; nothing is forwarded here).
+    fn on_token_frame(&mut self, raw: RawFrame) -> Result<(), FlowError> {
+        match raw.frame {
+            Frame::Hello(p) => {
+                let scheme = match p.privacy {
+                    Privacy::ExactMatch => SaltScheme::ExactMatch,
+                    Privacy::ProbableCause => SaltScheme::ProbableCause,
+                };
+                self.params = Some(p);
+                if p.privacy == Privacy::ExactMatch {
+                    // Nothing will ever be decrypted: keep no ciphertext.
+                    self.retained = Vec::new();
+                }
+                self.detector = Some(Detector::new(
+                    Arc::clone(&self.rules),
+                    scheme,
+                    Some(p.direction),
+                ));
+            }
+            Frame::SealedSecrets(body) => {
+                if self.sealed.is_none() && body.len() >= 8 {
+                    let mut s = [0u8; 8];
+                    s.copy_from_slice(body.get(..8).unwrap_or(&[0; 8]));
+                    self.sealed = Some((
+                        u64::from_be_bytes(s),
+                        body.get(8..).unwrap_or_default().to_vec(),
+                    ));
+                    self.trim_retained();
+                }
+            }
+            Frame::End { .. } => {}
+            Frame::Salt(_) | Frame::MessageStart(_) | Frame::Tokens(_) => {
+                let Some(det) = self.detector.as_mut() else {
+                    return Err(ChannelError::NoHello.into());
+                };
+                match &raw.frame {
+                    Frame::Tokens(b) => det.process_batch(b, &mut self.events)?,
+                    f => {
+                        frame_msgs(f, &mut self.msgs);
+                        for m in self.msgs.drain(..) {
+                            det.process(&m, &mut self.events)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Token-channel bytes from the sender; appends what to forward to `fwd`.
     pub fn token_in(
         &mut self,
@@ -698,53 +748,10 @@ impl MiddleboxFlow {
         if self.blocked {
             return Ok(());
         }
-        self.deframer.push(data);
-        while let Some(raw) = self.deframer.next_frame()? {
-            match raw.frame {
-                Frame::Hello(p) => {
-                    let scheme = match p.privacy {
-                        Privacy::ExactMatch => SaltScheme::ExactMatch,
-                        Privacy::ProbableCause => SaltScheme::ProbableCause,
-                    };
-                    self.params = Some(p);
-                    if p.privacy == Privacy::ExactMatch {
-                        // Nothing will ever be decrypted: keep no ciphertext.
-                        self.retained = Vec::new();
-                    }
-                    self.detector = Some(Detector::new(
-                        Arc::clone(&self.rules),
-                        scheme,
-                        Some(p.direction),
-                    ));
-                }
-                Frame::SealedSecrets(body) => {
-                    if self.sealed.is_none() && body.len() >= 8 {
-                        let mut s = [0u8; 8];
-                        s.copy_from_slice(body.get(..8).unwrap_or(&[0; 8]));
-                        self.sealed = Some((
-                            u64::from_be_bytes(s),
-                            body.get(8..).unwrap_or_default().to_vec(),
-                        ));
-                        self.trim_retained();
-                    }
-                }
-                Frame::End { .. } => {}
-                Frame::Salt(_) | Frame::MessageStart(_) | Frame::Tokens(_) => {
-                    let Some(det) = self.detector.as_mut() else {
-                        return Err(ChannelError::NoHello.into());
-                    };
-                    match &raw.frame {
-                        Frame::Tokens(b) => det.process_batch(b, &mut self.events)?,
-                        f => {
-                            frame_msgs(f, &mut self.msgs);
-                            for m in self.msgs.drain(..) {
-                                det.process(&m, &mut self.events)?;
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let mut deframer = std::mem::take(&mut self.deframer);
+        let r = deframer.push_frames(data, |raw| self.on_token_frame(raw));
+        self.deframer = deframer;
+        r?;
         self.handle_events(events)?;
         if !self.blocked {
             fwd.extend_from_slice(data);

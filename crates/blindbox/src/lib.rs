@@ -12,7 +12,8 @@
 //! * [`keys`] derives `k`, `k_rand`, flow keys and channel keys from the primary session's exporter;
 //! * [`flow`] puts it together: sender, middlebox and receiver of one direction (validation,
 //!   Protocol III decryption); [`fullrule`] evaluates full rules (`pcre`) on decrypted flows;
-//! * [`plaintext`] is the Aho–Corasick reference matcher used as the oracle.
+//! * [`plaintext`] is the Aho–Corasick reference matcher used as the oracle;
+//! * `aes8` (private) runs AES-128 under eight keys at once, key schedules included.
 //!
 //! See `docs/blindbox.md` for the privacy models and what the middlebox learns.
 
@@ -21,6 +22,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod aes8;
 pub mod channel;
 pub mod detect;
 pub mod dpienc;

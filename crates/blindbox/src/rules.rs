@@ -755,19 +755,20 @@ impl MatchRule {
         self.search(0, 0, occ, &mut failed)
     }
 
-    fn search(
-        &self,
-        j: usize,
-        prev_end: i64,
-        occ: &[Vec<u64>],
-        failed: &mut HashSet<(usize, i64)>,
-    ) -> bool {
-        let Some(c) = self.contents.get(j) else {
-            return true;
-        };
-        if failed.contains(&(j, prev_end)) {
-            return false;
+    /// [`Self::satisfied`] over borrowed position lists (the detector's hot path: no copies).
+    pub fn satisfied_slices(&self, occ: &[&[u64]]) -> bool {
+        if let ([c], [positions]) = (self.contents.as_slice(), occ) {
+            // One content: no backtracking, no memo table.
+            let (lo, hi_end, len) = Self::window(c, 0);
+            return positions.iter().any(|&p| Self::fits(p, lo, hi_end, len));
         }
+        let mut failed = HashSet::new();
+        self.search(0, 0, occ, &mut failed)
+    }
+
+    /// Where content `c` may start and end, after a previous match ending at `prev_end`:
+    /// `(lowest start, highest end, length)`.
+    fn window(c: &MatchContent, prev_end: i64) -> (i64, Option<i64>, i64) {
         // Positions come from the network: saturate instead of overflowing.
         let len = i64::try_from(c.pattern.len()).unwrap_or(i64::MAX);
         let relative = c.distance.is_some() || c.within.is_some();
@@ -778,9 +779,34 @@ impl MatchRule {
             let lo = c.offset.unwrap_or(0);
             (lo, c.depth.map(|d| lo.max(0).saturating_add(d)))
         };
-        let lo = lo.max(0);
-        let pos = |p: u64| i64::try_from(p).unwrap_or(i64::MAX);
-        let positions = occ.get(j).map(Vec::as_slice).unwrap_or_default();
+        (lo.max(0), hi_end, len)
+    }
+
+    fn pos(p: u64) -> i64 {
+        i64::try_from(p).unwrap_or(i64::MAX)
+    }
+
+    fn fits(p: u64, lo: i64, hi_end: Option<i64>, len: i64) -> bool {
+        let start = Self::pos(p);
+        start >= lo && !hi_end.is_some_and(|h| start.saturating_add(len) > h)
+    }
+
+    fn search<O: AsRef<[u64]>>(
+        &self,
+        j: usize,
+        prev_end: i64,
+        occ: &[O],
+        failed: &mut HashSet<(usize, i64)>,
+    ) -> bool {
+        let Some(c) = self.contents.get(j) else {
+            return true;
+        };
+        if failed.contains(&(j, prev_end)) {
+            return false;
+        }
+        let (lo, hi_end, len) = Self::window(c, prev_end);
+        let pos = Self::pos;
+        let positions = occ.get(j).map(AsRef::as_ref).unwrap_or_default();
         let first = positions.partition_point(|&p| pos(p) < lo);
         for &p in positions.get(first..).unwrap_or_default() {
             let end = pos(p).saturating_add(len);

@@ -10,7 +10,7 @@
 //! Both are streaming: the tokens (and their offsets) do not depend on how the stream is split into
 //! `push` calls. A *segment* is a contiguous run of inspected bytes; tokens never span two segments
 //! (a skipped body or a new HTTP message ends a segment). [`FlowTokenizer`] drives a tokenizer from
-//! the [`HttpFramer`](crate::http::HttpFramer).
+//! the [`HttpFramer`].
 
 use crate::http::{FrameEvent, HttpFramer};
 

@@ -1,4 +1,4 @@
-//! Shared benchmark workload (included by `benches/blindbox.rs` and `examples/bench_report.rs`; not a bench target itself):
+//! Shared benchmark workload (included by `benches/blindbox.rs` and `examples/blindbox_bench.rs`; not a bench target itself):
 //! a text-heavy HTTP corpus, rule sets of 1 and 3,000 keywords, and the pipelines measured.
 #![allow(dead_code)]
 
