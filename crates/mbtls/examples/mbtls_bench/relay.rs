@@ -1,0 +1,358 @@
+//! Benchmark 2 (paper Figure 7): middlebox relay throughput with 16 KB records, TLS 1.3
+//! TLS_AES_256_GCM_SHA384, as bytes relayed per CPU-second of the middlebox, next to the
+//! single-core AES-256-GCM rate of `openssl speed` (and of ring, the AEAD our record layer uses),
+//! measured right before each sample so both see the same machine load.
+//!
+//! - In process (one thread): [`MiddleboxRelay`] (decrypt + re-encrypt) over pre-encrypted
+//!   records of several connections, and a copy of the same bytes (forward-only, the passive
+//!   middlebox).
+//! - Over TCP on loopback: the [`MiddleboxServer`] driver in a runtime of its own (one thread,
+//!   whose CPU is the middlebox's), several mbTLS clients → it → a TLS sink; forward-only is a
+//!   plain TCP relay in the same runtime between plain TLS clients and the sink. The endpoints
+//!   run in another runtime and share the 2 cores with it.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mbx_apps::{MiddleboxApp, PassThrough};
+use mbx_engine::Role;
+use mbx_mbtls::driver::{
+    AppFactory, MbtlsClient, MiddleboxServer, MiddleboxServerConfig, Placement,
+};
+use mbx_mbtls::handshake::ClientMiddlebox;
+use mbx_mbtls::{client_side_keys, EndpointDataPhase, HopKeys, MiddleboxRelay, Side};
+use mbx_record::{CipherSuite, TlsVersion};
+use serde_json::{json, Value};
+use tokio::runtime::Runtime;
+
+use crate::cpu::{delta_s, thread_ns, threads_ns};
+use crate::setup::{Setup, CLIENT_SIDE};
+use crate::tls_io::{tcp_relay, tls_server, Serve, TlsClient};
+use crate::{med, rt, stats, Res};
+
+const RECORD: usize = 16 * 1024;
+/// Bytes handed to the middlebox per receive call (the driver reads 32 KiB at a time).
+const CHUNK: usize = 32 * 1024;
+const CONNS: usize = 4;
+/// Plaintext per connection per sample, in process and over TCP.
+const IN_PROCESS_BYTES: usize = 24 << 20;
+const TCP_BYTES: usize = 16 << 20;
+
+/// `openssl speed -evp aes-256-gcm -bytes 16384 -seconds 3`: bytes per (user) CPU-second.
+fn openssl_speed() -> Res<f64> {
+    let out = Command::new("openssl")
+        .args([
+            "speed",
+            "-evp",
+            "aes-256-gcm",
+            "-bytes",
+            "16384",
+            "-seconds",
+            "3",
+            "-mr",
+        ])
+        .output()?;
+    // Machine-readable result: "+F:<n>:AES-256-GCM:<bytes per second for 16384-byte blocks>".
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("+F:"))
+        .and_then(|l| l.rsplit(':').next())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .ok_or_else(|| format!("cannot parse openssl speed output: {text}").into())
+}
+
+/// ring's AES-256-GCM sealing 16 KB buffers on this thread for ~0.3 s: bytes per CPU-second.
+fn ring_speed() -> Res<f64> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).map_err(|_| "key")?);
+    let mut buf = vec![0x5au8; RECORD];
+    let (c0, t0) = (thread_ns(), Instant::now());
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        let mut nonce = [0u8; 12];
+        nonce[4..].copy_from_slice(&n.to_be_bytes());
+        let tag = key
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+            .map_err(|_| "seal")?;
+        let _ = std::hint::black_box(tag);
+        n += 1;
+    }
+    Ok((n as usize * RECORD) as f64 / ((thread_ns() - c0) as f64 / 1e9))
+}
+
+type Relay = MiddleboxRelay<Box<dyn MiddleboxApp>>;
+
+/// Relays and the pre-encrypted client→server byte stream of each.
+fn relays() -> Res<Vec<(Relay, Vec<u8>)>> {
+    let (version, suite) = (TlsVersion::Tls13, CipherSuite::TLS13_AES_256_GCM_SHA384);
+    let record = vec![0x5au8; RECORD];
+    let mut out = Vec::new();
+    for _ in 0..CONNS {
+        let bridge = HopKeys::generate(version, &suite, 3, 5)?;
+        let mut side = client_side_keys(version, suite, bridge, 1)?;
+        let km = side.middleboxes.pop().ok_or("no key material")?;
+        let mut client = EndpointDataPhase::new(Role::Client, version, side.endpoint);
+        let mut stream = Vec::with_capacity(IN_PROCESS_BYTES + IN_PROCESS_BYTES / 500);
+        for _ in 0..IN_PROCESS_BYTES / RECORD {
+            client.write(&record)?;
+            stream.extend(client.take_outgoing());
+        }
+        let relay = MiddleboxRelay::new(km, Box::new(PassThrough) as Box<dyn MiddleboxApp>)?;
+        out.push((relay, stream));
+    }
+    Ok(out)
+}
+
+/// Bytes per CPU-second through the relays (decrypt + re-encrypt) and through a copy.
+fn in_process() -> Res<(f64, f64)> {
+    let mut rs = relays()?;
+    let total: usize = rs.iter().map(|(_, s)| s.len()).sum();
+    // Connections interleaved chunk by chunk, as a middlebox serving them at once would.
+    let chunks = rs
+        .iter()
+        .map(|(_, s)| s.len().div_ceil(CHUNK))
+        .max()
+        .unwrap_or(0);
+    let t = thread_ns();
+    let mut relayed = 0usize;
+    for k in 0..chunks {
+        for (relay, stream) in rs.iter_mut() {
+            let Some(chunk) = stream.chunks(CHUNK).nth(k) else {
+                continue;
+            };
+            relay.receive(Side::Client, chunk);
+            relayed += relay.take_outgoing(Side::Server).len();
+        }
+    }
+    let dec_enc = (thread_ns() - t) as f64 / 1e9;
+    if rs.iter().any(|(r, _)| r.is_failed()) || relayed != total {
+        return Err(format!("relay failed: {relayed} of {total} bytes").into());
+    }
+    let t = thread_ns();
+    let mut copied = 0usize;
+    for k in 0..chunks {
+        for (_, stream) in rs.iter() {
+            if let Some(chunk) = stream.chunks(CHUNK).nth(k) {
+                copied += std::hint::black_box(chunk.to_vec()).len();
+            }
+        }
+    }
+    let forward = (thread_ns() - t) as f64 / 1e9;
+    let plaintext = (CONNS * IN_PROCESS_BYTES) as f64;
+    let _ = copied;
+    Ok((plaintext / dec_enc, plaintext / forward))
+}
+
+/// The in-process relay `n` times, printed (for profiling the relay under `perf`).
+pub fn in_process_only(n: usize) -> Res<()> {
+    for _ in 0..n {
+        let (dec_enc, fwd) = in_process()?;
+        println!(
+            "in-process dec+enc {:.0} MB/CPU-s, forward {:.0}, ring seal {:.0}",
+            dec_enc / 1e6,
+            fwd / 1e6,
+            ring_speed()? / 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Waits until `count` reaches `target` (the sink received everything).
+async fn wait_for(count: &AtomicU64, target: u64) -> Res<()> {
+    let t0 = Instant::now();
+    while count.load(Ordering::Relaxed) < target {
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("sink did not receive everything".into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+struct Tcp {
+    load: Runtime,
+    _mbox_rt: Runtime,
+    _mbox: MiddleboxServer,
+    mbox_addr: std::net::SocketAddr,
+    relay_addr: std::net::SocketAddr,
+    sink: Arc<AtomicU64>,
+    setup_client: mbx_mbtls::handshake::ClientHandshakeConfig,
+    tls_client: Arc<mbx_engine::OpenSslContext>,
+}
+
+impl Tcp {
+    fn new(setup: &Setup) -> Res<Tcp> {
+        let version = TlsVersion::Tls13;
+        let load = rt("load", 1)?;
+        let mbox_rt = rt("mbox-rt", 1)?;
+        let sink = Arc::new(AtomicU64::new(0));
+        let server = load.block_on(tls_server(
+            setup.tls_server(version)?,
+            Serve::Sink(sink.clone()),
+        ))?;
+        let app: AppFactory = Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
+        let cfg = MiddleboxServerConfig {
+            handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
+            next_hop: server.to_string(),
+            app,
+            placement: Placement::ClientSide,
+        };
+        let mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
+        let relay_addr = mbox_rt.block_on(tcp_relay(server))?;
+        Ok(Tcp {
+            mbox_addr: mbox.local_addr(),
+            _mbox: mbox,
+            relay_addr,
+            sink,
+            setup_client: setup.mbtls_client(
+                version,
+                ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()),
+                true,
+            )?,
+            tls_client: setup.tls_client(version)?,
+            load,
+            _mbox_rt: mbox_rt,
+        })
+    }
+
+    /// One sample: `CONNS` connections each send `TCP_BYTES` in 16 KB writes. Returns bytes per
+    /// CPU-second of the middlebox runtime, with mbTLS (true) or through the TCP relay.
+    fn sample(&self, mbtls: bool) -> Res<f64> {
+        let record = vec![0x5au8; RECORD];
+        let warm = RECORD as u64;
+        self.sink.store(0, Ordering::Relaxed);
+        self.load.block_on(async {
+            // Connect and push one record each, so every handshake (and key installation at
+            // the middlebox) is over before the CPU window opens.
+            let mut writers: Vec<Box<dyn Writer>> = Vec::new();
+            for _ in 0..CONNS {
+                if mbtls {
+                    let mut c =
+                        MbtlsClient::connect(self.mbox_addr, self.setup_client.clone()).await?;
+                    c.write_all(&record).await?;
+                    writers.push(Box::new(c));
+                } else {
+                    let c = TlsClient::connect(self.relay_addr, &self.tls_client, &record).await?;
+                    writers.push(Box::new(c));
+                }
+            }
+            wait_for(&self.sink, warm * CONNS as u64).await?;
+            let before = threads_ns("mbox-rt");
+            let mut tasks = Vec::new();
+            for mut w in writers {
+                let record = record.clone();
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..TCP_BYTES / RECORD {
+                        w.send(&record).await?;
+                    }
+                    Res::Ok(w)
+                }));
+            }
+            let mut keep = Vec::new();
+            for t in tasks {
+                keep.push(t.await.map_err(|e| e.to_string())??);
+            }
+            wait_for(&self.sink, (warm + TCP_BYTES as u64) * CONNS as u64).await?;
+            let cpu = delta_s(&before, &threads_ns("mbox-rt"));
+            drop(keep);
+            Ok((CONNS * TCP_BYTES) as f64 / cpu.max(1e-9))
+        })
+    }
+}
+
+/// Either client, for the throughput loop.
+trait Writer: Send {
+    fn send<'a>(
+        &'a mut self,
+        data: &'a [u8],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<()>> + Send + 'a>>;
+}
+
+impl Writer for MbtlsClient {
+    fn send<'a>(
+        &'a mut self,
+        data: &'a [u8],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<()>> + Send + 'a>> {
+        Box::pin(async move { Ok(self.write_all(data).await?) })
+    }
+}
+
+impl Writer for TlsClient {
+    fn send<'a>(
+        &'a mut self,
+        data: &'a [u8],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<()>> + Send + 'a>> {
+        Box::pin(self.write_all(data))
+    }
+}
+
+pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
+    let tcp = Tcp::new(setup)?;
+    let names = [
+        "openssl_speed",
+        "ring_seal",
+        "in_process_dec_enc",
+        "in_process_forward",
+        "tcp_dec_enc",
+        "tcp_forward",
+    ];
+    let mut v: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut ratio_dec_enc = Vec::new();
+    let mut ratio_tcp = Vec::new();
+    for rep in 0..=reps {
+        let speed = openssl_speed()?;
+        let ring = ring_speed()?;
+        let (dec_enc, fwd) = in_process()?;
+        let tcp_dec_enc = tcp.sample(true)?;
+        let tcp_fwd = tcp.sample(false)?;
+        if rep == 0 {
+            continue; // warm-up
+        }
+        for (slot, x) in v
+            .iter_mut()
+            .zip([speed, ring, dec_enc, fwd, tcp_dec_enc, tcp_fwd])
+        {
+            slot.push(x / 1e6);
+        }
+        ratio_dec_enc.push(dec_enc / speed);
+        ratio_tcp.push(tcp_dec_enc / speed);
+        println!(
+            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0}",
+            speed / 1e6,
+            ring / 1e6,
+            dec_enc / 1e6,
+            dec_enc / speed,
+            fwd / 1e6,
+            tcp_dec_enc / 1e6,
+            tcp_dec_enc / speed,
+            tcp_fwd / 1e6
+        );
+    }
+    let mut out = serde_json::Map::new();
+    for (n, s) in names.iter().zip(&v) {
+        out.insert(format!("{n}_mb_per_cpu_s"), stats(s));
+    }
+    let r = stats(&ratio_dec_enc);
+    let rt_ = stats(&ratio_tcp);
+    out.insert(
+        "in_process_dec_enc_over_openssl".into(),
+        json!({"per_rep": r, "of_two_pass_ceiling": med(&r) * 2.0}),
+    );
+    out.insert(
+        "tcp_dec_enc_over_openssl".into(),
+        json!({"per_rep": rt_, "of_two_pass_ceiling": med(&rt_) * 2.0}),
+    );
+    out.insert(
+        "setup".into(),
+        json!({
+            "version": "TLS 1.3", "suite": "TLS_AES_256_GCM_SHA384", "record_bytes": RECORD,
+            "connections": CONNS, "in_process_bytes_per_conn": IN_PROCESS_BYTES,
+            "tcp_bytes_per_conn": TCP_BYTES, "chunk_bytes": CHUNK, "app": "PassThrough",
+            "direction": "client to server",
+        }),
+    );
+    drop(tcp);
+    Ok(Value::Object(out))
+}

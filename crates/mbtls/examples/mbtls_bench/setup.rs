@@ -1,0 +1,166 @@
+//! One test PKI (ECDSA P-256 everywhere) and the contexts every configuration is built from.
+//! Session tickets are off on every server (plain, split and mbTLS alike), so no handshake
+//! pays for issuing tickets nobody uses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mbx_attest::sim::{measure, signer_id};
+use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_mbtls::handshake::{
+    ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
+    ServerMiddlebox,
+};
+use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_record::TlsVersion;
+use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
+use zeroize::Zeroizing;
+
+use crate::Res;
+
+const PROGRAM: &str = "mbx-bench-middlebox";
+pub const SERVER: &str = "server.test";
+/// Middlebox names: client side (path order from the client) and server side.
+pub const CLIENT_SIDE: [&str; 2] = ["mb1.test", "mb0.test"];
+pub const SERVER_SIDE: [&str; 2] = ["mb2.test", "mb3.test"];
+
+pub struct Setup {
+    root: Vec<u8>,
+    server_id: Identity,
+    platform: Arc<SimulatedPlatform>,
+    /// Per middlebox name: identity and certificate DER.
+    middleboxes: HashMap<&'static str, (Identity, Vec<u8>)>,
+}
+
+fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<(Identity, Vec<u8>)> {
+    let leaf = pki.issue(spec)?;
+    Ok((
+        Identity {
+            cert_chain_pem: leaf.chain_pem().into_bytes(),
+            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+        },
+        leaf.cert_der().to_vec(),
+    ))
+}
+
+fn no_tickets(mut cfg: TlsConfig) -> TlsConfig {
+    cfg.session_tickets = false;
+    cfg
+}
+
+impl Setup {
+    /// `key_type` for the root and every leaf (server, middleboxes).
+    pub fn new(key_type: KeyType) -> Res<Setup> {
+        let pki = TestPki::with_key_type("mbx bench root", key_type)?;
+        let (server_id, _) = identity(&pki, &LeafSpec::server(SERVER).key_type(key_type))?;
+        let mut middleboxes = HashMap::new();
+        for name in CLIENT_SIDE.into_iter().chain(SERVER_SIDE) {
+            let spec = LeafSpec::middlebox(name).key_type(key_type);
+            middleboxes.insert(name, identity(&pki, &spec)?);
+        }
+        Ok(Setup {
+            root: pki.root_pem().into_bytes(),
+            server_id,
+            platform: Arc::new(SimulatedPlatform::generate()?),
+            middleboxes,
+        })
+    }
+
+    /// The endpoints' attestation policy: evidence from the simulated platform required, or
+    /// not asked for at all (`attest = false`).
+    pub fn policy(&self, attest: bool) -> Policy {
+        Policy {
+            required: attest,
+            allow_simulated: true,
+            measurements: vec![HexBytes(measure(PROGRAM, b"").to_vec())],
+            sim_platform_keys: vec![HexBytes(self.platform.public_key().to_vec())],
+            ..Policy::default()
+        }
+    }
+
+    /// A middlebox's certificate and attester (simulated, or none).
+    pub fn middlebox(&self, name: &str, attest: bool) -> Res<MiddleboxHandshakeConfig> {
+        let (id, der) = self.middleboxes.get(name).ok_or("unknown middlebox")?;
+        let attester: Option<Arc<dyn mbx_attest::Attester>> = if attest {
+            Some(Arc::new(SimulatedAttester::new(
+                self.platform.clone(),
+                measure(PROGRAM, b""),
+                signer_id("mbx bench"),
+            )))
+        } else {
+            None
+        };
+        Ok(MiddleboxHandshakeConfig {
+            tls: Arc::new(OpenSslContext::new(&no_tickets(TlsConfig::server(
+                id.clone(),
+            )))?),
+            certificate_der: der.clone(),
+            attester,
+        })
+    }
+
+    pub fn mbtls_client(
+        &self,
+        version: TlsVersion,
+        middlebox: ClientMiddlebox,
+        attest: bool,
+    ) -> Res<ClientHandshakeConfig> {
+        let mut primary = TlsConfig::client(SERVER, self.root.clone()).only(version);
+        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client(CLIENT_SIDE[0], self.root.clone());
+        Ok(ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary)?),
+            server_name: SERVER.into(),
+            secondary: Arc::new(OpenSslContext::new(&secondary)?),
+            middlebox,
+            policy: self.policy(attest),
+            now_unix: now_unix(),
+        })
+    }
+
+    pub fn mbtls_server(
+        &self,
+        version: TlsVersion,
+        middlebox: ServerMiddlebox,
+        attest: bool,
+    ) -> Res<ServerHandshakeConfig> {
+        let mut primary = no_tickets(TlsConfig::server(self.server_id.clone()).only(version));
+        primary.pause_after_handshake = true;
+        let secondary = TlsConfig::client(SERVER_SIDE[0], self.root.clone());
+        Ok(ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary)?),
+            secondary: Arc::new(OpenSslContext::new(&secondary)?),
+            middlebox,
+            policy: self.policy(attest),
+            now_unix: now_unix(),
+        })
+    }
+
+    /// A plain TLS client of the server (OpenSSL engine).
+    pub fn tls_client(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
+        let cfg = TlsConfig::client(SERVER, self.root.clone()).only(version);
+        Ok(Arc::new(OpenSslContext::new(&cfg)?))
+    }
+
+    /// A plain TLS server (OpenSSL engine) with the server's certificate.
+    pub fn tls_server(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
+        let cfg = no_tickets(TlsConfig::server(self.server_id.clone()).only(version));
+        Ok(Arc::new(OpenSslContext::new(&cfg)?))
+    }
+
+    /// The TLS-terminating side of a split-TLS middlebox: it must present a certificate for
+    /// the server's name, so it gets the server's identity (an interception CA in practice;
+    /// same key type and chain length, so the same cost).
+    pub fn split_front(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
+        self.tls_server(version)
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
