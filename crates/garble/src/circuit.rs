@@ -81,126 +81,61 @@ pub struct Circuit {
     gates: Vec<Gate>,
     outputs: Vec<u32>,
     counts: GateCounts,
-    /// Garbling schedule, computed once per circuit (see [`Segment`]).
-    segments: Vec<Segment>,
     /// The gates over reused storage slots (see [`Compiled`]).
     compiled: Compiled,
     /// Cached [`Circuit::digest`] (every transcript hash needs it).
     digest: OnceLock<[u8; 32]>,
 }
 
-/// The gates rewritten over storage slots: a slot is reused once its wire is dead, so garbling
-/// touches a working set of the circuit's width (a few thousand labels for AES) instead of one
-/// label per wire. Inputs start in slots `0..inputs`; outputs keep their slots to the end. A gate's
-/// output slot never equals one of its operand slots.
+/// The gates rewritten for the garbler and the evaluator: reordered within each [`Segment`] (its
+/// free gates first, then its AND gates, which is still a topological order because no gate of a
+/// segment reads an AND output of the same segment) and over reused storage slots (a slot is
+/// reused once its wire is dead, so garbling touches a working set of the circuit's width — a few
+/// thousand labels for AES — instead of one label per wire).
+///
+/// Slots: the inputs are in `0..inputs`, slot [`Compiled::one`] (= `inputs`) holds the constant
+/// that INV adds (Δ when garbling, 0 when evaluating), so every free gate is an XOR of two slots
+/// and the gate loops have no branches. Outputs keep their slots to the end. A gate's output slot
+/// never equals one of its operand slots. Every slot index is below `slots`.
+///
+/// AND gates keep their relative order, so the `j`-th entry of `ands` is the circuit's `j`-th AND
+/// gate (its tables and hash tweaks do not depend on this representation).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Compiled {
-    pub(crate) gates: Vec<SlotGate>,
+    /// Free gates `[a, b, out]` (`out ← a ⊕ b`), segment after segment.
+    pub(crate) xors: Vec<[u32; 3]>,
+    /// AND gates `[a, b, out]` in circuit order.
+    pub(crate) ands: Vec<[u32; 3]>,
+    /// The segments, as end positions in `xors` and `ands`.
+    pub(crate) segments: Vec<Segment>,
     pub(crate) outputs: Vec<u32>,
+    /// Slots in use.
     pub(crate) slots: usize,
+    /// The constant slot INV gates read.
+    pub(crate) one: u32,
 }
 
-/// A gate over slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SlotGate {
-    pub(crate) op: Op,
-    pub(crate) a: u32,
-    pub(crate) b: u32,
-    pub(crate) out: u32,
-}
-
-/// Assigns slots by liveness (last reader), reusing freed slots last-in first-out for locality.
-fn compile(inputs: usize, gates: &[Gate], outputs: &[u32]) -> Compiled {
-    const NEVER: usize = usize::MAX;
-    const FOREVER: usize = usize::MAX - 1;
-    let wires = inputs + gates.len();
-    let mut last_use = vec![NEVER; wires];
-    for (i, g) in gates.iter().enumerate() {
-        last_use[g.a as usize] = i;
-        if g.op != Op::Inv {
-            last_use[g.b as usize] = i;
-        }
-    }
-    for &o in outputs {
-        last_use[o as usize] = FOREVER;
-    }
-    let mut slot_of: Vec<u32> = (0..wires as u32).collect();
-    let mut free: Vec<u32> = Vec::new();
-    let mut next = inputs as u32;
-    let mut trash: Option<u32> = None;
-    let mut out = Vec::with_capacity(gates.len());
-    for (i, g) in gates.iter().enumerate() {
-        let w = inputs + i;
-        let mut alloc = || {
-            free.pop().unwrap_or_else(|| {
-                next += 1;
-                next - 1
-            })
-        };
-        // Dead outputs all go to one slot nobody reads. (Freeing them at once would be wrong: an
-        // AND gate's output is written at the end of its segment, after later gates ran.)
-        let s = if last_use[w] == NEVER {
-            *trash.get_or_insert_with(&mut alloc)
-        } else {
-            alloc()
-        };
-        let (a, b) = (slot_of[g.a as usize], slot_of[g.b as usize]);
-        out.push(SlotGate {
-            op: g.op,
-            a,
-            b: if g.op == Op::Inv { a } else { b },
-            out: s,
-        });
-        slot_of[w] = s;
-        if last_use[g.a as usize] == i {
-            free.push(a);
-        }
-        if g.op != Op::Inv && g.b != g.a && last_use[g.b as usize] == i {
-            free.push(b);
-        }
-    }
-    Compiled {
-        gates: out,
-        outputs: outputs.iter().map(|&o| slot_of[o as usize]).collect(),
-        slots: next as usize,
-    }
-}
-
-/// Equal when the descriptions are equal (everything else is derived from them).
-impl PartialEq for Circuit {
-    fn eq(&self, other: &Self) -> bool {
-        self.garbler_inputs == other.garbler_inputs
-            && self.evaluator_inputs == other.evaluator_inputs
-            && self.gates == other.gates
-            && self.outputs == other.outputs
-    }
-}
-
-impl Eq for Circuit {}
-
-/// A run of gates `prev.end..end` in which no gate reads the output of an AND gate of the same
-/// run, with at most [`crate::garble::BATCH`] AND gates. The garbler and the evaluator compute the
-/// free gates of a run as they come and hash all its AND gates in one batch at its end, which keeps
-/// the AES pipeline full when the circuit lists independent ANDs together.
+/// A run of gates in which no gate reads the output of an AND gate of the same run, with at most
+/// [`crate::garble::BATCH`] AND gates. The garbler and the evaluator compute its free gates, then
+/// hash all its AND gates in one batch, which keeps the AES pipeline full when the circuit lists
+/// independent ANDs together. `xor_end` and `and_end` are where it ends in [`Compiled::xors`] and
+/// [`Compiled::ands`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Segment {
-    pub(crate) end: u32,
-    pub(crate) ands: u32,
+    pub(crate) xor_end: u32,
+    pub(crate) and_end: u32,
 }
 
-/// Cuts the gate list into [`Segment`]s.
-fn schedule(inputs: usize, gates: &[Gate]) -> Vec<Segment> {
+/// Cuts the gate list into segments: the end (exclusive gate index) of each.
+fn schedule(inputs: usize, gates: &[Gate]) -> Vec<usize> {
     let mut pending = vec![false; inputs + gates.len()];
-    let mut segments = Vec::new();
+    let mut ends = Vec::new();
     let mut open: Vec<usize> = Vec::with_capacity(crate::garble::BATCH);
     let mut close = |open: &mut Vec<usize>, pending: &mut Vec<bool>, end: usize| {
         for &w in open.iter() {
             pending[w] = false;
         }
-        segments.push(Segment {
-            end: end as u32,
-            ands: open.len() as u32,
-        });
+        ends.push(end);
         open.clear();
     };
     for (i, g) in gates.iter().enumerate() {
@@ -219,8 +154,106 @@ fn schedule(inputs: usize, gates: &[Gate]) -> Vec<Segment> {
     if !gates.is_empty() {
         close(&mut open, &mut pending, gates.len());
     }
-    segments
+    ends
 }
+
+/// Schedules the gates, reorders each segment (free gates, then AND gates) and assigns slots by
+/// liveness (last reader in the new order), reusing freed slots last-in first-out for locality.
+fn compile(inputs: usize, gates: &[Gate], outputs: &[u32]) -> Compiled {
+    const NEVER: usize = usize::MAX;
+    const FOREVER: usize = usize::MAX - 1;
+    // The new order, as gate indices, and the segment boundaries in it.
+    let mut order: Vec<usize> = Vec::with_capacity(gates.len());
+    let mut seg_ends: Vec<usize> = Vec::new();
+    let mut begin = 0;
+    for end in schedule(inputs, gates) {
+        let range = gates.get(begin..end).unwrap_or_default();
+        let free = range.iter().enumerate().filter(|(_, g)| g.op != Op::And);
+        order.extend(free.map(|(i, _)| begin + i));
+        let ands = range.iter().enumerate().filter(|(_, g)| g.op == Op::And);
+        order.extend(ands.map(|(i, _)| begin + i));
+        seg_ends.push(order.len());
+        begin = end;
+    }
+    let wires = inputs + gates.len();
+    let mut last_use = vec![NEVER; wires];
+    for (pos, &i) in order.iter().enumerate() {
+        let g = gates[i];
+        last_use[g.a as usize] = pos;
+        if g.op != Op::Inv {
+            last_use[g.b as usize] = pos;
+        }
+    }
+    for &o in outputs {
+        last_use[o as usize] = FOREVER;
+    }
+    let one = inputs as u32;
+    let mut slot_of: Vec<u32> = (0..wires as u32).collect();
+    let mut free: Vec<u32> = Vec::new();
+    let mut next = one + 1;
+    let mut trash: Option<u32> = None;
+    let mut c = Compiled {
+        one,
+        ..Compiled::default()
+    };
+    let mut seg_ends = seg_ends.into_iter().peekable();
+    for (pos, &i) in order.iter().enumerate() {
+        let g = gates[i];
+        let w = inputs + i;
+        let mut alloc = || {
+            free.pop().unwrap_or_else(|| {
+                next += 1;
+                next - 1
+            })
+        };
+        // Dead outputs all go to one slot nobody reads. (Freeing them at once would be wrong: an
+        // AND gate's output is written at the end of its segment, after later gates ran.)
+        let s = if last_use[w] == NEVER {
+            *trash.get_or_insert_with(&mut alloc)
+        } else {
+            alloc()
+        };
+        let a = slot_of[g.a as usize];
+        let b = if g.op == Op::Inv {
+            one
+        } else {
+            slot_of[g.b as usize]
+        };
+        match g.op {
+            Op::And => c.ands.push([a, b, s]),
+            Op::Xor | Op::Inv => c.xors.push([a, b, s]),
+        }
+        slot_of[w] = s;
+        if last_use[g.a as usize] == pos {
+            free.push(a);
+        }
+        if g.op != Op::Inv && g.b != g.a && last_use[g.b as usize] == pos {
+            free.push(b);
+        }
+        if seg_ends.peek() == Some(&(pos + 1)) {
+            seg_ends.next();
+            c.segments.push(Segment {
+                xor_end: c.xors.len() as u32,
+                and_end: c.ands.len() as u32,
+            });
+        }
+    }
+    c.outputs = outputs.iter().map(|&o| slot_of[o as usize]).collect();
+    c.slots = next as usize;
+    c
+}
+
+/// Equal when the descriptions are equal (everything else is derived from them).
+impl PartialEq for Circuit {
+    fn eq(&self, other: &Self) -> bool {
+        self.garbler_inputs == other.garbler_inputs
+            && self.evaluator_inputs == other.evaluator_inputs
+            && self.gates == other.gates
+            && self.outputs == other.outputs
+    }
+}
+
+impl Eq for Circuit {}
 
 impl Circuit {
     /// Validates the parts and builds a circuit (the single constructor: builder and parser use it).
@@ -272,7 +305,6 @@ impl Circuit {
                 });
             }
         }
-        let segments = schedule(inputs as usize, &gates);
         let compiled = compile(inputs as usize, &gates, &outputs);
         Ok(Self {
             garbler_inputs,
@@ -280,7 +312,6 @@ impl Circuit {
             gates,
             outputs,
             counts,
-            segments,
             compiled,
             digest: OnceLock::new(),
         })
@@ -321,7 +352,7 @@ impl Circuit {
     }
 
     pub(crate) fn segments(&self) -> &[Segment] {
-        &self.segments
+        &self.compiled.segments
     }
 
     /// Labels the garbler and evaluator keep in memory at once (wires are stored in reused slots).

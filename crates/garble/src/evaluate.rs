@@ -6,10 +6,12 @@
 
 use subtle::ConstantTimeEq;
 
-use crate::circuit::{check_len, Circuit, Op, SlotGate};
+use zeroize::Zeroize;
+
+use crate::circuit::{check_len, Circuit};
 use crate::error::Error;
-use crate::garble::{output_tag, tweak, Decoding, BATCH, TABLE_BYTES_PER_AND};
-use crate::hash::FixedKeyHash;
+use crate::garble::{output_tags, Decoding, BATCH, TABLE_BYTES_PER_AND};
+use crate::hash::{sigma, FixedKeyHash};
 use crate::label::{lsb, mask, wipe, Label};
 
 /// Evaluates one garbled circuit.
@@ -17,15 +19,18 @@ pub struct Evaluator<'c> {
     circuit: &'c Circuit,
     hash: FixedKeyHash,
     instance: u64,
-    /// Label in every storage slot (see `Circuit::compiled`).
+    /// Label in every storage slot (see `Circuit::compiled`); a power-of-two length, so slot
+    /// indices are masked instead of bounds-checked.
     labels: Vec<u128>,
-    /// Per AND gate of the open segment: `A`, `lsb(B)` as a mask, and the output slot.
-    operands: Vec<u128>,
-    /// Next segment of the circuit's schedule, and its first gate.
+    /// Per AND gate of the open segment: `A`, `B` (their slots may be reused by the segment's AND
+    /// outputs).
+    operands: Vec<[u128; 2]>,
+    /// Next segment of the circuit's schedule, and its first free and AND gate.
     seg: usize,
-    pos: usize,
-    ands_done: u64,
-    ys: Vec<u128>,
+    xor_pos: usize,
+    and_pos: usize,
+    /// The open segment's hash blocks, two per AND gate.
+    blocks: Vec<u128>,
     /// Received, not yet consumed table bytes (from `buf_off`).
     buf: Vec<u8>,
     buf_off: usize,
@@ -45,7 +50,8 @@ impl<'c> Evaluator<'c> {
             circuit.evaluator_inputs(),
             evaluator_labels.len(),
         )?;
-        let mut labels = vec![0u128; circuit.compiled().slots];
+        // INV gates are XORs with slot `compiled().one`, which stays 0 here.
+        let mut labels = vec![0u128; circuit.compiled().slots.next_power_of_two()];
         for (slot, l) in labels
             .iter_mut()
             .zip(garbler_labels.iter().chain(evaluator_labels))
@@ -57,14 +63,20 @@ impl<'c> Evaluator<'c> {
             hash: FixedKeyHash::new(),
             instance,
             labels,
-            operands: Vec::with_capacity(3 * BATCH),
+            operands: vec![[0; 2]; BATCH],
             seg: 0,
-            pos: 0,
-            ands_done: 0,
-            ys: Vec::with_capacity(2 * BATCH),
+            xor_pos: 0,
+            and_pos: 0,
+            blocks: vec![0; 2 * BATCH],
             buf: Vec::new(),
             buf_off: 0,
         })
+    }
+
+    /// Evaluates with the portable hash path even where VAES is available (tests compare both).
+    #[cfg(test)]
+    pub(crate) fn use_portable_hash(&mut self) {
+        self.hash = FixedKeyHash::portable();
     }
 
     fn total_table_bytes(&self) -> u64 {
@@ -74,7 +86,7 @@ impl<'c> Evaluator<'c> {
     /// Feeds the next chunk of garbled tables (any split of the table stream) and evaluates as far
     /// as the tables received allow.
     pub fn feed(&mut self, tables: &[u8]) -> Result<(), Error> {
-        let consumed = self.ands_done * TABLE_BYTES_PER_AND as u64;
+        let consumed = self.and_pos as u64 * TABLE_BYTES_PER_AND as u64;
         let buffered = (self.buf.len() - self.buf_off) as u64;
         if consumed + buffered + tables.len() as u64 > self.total_table_bytes() {
             return Err(Error::ExtraTables);
@@ -99,72 +111,89 @@ impl<'c> Evaluator<'c> {
 
     /// Evaluates whole segments while `tables` holds their tables; returns the bytes consumed.
     fn run(&mut self, tables: &[u8]) -> usize {
-        let circuit = self.circuit;
+        let compiled = self.circuit.compiled();
         let mut used = 0;
-        while let Some(seg) = circuit.segments().get(self.seg) {
-            let need = seg.ands as usize * TABLE_BYTES_PER_AND;
+        while let Some(seg) = compiled.segments.get(self.seg) {
+            let (xor_end, and_end) = (seg.xor_end as usize, seg.and_end as usize);
+            let xors = compiled.xors.get(self.xor_pos..xor_end).unwrap_or_default();
+            let ands = compiled.ands.get(self.and_pos..and_end).unwrap_or_default();
+            let need = ands.len() * TABLE_BYTES_PER_AND;
             let Some(t) = tables.get(used..used + need) else {
                 break;
             };
-            let end = seg.end as usize;
-            if let Some(gates) = circuit.compiled().gates.get(self.pos..end) {
-                self.eval_segment(gates, t);
-            }
+            self.eval_segment(xors, ands, t);
             used += need;
-            self.pos = end;
+            self.xor_pos = xor_end;
+            self.and_pos = and_end;
             self.seg += 1;
         }
         used
     }
 
-    /// Evaluates one segment: free gates as they come, then its AND gates in one hash batch.
-    fn eval_segment(&mut self, gates: &[SlotGate], tables: &[u8]) {
+    /// Evaluates one segment: its free gates, then its AND gates with one batch of hashes.
+    fn eval_segment(&mut self, xors: &[[u32; 3]], ands: &[[u32; 3]], tables: &[u8]) {
         let Self {
             labels,
-            ys,
+            blocks,
             hash,
             instance,
-            ands_done,
+            and_pos,
             operands,
             ..
         } = self;
-        ys.clear();
-        operands.clear();
-        let mut j = *ands_done;
-        // Slots were assigned by `Circuit::from_parts` within `labels`' length; a segment never
-        // reads its own AND outputs, and AND operands are saved because their slots may be reused.
-        for g in gates {
-            match g.op {
-                Op::Xor => labels[g.out as usize] = labels[g.a as usize] ^ labels[g.b as usize],
-                Op::Inv => labels[g.out as usize] = labels[g.a as usize],
-                Op::And => {
-                    let (a, b) = (labels[g.a as usize], labels[g.b as usize]);
-                    ys.push(FixedKeyHash::prepare(a, tweak(*instance, 2 * j)));
-                    ys.push(FixedKeyHash::prepare(b, tweak(*instance, 2 * j + 1)));
-                    operands.extend_from_slice(&[a, mask(lsb(b)), u128::from(g.out)]);
-                    j += 1;
-                }
-            }
+        // Slots were assigned by `Circuit::from_parts` below `labels`' (power-of-two) length, so
+        // the masks never change an index; they only spare the bounds checks.
+        let labels = labels.as_mut_slice();
+        let m = labels.len().wrapping_sub(1);
+        for &[a, b, o] in xors {
+            labels[o as usize & m] = labels[a as usize & m] ^ labels[b as usize & m];
         }
-        if ys.is_empty() {
+        if ands.is_empty() {
             return;
         }
-        hash.hash_in_place(ys);
-        let per_gate = ys.chunks_exact(2).zip(operands.chunks_exact(3));
-        for ((h, o), t) in per_gate.zip(tables.chunks_exact(TABLE_BYTES_PER_AND)) {
-            let (t_g, t_e) = split_table(t);
-            let (a, sb, slot) = (o[0], o[1], o[2] as usize);
-            let w_g = h[0] ^ (t_g & mask(lsb(a)));
-            let w_e = h[1] ^ ((t_e ^ a) & sb);
-            labels[slot] = w_g ^ w_e;
+        let n = ands.len().min(BATCH);
+        let j0 = 2 * *and_pos as u64;
+        #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+        if let Some(v) = hash.vaes() {
+            let batch = crate::vaes::AndBatch {
+                j0,
+                instance: *instance,
+                delta: 0,
+            };
+            v.eval_ands(labels, &ands[..n], &batch, tables);
+            *and_pos += n;
+            return;
         }
-        *ands_done += (ys.len() / 2) as u64;
+        let (blocks, operands) = (&mut blocks[..2 * n], &mut operands[..n]);
+        let hi = u128::from(*instance) << 64;
+        let per_gate = blocks.chunks_exact_mut(2).zip(operands.iter_mut());
+        for ((&[a, b, _], (y, op)), j) in ands.iter().zip(per_gate).zip((j0..).step_by(2)) {
+            let (la, lb) = (labels[a as usize & m], labels[b as usize & m]);
+            y.copy_from_slice(&[
+                sigma(la) ^ hi ^ u128::from(j),
+                sigma(lb) ^ hi ^ u128::from(j + 1),
+            ]);
+            *op = [la, lb];
+        }
+        hash.permute(blocks);
+        let per_gate = blocks.chunks_exact(2).zip(operands.iter());
+        let per_table = tables.chunks_exact(TABLE_BYTES_PER_AND).zip(ands);
+        for (((p, &[la, lb]), (t, &[_, _, o])), j) in per_gate.zip(per_table).zip((j0..).step_by(2))
+        {
+            let ha = p[0] ^ sigma(la) ^ hi ^ u128::from(j);
+            let hb = p[1] ^ sigma(lb) ^ hi ^ u128::from(j + 1);
+            let (t_g, t_e) = split_table(t);
+            let w_g = ha ^ (t_g & mask(lsb(la)));
+            let w_e = hb ^ ((t_e ^ la) & mask(lsb(lb)));
+            labels[o as usize & m] = w_g ^ w_e;
+        }
+        *and_pos += n;
     }
 
     fn check_complete(&self) -> Result<(), Error> {
         if self.seg < self.circuit.segments().len() {
             return Err(Error::MissingTables {
-                have: self.ands_done * TABLE_BYTES_PER_AND as u64
+                have: self.and_pos as u64 * TABLE_BYTES_PER_AND as u64
                     + (self.buf.len() - self.buf_off) as u64,
                 need: self.total_table_bytes(),
             });
@@ -195,13 +224,17 @@ impl<'c> Evaluator<'c> {
         if decoding.len() != outputs.len() {
             return Err(Error::BadDecoding);
         }
+        let mut items: Vec<(usize, u128)> = outputs
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (i, self.labels.get(w as usize).copied().unwrap_or_default()))
+            .collect();
+        let permute_bits: Vec<bool> = items.iter().map(|&(_, l)| lsb(l)).collect();
+        let tags = output_tags(&self.hash, self.instance, &mut items);
         let mut bits = Vec::with_capacity(outputs.len());
-        for (i, &w) in outputs.iter().enumerate() {
-            let l = self.labels[w as usize];
-            let (d, tags) = decoding.entry(i).ok_or(Error::BadDecoding)?;
-            let s = lsb(l);
-            let expected = if s { &tags[1] } else { &tags[0] };
-            let tag = output_tag(&mut self.hash, self.instance, i, l);
+        for (i, (&s, tag)) in permute_bits.iter().zip(&tags).enumerate() {
+            let (d, expected) = decoding.entry(i).ok_or(Error::BadDecoding)?;
+            let expected = if s { &expected[1] } else { &expected[0] };
             if !bool::from(tag.ct_eq(expected)) {
                 return Err(Error::OutputCheck(i));
             }
@@ -224,8 +257,8 @@ fn split_table(t: &[u8]) -> (u128, u128) {
 impl Drop for Evaluator<'_> {
     fn drop(&mut self) {
         wipe(&mut self.labels);
-        wipe(&mut self.operands);
-        wipe(&mut self.ys);
+        wipe(&mut self.blocks);
+        self.operands.iter_mut().for_each(Zeroize::zeroize);
     }
 }
 

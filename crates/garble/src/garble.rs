@@ -16,11 +16,14 @@
 //! never held in memory as a whole. Gates are hashed in batches of up to [`BATCH`] independent
 //! AND gates (the circuit's precomputed schedule closes a batch early when a gate needs an output
 //! still in it), which keeps the AES pipeline full when the circuit lists independent ANDs together
-//! (as [`crate::aes_circuit`] does).
+//! (as [`crate::aes_circuit`] does). Within a segment the free gates run first (one branch-free
+//! XOR loop: INV is an XOR with a slot holding Δ), then its AND gates; on CPUs with VAES the AND
+//! gates go to `crate::vaes`, which hashes four gates (16 blocks) per step in 256-bit registers
+//! and finishes the half-gates there, else to the portable loop below (same bytes either way).
 
 use zeroize::Zeroize;
 
-use crate::circuit::{check_len, Circuit, Op, SlotGate};
+use crate::circuit::{check_len, Circuit};
 use crate::error::Error;
 use crate::hash::{sigma, FixedKeyHash, Prg};
 use crate::label::{lsb, mask, wipe, GarbleSeed, Label, LabelPair, LabelSeed};
@@ -47,14 +50,34 @@ pub(crate) fn tweak(instance: u64, idx: u64) -> u128 {
 /// Tweak index space of the output checks (disjoint from the gates' `2j`, `2j+1`).
 pub(crate) const OUTPUT_TWEAK: u64 = 1 << 63;
 
-/// Output-check tag of output `i` with label `l`: first 8 bytes of `H(l, instance ‖ 2⁶³ + i)`.
-pub(crate) fn output_tag(h: &mut FixedKeyHash, instance: u64, i: usize, l: u128) -> [u8; 8] {
-    let t = h
-        .hash(l, tweak(instance, OUTPUT_TWEAK | i as u64))
-        .to_le_bytes();
-    let mut out = [0u8; OUTPUT_TAG_BYTES];
-    out.copy_from_slice(&t[..OUTPUT_TAG_BYTES]);
-    out
+/// Output-check tags: for each `(i, l)`, the first 8 bytes of `H(l, instance ‖ 2⁶³ + i)`, hashed
+/// in one batch. `items` is wiped (it holds labels).
+pub(crate) fn output_tags(
+    h: &FixedKeyHash,
+    instance: u64,
+    items: &mut Vec<(usize, u128)>,
+) -> Vec<[u8; OUTPUT_TAG_BYTES]> {
+    let mut ys: Vec<u128> = items
+        .iter()
+        .map(|&(i, l)| FixedKeyHash::prepare(l, tweak(instance, OUTPUT_TWEAK | i as u64)))
+        .collect();
+    let mut ps = ys.clone();
+    h.permute(&mut ps);
+    let tags = ps
+        .iter()
+        .zip(&ys)
+        .map(|(p, y)| {
+            let t = (p ^ y).to_le_bytes();
+            let mut out = [0u8; OUTPUT_TAG_BYTES];
+            out.copy_from_slice(&t[..OUTPUT_TAG_BYTES]);
+            out
+        })
+        .collect();
+    wipe(&mut ys);
+    wipe(&mut ps);
+    items.iter_mut().for_each(|(_, l)| l.zeroize());
+    items.clear();
+    tags
 }
 
 /// Output decoding information, one entry per output wire.
@@ -136,15 +159,18 @@ pub struct Garbler<'c> {
     garbler_bits: Vec<bool>,
     /// Zero-labels of the inputs.
     input_zero: Vec<u128>,
-    /// Zero-label in every storage slot (see `Circuit::compiled`).
+    /// Zero-label in every storage slot (see `Circuit::compiled`); a power-of-two length, so
+    /// slot indices are masked instead of bounds-checked.
     zero: Vec<u128>,
-    /// Per AND gate of the open segment: `A⁰`, `lsb(B⁰)` as a mask, and the output slot.
-    operands: Vec<u128>,
-    /// Next segment of the circuit's schedule, and its first gate.
+    /// Per AND gate of the open segment (`BATCH` entries): `A⁰`, `B⁰` (their slots may be reused
+    /// by the segment's AND outputs).
+    operands: Vec<[u128; 2]>,
+    /// Next segment of the circuit's schedule, and its first free and AND gate.
     seg: usize,
-    pos: usize,
-    ands_done: u64,
-    ys: Vec<u128>,
+    xor_pos: usize,
+    and_pos: usize,
+    /// The open segment's hash blocks, four per AND gate (`4 × BATCH` entries).
+    blocks: Vec<u128>,
 }
 
 impl<'c> Garbler<'c> {
@@ -165,19 +191,25 @@ impl<'c> Garbler<'c> {
         let delta = d[0] | 1;
         let label_seed = LabelSeed(d[1].to_le_bytes());
         d.zeroize();
+        // Garbler inputs: `Aᵢ ⊕ vᵢ·Δ`; evaluator inputs: PRG blocks `PRG_INPUTS + i` (the PRG blocks
+        // of the garbler inputs' positions are not used).
+        let g = garbler_inputs.len();
         let mut input_zero = vec![0u128; circuit.inputs()];
-        prg.fill(PRG_INPUTS, &mut input_zero);
-        for ((z, a), &v) in input_zero
-            .iter_mut()
-            .zip(label_seed.expand(garbler_inputs.len()))
-            .zip(garbler_inputs)
-        {
-            *z = a.0 ^ (delta & mask(v));
+        let (gz, ez) = input_zero.split_at_mut(g);
+        Prg::new(&label_seed.0).fill(0, gz);
+        for (z, &v) in gz.iter_mut().zip(garbler_inputs) {
+            *z ^= delta & mask(v);
         }
+        prg.fill(PRG_INPUTS + g as u128, ez);
         // A power-of-two length lets the gate loop mask slot indices, which removes bounds checks.
-        let mut zero = vec![0u128; circuit.compiled().slots.next_power_of_two()];
+        let compiled = circuit.compiled();
+        let mut zero = vec![0u128; (compiled.slots).next_power_of_two()];
         for (z, i) in zero.iter_mut().zip(&input_zero) {
             *z = *i;
+        }
+        // INV gates are XORs with this slot.
+        if let Some(one) = zero.get_mut(compiled.one as usize) {
+            *one = delta;
         }
         Ok(Self {
             circuit,
@@ -188,12 +220,18 @@ impl<'c> Garbler<'c> {
             garbler_bits: garbler_inputs.to_vec(),
             input_zero,
             zero,
-            operands: Vec::with_capacity(3 * BATCH),
+            operands: vec![[0; 2]; BATCH],
             seg: 0,
-            pos: 0,
-            ands_done: 0,
-            ys: Vec::with_capacity(4 * BATCH),
+            xor_pos: 0,
+            and_pos: 0,
+            blocks: vec![0; 4 * BATCH],
         })
+    }
+
+    /// Garbles with the portable hash path even where VAES is available (tests compare both).
+    #[cfg(test)]
+    pub(crate) fn use_portable_hash(&mut self) {
+        self.hash = FixedKeyHash::portable();
     }
 
     /// What the evaluator needs for the garbler's inputs: the seed of their active labels.
@@ -232,93 +270,112 @@ impl<'c> Garbler<'c> {
 
     /// AND gates garbled so far (= table bytes produced / 32).
     pub fn ands_done(&self) -> u64 {
-        self.ands_done
+        self.and_pos as u64
     }
 
     /// Garbles gates until at least `max_and` AND gates (at most one batch more) have been produced
     /// or the circuit ends, appending their tables to `out`. Returns the number of AND gates
     /// written; 0 means the circuit is finished.
     pub fn write_tables(&mut self, out: &mut Vec<u8>, max_and: usize) -> usize {
-        let circuit = self.circuit;
+        let compiled = self.circuit.compiled();
         let limit = max_and.max(1);
         let mut written = 0;
         while written < limit {
-            let Some(seg) = circuit.segments().get(self.seg) else {
+            let Some(seg) = compiled.segments.get(self.seg) else {
                 break;
             };
-            let end = seg.end as usize;
-            if let Some(gates) = circuit.compiled().gates.get(self.pos..end) {
-                self.garble_segment(gates, out);
-            }
-            written += seg.ands as usize;
-            self.pos = end;
+            let (xor_end, and_end) = (seg.xor_end as usize, seg.and_end as usize);
+            let xors = compiled.xors.get(self.xor_pos..xor_end).unwrap_or_default();
+            let ands = compiled.ands.get(self.and_pos..and_end).unwrap_or_default();
+            self.garble_segment(xors, ands, out);
+            written += ands.len();
+            self.xor_pos = xor_end;
+            self.and_pos = and_end;
             self.seg += 1;
         }
         written
     }
 
-    /// Garbles one segment: free gates as they come, then its AND gates in one hash batch.
-    fn garble_segment(&mut self, gates: &[SlotGate], out: &mut Vec<u8>) {
+    /// Garbles one segment: its free gates, then its AND gates with one batch of hashes.
+    fn garble_segment(&mut self, xors: &[[u32; 3]], ands: &[[u32; 3]], out: &mut Vec<u8>) {
         let Self {
             zero,
-            ys,
+            blocks,
             hash,
             delta,
             instance,
-            ands_done,
+            and_pos,
             operands,
             ..
         } = self;
         let delta = *delta;
         let sigma_delta = sigma(delta);
-        ys.clear();
-        operands.clear();
-        let mut j = *ands_done;
-        // Slots were assigned by `Circuit::from_parts` within `zero`'s length; a segment never
-        // reads its own AND outputs, and AND operands are saved here because their slots may be
-        // reused by later gates of the segment.
+        // Slots were assigned by `Circuit::from_parts` below `zero`'s (power-of-two) length, so the
+        // masks never change an index; they only spare the bounds checks.
         let zero = zero.as_mut_slice();
-        if zero.is_empty() {
+        let m = zero.len().wrapping_sub(1);
+        for &[a, b, o] in xors {
+            zero[o as usize & m] = zero[a as usize & m] ^ zero[b as usize & m];
+        }
+        if ands.is_empty() {
             return;
         }
-        let m = zero.len() - 1;
-        for g in gates {
-            let (a, b, o) = (g.a as usize & m, g.b as usize & m, g.out as usize & m);
-            match g.op {
-                Op::Xor => zero[o] = zero[a] ^ zero[b],
-                Op::Inv => zero[o] = zero[a] ^ delta,
-                Op::And => {
-                    let (a0, b0) = (zero[a], zero[b]);
-                    let (tg, te) = (tweak(*instance, 2 * j), tweak(*instance, 2 * j + 1));
-                    // σ is linear: σ(x ⊕ Δ) = σ(x) ⊕ σ(Δ).
-                    let (ya, yb) = (FixedKeyHash::prepare(a0, tg), FixedKeyHash::prepare(b0, te));
-                    ys.extend_from_slice(&[ya, ya ^ sigma_delta, yb, yb ^ sigma_delta]);
-                    operands.extend_from_slice(&[a0, mask(lsb(b0)), o as u128]);
-                    j += 1;
-                }
-            }
-        }
-        if ys.is_empty() {
+        // The j-th AND gate hashes with tweaks `instance ‖ 2j` and `instance ‖ 2j+1`.
+        let n = ands.len().min(BATCH);
+        let j0 = 2 * *and_pos as u64;
+        #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+        if let Some(v) = hash.vaes() {
+            let start = out.len();
+            out.resize(start + n * TABLE_BYTES_PER_AND, 0);
+            let tables = out.get_mut(start..).unwrap_or_default();
+            let batch = crate::vaes::AndBatch {
+                j0,
+                instance: *instance,
+                delta,
+            };
+            v.garble_ands(zero, &ands[..n], &batch, tables);
+            *and_pos += n;
             return;
         }
-        hash.hash_in_place(ys);
-        let n = operands.len() / 3;
-        out.reserve(n * TABLE_BYTES_PER_AND);
-        for (h, o) in ys.chunks_exact(4).zip(operands.chunks_exact(3)) {
-            let (a0, pb, slot) = (o[0], o[1], o[2] as usize & m);
-            let pa = mask(lsb(a0));
-            let (ha0, ha1, hb0, hb1) = (h[0], h[1], h[2], h[3]);
-            // Generator half-gate: the garbler knows b's permute bit.
-            let t_g = ha0 ^ ha1 ^ (delta & pb);
-            let w_g = ha0 ^ (t_g & pa);
-            // Evaluator half-gate: the evaluator knows b's value.
-            let t_e = hb0 ^ hb1 ^ a0;
-            let w_e = hb0 ^ ((t_e ^ a0) & pb);
-            zero[slot] = w_g ^ w_e;
-            out.extend_from_slice(&t_g.to_le_bytes());
-            out.extend_from_slice(&t_e.to_le_bytes());
+        let (blocks, operands) = (&mut blocks[..4 * n], &mut operands[..n]);
+        let hi = u128::from(*instance) << 64;
+        let per_gate = blocks.chunks_exact_mut(4).zip(operands.iter_mut());
+        for ((&[a, b, _], (y, op)), j) in ands.iter().zip(per_gate).zip((j0..).step_by(2)) {
+            let (a0, b0) = (zero[a as usize & m], zero[b as usize & m]);
+            // σ is linear: σ(x ⊕ Δ) = σ(x) ⊕ σ(Δ).
+            let (ya, yb) = (
+                sigma(a0) ^ hi ^ u128::from(j),
+                sigma(b0) ^ hi ^ u128::from(j + 1),
+            );
+            y.copy_from_slice(&[ya, ya ^ sigma_delta, yb, yb ^ sigma_delta]);
+            *op = [a0, b0];
         }
-        *ands_done += n as u64;
+        hash.permute(blocks);
+        let start = out.len();
+        out.resize(start + n * TABLE_BYTES_PER_AND, 0);
+        let tables = out.get_mut(start..).unwrap_or_default();
+        let per_gate = blocks.chunks_exact(4).zip(operands.iter());
+        let per_out = tables.chunks_exact_mut(TABLE_BYTES_PER_AND).zip(ands);
+        for (((p, &[a0, b0]), (t, &[_, _, o])), j) in per_gate.zip(per_out).zip((j0..).step_by(2)) {
+            // H(x) = π(y) ⊕ y with y = σ(x) ⊕ tweak; the two hashes of a pair differ by σ(Δ).
+            let (ya, yb) = (
+                sigma(a0) ^ hi ^ u128::from(j),
+                sigma(b0) ^ hi ^ u128::from(j + 1),
+            );
+            let (pa, pb) = (mask(lsb(a0)), mask(lsb(b0)));
+            // Generator half-gate (the garbler knows b's permute bit): T_G = H(A⁰) ⊕ H(A¹) ⊕ pb·Δ.
+            let t_g = p[0] ^ p[1] ^ sigma_delta ^ (delta & pb);
+            let w_g = p[0] ^ ya ^ (t_g & pa);
+            // Evaluator half-gate (the evaluator knows b's value): T_E = H(B⁰) ⊕ H(B¹) ⊕ A⁰.
+            let hb = p[2] ^ p[3] ^ sigma_delta;
+            let t_e = hb ^ a0;
+            let w_e = p[2] ^ yb ^ (hb & pb);
+            zero[o as usize & m] = w_g ^ w_e;
+            let (tg_bytes, te_bytes) = t.split_at_mut(16);
+            tg_bytes.copy_from_slice(&t_g.to_le_bytes());
+            te_bytes.copy_from_slice(&t_e.to_le_bytes());
+        }
+        *and_pos += n;
     }
 
     /// The output decoding information; only once every gate is garbled.
@@ -326,13 +383,17 @@ impl<'c> Garbler<'c> {
         if !self.is_done() {
             return Err(Error::NotFinished);
         }
-        let mut entries = Vec::with_capacity(self.circuit.outputs().len());
-        for (i, &w) in self.circuit.compiled().outputs.iter().enumerate() {
-            let l0 = self.zero[w as usize];
-            let d = lsb(l0);
-            let t0 = output_tag(&mut self.hash, self.instance, i, l0);
-            let t1 = output_tag(&mut self.hash, self.instance, i, l0 ^ self.delta);
-            let tags = if d { [t1, t0] } else { [t0, t1] };
+        let outputs = &self.circuit.compiled().outputs;
+        let mut items = Vec::with_capacity(2 * outputs.len());
+        for (i, &w) in outputs.iter().enumerate() {
+            let l0 = self.zero.get(w as usize).copied().unwrap_or_default();
+            items.extend_from_slice(&[(i, l0), (i, l0 ^ self.delta)]);
+        }
+        let tags = output_tags(&self.hash, self.instance, &mut items);
+        let mut entries = Vec::with_capacity(outputs.len());
+        for (&w, t) in outputs.iter().zip(tags.chunks_exact(2)) {
+            let d = lsb(self.zero.get(w as usize).copied().unwrap_or_default());
+            let tags = if d { [t[1], t[0]] } else { [t[0], t[1]] };
             entries.push(DecodeEntry { bit: d, tags });
         }
         Ok(Decoding { entries })
@@ -345,8 +406,8 @@ impl Drop for Garbler<'_> {
         wipe(&mut self.zero);
         wipe(&mut self.input_zero);
         self.garbler_bits.zeroize();
-        wipe(&mut self.ys);
-        wipe(&mut self.operands);
+        wipe(&mut self.blocks);
+        self.operands.iter_mut().for_each(Zeroize::zeroize);
     }
 }
 
@@ -383,4 +444,104 @@ pub fn garble(
         evaluator_pairs: g.evaluator_input_pairs(),
         decoding: g.decoding()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aes_circuit::{blindbox_circuit_for, blindbox_token_garbler_inputs, Layout};
+    use crate::circuit::CircuitBuilder;
+    use crate::evaluate::Evaluator;
+    use rand::{Rng, SeedableRng};
+
+    struct Run {
+        tables: Vec<u8>,
+        decoding: Decoding,
+        pairs: Vec<LabelPair>,
+        garbler_labels: Vec<Label>,
+    }
+
+    fn run(c: &Circuit, seed: &GarbleSeed, instance: u64, gb: &[bool], portable: bool) -> Run {
+        let mut g = Garbler::new(c, seed, instance, gb).unwrap();
+        if portable {
+            g.use_portable_hash();
+        }
+        let mut tables = Vec::new();
+        // Odd chunk sizes: segment boundaries land anywhere.
+        while g.write_tables(&mut tables, 7) > 0 {}
+        Run {
+            tables,
+            decoding: g.decoding().unwrap(),
+            pairs: g.evaluator_input_pairs(),
+            garbler_labels: g.garbler_input_labels(),
+        }
+    }
+
+    fn eval(c: &Circuit, instance: u64, r: &Run, eb: &[bool], portable: bool) -> Vec<bool> {
+        let el: Vec<Label> = r.pairs.iter().zip(eb).map(|(p, &b)| p.select(b)).collect();
+        let mut e = Evaluator::new(c, instance, &r.garbler_labels, &el).unwrap();
+        if portable {
+            e.use_portable_hash();
+        }
+        for chunk in r.tables.chunks(1000) {
+            e.feed(chunk).unwrap();
+        }
+        e.finish(&r.decoding).unwrap()
+    }
+
+    /// Both hash paths (VAES where the CPU has it, and the portable one) give byte-identical
+    /// garblings and the same evaluations, on random circuits with long runs of independent AND
+    /// gates (every group and tail size of the batched kernels) and on the BlindBox circuit.
+    #[test]
+    fn hash_paths_agree() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        let mut circuits = vec![blindbox_circuit_for(Layout::Token64).unwrap()];
+        for round in 0..12 {
+            let (gi, ei) = (rng.gen_range(1..20u32), rng.gen_range(1..20u32));
+            let mut b = CircuitBuilder::new(gi, ei);
+            let mut wires = b.garbler_wires();
+            wires.extend(b.evaluator_wires());
+            for _ in 0..rng.gen_range(50..600) {
+                let x = wires[rng.gen_range(0..wires.len())];
+                let y = wires[rng.gen_range(0..wires.len())];
+                let w = match rng.gen_range(0..4) {
+                    0 => b.xor(x, y),
+                    1 => b.inv(x),
+                    // Independent ANDs on older wires: long segments.
+                    _ if round % 2 == 0 => {
+                        let x = wires[rng.gen_range(0..wires.len().min(40))];
+                        b.and(x, y)
+                    }
+                    _ => b.and(x, y),
+                };
+                wires.push(w);
+            }
+            let outs: Vec<_> = (0..rng.gen_range(1..30))
+                .map(|_| wires[rng.gen_range(0..wires.len())])
+                .collect();
+            circuits.push(b.build(&outs).unwrap());
+        }
+        for (i, c) in circuits.iter().enumerate() {
+            let gb: Vec<bool> = if i == 0 {
+                blindbox_token_garbler_inputs(&[3; 16], &[4; 16]).to_vec()
+            } else {
+                (0..c.garbler_inputs()).map(|_| rng.gen()).collect()
+            };
+            let seed = GarbleSeed::new(rng.gen());
+            let instance = rng.gen();
+            let fast = run(c, &seed, instance, &gb, false);
+            let slow = run(c, &seed, instance, &gb, true);
+            assert_eq!(fast.tables, slow.tables, "circuit {i}");
+            assert_eq!(fast.decoding, slow.decoding, "circuit {i}");
+            for (p, q) in fast.pairs.iter().zip(&slow.pairs) {
+                assert_eq!(p.zero.to_bytes(), q.zero.to_bytes());
+            }
+            for _ in 0..3 {
+                let eb: Vec<bool> = (0..c.evaluator_inputs()).map(|_| rng.gen()).collect();
+                let want = c.eval(&gb, &eb).unwrap();
+                assert_eq!(eval(c, instance, &fast, &eb, false), want, "circuit {i}");
+                assert_eq!(eval(c, instance, &fast, &eb, true), want, "circuit {i}");
+            }
+        }
+    }
 }

@@ -12,8 +12,13 @@
 //! * [`garble`](mod@garble) / [`evaluate`](mod@evaluate) — free-XOR + half-gates over a fixed-key-AES TCCR hash, deterministic
 //!   given a seed, streaming tables in chunks, with checked output decoding.
 //! * [`transcript`] — the digest one endpoint sends instead of a second full circuit.
+//! * `vaes` (private, x86_64, Rust ≥ 1.89) — the fixed-key hash and the AND-gate batches on VAES,
+//!   chosen at run time; the crate's only `unsafe` code (see the module). Elsewhere the `aes`
+//!   crate runs π (AES-NI or its software fallback) and the output is the same.
 //!
 //! Oblivious transfer and the three-party setup protocol live elsewhere.
+// `unsafe` is denied everywhere except in `vaes` (VAES intrinsics after run-time detection).
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -28,6 +33,11 @@ mod hash;
 pub mod label;
 mod sbox;
 pub mod transcript;
+// Compiled only with Rust ≥ 1.89 (`build.rs`), which stabilized its intrinsics.
+#[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+#[allow(unsafe_code)]
+#[clippy::msrv = "1.89"]
+mod vaes;
 
 pub use aes_circuit::{
     aes128_circuit, aes128_garbler_inputs, blindbox_circuit, blindbox_circuit_for,

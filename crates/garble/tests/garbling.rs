@@ -341,3 +341,18 @@ fn blindbox_token_layout_garbled() {
     assert_eq!(run(&aes_ref(&k_rg, &r)), aes_ref(&k, &r));
     assert_eq!(run(&aes_ref(&k, &r)), [0u8; 16]);
 }
+
+/// Known answer: the transcript digest of one fixed garbling of the BlindBox circuit. Two endpoints
+/// compare garblings by this digest, so any change to the garbled bytes (tables, decoding, label
+/// seed, or the circuit itself) must be deliberate: both endpoints must run the same version.
+#[test]
+fn blindbox_token_garbling_known_answer() {
+    let c = blindbox_circuit_for(Layout::Token64).unwrap();
+    let gb = blindbox_token_garbler_inputs(&[3; 16], &[4; 16]);
+    let digest = hash_garbling(&c, &seed(7), 5, &gb).unwrap();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        hex,
+        "162a5fc135397bd056b0328bd7694ed68cf1203a55d21663ff7ac292d02fdfd4"
+    );
+}
