@@ -1,9 +1,14 @@
 //! A BlindBox endpoint (client or server) over the hop wire, sans-I/O.
 //!
 //! 1. The primary TLS handshake runs in a rustls engine on stream 0 (the middlebox forwards it).
-//! 2. Both endpoints derive the BlindBox keys from the session's exporter, export the session,
-//!    and tell the middlebox (`HandshakeDone` on the control stream). The middlebox prepares its
-//!    detection state (the rule setup) and answers `Ready`.
+//! 2. Both endpoints derive the BlindBox keys from the session's exporter (the token keys, and
+//!    `k`, `k_rand` for the rule setup), export the session, and tell the middlebox
+//!    (`HandshakeDone` with the token-channel parameters on the control stream). The middlebox
+//!    runs the rule setup of `mbx-blindbox-setup` with both endpoints over the setup stream:
+//!    this endpoint garbles the circuits that give the middlebox `AES_k(r)` for each rule chunk
+//!    the rule generator tagged (checked inside the circuit with `k_RG`), and answers the
+//!    middlebox's oblivious transfers. When the middlebox reports the setup finished, it
+//!    answers `Ready`.
 //! 3. Data phase: what the application writes is sealed on stream 0 and tokenized and encrypted
 //!    on stream 1 ([`FlowSender`]); what arrives is decrypted and validated against its tokens
 //!    ([`FlowReceiver`]): a sender that omits or forges tokens, or a path that alters them, is a
@@ -12,9 +17,12 @@
 use mbx_blindbox::flow::{FlowConfig, FlowOutput, FlowReceiver, FlowSender, PrimaryKeys};
 use mbx_blindbox::rules::Direction;
 use mbx_blindbox::SessionKeys;
+use mbx_blindbox_setup::{EndpointConfig, EndpointKeys, Progress, RgKey};
 use mbx_engine::{Role, RustlsEngine, TlsConfig, TlsEngine};
+use rand::{CryptoRng, RngCore};
+use zeroize::Zeroizing;
 
-use crate::control::Control;
+use crate::control::{Control, Params};
 use crate::mux::{encode, Demux, Stream};
 use crate::NetError;
 
@@ -33,14 +41,36 @@ enum State {
 pub enum EndpointEvent {
     /// The primary handshake is done and the BlindBox keys are derived.
     HandshakeDone,
-    /// The middlebox has its detection state: data flows.
-    Ready,
+    /// The middlebox has its detection state: data flows. `setup` counts the rule setup's
+    /// circuits and this endpoint's bytes.
+    Ready { setup: Progress },
+}
+
+/// An endpoint's side of the rule setup: the rule generator's key (to check the rule chunks'
+/// tags inside the circuits) and the garbling limits.
+#[derive(Clone, Debug)]
+pub struct SetupConfig {
+    pub rg_key: RgKey,
+    pub endpoint: EndpointConfig,
+}
+
+impl SetupConfig {
+    pub fn new(rg_key: RgKey) -> Self {
+        SetupConfig {
+            rg_key,
+            endpoint: EndpointConfig::default(),
+        }
+    }
 }
 
 /// One endpoint of a BlindBox connection.
 pub struct Endpoint {
     role: Role,
     flow: FlowConfig,
+    setup_cfg: Option<SetupConfig>,
+    seed: Zeroizing<[u8; 32]>,
+    setup: Option<mbx_blindbox_setup::Endpoint>,
+    setup_progress: Progress,
     engine: Option<RustlsEngine>,
     state: State,
     demux: Demux,
@@ -65,8 +95,15 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// A client (the first flight is in [`take_outgoing`](Self::take_outgoing)) or a server,
-    /// from the TLS configuration's role.
-    pub fn new(tls: &TlsConfig, flow: FlowConfig) -> Result<Self, NetError> {
+    /// from the TLS configuration's role. `rng` seeds the setup's oblivious transfers.
+    pub fn new<R: RngCore + CryptoRng>(
+        tls: &TlsConfig,
+        flow: FlowConfig,
+        setup: SetupConfig,
+        rng: &mut R,
+    ) -> Result<Self, NetError> {
+        let mut seed = Zeroizing::new([0u8; 32]);
+        rng.fill_bytes(seed.as_mut());
         let mut engine = RustlsEngine::new(tls)?;
         let mut out = Vec::new();
         let mut sent = 0;
@@ -79,6 +116,10 @@ impl Endpoint {
         Ok(Endpoint {
             role: tls.role,
             flow,
+            setup_cfg: Some(setup),
+            seed,
+            setup: None,
+            setup_progress: Progress::default(),
             engine: Some(engine),
             state: State::Handshake,
             demux: Demux::new(),
@@ -114,8 +155,25 @@ impl Endpoint {
         }
         self.demux.push(bytes);
         let r = self.drain();
+        self.check(r)
+    }
+
+    /// Records a fatal error; a failure of our side of the setup is reported to the middlebox
+    /// (`Abort`), so the other endpoint learns why the connection was refused.
+    fn check<T>(&mut self, r: Result<T, NetError>) -> Result<T, NetError> {
         if let Err(e) = &r {
-            self.failed = Some(e.clone());
+            if self.failed.is_none() {
+                if let NetError::Setup(why) = e {
+                    self.out.clear();
+                    encode(
+                        Stream::Control,
+                        &Control::Abort(why.clone()).encode(),
+                        &mut self.out,
+                    );
+                }
+                self.failed = Some(e.clone());
+                self.setup = None;
+            }
         }
         r
     }
@@ -124,6 +182,18 @@ impl Endpoint {
         while let Some((stream, data)) = self.demux.next_frame()? {
             match (self.state, stream) {
                 (_, Stream::Control) => self.control(&data)?,
+                (State::AwaitReady, Stream::Setup) => {
+                    let setup = self
+                        .setup
+                        .as_mut()
+                        .ok_or(NetError::Protocol("setup stream after the rule setup"))?;
+                    setup
+                        .receive(&data)
+                        .map_err(|e| NetError::Setup(e.to_string()))?;
+                }
+                (_, Stream::Setup) => {
+                    return Err(NetError::Protocol("setup stream outside the rule setup"))
+                }
                 (State::Handshake, Stream::Primary) => self.handshake(&data)?,
                 (State::Handshake, Stream::Tokens) => {
                     return Err(NetError::Protocol(
@@ -160,6 +230,16 @@ impl Endpoint {
             return Ok(());
         }
         let keys = SessionKeys::derive(&*engine)?;
+        let setup_keys = EndpointKeys::derive(&*engine)?;
+        let cfg = self
+            .setup_cfg
+            .take()
+            .ok_or(NetError::Protocol("no setup configuration"))?;
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_seed(*self.seed);
+        self.setup = Some(
+            mbx_blindbox_setup::Endpoint::new(setup_keys, &cfg.rg_key, cfg.endpoint, &mut rng)
+                .map_err(|e| NetError::Setup(e.to_string()))?,
+        );
         let engine = self
             .engine
             .take()
@@ -180,9 +260,14 @@ impl Endpoint {
             self.early.push((Stream::Primary, unprocessed));
         }
         self.state = State::AwaitReady;
+        let params = Params {
+            tokenization: self.flow.tokenization,
+            case: self.flow.case,
+            privacy: self.flow.privacy,
+        };
         encode(
             Stream::Control,
-            &Control::HandshakeDone.encode(),
+            &Control::HandshakeDone(params).encode(),
             &mut self.out,
         );
         self.events.push(EndpointEvent::HandshakeDone);
@@ -191,7 +276,17 @@ impl Endpoint {
 
     fn control(&mut self, data: &[u8]) -> Result<(), NetError> {
         match Control::decode(data)? {
-            Control::Ready if self.state == State::AwaitReady => self.start_data(),
+            Control::Ready if self.state == State::AwaitReady => {
+                let setup = self
+                    .setup
+                    .take()
+                    .ok_or(NetError::Protocol("ready without a rule setup"))?;
+                if !setup.is_done() {
+                    return Err(NetError::Protocol("ready before the rule setup finished"));
+                }
+                self.setup_progress = setup.progress();
+                self.start_data()
+            }
             Control::Refused(why) => Err(NetError::Refused(why)),
             _ => Err(NetError::Protocol("unexpected control message")),
         }
@@ -208,7 +303,9 @@ impl Endpoint {
         self.receiver = Some(FlowReceiver::new(&self.flow, keys, rx_dir, rx));
         self.emit(first);
         self.state = State::Data;
-        self.events.push(EndpointEvent::Ready);
+        self.events.push(EndpointEvent::Ready {
+            setup: self.setup_progress,
+        });
         for (s, data) in core::mem::take(&mut self.early) {
             self.data_in(s, &data)?;
         }
@@ -233,7 +330,9 @@ impl Endpoint {
                 self.plaintext.extend_from_slice(&plain);
             }
             Stream::Tokens => rx.tokens_in(data)?,
-            Stream::Control => return Err(NetError::Protocol("control in the data path")),
+            Stream::Control | Stream::Setup => {
+                return Err(NetError::Protocol("control in the data path"))
+            }
         }
         Ok(())
     }
@@ -285,8 +384,49 @@ impl Endpoint {
         }
     }
 
+    /// What is queued for the middlebox (handshake, control, data); cheap: the setup's frames
+    /// come from [`poll_transmit`](Self::poll_transmit).
     pub fn take_outgoing(&mut self) -> Vec<u8> {
         core::mem::take(&mut self.out)
+    }
+
+    /// What is queued, or else the next frame of the rule setup, garbling the next group of
+    /// circuits if needed (the expensive call: drivers run it off their I/O thread and pull one
+    /// frame at a time, when the previous one is written, so memory stays bounded by the
+    /// setup's group size). `None`: nothing to send until more input.
+    pub fn poll_transmit(&mut self) -> Result<Option<Vec<u8>>, NetError> {
+        if !self.out.is_empty() {
+            return Ok(Some(core::mem::take(&mut self.out)));
+        }
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let Some(setup) = self.setup.as_mut() else {
+            return Ok(None);
+        };
+        let r = setup
+            .poll_transmit()
+            .map_err(|e| NetError::Setup(e.to_string()));
+        match self.check(r)? {
+            Some(frame) => {
+                let mut out = Vec::with_capacity(frame.len() + frame.len() / 16 + 8);
+                encode(Stream::Setup, &frame, &mut out);
+                Ok(Some(out))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The rule setup's progress (circuits garbled, bytes), while it runs and after.
+    pub fn setup_progress(&self) -> Progress {
+        self.setup
+            .as_ref()
+            .map_or(self.setup_progress, mbx_blindbox_setup::Endpoint::progress)
+    }
+
+    /// The error the endpoint failed with, if any.
+    pub fn error(&self) -> Option<&NetError> {
+        self.failed.as_ref()
     }
 
     /// Validated application data received so far.
@@ -303,8 +443,7 @@ impl Endpoint {
         self.state == State::Data
     }
 
-    /// The BlindBox keys of the session, once the handshake is done: what the endpoint side of
-    /// the rule setup needs (`k` for the garbled circuits, `k_rand` for their randomness).
+    /// The BlindBox token keys of the session, once the handshake is done.
     pub fn session_keys(&self) -> Option<&SessionKeys> {
         self.keys.as_ref()
     }

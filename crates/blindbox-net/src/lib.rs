@@ -1,14 +1,15 @@
 //! BlindBox over the network (paper §2, Figure 1): endpoints and a middlebox on TCP.
 //!
-//! Each hop (client ↔ middlebox, middlebox ↔ server) is one TCP connection carrying three
-//! streams ([`mux`]): the primary TLS session (end to end), the token channel (end to end) and
-//! a hop-local control stream ([`control`]). [`Endpoint`] and [`Middlebox`] are sans-I/O state
-//! machines; [`driver`] runs them on tokio sockets.
+//! Each hop (client ↔ middlebox, middlebox ↔ server) is one TCP connection carrying four
+//! streams ([`mux`]): the primary TLS session (end to end), the token channel (end to end), a
+//! hop-local control stream ([`control`]) and the hop-local rule setup. [`Endpoint`] and
+//! [`Middlebox`] are sans-I/O state machines; [`driver`] runs them on tokio sockets.
 //!
-//! The middlebox needs its encrypted rules (`AES_k(r)` per rule chunk) before data may flow;
-//! here they come from a [`driver::RuleSource`] once both endpoints finished their handshake.
-//! The real source is the garbled-circuit setup (`mbx-blindbox-setup`); tests may hand the
-//! middlebox rules computed from the endpoints' keys, production code must not.
+//! The middlebox needs its encrypted rules (`AES_k(r)` per rule chunk) before data may flow.
+//! It gets them only from the garbled-circuit setup of `mbx-blindbox-setup`, run with both
+//! endpoints over the setup streams right after the primary handshake, for the chunks of a
+//! tagged-rules file signed by the rule generator ([`RuleBook`]). A failed setup refuses the
+//! connection at every party.
 
 #![cfg_attr(
     not(test),
@@ -21,9 +22,11 @@ pub mod driver;
 pub mod endpoint;
 pub mod middlebox;
 pub mod mux;
+pub mod rules;
 
-pub use endpoint::{Endpoint, EndpointEvent};
+pub use endpoint::{Endpoint, EndpointEvent, SetupConfig};
 pub use middlebox::{Middlebox, MiddleboxEvent};
+pub use rules::{Policy, RuleBook};
 
 use mbx_blindbox::flow::{FlowError, ValidationError};
 
@@ -44,6 +47,9 @@ pub enum NetError {
     /// The middlebox refused the connection (e.g. its rule setup failed).
     #[error("refused by the middlebox: {0}")]
     Refused(String),
+    /// This endpoint's side of the rule setup failed (the middlebox is told, with `Abort`).
+    #[error("rule setup: {0}")]
+    Setup(String),
 }
 
 impl From<FlowError> for NetError {

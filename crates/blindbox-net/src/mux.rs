@@ -6,6 +6,7 @@
 //! | 0 primary | the TLS session's records, end to end | yes, unchanged (after detection) |
 //! | 1 tokens | the token channel (`mbx_blindbox::channel`) | yes, unchanged (after detection) |
 //! | 2 control | hop-local messages between an endpoint and the middlebox | no |
+//! | 3 setup | hop-local: the rule setup's byte stream (`mbx_blindbox_setup::wire` frames) | no |
 //!
 //! A frame carries at most [`MAX_FRAME`] bytes; an empty frame is refused. Errors are sticky.
 
@@ -19,6 +20,8 @@ pub enum Stream {
     Primary,
     Tokens,
     Control,
+    /// The rule setup between this endpoint and the middlebox (garbled circuits, OT).
+    Setup,
 }
 
 impl Stream {
@@ -27,6 +30,7 @@ impl Stream {
             Stream::Primary => 0,
             Stream::Tokens => 1,
             Stream::Control => 2,
+            Stream::Setup => 3,
         }
     }
 
@@ -35,6 +39,7 @@ impl Stream {
             0 => Some(Stream::Primary),
             1 => Some(Stream::Tokens),
             2 => Some(Stream::Control),
+            3 => Some(Stream::Setup),
             _ => None,
         }
     }
@@ -124,6 +129,7 @@ mod tests {
         encode(Stream::Primary, b"hello", &mut wire);
         encode(Stream::Tokens, &vec![7u8; MAX_FRAME + 3], &mut wire);
         encode(Stream::Control, b"x", &mut wire);
+        encode(Stream::Setup, b"yz", &mut wire);
         for split in [1, 3, 4, 5, 1000, wire.len()] {
             let mut d = Demux::new();
             let mut got = Vec::new();
@@ -133,10 +139,11 @@ mod tests {
                     got.push(f);
                 }
             }
-            assert_eq!(got.len(), 4);
+            assert_eq!(got.len(), 5);
             assert_eq!(got[0], (Stream::Primary, b"hello".to_vec()));
             assert_eq!(got[1].1.len() + got[2].1.len(), MAX_FRAME + 3);
             assert_eq!(got[3], (Stream::Control, b"x".to_vec()));
+            assert_eq!(got[4], (Stream::Setup, b"yz".to_vec()));
         }
     }
 

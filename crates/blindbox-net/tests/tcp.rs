@@ -1,34 +1,29 @@
-//! Client → BlindBox middlebox → server over TCP on loopback (tokio drivers), TLS 1.2 and 1.3.
-//!
-//! `AES_k(r)` for the rule chunks is computed by the test from `k` in place of the
-//! garbled-circuit setup: the middlebox's `RuleSource` waits for the keys the test's client
-//! hook hands over. Time is never asserted; timeouts only turn hangs into failures.
+//! Client → BlindBox middlebox → server over TCP on loopback (tokio drivers), TLS 1.2 and 1.3,
+//! with the real rule setup: the rules are signed with an RG key into a tagged-rules file, the
+//! middlebox runs the garbled-circuit setup with both endpoints over the hop connections and
+//! obtains `AES_k(r)` only through it. Deviations (another RG key, a tampered tag, an endpoint
+//! that refuses the setup, disagreeing endpoints) refuse the connection at every party. Time is
+//! never asserted; timeouts only turn hangs into failures.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mbx_blindbox::channel::Privacy;
-use mbx_blindbox::detect::{DetectionPlan, EncryptedRules};
-use mbx_blindbox::dpienc::KeywordKey;
 use mbx_blindbox::flow::{Culprit, FlowConfig, MbEvent, Misbehaviour};
-use mbx_blindbox::fullrule::FullRuleSet;
-use mbx_blindbox::rules::{parse_rule, BufferPolicy, Rule};
+use mbx_blindbox::rules::BufferPolicy;
 use mbx_blindbox::tokenize::{CaseMode, Tokenization};
-use mbx_blindbox::SessionKeys;
-use mbx_blindbox_net::driver::{
-    serve_middlebox, BlindBoxStream, DriverError, KeysHook, MiddleboxReport, RuleSource, Rules,
-};
+use mbx_blindbox_net::driver::{serve_middlebox, BlindBoxStream, DriverError, MiddleboxReport};
 use mbx_blindbox_net::middlebox::{Flow, MiddleboxEvent};
-use mbx_blindbox_net::NetError;
+use mbx_blindbox_net::{NetError, Policy, RuleBook, SetupConfig};
+use mbx_blindbox_setup::{ChunkTag, MiddleboxConfig, RgKey, TaggedRules};
 use mbx_engine::{Identity, TlsConfig};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::time::timeout;
 use zeroize::Zeroizing;
 
-const BOUND: Duration = Duration::from_secs(60);
+const BOUND: Duration = Duration::from_secs(120);
 
 fn flow_cfg() -> FlowConfig {
     FlowConfig {
@@ -40,30 +35,27 @@ fn flow_cfg() -> FlowConfig {
     }
 }
 
-fn rules() -> Vec<Rule> {
-    vec![
-        parse_rule(
-            r#"alert tcp any any -> any any (msg:"marker"; content:"attack-marker-one"; sid:1001;)"#,
-            1,
-        )
-        .unwrap(),
-        parse_rule(
-            r#"drop tcp any any -> any any (msg:"blocked"; content:"please-drop-this"; sid:1002;)"#,
-            2,
-        )
-        .unwrap(),
-    ]
+const RULES: &str = concat!(
+    "alert tcp any any -> any any (msg:\"marker\"; content:\"attack-marker-one\"; sid:1001;)\n",
+    "drop tcp any any -> any any (msg:\"blocked\"; content:\"please-drop-this\"; sid:1002;)\n",
+    "alert tcp any any -> any any (msg:\"two keywords\"; content:\"first-keyword\"; content:\"second-keyword\"; distance:0; sid:1003;)\n",
+);
+
+fn rg_key(byte: u8) -> RgKey {
+    RgKey::from_bytes([byte; 16])
 }
 
-/// Stands in for the garbled-circuit setup: the rules encrypted under the session's `k`.
-fn encrypt(rules: &[Rule], keys: &SessionKeys) -> Rules {
-    let plan = DetectionPlan::new(rules, Tokenization::Window, BufferPolicy::Approximate);
-    let k = keys.token_key();
-    let kk: Vec<KeywordKey> = plan.chunks().iter().map(|c| k.keyword_key(c)).collect();
-    (
-        Arc::new(EncryptedRules::new(plan, &kk).unwrap()),
-        Arc::new(FullRuleSet::new(rules, BufferPolicy::Approximate)),
-    )
+fn book_from(tagged: &TaggedRules, policy: Policy) -> Arc<RuleBook> {
+    let setup = MiddleboxConfig {
+        batch: 4,
+        window: 2,
+        workers: 2,
+    };
+    Arc::new(RuleBook::new(tagged, BufferPolicy::Approximate, policy, setup).unwrap())
+}
+
+fn book() -> Arc<RuleBook> {
+    book_from(&TaggedRules::sign(RULES, false, &rg_key(7)), Policy::Block)
 }
 
 struct World {
@@ -89,55 +81,59 @@ fn world(version: TlsVersion) -> World {
     }
 }
 
-/// One connection through the middlebox; the server echoes what it read, upper-cased.
-async fn run(
-    version: TlsVersion,
-    request: &[u8],
-) -> (
-    Result<Vec<u8>, DriverError>,
-    Result<Vec<u8>, DriverError>,
-    MiddleboxReport,
-) {
-    let w = world(version);
-    // The client's hook hands `k` to the middlebox's rule source (the setup's place).
-    let (keys_tx, keys_rx) = oneshot::channel::<Rules>();
-    let keys_tx = Arc::new(Mutex::new(Some(keys_tx)));
-    let hook: KeysHook = Arc::new(move |keys: &SessionKeys| {
-        if let Some(tx) = keys_tx.lock().unwrap().take() {
-            let _ = tx.send(encrypt(&rules(), keys));
-        }
-    });
-    let keys_rx = Arc::new(Mutex::new(Some(keys_rx)));
-    let source: RuleSource = Arc::new(move || {
-        let rx = keys_rx.lock().unwrap().take();
-        Box::pin(async move {
-            match rx {
-                Some(rx) => rx.await.map_err(|_| "no keys".to_string()),
-                None => Err("rules asked twice".to_string()),
-            }
-        })
-    });
+/// What each party of one connection ended with.
+struct Run {
+    client: Result<Vec<u8>, DriverError>,
+    server: Result<Vec<u8>, DriverError>,
+    report: MiddleboxReport,
+}
 
+struct Parties {
+    book: Arc<RuleBook>,
+    client_setup: SetupConfig,
+    server_setup: SetupConfig,
+    client_flow: FlowConfig,
+    server_flow: FlowConfig,
+}
+
+impl Parties {
+    fn honest() -> Self {
+        Parties {
+            book: book(),
+            client_setup: SetupConfig::new(rg_key(7)),
+            server_setup: SetupConfig::new(rg_key(7)),
+            client_flow: flow_cfg(),
+            server_flow: flow_cfg(),
+        }
+    }
+}
+
+/// One connection through the middlebox; the server echoes what it read, upper-cased.
+async fn run(version: TlsVersion, request: &[u8], p: Parties) -> Run {
+    let w = world(version);
     let server_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server_addr = server_l.local_addr().unwrap();
     let mb_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mb_addr = mb_l.local_addr().unwrap();
     let server_tls = w.server_tls.clone();
+    let (server_setup, server_flow) = (p.server_setup, p.server_flow);
     let server = tokio::spawn(async move {
         let (s, _) = server_l.accept().await.unwrap();
-        let mut conn = BlindBoxStream::accept(s, &server_tls, flow_cfg(), None).await?;
+        let mut conn = BlindBoxStream::accept(s, &server_tls, server_flow, server_setup).await?;
+        assert!(conn.setup_stats().is_some());
         let got = conn.read_to_end().await?;
         conn.write_all(&got.to_ascii_uppercase()).await?;
         conn.finish().await?;
         Ok::<_, DriverError>(got)
     });
+    let book = p.book;
     let mb = tokio::spawn(async move {
         let (c, _) = mb_l.accept().await.unwrap();
-        serve_middlebox(c, &server_addr.to_string(), source).await
+        serve_middlebox(c, &server_addr.to_string(), book, None).await
     });
     let client = async {
         let mut conn =
-            BlindBoxStream::connect(mb_addr, &w.client_tls, flow_cfg(), Some(hook)).await?;
+            BlindBoxStream::connect(mb_addr, &w.client_tls, p.client_flow, p.client_setup).await?;
         conn.write_all(request).await?;
         conn.finish().await?;
         conn.read_to_end().await
@@ -145,7 +141,11 @@ async fn run(
     let client = timeout(BOUND, client).await.unwrap();
     let server = timeout(BOUND, server).await.unwrap().unwrap();
     let report = timeout(BOUND, mb).await.unwrap().unwrap();
-    (client, server, report)
+    Run {
+        client,
+        server,
+        report,
+    }
 }
 
 fn alert_sids(r: &MiddleboxReport) -> Vec<(Flow, u32)> {
@@ -163,7 +163,11 @@ async fn detects_the_keyword_and_both_endpoints_validate_both_versions() {
     for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
         let request =
             b"POST /form HTTP/1.1\r\nHost: server.test\r\nContent-Type: text/plain\r\nContent-Length: 28\r\n\r\nsome attack-marker-one text.";
-        let (client, server, report) = run(version, request).await;
+        let Run {
+            client,
+            server,
+            report,
+        } = run(version, request, Parties::honest()).await;
         let got = server.unwrap();
         assert_eq!(got, request, "{version:?}");
         // The reply (upper-cased) does not contain the lower-case keyword: one alert only,
@@ -176,20 +180,40 @@ async fn detects_the_keyword_and_both_endpoints_validate_both_versions() {
         );
         assert!(report.outcome.is_ok(), "{report:?}");
         assert!(report.events.contains(&MiddleboxEvent::Ready));
+        // Every chunk of the window plan went through the garbled circuits.
+        let setup = report.setup.expect("setup stats");
+        assert_eq!(
+            setup.progress.circuits_done as usize,
+            book().chunk_count(Tokenization::Window)
+        );
+        assert!(setup.progress.bytes_received > 0);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_keyword_no_alert() {
-    let (client, server, report) = run(TlsVersion::Tls13, b"GET /harmless HTTP/1.1\r\n\r\n").await;
+    let Run {
+        client,
+        server,
+        report,
+    } = run(
+        TlsVersion::Tls13,
+        b"GET /harmless HTTP/1.1\r\n\r\n",
+        Parties::honest(),
+    )
+    .await;
     assert!(client.is_ok() && server.is_ok());
     assert!(alert_sids(&report).is_empty(), "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_rule_closes_the_connection_and_the_receiver_names_the_path() {
-    let (_client, server, report) =
-        run(TlsVersion::Tls13, b"GET /please-drop-this HTTP/1.1\r\n\r\n").await;
+    let Run { server, report, .. } = run(
+        TlsVersion::Tls13,
+        b"GET /please-drop-this HTTP/1.1\r\n\r\n",
+        Parties::honest(),
+    )
+    .await;
     assert!(report.events.iter().any(|e| matches!(
         e,
         MiddleboxEvent::Detection(Flow::ToServer, MbEvent::Blocked { sid: 1002 })
@@ -203,4 +227,145 @@ async fn blocking_rule_closes_the_connection_and_the_receiver_names_the_path() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_ii_rule_and_delimiter_tokenization_through_the_setup() {
+    let mut p = Parties::honest();
+    let flow = FlowConfig {
+        tokenization: Tokenization::Delimiter,
+        case: CaseMode::Dual,
+        privacy: Privacy::ProbableCause,
+        ..flow_cfg()
+    };
+    p.client_flow = flow;
+    p.server_flow = flow;
+    let request =
+        b"POST /x HTTP/1.1\r\nContent-Length: 40\r\n\r\nfirst-keyword then the second-keyword .";
+    let Run {
+        client,
+        server,
+        report,
+    } = run(TlsVersion::Tls12, request, p).await;
+    assert_eq!(server.unwrap(), request);
+    assert!(client.is_ok());
+    assert_eq!(
+        alert_sids(&report),
+        vec![(Flow::ToServer, 1003)],
+        "{report:?}"
+    );
+    assert!(report.events.iter().any(|e| matches!(
+        e,
+        MiddleboxEvent::SetupStarted { params, .. } if params.tokenization == Tokenization::Delimiter
+    )));
+}
+
+/// Every party must end with an error naming the refusal; nothing was forwarded.
+fn assert_refused(r: &Run, needle: &str) {
+    let refused = |res: &Result<Vec<u8>, DriverError>, who: &str| match res {
+        Err(DriverError::Net(NetError::Refused(why))) => {
+            assert!(why.contains(needle), "{who}: {why}")
+        }
+        Err(DriverError::Net(NetError::Setup(why))) => {
+            assert!(why.contains(needle), "{who} (own setup): {why}")
+        }
+        other => panic!("{who} was not refused: {other:?}"),
+    };
+    refused(&r.client, "client");
+    refused(&r.server, "server");
+    let why = r.report.outcome.as_ref().unwrap_err();
+    assert!(why.contains(needle), "middlebox: {why}");
+    assert!(!r.report.events.contains(&MiddleboxEvent::Ready));
+    assert!(r
+        .report
+        .events
+        .iter()
+        .any(|e| matches!(e, MiddleboxEvent::Refused(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_with_another_rg_key_is_refused() {
+    // The server garbles with another k_RG: its circuits differ from the client's, so the
+    // transcript check fails at the middlebox, whichever endpoint deviates.
+    let mut p = Parties::honest();
+    p.server_setup = SetupConfig::new(rg_key(8));
+    let r = run(TlsVersion::Tls13, b"GET / HTTP/1.1\r\n\r\n", p).await;
+    assert_refused(&r, "does not match the other endpoint's digest");
+    let mut p = Parties::honest();
+    p.client_setup = SetupConfig::new(rg_key(8));
+    let r = run(TlsVersion::Tls12, b"GET / HTTP/1.1\r\n\r\n", p).await;
+    assert_refused(&r, "rule setup failed: check failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_tag_is_refused_by_the_circuit() {
+    let tagged = TaggedRules::sign(RULES, false, &rg_key(7));
+    // Flip a bit of the tag of one chunk the window plan uses.
+    let target = tagged
+        .plan(Tokenization::Window, BufferPolicy::Approximate)
+        .chunks()[0];
+    let mut chunks: Vec<ChunkTag> = tagged.chunks().to_vec();
+    chunks.iter_mut().find(|c| c.chunk == target).unwrap().tag[0] ^= 1;
+    let tampered = TaggedRules::from_parts(
+        tagged.key_id(),
+        false,
+        chunks,
+        tagged.rules_text().to_string(),
+    )
+    .unwrap();
+    let mut p = Parties::honest();
+    p.book = book_from(&tampered, Policy::Block);
+    let r = run(TlsVersion::Tls13, b"GET / HTTP/1.1\r\n\r\n", p).await;
+    assert_refused(
+        &r,
+        "1 rule chunks were refused (their RG tag did not verify)",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_refuses_the_setup_refuses_the_connection() {
+    // The server accepts at most one chunk: it aborts, and everyone learns why.
+    let mut p = Parties::honest();
+    p.server_setup.endpoint.max_chunks = 1;
+    let r = run(TlsVersion::Tls13, b"GET / HTTP/1.1\r\n\r\n", p).await;
+    assert_refused(&r, "this endpoint accepts at most 1");
+    match &r.client {
+        Err(DriverError::Net(NetError::Refused(why))) => {
+            assert!(why.contains("the server aborted"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_that_disagree_on_the_tokenization_are_refused() {
+    let mut p = Parties::honest();
+    p.server_flow.tokenization = Tokenization::Delimiter;
+    let r = run(TlsVersion::Tls13, b"GET / HTTP/1.1\r\n\r\n", p).await;
+    assert_refused(&r, "the endpoints disagree on the token channel");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_policy_never_blocks_and_block_all_blocks_every_hit() {
+    let tagged = TaggedRules::sign(RULES, false, &rg_key(7));
+    let mut p = Parties::honest();
+    p.book = book_from(&tagged, Policy::Alert);
+    let request = b"GET /please-drop-this HTTP/1.1\r\n\r\n";
+    let r = run(TlsVersion::Tls13, request, p).await;
+    assert_eq!(r.server.unwrap(), request);
+    assert_eq!(alert_sids(&r.report), vec![(Flow::ToServer, 1002)]);
+
+    let mut p = Parties::honest();
+    p.book = book_from(&tagged, Policy::BlockAll);
+    let r = run(
+        TlsVersion::Tls13,
+        b"GET /attack-marker-one HTTP/1.1\r\n\r\n",
+        p,
+    )
+    .await;
+    assert!(r.report.events.iter().any(|e| matches!(
+        e,
+        MiddleboxEvent::Detection(Flow::ToServer, MbEvent::Blocked { sid: 1001 })
+    )));
+    assert!(r.server.is_err());
 }

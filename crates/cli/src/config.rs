@@ -16,6 +16,8 @@ pub struct Config {
     pub keyless: crate::keyless::KeylessConfig,
     #[serde(default)]
     pub mbtls: crate::mbtls::MbtlsConfig,
+    #[serde(default)]
+    pub blindbox: crate::blindbox::BlindboxConfig,
 }
 
 impl Config {

@@ -110,7 +110,15 @@ pub fn run(args: DemoArgs, config: &DemoConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run_cases(&cases, latency))
+    runtime.block_on(run_cases(&cases, latency))?;
+    // BlindBox's setup drivers need the multi-threaded runtime (they garble off the I/O threads).
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(crate::blindbox_demo::run(true))?;
+    println!("\nAll checks passed.");
+    Ok(())
 }
 
 /// Long-lived parties shared by the cases: the PKI and the simulated TEE platform.
@@ -144,7 +152,6 @@ async fn run_cases(cases: &[Case], latency: Duration) -> anyhow::Result<()> {
     attestation(&world, &sessions)?;
     let versions: Vec<TlsVersion> = cases.iter().map(|c| c.version).collect();
     crate::mbtls_demo::run(&versions, latency).await?;
-    println!("\nAll checks passed.");
     Ok(())
 }
 

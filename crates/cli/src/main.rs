@@ -4,6 +4,7 @@
 //! prints output it did not compute.
 
 mod blindbox;
+mod blindbox_demo;
 mod config;
 mod demo;
 mod driver;
@@ -49,7 +50,8 @@ enum Command {
     /// tapping relay, exports the session keys, decrypts and re-encrypts the captured records with
     /// the toolkit's own record layer, and checks attestation evidence bound to the session
     /// (simulated TEE, explicitly allowed); then fetches a page over mbTLS through a client-side
-    /// and a server-side middlebox and checks every hop's keys, verdict and inserted header.
+    /// and a server-side middlebox and checks every hop's keys, verdict and inserted header;
+    /// then runs BlindBox: rule setup, alerts on encrypted traffic and a blocked connection.
     Demo(demo::DemoArgs),
     /// Middlebox TLS: endpoints add middleboxes to a TLS session with per-hop keys,
     /// in-band discovery, attestation of middlebox code and one legacy endpoint.
@@ -60,7 +62,8 @@ enum Command {
     /// logs that endpoints can audit. (not implemented yet)
     Matls(NotYet),
     /// BlindBox: a middlebox detects attack keywords in traffic it cannot decrypt.
-    /// (today: `blindbox rules stats`; sender, receiver and middlebox not implemented yet)
+    /// (`blindbox rules stats|keygen|sign|verify`, `blindbox sender`, `receiver`, `middlebox`,
+    /// `demo`)
     Blindbox(blindbox::BlindboxArgs),
     /// Keyless SSL: an edge terminates TLS while the private key stays on a key server.
     /// (`keyless keyserver`, `keyless edge`, `keyless demo`)
@@ -91,7 +94,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args, &config.demo),
         Command::Mbtls(args) => mbtls::run(args, &config.mbtls),
         Command::Matls(_) => not_yet("matls"),
-        Command::Blindbox(args) => blindbox::run(args),
+        Command::Blindbox(args) => blindbox::run(args, &config.blindbox),
         Command::Keyless(args) => keyless::run(args, &config.keyless, cli.config.as_deref()),
         Command::Endbox(_) => not_yet("endbox"),
     };
