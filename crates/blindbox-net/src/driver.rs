@@ -28,6 +28,12 @@ use crate::NetError;
 
 const READ_BUF: usize = 64 * 1024;
 
+/// How long the middlebox waits for the TLS handshake and the rule setup of one connection to
+/// finish. Without it an endpoint that never sends `HandshakeDone` (or stalls the setup) would
+/// hold the connection, its next-hop connection and the setup state forever. Generous: the
+/// full community rule set takes about 10 s in a release build on two loaded cores.
+pub const SETUP_DEADLINE: Duration = Duration::from_secs(120);
+
 /// Called with every middlebox event as it happens (alerts, setup progress).
 pub type EventSink = Arc<dyn Fn(&MiddleboxEvent) + Send + Sync>;
 
@@ -358,12 +364,21 @@ async fn relay(
     let mut mb = Middlebox::new(book, &mut rand::rngs::OsRng);
     let mut open = [true, true];
     let mut setup_start = None;
+    let deadline = tokio::time::Instant::now() + SETUP_DEADLINE;
     let (mut buf_c, mut buf_s) = (vec![0u8; READ_BUF], vec![0u8; READ_BUF]);
     let result = loop {
         if !open[0] && !open[1] {
             break Ok(());
         }
         let step: Result<(), DriverError> = tokio::select! {
+            _ = tokio::time::sleep_until(deadline), if !mb.is_ready() => {
+                let why = format!(
+                    "the handshake and rule setup did not finish within {} s",
+                    SETUP_DEADLINE.as_secs()
+                );
+                mb.refuse(&why);
+                Err(NetError::Refused(why).into())
+            }
             r = client_r.read(&mut buf_c), if open[0] => match r {
                 Err(e) => {
                     // Tell both endpoints before giving up.

@@ -369,3 +369,45 @@ async fn alert_policy_never_blocks_and_block_all_blocks_every_hit() {
     )));
     assert!(r.server.is_err());
 }
+
+/// An endpoint that connects and then says nothing must not hold the middlebox forever: after
+/// `SETUP_DEADLINE` the middlebox refuses the connection and tells the endpoint why. The clock
+/// is tokio's paused test clock, so the deadline passes without waiting for it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_silent_endpoint_is_refused_after_the_setup_deadline() {
+    use tokio::io::AsyncReadExt;
+    let next_hop = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let next_addr = next_hop.local_addr().unwrap().to_string();
+    let mb_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mb_addr = mb_listener.local_addr().unwrap();
+    let middlebox = tokio::spawn(async move {
+        let (sock, _) = mb_listener.accept().await.unwrap();
+        serve_middlebox(sock, &next_addr, book(), None).await
+    });
+    let mut silent = tokio::net::TcpStream::connect(mb_addr).await.unwrap();
+    let (_server_side, _) = next_hop.accept().await.unwrap();
+    // Far beyond the deadline (paused clock): without the deadline this fails instead of hanging.
+    let report = timeout(Duration::from_secs(3600), middlebox)
+        .await
+        .expect("the middlebox kept a silent endpoint's connection open")
+        .unwrap();
+    let err = report
+        .outcome
+        .expect_err("a silent endpoint must be refused");
+    assert!(err.contains("did not finish within"), "{err}");
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| matches!(e, MiddleboxEvent::Refused(_))),
+        "{:?}",
+        report.events
+    );
+    // The endpoint is told why (a Refused control frame), then the connection ends.
+    let mut got = Vec::new();
+    silent.read_to_end(&mut got).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&got).contains("did not finish within"),
+        "{got:?}"
+    );
+}
