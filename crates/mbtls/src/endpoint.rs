@@ -8,12 +8,13 @@
 use std::collections::VecDeque;
 
 use mbx_engine::{AlertDescription, Role};
+use mbx_record::wipe::wipe;
 use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{HandshakeDeframer, HandshakeType};
 
 use crate::error::MbtlsError;
-use crate::hop::{Alert, Hop};
+use crate::hop::{for_each_record, Alert, Hop, Input};
 use crate::keys::HopKeys;
 
 /// What happened on an endpoint's connection.
@@ -102,44 +103,68 @@ impl EndpointDataPhase {
 
     /// Ciphertext from the neighbour, split anywhere.
     pub fn receive(&mut self, bytes: &[u8]) {
+        self.receive_input(Input::Borrowed(bytes));
+    }
+
+    /// Like [`receive`](Self::receive), but records are decrypted where they lie in `bytes`
+    /// (no copy); afterwards `bytes` holds no plaintext and its contents are unspecified.
+    pub fn receive_in_place(&mut self, bytes: &mut [u8]) {
+        self.receive_input(Input::Lent(bytes));
+    }
+
+    fn receive_input(&mut self, input: Input<'_>) {
         if self.failed.is_some() || self.peer_closed {
             return;
         }
-        self.hop.push(bytes);
-        while self.failed.is_none() && !self.peer_closed {
-            let record = match self.hop.next_record() {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(_) => return self.fail(AlertDescription::BAD_RECORD_MAC, "bad record framing"),
+        let version = self.hop.version();
+        let mut pending = self.hop.take_pending();
+        for_each_record(version, &mut pending, input, |record| {
+            let Ok(record) = record else {
+                self.fail(AlertDescription::BAD_RECORD_MAC, "bad record framing");
+                return false;
             };
-            let opened = match self.hop.open(&record) {
+            let opened = match self.hop.open_in_place(record) {
                 Ok(o) => o,
-                Err(_) => return self.fail(AlertDescription::BAD_RECORD_MAC, "bad record"),
-            };
-            let pt = &opened.plaintext;
-            match opened.content_type {
-                ContentType::APPLICATION_DATA => self.plaintext.extend_from_slice(pt),
-                ContentType::ALERT => match Alert::parse(pt) {
-                    None => self.fail(AlertDescription::DECODE_ERROR, "malformed alert"),
-                    Some(a) if a.is_close_notify() => {
-                        self.peer_closed = true;
-                        self.events.push_back(EndpointEvent::PeerClosed);
-                    }
-                    Some(a) if a.ends_session(self.hop.version()) => {
-                        self.failed = Some(a);
-                        self.events.push_back(EndpointEvent::PeerAlert(a));
-                    }
-                    Some(a) => self.events.push_back(EndpointEvent::PeerWarning(a)),
-                },
-                ContentType::HANDSHAKE if self.hop.version() == TlsVersion::Tls13 => {
-                    self.handshake.push(pt);
-                    self.post_handshake_messages();
+                Err(_) => {
+                    self.fail(AlertDescription::BAD_RECORD_MAC, "bad record");
+                    return false;
                 }
-                _ => self.fail(
-                    AlertDescription::UNEXPECTED_MESSAGE,
-                    "record type not allowed in the data phase",
-                ),
+            };
+            if let Some(pt) = record.get_mut(opened.range) {
+                self.handle(opened.content_type, pt);
+                wipe(pt);
             }
+            self.failed.is_none() && !self.peer_closed
+        });
+        if self.failed.is_some() || self.peer_closed {
+            pending.clear();
+        }
+        self.hop.restore_pending(pending);
+    }
+
+    fn handle(&mut self, ct: ContentType, pt: &[u8]) {
+        match ct {
+            ContentType::APPLICATION_DATA => self.plaintext.extend_from_slice(pt),
+            ContentType::ALERT => match Alert::parse(pt) {
+                None => self.fail(AlertDescription::DECODE_ERROR, "malformed alert"),
+                Some(a) if a.is_close_notify() => {
+                    self.peer_closed = true;
+                    self.events.push_back(EndpointEvent::PeerClosed);
+                }
+                Some(a) if a.ends_session(self.hop.version()) => {
+                    self.failed = Some(a);
+                    self.events.push_back(EndpointEvent::PeerAlert(a));
+                }
+                Some(a) => self.events.push_back(EndpointEvent::PeerWarning(a)),
+            },
+            ContentType::HANDSHAKE if self.hop.version() == TlsVersion::Tls13 => {
+                self.handshake.push(pt);
+                self.post_handshake_messages();
+            }
+            _ => self.fail(
+                AlertDescription::UNEXPECTED_MESSAGE,
+                "record type not allowed in the data phase",
+            ),
         }
     }
 

@@ -1,10 +1,14 @@
 //! One hop's record protection as a node sees it: an opener for what its neighbour sends and a
-//! sealer for what it sends back, both from `mbx-record`, plus the deframer in front.
+//! sealer for what it sends back, both from `mbx-record`, plus the deframing in front.
+//!
+//! Records are opened where they lie (in the caller's buffer when it lends one mutably,
+//! otherwise in the hop's own buffer) and their plaintext is wiped right after use; only the
+//! ciphertext of an incomplete record is kept between calls.
 
 use mbx_engine::AlertDescription;
-use mbx_record::{ContentType, RecordError, RecordOpener, RecordSealer, TlsVersion};
-use mbx_wire::record::MAX_PLAINTEXT_LEN;
-use mbx_wire::{DeframerConfig, Record, RecordReader};
+use mbx_record::{ContentType, OpenedInPlace, RecordError, RecordOpener, RecordSealer, TlsVersion};
+use mbx_wire::record::{HEADER_LEN, MAX_PLAINTEXT_LEN};
+use mbx_wire::{DeframerConfig, RecordHeader, WireError};
 
 use crate::keys::DirectionKeys;
 
@@ -81,20 +85,47 @@ impl Alert {
 /// Record protection of one hop, from one node's point of view.
 pub(crate) struct Hop {
     version: TlsVersion,
-    reader: RecordReader,
+    /// Ciphertext of the incomplete record at the end of what the neighbour sent so far.
+    pending: Vec<u8>,
     opener: RecordOpener,
     sealer: RecordSealer,
 }
 
+/// Bytes from a neighbour: borrowed (copied before opening) or lent mutably (opened in place;
+/// the contents are unspecified afterwards, and no plaintext is left in them).
+pub(crate) enum Input<'a> {
+    Borrowed(&'a [u8]),
+    Lent(&'a mut [u8]),
+}
+
+impl Input<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Input::Borrowed(b) => b.len(),
+            Input::Lent(b) => b.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Input::Borrowed(b) => b,
+            Input::Lent(b) => b,
+        }
+    }
+
+    fn advance(self, n: usize) -> Self {
+        match self {
+            Input::Borrowed(b) => Input::Borrowed(b.get(n..).unwrap_or_default()),
+            Input::Lent(b) => Input::Lent(b.get_mut(n..).unwrap_or_default()),
+        }
+    }
+}
+
 impl Hop {
     pub(crate) fn new(version: TlsVersion, read: DirectionKeys, write: DirectionKeys) -> Hop {
-        let cfg = match version {
-            TlsVersion::Tls12 => DeframerConfig::tls12(),
-            TlsVersion::Tls13 => DeframerConfig::tls13(),
-        };
         Hop {
             version,
-            reader: RecordReader::new(cfg),
+            pending: Vec::new(),
             opener: RecordOpener::new(version, read.keys, read.next_seq),
             sealer: RecordSealer::new(version, write.keys, write.next_seq),
         }
@@ -104,17 +135,38 @@ impl Hop {
         self.version
     }
 
-    pub(crate) fn push(&mut self, bytes: &[u8]) {
-        self.reader.push(bytes);
+    /// The buffered incomplete record, taken out so that records can be handled while the
+    /// hop is borrowed elsewhere; give it back with [`restore_pending`](Self::restore_pending).
+    pub(crate) fn take_pending(&mut self) -> Vec<u8> {
+        core::mem::take(&mut self.pending)
     }
 
-    /// The next complete record from the neighbour; framing errors are sticky.
-    pub(crate) fn next_record(&mut self) -> Result<Option<Record>, RecordError> {
-        Ok(self.reader.next_record()?)
+    pub(crate) fn restore_pending(&mut self, pending: Vec<u8>) {
+        self.pending = pending;
     }
 
-    pub(crate) fn open(&mut self, record: &Record) -> Result<mbx_record::Opened, RecordError> {
-        self.opener.open(record.as_bytes())
+    /// Opens one complete record where it lies. The plaintext is `record[range]`; the caller
+    /// wipes it ([`mbx_record::wipe::wipe`]) after use.
+    pub(crate) fn open_in_place(
+        &mut self,
+        record: &mut [u8],
+    ) -> Result<OpenedInPlace, RecordError> {
+        self.opener.open_in_place(record)
+    }
+
+    /// Room [`seal_in_place`](Self::seal_in_place) needs in front of the plaintext.
+    pub(crate) fn seal_prefix_len(&self) -> usize {
+        self.sealer.seal_prefix_len()
+    }
+
+    /// Seal `buf[start + seal_prefix_len()..]` (≤ 2^14 bytes) in place as one record.
+    pub(crate) fn seal_in_place(
+        &mut self,
+        ct: ContentType,
+        buf: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), RecordError> {
+        self.sealer.seal_in_place(ct, buf, start)
     }
 
     /// Seal `data` as records of at most 2^14 bytes of plaintext each. Nothing for empty data.
@@ -141,6 +193,120 @@ impl Hop {
     /// Fingerprints of (read, write) keys, for logs and tests.
     pub(crate) fn fingerprints(&self) -> (Option<[u8; 8]>, Option<[u8; 8]>) {
         (self.opener.key_fingerprint(), self.sealer.key_fingerprint())
+    }
+}
+
+fn deframer_config(version: TlsVersion) -> DeframerConfig {
+    match version {
+        TlsVersion::Tls12 => DeframerConfig::tls12(),
+        TlsVersion::Tls13 => DeframerConfig::tls13(),
+    }
+}
+
+/// Length of the complete record at the start of `buf`; `None` if more bytes are needed. A
+/// header is checked as soon as its 5 bytes are there.
+fn frame(cfg: &DeframerConfig, buf: &[u8]) -> Result<Option<usize>, WireError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let header = RecordHeader::parse(buf)?;
+    header.validate(cfg)?;
+    let total = HEADER_LEN + usize::from(header.length);
+    Ok((buf.len() >= total).then_some(total))
+}
+
+/// Bytes still missing from the (non-empty) incomplete record in `pending`; 0 once complete.
+fn missing(cfg: &DeframerConfig, pending: &[u8]) -> Result<usize, WireError> {
+    if pending.len() < HEADER_LEN {
+        return Ok(HEADER_LEN - pending.len());
+    }
+    let header = RecordHeader::parse(pending)?;
+    header.validate(cfg)?;
+    Ok((HEADER_LEN + usize::from(header.length)).saturating_sub(pending.len()))
+}
+
+/// Calls `f` on every complete record in `buf`, in order, until it returns `false`. Returns
+/// where the incomplete tail starts, or `None` if `f` stopped or the framing failed (`f` is
+/// then called once with the error, and the rest is dropped).
+fn each_record(
+    cfg: &DeframerConfig,
+    buf: &mut [u8],
+    f: &mut impl FnMut(Result<&mut [u8], WireError>) -> bool,
+) -> Option<usize> {
+    let mut pos = 0;
+    loop {
+        let rest = buf.get_mut(pos..).unwrap_or_default();
+        match frame(cfg, rest) {
+            Err(e) => {
+                f(Err(e));
+                return None;
+            }
+            Ok(None) => return Some(pos),
+            Ok(Some(total)) => {
+                if !f(Ok(rest.get_mut(..total).unwrap_or_default())) {
+                    return None;
+                }
+                pos += total;
+            }
+        }
+    }
+}
+
+/// Splits the stream of one neighbour into records: `pending` (the incomplete record left from
+/// earlier calls, see [`Hop::take_pending`]) is completed from `input` first, then every
+/// complete record of `input` follows, and the incomplete tail is left in `pending`. Each
+/// record is passed to `f` mutably (to be opened in place), or the framing error that ends the
+/// stream. When `f` returns `false` (the stream ended or failed) the rest is dropped.
+///
+/// Only lent input is used in place; borrowed input is copied into `pending` first.
+pub(crate) fn for_each_record(
+    version: TlsVersion,
+    pending: &mut Vec<u8>,
+    input: Input<'_>,
+    mut f: impl FnMut(Result<&mut [u8], WireError>) -> bool,
+) {
+    let cfg = deframer_config(version);
+    let mut input = input;
+    if !pending.is_empty() {
+        loop {
+            match missing(&cfg, pending) {
+                Err(e) => {
+                    pending.clear();
+                    f(Err(e));
+                    return;
+                }
+                Ok(0) => break,
+                Ok(need) => {
+                    let take = need.min(input.len());
+                    pending.extend_from_slice(input.bytes().get(..take).unwrap_or_default());
+                    input = input.advance(take);
+                    if take < need {
+                        return;
+                    }
+                }
+            }
+        }
+        let go_on = f(Ok(pending.as_mut_slice()));
+        pending.clear();
+        if !go_on {
+            return;
+        }
+    }
+    match input {
+        Input::Lent(buf) => {
+            if let Some(tail) = each_record(&cfg, buf, &mut f) {
+                pending.extend_from_slice(buf.get(tail..).unwrap_or_default());
+            }
+        }
+        Input::Borrowed(bytes) => {
+            pending.extend_from_slice(bytes);
+            match each_record(&cfg, pending, &mut f) {
+                Some(tail) => {
+                    pending.drain(..tail);
+                }
+                None => pending.clear(),
+            }
+        }
     }
 }
 

@@ -11,10 +11,12 @@ use std::collections::VecDeque;
 
 use mbx_apps::{CloseAlert, Direction, MiddleboxApp, Verdict};
 use mbx_engine::AlertDescription;
-use mbx_record::{ContentType, TlsVersion};
+use mbx_record::wipe::{wipe, wipe_vec};
+use mbx_record::{ContentType, RecordError, TlsVersion};
+use mbx_wire::record::MAX_PLAINTEXT_LEN;
 
 use crate::error::MbtlsError;
-use crate::hop::{Alert, Hop, Side};
+use crate::hop::{for_each_record, Alert, Hop, Input, Side};
 use crate::wire::KeyMaterial;
 
 /// Why the session ended abnormally.
@@ -122,39 +124,79 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         core::mem::take(self.out(to))
     }
 
+    /// Appends the ciphertext to send to the neighbour on `to` to `dst`. When `dst` is empty
+    /// the buffers are swapped instead of copied, and `dst`'s allocation is reused for later
+    /// output: a driver that hands back the same (emptied) buffers allocates nothing per call.
+    pub fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
+        append_or_swap(self.out(to), dst);
+    }
+
+    /// Ciphertext bytes waiting for the neighbour on `to`.
+    pub fn outgoing_len(&self, to: Side) -> usize {
+        match to {
+            Side::Client => self.out_client.len(),
+            Side::Server => self.out_server.len(),
+        }
+    }
+
     pub fn poll_event(&mut self) -> Option<RelayEvent> {
         self.events.pop_front()
     }
 
     /// Ciphertext arrived from the neighbour on `from`, split anywhere.
     pub fn receive(&mut self, from: Side, bytes: &[u8]) {
+        self.receive_input(from, Input::Borrowed(bytes));
+    }
+
+    /// Like [`receive`](Self::receive), but records are decrypted where they lie in `bytes`
+    /// (no copy); afterwards `bytes` holds no plaintext and its contents are unspecified.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) {
+        self.receive_input(from, Input::Lent(bytes));
+    }
+
+    fn receive_input(&mut self, from: Side, input: Input<'_>) {
         if self.failed || self.ended(from) {
             return;
         }
-        self.hop(from).push(bytes);
-        while !self.failed && !self.ended(from) {
-            let record = match self.hop(from).next_record() {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(_) => return self.bad_record(from),
+        let version = self.version;
+        let mut pending = self.hop(from).take_pending();
+        for_each_record(version, &mut pending, input, |record| {
+            let Ok(record) = record else {
+                self.bad_record(from);
+                return false;
             };
-            let opened = match self.hop(from).open(&record) {
+            let opened = match self.hop(from).open_in_place(record) {
                 Ok(o) => o,
-                Err(_) => return self.bad_record(from),
+                Err(_) => {
+                    self.bad_record(from);
+                    return false;
+                }
             };
-            self.handle(from, opened.content_type, &opened.plaintext);
+            if let Some(plaintext) = record.get_mut(opened.range) {
+                self.handle(from, opened.content_type, plaintext);
+                wipe(plaintext);
+            }
+            !self.failed && !self.ended(from)
+        });
+        if self.failed || self.ended(from) {
+            pending.clear();
         }
+        self.hop(from).restore_pending(pending);
     }
 
     fn handle(&mut self, from: Side, ct: ContentType, plaintext: &[u8]) {
         let dir = direction(from);
         match ct {
             ContentType::APPLICATION_DATA => {
-                let mut out = core::mem::take(&mut self.scratch);
-                out.clear();
-                let verdict = self.app.on_data(dir, plaintext, &mut out);
-                self.forward_data(from.other(), &out);
-                self.scratch = out;
+                let (hop, out) = match from.other() {
+                    Side::Client => (&mut self.client, &mut self.out_client),
+                    Side::Server => (&mut self.server, &mut self.out_server),
+                };
+                let (verdict, sealed) =
+                    app_data(&mut self.app, dir, plaintext, hop, out, &mut self.scratch);
+                if sealed.is_err() {
+                    self.local_failure();
+                }
                 self.apply(verdict);
             }
             ContentType::ALERT => match Alert::parse(plaintext) {
@@ -169,6 +211,7 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                     let mut out = Vec::new();
                     let verdict = self.app.on_end(dir, &mut out);
                     self.forward_data(from.other(), &out);
+                    wipe_vec(&mut out);
                     self.set_ended(from);
                     self.seal_alert(from.other(), Alert::close_notify());
                     self.events.push_back(RelayEvent::DirectionClosed { from });
@@ -325,6 +368,70 @@ impl<A: MiddleboxApp> core::fmt::Debug for MiddleboxRelay<A> {
             .field("server", &self.server)
             .field("failed", &self.failed)
             .finish_non_exhaustive()
+    }
+}
+
+/// Room kept after the app's output for sealing it in place: the TLS 1.3 inner content type
+/// and the AEAD tag.
+const SEAL_TRAILER: usize = 1 + 16;
+
+/// Runs the app on `plaintext` with its output going straight into `out` (the ciphertext queue
+/// toward the next hop), behind room for the record header, and seals it there: no copy of the
+/// app's output. Output larger than one record is moved to `scratch` and sealed in pieces.
+/// Plaintext is never left in `out` or `scratch`.
+fn app_data<A: MiddleboxApp>(
+    app: &mut A,
+    dir: Direction,
+    plaintext: &[u8],
+    hop: &mut Hop,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> (Verdict, Result<(), RecordError>) {
+    let start = out.len();
+    let body = start + hop.seal_prefix_len();
+    // Room for a pass-through app's output and the trailer: no reallocation, which would leave
+    // plaintext in freed memory (an app that outputs more may still cause one).
+    out.reserve(body - start + plaintext.len() + SEAL_TRAILER);
+    out.resize(body, 0);
+    let verdict = app.on_data(dir, plaintext, out);
+    let sealed = match out.len().checked_sub(body) {
+        // The app removed bytes it had not appended: nothing sensible can be sent any more.
+        None => {
+            if let Some(tail) = out.get_mut(start..) {
+                wipe(tail);
+            }
+            out.truncate(start);
+            Err(RecordError::EncryptFailed)
+        }
+        Some(0) => {
+            out.truncate(start);
+            Ok(())
+        }
+        Some(n) if n <= MAX_PLAINTEXT_LEN => {
+            hop.seal_in_place(ContentType::APPLICATION_DATA, out, start)
+        }
+        Some(_) => {
+            scratch.extend_from_slice(out.get(body..).unwrap_or_default());
+            if let Some(tail) = out.get_mut(start..) {
+                wipe(tail);
+            }
+            out.truncate(start);
+            let r = hop.seal_data(ContentType::APPLICATION_DATA, scratch, out);
+            wipe_vec(scratch);
+            r
+        }
+    };
+    (verdict, sealed)
+}
+
+/// Moves `src` to the end of `dst`: a swap when `dst` is empty (its allocation goes to `src`),
+/// a copy otherwise. `src` is left empty.
+pub(crate) fn append_or_swap(src: &mut Vec<u8>, dst: &mut Vec<u8>) {
+    if dst.is_empty() {
+        core::mem::swap(src, dst);
+    } else {
+        dst.extend_from_slice(src);
+        src.clear();
     }
 }
 

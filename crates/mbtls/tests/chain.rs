@@ -47,11 +47,13 @@ proptest! {
         c2s in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
         s2c in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
         chunking in proptest::collection::vec(1usize..700, 0..6),
+        in_place in any::<bool>(),
     ) {
         let n_server = n_server_raw.min(4 - n_client);
         let (v, s) = SUITES[suite_idx];
         let mut chain = Chain::new(v, s, pass(n_client), pass(n_server));
         chain.chunking = chunking;
+        chain.in_place = in_place;
         for (i, w) in c2s.iter().enumerate() {
             chain.client().write(w).unwrap();
             if let Some(r) = s2c.get(i) {
@@ -164,6 +166,32 @@ fn p2_modified_record_is_fatal_and_not_forwarded() {
             chain.nodes[1].receive(Side::Client, &[0u8; 300]);
             assert_fail_closed(&mut chain, b"");
         }
+    }
+}
+
+/// The same with the copy-free input path (`receive_in_place`), a record and the next one in
+/// one lent buffer.
+#[test]
+fn p2_modified_record_is_fatal_in_place_too() {
+    for &(v, s) in SUITES {
+        let len = two_undelivered_records(v, s).1.len();
+        for i in 0..len {
+            let (mut chain, mut a, b) = two_undelivered_records(v, s);
+            a[i] ^= 0x01;
+            let mut lent = [a, b, vec![0u8; 300]].concat();
+            chain.nodes[1].receive_in_place(Side::Client, &mut lent);
+            assert_fail_closed(&mut chain, b"");
+        }
+        // Dropped, reordered, replayed, skipping a hop (P4).
+        let (mut chain, a, b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive_in_place(Side::Client, &mut [b.clone(), a.clone()].concat());
+        assert_fail_closed(&mut chain, b"");
+        let (mut chain, a, _b) = two_undelivered_records(v, s);
+        chain.nodes[1].receive_in_place(Side::Client, &mut [a.clone(), a.clone()].concat());
+        assert_fail_closed(&mut chain, b"first");
+        let (mut chain, a, _b) = two_undelivered_records(v, s);
+        chain.nodes[2].receive_in_place(Side::Client, &mut a.clone());
+        assert!(chain.mbox(1).is_failed());
     }
 }
 
@@ -378,5 +406,67 @@ fn header_insertion_in_the_chain_inserts_once_per_request() {
         chain.server().write(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
         chain.pump();
         assert_eq!(chain.client().take_plaintext(), b"HTTP/1.1 200 OK\r\n\r\n");
+    }
+}
+
+/// Buffers lent to `receive_in_place` (middleboxes and endpoints) hold no plaintext afterwards,
+/// however the stream is split, and the data arrives as with `receive`.
+#[test]
+fn lent_buffers_keep_no_plaintext() {
+    let marker = b"PLAINTEXT-MARKER".to_vec();
+    let data: Vec<u8> = marker.iter().copied().cycle().take(40_000).collect();
+    for &(v, s) in SUITES {
+        for chunking in [vec![], vec![1], vec![7, 300], vec![16_000, 5]] {
+            let mut chain = Chain::new(v, s, pass(2), pass(1));
+            chain.chunking = chunking.clone();
+            chain.in_place = true;
+            chain.marker = Some(marker.clone());
+            chain.client().write(&data).unwrap();
+            chain.server().write(&data[..1000]).unwrap();
+            chain.client().close().unwrap();
+            chain.server().close().unwrap();
+            chain.pump();
+            assert_eq!(chain.server().take_plaintext(), data, "{v:?} {chunking:?}");
+            assert_eq!(chain.client().take_plaintext(), &data[..1000]);
+            for i in 0..3 {
+                assert!(chain.mbox(i).is_closed() && !chain.mbox(i).is_failed());
+            }
+        }
+    }
+}
+
+/// An app whose output differs in size from its input: doubled (more than one record per
+/// record in), or swallowed (nothing). Both arrive intact, in place or not.
+struct DoubleOrSwallow;
+
+impl MiddleboxApp for DoubleOrSwallow {
+    fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        if dir == Direction::ClientToServer {
+            out.extend_from_slice(data);
+            out.extend_from_slice(data);
+        }
+        Verdict::Continue
+    }
+}
+
+#[test]
+fn app_output_larger_than_a_record_or_empty() {
+    for &(v, s) in SUITES {
+        for in_place in [false, true] {
+            let mut chain = Chain::new(v, s, vec![Box::new(DoubleOrSwallow) as App], pass(1));
+            chain.in_place = in_place;
+            let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+            chain.client().write(&data).unwrap();
+            chain.server().write(b"swallowed").unwrap();
+            chain.pump();
+            let got = chain.server().take_plaintext();
+            let want: Vec<u8> = data
+                .chunks(16 * 1024)
+                .flat_map(|c| [c, c].concat())
+                .collect();
+            assert_eq!(got, want, "{v:?} in place {in_place}");
+            assert!(chain.client().take_plaintext().is_empty());
+            assert!(!chain.mbox(0).is_failed());
+        }
     }
 }

@@ -802,4 +802,58 @@ mod discovered {
             assert_eq!(client.take_plaintext(), b"hello client");
         }
     }
+
+    /// Client-side middleboxes disabled (none configured, no discovery): the ClientHello
+    /// carries a MiddleboxSupport extension without optimistic hellos; with no middlebox on
+    /// the path the session is direct, with a legacy server.
+    #[test]
+    fn disabled_client_without_middlebox_is_direct() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            s.client_cfg.middlebox = ClientMiddlebox::Disabled;
+            let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+            let mut server = s.server_ctx.engine().unwrap();
+            client.write(b"hello server").unwrap();
+            let mut first = Some(b"hello client".to_vec());
+            for _ in 0..10 {
+                server.feed(&client.take_outgoing());
+                server.process().unwrap();
+                if !server.is_handshaking() {
+                    if let Some(d) = first.take() {
+                        server.write_plaintext(&d).unwrap();
+                    }
+                }
+                client.receive(&server.take_outgoing()).unwrap();
+            }
+            assert!(client.is_ready() && !client.keys_sent());
+            assert!(client_events(&mut client).contains(&ClientHandshakeEvent::Direct));
+            assert_eq!(server.take_plaintext(), b"hello server");
+            assert_eq!(client.take_plaintext(), b"hello client");
+        }
+    }
+
+    /// Client-side middleboxes disabled, but a middlebox on the path: it finds no optimistic
+    /// hello to answer, stays passive and never sees plaintext; the session runs end to end.
+    #[test]
+    fn disabled_client_leaves_an_on_path_middlebox_passive() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            s.client_cfg.middlebox = ClientMiddlebox::Disabled;
+            let mut net = run(&s);
+            assert!(net.client_err.is_none(), "{:?}", net.client_err);
+            assert!(net.mbox_err.is_none(), "{:?}", net.mbox_err);
+            assert!(!net.client.keys_sent() && !net.mbox.keys_installed());
+            let me = mbox_events(&mut net.mbox);
+            assert!(
+                me.iter()
+                    .any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(_))),
+                "{me:?}"
+            );
+            assert!(!me
+                .iter()
+                .any(|e| matches!(e, MiddleboxHandshakeEvent::Joined { .. })));
+            assert_eq!(net.server.take_plaintext(), b"GET / HTTP/1.1\r\n\r\n");
+            assert_eq!(net.client.take_plaintext(), b"server first");
+        }
+    }
 }

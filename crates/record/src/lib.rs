@@ -6,8 +6,8 @@
 //! TLS 1.2 PRF / TLS 1.3 HKDF-Expand-Label key derivations. It is sans-I/O: callers feed whole
 //! records (see `mbx_wire::RecordReader`) and get plaintext back, or the reverse.
 //!
-//! Cryptography is `ring`'s. Key material we hold is zeroized on drop; `ring`'s own expanded
-//! key schedules are outside our control.
+//! Cryptography is `ring`'s. Key material and plaintext we hold are zeroized on drop (plaintext
+//! word-wise, see [`wipe`]); `ring`'s own expanded key schedules are outside our control.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(
@@ -20,10 +20,12 @@ pub mod protect;
 pub mod suite;
 pub mod tls12;
 pub mod tls13;
+pub mod wipe;
 
 pub use error::RecordError;
 pub use keys::TrafficKeys;
 pub use mbx_wire::ContentType;
-pub use protect::{Opened, RecordOpener, RecordSealer};
+pub use protect::{Opened, OpenedInPlace, RecordOpener, RecordSealer};
 pub use suite::{Aead, CipherSuite, HashAlg, TlsVersion};
+pub use wipe::SecretBytes;
 pub use zeroize::Zeroizing;

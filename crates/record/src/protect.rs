@@ -13,6 +13,7 @@
 //! [`RecordError::SequenceExhausted`]. An opener that saw one bad record refuses all later ones.
 
 use core::fmt;
+use core::ops::Range;
 
 use mbx_wire::record::{
     HEADER_LEN, MAX_CIPHERTEXT_LEN_TLS12, MAX_CIPHERTEXT_LEN_TLS13, MAX_PLAINTEXT_LEN,
@@ -24,6 +25,7 @@ use zeroize::{Zeroize, Zeroizing};
 use crate::error::RecordError;
 use crate::keys::TrafficKeys;
 use crate::suite::{Aead, TlsVersion};
+use crate::wipe::{reserve, wipe, SecretBytes};
 
 /// The version field every protected record carries (TLS 1.2, and TLS 1.3's legacy value).
 const RECORD_VERSION: u16 = version::TLS1_2;
@@ -32,7 +34,8 @@ const RECORD_VERSION: u16 = version::TLS1_2;
 pub struct Opened {
     /// The content type; for TLS 1.3 the inner (real) type.
     pub content_type: ContentType,
-    pub plaintext: Zeroizing<Vec<u8>>,
+    /// Wiped (word-wise, spare capacity included) when dropped.
+    pub plaintext: SecretBytes,
 }
 
 impl fmt::Debug for Opened {
@@ -227,84 +230,149 @@ impl RecordSealer {
         out: &mut Vec<u8>,
     ) -> Result<(), RecordError> {
         let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
+        if plaintext.len() > MAX_PLAINTEXT_LEN {
+            return Err(RecordError::RecordOverflow);
+        }
+        let prefix = HEADER_LEN + cipher.explicit_len();
+        let tag_len = cipher.aead.tag_len();
+        let start = out.len();
+        // Room for the whole record up front: sealing never reallocates (and so never leaves
+        // a copy of the plaintext in freed memory).
+        // (An impossible padding is refused below; it must not make the reservation overflow.)
+        let padding_room = padding.min(MAX_PLAINTEXT_LEN + 1);
+        out.reserve(prefix + plaintext.len() + 1 + padding_room + tag_len);
+        out.resize(start + prefix, 0);
+        out.extend_from_slice(plaintext);
+        self.seal_in_place_padded(content_type, out, start, padding)
+    }
+
+    /// Bytes [`seal_in_place`](Self::seal_in_place) needs in front of the plaintext: the
+    /// record header, and for TLS 1.2 AES-GCM the explicit nonce.
+    pub fn seal_prefix_len(&self) -> usize {
+        HEADER_LEN
+            + self
+                .cipher
+                .as_ref()
+                .map(Cipher::explicit_len)
+                .unwrap_or_default()
+    }
+
+    /// Seals the plaintext that is already in `buf`, where it lies: `buf[start..]` is
+    /// [`seal_prefix_len`](Self::seal_prefix_len) bytes of room (any value) followed by the
+    /// plaintext (≤ 2^14 bytes). The room becomes the header (and explicit nonce), the
+    /// plaintext becomes ciphertext, and the TLS 1.3 inner type and the tag are appended, so
+    /// `buf[start..]` is then one protected record, as [`seal`](Self::seal) would have
+    /// appended it. If `buf` must grow for the trailer, its old allocation is wiped first.
+    ///
+    /// On error `buf` is truncated to `start` and the bytes after it are wiped.
+    pub fn seal_in_place(
+        &mut self,
+        content_type: ContentType,
+        buf: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), RecordError> {
+        self.seal_in_place_padded(content_type, buf, start, 0)
+    }
+
+    fn seal_in_place_padded(
+        &mut self,
+        content_type: ContentType,
+        buf: &mut Vec<u8>,
+        start: usize,
+        padding: usize,
+    ) -> Result<(), RecordError> {
+        let result = self.try_seal_in_place(content_type, buf, start, padding);
+        match result {
+            Ok(()) => {
+                self.seq += 1;
+                self.sealed_any = true;
+            }
+            Err(_) => {
+                // Do not leave plaintext behind in the caller's buffer.
+                if let Some(tail) = buf.get_mut(start..) {
+                    wipe(tail);
+                }
+                buf.truncate(start);
+            }
+        }
+        result
+    }
+
+    fn try_seal_in_place(
+        &self,
+        content_type: ContentType,
+        buf: &mut Vec<u8>,
+        start: usize,
+        padding: usize,
+    ) -> Result<(), RecordError> {
+        let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
         if cipher.version == TlsVersion::Tls12 && padding > 0 {
             return Err(RecordError::PaddingNotAllowed);
         }
         if !self.types.allows(cipher.version, content_type) {
             return Err(RecordError::UnexpectedContentType);
         }
-        if plaintext.is_empty() && !content_type.may_be_empty() {
+        let explicit = cipher.explicit_len();
+        let body_at = start
+            .checked_add(HEADER_LEN + explicit)
+            .filter(|b| *b <= buf.len())
+            .ok_or(RecordError::EncryptFailed)?;
+        let plain_len = buf.len() - body_at;
+        if plain_len == 0 && !content_type.may_be_empty() {
             return Err(RecordError::EmptyFragment);
         }
-        if plaintext.len() > MAX_PLAINTEXT_LEN {
+        if plain_len > MAX_PLAINTEXT_LEN {
             return Err(RecordError::RecordOverflow);
         }
         if self.seq == u64::MAX {
             return Err(RecordError::SequenceExhausted);
         }
         let tag_len = cipher.aead.tag_len();
-        let start = out.len();
-        let (header, aad13, body_at) = match cipher.version {
+        let (header, aad) = match cipher.version {
             TlsVersion::Tls13 => {
                 // TLSInnerPlaintext must not exceed 2^14 + 1 bytes (RFC 8446 §5.4).
-                let inner = plaintext
-                    .len()
+                let inner = plain_len
                     .checked_add(1)
                     .and_then(|n| n.checked_add(padding))
                     .filter(|n| *n <= MAX_PLAINTEXT_LEN + 1)
                     .ok_or(RecordError::RecordOverflow)?;
                 let header = header_bytes(ContentType::APPLICATION_DATA, inner + tag_len)?;
-                out.reserve(HEADER_LEN + inner + tag_len);
-                out.extend_from_slice(&header);
-                out.extend_from_slice(plaintext);
-                out.push(content_type.0);
-                out.resize(out.len() + padding, 0);
-                (header, None, start + HEADER_LEN)
+                reserve(buf, 1 + padding + tag_len);
+                buf.push(content_type.0);
+                buf.resize(buf.len() + padding, 0);
+                (header, AadBytes::Header(header))
             }
             TlsVersion::Tls12 => {
-                let explicit = cipher.explicit_len();
-                let header = header_bytes(content_type, explicit + plaintext.len() + tag_len)?;
-                let aad = tls12_aad(self.seq, content_type, RECORD_VERSION, plaintext.len())?;
-                out.reserve(HEADER_LEN + explicit + plaintext.len() + tag_len);
-                out.extend_from_slice(&header);
-                if explicit > 0 {
-                    out.extend_from_slice(&self.explicit_nonce().to_be_bytes());
-                }
-                out.extend_from_slice(plaintext);
-                (header, Some(aad), start + HEADER_LEN + explicit)
+                let header = header_bytes(content_type, explicit + plain_len + tag_len)?;
+                let aad = tls12_aad(self.seq, content_type, RECORD_VERSION, plain_len)?;
+                reserve(buf, tag_len);
+                (header, AadBytes::Tls12(aad))
             }
         };
-        let nonce = match cipher.explicit_len() {
-            8 => cipher.nonce(self.seq, Some(&self.explicit_nonce().to_be_bytes())),
+        let explicit_nonce = self.explicit_nonce().to_be_bytes();
+        buf.get_mut(start..start + HEADER_LEN)
+            .ok_or(RecordError::EncryptFailed)?
+            .copy_from_slice(&header);
+        if explicit == 8 {
+            buf.get_mut(start + HEADER_LEN..body_at)
+                .ok_or(RecordError::EncryptFailed)?
+                .copy_from_slice(&explicit_nonce);
+        }
+        let nonce = match explicit {
+            8 => cipher.nonce(self.seq, Some(&explicit_nonce)),
             _ => cipher.nonce(self.seq, None),
         };
-        let sealed = match out.get_mut(body_at..) {
-            Some(body) => match &aad13 {
-                Some(aad) => cipher
-                    .key
-                    .seal_in_place_separate_tag(nonce, Aad::from(aad), body),
-                None => cipher
-                    .key
-                    .seal_in_place_separate_tag(nonce, Aad::from(&header), body),
-            },
-            None => Err(ring::error::Unspecified),
+        let aad = match &aad {
+            AadBytes::Header(h) => Aad::from(&h[..]),
+            AadBytes::Tls12(a) => Aad::from(&a[..]),
         };
-        match sealed {
-            Ok(tag) => {
-                out.extend_from_slice(tag.as_ref());
-                self.seq += 1;
-                self.sealed_any = true;
-                Ok(())
-            }
-            Err(_) => {
-                // Do not leave plaintext behind in the caller's buffer.
-                if let Some(tail) = out.get_mut(start..) {
-                    tail.zeroize();
-                }
-                out.truncate(start);
-                Err(RecordError::EncryptFailed)
-            }
-        }
+        let body = buf.get_mut(body_at..).ok_or(RecordError::EncryptFailed)?;
+        let tag = cipher
+            .key
+            .seal_in_place_separate_tag(nonce, aad, body)
+            .map_err(|_| RecordError::EncryptFailed)?;
+        buf.extend_from_slice(tag.as_ref());
+        Ok(())
     }
 }
 
@@ -362,7 +430,8 @@ impl RecordOpener {
         self.cipher.as_ref().ok().map(|c| c.fingerprint)
     }
 
-    /// Open exactly one complete record (header included).
+    /// Open exactly one complete record (header included). The plaintext is copied out of
+    /// `record`; see [`open_in_place`](Self::open_in_place) for the copy-free form.
     ///
     /// Any failure is final: this opener returns [`RecordError::Poisoned`] afterwards, since a
     /// stream with one bad record cannot be trusted again (RFC 8446 §5.2: bad_record_mac is
@@ -371,7 +440,44 @@ impl RecordOpener {
         if self.failed {
             return Err(RecordError::Poisoned);
         }
-        let result = self.try_open(record);
+        let result = self.prepare(record).and_then(|p| {
+            let sealed = record.get(p.sealed_at..).ok_or(RecordError::BadRecordMac)?;
+            let mut buf = SecretBytes::new(sealed.to_vec());
+            let (content_type, len) = self.decrypt(&p, &mut buf)?;
+            buf.truncate(len);
+            Ok(Opened {
+                content_type,
+                plaintext: buf,
+            })
+        });
+        self.finish(result)
+    }
+
+    /// Open exactly one complete record (header included) where it lies: on success the
+    /// plaintext is `record[opened.range]`, and the caller must wipe it
+    /// ([`crate::wipe::wipe`]) once done with it. On failure no plaintext is left in `record`.
+    /// The rest of `record` (header, explicit nonce, tag, TLS 1.3 inner type and padding) is
+    /// left unspecified.
+    ///
+    /// Failures are final, as for [`open`](Self::open).
+    pub fn open_in_place(&mut self, record: &mut [u8]) -> Result<OpenedInPlace, RecordError> {
+        if self.failed {
+            return Err(RecordError::Poisoned);
+        }
+        let result = self.prepare(record).and_then(|p| {
+            let sealed = record
+                .get_mut(p.sealed_at..)
+                .ok_or(RecordError::BadRecordMac)?;
+            let (content_type, len) = self.decrypt(&p, sealed)?;
+            Ok(OpenedInPlace {
+                content_type,
+                range: p.sealed_at..p.sealed_at + len,
+            })
+        });
+        self.finish(result)
+    }
+
+    fn finish<T>(&mut self, result: Result<T, RecordError>) -> Result<T, RecordError> {
         match &result {
             Ok(_) => self.seq += 1,
             Err(_) => self.failed = true,
@@ -379,7 +485,8 @@ impl RecordOpener {
         result
     }
 
-    fn try_open(&self, record: &[u8]) -> Result<Opened, RecordError> {
+    /// Checks the header and framing of `record` and works out where its AEAD input starts.
+    fn prepare(&self, record: &[u8]) -> Result<Prepared, RecordError> {
         let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
         if self.seq == u64::MAX {
             return Err(RecordError::SequenceExhausted);
@@ -399,8 +506,10 @@ impl RecordOpener {
         if (header.version >> 8) as u8 != version::MAJOR {
             return Err(WireError::BadVersion(header.version).into());
         }
-        let header_raw = record.get(..HEADER_LEN).ok_or(RecordError::BadRecordMac)?;
-        let payload = record.get(HEADER_LEN..).ok_or(RecordError::BadRecordMac)?;
+        let header_raw: [u8; HEADER_LEN] = record
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or(RecordError::BadRecordMac)?;
         let tag_len = cipher.aead.tag_len();
         match cipher.version {
             TlsVersion::Tls13 => {
@@ -413,33 +522,11 @@ impl RecordOpener {
                 if len < tag_len {
                     return Err(RecordError::BadRecordMac);
                 }
-                let mut buf = Zeroizing::new(payload.to_vec());
-                let nonce = cipher.nonce(self.seq, None);
-                let plain_len = cipher
-                    .key
-                    .open_in_place(nonce, Aad::from(header_raw), &mut buf)
-                    .map_err(|_| RecordError::BadRecordMac)?
-                    .len();
-                buf.truncate(plain_len);
-                if plain_len > MAX_PLAINTEXT_LEN + 1 {
-                    return Err(RecordError::RecordOverflow);
-                }
-                // The content type is the last non-zero byte; zeros after it are padding.
-                let type_at = buf
-                    .iter()
-                    .rposition(|b| *b != 0)
-                    .ok_or(RecordError::MissingInnerContentType)?;
-                let ct = ContentType(buf.get(type_at).copied().unwrap_or(0));
-                if !self.types.allows(cipher.version, ct) {
-                    return Err(RecordError::UnexpectedContentType);
-                }
-                if type_at == 0 && !ct.may_be_empty() {
-                    return Err(RecordError::EmptyFragment);
-                }
-                buf.truncate(type_at);
-                Ok(Opened {
-                    content_type: ct,
-                    plaintext: buf,
+                Ok(Prepared {
+                    aad: AadBytes::Header(header_raw),
+                    explicit: None,
+                    outer_type: header.content_type,
+                    sealed_at: HEADER_LEN,
                 })
             }
             TlsVersion::Tls12 => {
@@ -458,33 +545,111 @@ impl RecordOpener {
                     return Err(RecordError::RecordOverflow);
                 }
                 let explicit: Option<[u8; 8]> = if explicit_len > 0 {
-                    let e = payload.get(..8).ok_or(RecordError::BadRecordMac)?;
+                    let e = record
+                        .get(HEADER_LEN..HEADER_LEN + 8)
+                        .ok_or(RecordError::BadRecordMac)?;
                     Some(<[u8; 8]>::try_from(e).map_err(|_| RecordError::BadRecordMac)?)
                 } else {
                     None
                 };
-                let sealed = payload
-                    .get(explicit_len..)
-                    .ok_or(RecordError::BadRecordMac)?;
-                let aad = tls12_aad(self.seq, ct, header.version, plain_len)?;
-                let mut buf = Zeroizing::new(sealed.to_vec());
-                let nonce = cipher.nonce(self.seq, explicit.as_ref());
-                let opened_len = cipher
-                    .key
-                    .open_in_place(nonce, Aad::from(&aad), &mut buf)
-                    .map_err(|_| RecordError::BadRecordMac)?
-                    .len();
-                buf.truncate(opened_len);
-                if buf.is_empty() && !ct.may_be_empty() {
-                    return Err(RecordError::EmptyFragment);
-                }
-                Ok(Opened {
-                    content_type: ct,
-                    plaintext: buf,
+                Ok(Prepared {
+                    aad: AadBytes::Tls12(tls12_aad(self.seq, ct, header.version, plain_len)?),
+                    explicit,
+                    outer_type: ct,
+                    sealed_at: HEADER_LEN + explicit_len,
                 })
             }
         }
     }
+
+    /// Decrypts `sealed` (ciphertext ‖ tag) in place and checks what it holds. Returns the
+    /// content type and the plaintext length (at the start of `sealed`). On any error no
+    /// plaintext is left in `sealed`.
+    fn decrypt(
+        &self,
+        p: &Prepared,
+        sealed: &mut [u8],
+    ) -> Result<(ContentType, usize), RecordError> {
+        let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
+        let nonce = cipher.nonce(self.seq, p.explicit.as_ref());
+        let aad = match &p.aad {
+            AadBytes::Header(h) => Aad::from(&h[..]),
+            AadBytes::Tls12(a) => Aad::from(&a[..]),
+        };
+        // ring zeroes the output itself when the tag does not match.
+        let plain_len = cipher
+            .key
+            .open_in_place(nonce, aad, sealed)
+            .map_err(|_| RecordError::BadRecordMac)?
+            .len();
+        let checked = self.check_plaintext(cipher.version, p.outer_type, sealed.get(..plain_len));
+        if checked.is_err() {
+            wipe(sealed);
+        }
+        checked
+    }
+
+    /// The content type and content length of an authenticated plaintext.
+    fn check_plaintext(
+        &self,
+        version: TlsVersion,
+        outer_type: ContentType,
+        plain: Option<&[u8]>,
+    ) -> Result<(ContentType, usize), RecordError> {
+        let plain = plain.ok_or(RecordError::BadRecordMac)?;
+        match version {
+            TlsVersion::Tls13 => {
+                if plain.len() > MAX_PLAINTEXT_LEN + 1 {
+                    return Err(RecordError::RecordOverflow);
+                }
+                // The content type is the last non-zero byte; zeros after it are padding.
+                let type_at = plain
+                    .iter()
+                    .rposition(|b| *b != 0)
+                    .ok_or(RecordError::MissingInnerContentType)?;
+                let ct = ContentType(plain.get(type_at).copied().unwrap_or(0));
+                if !self.types.allows(version, ct) {
+                    return Err(RecordError::UnexpectedContentType);
+                }
+                if type_at == 0 && !ct.may_be_empty() {
+                    return Err(RecordError::EmptyFragment);
+                }
+                Ok((ct, type_at))
+            }
+            TlsVersion::Tls12 => {
+                if plain.is_empty() && !outer_type.may_be_empty() {
+                    return Err(RecordError::EmptyFragment);
+                }
+                Ok((outer_type, plain.len()))
+            }
+        }
+    }
+}
+
+/// A record opened where it lies ([`RecordOpener::open_in_place`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedInPlace {
+    /// The content type; for TLS 1.3 the inner (real) type.
+    pub content_type: ContentType,
+    /// Where the plaintext is, within the record passed in.
+    pub range: Range<usize>,
+}
+
+/// The additional data of one record.
+enum AadBytes {
+    /// TLS 1.3: the record header.
+    Header([u8; HEADER_LEN]),
+    /// TLS 1.2: seq ‖ type ‖ version ‖ length.
+    Tls12([u8; 13]),
+}
+
+/// What [`RecordOpener::decrypt`] needs from a framed record.
+struct Prepared {
+    aad: AadBytes,
+    explicit: Option<[u8; 8]>,
+    outer_type: ContentType,
+    /// Offset of ciphertext ‖ tag in the record.
+    sealed_at: usize,
 }
 
 impl fmt::Debug for RecordOpener {

@@ -669,3 +669,111 @@ fn tls12_opener_rejects_what_the_sealer_would_not_send() {
         }
     }
 }
+
+/// `open_in_place` agrees with `open` on every (version, AEAD), padding included, and points at
+/// the plaintext inside the record it was given.
+#[test]
+fn open_in_place_matches_open() {
+    each(|v, a| {
+        let (mut s, mut o) = pair(v, a);
+        let mut o2 = RecordOpener::new(v, keys(v, a, 0x5a), 0);
+        let msgs: [(ContentType, &[u8], usize); 5] = [
+            (ContentType::APPLICATION_DATA, b"hello", 0),
+            (ContentType::APPLICATION_DATA, b"", 0),
+            (ContentType::APPLICATION_DATA, &[7u8; MAX_PLAINTEXT_LEN], 0),
+            (ContentType::ALERT, &[1, 0], 0),
+            (ContentType::HANDSHAKE, b"\x14\x00\x00\x01x", 9),
+        ];
+        for (ct, pt, pad) in msgs {
+            let pad = if v == TlsVersion::Tls13 { pad } else { 0 };
+            let mut rec = Vec::new();
+            s.seal_padded(ct, pt, pad, &mut rec).unwrap();
+            let copied = o.open(&rec).unwrap();
+            let mut buf = rec.clone();
+            let inplace = o2.open_in_place(&mut buf).unwrap();
+            assert_eq!(inplace.content_type, copied.content_type);
+            assert_eq!(
+                &buf[inplace.range.clone()],
+                &copied.plaintext[..],
+                "{v:?} {a:?}"
+            );
+            assert_eq!(&buf[inplace.range.clone()], pt);
+        }
+        assert_eq!(o.next_seq(), o2.next_seq());
+    });
+}
+
+/// A record that fails after authentication (bad inner type, missing type, empty fragment)
+/// or fails authentication leaves no plaintext in the caller's buffer, and poisons the opener.
+#[test]
+fn open_in_place_failures_leave_no_plaintext() {
+    for a in AEADS {
+        let k = keys(TlsVersion::Tls13, a, 0x5a);
+        for inner in [
+            &b"secret secret secret\x63"[..],         // inner type 99
+            &b"secret secret secret\x16\x00"[..],     // fine (handshake), then tampered below
+            &b"\x00\x00\x00\x00\x00\x00\x00\x00"[..], // no content type
+        ] {
+            let mut rec = raw_tls13(a, &k, 0, inner);
+            if inner.ends_with(b"\x16\x00") {
+                let n = rec.len();
+                rec[n - 1] ^= 1; // the tag
+            }
+            let mut o = RecordOpener::new(TlsVersion::Tls13, k.clone(), 0);
+            let mut buf = rec.clone();
+            assert!(o.open_in_place(&mut buf).is_err());
+            assert!(
+                !buf.windows(6).any(|w| w == b"secret"),
+                "{a:?}: plaintext left behind"
+            );
+            let sealed_len = buf.len() - 5 - 16;
+            assert!(buf[5..5 + sealed_len].iter().all(|&b| b == 0), "{a:?}");
+            let mut again = rec.clone();
+            assert_eq!(
+                o.open_in_place(&mut again).err(),
+                Some(RecordError::Poisoned)
+            );
+        }
+    }
+}
+
+/// `seal_in_place` over room + plaintext produces exactly what `seal` appends, after whatever
+/// the buffer held before; a refused record leaves no plaintext and the buffer as it was.
+#[test]
+fn seal_in_place_matches_seal() {
+    each(|v, a| {
+        let (mut s1, _) = pair(v, a);
+        let (mut s2, mut o) = pair(v, a);
+        for pt in [&b"abc"[..], &[9u8; MAX_PLAINTEXT_LEN][..], b"\x01\x00"] {
+            let mut want = b"earlier".to_vec();
+            s1.seal(ContentType::APPLICATION_DATA, pt, &mut want)
+                .unwrap();
+            let mut got = b"earlier".to_vec();
+            let start = got.len();
+            got.resize(start + s2.seal_prefix_len(), 0xEE);
+            got.extend_from_slice(pt);
+            s2.seal_in_place(ContentType::APPLICATION_DATA, &mut got, start)
+                .unwrap();
+            assert_eq!(got, want, "{v:?} {a:?}");
+            assert_eq!(&o.open(&got[start..]).unwrap().plaintext[..], pt);
+        }
+        // Too long: refused, nothing left behind, sequence number unchanged.
+        let seq = s2.next_seq();
+        let mut buf = b"earlier".to_vec();
+        buf.resize(7 + s2.seal_prefix_len(), 0);
+        buf.extend(std::iter::repeat(b's').take(MAX_PLAINTEXT_LEN + 1));
+        assert_eq!(
+            s2.seal_in_place(ContentType::APPLICATION_DATA, &mut buf, 7),
+            Err(RecordError::RecordOverflow)
+        );
+        assert_eq!(buf, b"earlier");
+        assert_eq!(s2.next_seq(), seq);
+        // No room for the header.
+        let mut short = vec![1u8, 2];
+        assert_eq!(
+            s2.seal_in_place(ContentType::APPLICATION_DATA, &mut short, 1),
+            Err(RecordError::EncryptFailed)
+        );
+        assert_eq!(short, [1]);
+    });
+}

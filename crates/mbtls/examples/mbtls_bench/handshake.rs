@@ -307,6 +307,20 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
             specs,
         });
     }
+    // An mbTLS client with client-side middleboxes disabled (none configured, no discovery):
+    // its MiddleboxSupport extension carries no optimistic ClientHello.
+    out.push(Config {
+        name: "mbTLS 0+0 (discovery off)".into(),
+        roles: vec!["client".into(), "server".into()],
+        specs: vec![
+            Spec::Client(setup.mbtls_client(version, ClientMiddlebox::Disabled, true)?),
+            Spec::Server(setup.mbtls_server(
+                version,
+                ServerMiddlebox::Discover(refuse.clone()),
+                true,
+            )?),
+        ],
+    });
     Ok(out)
 }
 

@@ -77,10 +77,11 @@ fn cpu_name() -> String {
 }
 
 /// Configurations measured again with RSA-2048 keys (the paper's ECDHE-RSA setting).
-const RSA_CONFIGS: [&str; 5] = [
+const RSA_CONFIGS: [&str; 6] = [
     "plain TLS",
     "split TLS",
     "mbTLS 0+0",
+    "mbTLS 0+0 (discovery off)",
     "mbTLS 0+1",
     "mbTLS 0+2",
 ];
@@ -91,11 +92,24 @@ fn main() -> Res<()> {
         // For profiling (e.g. under `perf record`): the in-process relay only, nothing written.
         return relay::in_process_only(20);
     }
-    if let Some(name) = std::env::var_os("MBTLS_BENCH_HANDSHAKE_ONLY") {
-        // For profiling: one handshake configuration (TLS 1.3, ECDSA), printed, nothing written.
-        let name = name.to_string_lossy().into_owned();
+    if std::env::var_os("MBTLS_BENCH_RELAY_TCP_ONLY").is_some() {
+        // For profiling: the relay over TCP (and the in-process figures), 5 samples, printed.
         let setup = setup::Setup::new(KeyType::EcdsaP256)?;
-        handshake::run(&setup, TlsVersion::Tls13, 400, 1, Some(&[name.as_str()]))?;
+        relay::run(&setup, 5)?;
+        return Ok(());
+    }
+    if let Some(name) = std::env::var_os("MBTLS_BENCH_HANDSHAKE_ONLY") {
+        // For profiling: handshake configurations (TLS 1.3, or 1.2 with MBTLS_BENCH_VERSION=1.2;
+        // ECDSA), printed, nothing written.
+        // Several configurations, interleaved: names separated by commas.
+        let names = name.to_string_lossy().into_owned();
+        let names: Vec<&str> = names.split(',').map(str::trim).collect();
+        let setup = setup::Setup::new(KeyType::EcdsaP256)?;
+        let version = match std::env::var("MBTLS_BENCH_VERSION").as_deref() {
+            Ok("1.2") => TlsVersion::Tls12,
+            _ => TlsVersion::Tls13,
+        };
+        handshake::run(&setup, version, 400, 1, Some(&names))?;
         return Ok(());
     }
     let load_start = cpu::loadavg();
@@ -199,6 +213,10 @@ fn handshake_targets(hs: &Value) -> Value {
             },
             "endpoint_no_middlebox_over_plain": {
                 "client": over(r("mbTLS 0+0", "client"), &r("plain TLS", "client")),
+                "client_discovery_off": over(
+                    r("mbTLS 0+0 (discovery off)", "client"),
+                    &r("plain TLS", "client"),
+                ),
                 "server": over(s0.clone(), &r("plain TLS", "server")),
                 "target_max": 1.1,
             },
@@ -243,6 +261,10 @@ fn handshake_targets(hs: &Value) -> Value {
             (
                 "client 0+0/plain",
                 &t["endpoint_no_middlebox_over_plain"]["client"],
+            ),
+            (
+                "client 0+0 discovery off/plain",
+                &t["endpoint_no_middlebox_over_plain"]["client_discovery_off"],
             ),
             (
                 "server 0+0/plain",

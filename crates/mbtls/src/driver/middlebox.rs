@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::{DriverError, READ_BUF};
+use super::DriverError;
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -29,6 +29,9 @@ pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync
 
 type App = Box<dyn MiddleboxApp + Send>;
 
+/// Bytes read from a socket at once: several 16 KB records per system call when the peer is
+/// sending in bulk (fewer reads, and records are opened in this buffer, not copied out of it).
+const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
 /// Chunks queued toward one neighbour before reading from the other side waits (back-pressure).
 const QUEUE: usize = 64;
 /// After a fatal error or the end of the session: how long queued bytes (e.g. alerts) may take
@@ -284,17 +287,18 @@ enum Core {
 }
 
 impl Core {
-    fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+    /// `bytes` is the read buffer: in the data phase records are opened in it.
+    fn receive(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
         match self {
-            Core::ClientSide(c) => c.receive(from, bytes),
-            Core::ServerSide(c) => c.receive(from, bytes),
+            Core::ClientSide(c) => c.receive_in_place(from, bytes),
+            Core::ServerSide(c) => c.receive_in_place(from, bytes),
         }
     }
 
-    fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+    fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
         match self {
-            Core::ClientSide(c) => c.take_outgoing(to),
-            Core::ServerSide(c) => c.take_outgoing(to),
+            Core::ClientSide(c) => c.append_outgoing(to, dst),
+            Core::ServerSide(c) => c.append_outgoing(to, dst),
         }
     }
 
@@ -330,10 +334,45 @@ enum Out {
     Fin,
 }
 
-async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) -> std::io::Result<()> {
+/// Emptied outgoing buffers, handed back by the writers for reuse (their allocations stay
+/// warm instead of being freed and faulted in again for every chunk). Only ciphertext ever
+/// passes through them.
+#[derive(Clone, Default)]
+struct Pool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+/// Buffers kept per connection: enough for the queued chunks of a busy direction.
+const POOL_MAX: usize = 8;
+
+impl Pool {
+    fn get(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_default()
+    }
+
+    fn put(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        if let Ok(mut p) = self.0.lock() {
+            if p.len() < POOL_MAX {
+                p.push(buf);
+            }
+        }
+    }
+}
+
+async fn writer(
+    mut half: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Out>,
+    pool: Pool,
+) -> std::io::Result<()> {
     while let Some(out) = rx.recv().await {
         match out {
-            Out::Data(d) => half.write_all(&d).await?,
+            Out::Data(d) => {
+                half.write_all(&d).await?;
+                pool.put(d);
+            }
             Out::Fin => {
                 half.shutdown().await?;
                 return Ok(());
@@ -345,6 +384,7 @@ async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) -> std::i
 
 struct Conn {
     hs: Core,
+    pool: Pool,
     to_client: mpsc::Sender<Out>,
     to_server: mpsc::Sender<Out>,
     failure: Option<String>,
@@ -361,8 +401,13 @@ impl Conn {
     /// Queues what the core produced for both neighbours, in order.
     async fn push(&mut self) -> Result<(), DriverError> {
         for to in [Side::Client, Side::Server] {
-            let out = self.hs.take_outgoing(to);
-            if !out.is_empty() && self.tx(to).send(Out::Data(out)).await.is_err() {
+            let mut out = self.pool.get();
+            self.hs.append_outgoing(to, &mut out);
+            if out.is_empty() {
+                self.pool.put(out);
+                continue;
+            }
+            if self.tx(to).send(Out::Data(out)).await.is_err() {
                 return Err(DriverError::PeerGone {
                     peer: side_name(to),
                     when: "while we were writing to it",
@@ -452,18 +497,20 @@ async fn relay(
     let (mut server_r, server_w) = server.into_split();
     let (to_client, rx_c) = mpsc::channel(QUEUE);
     let (to_server, rx_s) = mpsc::channel(QUEUE);
+    let pool = Pool::default();
     let mut writers = JoinSet::new();
-    writers.spawn(writer(client_w, rx_c));
-    writers.spawn(writer(server_w, rx_s));
+    writers.spawn(writer(client_w, rx_c, pool.clone()));
+    writers.spawn(writer(server_w, rx_s, pool.clone()));
     let mut conn = Conn {
         hs,
+        pool,
         to_client,
         to_server,
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
-    let mut buf_c = vec![0u8; READ_BUF];
-    let mut buf_s = vec![0u8; READ_BUF];
+    let mut buf_c = vec![0u8; MIDDLEBOX_READ_BUF];
+    let mut buf_s = vec![0u8; MIDDLEBOX_READ_BUF];
     let result: Result<(), DriverError> = loop {
         if let Some(f) = conn.failure.take() {
             break Err(DriverError::Relay(f));
@@ -472,8 +519,8 @@ async fn relay(
             break Ok(());
         }
         let (from, read) = tokio::select! {
-            r = client_r.read(&mut buf_c), if open[0] => (Side::Client, r.map(|n| buf_c.get(..n).unwrap_or_default())),
-            r = server_r.read(&mut buf_s), if open[1] => (Side::Server, r.map(|n| buf_s.get(..n).unwrap_or_default())),
+            r = client_r.read(&mut buf_c), if open[0] => (Side::Client, r.map(|n| buf_c.get_mut(..n).unwrap_or_default())),
+            r = server_r.read(&mut buf_s), if open[1] => (Side::Server, r.map(|n| buf_s.get_mut(..n).unwrap_or_default())),
             Some(w) = writers.join_next() => {
                 match w {
                     Ok(Ok(())) => continue,

@@ -33,6 +33,11 @@ pub enum ClientMiddlebox {
     /// context's roots and the approver must accept it. With none on the path the session is
     /// direct (an mbTLS client that allows server-side middleboxes only).
     Discover(Approver),
+    /// No client-side middlebox: none configured and discovery off (an mbTLS client that
+    /// allows server-side middleboxes only). The MiddleboxSupport extension carries no
+    /// optimistic ClientHello, so no secondary engine or key share is made; a middlebox on the
+    /// path has no hello to answer and stays passive. Server-side middleboxes are unaffected.
+    Disabled,
 }
 
 /// The client's configuration for its client-side middleboxes.
@@ -67,8 +72,10 @@ impl ClientHandshake {
                 (path.iter().cloned().map(Some).collect(), None)
             }
             ClientMiddlebox::Discover(a) => (vec![None], Some(a.clone())),
+            ClientMiddlebox::Disabled => (Vec::new(), None),
         };
-        if names.is_empty() || names.len() > usize::from(u8::MAX) {
+        let disabled = matches!(cfg.middlebox, ClientMiddlebox::Disabled);
+        if (names.is_empty() && !disabled) || names.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
         }
         // Subchannel i is answered by the i-th middlebox counted from the server (ids are taken

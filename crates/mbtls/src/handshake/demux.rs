@@ -37,6 +37,11 @@ impl Demux {
         self.reader.push(bytes);
     }
 
+    /// Bytes pushed but not yet returned as pieces.
+    pub fn buffered(&self) -> usize {
+        self.reader.buffered()
+    }
+
     /// The next whole piece, `Ok(None)` when more bytes are needed.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, WireError> {
         let Some(rec) = self.reader.next_record()? else {

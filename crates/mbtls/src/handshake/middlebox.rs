@@ -21,7 +21,7 @@ use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, S
 use super::demux::{hello_records, Demux, Piece};
 use super::HandshakeError;
 use crate::hop::Side;
-use crate::relay::{MiddleboxRelay, RelayEvent};
+use crate::relay::{append_or_swap, MiddleboxRelay, RelayEvent};
 use crate::wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
     MIDDLEBOX_SUPPORT_EXTENSION,
@@ -158,11 +158,45 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 "middlebox handshake already failed",
             ));
         }
+        if self.direct_to_relay(from) {
+            if let Some(relay) = self.relay.as_mut() {
+                relay.receive(from, bytes);
+            }
+            self.drain_relay();
+            return Ok(());
+        }
         let r = self.receive_inner(from, bytes);
         if r.is_err() {
             self.failed = true;
         }
         r
+    }
+
+    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
+    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
+    /// are unspecified.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
+        if !self.failed && self.direct_to_relay(from) {
+            if let Some(relay) = self.relay.as_mut() {
+                relay.receive_in_place(from, bytes);
+            }
+            self.drain_relay();
+            return Ok(());
+        }
+        self.receive(from, bytes)
+    }
+
+    /// In the data phase, with nothing left in the deframer for `from` and no neighbour's
+    /// marker awaited from it, bytes from `from` are data-phase records only: they go straight
+    /// to the relay (whose own framing is the stricter one), not through the demultiplexer.
+    fn direct_to_relay(&self, from: Side) -> bool {
+        let buffered = match from {
+            Side::Client => self.from_client.buffered(),
+            Side::Server => self.from_server.buffered(),
+        };
+        self.relay.is_some()
+            && buffered == 0
+            && !(from == Side::Server && self.awaiting_neighbour_marker)
     }
 
     fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
@@ -523,10 +557,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
 
     fn drain_relay(&mut self) {
         if let Some(relay) = self.relay.as_mut() {
-            self.out_client
-                .extend_from_slice(&relay.take_outgoing(Side::Client));
-            self.out_server
-                .extend_from_slice(&relay.take_outgoing(Side::Server));
+            relay.append_outgoing(Side::Client, &mut self.out_client);
+            relay.append_outgoing(Side::Server, &mut self.out_server);
             while let Some(ev) = relay.poll_event() {
                 self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
             }
@@ -538,6 +570,17 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             Side::Client => core::mem::take(&mut self.out_client),
             Side::Server => core::mem::take(&mut self.out_server),
         }
+    }
+
+    /// Appends what is to be sent to the neighbour on `to` to `dst`; swaps buffers instead of
+    /// copying when `dst` is empty, so a driver handing back emptied buffers allocates nothing
+    /// per call.
+    pub fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
+        let out = match to {
+            Side::Client => &mut self.out_client,
+            Side::Server => &mut self.out_server,
+        };
+        append_or_swap(out, dst);
     }
 
     pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {

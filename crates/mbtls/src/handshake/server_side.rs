@@ -28,7 +28,7 @@ use super::demux::{Demux, Piece};
 use super::middlebox::{first_application_record, write_evidence};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::Side;
-use crate::relay::MiddleboxRelay;
+use crate::relay::{append_or_swap, MiddleboxRelay};
 use crate::wire::{
     announcement_record, Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader,
 };
@@ -140,11 +140,45 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 "middlebox handshake already failed",
             ));
         }
+        if self.direct_to_relay(from) {
+            if let Some(relay) = self.relay.as_mut() {
+                relay.receive(from, bytes);
+            }
+            self.drain_relay();
+            return Ok(());
+        }
         let r = self.receive_inner(from, bytes);
         if r.is_err() {
             self.failed = true;
         }
         r
+    }
+
+    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
+    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
+    /// are unspecified.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
+        if !self.failed && self.direct_to_relay(from) {
+            if let Some(relay) = self.relay.as_mut() {
+                relay.receive_in_place(from, bytes);
+            }
+            self.drain_relay();
+            return Ok(());
+        }
+        self.receive(from, bytes)
+    }
+
+    /// In the data phase, with nothing left in the deframer for `from` and no neighbour's
+    /// marker awaited from it, bytes from `from` are data-phase records only: they go straight
+    /// to the relay (whose own framing is the stricter one), not through the demultiplexer.
+    fn direct_to_relay(&self, from: Side) -> bool {
+        let buffered = match from {
+            Side::Client => self.from_client.buffered(),
+            Side::Server => self.from_server.buffered(),
+        };
+        self.relay.is_some()
+            && buffered == 0
+            && !(from == Side::Client && self.awaiting_neighbour_marker)
     }
 
     fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
@@ -435,10 +469,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
 
     fn drain_relay(&mut self) {
         if let Some(relay) = self.relay.as_mut() {
-            self.out_client
-                .extend_from_slice(&relay.take_outgoing(Side::Client));
-            self.out_server
-                .extend_from_slice(&relay.take_outgoing(Side::Server));
+            relay.append_outgoing(Side::Client, &mut self.out_client);
+            relay.append_outgoing(Side::Server, &mut self.out_server);
             while let Some(ev) = relay.poll_event() {
                 self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
             }
@@ -450,6 +482,17 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             Side::Client => core::mem::take(&mut self.out_client),
             Side::Server => core::mem::take(&mut self.out_server),
         }
+    }
+
+    /// Appends what is to be sent to the neighbour on `to` to `dst`; swaps buffers instead of
+    /// copying when `dst` is empty, so a driver handing back emptied buffers allocates nothing
+    /// per call.
+    pub fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
+        let out = match to {
+            Side::Client => &mut self.out_client,
+            Side::Server => &mut self.out_server,
+        };
+        append_or_swap(out, dst);
     }
 
     pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {

@@ -35,6 +35,14 @@ impl Node {
         }
     }
 
+    /// The copy-free form: records are opened inside `bytes`.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) {
+        match self {
+            Node::End(e) => e.receive_in_place(bytes),
+            Node::Mbox(m) => m.receive_in_place(from, bytes),
+        }
+    }
+
     pub fn mbox(&mut self) -> &mut MiddleboxRelay<App> {
         match self {
             Node::Mbox(m) => m,
@@ -58,6 +66,11 @@ pub struct Chain {
     pub tap_s2c: Vec<Vec<u8>>,
     /// Sizes to split deliveries into (cycled); empty = deliver whole.
     pub chunking: Vec<usize>,
+    /// Deliver with `receive_in_place` (lending the buffer) instead of `receive`.
+    pub in_place: bool,
+    /// With `in_place`: bytes that must not be found in a lent buffer after it was used (a
+    /// plaintext marker: no plaintext may be left behind).
+    pub marker: Option<Vec<u8>>,
 }
 
 impl Chain {
@@ -99,6 +112,8 @@ impl Chain {
             tap_c2s: vec![Vec::new(); links],
             tap_s2c: vec![Vec::new(); links],
             chunking: Vec::new(),
+            in_place: false,
+            marker: None,
         }
     }
 
@@ -116,15 +131,30 @@ impl Chain {
 
     fn deliver(&mut self, node: usize, from: Side, bytes: &[u8]) {
         if self.chunking.is_empty() {
-            self.nodes[node].receive(from, bytes);
+            self.deliver_one(node, from, bytes);
             return;
         }
         let mut rest = bytes;
         let mut sizes = self.chunking.clone().into_iter().cycle();
         while !rest.is_empty() {
             let n = sizes.next().unwrap().max(1).min(rest.len());
-            self.nodes[node].receive(from, &rest[..n]);
+            self.deliver_one(node, from, &rest[..n]);
             rest = &rest[n..];
+        }
+    }
+
+    fn deliver_one(&mut self, node: usize, from: Side, bytes: &[u8]) {
+        if !self.in_place {
+            self.nodes[node].receive(from, bytes);
+            return;
+        }
+        let mut lent = bytes.to_vec();
+        self.nodes[node].receive_in_place(from, &mut lent);
+        if let Some(m) = &self.marker {
+            assert!(
+                !lent.windows(m.len()).any(|w| w == &m[..]),
+                "plaintext left in a lent buffer"
+            );
         }
     }
 
