@@ -30,7 +30,8 @@ pub mod pkcs11;
 pub mod premaster;
 pub mod server;
 pub mod tls;
-pub mod wipe;
+/// Word-wise wiping of secret buffers (shared with the record layer).
+pub use mbx_record::wipe;
 pub mod wire;
 pub mod x509;
 
