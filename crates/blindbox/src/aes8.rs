@@ -1,5 +1,5 @@
-//! AES-128 under eight different keys at once, key schedules included (the sender's `K_t`,
-//! the middlebox's per-chunk salts).
+//! AES-128 under eight different keys at once, key schedules included (the middlebox's
+//! per-chunk salts; the sender's `K_t` where the `aesni` path is not available).
 //!
 //! The `aes` crate expands one key at a time with `AESKEYGENASSIST`, a serial chain of ten
 //! dependent steps (the largest part of the sender's profile). Here eight schedules advance in

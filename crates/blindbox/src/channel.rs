@@ -1036,7 +1036,7 @@ mod tests {
         for (count, extra) in [(0u32, 0usize), (MAX_BATCH + 1, 0), (2, 1)] {
             let mut body = 5u64.to_be_bytes().to_vec();
             body.extend_from_slice(&count.to_be_bytes());
-            body.extend(std::iter::repeat(0).take(count.min(4) as usize * 5 + extra));
+            body.extend(std::iter::repeat_n(0, count.min(4) as usize * 5 + extra));
             assert_eq!(
                 TokenBatch::decode(&body, &p),
                 Err(ChannelError::Malformed("Tokens"))

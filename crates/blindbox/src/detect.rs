@@ -666,7 +666,7 @@ impl Detector {
                 {
                     let t = EncToken {
                         offset: first.wrapping_add((i / lanes) as u64),
-                        lane: if i % lanes == 0 {
+                        lane: if i.is_multiple_of(lanes) {
                             Lane::Exact
                         } else {
                             Lane::Folded

@@ -16,11 +16,14 @@
 //!
 //! Key schedules: the middlebox keeps the expanded `K_r` of every rule chunk for the whole
 //! connection (it holds `K_r` anyway). The sender keeps only the per-epoch counts (in a table
-//! hashed with a per-flow random seed); it computes `K_t` for every token, all `K_t` of a push in
-//! one pipelined multi-block AES call, then the salts in order, then the ciphertexts eight tokens
-//! at a time with the eight `K_t` schedules expanded in lockstep (`aes8`; profiling
-//! showed caching the 176-byte schedules cost more in table traffic than the expansion it saved,
-//! and the `aes` crate's one-key-at-a-time expansion was 30–40% of the sender's time).
+//! hashed with a per-flow random seed) and computes `K_t` and its schedule for every token
+//! (profiling showed caching the 176-byte schedules cost more in table traffic than the
+//! expansion it saved). On x86_64 with AES-NI (detected at run time) it counts the tokens in
+//! stream order and, every eight tokens, runs `K_t = AES_k(t)`, `K_t`'s schedule and the salt
+//! encryptions for all eight in registers (`aesni`, the crate's only `unsafe`). Elsewhere the
+//! portable path computes all `K_t` of a push in one pipelined multi-block AES call, then the
+//! salts, then the ciphertexts with eight `K_t` schedules expanded in lockstep (`aes8`). Both
+//! give the same bytes (tests run both).
 //!
 //! `flow_key` and the first `salt0` come from the primary session's exporter ([`crate::keys`]),
 //! so the receiver can recompute every `c2` and check it.
@@ -32,6 +35,7 @@ use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use crate::aes8;
+use crate::aesni;
 use crate::tokenize::{FlowEvent, Lane, Token};
 
 /// Bytes of a truncated DPIEnc ciphertext.
@@ -52,13 +56,32 @@ pub enum DpiEncError {
 /// The token-encryption key `k` (derived by both endpoints from the primary session).
 pub struct TokenKey {
     cipher: Aes128,
+    /// `k`'s schedule for the AES-NI path: `None` without AES-NI / SSSE3 (or off x86_64), and
+    /// when tests force the portable path.
+    ni: Option<aesni::DpiEncNi>,
 }
 
 impl TokenKey {
     pub fn new(k: &[u8; 16]) -> Self {
         Self {
             cipher: Aes128::new(k.into()),
+            ni: aesni::DpiEncNi::new(k),
         }
+    }
+
+    /// The same key on the portable path only (tests keep both paths covered).
+    #[cfg(test)]
+    pub(crate) fn portable(k: &[u8; 16]) -> Self {
+        Self {
+            cipher: Aes128::new(k.into()),
+            ni: None,
+        }
+    }
+
+    /// Whether the sender's batched path uses AES-NI with this key.
+    #[cfg(test)]
+    pub(crate) fn uses_aesni(&self) -> bool {
+        self.ni.is_some()
     }
 
     /// `K_t = AES_k(t ‖ 0⁸)`. Exposed for the rule-preparation setup and for tests, which stand in
@@ -272,16 +295,25 @@ impl std::hash::BuildHasher for SeededTokenState {
     }
 }
 
+/// Largest count a [`CountTable`] slot can hold (48 bits, next to a 16-bit epoch tag). An epoch
+/// in which a token occurs this often ends early (never in practice: 2⁴⁷ tokens).
+const COUNT_LIMIT: u64 = 1 << 47;
+const COUNT_MASK: u64 = (1 << 48) - 1;
+
 /// The sender's per-epoch occurrence counts: open addressing (linear probing, at most half
 /// full) keyed by the token as a `u64`, hashed with a per-flow random seed (the receiver
 /// re-counts sender-chosen plaintext, so the probe sequences must not be predictable). A slot
-/// holds key and count side by side (one cache miss per new token: an epoch's table outgrows
-/// L2). A reset clears only the slots the epoch used. Tokens are plaintext: wiped on drop.
+/// holds key, count and a 16-bit epoch tag side by side (one cache line per token; an epoch's
+/// table can outgrow L2); a slot whose tag is not the current epoch's is empty, so a new epoch
+/// clears nothing (a full wipe every 65,535 epochs, when the tag wraps). Tokens are plaintext:
+/// wiped on drop.
 struct CountTable {
-    /// `(token, occurrences so far)`; a count of 0 marks an empty slot.
+    /// `(token, tag << 48 | occurrences so far)`.
     slots: Vec<(u64, u64)>,
-    /// Slots in use this epoch.
-    used: Vec<usize>,
+    /// Current epoch's tag (`1..=0xFFFF`) in the top 16 bits.
+    tag: u64,
+    /// Distinct tokens this epoch.
+    len: usize,
     mask: usize,
     seed: [u64; 2],
 }
@@ -294,7 +326,8 @@ impl CountTable {
     fn with_slots(seed: [u64; 2], slots: usize) -> Self {
         Self {
             slots: vec![(0, 0); slots],
-            used: Vec::new(),
+            tag: 1 << 48,
+            len: 0,
             mask: slots - 1,
             seed,
         }
@@ -305,24 +338,60 @@ impl CountTable {
         fold_mul(key ^ self.seed[0], self.seed[1] | 1) as usize & self.mask
     }
 
-    /// Counts one occurrence of `token`; returns the number of earlier ones this epoch.
+    /// Prefetches the home slot of `token` (a few tokens before it is counted: an epoch's
+    /// table can outgrow L1/L2, and the counting is otherwise one dependent miss at a time).
     #[inline]
+    fn prefetch(&self, token: &Token) {
+        if let Some(s) = self.slots.get(self.home(u64::from_le_bytes(*token))) {
+            aesni::prefetch(s);
+        }
+    }
+
+    /// Counts one occurrence of `token`; returns the number of earlier ones this epoch.
+    /// The caller starts a new epoch before a count reaches [`COUNT_LIMIT`].
+    #[inline(always)]
     fn bump(&mut self, token: &Token) -> u64 {
         let key = u64::from_le_bytes(*token);
-        if 2 * (self.used.len() + 1) > self.slots.len() {
+        // Fast path: the home slot is free or holds the token.
+        if 2 * (self.len + 1) <= self.slots.len() {
+            let tag = self.tag;
+            let home = self.home(key);
+            if let Some(s) = self.slots.get_mut(home) {
+                if s.1 & !COUNT_MASK != tag {
+                    *s = (key, tag | 1);
+                    self.len += 1;
+                    return 0;
+                }
+                if s.0 == key {
+                    let c = s.1 & COUNT_MASK;
+                    s.1 = tag | (c + 1).min(COUNT_MASK);
+                    return c;
+                }
+            }
+        }
+        self.bump_slow(key)
+    }
+
+    /// [`Self::bump`] when the table must grow or the home slot holds another token.
+    #[cold]
+    #[inline(never)]
+    fn bump_slow(&mut self, key: u64) -> u64 {
+        if 2 * (self.len + 1) > self.slots.len() {
             self.grow();
         }
+        let tag = self.tag;
         let mut i = self.home(key);
         loop {
             match self.slots.get_mut(i) {
-                Some(s) if s.1 == 0 => {
-                    *s = (key, 1);
-                    self.used.push(i);
+                Some(s) if s.1 & !COUNT_MASK != tag => {
+                    *s = (key, tag | 1);
+                    self.len += 1;
                     return 0;
                 }
                 Some(s) if s.0 == key => {
-                    s.1 += 1;
-                    return s.1 - 1;
+                    let c = s.1 & COUNT_MASK;
+                    s.1 = tag | (c + 1).min(COUNT_MASK);
+                    return c;
                 }
                 Some(_) => i = (i + 1) & self.mask,
                 None => return 0,
@@ -332,36 +401,45 @@ impl CountTable {
 
     fn grow(&mut self) {
         let mut bigger = Self::with_slots(self.seed, self.slots.len() * 2);
-        for &i in &self.used {
-            if let Some(&(k, c)) = self.slots.get(i) {
-                let mut j = bigger.home(k);
-                while bigger.slots.get(j).is_some_and(|s| s.1 != 0) {
-                    j = (j + 1) & bigger.mask;
-                }
-                if let Some(s) = bigger.slots.get_mut(j) {
-                    *s = (k, c);
-                    bigger.used.push(j);
-                }
+        bigger.tag = self.tag;
+        for &(k, c) in &self.slots {
+            if c & !COUNT_MASK != self.tag {
+                continue;
+            }
+            let mut j = bigger.home(k);
+            while bigger
+                .slots
+                .get(j)
+                .is_some_and(|s| s.1 & !COUNT_MASK == bigger.tag)
+            {
+                j = (j + 1) & bigger.mask;
+            }
+            if let Some(s) = bigger.slots.get_mut(j) {
+                *s = (k, c);
+                bigger.len += 1;
             }
         }
         *self = bigger;
     }
 
     fn is_empty(&self) -> bool {
-        self.used.is_empty()
+        self.len == 0
     }
 
     fn len(&self) -> usize {
-        self.used.len()
+        self.len
     }
 
+    /// Starts a new epoch: every slot becomes empty.
     fn clear(&mut self) {
-        for &i in &self.used {
-            if let Some(s) = self.slots.get_mut(i) {
+        self.len = 0;
+        self.tag = self.tag.wrapping_add(1 << 48);
+        if self.tag == 0 {
+            for s in self.slots.iter_mut() {
                 *s = (0, 0);
             }
+            self.tag = 1 << 48;
         }
-        self.used.clear();
     }
 }
 
@@ -395,6 +473,9 @@ pub struct TokenEncryptor {
 /// Events encrypted per pass of [`TokenEncryptor::process_all`] (a multiple of the AES lanes).
 const RUN: usize = 256;
 
+/// How many events ahead the AES-NI path prefetches count-table slots.
+const PREFETCH_AHEAD: usize = 16;
+
 /// A token whose salt is known and whose ciphertexts are still to be computed.
 struct Job {
     /// Index of its message in the output.
@@ -402,6 +483,17 @@ struct Job {
     /// Index of its event (and `K_t`) in the run.
     ev: usize,
     salt: u64,
+}
+
+/// Up to [`aesni::LANES`] tokens whose salts are known, waiting for the AES-NI kernel.
+#[derive(Default)]
+struct Pending {
+    /// Index of each token's message in the output.
+    msg: [usize; aesni::LANES],
+    /// Tokens as little-endian `u64`s.
+    token: [u64; aesni::LANES],
+    salt: [u64; aesni::LANES],
+    len: usize,
 }
 
 impl TokenEncryptor {
@@ -445,10 +537,11 @@ impl TokenEncryptor {
         self.process_with(ev, &kt, out);
     }
 
-    /// Encrypts a run of tokenizer events: every `K_t = AES_k(t)` of the run is computed in one
-    /// pipelined multi-block AES call, the salts in order (counts, epochs), then the DPIEnc
-    /// encryptions eight tokens at a time with their key schedules expanded in lockstep
-    /// (`aes8`). Same output as calling [`Self::process`] on each event.
+    /// Encrypts a run of tokenizer events: the salts in order (counts, epochs) and the DPIEnc
+    /// encryptions eight tokens at a time — with AES-NI, `K_t`, its schedule and the salt blocks
+    /// in registers (`aesni`); otherwise every `K_t = AES_k(t)` of the run in one pipelined
+    /// multi-block AES call, then eight key schedules expanded in lockstep (`aes8`). Same output
+    /// as calling [`Self::process`] on each event.
     pub fn process_all(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
         // In slices, so the per-token scratch stays in L1.
         for part in evs.chunks(RUN) {
@@ -457,6 +550,10 @@ impl TokenEncryptor {
     }
 
     fn process_run(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
+        if self.key.ni.is_some() {
+            self.process_run_ni(evs, out);
+            return;
+        }
         let mut blocks = std::mem::take(&mut self.scratch);
         blocks.clear();
         blocks.extend(evs.iter().map(|ev| {
@@ -482,11 +579,7 @@ impl TokenEncryptor {
                     lane,
                     token,
                 } => {
-                    let start = *self.epoch_start.get_or_insert(offset);
-                    if offset.saturating_sub(start) >= self.period {
-                        self.reset(offset);
-                        out.push(TokenMsg::Salt(self.salt0));
-                    }
+                    self.new_epoch_if_due(offset, out);
                     let salt = self.next_salt(&token);
                     jobs.push(Job {
                         msg: out.len(),
@@ -545,7 +638,91 @@ impl TokenEncryptor {
         self.jobs = jobs;
     }
 
+    /// [`Self::process_run`] on the AES-NI path: salts in stream order as on the portable path,
+    /// and every eight tokens their ciphertexts (`K_t`, its schedule and the salt blocks all in
+    /// registers), so the count table's loads overlap with the AES work of the previous group.
+    fn process_run_ni(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
+        let mut pending = Pending::default();
+        out.reserve(evs.len() + 1);
+        for (i, ev) in evs.iter().enumerate() {
+            if let Some(FlowEvent::Token { token, .. }) = evs.get(i + PREFETCH_AHEAD) {
+                self.counts.prefetch(token);
+            }
+            if !self.announced {
+                self.announced = true;
+                out.push(TokenMsg::Salt(self.salt0));
+            }
+            match *ev {
+                FlowEvent::MessageStart(o) => out.push(TokenMsg::MessageStart(o)),
+                FlowEvent::Token {
+                    offset,
+                    lane,
+                    token,
+                } => {
+                    self.new_epoch_if_due(offset, out);
+                    let salt = self.next_salt(&token);
+                    let n = pending.len;
+                    if let (Some(m), Some(t), Some(s)) = (
+                        pending.msg.get_mut(n),
+                        pending.token.get_mut(n),
+                        pending.salt.get_mut(n),
+                    ) {
+                        *m = out.len();
+                        *t = u64::from_le_bytes(token);
+                        *s = salt;
+                        pending.len += 1;
+                    }
+                    out.push(TokenMsg::Token(EncToken {
+                        offset,
+                        lane,
+                        c1: [0; C1_LEN],
+                        c2: None,
+                    }));
+                    if pending.len == aesni::LANES {
+                        self.encrypt_pending(&mut pending, out);
+                    }
+                }
+            }
+        }
+        self.encrypt_pending(&mut pending, out);
+    }
+
+    /// Fills in the ciphertexts of the pending tokens (AES-NI path) and empties `pending`.
+    #[inline]
+    fn encrypt_pending(&self, pending: &mut Pending, out: &mut [TokenMsg]) {
+        let (Some(ni), n) = (self.key.ni.as_ref(), pending.len) else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        pending.len = 0;
+        let mut c1 = [0u64; aesni::LANES];
+        let mut c2 = [0u128; aesni::LANES];
+        let flow_key = self.flow_key.as_ref();
+        ni.encrypt8(
+            &pending.token,
+            &pending.salt,
+            &mut c1,
+            flow_key.map(|_| &mut c2),
+        );
+        for ((m, c1), c2) in pending.msg.iter().zip(c1.iter()).zip(c2.iter()).take(n) {
+            let Some(TokenMsg::Token(t)) = out.get_mut(*m) else {
+                continue;
+            };
+            t.c1.copy_from_slice(&c1.to_le_bytes()[..C1_LEN]);
+            if let Some(fk) = flow_key {
+                t.c2 = Some((c2 ^ u128::from_le_bytes(fk.0)).to_le_bytes());
+            }
+        }
+        if flow_key.is_some() {
+            // `AES_{K_t}(salt + 1)` next to `c2` would give the flow key.
+            c2.zeroize();
+        }
+    }
+
     /// The salt of the next occurrence of `token` in this epoch (counts it).
+    #[inline(always)]
     fn next_salt(&mut self, token: &Token) -> u64 {
         let count = self.counts.bump(token);
         self.max_count = self.max_count.max(count);
@@ -564,13 +741,20 @@ impl TokenEncryptor {
                 lane,
                 token,
             } => {
-                let start = *self.epoch_start.get_or_insert(offset);
-                if offset.saturating_sub(start) >= self.period {
-                    self.reset(offset);
-                    out.push(TokenMsg::Salt(self.salt0));
-                }
+                self.new_epoch_if_due(offset, out);
                 out.push(TokenMsg::Token(self.encrypt(offset, lane, &token, kt)));
             }
+        }
+    }
+
+    /// Starts a new epoch (and announces its `salt0`) when `offset` is P or more past the
+    /// epoch's first token, or, never in practice, when a count reached [`COUNT_LIMIT`].
+    #[inline(always)]
+    fn new_epoch_if_due(&mut self, offset: u64, out: &mut Vec<TokenMsg>) {
+        let start = *self.epoch_start.get_or_insert(offset);
+        if offset.saturating_sub(start) >= self.period || self.max_count >= COUNT_LIMIT {
+            self.reset(offset);
+            out.push(TokenMsg::Salt(self.salt0));
         }
     }
 
@@ -836,11 +1020,12 @@ mod tests {
         fn batched_equals_per_event(seq in proptest::collection::vec((0u8..6, 0u64..4, proptest::prelude::any::<bool>()), 0..600),
                                     cut in 0usize..601, period in 1u64..300, p3 in proptest::prelude::any::<bool>()) {
             let key = [0x31; 16];
-            let make = || if p3 {
-                TokenEncryptor::with_flow_key(TokenKey::new(&key), 99, period, FlowKey::from_bytes([0x77; 16]))
+            let make_with = |k: TokenKey| if p3 {
+                TokenEncryptor::with_flow_key(k, 99, period, FlowKey::from_bytes([0x77; 16]))
             } else {
-                TokenEncryptor::new(TokenKey::new(&key), 99, period)
+                TokenEncryptor::new(k, 99, period)
             };
+            let make = || make_with(TokenKey::new(&key));
             let mut offset = 0;
             let evs: Vec<FlowEvent> = seq.iter().map(|&(v, step, msg)| {
                 offset += step;
@@ -859,7 +1044,63 @@ mod tests {
             let cut = cut.min(evs.len());
             b.process_all(&evs[..cut], &mut all);
             b.process_all(&evs[cut..], &mut all);
-            proptest::prop_assert_eq!(one, all);
+            proptest::prop_assert_eq!(&one, &all);
+            // The portable batched path (`aes8`), forced even where AES-NI is available.
+            let mut soft = Vec::new();
+            let mut c = make_with(TokenKey::portable(&key));
+            c.process_all(&evs[..cut], &mut soft);
+            c.process_all(&evs[cut..], &mut soft);
+            proptest::prop_assert_eq!(&one, &soft);
+        }
+    }
+
+    /// A long stream (many epochs, message starts, both salt schemes, random keys): the AES-NI
+    /// path and the forced portable path emit identical messages; on a CPU with AES-NI the
+    /// AES-NI path is the one `TokenKey::new` picks.
+    #[test]
+    fn aesni_and_portable_paths_agree() {
+        use rand::{Rng, SeedableRng};
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            TokenKey::new(&[0; 16]).uses_aesni(),
+            std::arch::is_x86_feature_detected!("aes")
+                && std::arch::is_x86_feature_detected!("ssse3")
+        );
+        assert!(!TokenKey::portable(&[0; 16]).uses_aesni());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        for round in 0..8 {
+            let key: [u8; 16] = rng.gen();
+            let salt0 = if round == 0 { u64::MAX - 3 } else { rng.gen() };
+            let period = [1, 7, 300, 5000][round % 4];
+            let mut offset = 0u64;
+            let evs: Vec<FlowEvent> = (0..20_000)
+                .map(|i| {
+                    offset += u64::from(rng.gen_range(0u8..3));
+                    if i % 997 == 0 {
+                        FlowEvent::MessageStart(offset)
+                    } else {
+                        let v = rng.gen_range(0u64..64);
+                        FlowEvent::Token {
+                            offset,
+                            lane: Lane::Exact,
+                            token: ((v * 0x0101_0101_0101_0101) ^ rng.gen_range(0u64..4))
+                                .to_le_bytes(),
+                        }
+                    }
+                })
+                .collect();
+            let p3 = round % 2 == 1;
+            let make = |k: TokenKey| {
+                if p3 {
+                    TokenEncryptor::with_flow_key(k, salt0, period, FlowKey::from_bytes(key))
+                } else {
+                    TokenEncryptor::new(k, salt0, period)
+                }
+            };
+            let (mut fast, mut soft) = (Vec::new(), Vec::new());
+            make(TokenKey::new(&key)).process_all(&evs, &mut fast);
+            make(TokenKey::portable(&key)).process_all(&evs, &mut soft);
+            assert_eq!(fast, soft, "round {round}");
         }
     }
 
@@ -884,6 +1125,27 @@ mod tests {
                 proptest::prop_assert_eq!(t.len(), reference.len());
             }
         }
+    }
+
+    /// A new epoch empties the table by its tag; when the 16-bit tag wraps the slots are wiped.
+    #[test]
+    fn count_table_epoch_tags_wrap() {
+        let mut t = CountTable::new([1, 2]);
+        let a = *b"aaaaaaaa";
+        let b = *b"bbbbbbbb";
+        for epoch in 0..70_000u32 {
+            if epoch % 9_999 == 0 || epoch > 65_530 && epoch < 65_540 {
+                assert_eq!(t.bump(&a), 0);
+                assert_eq!(t.bump(&a), 1);
+                assert_eq!(t.bump(&b), 0);
+                assert_eq!(t.len(), 2);
+            }
+            t.clear();
+            assert!(t.is_empty());
+        }
+        assert_eq!(t.bump(&a), 0);
+        assert_eq!(t.bump(&b), 0);
+        assert_eq!(t.bump(&b), 1);
     }
 
     #[test]

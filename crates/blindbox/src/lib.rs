@@ -13,16 +13,22 @@
 //! * [`flow`] puts it together: sender, middlebox and receiver of one direction (validation,
 //!   Protocol III decryption); [`fullrule`] evaluates full rules (`pcre`) on decrypted flows;
 //! * [`plaintext`] is the Aho–Corasick reference matcher used as the oracle;
-//! * `aes8` (private) runs AES-128 under eight keys at once, key schedules included.
+//! * `aes8` (private) runs AES-128 under eight keys at once, key schedules included;
+//! * `aesni` (private, x86_64) is the sender's DPIEnc in AES-NI registers, chosen at run time —
+//!   the crate's only `unsafe` code (see the module and `docs/blindbox.md`).
 //!
 //! See `docs/blindbox.md` for the privacy models and what the middlebox learns.
 
+// `unsafe` is denied everywhere except in `aesni` (AES-NI intrinsics after run-time detection).
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
 mod aes8;
+#[allow(unsafe_code)]
+mod aesni;
 pub mod channel;
 pub mod detect;
 pub mod dpienc;

@@ -788,7 +788,7 @@ impl MatchRule {
 
     fn fits(p: u64, lo: i64, hi_end: Option<i64>, len: i64) -> bool {
         let start = Self::pos(p);
-        start >= lo && !hi_end.is_some_and(|h| start.saturating_add(len) > h)
+        start >= lo && hi_end.is_none_or(|h| start.saturating_add(len) <= h)
     }
 
     fn search<O: AsRef<[u64]>>(

@@ -90,14 +90,12 @@ impl WindowTokenizer {
         let mut work = std::mem::take(&mut self.tail);
         work.extend_from_slice(data);
         let n = work.len().saturating_sub(TOKEN_LEN - 1);
-        for idx in 0..n {
-            if let Some(token) = token_at(&work, idx) {
-                out.push(Positioned {
-                    offset: start + idx as u64,
-                    token,
-                });
-            }
-        }
+        // `extend` over `windows` (an exact size): one capacity check per push, not per token.
+        out.extend(work.windows(TOKEN_LEN).zip(start..).map(|(w, offset)| {
+            let mut token = [0u8; TOKEN_LEN];
+            token.copy_from_slice(w);
+            Positioned { offset, token }
+        }));
         self.tail = work.get(n..).unwrap_or_default().to_vec();
         self.pos += data.len() as u64;
     }
@@ -302,6 +300,14 @@ impl FlowTokenizer {
     }
 
     fn drain(&mut self, out: &mut Vec<FlowEvent>) {
+        if self.case == CaseMode::Exact {
+            out.extend(self.scratch.drain(..).map(|p| FlowEvent::Token {
+                offset: p.offset,
+                lane: Lane::Exact,
+                token: p.token,
+            }));
+            return;
+        }
         for p in self.scratch.drain(..) {
             out.push(FlowEvent::Token {
                 offset: p.offset,

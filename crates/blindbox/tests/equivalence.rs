@@ -68,7 +68,7 @@ fn payload(rule: &MatchRule, rng: &mut StdRng, lead: usize, aligned: bool) -> Ve
             (prev_end + c.distance.unwrap_or(0)).max(0)
         } else {
             let lo = c.offset.unwrap_or(0).max(0);
-            let fits = |p: i64| c.depth.map_or(true, |d| p + len <= lo + d);
+            let fits = |p: i64| c.depth.is_none_or(|d| p + len <= lo + d);
             if prev_end >= lo && fits(prev_end) {
                 prev_end
             } else if fits(lo.max(lead as i64)) {
@@ -167,7 +167,7 @@ fn corpus(rules: &[MatchRule], rng: &mut StdRng, aligned: bool) -> Vec<Flow> {
     for dir in [Direction::ToServer, Direction::ToClient] {
         let group: Vec<&MatchRule> = rules
             .iter()
-            .filter(|r| r.flow.map_or(true, |f| f == dir))
+            .filter(|r| r.flow.is_none_or(|f| f == dir))
             .collect();
         for chunk in group.chunks(8) {
             let mut bytes = Vec::new();
