@@ -735,7 +735,7 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
         );
         let mut failed = 0u64;
         let mut n = 0u64;
-        while s.connections.map_or(true, |max| n < max) {
+        while s.connections.is_none_or(|max| n < max) {
             let (stream, peer) = listener.accept().await.context("accept failed")?;
             n += 1;
             // One connection at a time: the receiver's output file is per connection.
@@ -844,7 +844,7 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
         let counter = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         let mut n = 0u64;
-        while s.connections.map_or(true, |max| n < max) {
+        while s.connections.is_none_or(|max| n < max) {
             let (stream, peer) = listener.accept().await.context("accept failed")?;
             n += 1;
             let id = counter.fetch_add(1, Ordering::Relaxed) + 1;

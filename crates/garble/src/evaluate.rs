@@ -153,7 +153,7 @@ impl<'c> Evaluator<'c> {
         }
         let n = ands.len().min(BATCH);
         let j0 = 2 * *and_pos as u64;
-        #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+        #[cfg(target_arch = "x86_64")]
         if let Some(v) = hash.vaes() {
             let batch = crate::vaes::AndBatch {
                 j0,

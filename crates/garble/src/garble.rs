@@ -323,7 +323,7 @@ impl<'c> Garbler<'c> {
         // The j-th AND gate hashes with tweaks `instance ‖ 2j` and `instance ‖ 2j+1`.
         let n = ands.len().min(BATCH);
         let j0 = 2 * *and_pos as u64;
-        #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+        #[cfg(target_arch = "x86_64")]
         if let Some(v) = hash.vaes() {
             let start = out.len();
             out.resize(start + n * TABLE_BYTES_PER_AND, 0);

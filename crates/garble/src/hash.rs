@@ -49,7 +49,7 @@ fn from_block(b: &Block) -> u128 {
 #[derive(Clone)]
 pub(crate) struct FixedKeyHash {
     pi: Aes128,
-    #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+    #[cfg(target_arch = "x86_64")]
     vaes: Option<crate::vaes::Vaes>,
 }
 
@@ -57,7 +57,7 @@ impl FixedKeyHash {
     pub(crate) fn new() -> Self {
         Self {
             pi: Aes128::new(&GenericArray::from(FIXED_KEY)),
-            #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+            #[cfg(target_arch = "x86_64")]
             vaes: crate::vaes::Vaes::new(fixed_schedule()),
         }
     }
@@ -67,13 +67,13 @@ impl FixedKeyHash {
     pub(crate) fn portable() -> Self {
         Self {
             pi: Aes128::new(&GenericArray::from(FIXED_KEY)),
-            #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+            #[cfg(target_arch = "x86_64")]
             vaes: None,
         }
     }
 
     /// The VAES path, if this CPU has it (the gate loops then hand it whole AND batches).
-    #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     pub(crate) fn vaes(&self) -> Option<&crate::vaes::Vaes> {
         self.vaes.as_ref()
@@ -89,7 +89,7 @@ impl FixedKeyHash {
     /// AES pipeline stays full.
     #[inline]
     pub(crate) fn permute(&self, blocks: &mut [u128]) {
-        #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+        #[cfg(target_arch = "x86_64")]
         if let Some(v) = &self.vaes {
             v.permute(blocks);
             return;
@@ -127,7 +127,7 @@ impl FixedKeyHash {
 }
 
 /// The round keys of [`FIXED_KEY`] as little-endian `u128`s (public; computed once per process).
-#[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+#[cfg(target_arch = "x86_64")]
 fn fixed_schedule() -> [u128; 11] {
     static SCHEDULE: std::sync::OnceLock<[u128; 11]> = std::sync::OnceLock::new();
     *SCHEDULE.get_or_init(|| {
@@ -218,7 +218,7 @@ mod tests {
     }
 
     /// FIPS-197 appendix C.1 through the permutation's code path (with that key).
-    #[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn vaes_fips197() {
         let key: [u8; 16] = core::array::from_fn(|i| i as u8);

@@ -12,7 +12,7 @@
 //! * [`garble`](mod@garble) / [`evaluate`](mod@evaluate) — free-XOR + half-gates over a fixed-key-AES TCCR hash, deterministic
 //!   given a seed, streaming tables in chunks, with checked output decoding.
 //! * [`transcript`] — the digest one endpoint sends instead of a second full circuit.
-//! * `vaes` (private, x86_64, Rust ≥ 1.89) — the fixed-key hash and the AND-gate batches on VAES,
+//! * `vaes` (private, x86_64) — the fixed-key hash and the AND-gate batches on VAES,
 //!   chosen at run time; the crate's only `unsafe` code (see the module). Elsewhere the `aes`
 //!   crate runs π (AES-NI or its software fallback) and the output is the same.
 //!
@@ -33,10 +33,9 @@ mod hash;
 pub mod label;
 mod sbox;
 pub mod transcript;
-// Compiled only with Rust ≥ 1.89 (`build.rs`), which stabilized its intrinsics.
-#[cfg(all(target_arch = "x86_64", mbx_garble_vaes))]
+// Its intrinsics were stabilized in Rust 1.89, the workspace's minimum version.
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
-#[clippy::msrv = "1.89"]
 mod vaes;
 
 pub use aes_circuit::{

@@ -1,4 +1,4 @@
-//! The garbling hash on VAES (x86_64, Rust ≥ 1.89): the crate's one module with `unsafe`.
+//! The garbling hash on VAES (x86_64): the crate's one module with `unsafe`.
 //!
 //! Garbling hashes four blocks per AND gate (evaluation two) under one fixed, public AES key. The
 //! `aes` crate runs AES-NI on one block per 128-bit register; VAES (`VAESENC` on 256-bit
@@ -27,8 +27,8 @@
 //! * The kernels read all operands of a group before writing any output, and a segment's AND
 //!   gates never read one another's outputs (`Circuit`'s schedule), so grouping gates changes no
 //!   value.
-//! * Elsewhere (not x86_64, or an older compiler: `build.rs`) the module is not compiled and the
-//!   portable path runs.
+//! * Off x86_64 the module is not compiled; on CPUs without VAES it is not called. Either way
+//!   the portable path runs.
 //!
 //! Not secret: the key is the public fixed key of the garbling hash, so the schedule is not wiped.
 //! Labels live in the callers' buffers, which the callers wipe; register and stack temporaries are

@@ -761,7 +761,7 @@ fn seal_in_place_matches_seal() {
         let seq = s2.next_seq();
         let mut buf = b"earlier".to_vec();
         buf.resize(7 + s2.seal_prefix_len(), 0);
-        buf.extend(std::iter::repeat(b's').take(MAX_PLAINTEXT_LEN + 1));
+        buf.extend(std::iter::repeat_n(b's', MAX_PLAINTEXT_LEN + 1));
         assert_eq!(
             s2.seal_in_place(ContentType::APPLICATION_DATA, &mut buf, 7),
             Err(RecordError::RecordOverflow)

@@ -336,7 +336,7 @@ pub fn run(
 ) -> Res<Value> {
     let configs: Vec<Config> = configs(setup, version)?
         .into_iter()
-        .filter(|c| only.map_or(true, |o| o.contains(&c.name.as_str())))
+        .filter(|c| only.is_none_or(|o| o.contains(&c.name.as_str())))
         .collect();
     // samples[config][role][rep]
     let mut samples: Vec<Vec<Vec<f64>>> = configs
