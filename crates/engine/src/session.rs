@@ -79,6 +79,12 @@ impl KeyLogSecrets {
         else {
             return;
         };
+        if !matches!(
+            label,
+            "CLIENT_RANDOM" | "CLIENT_TRAFFIC_SECRET_0" | "SERVER_TRAFFIC_SECRET_0"
+        ) {
+            return; // not needed: not worth decoding (TLS 1.3 logs five secrets, we use two)
+        }
         let Ok(cr) = hex::decode(cr) else { return };
         let Ok(secret) = hex::decode(secret).map(Zeroizing::new) else {
             return;

@@ -712,6 +712,85 @@ fn server_data_in_the_last_handshake_flight_crosses_two_client_side_middleboxes_
     }
 }
 
+/// `MiddleboxHandshake::prepare` (what the driver calls while the ClientHello travels): both
+/// middleboxes prepare an answer for subchannel 0; the one nearest the server uses it, the
+/// other finds subchannel 0 taken at the ServerHello, drops it unsent and answers on 1. The
+/// session is the same as without preparing.
+#[test]
+fn prepared_answers_two_client_side_middleboxes_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut server = s.legacy_server(version);
+        let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
+        let (Node::ClientSideMb(mut mb1), Node::ClientSideMb(mut mb0)) =
+            (client_mb(&s, "mb1.test"), client_mb(&s, "mb0.test"))
+        else {
+            unreachable!()
+        };
+        client.write(REQUEST);
+        let mut prepared = [false, false];
+        for _ in 0..50 {
+            let a = client.take_outgoing(Side::Server);
+            mb1.receive(Side::Client, &a).unwrap();
+            let b = mb1.take_outgoing(Side::Server);
+            if mb1.wants_prepare() {
+                // Only the ClientHello went by: preparing sends nothing.
+                mb1.prepare();
+                assert!(mb1.take_outgoing(Side::Client).is_empty());
+                assert!(mb1.take_outgoing(Side::Server).is_empty());
+                prepared[1] = true;
+            }
+            mb0.receive(Side::Client, &b).unwrap();
+            let c = mb0.take_outgoing(Side::Server);
+            if mb0.wants_prepare() {
+                mb0.prepare();
+                assert!(mb0.take_outgoing(Side::Client).is_empty());
+                assert!(mb0.take_outgoing(Side::Server).is_empty());
+                prepared[0] = true;
+            }
+            server.feed(&c);
+            server.process().unwrap();
+            let d = server.take_outgoing();
+            mb0.receive(Side::Server, &d).unwrap();
+            let e = mb0.take_outgoing(Side::Client);
+            mb1.receive(Side::Server, &e).unwrap();
+            let f = mb1.take_outgoing(Side::Client);
+            client.receive(Side::Server, &f).unwrap();
+            if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
+                break;
+            }
+        }
+        assert_eq!(prepared, [true, true], "{version:?}");
+        let ev = |m: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>| {
+            std::iter::from_fn(|| m.poll_event()).collect::<Vec<_>>()
+        };
+        let (e0, e1) = (ev(&mut mb0), ev(&mut mb1));
+        assert!(
+            e0.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 0 }),
+            "{e0:?}"
+        );
+        assert!(
+            e1.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 1 }),
+            "{e1:?}"
+        );
+        assert!(mb0.keys_installed() && mb1.keys_installed(), "{version:?}");
+        assert_eq!(
+            server.take_plaintext(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n",
+            "{version:?}"
+        );
+        server.write_plaintext(b"answer").unwrap();
+        let d = server.take_outgoing();
+        mb0.receive(Side::Server, &d).unwrap();
+        mb1.receive(Side::Server, &mb0.take_outgoing(Side::Client))
+            .unwrap();
+        client
+            .receive(Side::Server, &mb1.take_outgoing(Side::Client))
+            .unwrap();
+        assert_eq!(client.read(), b"ANSWER", "{version:?}");
+    }
+}
+
 #[test]
 fn two_client_side_and_one_server_side_middlebox_both_versions() {
     let s = Setup::new();

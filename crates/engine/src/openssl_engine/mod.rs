@@ -800,8 +800,12 @@ impl TlsEngine for OpenSslEngine {
         }
         // No further records go into OpenSSL; drain plaintext it already decrypted.
         self.stream.get_mut().frozen = true;
-        let mut buf = vec![0u8; 16 * 1024];
+        // Usually nothing is pending: no buffer then.
+        let mut buf = Vec::new();
         while self.stream.ssl().pending() > 0 {
+            if buf.is_empty() {
+                buf = vec![0u8; 16 * 1024];
+            }
             match self.stream.ssl_read(&mut buf) {
                 Ok(n) if n > 0 => self.plaintext.extend_from_slice(&buf[..n]),
                 _ => {

@@ -15,7 +15,7 @@ use mbx_mbtls::driver::{
 };
 use mbx_mbtls::handshake::{ClientHandshakeConfig, ClientMiddlebox};
 use mbx_record::TlsVersion;
-use mbx_testbed::relay::{DelayRelay, FlightCounter};
+use mbx_testbed::relay::{DelayRelay, Direction, FlightCounter, Tap};
 use serde_json::{json, Value};
 
 use crate::setup::{Setup, CLIENT_SIDE};
@@ -37,13 +37,43 @@ struct Path {
     entry: SocketAddr,
     flights: FlightCounter,
     first: DelayRelay,
-    _second: DelayRelay,
+    second: DelayRelay,
+    /// Chunks seen on the client's link and on the server's link, with the instants (close to)
+    /// each relay's start, to put both on one timeline (`MBTLS_BENCH_FETCH_ONLY`).
+    taps: Option<[(Tap, tokio::time::Instant); 2]>,
     _mbox: Option<MiddleboxServer>,
 }
 
-async fn path(server: SocketAddr, setup: Option<&Setup>) -> Res<Path> {
+/// Starts a relay on the `net` runtime: the emulated network keeps its own worker threads, so
+/// a node busy with CPU work on the nodes' runtime cannot hold up the network's clocks (tokio
+/// only polls for I/O when a worker is free).
+/// Returns the relay and an instant just before it started (its tap's time origin).
+async fn start_relay(
+    net: &tokio::runtime::Handle,
+    b: mbx_testbed::relay::DelayRelayBuilder,
+) -> Res<(DelayRelay, tokio::time::Instant)> {
+    let (relay, t) = net
+        .spawn(async move {
+            let t = tokio::time::Instant::now();
+            (b.start().await, t)
+        })
+        .await?;
+    Ok((relay?, t))
+}
+
+async fn path(
+    net: &tokio::runtime::Handle,
+    server: SocketAddr,
+    setup: Option<&Setup>,
+    timeline: bool,
+) -> Res<Path> {
     let one_way = Duration::from_micros(HOP_RTT_MS * 500);
-    let second = DelayRelay::start(server, one_way).await?;
+    let (tap1, tap2) = (Tap::new(), Tap::new());
+    let mut b2 = DelayRelay::builder(server).latency(one_way);
+    if timeline {
+        b2 = b2.tap(tap2.clone());
+    }
+    let (second, t2) = start_relay(net, b2).await?;
     let (mid, mbox) = match setup {
         Some(setup) => {
             let app: AppFactory =
@@ -63,27 +93,68 @@ async fn path(server: SocketAddr, setup: Option<&Setup>) -> Res<Path> {
         None => (tcp_relay(second.local_addr()).await?, None),
     };
     let flights = FlightCounter::new();
-    let first = DelayRelay::builder(mid)
+    let mut b1 = DelayRelay::builder(mid)
         .latency(one_way)
-        .flights(flights.clone())
-        .start()
-        .await?;
+        .flights(flights.clone());
+    if timeline {
+        b1 = b1.tap(tap1.clone());
+    }
+    let (first, t1) = start_relay(net, b1).await?;
     Ok(Path {
         entry: first.local_addr(),
         flights,
         first,
-        _second: second,
+        second,
+        taps: timeline.then_some([(tap1, t1), (tap2, t2)]),
         _mbox: mbox,
     })
 }
 
-/// One fetch; returns (ms, client round trips, flights) on the client's link.
+/// One departure seen by a relay: ms since the fetch started, which link and way, bytes.
+type Departure = (f64, &'static str, usize);
+
+/// One fetch's chunks on both links, as departures from their sender (arrival at the relay),
+/// consecutive chunks of one link and way within 1 ms merged into one flight.
+fn timeline(p: &Path, t0: tokio::time::Instant) -> Vec<Departure> {
+    let Some(taps) = &p.taps else {
+        return Vec::new();
+    };
+    let mut ev = Vec::new();
+    for ((tap, start), relay, names) in [
+        (&taps[0], &p.first, ["client>mbox", "mbox>client"]),
+        (&taps[1], &p.second, ["mbox>server", "server>mbox"]),
+    ] {
+        let conn = relay.accepted().saturating_sub(1);
+        for r in tap.records().iter().filter(|r| r.conn == conn) {
+            let at = (*start + r.offset).saturating_duration_since(t0);
+            let name = match r.direction {
+                Direction::ClientToServer => names[0],
+                Direction::ServerToClient => names[1],
+            };
+            ev.push((at.as_secs_f64() * 1e3, name, r.data.len()));
+        }
+        tap.clear();
+    }
+    ev.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut flights: Vec<Departure> = Vec::new();
+    for e in ev {
+        match flights.iter_mut().rev().find(|f| f.1 == e.1) {
+            Some(f) if e.0 - f.0 < 1.0 => f.2 += e.2,
+            _ => flights.push(e),
+        }
+    }
+    flights
+}
+
+/// One fetch; returns (ms, client round trips, flights) on the client's link, and the
+/// departures of its flights when the path records them.
 async fn fetch(
     p: &Path,
     mbtls: Option<&ClientHandshakeConfig>,
     tls: &mbx_engine::OpenSslContext,
     expected: usize,
-) -> Res<(f64, usize, usize)> {
+) -> Res<(f64, usize, usize, Vec<Departure>)> {
+    let t0i = tokio::time::Instant::now();
     let t0 = Instant::now();
     let got = match mbtls {
         Some(cfg) => {
@@ -111,11 +182,34 @@ async fn fetch(
         ms,
         p.flights.round_trips(conn),
         p.flights.sequence(conn).len(),
+        timeline(p, t0i),
     ))
 }
 
-pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
+/// Median departure time of each flight, over fetches with the same flight sequence as the
+/// first one.
+fn median_timeline(all: &[Vec<Departure>]) -> Vec<(f64, &'static str, usize)> {
+    let Some(first) = all.first() else {
+        return Vec::new();
+    };
+    let same: Vec<&Vec<Departure>> = all
+        .iter()
+        .filter(|t| t.len() == first.len() && t.iter().zip(first).all(|(a, b)| a.1 == b.1))
+        .collect();
+    (0..first.len())
+        .map(|i| {
+            let mut v: Vec<f64> = same.iter().map(|t| t[i].0).collect();
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], first[i].1, first[i].2)
+        })
+        .collect()
+}
+
+/// Runs `reps` pairs per version (after 2 warm-up pairs, alternating which goes first).
+/// `timeline`: record and print when each flight left its sender (both links), per path.
+pub fn run(setup: &Setup, reps: usize, timeline: bool) -> Res<Value> {
     let runtime = rt("fetch", 2)?;
+    let net = rt("net", 1)?;
     let mut out = serde_json::Map::new();
     let resp = Arc::new(response());
     for (label, version) in [
@@ -131,9 +225,13 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         let (base, mb) = runtime.block_on(async {
             let server =
                 tls_server(setup.tls_server(version)?, Serve::Respond(resp.clone())).await?;
-            Res::Ok((path(server, None).await?, path(server, Some(setup)).await?))
+            Res::Ok((
+                path(net.handle(), server, None, timeline).await?,
+                path(net.handle(), server, Some(setup), timeline).await?,
+            ))
         })?;
         let (mut tb, mut tm, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tl_b, mut tl_m) = (Vec::new(), Vec::new());
         let (mut rtt_b, mut rtt_m, mut fl_b, mut fl_m) = (0, 0, 0, 0);
         for i in 0..reps + 2 {
             // Alternate which goes first so drifting load hits both alike.
@@ -154,15 +252,30 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             tb.push(b.0);
             tm.push(m.0);
             ratio.push(m.0 / b.0);
+            tl_b.push(b.3);
+            tl_m.push(m.3);
             (rtt_b, fl_b, rtt_m, fl_m) = (b.1, b.2, m.1, m.2);
         }
         let (sb, sm, sr) = (stats(&tb), stats(&tm), stats(&ratio));
         let overhead = (med(&sm) / med(&sb) - 1.0) * 100.0;
+        let overhead_pairs = (med(&sr) - 1.0) * 100.0;
         println!(
-            "fetch {label}: TLS via TCP relay {:.1} ms, mbTLS {:.1} ms (+{overhead:.2}%); client round trips {rtt_b} vs {rtt_m}, flights {fl_b} vs {fl_m}",
+            "fetch {label}: TLS via TCP relay {:.1} ms, mbTLS {:.1} ms (ratio of medians +{overhead:.2}%, median per-pair ratio +{overhead_pairs:.2}%); client round trips {rtt_b} vs {rtt_m}, flights {fl_b} vs {fl_m}",
             med(&sb),
             med(&sm)
         );
+        if timeline {
+            for (name, tl) in [("TLS", &tl_b), ("mbTLS", &tl_m)] {
+                let flights: Vec<String> = median_timeline(tl)
+                    .iter()
+                    .map(|(ms, link, bytes)| format!("{ms:.2} {link} {bytes}B"))
+                    .collect();
+                println!(
+                    "  {name} flights (median departure, ms): {}",
+                    flights.join(" | ")
+                );
+            }
+        }
         out.insert(
             label.into(),
             json!({
@@ -170,6 +283,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
                 "mbtls_ms": sm,
                 "ratio_per_pair": sr,
                 "overhead_percent_of_medians": overhead,
+                "overhead_percent_median_per_pair": overhead_pairs,
                 "client_round_trips": {"tls": rtt_b, "mbtls": rtt_m},
                 "client_link_flights": {"tls": fl_b, "mbtls": fl_m},
             }),
@@ -177,7 +291,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
     }
     out.insert(
         "setup".into(),
-        json!({"hop_rtt_ms": HOP_RTT_MS, "hops": 2, "object_bytes": BODY,
+        json!({"hop_rtt_ms": HOP_RTT_MS, "hops": 2, "object_bytes": BODY, "pairs": reps,
                "middlebox": "client-side, PassThrough app, simulated attestation",
                "server": "plain TLS (OpenSSL engine), the same for both"}),
     );

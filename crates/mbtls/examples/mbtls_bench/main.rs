@@ -31,7 +31,7 @@ const REPS: usize = 5;
 /// Handshakes per configuration per repetition.
 const HANDSHAKES: usize = 60;
 /// Fetches per path per version.
-const FETCHES: usize = 25;
+const FETCHES: usize = 40;
 
 /// Median, min, max and every sample.
 fn stats(v: &[f64]) -> Value {
@@ -98,6 +98,14 @@ fn main() -> Res<()> {
         relay::run(&setup, 5)?;
         return Ok(());
     }
+    if let Some(n) = std::env::var_os("MBTLS_BENCH_FETCH_ONLY") {
+        // The fetch benchmark only (`n` pairs per version, default FETCHES), with when each
+        // flight left its sender on both links (median per path), printed, nothing written.
+        let n = n.to_string_lossy().parse().unwrap_or(FETCHES);
+        let setup = setup::Setup::new(KeyType::EcdsaP256)?;
+        fetch::run(&setup, n, true)?;
+        return Ok(());
+    }
     if let Some(name) = std::env::var_os("MBTLS_BENCH_HANDSHAKE_ONLY") {
         // For profiling: handshake configurations (TLS 1.3, or 1.2 with MBTLS_BENCH_VERSION=1.2;
         // ECDSA), printed, nothing written.
@@ -132,7 +140,7 @@ fn main() -> Res<()> {
     });
     let targets_rsa = handshake_targets(&rsa);
     let relay = relay::run(&setup, REPS)?;
-    let fetch = fetch::run(&setup, FETCHES)?;
+    let fetch = fetch::run(&setup, FETCHES, false)?;
     let report = json!({
         "machine": {
             "cpu": cpu_name(),

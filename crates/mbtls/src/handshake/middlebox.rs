@@ -69,6 +69,13 @@ enum Mode {
     Passive,
 }
 
+/// A secondary engine prepared ahead of the primary ServerHello.
+struct Early {
+    engine: OpenSslEngine,
+    /// TLS 1.3 secondary session: the evidence is already written behind our Finished.
+    evidence_written: bool,
+}
+
 /// A middlebox between the client and the next hop toward the server.
 pub struct MiddleboxHandshake<A: MiddleboxApp> {
     cfg: MiddleboxHandshakeConfig,
@@ -91,6 +98,13 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     /// We answered an optimistic hello (even if we later went passive).
     joined: bool,
     engine: Option<OpenSslEngine>,
+    /// Prepared by [`prepare`](MiddleboxHandshake::prepare) while the primary ClientHello
+    /// travels to the server: the secondary engine for subchannel 0 with the optimistic hello
+    /// processed, its flight (TLS 1.3: evidence included) still inside it, nothing sent. Used
+    /// at the ServerHello if subchannel 0 is ours, dropped otherwise.
+    early: Option<Early>,
+    /// `prepare` has work to do (a ClientHello with optimistic hellos arrived).
+    prepare_pending: bool,
     evidence_sent: bool,
     secondary: SecondaryReader,
     /// TLS 1.2: the server's ChangeCipherSpec went by; the next record is its Finished.
@@ -135,6 +149,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             subchannel: 0,
             joined: false,
             engine: None,
+            early: None,
+            prepare_pending: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
             after_ccs: false,
@@ -279,9 +295,44 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 Some(data) => MiddleboxSupport::parse(data)?.client_hellos,
                 None => Vec::new(),
             };
+            self.prepare_pending = !hellos.is_empty();
             self.hellos = Some(hellos);
         }
         Ok(())
+    }
+
+    /// True when [`prepare`](Self::prepare) has work to do.
+    pub fn wants_prepare(&self) -> bool {
+        self.prepare_pending
+    }
+
+    /// Optional, for drivers: answers the optimistic ClientHello of subchannel 0 ahead of the
+    /// primary ServerHello (TLS engine, key share, signature and, TLS 1.3, evidence), so that
+    /// this work is done while the primary ClientHello travels to the server instead of when
+    /// the server's flight is here. Call it after sending what [`receive`](Self::receive)
+    /// produced (the ClientHello must not wait for it). Nothing is sent before the ServerHello:
+    /// what goes on the wire, and when, is the same as without it; a prepared answer that turns
+    /// out not to be ours (another middlebox nearer the server took subchannel 0, the primary
+    /// session is not one we join) is dropped unsent. Failures here are not reported: the work
+    /// is then redone, and fails, at the ServerHello.
+    pub fn prepare(&mut self) {
+        if !core::mem::take(&mut self.prepare_pending) || self.mode != Mode::Hello {
+            return;
+        }
+        let Some(hello) = self.hellos.as_ref().and_then(|h| h.first()) else {
+            return;
+        };
+        let Ok(mut engine) = secondary_engine_for(&self.cfg, hello) else {
+            return;
+        };
+        let evidence_written = engine.can_write_half_rtt();
+        if evidence_written && write_evidence(&self.cfg, &self.spki, &mut engine).is_err() {
+            return;
+        }
+        self.early = Some(Early {
+            engine,
+            evidence_written,
+        });
     }
 
     fn server_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
@@ -325,7 +376,10 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         let sh = ServerHello::parse_message(msg.as_bytes())?;
         let pending = core::mem::take(&mut self.pending_sh);
-        match self.join(&sh)? {
+        let joined = self.join(&sh);
+        self.early = None;
+        self.prepare_pending = false;
+        match joined? {
             Ok(()) => {}
             Err(why) => {
                 self.mode = Mode::Passive;
@@ -352,19 +406,32 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             Ok(version::TLS1_2) => Some(TlsVersion::Tls12),
             _ => return Ok(Err("primary version is neither TLS 1.2 nor TLS 1.3")),
         };
-        let Some(mut engine) = (match self.secondary_engine() {
-            Ok(e) => e,
-            Err(why) => return Ok(Err(why)),
-        }) else {
-            return Ok(Err("no optimistic ClientHello left for us"));
+        let early = self.early.take();
+        let (mut engine, half_rtt) = match early {
+            // Prepared for subchannel 0, and subchannel 0 is ours.
+            Some(e) if self.used_ids.is_empty() => {
+                self.hellos = None;
+                self.subchannel = 0;
+                (e.engine, e.evidence_written)
+            }
+            _ => {
+                let Some(mut engine) = (match self.secondary_engine() {
+                    Ok(e) => e,
+                    Err(why) => return Ok(Err(why)),
+                }) else {
+                    return Ok(Err("no optimistic ClientHello left for us"));
+                };
+                // TLS 1.3 secondary session: our Finished is out, so the evidence can leave in
+                // the same flight as 0.5-RTT data (docs/mbtls.md §4.1 step 4); the client gets
+                // it together with our Finished and can release its key material in its second
+                // flight (P7).
+                let half_rtt = engine.can_write_half_rtt();
+                if half_rtt {
+                    write_evidence(&self.cfg, &self.spki, &mut engine)?;
+                }
+                (engine, half_rtt)
+            }
         };
-        // TLS 1.3 secondary session: our Finished is out, so the evidence can leave in the
-        // same flight as 0.5-RTT data (docs/mbtls.md §4.1 step 4); the client gets it together
-        // with our Finished and can release its key material in its second flight (P7).
-        let half_rtt = engine.can_write_half_rtt();
-        if half_rtt {
-            write_evidence(&self.cfg, &self.spki, &mut engine)?;
-        }
         let flight = engine.take_outgoing();
         if Encapsulated::wrap_stream(
             self.subchannel,
@@ -400,19 +467,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         let Some(hello) = hellos.get(usize::from(id)) else {
             return Ok(None);
         };
-        let mut engine = self
-            .cfg
-            .tls
-            .engine_without_tickets()
-            .map_err(|_| "cannot create TLS engine")?;
-        engine
-            .enable_half_rtt()
-            .map_err(|_| "our secondary context is not a server")?;
-        let records = hello_records(hello).map_err(|_| "optimistic ClientHello too large")?;
-        engine.feed(&records);
-        engine
-            .process()
-            .map_err(|_| "optimistic ClientHello refused by our TLS engine")?;
+        let engine = secondary_engine_for(&self.cfg, hello)?;
         self.subchannel = id;
         Ok(Some(engine))
     }
@@ -605,6 +660,26 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
 /// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
 /// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
 /// in the engine's outgoing buffer for the caller to wrap.
+/// A secondary server engine (no tickets, 0.5-RTT enabled) that processed `hello`.
+fn secondary_engine_for(
+    cfg: &MiddleboxHandshakeConfig,
+    hello: &[u8],
+) -> Result<OpenSslEngine, &'static str> {
+    let mut engine = cfg
+        .tls
+        .engine_without_tickets()
+        .map_err(|_| "cannot create TLS engine")?;
+    engine
+        .enable_half_rtt()
+        .map_err(|_| "our secondary context is not a server")?;
+    let records = hello_records(hello).map_err(|_| "optimistic ClientHello too large")?;
+    engine.feed(&records);
+    engine
+        .process()
+        .map_err(|_| "optimistic ClientHello refused by our TLS engine")?;
+    Ok(engine)
+}
+
 pub(super) fn write_evidence(
     cfg: &MiddleboxHandshakeConfig,
     spki: &[u8],
