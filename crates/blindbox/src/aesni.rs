@@ -1,43 +1,65 @@
 //! The sender's DPIEnc in AES-NI registers (x86_64 only): the crate's one module with `unsafe`.
 //!
 //! Per token, DPIEnc needs `K_t = AES_k(t ‖ 0⁸)`, the expansion of `K_t`'s key schedule and
-//! `AES_{K_t}(0⁸ ‖ salt)` (twice under probable cause). [`DpiEncNi::encrypt8`] does that for
-//! eight tokens at once with every intermediate value in XMM registers: eight independent chains,
-//! so the latencies of `AESENC` and of the schedule steps overlap. A schedule step is
-//! `SubWord(RotWord(w₃)) ⊕ rcon` by `PSHUFB` (broadcast `RotWord(w₃)` to all four columns, which
-//! makes `ShiftRows` a no-op) and `AESENCLAST` with the round constant as its key, then the
-//! prefix XOR of the four words by two byte shifts (no `AESKEYGENASSIST`, whose
-//! immediate would force a fully unrolled loop and which is slow on several cores). With VAES
-//! and AVX2 the same kernel runs two tokens per 256-bit register
-//! (every instruction used acts on each 128-bit half separately). [`prefetch`] is the sender's
-//! cache hint for its count table.
+//! `AES_{K_t}(0⁸ ‖ salt)` (twice under probable cause). [`DpiEncNi::encrypt_batch`] does that for
+//! [`LANES`] (32) tokens at once with every intermediate value in vector registers, in
+//! independent chains so the latencies of `AESENC` and of the schedule steps overlap. A schedule
+//! step is `SubWord(RotWord(w₃)) ⊕ rcon` by `PSHUFB` (broadcast `RotWord(w₃)` to all four
+//! columns, which makes `ShiftRows` a no-op) and `AESENCLAST` with the round constant as its
+//! key, then the prefix XOR of the four words by two byte shifts (no `AESKEYGENASSIST`, whose
+//! immediate would force a fully unrolled loop and which is slow on several cores). Three
+//! kernels, the widest the CPU has chosen at run time ([`Kernel`]): AES-NI on XMM (eight tokens
+//! per call, eight chains), VAES + AVX2 on YMM (two tokens per register, eight per call) and
+//! VAES + AVX-512F/BW on ZMM (four tokens per register, all 32 in eight chains; the last two
+//! XORs of a schedule step fused into one `VPTERNLOGD`). Every instruction used acts on each
+//! 128-bit lane separately. [`prefetch`] is the sender's cache hint for its count table.
 //!
 //! Why `unsafe`, and why it is sound:
 //! * Intrinsics used only after run-time detection must live in `#[target_feature]` functions,
 //!   and calling those needs `unsafe` (the compiler cannot know the CPU has the feature).
 //!   [`DpiEncNi`] can only be constructed after `is_x86_feature_detected!("aes")` and `("ssse3")`
 //!   returned true (SSE2 is part of x86_64), so holding one proves the features are there; its
-//!   `vaes` flag is set only if `vaes` and `avx2` were detected too. Every `unsafe` block but one
-//!   is a call of a `#[target_feature]` function through a `DpiEncNi` whose features it checked;
-//!   the other is `PREFETCHT0` (SSE, baseline), which never faults and is given a reference.
+//!   `kernel` is `Vaes256` only if `vaes` and `avx2` were detected too, and `Vaes512` only if
+//!   `avx512f` and `avx512bw` were as well ([`available_kernels`]; tests can force a narrower
+//!   kernel, never one the CPU lacks). Every `unsafe` block but one is a call of a
+//!   `#[target_feature]` function whose features the `DpiEncNi`'s kernel implies; the other is
+//!   `PREFETCHT0` (SSE, baseline), which never faults and is given a reference.
 //! * No pointer is dereferenced: blocks enter and leave registers through `_mm_set_epi64x` /
-//!   `_mm256_set_epi64x` and `_mm_cvtsi128_si64` / unpack / extract (plain integer moves), never
-//!   through raw loads or stores, so there is no alignment or bounds question; the kernels contain
-//!   only arithmetic intrinsics. (`prefetch` passes an address to `PREFETCHT0`, which reads
+//!   `_mm256_set_epi64x` / `_mm512_set_epi64` and `_mm_cvtsi128_si64` / unpack / extract (plain
+//!   integer moves), never through raw loads or stores, so there is no alignment or bounds
+//!   question; the kernels contain only arithmetic intrinsics. (`prefetch` passes an address to `PREFETCHT0`, which reads
 //!   nothing into the program.)
 //! * Not x86_64: the module compiles to a type that cannot be constructed (an uninhabited field),
 //!   and no intrinsic is referenced.
 //!
 //! Tests: equality with the `aes` crate (FIPS-197 vector, proptests over random and edge keys,
-//! tokens and salts) for both the VAES and the 128-bit kernel, and the `dpienc` tests run the
-//! encryptor both with this path and with the portable fallback (`aes8`) forced.
+//! tokens and salts) for every kernel the CPU has, each forced, and the `dpienc` tests run the
+//! encryptor with each kernel forced and with the portable fallback (`aes8`) forced.
 
-/// Tokens per call.
-pub(crate) const LANES: usize = 8;
+/// Tokens per call of [`DpiEncNi::encrypt_batch`]: 32, so that the 512-bit kernel has eight
+/// independent chains (its latency would otherwise bound it, not the AES units).
+pub(crate) const LANES: usize = 32;
+
+/// Tokens per call of the 128- and 256-bit kernels (eight chains of XMM, four of YMM).
+#[cfg(target_arch = "x86_64")]
+const GROUP: usize = 8;
 
 /// Round constants of the AES-128 key schedule.
 #[cfg(target_arch = "x86_64")]
 const RCON: [i32; 10] = [0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0x1b, 0x36];
+
+/// Which kernel [`DpiEncNi::encrypt_batch`] runs (the widest the CPU has).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) enum Kernel {
+    /// AES-NI on 128-bit registers (needs AES-NI and SSSE3).
+    Sse,
+    /// VAES on 256-bit registers, two tokens per instruction (also needs VAES and AVX2).
+    Vaes256,
+    /// VAES on 512-bit registers, four tokens per instruction (also needs AVX-512F and
+    /// AVX-512BW).
+    Vaes512,
+}
 
 /// The token key `k`'s expanded schedule, for the AES-NI path. Exists only if the CPU has AES-NI
 /// and SSSE3 (checked at run time by [`DpiEncNi::new`]). Wiped on drop.
@@ -45,90 +67,121 @@ pub(crate) struct DpiEncNi {
     /// Round keys of `k` (little-endian `u128` = the block's bytes in order).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     rk: [u128; 11],
-    /// The CPU also has VAES and AVX2 (and the compiler their intrinsics): two tokens per
-    /// 256-bit register.
+    /// The kernel to run; set by [`DpiEncNi::new`] only to one whose features were detected.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    vaes: bool,
+    kernel: Kernel,
     #[cfg(not(target_arch = "x86_64"))]
     never: core::convert::Infallible,
+}
+
+/// The kernels this CPU can run, narrowest first (empty without AES-NI / SSSE3 and off x86_64).
+pub(crate) fn available_kernels() -> Vec<Kernel> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("aes") && has!("ssse3") {
+            v.push(Kernel::Sse);
+            if has!("vaes") && has!("avx2") {
+                v.push(Kernel::Vaes256);
+                if has!("avx512f") && has!("avx512bw") {
+                    v.push(Kernel::Vaes512);
+                }
+            }
+        }
+    }
+    v
 }
 
 impl DpiEncNi {
     /// `None` when the CPU lacks AES-NI or SSSE3, and on other architectures.
     pub(crate) fn new(k: &[u8; 16]) -> Option<Self> {
+        let kernel = *available_kernels().last()?;
+        Self::with_kernel(k, kernel)
+    }
+
+    /// `k` on `kernel`: `None` unless the CPU has every feature `kernel` needs (and off x86_64).
+    pub(crate) fn with_kernel(k: &[u8; 16], kernel: Kernel) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("aes")
-                && std::arch::is_x86_feature_detected!("ssse3")
-            {
+            if available_kernels().contains(&kernel) {
                 let mut rk = [0u128; 11];
                 // SAFETY: `expand` only needs AES-NI and SSSE3 (and SSE2, always present on
-                // x86_64); both were detected just above.
+                // x86_64); every kernel in `available_kernels` was detected with both.
                 unsafe { x86::expand(u128::from_le_bytes(*k), &mut rk) };
-                let vaes = std::arch::is_x86_feature_detected!("vaes")
-                    && std::arch::is_x86_feature_detected!("avx2");
-                return Some(Self { rk, vaes });
+                return Some(Self { rk, kernel });
             }
         }
-        let _ = k;
+        let _ = (k, kernel);
         None
     }
 
-    /// For lane `i < LANES` (all eight are computed; unused lanes are just ignored by the
+    /// The kernel this key runs.
+    #[cfg(test)]
+    pub(crate) fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// For lane `i < LANES` (all are computed; unused lanes are just ignored by the
     /// caller): `K = AES_k(tokens[i] ‖ 0⁸)`, `c1[i]` = the first 8 bytes of
-    /// `AES_K(0⁸ ‖ salts[i]_be64)` as a little-endian `u64` (DPIEnc keeps 5 of them), and if `c2`
-    /// is given, `c2[i] = AES_K(0⁸ ‖ (salts[i] + 1)_be64)` as a little-endian `u128`.
+    /// `AES_K(0⁸ ‖ salts[i]_be64)` as a little-endian `u64` (DPIEnc keeps 5 of them), and if `p3`,
+    /// `c2[i] = AES_K(0⁸ ‖ (salts[i] + 1)_be64)` as a little-endian `u128` (otherwise `c2` is
+    /// not written).
     /// `tokens[i]` is the token's 8 bytes as a little-endian `u64`.
-    pub(crate) fn encrypt8(
+    pub(crate) fn encrypt_batch(
         &self,
         tokens: &[u64; LANES],
         salts: &[u64; LANES],
         c1: &mut [u64; LANES],
-        c2: Option<&mut [u128; LANES]>,
+        c2: &mut [u128; LANES],
+        p3: bool,
     ) {
         #[cfg(target_arch = "x86_64")]
         {
-            let mut unused = [0u128; LANES];
-            let (p3, c2) = match c2 {
-                Some(c2) => (true, c2),
-                None => (false, &mut unused),
-            };
-            if self.vaes {
-                // SAFETY: `vaes` is true only if VAES and AVX2 were detected in `new`, after
-                // AES-NI and SSSE3.
-                unsafe {
+            match self.kernel {
+                // SAFETY: `kernel` is `Vaes512` only if `available_kernels` detected AVX-512F,
+                // AVX-512BW, VAES, AVX2, AES-NI and SSSE3 (`with_kernel`).
+                Kernel::Vaes512 => unsafe {
                     if p3 {
-                        x86::dpienc8_vaes::<true>(&self.rk, tokens, salts, c1, c2);
+                        x86::dpienc_vaes512::<true>(&self.rk, tokens, salts, c1, c2);
                     } else {
-                        x86::dpienc8_vaes::<false>(&self.rk, tokens, salts, c1, c2);
+                        x86::dpienc_vaes512::<false>(&self.rk, tokens, salts, c1, c2);
+                    }
+                },
+                // `kernel` is `Vaes256` only if `available_kernels` detected VAES and AVX2 after
+                // AES-NI and SSSE3 (`with_kernel`).
+                Kernel::Vaes256 => {
+                    for (((t, s), c1), c2) in groups(tokens, salts, c1, c2) {
+                        // SAFETY: as above, VAES and AVX2 after AES-NI and SSSE3.
+                        unsafe {
+                            if p3 {
+                                x86::dpienc8_vaes::<true>(&self.rk, t, s, c1, c2);
+                            } else {
+                                x86::dpienc8_vaes::<false>(&self.rk, t, s, c1, c2);
+                            }
+                        }
                     }
                 }
-                return;
-            }
-            // SAFETY: a `DpiEncNi` exists only after AES-NI and SSSE3 were detected (`new`).
-            unsafe {
-                if p3 {
-                    x86::dpienc8::<true>(&self.rk, tokens, salts, c1, c2);
-                } else {
-                    x86::dpienc8::<false>(&self.rk, tokens, salts, c1, c2);
+                // A `DpiEncNi` exists only after AES-NI and SSSE3 were detected (`with_kernel`).
+                Kernel::Sse => {
+                    for (((t, s), c1), c2) in groups(tokens, salts, c1, c2) {
+                        // SAFETY: as above, AES-NI and SSSE3.
+                        unsafe {
+                            if p3 {
+                                x86::dpienc8::<true>(&self.rk, t, s, c1, c2);
+                            } else {
+                                x86::dpienc8::<false>(&self.rk, t, s, c1, c2);
+                            }
+                        }
+                    }
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (tokens, salts, c1, c2);
+            let _ = (tokens, salts, c1, c2, p3);
             match self.never {}
-        }
-    }
-
-    /// The same schedule on the 128-bit kernel only (tests cover both kernels).
-    #[cfg(test)]
-    fn without_vaes(&self) -> Self {
-        Self {
-            rk: self.rk,
-            vaes: false,
-            #[cfg(not(target_arch = "x86_64"))]
-            never: self.never,
         }
     }
 
@@ -146,6 +199,27 @@ impl DpiEncNi {
             match self.never {}
         }
     }
+}
+
+/// The batch in groups of [`GROUP`] for the narrower kernels.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+fn groups<'a>(
+    tokens: &'a [u64; LANES],
+    salts: &'a [u64; LANES],
+    c1: &'a mut [u64; LANES],
+    c2: &'a mut [u128; LANES],
+) -> impl Iterator<
+    Item = (
+        ((&'a [u64; GROUP], &'a [u64; GROUP]), &'a mut [u64; GROUP]),
+        &'a mut [u128; GROUP],
+    ),
+> {
+    let (t, _) = tokens.as_chunks::<GROUP>();
+    let (s, _) = salts.as_chunks::<GROUP>();
+    let (a, _) = c1.as_chunks_mut::<GROUP>();
+    let (b, _) = c2.as_chunks_mut::<GROUP>();
+    t.iter().zip(s.iter()).zip(a.iter_mut()).zip(b.iter_mut())
 }
 
 /// Asks the CPU to load the cache line holding `x` (`PREFETCHT0` on x86_64, nothing elsewhere):
@@ -174,7 +248,7 @@ mod x86 {
     //! The kernels. Every function here is `unsafe` only because of `#[target_feature]`: the
     //! caller must make sure the CPU has AES-NI and SSSE3. No pointers are dereferenced.
 
-    use super::{LANES, RCON};
+    use super::{GROUP, LANES, RCON};
     use core::arch::x86_64::{
         __m128i, _mm_aesenc_si128, _mm_aesenclast_si128, _mm_cvtsi128_si64, _mm_set1_epi32,
         _mm_set_epi64x, _mm_setzero_si128, _mm_shuffle_epi8, _mm_slli_si128, _mm_unpackhi_epi64,
@@ -184,6 +258,11 @@ mod x86 {
         __m256i, _mm256_aesenc_epi128, _mm256_aesenclast_epi128, _mm256_castsi256_si128,
         _mm256_extracti128_si256, _mm256_set1_epi32, _mm256_set_epi64x, _mm256_setzero_si256,
         _mm256_shuffle_epi8, _mm256_slli_si256, _mm256_xor_si256,
+    };
+    use core::arch::x86_64::{
+        __m512i, _mm512_aesenc_epi128, _mm512_aesenclast_epi128, _mm512_bslli_epi128,
+        _mm512_extracti32x4_epi32, _mm512_set1_epi32, _mm512_set_epi64, _mm512_setzero_si512,
+        _mm512_shuffle_epi8, _mm512_ternarylogic_epi32, _mm512_xor_si512,
     };
 
     /// # Safety
@@ -292,12 +371,12 @@ mod x86 {
     #[target_feature(enable = "avx2,vaes,aes")]
     pub(super) unsafe fn dpienc8_vaes<const P3: bool>(
         rk: &[u128; 11],
-        tokens: &[u64; LANES],
-        salts: &[u64; LANES],
-        c1: &mut [u64; LANES],
-        c2: &mut [u128; LANES],
+        tokens: &[u64; GROUP],
+        salts: &[u64; GROUP],
+        c1: &mut [u64; GROUP],
+        c2: &mut [u128; GROUP],
     ) {
-        const H: usize = LANES / 2;
+        const H: usize = GROUP / 2;
         let mut key = [_mm256_setzero_si256(); H];
         let k0 = both(rk[0]);
         for j in 0..H {
@@ -355,20 +434,144 @@ mod x86 {
         }
     }
 
-    /// Eight DPIEnc token encryptions (see `DpiEncNi::encrypt8`); `c2` is written only if `P3`.
+    /// One key-schedule step in each 128-bit lane (four keys). As [`next_key`], with the last
+    /// two XORs fused into one `VPTERNLOGD`.
     ///
     /// # Safety
-    /// The CPU must support AES-NI and SSSE3.
-    #[target_feature(enable = "aes,ssse3")]
-    pub(super) unsafe fn dpienc8<const P3: bool>(
+    /// The CPU must support AVX-512F, AVX-512BW, VAES and AES-NI.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vaes,aes")]
+    unsafe fn next_key4(k: __m512i, rcon: __m512i) -> __m512i {
+        let rot = _mm512_set1_epi32(0x0c0f_0e0d);
+        let t = _mm512_aesenclast_epi128(_mm512_shuffle_epi8(k, rot), rcon);
+        let x = _mm512_xor_si512(k, _mm512_bslli_epi128::<4>(k));
+        // x ^ (x << 8) ^ t: truth table 0x96 is the three-way XOR.
+        _mm512_ternarylogic_epi32::<0x96>(x, _mm512_bslli_epi128::<8>(x), t)
+    }
+
+    /// `x` in all four 128-bit lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn all4(x: u128) -> __m512i {
+        let (lo, hi) = (x as u64 as i64, (x >> 64) as u64 as i64);
+        _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo)
+    }
+
+    /// Lane `i` of `x` (`I < 4`) as `(low, high)` 64-bit halves.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lane<const I: i32>(x: __m512i) -> __m128i {
+        _mm512_extracti32x4_epi32::<I>(x)
+    }
+
+    /// [`dpienc8`] on 512-bit VAES, for [`LANES`] tokens: tokens `4j..4j + 4` in the four 128-bit lanes of register
+    /// `j` (lowest lane first).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX-512BW, VAES, AES-NI and SSSE3.
+    #[target_feature(enable = "avx512f,avx512bw,vaes,aes,ssse3")]
+    pub(super) unsafe fn dpienc_vaes512<const P3: bool>(
         rk: &[u128; 11],
         tokens: &[u64; LANES],
         salts: &[u64; LANES],
         c1: &mut [u64; LANES],
         c2: &mut [u128; LANES],
     ) {
+        const H: usize = LANES / 4;
+        let mut key = [_mm512_setzero_si512(); H];
+        let k0 = all4(rk[0]);
+        for (j, k) in key.iter_mut().enumerate() {
+            let t = |i: usize| tokens[4 * j + i] as i64;
+            *k = _mm512_xor_si512(_mm512_set_epi64(0, t(3), 0, t(2), 0, t(1), 0, t(0)), k0);
+        }
+        for r in &rk[1..10] {
+            let r = all4(*r);
+            for k in key.iter_mut() {
+                *k = _mm512_aesenc_epi128(*k, r);
+            }
+        }
+        let last = all4(rk[10]);
+        for k in key.iter_mut() {
+            *k = _mm512_aesenclast_epi128(*k, last);
+        }
+        // Salt blocks 0⁸ ‖ salt_be64 (high half of each lane), round 0 under K_t.
+        let mut x = [_mm512_setzero_si512(); H];
+        let mut y = [_mm512_setzero_si512(); H];
+        for j in 0..H {
+            let s = |i: usize, d: u64| salts[4 * j + i].wrapping_add(d).swap_bytes() as i64;
+            x[j] = _mm512_xor_si512(
+                _mm512_set_epi64(s(3, 0), 0, s(2, 0), 0, s(1, 0), 0, s(0, 0), 0),
+                key[j],
+            );
+            if P3 {
+                y[j] = _mm512_xor_si512(
+                    _mm512_set_epi64(s(3, 1), 0, s(2, 1), 0, s(1, 1), 0, s(0, 1), 0),
+                    key[j],
+                );
+            }
+        }
+        for (round, c) in RCON.iter().enumerate() {
+            let rcon = _mm512_set1_epi32(*c);
+            let final_round = round + 1 == RCON.len();
+            for j in 0..H {
+                key[j] = next_key4(key[j], rcon);
+                if final_round {
+                    x[j] = _mm512_aesenclast_epi128(x[j], key[j]);
+                    if P3 {
+                        y[j] = _mm512_aesenclast_epi128(y[j], key[j]);
+                    }
+                } else {
+                    x[j] = _mm512_aesenc_epi128(x[j], key[j]);
+                    if P3 {
+                        y[j] = _mm512_aesenc_epi128(y[j], key[j]);
+                    }
+                }
+            }
+        }
+        for j in 0..H {
+            let xs = [
+                lane::<0>(x[j]),
+                lane::<1>(x[j]),
+                lane::<2>(x[j]),
+                lane::<3>(x[j]),
+            ];
+            for (i, v) in xs.iter().enumerate() {
+                c1[4 * j + i] = _mm_cvtsi128_si64(*v) as u64;
+            }
+            if P3 {
+                let ys = [
+                    lane::<0>(y[j]),
+                    lane::<1>(y[j]),
+                    lane::<2>(y[j]),
+                    lane::<3>(y[j]),
+                ];
+                for (i, v) in ys.iter().enumerate() {
+                    c2[4 * j + i] = to_u128(*v);
+                }
+            }
+        }
+    }
+
+    /// Eight DPIEnc token encryptions (see `DpiEncNi::encrypt_batch`); `c2` is written only if `P3`.
+    ///
+    /// # Safety
+    /// The CPU must support AES-NI and SSSE3.
+    #[target_feature(enable = "aes,ssse3")]
+    pub(super) unsafe fn dpienc8<const P3: bool>(
+        rk: &[u128; 11],
+        tokens: &[u64; GROUP],
+        salts: &[u64; GROUP],
+        c1: &mut [u64; GROUP],
+        c2: &mut [u128; GROUP],
+    ) {
         // K_t = AES_k(t ‖ 0⁸) for the eight tokens, round by round.
-        let mut key = [_mm_setzero_si128(); LANES];
+        let mut key = [_mm_setzero_si128(); GROUP];
         let k0 = from_u128(rk[0]);
         for (s, t) in key.iter_mut().zip(tokens.iter()) {
             *s = _mm_xor_si128(_mm_set_epi64x(0, *t as i64), k0);
@@ -385,9 +588,9 @@ mod x86 {
         }
         // Salt blocks 0⁸ ‖ salt_be64: the high half's little-endian bytes are the salt's
         // big-endian bytes. Round 0 under K_t.
-        let mut x = [_mm_setzero_si128(); LANES];
-        let mut y = [_mm_setzero_si128(); LANES];
-        for i in 0..LANES {
+        let mut x = [_mm_setzero_si128(); GROUP];
+        let mut y = [_mm_setzero_si128(); GROUP];
+        for i in 0..GROUP {
             x[i] = _mm_xor_si128(_mm_set_epi64x(salts[i].swap_bytes() as i64, 0), key[i]);
             if P3 {
                 let s1 = salts[i].wrapping_add(1).swap_bytes() as i64;
@@ -398,7 +601,7 @@ mod x86 {
         for (round, c) in RCON.iter().enumerate() {
             let rcon = _mm_set1_epi32(*c);
             let final_round = round + 1 == RCON.len();
-            for i in 0..LANES {
+            for i in 0..GROUP {
                 key[i] = next_key(key[i], rcon);
                 if final_round {
                     x[i] = _mm_aesenclast_si128(x[i], key[i]);
@@ -413,7 +616,7 @@ mod x86 {
                 }
             }
         }
-        for i in 0..LANES {
+        for i in 0..GROUP {
             c1[i] = _mm_cvtsi128_si64(x[i]) as u64;
             if P3 {
                 c2[i] = to_u128(y[i]);
@@ -454,19 +657,20 @@ mod tests {
     }
 
     fn check(k: [u8; 16], tokens: [u64; LANES], salts: [u64; LANES]) -> Result<(), TestCaseError> {
-        let Some(ni) = DpiEncNi::new(&k) else {
-            return Ok(()); // no AES-NI here: the fallback is what runs (and is tested)
-        };
-        // The VAES kernel where the CPU has it, and the 128-bit kernel always.
-        for kernel in [ni.without_vaes(), ni] {
+        // Every kernel the CPU has (none without AES-NI: then the fallback is what runs, and
+        // is tested).
+        for kernel in available_kernels() {
+            let kernel = DpiEncNi::with_kernel(&k, kernel).expect("available kernel");
             let (mut c1, mut c1b, mut c2) = ([0; LANES], [0; LANES], [0; LANES]);
-            kernel.encrypt8(&tokens, &salts, &mut c1, Some(&mut c2));
-            kernel.encrypt8(&tokens, &salts, &mut c1b, None);
+            kernel.encrypt_batch(&tokens, &salts, &mut c1, &mut c2, true);
+            let mut untouched = [7u128; LANES];
+            kernel.encrypt_batch(&tokens, &salts, &mut c1b, &mut untouched, false);
+            prop_assert_eq!(untouched, [7u128; LANES], "c2 written without p3");
             for i in 0..LANES {
                 let (w1, w2) = reference(&k, tokens[i], salts[i]);
-                prop_assert_eq!(c1[i], w1, "c1 lane {} vaes {}", i, kernel.vaes);
-                prop_assert_eq!(c1b[i], w1, "c1 without c2, lane {} vaes {}", i, kernel.vaes);
-                prop_assert_eq!(c2[i], w2, "c2 lane {} vaes {}", i, kernel.vaes);
+                prop_assert_eq!(c1[i], w1, "c1 lane {} {:?}", i, kernel.kernel);
+                prop_assert_eq!(c1b[i], w1, "c1 without c2, lane {} {:?}", i, kernel.kernel);
+                prop_assert_eq!(c2[i], w2, "c2 lane {} {:?}", i, kernel.kernel);
             }
         }
         Ok(())
@@ -512,6 +716,31 @@ mod tests {
     }
 
     #[test]
+    fn new_picks_the_widest_kernel_and_each_can_be_forced() {
+        let k = [7u8; 16];
+        let avail = available_kernels();
+        assert_eq!(DpiEncNi::new(&k).map(|n| n.kernel()), avail.last().copied());
+        for kernel in [Kernel::Sse, Kernel::Vaes256, Kernel::Vaes512] {
+            let forced = DpiEncNi::with_kernel(&k, kernel);
+            assert_eq!(forced.is_some(), avail.contains(&kernel), "{kernel:?}");
+            if let Some(n) = forced {
+                assert_eq!(n.kernel(), kernel);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let wide = has!("aes")
+                && has!("ssse3")
+                && has!("vaes")
+                && has!("avx2")
+                && has!("avx512f")
+                && has!("avx512bw");
+            assert_eq!(avail.contains(&Kernel::Vaes512), wide);
+        }
+    }
+
+    #[test]
     fn edge_inputs_equal_aes() {
         let keys = [[0u8; 16], [0xff; 16], [0x80; 16], [0x01; 16]];
         let vals = [
@@ -525,12 +754,12 @@ mod tests {
         for k in keys {
             for a in vals {
                 for b in vals {
-                    check(
-                        k,
-                        [a, b, a, b, b, a, 0, u64::MAX],
-                        [b, a, a, b, a, b, u64::MAX, 0],
-                    )
-                    .unwrap();
+                    let t8 = [a, b, a, b, b, a, 0, u64::MAX];
+                    let s8 = [b, a, a, b, a, b, u64::MAX, 0];
+                    // Every lane of the batch sees every pair (rotated per group of 8).
+                    let t = core::array::from_fn(|i| t8[(i + i / 8) % 8]);
+                    let s = core::array::from_fn(|i| s8[(i + 3 * (i / 8)) % 8]);
+                    check(k, t, s).unwrap();
                 }
             }
         }
@@ -541,8 +770,12 @@ mod tests {
         /// Key expansion, `K_t` and both salt encryptions equal the `aes` crate.
         #[test]
         fn equals_aes_crate(k in edge_key(),
-                            tokens in proptest::array::uniform8(edge_u64()),
-                            salts in proptest::array::uniform8(edge_u64())) {
+                            tokens in proptest::collection::vec(edge_u64(), LANES),
+                            salts in proptest::collection::vec(edge_u64(), LANES)) {
+            // (Vectors: 32-element array strategies overflow the test thread's stack unoptimized.)
+            let (Ok(tokens), Ok(salts)) = (tokens.try_into(), salts.try_into()) else {
+                return Err(TestCaseError::fail("length"));
+            };
             check(k, tokens, salts)?;
         }
 
