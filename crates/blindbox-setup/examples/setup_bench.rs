@@ -17,6 +17,7 @@ use mbx_blindbox_setup::{
     SignedChunk, TaggedRules,
 };
 use mbx_garble::{Evaluator, Garbler, Label, TranscriptHasher};
+use mbx_testbed::bench::{self, Summary};
 use plotters::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -110,14 +111,9 @@ fn workers() -> usize {
         .unwrap_or_else(default_workers)
 }
 
-/// Median (mean of the middle two for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match (v.get((n.max(1) - 1) / 2), v.get(n / 2)) {
-        (Some(a), Some(b)) => (a + b) / 2.0,
-        _ => f64::NAN,
-    }
+/// Median (mean of the middle two for an even count; NaN when empty).
+fn median(v: Vec<f64>) -> f64 {
+    Summary::of(&v).map_or(f64::NAN, |s| s.median)
 }
 
 /// Per-circuit costs on one core: garble (streamed), transcript hash, evaluate.
@@ -279,7 +275,7 @@ fn main() -> Res<()> {
     }
     let report = json!({
         "what": "BlindBox setup (garbled circuits + OT) over loopback TCP, three parties in one process",
-        "machine": { "cpu": cpu_name(), "cores": default_workers(), "loadavg_1min_before": load_before, "loadavg_1min_after": loadavg(), "note": "shared 2-core VM; other jobs' load shows in the load averages" },
+        "machine": { "cpu": bench::cpu_name(), "cores": default_workers(), "loadavg_1min_before": load_before, "loadavg_1min_after": loadavg(), "note": "shared 2-core VM; other jobs' load shows in the load averages" },
         "config": { "circuit": "Token64 (8-byte chunks), tag check in circuit", "batch": mb_config().batch, "window": mb_config().window, "workers_per_party": workers(), "tokio_workers": 2 },
         "rules": { "file": "shared/data/snort-community/community.rules", "include_commented": true, "tagged_chunks": tagged.chunks().len(), "plan_chunks_window": all.len(), "sign_seconds": sign_s, "tagged_file_bytes": file_bytes },
         "per_circuit": micro,
@@ -299,22 +295,7 @@ fn main() -> Res<()> {
 
 /// The 1-minute load average (other jobs on the shared machine).
 fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default()
+    bench::loadavg()[0].unwrap_or(f64::NAN)
 }
 
 /// Two panels, log-log: setup wall time and total bytes on the wire against the chunk count,
@@ -322,10 +303,8 @@ fn cpu_name() -> String {
 fn plot(rows: &[(usize, f64, u64)], path: &Path) -> Res<()> {
     let root = BitMapBackend::new(path, (1100, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").ok();
-    if let Some(bytes) = font {
-        let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+    if let Some(font) = bench::sans_font() {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
             .map_err(|_| "font")?;
     }
     let (left, right) = root.split_horizontally(550);

@@ -21,6 +21,7 @@ use mbx_blindbox::rules::Direction;
 use mbx_blindbox::sender::Sender;
 use mbx_blindbox::tokenize::{CaseMode, FlowTokenizer, Tokenization};
 use mbx_record::{Aead, ContentType, RecordSealer, TlsVersion, TrafficKeys};
+use mbx_testbed::bench;
 use plotters::prelude::*;
 use serde_json::{json, Value};
 use workload::*;
@@ -103,7 +104,7 @@ fn main() {
     let runs: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     let mib: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2);
     // The machine is shared: the load average when the run started helps read the spread.
-    let load_at_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_at_start = bench::loadavg_text();
     let data = corpus(mib << 20, 1);
     let n = data.len();
     let mut rows: Vec<Row> = Vec::new();
@@ -279,8 +280,8 @@ fn main() {
         "sender_vs_paper_130_mbps": get("sender tokenize+encrypt") / 130.0,
     });
     let report = json!({
-        "machine": cpu_name(),
-        "load_average_at_start": load_at_start.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "machine": bench::cpu_name(),
+        "load_average_at_start": load_at_start,
         "runs": runs,
         "corpus": {"bytes": n, "kind": "text-heavy HTTP/1.1 responses (HTML prose)", "packet_bytes": PACKET, "salt_period_bytes": PERIOD},
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
@@ -306,28 +307,14 @@ fn main() {
     }
 }
 
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default()
-}
-
 /// Horizontal bars, log scale: median Mbit/s per row with the min–max spread as a whisker.
 /// Labels use a system font when one is found (DejaVu); otherwise the bars are drawn unlabelled
 /// and the JSON names them in the same order.
 fn plot(rows: &[Row], path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     let root = BitMapBackend::new(path, (1100, 60 + 44 * rows.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").ok();
-    if let Some(bytes) = font {
-        let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+    if let Some(font) = bench::sans_font() {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
             .map_err(|_| "font")?;
     }
     let max = rows.iter().map(|r| r.mbps(r.min)).fold(1.0, f64::max) * 2.0;

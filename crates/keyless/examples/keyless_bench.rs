@@ -12,7 +12,6 @@
 //! are shared with the load generator (and with anything else running), so throughput figures are
 //! indicative; the CPU-time ratios are the robust ones.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +23,7 @@ use mbx_keyless::keys::{HashAlg, KeyOperation, KeyStore};
 use mbx_keyless::server::{Authorization, KeyServer, KeyServerCore, RunningServer};
 use mbx_keyless::tls::{self, DenyList};
 use mbx_keyless::{ClientOptions, KeyId, KeylessClient, Opcode};
+use mbx_testbed::bench::{self, cpu_delta_s, med, own_cpu_s, runtime as rt, thread_cpu_ns};
 use mbx_testbed::pki::{IssuedCert, KeyType, LeafSpec, TestPki};
 use mbx_testbed::relay::DelayRelay;
 use plotters::prelude::*;
@@ -42,72 +42,11 @@ const BC: f64 = 159.0;
 const AC: f64 = 163.0;
 const SITE: &str = "ec.bench.test";
 
-/// Median, min and max of a sample.
+/// Median, min and max of a sample; unlike the other reports, the samples are recorded sorted.
 fn stats(v: &[f64]) -> Value {
     let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let med = if s.is_empty() { 0.0 } else { s[s.len() / 2] };
-    json!({
-        "median": med,
-        "min": s.first().copied().unwrap_or(0.0),
-        "max": s.last().copied().unwrap_or(0.0),
-        "samples": s,
-    })
-}
-
-fn med(v: &Value) -> f64 {
-    v["median"].as_f64().unwrap_or(0.0)
-}
-
-fn rt(name: &str, threads: usize) -> Res<Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name(name)
-        .enable_all()
-        .build()?)
-}
-
-/// CPU time (ns, from `/proc/self/task/*/schedstat`) of every live thread whose name starts
-/// with one of `prefixes`, by thread id.
-fn thread_cpu(prefixes: &[&str]) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let p = e.path();
-        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
-        if !prefixes.iter().any(|x| comm.starts_with(x)) {
-            continue;
-        }
-        let ns = std::fs::read_to_string(p.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
-            .unwrap_or(0);
-        out.insert(e.file_name().to_string_lossy().into_owned(), ns);
-    }
-    out
-}
-
-fn cpu_delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> f64 {
-    after
-        .iter()
-        .map(|(tid, ns)| ns.saturating_sub(before.get(tid).copied().unwrap_or(0)))
-        .sum::<u64>() as f64
-        / 1e9
-}
-
-/// CPU time of the calling thread, seconds.
-fn own_cpu() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|x| x.parse::<u64>().ok())
-        })
-        .unwrap_or(0) as f64
-        / 1e9
+    s.sort_by(f64::total_cmp);
+    bench::stats(&s)
 }
 
 struct Bed {
@@ -409,13 +348,13 @@ fn signing(bed: &Bed) -> Res<Value> {
         // ceiling sample is taken right before each network sample, so that both see the same
         // machine load (the cores are shared).
         let ceiling_sample = || -> Res<f64> {
-            let (c0, t0) = (own_cpu(), Instant::now());
+            let (c0, t0) = (own_cpu_s(), Instant::now());
             let mut n = 0u64;
             while t0.elapsed() < Duration::from_millis(400) {
                 key.perform(op, &input)?;
                 n += 1;
             }
-            Ok(n as f64 / (own_cpu() - c0).max(1e-9))
+            Ok(n as f64 / (own_cpu_s() - c0).max(1e-9))
         };
         let mut ceiling = Vec::new();
         // Network: one key server with one worker thread and one reactor thread.
@@ -451,8 +390,8 @@ fn signing(bed: &Bed) -> Res<Value> {
             let c = ceiling_sample()?;
             let done = Arc::new(AtomicU64::new(0));
             let stop = Arc::new(AtomicBool::new(false));
-            let before = thread_cpu(&["ks-rt", "keyless-worker"]);
-            let wb = thread_cpu(&["keyless-worker"]);
+            let before = thread_cpu_ns(&["ks-rt", "keyless-worker"]);
+            let wb = thread_cpu_ns(&["keyless-worker"]);
             let t0 = Instant::now();
             load.block_on(async {
                 let mut tasks = Vec::new();
@@ -479,8 +418,8 @@ fn signing(bed: &Bed) -> Res<Value> {
             });
             let secs = t0.elapsed().as_secs_f64();
             let n = done.load(Ordering::Relaxed) as f64;
-            let cpu = cpu_delta(&before, &thread_cpu(&["ks-rt", "keyless-worker"]));
-            let wcpu = cpu_delta(&wb, &thread_cpu(&["keyless-worker"]));
+            let cpu = cpu_delta_s(&before, &thread_cpu_ns(&["ks-rt", "keyless-worker"]));
+            let wcpu = cpu_delta_s(&wb, &thread_cpu_ns(&["keyless-worker"]));
             if rep == 0 {
                 continue; // warm-up
             }
@@ -609,25 +548,12 @@ fn edge_rate(bed: &Bed) -> Res<Value> {
     }))
 }
 
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default()
-}
-
 /// Three panels: latency measured vs predicted (ms), signing ratios, edge handshake ratio.
 fn plot(report: &Value, path: &Path) -> Res<()> {
     let root = BitMapBackend::new(path, (1100, 900)).into_drawing_area();
     root.fill(&WHITE)?;
-    if let Ok(bytes) = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf") {
-        let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+    if let Some(font) = bench::sans_font() {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
             .map_err(|_| "font")?;
     }
     let (top, bottom) = root.split_vertically(520);
@@ -742,8 +668,8 @@ fn main() -> Res<()> {
     let edge = edge_rate(&bed)?;
     let report = json!({
         "machine": {
-            "cpu": cpu_name(),
-            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "cpu": bench::cpu_name(),
+            "cores": bench::cores(),
         },
         "repetitions": REPS,
         "rtt_ms": {"AB": AB, "BC": BC, "AC": AC},

@@ -9,9 +9,13 @@
 //! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`) and run
 //!   them as child processes that are killed on drop.
 //!
+//! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
+//!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
+//!
 //! Nothing here is used in production code paths; it is a library so that every crate's tests and
 //! the benchmarks share one implementation.
 
+pub mod bench;
 pub mod netns;
 pub mod peers;
 pub mod pki;

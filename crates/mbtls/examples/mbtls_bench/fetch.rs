@@ -15,12 +15,13 @@ use mbx_mbtls::driver::{
 };
 use mbx_mbtls::handshake::{ClientHandshakeConfig, ClientMiddlebox};
 use mbx_record::TlsVersion;
+use mbx_testbed::bench::{med, runtime as rt, stats};
 use mbx_testbed::relay::{DelayRelay, Direction, FlightCounter, Tap};
 use serde_json::{json, Value};
 
 use crate::setup::{Setup, CLIENT_SIDE};
 use crate::tls_io::{tcp_relay, tls_server, Serve, TlsClient};
-use crate::{med, rt, stats, Res};
+use crate::Res;
 
 /// Round-trip time of each of the two hops, ms.
 pub const HOP_RTT_MS: u64 = 20;

@@ -14,11 +14,12 @@ use mbx_mbtls::handshake::{
 };
 use mbx_mbtls::Side;
 use mbx_record::TlsVersion;
+use mbx_testbed::bench::stats;
 use serde_json::{json, Value};
 
 use crate::cpu::thread_ns;
 use crate::setup::{Setup, CLIENT_SIDE, SERVER_SIDE};
-use crate::{stats, Res};
+use crate::Res;
 
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n";
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";

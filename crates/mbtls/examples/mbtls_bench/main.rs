@@ -21,9 +21,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use mbx_record::TlsVersion;
+use mbx_testbed::bench::{self, med, stats};
 use mbx_testbed::pki::KeyType;
 use serde_json::{json, Value};
-use tokio::runtime::Runtime;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -33,47 +33,9 @@ const HANDSHAKES: usize = 60;
 /// Fetches per path per version.
 const FETCHES: usize = 40;
 
-/// Median, min, max and every sample.
-fn stats(v: &[f64]) -> Value {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let med = if s.is_empty() {
-        0.0
-    } else if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    };
-    json!({
-        "median": med,
-        "min": s.first().copied().unwrap_or(0.0),
-        "max": s.last().copied().unwrap_or(0.0),
-        "samples": v,
-    })
-}
-
-fn med(v: &Value) -> f64 {
-    v["median"].as_f64().unwrap_or(0.0)
-}
-
-fn rt(name: &str, threads: usize) -> Res<Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name(name)
-        .enable_all()
-        .build()?)
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default()
+/// The 1-, 5- and 15-minute load averages (0 where unreadable).
+fn loadavg() -> [f64; 3] {
+    bench::loadavg().map(|x| x.unwrap_or(0.0))
 }
 
 /// Configurations measured again with RSA-2048 keys (the paper's ECDHE-RSA setting).
@@ -120,7 +82,7 @@ fn main() -> Res<()> {
         handshake::run(&setup, version, 400, 1, Some(&names))?;
         return Ok(());
     }
-    let load_start = cpu::loadavg();
+    let load_start = loadavg();
     let setup = setup::Setup::new(KeyType::EcdsaP256)?;
     let mut hs = serde_json::Map::new();
     for (label, v) in [
@@ -143,10 +105,10 @@ fn main() -> Res<()> {
     let fetch = fetch::run(&setup, FETCHES, false)?;
     let report = json!({
         "machine": {
-            "cpu": cpu_name(),
-            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "cpu": bench::cpu_name(),
+            "cores": bench::cores(),
             "loadavg_start": load_start,
-            "loadavg_end": cpu::loadavg(),
+            "loadavg_end": loadavg(),
         },
         "repetitions": REPS,
         "certificates": "ECDSA P-256 for every server, middlebox and CA (handshake_rsa2048: RSA-2048 for all)",
@@ -181,7 +143,7 @@ fn main() -> Res<()> {
         "wrote docs/bench/mbtls.json and mbtls.png in {:.0} s (load average {:?} → {:?})",
         started.elapsed().as_secs_f64(),
         load_start,
-        cpu::loadavg()
+        loadavg()
     );
     Ok(())
 }

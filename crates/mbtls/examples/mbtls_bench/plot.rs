@@ -1,10 +1,11 @@
 //! The report's PNG: one horizontal bar panel per benchmark (median, whisker min–max).
 
+use mbx_testbed::bench::{self, med};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
 
-use crate::{med, Res};
+use crate::Res;
 
 const ROW_PX: u32 = 20;
 const PANEL_EXTRA_PX: u32 = 80;
@@ -75,9 +76,8 @@ pub fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
         .collect();
     let root = BitMapBackend::new(path, (1200, heights.iter().sum())).into_drawing_area();
     root.fill(&WHITE)?;
-    if let Ok(bytes) = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf") {
-        let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+    if let Some(font) = bench::sans_font() {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, font)
             .map_err(|_| "font")?;
     }
     let mut rest = root.clone();

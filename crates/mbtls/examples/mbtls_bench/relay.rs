@@ -24,13 +24,14 @@ use mbx_mbtls::driver::{
 use mbx_mbtls::handshake::ClientMiddlebox;
 use mbx_mbtls::{client_side_keys, EndpointDataPhase, HopKeys, MiddleboxRelay, Side};
 use mbx_record::{CipherSuite, TlsVersion};
+use mbx_testbed::bench::{cpu_delta_s, med, runtime as rt, stats, thread_cpu_ns};
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::cpu::{delta_s, thread_ns, threads_ns};
+use crate::cpu::thread_ns;
 use crate::setup::{Setup, CLIENT_SIDE};
 use crate::tls_io::{tcp_relay, tls_server, Serve, TlsClient};
-use crate::{med, rt, stats, Res};
+use crate::Res;
 
 const RECORD: usize = 16 * 1024;
 /// Bytes handed to the middlebox per receive call (the driver reads 32 KiB at a time).
@@ -266,7 +267,7 @@ impl Tcp {
                 }
             }
             wait_for(&self.sink, warm * CONNS as u64).await?;
-            let before = threads_ns("mbox-rt");
+            let before = thread_cpu_ns(&["mbox-rt"]);
             let mut tasks = Vec::new();
             for mut w in writers {
                 let record = record.clone();
@@ -282,7 +283,7 @@ impl Tcp {
                 keep.push(t.await.map_err(|e| e.to_string())??);
             }
             wait_for(&self.sink, (warm + TCP_BYTES as u64) * CONNS as u64).await?;
-            let cpu = delta_s(&before, &threads_ns("mbox-rt"));
+            let cpu = cpu_delta_s(&before, &thread_cpu_ns(&["mbox-rt"]));
             drop(keep);
             Ok((CONNS * TCP_BYTES) as f64 / cpu.max(1e-9))
         })
