@@ -80,7 +80,6 @@ struct NotYet {
 }
 
 fn main() -> ExitCode {
-    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let config = match cli.config.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
@@ -106,26 +105,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `mbx demo | head` closes stdout early; `println!` then panics with "failed printing to
-/// stdout". Exit quietly with the shell's SIGPIPE status instead of printing a panic, as
-/// Unix tools do. (Resetting SIGPIPE to its default would also kill the process on a socket
-/// write to a closed peer, so it stays ignored.)
-fn quiet_on_closed_stdout() {
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(141);
-        }
-        default_hook(info);
-    }));
 }
 
 fn not_yet(system: &str) -> anyhow::Result<()> {
