@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use mbx_engine::{AlertDescription, Role};
-use mbx_record::wipe::wipe;
+use mbx_record::wipe::{self, wipe};
 use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{HandshakeDeframer, HandshakeType};
@@ -33,6 +33,7 @@ pub enum EndpointEvent {
 }
 
 /// The record layer of a client or server after an mbTLS handshake.
+/// Plaintext not yet taken by the application is wiped when the data phase is dropped.
 pub struct EndpointDataPhase {
     role: Role,
     hop: Hop,
@@ -43,6 +44,12 @@ pub struct EndpointDataPhase {
     we_closed: bool,
     failed: Option<Alert>,
     events: VecDeque<EndpointEvent>,
+}
+
+impl Drop for EndpointDataPhase {
+    fn drop(&mut self) {
+        wipe::wipe_vec(&mut self.plaintext);
+    }
 }
 
 impl EndpointDataPhase {
@@ -144,7 +151,11 @@ impl EndpointDataPhase {
 
     fn handle(&mut self, ct: ContentType, pt: &[u8]) {
         match ct {
-            ContentType::APPLICATION_DATA => self.plaintext.extend_from_slice(pt),
+            ContentType::APPLICATION_DATA => {
+                // Grow without leaving a copy of earlier plaintext in freed memory.
+                wipe::reserve(&mut self.plaintext, pt.len());
+                self.plaintext.extend_from_slice(pt)
+            }
             ContentType::ALERT => match Alert::parse(pt) {
                 None => self.fail(AlertDescription::DECODE_ERROR, "malformed alert"),
                 Some(a) if a.is_close_notify() => {
@@ -200,8 +211,10 @@ impl EndpointDataPhase {
     /// engine's pending plaintext at export); it is returned first by `take_plaintext`.
     pub(crate) fn inject_plaintext(&mut self, data: &[u8]) {
         if !data.is_empty() {
-            let mut all = data.to_vec();
-            all.append(&mut self.plaintext);
+            let mut all = Vec::with_capacity(data.len() + self.plaintext.len());
+            all.extend_from_slice(data);
+            all.extend_from_slice(&self.plaintext);
+            wipe::wipe_vec(&mut self.plaintext);
             self.plaintext = all;
         }
     }
