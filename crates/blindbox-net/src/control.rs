@@ -13,6 +13,7 @@
 //! connection when the two endpoints disagree (they would fail validation anyway).
 
 use mbx_blindbox::channel::Privacy;
+use mbx_blindbox::flow::FlowConfig;
 use mbx_blindbox::tokenize::{CaseMode, Tokenization};
 
 use crate::NetError;
@@ -23,6 +24,16 @@ pub struct Params {
     pub tokenization: Tokenization,
     pub case: CaseMode,
     pub privacy: Privacy,
+}
+
+impl From<&FlowConfig> for Params {
+    fn from(f: &FlowConfig) -> Self {
+        Params {
+            tokenization: f.tokenization,
+            case: f.case,
+            privacy: f.privacy,
+        }
+    }
 }
 
 impl std::fmt::Display for Params {

@@ -260,14 +260,9 @@ impl Endpoint {
             self.early.push((Stream::Primary, unprocessed));
         }
         self.state = State::AwaitReady;
-        let params = Params {
-            tokenization: self.flow.tokenization,
-            case: self.flow.case,
-            privacy: self.flow.privacy,
-        };
         encode(
             Stream::Control,
-            &Control::HandshakeDone(params).encode(),
+            &Control::HandshakeDone(Params::from(&self.flow)).encode(),
             &mut self.out,
         );
         self.events.push(EndpointEvent::HandshakeDone);

@@ -11,7 +11,6 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use mbx_blindbox::channel::Privacy;
 use mbx_blindbox::flow::{Culprit, FlowConfig, MbEvent, Misbehaviour};
 use mbx_blindbox::rules::{parse_rules, table1_report, BufferPolicy};
 use mbx_blindbox::tokenize::{CaseMode, Tokenization};
+use mbx_blindbox_net::control::Params;
 use mbx_blindbox_net::driver::{
     serve_middlebox, BlindBoxStream, DriverError, EventSink, SetupStats,
 };
@@ -28,6 +28,8 @@ use mbx_blindbox_net::{NetError, Policy, RuleBook, SetupConfig};
 use mbx_blindbox_setup::{EndpointConfig, MiddleboxConfig, RgKey, TaggedRules};
 use mbx_engine::{Identity, TlsConfig};
 use mbx_record::TlsVersion;
+
+use crate::subcommand::{parse_version, path_str, read, runtime, set};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use zeroize::Zeroizing;
@@ -416,10 +418,6 @@ fn read_text(path: &Path, what: &str) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {what} {}", path.display()))
 }
 
-fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
-}
-
 fn load_rg_key(path: &Path) -> anyhow::Result<RgKey> {
     RgKey::load(path).with_context(|| format!("cannot load the RG key {}", path.display()))
 }
@@ -429,28 +427,11 @@ fn load_tagged(path: &Path) -> anyhow::Result<TaggedRules> {
         .with_context(|| format!("cannot load the tagged rules {}", path.display()))
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
-fn set(table: &mut toml::Table, key: &str, value: Option<String>) {
-    if let Some(v) = value {
-        table.insert(key.into(), toml::Value::String(v));
-    }
-}
-
 fn set_int(table: &mut toml::Table, key: &str, value: Option<u64>) -> anyhow::Result<()> {
     if let Some(v) = value {
         table.insert(key.into(), toml::Value::Integer(i64::try_from(v)?));
     }
     Ok(())
-}
-
-fn path_str(p: Option<PathBuf>) -> Option<String> {
-    p.map(|p| p.display().to_string())
 }
 
 fn merge_channel(table: &mut toml::Table, f: ChannelFlags) -> anyhow::Result<()> {
@@ -462,14 +443,6 @@ fn merge_channel(table: &mut toml::Table, f: ChannelFlags) -> anyhow::Result<()>
     set_int(table, "max_chunks", f.max_chunks.map(u64::from))?;
     set_int(table, "workers", f.workers.map(|w| w as u64))?;
     Ok(())
-}
-
-pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
-    match s {
-        "1.2" => Ok(TlsVersion::Tls12),
-        "1.3" => Ok(TlsVersion::Tls13),
-        other => bail!("unknown TLS version {other:?} (use 1.2 or 1.3)"),
-    }
 }
 
 /// The flow configuration from the names used in flags and config files.
@@ -496,21 +469,7 @@ pub fn flow_config(tokenization: &str, privacy: &str, case: &str) -> anyhow::Res
 }
 
 pub fn describe_flow(f: &FlowConfig) -> String {
-    format!(
-        "{} tokenization, {} case, {} privacy",
-        match f.tokenization {
-            Tokenization::Window => "window",
-            Tokenization::Delimiter => "delimiter",
-        },
-        match f.case {
-            CaseMode::Exact => "exact",
-            CaseMode::Dual => "dual",
-        },
-        match f.privacy {
-            Privacy::ExactMatch => "exact-match",
-            Privacy::ProbableCause => "probable-cause",
-        }
-    )
+    Params::from(f).to_string()
 }
 
 /// An endpoint's channel and setup choices.
@@ -841,13 +800,12 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
             book.chunk_count(Tokenization::Delimiter),
             s.policy
         );
-        let counter = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         let mut n = 0u64;
         while s.connections.is_none_or(|max| n < max) {
             let (stream, peer) = listener.accept().await.context("accept failed")?;
             n += 1;
-            let id = counter.fetch_add(1, Ordering::Relaxed) + 1;
+            let id = n;
             let book = book.clone();
             let next_hop = s.next_hop.clone();
             tasks.push(tokio::spawn(async move {
@@ -855,9 +813,7 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
                 let sink: EventSink = {
                     let book = book.clone();
                     Arc::new(move |ev: &MiddleboxEvent| {
-                        if let Some(line) = event_line(&book, ev) {
-                            println!("connection {id}: {line}");
-                        }
+                        println!("connection {id}: {}", event_line(&book, ev));
                     })
                 };
                 let report = serve_middlebox(stream, &next_hop, book, Some(sink)).await;
@@ -882,9 +838,9 @@ fn flow_name(f: Flow) -> &'static str {
 }
 
 /// One line for a middlebox event (alerts with sid and message).
-pub fn event_line(book: &RuleBook, ev: &MiddleboxEvent) -> Option<String> {
+pub fn event_line(book: &RuleBook, ev: &MiddleboxEvent) -> String {
     let msg = |sid: u32| book.message(sid).unwrap_or("(no msg)").to_string();
-    Some(match ev {
+    match ev {
         MiddleboxEvent::SetupStarted { params, chunks } => {
             format!("rule setup started: {chunks} rule chunks, endpoints use {params}")
         }
@@ -925,5 +881,5 @@ pub fn event_line(book: &RuleBook, ev: &MiddleboxEvent) -> Option<String> {
                 format!("decryption failed ({}): blocked: {why}", flow_name(*f))
             }
         },
-    })
+    }
 }

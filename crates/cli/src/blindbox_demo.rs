@@ -116,9 +116,9 @@ async fn connection(
                 ev,
                 MiddleboxEvent::Detection(..) | MiddleboxEvent::Refused(_)
             );
-            if let (true, Some(l)) = (keep, event_line(&book, ev)) {
+            if keep {
                 if let Ok(mut v) = lines.lock() {
-                    v.push(l);
+                    v.push(event_line(&book, ev));
                 }
             }
         })

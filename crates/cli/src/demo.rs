@@ -112,11 +112,7 @@ pub fn run(args: DemoArgs, config: &DemoConfig) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(run_cases(&cases, latency))?;
     // BlindBox's setup drivers need the multi-threaded runtime (they garble off the I/O threads).
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(crate::blindbox_demo::run(true))?;
+    crate::subcommand::runtime()?.block_on(crate::blindbox_demo::run(true))?;
     println!("\nAll checks passed.");
     Ok(())
 }

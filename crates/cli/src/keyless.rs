@@ -202,10 +202,7 @@ fn edge(flags: EdgeFlags, config: &KeylessConfig) -> anyhow::Result<()> {
     }
     let cfg = EdgeConfig::deserialize(toml::Value::Table(table))
         .context("invalid edge configuration ([keyless.edge] and flags)")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = crate::subcommand::runtime()?;
     runtime.block_on(async {
         let edge = Edge::from_config(&cfg).context("cannot start the edge")?;
         let running = edge.bind(cfg.listen).await.context("cannot listen")?;
@@ -266,10 +263,7 @@ fn keyserver(
     config_path: Option<&Path>,
 ) -> anyhow::Result<()> {
     let cfg = keyserver_config(&flags, &config.keyserver)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = crate::subcommand::runtime()?;
     runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         // Installed before the address is printed, so a SIGHUP right after it is not fatal.

@@ -12,6 +12,7 @@ mod keyless;
 mod keyless_demo;
 mod mbtls;
 mod mbtls_demo;
+mod subcommand;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

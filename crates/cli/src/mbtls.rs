@@ -25,6 +25,8 @@ use mbx_mbtls::handshake::{
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
+
+use crate::subcommand::{parse_version, path_str, read, runtime, set};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
@@ -307,39 +309,10 @@ pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
     }
 }
 
-fn set(table: &mut toml::Table, key: &str, value: Option<String>) {
-    if let Some(v) = value {
-        table.insert(key.into(), toml::Value::String(v));
-    }
-}
-
-fn path_str(p: Option<PathBuf>) -> Option<String> {
-    p.map(|p| p.display().to_string())
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
-fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
-}
-
 fn version_name(v: TlsVersion) -> &'static str {
     match v {
         TlsVersion::Tls12 => "TLS 1.2",
         TlsVersion::Tls13 => "TLS 1.3",
-    }
-}
-
-fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
-    match s {
-        "1.2" => Ok(TlsVersion::Tls12),
-        "1.3" => Ok(TlsVersion::Tls13),
-        other => bail!("unknown TLS version {other:?} (use 1.2 or 1.3)"),
     }
 }
 

@@ -118,9 +118,6 @@ impl Lcg {
 struct Corpus {
     rules: String,
     flow: Vec<u8>,
-    single: Vec<String>,
-    pairs: Vec<(String, String)>,
-    nocase: String,
     drop: String,
 }
 
@@ -201,14 +198,7 @@ fn corpus() -> Corpus {
             .as_bytes(),
         );
     }
-    Corpus {
-        rules,
-        flow,
-        single,
-        pairs,
-        nocase,
-        drop,
-    }
+    Corpus { rules, flow, drop }
 }
 
 /// (sid, message offset) of every alert line of the middlebox.
@@ -267,6 +257,24 @@ fn middlebox(next_hop: &str, rules: &Path, policy: &str) -> Party {
             .arg(rules)
             .args(["--policy", policy, "--batch", "8", "--connections", "1"]),
     )
+}
+
+/// One sender connection through a fresh `block` middlebox whose rule setup must fail: the
+/// sender's stderr (it must exit with an error) and the middlebox's lines up to the end of
+/// the connection.
+fn refused_setup(
+    next_hop: &str,
+    rules: &Path,
+    ca: &Path,
+    key: &Path,
+    input: &Path,
+) -> (String, Vec<String>) {
+    let mut mb = middlebox(next_hop, rules, "block");
+    let mb_addr = mb.address();
+    let out = sender(&mb_addr, ca, key, input);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (err, mb.until("connection 1: ended"))
 }
 
 #[test]
@@ -405,7 +413,6 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
     assert!(lines.iter().any(|l| l.contains("rule setup done")));
     receiver.until("connection 1: answered");
     assert_eq!(std::fs::read(d.join("received.bin")).unwrap(), c.flow);
-    let _ = (&c.single, &c.pairs, &c.nocase);
 
     // 2. Policy block: the drop rule cuts the connection; sender and receiver see the cut.
     let exfil = format!(
@@ -456,21 +463,17 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
             .args(["--case", "dual", "--connections", "1"]),
     );
     let rogue_addr = rogue.address();
-    let mut mb = middlebox(&rogue_addr, &d.join("tagged.rules"), "block");
-    let mb_addr = mb.address();
-    let out = sender(
-        &mb_addr,
+    let (err, lines) = refused_setup(
+        &rogue_addr,
+        &d.join("tagged.rules"),
         &server.ca,
         &d.join("rg.key"),
         &d.join("corpus.txt"),
     );
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("refused by the middlebox: rule setup failed: check failed"),
         "{err}"
     );
-    let lines = mb.until("connection 1: ended");
     assert!(
         lines
             .iter()
@@ -488,21 +491,17 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         .is_some_and(|s| !s.success()));
 
     // 4. A tampered tagged-rules file: the circuits refuse the chunks, the connection is refused.
-    let mut mb = middlebox(&rcv, &d.join("tampered.rules"), "block");
-    let mb_addr = mb.address();
-    let out = sender(
-        &mb_addr,
+    let (err, lines) = refused_setup(
+        &rcv,
+        &d.join("tampered.rules"),
         &server.ca,
         &d.join("rg.key"),
         &d.join("corpus.txt"),
     );
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("rule chunks were refused (their RG tag did not verify)"),
         "{err}"
     );
-    let lines = mb.until("connection 1: ended");
     assert!(lines.iter().any(|l| l.contains("REFUSED")), "{lines:?}");
     let r = receiver.until("connection 3 failed");
     assert!(
