@@ -106,7 +106,7 @@ impl Input<'_> {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Input::Borrowed(b) => b,
             Input::Lent(b) => b,
@@ -203,26 +203,26 @@ fn deframer_config(version: TlsVersion) -> DeframerConfig {
     }
 }
 
-/// Length of the complete record at the start of `buf`; `None` if more bytes are needed. A
-/// header is checked as soon as its 5 bytes are there.
-fn frame(cfg: &DeframerConfig, buf: &[u8]) -> Result<Option<usize>, WireError> {
+/// Total length (header included) of the record starting `buf`, once its header is there
+/// (checked then); `None` while fewer than 5 bytes are.
+fn record_len(cfg: &DeframerConfig, buf: &[u8]) -> Result<Option<usize>, WireError> {
     if buf.len() < HEADER_LEN {
         return Ok(None);
     }
     let header = RecordHeader::parse(buf)?;
     header.validate(cfg)?;
-    let total = HEADER_LEN + usize::from(header.length);
-    Ok((buf.len() >= total).then_some(total))
+    Ok(Some(HEADER_LEN + usize::from(header.length)))
+}
+
+/// Length of the complete record at the start of `buf`; `None` if more bytes are needed.
+fn frame(cfg: &DeframerConfig, buf: &[u8]) -> Result<Option<usize>, WireError> {
+    Ok(record_len(cfg, buf)?.filter(|total| buf.len() >= *total))
 }
 
 /// Bytes still missing from the (non-empty) incomplete record in `pending`; 0 once complete.
 fn missing(cfg: &DeframerConfig, pending: &[u8]) -> Result<usize, WireError> {
-    if pending.len() < HEADER_LEN {
-        return Ok(HEADER_LEN - pending.len());
-    }
-    let header = RecordHeader::parse(pending)?;
-    header.validate(cfg)?;
-    Ok((HEADER_LEN + usize::from(header.length)).saturating_sub(pending.len()))
+    let total = record_len(cfg, pending)?.unwrap_or(HEADER_LEN);
+    Ok(total.saturating_sub(pending.len()))
 }
 
 /// Calls `f` on every complete record in `buf`, in order, until it returns `false`. Returns

@@ -131,14 +131,6 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         append_or_swap(self.out(to), dst);
     }
 
-    /// Ciphertext bytes waiting for the neighbour on `to`.
-    pub fn outgoing_len(&self, to: Side) -> usize {
-        match to {
-            Side::Client => self.out_client.len(),
-            Side::Server => self.out_server.len(),
-        }
-    }
-
     pub fn poll_event(&mut self) -> Option<RelayEvent> {
         self.events.pop_front()
     }
@@ -154,7 +146,7 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.receive_input(from, Input::Lent(bytes));
     }
 
-    fn receive_input(&mut self, from: Side, input: Input<'_>) {
+    pub(crate) fn receive_input(&mut self, from: Side, input: Input<'_>) {
         if self.failed || self.ended(from) {
             return;
         }

@@ -777,6 +777,23 @@ mod discovered {
         }
     }
 
+    /// Runs a direct session between `client` and a legacy `server`: "hello server" from the
+    /// client, "hello client" from the server once its handshake is done.
+    fn exchange_with_legacy_server(client: &mut ClientHandshake, server: &mut OpenSslEngine) {
+        client.write(b"hello server").unwrap();
+        let mut first = Some(b"hello client".to_vec());
+        for _ in 0..10 {
+            server.feed(&client.take_outgoing());
+            server.process().unwrap();
+            if !server.is_handshaking() {
+                if let Some(d) = first.take() {
+                    server.write_plaintext(&d).unwrap();
+                }
+            }
+            client.receive(&server.take_outgoing()).unwrap();
+        }
+    }
+
     /// No middlebox on the path at all: an mbTLS client with a legacy server (P5).
     #[test]
     fn no_middlebox_on_the_path() {
@@ -785,18 +802,7 @@ mod discovered {
             discover(&mut s, "mb.test");
             let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
             let mut server = s.server_ctx.engine().unwrap();
-            client.write(b"hello server").unwrap();
-            let mut first = Some(b"hello client".to_vec());
-            for _ in 0..10 {
-                server.feed(&client.take_outgoing());
-                server.process().unwrap();
-                if !server.is_handshaking() {
-                    if let Some(d) = first.take() {
-                        server.write_plaintext(&d).unwrap();
-                    }
-                }
-                client.receive(&server.take_outgoing()).unwrap();
-            }
+            exchange_with_legacy_server(&mut client, &mut server);
             assert!(client.is_ready() && !client.keys_sent());
             assert_eq!(server.take_plaintext(), b"hello server");
             assert_eq!(client.take_plaintext(), b"hello client");
@@ -813,18 +819,7 @@ mod discovered {
             s.client_cfg.middlebox = ClientMiddlebox::Disabled;
             let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
             let mut server = s.server_ctx.engine().unwrap();
-            client.write(b"hello server").unwrap();
-            let mut first = Some(b"hello client".to_vec());
-            for _ in 0..10 {
-                server.feed(&client.take_outgoing());
-                server.process().unwrap();
-                if !server.is_handshaking() {
-                    if let Some(d) = first.take() {
-                        server.write_plaintext(&d).unwrap();
-                    }
-                }
-                client.receive(&server.take_outgoing()).unwrap();
-            }
+            exchange_with_legacy_server(&mut client, &mut server);
             assert!(client.is_ready() && !client.keys_sent());
             assert!(client_events(&mut client).contains(&ClientHandshakeEvent::Direct));
             assert_eq!(server.take_plaintext(), b"hello server");

@@ -712,6 +712,18 @@ fn server_data_in_the_last_handshake_flight_crosses_two_client_side_middleboxes_
     }
 }
 
+/// Calls `prepare` if `mb` wants it; true if it did. Only the ClientHello went by: preparing
+/// sends nothing.
+fn prepare_if_wanted(mb: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>) -> bool {
+    if !mb.wants_prepare() {
+        return false;
+    }
+    mb.prepare();
+    assert!(mb.take_outgoing(Side::Client).is_empty());
+    assert!(mb.take_outgoing(Side::Server).is_empty());
+    true
+}
+
 /// `MiddleboxHandshake::prepare` (what the driver calls while the ClientHello travels): both
 /// middleboxes prepare an answer for subchannel 0; the one nearest the server uses it, the
 /// other finds subchannel 0 taken at the ServerHello, drops it unsent and answers on 1. The
@@ -733,21 +745,10 @@ fn prepared_answers_two_client_side_middleboxes_both_versions() {
             let a = client.take_outgoing(Side::Server);
             mb1.receive(Side::Client, &a).unwrap();
             let b = mb1.take_outgoing(Side::Server);
-            if mb1.wants_prepare() {
-                // Only the ClientHello went by: preparing sends nothing.
-                mb1.prepare();
-                assert!(mb1.take_outgoing(Side::Client).is_empty());
-                assert!(mb1.take_outgoing(Side::Server).is_empty());
-                prepared[1] = true;
-            }
+            prepared[1] |= prepare_if_wanted(&mut mb1);
             mb0.receive(Side::Client, &b).unwrap();
             let c = mb0.take_outgoing(Side::Server);
-            if mb0.wants_prepare() {
-                mb0.prepare();
-                assert!(mb0.take_outgoing(Side::Client).is_empty());
-                assert!(mb0.take_outgoing(Side::Server).is_empty());
-                prepared[0] = true;
-            }
+            prepared[0] |= prepare_if_wanted(&mut mb0);
             server.feed(&c);
             server.process().unwrap();
             let d = server.take_outgoing();

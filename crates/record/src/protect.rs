@@ -362,10 +362,7 @@ impl RecordSealer {
             8 => cipher.nonce(self.seq, Some(&explicit_nonce)),
             _ => cipher.nonce(self.seq, None),
         };
-        let aad = match &aad {
-            AadBytes::Header(h) => Aad::from(&h[..]),
-            AadBytes::Tls12(a) => Aad::from(&a[..]),
-        };
+        let aad = aad.as_aad();
         let body = buf.get_mut(body_at..).ok_or(RecordError::EncryptFailed)?;
         let tag = cipher
             .key
@@ -572,10 +569,7 @@ impl RecordOpener {
     ) -> Result<(ContentType, usize), RecordError> {
         let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
         let nonce = cipher.nonce(self.seq, p.explicit.as_ref());
-        let aad = match &p.aad {
-            AadBytes::Header(h) => Aad::from(&h[..]),
-            AadBytes::Tls12(a) => Aad::from(&a[..]),
-        };
+        let aad = p.aad.as_aad();
         // ring zeroes the output itself when the tag does not match.
         let plain_len = cipher
             .key
@@ -641,6 +635,15 @@ enum AadBytes {
     Header([u8; HEADER_LEN]),
     /// TLS 1.2: seq ‖ type ‖ version ‖ length.
     Tls12([u8; 13]),
+}
+
+impl AadBytes {
+    fn as_aad(&self) -> Aad<&[u8]> {
+        match self {
+            AadBytes::Header(h) => Aad::from(&h[..]),
+            AadBytes::Tls12(a) => Aad::from(&a[..]),
+        }
+    }
 }
 
 /// What [`RecordOpener::decrypt`] needs from a framed record.

@@ -20,7 +20,7 @@ use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, S
 
 use super::demux::{hello_records, Demux, Piece};
 use super::HandshakeError;
-use crate::hop::Side;
+use crate::hop::{Input, Side};
 use crate::relay::{append_or_swap, MiddleboxRelay, RelayEvent};
 use crate::wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
@@ -169,6 +169,17 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
     /// connections (no key material was or will be used).
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        self.receive_input(from, Input::Borrowed(bytes))
+    }
+
+    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
+    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
+    /// are unspecified.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
+        self.receive_input(from, Input::Lent(bytes))
+    }
+
+    fn receive_input(&mut self, from: Side, input: Input<'_>) -> Result<(), HandshakeError> {
         if self.failed {
             return Err(HandshakeError::Protocol(
                 "middlebox handshake already failed",
@@ -176,30 +187,16 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         if self.direct_to_relay(from) {
             if let Some(relay) = self.relay.as_mut() {
-                relay.receive(from, bytes);
+                relay.receive_input(from, input);
             }
             self.drain_relay();
             return Ok(());
         }
-        let r = self.receive_inner(from, bytes);
+        let r = self.receive_inner(from, input.bytes());
         if r.is_err() {
             self.failed = true;
         }
         r
-    }
-
-    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
-    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
-    /// are unspecified.
-    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        if !self.failed && self.direct_to_relay(from) {
-            if let Some(relay) = self.relay.as_mut() {
-                relay.receive_in_place(from, bytes);
-            }
-            self.drain_relay();
-            return Ok(());
-        }
-        self.receive(from, bytes)
     }
 
     /// In the data phase, with nothing left in the deframer for `from` and no neighbour's

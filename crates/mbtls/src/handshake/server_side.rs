@@ -27,7 +27,7 @@ use mbx_wire::{version, HandshakeDeframer, HandshakeType, Record, ServerHello};
 use super::demux::{Demux, Piece};
 use super::middlebox::{first_application_record, write_evidence};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
-use crate::hop::Side;
+use crate::hop::{Input, Side};
 use crate::relay::{append_or_swap, MiddleboxRelay};
 use crate::wire::{
     announcement_record, Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader,
@@ -135,6 +135,17 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
     /// connections.
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        self.receive_input(from, Input::Borrowed(bytes))
+    }
+
+    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
+    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
+    /// are unspecified.
+    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
+        self.receive_input(from, Input::Lent(bytes))
+    }
+
+    fn receive_input(&mut self, from: Side, input: Input<'_>) -> Result<(), HandshakeError> {
         if self.failed {
             return Err(HandshakeError::Protocol(
                 "middlebox handshake already failed",
@@ -142,30 +153,16 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         }
         if self.direct_to_relay(from) {
             if let Some(relay) = self.relay.as_mut() {
-                relay.receive(from, bytes);
+                relay.receive_input(from, input);
             }
             self.drain_relay();
             return Ok(());
         }
-        let r = self.receive_inner(from, bytes);
+        let r = self.receive_inner(from, input.bytes());
         if r.is_err() {
             self.failed = true;
         }
         r
-    }
-
-    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
-    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
-    /// are unspecified.
-    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        if !self.failed && self.direct_to_relay(from) {
-            if let Some(relay) = self.relay.as_mut() {
-                relay.receive_in_place(from, bytes);
-            }
-            self.drain_relay();
-            return Ok(());
-        }
-        self.receive(from, bytes)
     }
 
     /// In the data phase, with nothing left in the deframer for `from` and no neighbour's
