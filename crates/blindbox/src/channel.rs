@@ -939,7 +939,6 @@ mod tests {
             prop_assert_eq!(back, msgs);
         }
 
-        #[test]
         /// `push_frames` hands out exactly the frames (and the first error) that `push` +
         /// `next_frame` give, for any split, on valid streams with garbage appended.
         #[test]

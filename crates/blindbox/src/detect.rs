@@ -30,8 +30,8 @@ use zeroize::Zeroizing;
 use crate::aes8;
 use crate::channel::TokenBatch;
 use crate::dpienc::{
-    enc, recover_flow_key, EncToken, FlowKey, KeywordKey, SaltScheme, SeededTokenState, TokenMsg,
-    C1, C1_LEN,
+    enc, recover_flow_key, salt_block, EncToken, FlowKey, KeywordKey, SaltScheme, SeededTokenState,
+    TokenMsg, C1, C1_LEN,
 };
 use crate::rules::{
     classify, Action, BufferPolicy, Direction, MatchRule, Protocol, Rule, MAX_OCCURRENCES,
@@ -373,25 +373,6 @@ impl std::fmt::Debug for Detector {
     }
 }
 
-/// A multiplicative hasher of ciphertext bytes (the detector's first table used it; kept public
-/// for callers that hash ciphertexts, since they are uniformly distributed AES outputs).
-#[derive(Default, Clone, Copy)]
-pub struct C1Hasher(u64);
-
-impl std::hash::Hasher for C1Hasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0 << 8 | u64::from(*b);
-        }
-    }
-
-    fn write_usize(&mut self, _: usize) {}
-
-    fn finish(&self) -> u64 {
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
 /// Open-addressing table from expected ciphertext to chunk id (linear probing, backward-shift
 /// deletion, at most half full). Its keys are the expected ciphertexts, AES outputs under the
 /// chunk keys, uniformly distributed and not chosen by the sender, so one multiplication spreads
@@ -513,6 +494,13 @@ fn filter_index(c: &C1) -> usize {
     (usize::from(c[0]) | usize::from(c[1]) << 8 | usize::from(c[2]) << 16) & (FILTER_BITS - 1)
 }
 
+/// Whether `c`'s prefilter bit is set (only then can the table hold `c`).
+#[inline]
+fn filter_hit(filter: &[u64], c: &C1) -> bool {
+    let fi = filter_index(c);
+    filter.get(fi / 64).is_some_and(|w| w >> (fi % 64) & 1 == 1)
+}
+
 /// Remembered hits above which those out of any keyword's reach are pruned.
 const PRUNE_AT: usize = 4096;
 
@@ -597,14 +585,14 @@ impl Detector {
         t: &EncToken,
         out: &mut Vec<Event>,
     ) {
-        let fi = filter_index(&t.c1);
-        let bit = self
-            .filter
-            .get(fi / 64)
-            .is_some_and(|w| w >> (fi % 64) & 1 == 1);
-        if !bit {
-            return;
+        if filter_hit(&self.filter, &t.c1) {
+            self.lookup(rules, salt0, t, out);
         }
+    }
+
+    /// The table lookup for a token that passed the prefilter.
+    #[inline]
+    fn lookup(&mut self, rules: &EncryptedRules, salt0: u64, t: &EncToken, out: &mut Vec<Event>) {
         let mut ids = std::mem::take(&mut self.hit_ids);
         ids.clear();
         self.table.find(c1_key(&t.c1), &mut ids);
@@ -652,10 +640,8 @@ impl Detector {
             while let Some(rest) = data.get(i * entry_len..) {
                 let filter = self.filter.as_slice();
                 let Some(k) = rest.chunks_exact(entry_len).position(|e| {
-                    e.first_chunk::<C1_LEN>().is_some_and(|c1| {
-                        let fi = filter_index(c1);
-                        filter.get(fi / 64).is_some_and(|w| w >> (fi % 64) & 1 == 1)
-                    })
+                    e.first_chunk::<C1_LEN>()
+                        .is_some_and(|c1| filter_hit(filter, c1))
                 }) else {
                     break;
                 };
@@ -674,7 +660,7 @@ impl Detector {
                         c1: *c1,
                         c2: more.first_chunk::<16>().copied(),
                     };
-                    self.candidate(&rules, salt0, &t, out);
+                    self.lookup(&rules, salt0, &t, out);
                 }
                 i += 1;
             }
@@ -686,19 +672,14 @@ impl Detector {
         let mut last = first;
         batch.for_each_entry(|offset, lane, c1, c2| {
             last = offset;
-            let fi = filter_index(c1);
-            if self
-                .filter
-                .get(fi / 64)
-                .is_some_and(|w| w >> (fi % 64) & 1 == 1)
-            {
+            if filter_hit(&self.filter, c1) {
                 let t = EncToken {
                     offset,
                     lane,
                     c1: *c1,
                     c2: c2.copied(),
                 };
-                self.candidate(&rules, salt0, &t, out);
+                self.lookup(&rules, salt0, &t, out);
             }
         });
         self.last_offset = self.last_offset.max(last);
@@ -731,11 +712,7 @@ impl Detector {
         self.counts.iter_mut().for_each(|c| *c = 0);
         let rules = Arc::clone(&self.rules);
         // Enc(salt0, r) for every chunk, eight chunk keys at a time.
-        let block = {
-            let mut b = [0u8; 16];
-            b[8..].copy_from_slice(&salt0.to_be_bytes());
-            aes::Block::from(b)
-        };
+        let block = aes::Block::from(salt_block(salt0));
         let n = rules.ciphers.len();
         for (g, schedule) in rules.schedules.iter().enumerate() {
             let mut states = [aes::Block8::from([block; aes8::LANES])];

@@ -135,7 +135,9 @@ impl std::fmt::Debug for KeywordKey {
     }
 }
 
-fn salt_block(salt: u64) -> [u8; 16] {
+/// The AES input block of `salt`: eight zero bytes, then `salt` big-endian.
+#[inline]
+pub(crate) fn salt_block(salt: u64) -> [u8; 16] {
     let mut block = [0u8; 16];
     block[8..].copy_from_slice(&salt.to_be_bytes());
     block
@@ -601,11 +603,10 @@ impl TokenEncryptor {
         // Salts in stream order; the ciphertexts are filled in below.
         let mut jobs = std::mem::take(&mut self.jobs);
         jobs.clear();
+        if !evs.is_empty() {
+            self.announce_once(out);
+        }
         for (i, ev) in evs.iter().enumerate() {
-            if !self.announced {
-                self.announced = true;
-                out.push(TokenMsg::Salt(self.salt0));
-            }
             match *ev {
                 FlowEvent::MessageStart(o) => out.push(TokenMsg::MessageStart(o)),
                 FlowEvent::Token {
@@ -680,9 +681,8 @@ impl TokenEncryptor {
     fn process_run_ni(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
         let mut pending = std::mem::take(&mut self.pending);
         out.reserve(evs.len() + 1);
-        if !self.announced && !evs.is_empty() {
-            self.announced = true;
-            out.push(TokenMsg::Salt(self.salt0));
+        if !evs.is_empty() {
+            self.announce_once(out);
         }
         // Each token's count-table hash, computed PREFETCH_AHEAD events early for the prefetch
         // and kept until the token is counted (a ring of 2 · PREFETCH_AHEAD).
@@ -813,11 +813,17 @@ impl TokenEncryptor {
         self.scheme.salt(self.salt0, count)
     }
 
-    fn process_with(&mut self, ev: &FlowEvent, kt: &KeywordKey, out: &mut Vec<TokenMsg>) {
+    /// Announces the first epoch's `salt0` before the flow's first message.
+    #[inline(always)]
+    fn announce_once(&mut self, out: &mut Vec<TokenMsg>) {
         if !self.announced {
             self.announced = true;
             out.push(TokenMsg::Salt(self.salt0));
         }
+    }
+
+    fn process_with(&mut self, ev: &FlowEvent, kt: &KeywordKey, out: &mut Vec<TokenMsg>) {
+        self.announce_once(out);
         match *ev {
             FlowEvent::MessageStart(o) => out.push(TokenMsg::MessageStart(o)),
             FlowEvent::Token {

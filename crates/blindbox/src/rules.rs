@@ -751,16 +751,23 @@ impl MatchRule {
     /// for content `j - 1` (0 for the first content). Contents are matched in rule order with
     /// backtracking, as Snort does.
     pub fn satisfied(&self, occ: &[Vec<u64>]) -> bool {
-        let mut failed = HashSet::new();
-        self.search(0, 0, occ, &mut failed)
+        self.satisfied_in(occ)
     }
 
     /// [`Self::satisfied`] over borrowed position lists (the detector's hot path: no copies).
     pub fn satisfied_slices(&self, occ: &[&[u64]]) -> bool {
+        self.satisfied_in(occ)
+    }
+
+    #[inline]
+    fn satisfied_in<O: AsRef<[u64]>>(&self, occ: &[O]) -> bool {
         if let ([c], [positions]) = (self.contents.as_slice(), occ) {
             // One content: no backtracking, no memo table.
             let (lo, hi_end, len) = Self::window(c, 0);
-            return positions.iter().any(|&p| Self::fits(p, lo, hi_end, len));
+            return positions
+                .as_ref()
+                .iter()
+                .any(|&p| Self::fits(p, lo, hi_end, len));
         }
         let mut failed = HashSet::new();
         self.search(0, 0, occ, &mut failed)

@@ -473,6 +473,20 @@ impl Circuit {
     }
 }
 
+/// Applies a segment's free XOR gates `[a, b, o]` to `slots` (zero labels for the garbler,
+/// active labels for the evaluator) and returns the index mask `slots.len() - 1`.
+///
+/// Slots were assigned by `Circuit::from_parts` below `slots`' (power-of-two) length, so the
+/// mask never changes an index; it only spares the bounds checks.
+#[inline]
+pub(crate) fn apply_free_xors(slots: &mut [u128], xors: &[[u32; 3]]) -> usize {
+    let m = slots.len().wrapping_sub(1);
+    for &[a, b, o] in xors {
+        slots[o as usize & m] = slots[a as usize & m] ^ slots[b as usize & m];
+    }
+    m
+}
+
 pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Error> {
     if expected == got {
         Ok(())

@@ -8,7 +8,7 @@ use subtle::ConstantTimeEq;
 
 use zeroize::Zeroize;
 
-use crate::circuit::{check_len, Circuit};
+use crate::circuit::{apply_free_xors, check_len, Circuit};
 use crate::error::Error;
 use crate::garble::{output_tags, Decoding, BATCH, TABLE_BYTES_PER_AND};
 use crate::hash::{sigma, FixedKeyHash};
@@ -141,13 +141,8 @@ impl<'c> Evaluator<'c> {
             operands,
             ..
         } = self;
-        // Slots were assigned by `Circuit::from_parts` below `labels`' (power-of-two) length, so
-        // the masks never change an index; they only spare the bounds checks.
         let labels = labels.as_mut_slice();
-        let m = labels.len().wrapping_sub(1);
-        for &[a, b, o] in xors {
-            labels[o as usize & m] = labels[a as usize & m] ^ labels[b as usize & m];
-        }
+        let m = apply_free_xors(labels, xors);
         if ands.is_empty() {
             return;
         }
@@ -161,7 +156,6 @@ impl<'c> Evaluator<'c> {
                 delta: 0,
             };
             v.eval_ands(labels, &ands[..n], &batch, tables);
-            *and_pos += n;
             return;
         }
         let (blocks, operands) = (&mut blocks[..2 * n], &mut operands[..n]);
@@ -187,7 +181,6 @@ impl<'c> Evaluator<'c> {
             let w_e = hb ^ ((t_e ^ la) & mask(lsb(lb)));
             labels[o as usize & m] = w_g ^ w_e;
         }
-        *and_pos += n;
     }
 
     fn check_complete(&self) -> Result<(), Error> {

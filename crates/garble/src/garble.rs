@@ -23,7 +23,7 @@
 
 use zeroize::Zeroize;
 
-use crate::circuit::{check_len, Circuit};
+use crate::circuit::{apply_free_xors, check_len, Circuit};
 use crate::error::Error;
 use crate::hash::{sigma, FixedKeyHash, Prg};
 use crate::label::{lsb, mask, wipe, GarbleSeed, Label, LabelPair, LabelSeed};
@@ -310,13 +310,8 @@ impl<'c> Garbler<'c> {
         } = self;
         let delta = *delta;
         let sigma_delta = sigma(delta);
-        // Slots were assigned by `Circuit::from_parts` below `zero`'s (power-of-two) length, so the
-        // masks never change an index; they only spare the bounds checks.
         let zero = zero.as_mut_slice();
-        let m = zero.len().wrapping_sub(1);
-        for &[a, b, o] in xors {
-            zero[o as usize & m] = zero[a as usize & m] ^ zero[b as usize & m];
-        }
+        let m = apply_free_xors(zero, xors);
         if ands.is_empty() {
             return;
         }
@@ -334,7 +329,6 @@ impl<'c> Garbler<'c> {
                 delta,
             };
             v.garble_ands(zero, &ands[..n], &batch, tables);
-            *and_pos += n;
             return;
         }
         let (blocks, operands) = (&mut blocks[..4 * n], &mut operands[..n]);
@@ -375,7 +369,6 @@ impl<'c> Garbler<'c> {
             tg_bytes.copy_from_slice(&t_g.to_le_bytes());
             te_bytes.copy_from_slice(&t_e.to_le_bytes());
         }
-        *and_pos += n;
     }
 
     /// The output decoding information; only once every gate is garbled.

@@ -130,15 +130,19 @@ impl FixedKeyHash {
 #[cfg(target_arch = "x86_64")]
 fn fixed_schedule() -> [u128; 11] {
     static SCHEDULE: std::sync::OnceLock<[u128; 11]> = std::sync::OnceLock::new();
-    *SCHEDULE.get_or_init(|| {
-        let rk = crate::aes_circuit::round_keys(&FIXED_KEY);
-        core::array::from_fn(|i| {
-            let mut b = [0u8; 16];
-            if let Some(k) = rk.get(16 * i..16 * i + 16) {
-                b.copy_from_slice(k);
-            }
-            u128::from_le_bytes(b)
-        })
+    *SCHEDULE.get_or_init(|| schedule_le(&FIXED_KEY))
+}
+
+/// The AES-128 round keys of `key` as little-endian `u128`s (the form `crate::vaes` takes).
+#[cfg(target_arch = "x86_64")]
+fn schedule_le(key: &[u8; 16]) -> [u128; 11] {
+    let rk = crate::aes_circuit::round_keys(key);
+    core::array::from_fn(|i| {
+        let mut b = [0u8; 16];
+        if let Some(k) = rk.get(16 * i..16 * i + 16) {
+            b.copy_from_slice(k);
+        }
+        u128::from_le_bytes(b)
     })
 }
 
@@ -222,11 +226,7 @@ mod tests {
     #[test]
     fn vaes_fips197() {
         let key: [u8; 16] = core::array::from_fn(|i| i as u8);
-        let rk = crate::aes_circuit::round_keys(&key);
-        let rk: [u128; 11] = core::array::from_fn(|i| {
-            u128::from_le_bytes(rk[16 * i..16 * i + 16].try_into().unwrap())
-        });
-        let Some(v) = crate::vaes::Vaes::new(rk) else {
+        let Some(v) = crate::vaes::Vaes::new(schedule_le(&key)) else {
             return; // no VAES here: the portable path is what runs (and is tested)
         };
         let pt: [u8; 16] = core::array::from_fn(|i| (i as u8) * 0x11);
