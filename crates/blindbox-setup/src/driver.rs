@@ -134,6 +134,9 @@ pub async fn run_middlebox(
     let mut bh = vec![0u8; READ_BUF];
     let (mut of, mut oh) = (Pending::default(), Pending::default());
     let mut last = mb.progress();
+    // A closed read half reads 0 at once: stop polling it (a peer may close once it has
+    // everything while our last frames are still being written).
+    let (mut open_f, mut open_h) = (true, true);
     loop {
         if of.is_empty() {
             if let Some(f) = compute(&mut busy, || mb.poll_transmit(Peer::Full))? {
@@ -153,18 +156,20 @@ pub async fn run_middlebox(
             break;
         }
         tokio::select! {
-            r = rf.read(&mut bf) => {
+            r = rf.read(&mut bf), if open_f => {
                 let n = r?;
                 if n == 0 {
+                    open_f = false;
                     mb.peer_closed(Peer::Full)?;
                 } else {
                     let data = bf.get(..n).unwrap_or_default();
                     compute(&mut busy, || mb.receive(Peer::Full, data))?;
                 }
             }
-            r = rh.read(&mut bh) => {
+            r = rh.read(&mut bh), if open_h => {
                 let n = r?;
                 if n == 0 {
+                    open_h = false;
                     mb.peer_closed(Peer::Hash)?;
                 } else {
                     let data = bh.get(..n).unwrap_or_default();
@@ -173,6 +178,9 @@ pub async fn run_middlebox(
             }
             w = wf.write(of.rest()), if !of.is_empty() => { of.pos += w?; }
             w = wh.write(oh.rest()), if !oh.is_empty() => { oh.pos += w?; }
+            // Both peers gone and nothing left to send: `finish` below says whether the
+            // setup completed.
+            else => break,
         }
     }
     let _ = wf.shutdown().await;
