@@ -37,7 +37,7 @@ use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use crate::aes8;
 use crate::aesni;
-use crate::tokenize::{FlowEvent, Lane, Token};
+use crate::tokenize::{FlowEvent, Lane, Token, WindowRun, TOKEN_LEN};
 
 /// Bytes of a truncated DPIEnc ciphertext.
 pub const C1_LEN: usize = 5;
@@ -486,6 +486,60 @@ const PREFETCH_AHEAD: usize = 16;
 /// Entries of the AES-NI path's ring of precomputed hashes (a power of two > PREFETCH_AHEAD).
 const HASH_RING: usize = 2 * PREFETCH_AHEAD;
 
+/// Tokenizer events by index, for the AES-NI path (which looks ahead to prefetch count-table
+/// slots): a slice of events, or a window run read straight from the bytes.
+trait EventRun {
+    fn len(&self) -> usize;
+    fn event(&self, i: usize) -> Option<FlowEvent>;
+    /// Event `i`'s token as a little-endian `u64` (`None` past the end or for other events).
+    fn token_key(&self, i: usize) -> Option<u64>;
+}
+
+impl EventRun for &[FlowEvent] {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        <[FlowEvent]>::len(self)
+    }
+    #[inline(always)]
+    fn event(&self, i: usize) -> Option<FlowEvent> {
+        self.get(i).copied()
+    }
+    #[inline(always)]
+    fn token_key(&self, i: usize) -> Option<u64> {
+        match self.get(i) {
+            Some(FlowEvent::Token { token, .. }) => Some(u64::from_le_bytes(*token)),
+            _ => None,
+        }
+    }
+}
+
+/// The `Exact` token at each offset `first + i` of `bytes` ([`WindowRun::Tokens`]).
+struct WindowTokens<'a> {
+    first: u64,
+    bytes: &'a [u8],
+}
+
+impl EventRun for WindowTokens<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.bytes.len().saturating_sub(TOKEN_LEN - 1)
+    }
+    #[inline(always)]
+    fn event(&self, i: usize) -> Option<FlowEvent> {
+        let token = self.bytes.get(i..i + TOKEN_LEN)?.try_into().ok()?;
+        Some(FlowEvent::Token {
+            offset: self.first + i as u64,
+            lane: Lane::Exact,
+            token,
+        })
+    }
+    #[inline(always)]
+    fn token_key(&self, i: usize) -> Option<u64> {
+        let token = self.bytes.get(i..i + TOKEN_LEN)?.try_into().ok()?;
+        Some(u64::from_le_bytes(token))
+    }
+}
+
 /// A token whose salt is known and whose ciphertexts are still to be computed.
 struct Job {
     /// Index of its message in the output.
@@ -585,6 +639,17 @@ impl TokenEncryptor {
         }
     }
 
+    /// [`Self::process_all`] over the events of a [`WindowRun`] (the sender's path for
+    /// window-tokenized, exact-lane flows): same output, without the events in between.
+    pub fn process_window_run(&mut self, run: WindowRun<'_>, out: &mut Vec<TokenMsg>) {
+        match run {
+            WindowRun::Tokens { first, bytes } if self.key.ni.is_some() => {
+                self.process_run_ni(WindowTokens { first, bytes }, out);
+            }
+            _ => self.process_all(&run.events(), out),
+        }
+    }
+
     fn process_run(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
         if self.key.ni.is_some() {
             self.process_run_ni(evs, out);
@@ -678,29 +743,32 @@ impl TokenEncryptor {
     /// blocks all in registers) and their messages, so the count table's loads overlap with the
     /// AES work of the previous batch. Any other message first flushes the batch (so the order
     /// is the stream's).
-    fn process_run_ni(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
+    fn process_run_ni(&mut self, evs: impl EventRun, out: &mut Vec<TokenMsg>) {
         let mut pending = std::mem::take(&mut self.pending);
         out.reserve(evs.len() + 1);
-        if !evs.is_empty() {
+        if evs.len() > 0 {
             self.announce_once(out);
         }
         // Each token's count-table hash, computed PREFETCH_AHEAD events early for the prefetch
         // and kept until the token is counted (a ring of 2 · PREFETCH_AHEAD).
         let mut hashes = [0u64; HASH_RING];
-        for (h, ev) in hashes.iter_mut().zip(evs.iter().take(PREFETCH_AHEAD)) {
-            if let FlowEvent::Token { token, .. } = ev {
-                *h = self.counts.hash(u64::from_le_bytes(*token));
+        for (i, h) in hashes.iter_mut().enumerate().take(PREFETCH_AHEAD) {
+            if let Some(key) = evs.token_key(i) {
+                *h = self.counts.hash(key);
             }
         }
-        for (i, ev) in evs.iter().enumerate() {
-            if let Some(FlowEvent::Token { token, .. }) = evs.get(i + PREFETCH_AHEAD) {
-                let h = self.counts.hash(u64::from_le_bytes(*token));
+        for i in 0..evs.len() {
+            if let Some(key) = evs.token_key(i + PREFETCH_AHEAD) {
+                let h = self.counts.hash(key);
                 if let Some(slot) = hashes.get_mut((i + PREFETCH_AHEAD) % HASH_RING) {
                     *slot = h;
                 }
                 self.counts.prefetch(h);
             }
-            match *ev {
+            let Some(ev) = evs.event(i) else {
+                break;
+            };
+            match ev {
                 FlowEvent::MessageStart(o) => {
                     self.encrypt_pending(&mut pending, out);
                     out.push(TokenMsg::MessageStart(o));

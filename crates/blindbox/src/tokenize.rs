@@ -86,17 +86,45 @@ impl WindowTokenizer {
 
     /// Tokenizes the next bytes of the current segment.
     pub fn push(&mut self, data: &[u8], out: &mut Vec<Positioned>) {
+        out.reserve(data.len());
+        self.push_runs(data, &mut |run| {
+            if let WindowRun::Tokens { first, bytes } = run {
+                out.extend(window_tokens(first, bytes));
+            }
+        });
+    }
+
+    /// The tokens [`Self::push`] would emit, as at most two [`WindowRun::Tokens`] (those that
+    /// start in the kept tail, then those that start in `data`), without copying `data`.
+    pub fn push_runs(&mut self, data: &[u8], f: &mut impl FnMut(WindowRun<'_>)) {
         let start = self.pos - self.tail.len() as u64;
-        let mut work = std::mem::take(&mut self.tail);
-        work.extend_from_slice(data);
-        let n = work.len().saturating_sub(TOKEN_LEN - 1);
-        // `extend` over `windows` (an exact size): one capacity check per push, not per token.
-        out.extend(work.windows(TOKEN_LEN).zip(start..).map(|(w, offset)| {
-            let mut token = [0u8; TOKEN_LEN];
-            token.copy_from_slice(w);
-            Positioned { offset, token }
-        }));
-        self.tail = work.get(n..).unwrap_or_default().to_vec();
+        // The kept tail and the 7 bytes after it hold every token that starts in the tail.
+        let mut head = std::mem::take(&mut self.tail);
+        head.extend_from_slice(data.get(..TOKEN_LEN - 1).unwrap_or(data));
+        if head.len() >= TOKEN_LEN {
+            f(WindowRun::Tokens {
+                first: start,
+                bytes: &head,
+            });
+        }
+        if data.len() >= TOKEN_LEN {
+            f(WindowRun::Tokens {
+                first: self.pos,
+                bytes: data,
+            });
+        }
+        // The new tail: the last (up to) 7 bytes of the segment so far.
+        if let Some(last) = data
+            .len()
+            .checked_sub(TOKEN_LEN - 1)
+            .and_then(|n| data.get(n..))
+        {
+            head.clear();
+            head.extend_from_slice(last);
+        } else {
+            head.drain(..head.len().saturating_sub(TOKEN_LEN - 1));
+        }
+        self.tail = head;
         self.pos += data.len() as u64;
     }
 
@@ -223,6 +251,42 @@ impl Inner {
     }
 }
 
+/// A window-tokenized, exact-lane flow as [`FlowTokenizer::push_windows`] hands it over: the
+/// same events as [`FlowEvent`]s, with the tokens left in the bytes they come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowRun<'a> {
+    /// [`FlowEvent::MessageStart`].
+    MessageStart(u64),
+    /// An `Exact` token at each offset `first + i` for which `bytes[i..i + 8]` exists: that
+    /// slice.
+    Tokens { first: u64, bytes: &'a [u8] },
+}
+
+impl WindowRun<'_> {
+    /// The same events as [`FlowEvent`]s.
+    pub fn events(&self) -> Vec<FlowEvent> {
+        match *self {
+            WindowRun::MessageStart(o) => vec![FlowEvent::MessageStart(o)],
+            WindowRun::Tokens { first, bytes } => window_tokens(first, bytes)
+                .map(|p| FlowEvent::Token {
+                    offset: p.offset,
+                    lane: Lane::Exact,
+                    token: p.token,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The token at every offset of `bytes`, which starts at stream offset `first`.
+fn window_tokens(first: u64, bytes: &[u8]) -> impl Iterator<Item = Positioned> + '_ {
+    bytes.windows(TOKEN_LEN).zip(first..).map(|(w, offset)| {
+        let mut token = [0u8; TOKEN_LEN];
+        token.copy_from_slice(w);
+        Positioned { offset, token }
+    })
+}
+
 /// What a [`FlowTokenizer`] produces, in stream order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlowEvent {
@@ -291,6 +355,39 @@ impl FlowTokenizer {
                 }
             }
         }
+    }
+
+    /// Whether [`Self::push_windows`] applies: window tokenization, [`CaseMode::Exact`].
+    pub fn is_window_exact(&self) -> bool {
+        matches!(self.inner, Inner::Window(_)) && self.case == CaseMode::Exact
+    }
+
+    /// [`Self::push`] for a window-tokenized, exact-lane flow: the same events, in order, as
+    /// [`WindowRun`]s (no token is copied out of `data`). Returns `false` and consumes nothing
+    /// when [`Self::is_window_exact`] does not hold.
+    pub fn push_windows(&mut self, data: &[u8], mut f: impl FnMut(WindowRun<'_>)) -> bool {
+        if self.case != CaseMode::Exact {
+            return false;
+        }
+        let Inner::Window(window) = &mut self.inner else {
+            return false;
+        };
+        for ev in self.framer.push(data) {
+            match ev {
+                FrameEvent::MessageStart(o) => {
+                    window.tail.clear();
+                    f(WindowRun::MessageStart(o));
+                }
+                FrameEvent::Inspect { range, .. } => {
+                    window.push_runs(data.get(range).unwrap_or_default(), &mut f);
+                }
+                FrameEvent::Skip { range, .. } => {
+                    window.tail.clear();
+                    window.skip(range.len() as u64);
+                }
+            }
+        }
+        true
     }
 
     /// The flow ended: flush the tokens that end at its last byte.
