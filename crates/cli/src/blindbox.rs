@@ -329,6 +329,7 @@ pub fn run(args: BlindboxArgs, config: &BlindboxConfig) -> anyhow::Result<()> {
         BlindboxCommand::Receiver(flags) => receiver(flags, config),
         BlindboxCommand::Middlebox(flags) => middlebox(flags, config),
         BlindboxCommand::Demo => {
+            crate::subcommand::exit_quietly_when_stdout_closes();
             runtime()?.block_on(crate::blindbox_demo::run(false))?;
             println!("\nAll checks passed.");
             Ok(())

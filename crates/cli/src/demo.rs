@@ -93,6 +93,7 @@ fn case_for(version: &str) -> anyhow::Result<Case> {
 }
 
 pub fn run(args: DemoArgs, config: &DemoConfig) -> anyhow::Result<()> {
+    crate::subcommand::exit_quietly_when_stdout_closes();
     let versions = if !args.versions.is_empty() {
         args.versions
     } else {

@@ -100,6 +100,7 @@ impl Version {
 }
 
 pub fn run(args: KeylessDemoArgs) -> anyhow::Result<()> {
+    crate::subcommand::exit_quietly_when_stdout_closes();
     let versions = if args.versions.is_empty() {
         vec![Version::Tls13, Version::Tls12]
     } else {

@@ -293,6 +293,7 @@ pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
         MbtlsCommand::Middlebox(flags) => middlebox(flags, config),
         MbtlsCommand::Server(flags) => server(flags, config),
         MbtlsCommand::Demo(flags) => {
+            crate::subcommand::exit_quietly_when_stdout_closes();
             let names = if flags.versions.is_empty() {
                 vec!["1.3".to_string(), "1.2".to_string()]
             } else {

@@ -37,3 +37,22 @@ pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
         other => bail!("unknown TLS version {other:?} (use 1.2 or 1.3)"),
     }
 }
+
+/// For demos only: when the reader of stdout goes away (`mbx demo | head`), exit with success
+/// instead of panicking in `println!`. Servers and middleboxes do not install it: they must keep
+/// serving when whoever watched their output leaves.
+pub fn exit_quietly_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}

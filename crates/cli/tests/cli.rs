@@ -170,3 +170,26 @@ fn unknown_tls_version_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown TLS version"));
 }
+
+/// `mbx demo | head -1`: the demo stops quietly and successfully when its reader goes away.
+#[test]
+fn demo_exits_quietly_when_its_reader_goes_away() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = mbx()
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty());
+    // The reader is dropped here: the demo's next line meets a closed pipe.
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}
