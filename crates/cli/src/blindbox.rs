@@ -29,7 +29,7 @@ use mbx_blindbox_setup::{EndpointConfig, MiddleboxConfig, RgKey, TaggedRules};
 use mbx_engine::{Identity, TlsConfig};
 use mbx_record::TlsVersion;
 
-use crate::subcommand::{parse_version, path_str, read, runtime, set};
+use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use zeroize::Zeroizing;
@@ -704,19 +704,19 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
                     .await
                     .map_err(|e| net_error("connection failed", &e))?;
                 if let Some(st) = conn.setup_stats() {
-                    println!(
+                    print_line(format_args!(
                         "connection {n} from {peer}: rule setup done: {}",
                         setup_line(&st)
-                    );
+                    ));
                 }
                 let data = conn
                     .read_to_end()
                     .await
                     .map_err(|e| net_error("receiving failed", &e))?;
-                println!(
+                print_line(format_args!(
                     "connection {n}: received {} bytes, every byte validated against its tokens",
                     data.len()
-                );
+                ));
                 if let Some(p) = &s.out {
                     std::fs::write(p, &data)
                         .with_context(|| format!("cannot write {}", p.display()))?;
@@ -728,16 +728,16 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
                 conn.finish()
                     .await
                     .map_err(|e| net_error("answering failed", &e))?;
-                println!(
+                print_line(format_args!(
                     "connection {n}: answered {} bytes, closed cleanly",
                     reply.len()
-                );
+                ));
                 Ok(())
             }
             .await;
             if let Err(e) = r {
                 failed += 1;
-                println!("connection {n} failed: {e:#}");
+                print_line(format_args!("connection {n} failed: {e:#}"));
             }
         }
         ensure!(failed == 0, "{failed} of {n} connections failed");
@@ -810,17 +810,17 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
             let book = book.clone();
             let next_hop = s.next_hop.clone();
             tasks.push(tokio::spawn(async move {
-                println!("connection {id} from {peer}");
+                print_line(format_args!("connection {id} from {peer}"));
                 let sink: EventSink = {
                     let book = book.clone();
                     Arc::new(move |ev: &MiddleboxEvent| {
-                        println!("connection {id}: {}", event_line(&book, ev));
+                        print_line(format_args!("connection {id}: {}", event_line(&book, ev)));
                     })
                 };
                 let report = serve_middlebox(stream, &next_hop, book, Some(sink)).await;
                 match report.outcome {
-                    Ok(()) => println!("connection {id}: closed"),
-                    Err(e) => println!("connection {id}: ended: {e}"),
+                    Ok(()) => print_line(format_args!("connection {id}: closed")),
+                    Err(e) => print_line(format_args!("connection {id}: ended: {e}")),
                 }
             }));
         }

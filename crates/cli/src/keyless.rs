@@ -210,7 +210,7 @@ fn edge(flags: EdgeFlags, config: &KeylessConfig) -> anyhow::Result<()> {
         tokio::signal::ctrl_c()
             .await
             .context("cannot wait for Ctrl-C")?;
-        println!("edge stopping");
+        crate::subcommand::print_line("edge stopping");
         Ok(())
     })
 }
@@ -284,7 +284,7 @@ fn keyserver(
                     // A failed reload keeps the running configuration; the server logs why.
                     match reread_keyserver_config(&flags, config, config_path) {
                         Ok(new) => match running.reload(&new) {
-                            Ok(()) => println!("key server reloaded"),
+                            Ok(()) => crate::subcommand::print_line("key server reloaded"),
                             Err(e) => eprintln!("mbx: reload failed, configuration unchanged: {e}"),
                         },
                         Err(e) => {

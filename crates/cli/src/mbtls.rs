@@ -26,7 +26,7 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
 
-use crate::subcommand::{parse_version, path_str, read, runtime, set};
+use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
@@ -92,6 +92,10 @@ struct ServerFlags {
     /// (repeatable). Without this and --middlebox-name every announcing middlebox is excluded.
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
+    /// How many middleboxes may announce themselves in one session (default 1); more fail
+    /// the handshake. An excluded one also excludes those between it and the server.
+    #[arg(long)]
+    max_discovered: Option<u8>,
     /// CA certificates (PEM) that issue middlebox certificates.
     #[arg(long)]
     middlebox_ca: Option<PathBuf>,
@@ -129,6 +133,10 @@ struct ClientFlags {
     /// (repeatable; the allow-list policy for discovered middleboxes).
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
+    /// Discovery: how many middleboxes on the path may join (default 1; each costs an
+    /// optimistic ClientHello). An excluded one also excludes those between it and the client.
+    #[arg(long)]
+    max_discovered: Option<u8>,
     /// CA certificates (PEM) that issue server certificates.
     #[arg(long)]
     server_ca: Option<PathBuf>,
@@ -212,6 +220,8 @@ struct ClientSettings {
     /// Discovery allow-list (instead of pre-configured names).
     #[serde(default)]
     allow_middleboxes: Vec<String>,
+    /// Discovery: how many middleboxes may join (default 1).
+    max_discovered: Option<u8>,
     server_ca: PathBuf,
     middlebox_ca: Option<PathBuf>,
     policy: Option<PathBuf>,
@@ -258,6 +268,8 @@ struct ServerSettings {
     middlebox_names: Vec<String>,
     #[serde(default)]
     allow_middleboxes: Vec<String>,
+    /// Discovery: how many middleboxes may announce themselves (default 1).
+    max_discovered: Option<u8>,
     middlebox_ca: Option<PathBuf>,
     policy: Option<PathBuf>,
     attestation: Option<toml::Table>,
@@ -442,6 +454,9 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(n) = flags.max_discovered {
+        table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
+    }
     if let Some(t) = flags.timeout_secs {
         table.insert(
             "timeout_secs".into(),
@@ -499,7 +514,10 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     primary.pause_after_handshake = true;
     let secondary = TlsConfig::client(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
     let middlebox = match names.as_slice() {
-        [] => ClientMiddlebox::Discover(name_approver(s.allow_middleboxes.clone())),
+        [] => ClientMiddlebox::DiscoverUpTo(
+            name_approver(s.allow_middleboxes.clone()),
+            max_discovered(s.max_discovered)?,
+        ),
         [one] => ClientMiddlebox::Preconfigured(one.clone()),
         _ => ClientMiddlebox::PreconfiguredPath(names.clone()),
     };
@@ -526,9 +544,9 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             "discovery: a middlebox on the path may join if its certificate names {}",
             s.allow_middleboxes.join(" or ")
         );
-        vec!["discovered middlebox".to_string()]
+        None
     } else {
-        names.clone()
+        Some(names.clone())
     };
     runtime()?.block_on(async move {
         let fetch = async {
@@ -539,7 +557,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
                     .map_err(|e| {
                         anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
                     })?;
-            print_session(&c, &path_names, &middlebox_addr, &server_name);
+            print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
             let body = c
                 .read_to_end()
                 .await
@@ -556,7 +574,16 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     })
 }
 
-fn print_session(c: &MbtlsClient, names: &[String], first_hop: &str, server: &str) {
+/// `names`: the pre-configured middleboxes in path order; `None` with discovery (they are
+/// counted from the session's hops).
+fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, server: &str) {
+    let discovered: Vec<String> = match c.summary().map_or(1, |s| s.hops.len().max(2) - 1) {
+        1 => vec!["discovered middlebox".to_string()],
+        n => (1..=n)
+            .map(|i| format!("discovered middlebox {i}"))
+            .collect(),
+    };
+    let names = names.unwrap_or(&discovered);
     let path: Vec<&str> = names.iter().map(String::as_str).collect();
     println!(
         "path: client -> {} ({first_hop}) -> {server}",
@@ -763,7 +790,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             tokio::select! {
                 r = tokio::signal::ctrl_c() => {
                     r.context("cannot wait for Ctrl-C")?;
-                    println!("middlebox stopping");
+                    print_line("middlebox stopping");
                     return Ok(());
                 }
                 report = server.next_report() => match report {
@@ -803,7 +830,7 @@ fn print_report(r: &ConnectionReport) {
         Ok(()) => line.push_str("; closed cleanly"),
         Err(e) => line.push_str(&format!("; ended with error: {e}")),
     }
-    println!("{line}");
+    print_line(&line);
 }
 
 /// Settings of `mbx mbtls server` from `[mbtls.server]` and the flags.
@@ -818,6 +845,9 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "tls", flags.tls);
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
+    }
+    if let Some(n) = flags.max_discovered {
+        table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
     for (key, list) in [
         ("middlebox_names", flags.middlebox_names),
@@ -892,14 +922,21 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             ),
         ),
         ([], false) => (
-            ServerMiddlebox::Discover(name_approver(s.allow_middleboxes.clone())),
+            ServerMiddlebox::DiscoverUpTo(
+                name_approver(s.allow_middleboxes.clone()),
+                max_discovered(s.max_discovered)?,
+            ),
             format!(
-                "discovered, approved if named {}",
+                "discovered (up to {}), approved if named {}",
+                max_discovered(s.max_discovered)?,
                 s.allow_middleboxes.join(", ")
             ),
         ),
         ([], true) => (
-            ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
+            ServerMiddlebox::DiscoverUpTo(
+                Arc::new(|_: &[Vec<u8>]| false),
+                max_discovered(s.max_discovered)?,
+            ),
             "none accepted (announcing middleboxes are excluded)".to_string(),
         ),
     };
@@ -939,7 +976,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             tokio::select! {
                 r = tokio::signal::ctrl_c() => {
                     r.context("cannot wait for Ctrl-C")?;
-                    println!("server stopping");
+                    print_line("server stopping");
                     return Ok(());
                 }
                 report = server.next_report() => match report {
@@ -977,7 +1014,7 @@ fn print_server_report(r: &ServerConnectionReport) {
         Ok(()) => line.push_str("; closed cleanly"),
         Err(e) => line.push_str(&format!("; ended with error: {e}")),
     }
-    println!("{line}");
+    print_line(&line);
 }
 
 /// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session.
@@ -996,7 +1033,7 @@ fn local_proxy(listen: &str, first_hop: &str, cfg: ClientHandshakeConfig) -> any
             let (local, peer) = tokio::select! {
                 r = tokio::signal::ctrl_c() => {
                     r.context("cannot wait for Ctrl-C")?;
-                    println!("proxy stopping");
+                    print_line("proxy stopping");
                     return Ok(());
                 }
                 a = listener.accept() => a.context("accept failed")?,
@@ -1020,8 +1057,16 @@ fn local_proxy(listen: &str, first_hop: &str, cfg: ClientHandshakeConfig) -> any
                     }
                     Err(e) => format!("connection {n} from {peer}: mbTLS session failed: {e}"),
                 };
-                println!("{line}");
+                print_line(&line);
             });
         }
     })
+}
+
+/// `max_discovered` from the configuration: at least 1 (default 1).
+fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
+    match n.unwrap_or(1) {
+        0 => bail!("max_discovered must be at least 1"),
+        n => Ok(n),
+    }
 }

@@ -56,3 +56,10 @@ pub fn exit_quietly_when_stdout_closes() {
         default(info);
     }));
 }
+
+/// One line of a long-running command's report on stdout. A closed stdout (its reader went
+/// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
+pub fn print_line(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}

@@ -363,6 +363,22 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         .log_header("X-Mb1")
         .start()
         .unwrap();
+    // Both middleboxes were verified and both apps ran on the request for `path`.
+    let both_verified_and_both_apps_ran = |text: &str, path: &str| {
+        assert_eq!(
+            text.matches("attestation: middlebox verified (sim TEE")
+                .count(),
+            2,
+            "{text}"
+        );
+        nginx
+            .wait_access_log(|l| {
+                l.contains(path)
+                    && l.contains("x-mb0=\"mb0.test\"")
+                    && l.contains("x-mb1=\"mb1.test\"")
+            })
+            .unwrap();
+    };
     let platform = dir.path().join("platform.key");
     let start_mb = |name: &str, header: &str, next_hop: &str| {
         let files = pki
@@ -407,12 +423,12 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     // mb0 is nearer the server; mb1 is the client's first hop.
     let (_g0, mb0, platform_key, m0) = start_mb("mb0.test", "X-Mb0", &nginx.addr().to_string());
     let (_g1, mb1, _, m1) = start_mb("mb1.test", "X-Mb1", &mb0);
-    let fetch = |extra: &[&str]| {
+    let fetch_path = |path: &str, extra: &[&str]| {
         let out = mbx()
             .args([
                 "mbtls",
                 "client",
-                "https://server.test/path",
+                &format!("https://server.test{path}"),
                 "--middlebox",
                 &mb1,
             ])
@@ -429,6 +445,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let fetch = |extra: &[&str]| fetch_path("/path", extra);
     let (ok, text, err) = fetch(&[
         "--middlebox-name",
         "mb1.test",
@@ -445,20 +462,8 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-    assert_eq!(
-        text.matches("attestation: middlebox verified (sim TEE")
-            .count(),
-        2,
-        "{text}"
-    );
     // Both apps ran, each once.
-    nginx
-        .wait_access_log(|l| {
-            l.contains("/path")
-                && l.contains("x-mb0=\"mb0.test\"")
-                && l.contains("x-mb1=\"mb1.test\"")
-        })
-        .unwrap();
+    both_verified_and_both_apps_ran(&text, "/path");
 
     // Discovery through the same two: only one optimistic hello is offered, so the middlebox
     // nearest the server (mb0) joins if the allow-list names it; mb1 forwards unchanged.
@@ -492,6 +497,44 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         text.contains("hop 1: client <-> server.test (primary session keys)"),
         "{text}"
     );
+
+    // Two discovered: both join when both are allowed (each app ran once)...
+    let (ok, text, err) = fetch_path(
+        "/two-discovered",
+        &[
+            "--max-discovered",
+            "2",
+            "--allow-middlebox",
+            "mb0.test",
+            "--allow-middlebox",
+            "mb1.test",
+        ],
+    );
+    assert!(ok, "{text}{err}");
+    assert!(
+        text.contains("hop 3: discovered middlebox 2 <-> server.test (primary session keys)"),
+        "{text}"
+    );
+    both_verified_and_both_apps_ran(&text, "/two-discovered");
+    // ...and when the one nearest the server is refused, the one between it and the client
+    // is excluded as well: the session runs end to end.
+    let (ok, text, err) = fetch_path(
+        "/nearest-refused",
+        &["--max-discovered", "2", "--allow-middlebox", "mb1.test"],
+    );
+    assert!(ok, "{text}{err}");
+    for expected in [
+        "attestation: a middlebox was excluded: not approved",
+        "attestation: a middlebox was excluded: between this endpoint and an excluded middlebox",
+        "hop 1: client <-> server.test (primary session keys)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    nginx
+        .wait_access_log(|l| {
+            l.contains("/nearest-refused") && l.contains("x-mb0=\"-\" x-mb1=\"-\"")
+        })
+        .unwrap();
 }
 
 #[test]

@@ -1011,6 +1011,183 @@ fn a_third_announcing_middlebox_is_refused() {
     );
 }
 
+/// Several discovered middleboxes per side (`DiscoverUpTo`): all join when approved; an
+/// excluded one also excludes every middlebox between it and the endpoint (which saw it join
+/// and would otherwise wait for its switch), the others still join.
+mod several_discovered {
+    use super::*;
+
+    /// Approves every middlebox whose leaf certificate does not carry `refused`.
+    fn approve_all_but(refused: &'static str) -> Approver {
+        Arc::new(move |chain: &[Vec<u8>]| {
+            chain
+                .first()
+                .is_some_and(|der| !der.windows(refused.len()).any(|w| w == refused.as_bytes()))
+        })
+    }
+
+    /// The middleboxes (nodes 1 to 3) at `passive` forward ciphertext only and hold no keys;
+    /// the others joined with keys.
+    fn assert_passive_exactly(path: &Path, passive: &[usize], what: &str) {
+        for i in 1..=3 {
+            let (is_passive, has_keys) = match &path.nodes[i] {
+                Node::ClientSideMb(m) => (m.is_passive(), m.keys_installed()),
+                Node::ServerSideMb(m) => (m.is_passive(), m.keys_installed()),
+                _ => panic!("not a middlebox"),
+            };
+            let want = passive.contains(&i);
+            assert_eq!((is_passive, has_keys), (want, !want), "{what}: node {i}");
+        }
+    }
+
+    /// `head` (request line and headers, each ending in CRLF) with each name's header added.
+    fn request_with(head: &[u8], names: &[&str]) -> Vec<u8> {
+        let mut r = head.to_vec();
+        for n in names {
+            r.extend_from_slice(format!("X-Mbtls: {n}\r\n").as_bytes());
+        }
+        r.extend_from_slice(b"\r\n");
+        r
+    }
+
+    /// Two requests and answers; checks what arrived (answers are upper-cased when a middlebox
+    /// took part).
+    fn exchange(path: &mut Path, headers: &[&str], what: &str) {
+        let upper = !headers.is_empty();
+        for (head, answer) in [
+            (&b"GET / HTTP/1.1\r\nHost: server.test\r\n"[..], "answer"),
+            (&b"GET /2 HTTP/1.1\r\n"[..], "more"),
+        ] {
+            let mut request = head.to_vec();
+            request.extend_from_slice(b"\r\n");
+            path.first().write(&request);
+            path.pump();
+            path.last().write(answer.as_bytes());
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(path.last().read(), request_with(head, headers), "{what}");
+            let want = if upper {
+                answer.to_ascii_uppercase()
+            } else {
+                answer.to_string()
+            };
+            assert_eq!(path.first().read(), want.as_bytes(), "{what}");
+        }
+    }
+
+    /// (refused name, middleboxes that join in path order, nodes that must stay passive)
+    const CLIENT_CASES: [(&str, &[&str], &[usize]); 4] = [
+        ("nobody.test", &["mba.test", "mbb.test", "mbc.test"], &[]),
+        // The one nearest the client: the others join.
+        ("mba.test", &["mbb.test", "mbc.test"], &[1]),
+        // In the middle: the one between it and the client is excluded too.
+        ("mbb.test", &["mbc.test"], &[1, 2]),
+        // Nearest the server: every middlebox is between it and the client.
+        ("mbc.test", &[], &[1, 2, 3]),
+    ];
+
+    #[test]
+    fn client_side_several_join_and_exclusion_spreads_toward_the_client_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            for (refused, joined, passive) in CLIENT_CASES {
+                let what = format!("{version:?}, {refused} refused");
+                // Four hellos for three middleboxes: one stays unanswered.
+                let client = s.mbtls_client_path(
+                    version,
+                    ClientMiddlebox::DiscoverUpTo(approve_all_but(refused), 4),
+                );
+                let mut path = Path::new(vec![
+                    Node::Client(client),
+                    client_mb(&s, "mba.test"),
+                    client_mb(&s, "mbb.test"),
+                    client_mb(&s, "mbc.test"),
+                    Node::LegacyServer(s.legacy_server(version)),
+                ]);
+                exchange(&mut path, joined, &what);
+                assert_passive_exactly(&path, passive, &what);
+                let Node::Client(c) = path.first() else {
+                    unreachable!()
+                };
+                let ce: Vec<ClientHandshakeEvent> = std::iter::from_fn(|| c.poll_event()).collect();
+                let spread = ce.iter().filter(|e| {
+                    **e == ClientHandshakeEvent::MiddleboxExcluded(
+                        "between this endpoint and an excluded middlebox",
+                    )
+                });
+                assert_eq!(
+                    spread.count(),
+                    passive.len().saturating_sub(1),
+                    "{what}: {ce:?}"
+                );
+                let hops = c.summary().unwrap().hops.clone();
+                assert_eq!(hops.len(), joined.len() + 1, "{what}");
+                for (i, a) in hops.iter().enumerate() {
+                    assert!(hops.iter().skip(i + 1).all(|b| a != b), "{what}");
+                }
+            }
+        }
+    }
+
+    /// (refused name, middleboxes that join in path order, nodes that must stay passive)
+    const SERVER_CASES: [(&str, &[&str], &[usize]); 3] = [
+        ("nobody.test", &["mba.test", "mbb.test", "mbc.test"], &[]),
+        // In the middle: the one between it and the server is excluded too.
+        ("mbb.test", &["mba.test"], &[2, 3]),
+        // Nearest the server: only it.
+        ("mbc.test", &["mba.test", "mbb.test"], &[3]),
+    ];
+
+    #[test]
+    fn server_side_several_join_and_exclusion_spreads_toward_the_server_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            for (refused, joined, passive) in SERVER_CASES {
+                let what = format!("{version:?}, {refused} refused");
+                let mut path = Path::new(vec![
+                    Node::LegacyClient(s.legacy_client(version)),
+                    server_mb(&s, "mba.test"),
+                    server_mb(&s, "mbb.test"),
+                    server_mb(&s, "mbc.test"),
+                    Node::Server(s.server(
+                        version,
+                        ServerMiddlebox::DiscoverUpTo(approve_all_but(refused), 3),
+                    )),
+                ]);
+                path.first().receive(Side::Server, &[]).unwrap();
+                path.pump();
+                exchange(&mut path, joined, &what);
+                assert_passive_exactly(&path, passive, &what);
+                let hops = path.server().summary().unwrap().hops.clone();
+                assert_eq!(hops.len(), joined.len() + 1, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn more_announcements_than_allowed_fail_the_handshake() {
+        let s = Setup::new();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+            server_mb(&s, "mba.test"),
+            server_mb(&s, "mbb.test"),
+            server_mb(&s, "mbc.test"),
+            Node::Server(s.server(
+                TlsVersion::Tls13,
+                ServerMiddlebox::DiscoverUpTo(approve_all_but("nobody.test"), 2),
+            )),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        let err = path.errors[4].clone().unwrap_or_default();
+        assert!(
+            err.contains("more middleboxes announced themselves"),
+            "{:?}",
+            path.errors
+        );
+    }
+}
+
 mod arbitrary_input {
     use super::*;
     use proptest::prelude::*;

@@ -33,6 +33,12 @@ pub enum ClientMiddlebox {
     /// context's roots and the approver must accept it. With none on the path the session is
     /// direct (an mbTLS client that allows server-side middleboxes only).
     Discover(Approver),
+    /// Like [`Discover`](Self::Discover) for up to `n` middleboxes on the path (`n` ≥ 1): the
+    /// extension carries `n` optimistic ClientHellos (each costs a key share). Each middlebox is
+    /// checked and approved on its own; one that is excluded also excludes every middlebox
+    /// between it and the client, which would otherwise wait for it to take part (docs/mbtls.md
+    /// §4.5).
+    DiscoverUpTo(Approver, u8),
     /// No client-side middlebox: none configured and discovery off (an mbTLS client that
     /// allows server-side middleboxes only). The MiddleboxSupport extension carries no
     /// optimistic ClientHello, so no secondary engine or key share is made; a middlebox on the
@@ -57,7 +63,7 @@ pub struct ClientHandshakeConfig {
     pub now_unix: u64,
 }
 
-/// A client with its client-side middleboxes (pre-configured path, or one discovered).
+/// A client with its client-side middleboxes (pre-configured path, or discovered ones).
 pub struct ClientHandshake {
     core: EndpointCore,
     demux: Demux,
@@ -72,6 +78,7 @@ impl ClientHandshake {
                 (path.iter().cloned().map(Some).collect(), None)
             }
             ClientMiddlebox::Discover(a) => (vec![None], Some(a.clone())),
+            ClientMiddlebox::DiscoverUpTo(a, n) => (vec![None; usize::from(*n)], Some(a.clone())),
             ClientMiddlebox::Disabled => (Vec::new(), None),
         };
         let disabled = matches!(cfg.middlebox, ClientMiddlebox::Disabled);

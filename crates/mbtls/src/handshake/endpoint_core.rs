@@ -92,6 +92,9 @@ pub(super) struct Slot {
     pub(super) subchannel: u8,
     engine: OpenSslEngine,
     pub(super) state: Secondary,
+    /// The middlebox took this subchannel (answered the hello, or announced itself), so the
+    /// middleboxes beyond it saw it join (see [`EndpointCore::exclude_between_us_and_excluded`]).
+    spoke: bool,
     rx: SecondaryReader,
 }
 
@@ -101,7 +104,16 @@ impl Slot {
             subchannel,
             engine,
             state: Secondary::Waiting,
+            spoke: false,
             rx: SecondaryReader::new(),
+        }
+    }
+
+    /// The middlebox spoke on this subchannel: its secondary session runs.
+    pub(super) fn start(&mut self) {
+        if self.state == Secondary::Waiting {
+            self.state = Secondary::Running;
+            self.spoke = true;
         }
     }
 }
@@ -291,6 +303,13 @@ impl EndpointCore {
         if self.preconfigured() {
             return Err(err);
         }
+        self.shut_out(subchannel, why)?;
+        self.maybe_finish()
+    }
+
+    /// Closes a middlebox's secondary session without key material (it then forwards
+    /// ciphertext only).
+    fn shut_out(&mut self, subchannel: u8, why: &'static str) -> Result<(), HandshakeError> {
         let slot = self.slot_mut(subchannel)?;
         // Best effort: a failed engine may have queued an alert instead of a close_notify.
         let _ = slot.engine.close();
@@ -298,7 +317,7 @@ impl EndpointCore {
         self.flush_secondary(subchannel)?;
         self.events
             .push_back(ClientHandshakeEvent::MiddleboxExcluded(why));
-        self.maybe_finish()
+        Ok(())
     }
 
     /// An inner record of one of our subchannels for its secondary engine.
@@ -308,9 +327,7 @@ impl EndpointCore {
         if slot.state == Secondary::Excluded {
             return Ok(());
         }
-        if slot.state == Secondary::Waiting {
-            slot.state = Secondary::Running;
-        }
+        slot.start();
         slot.engine.feed(enc.inner.as_bytes());
         let processed = slot.engine.process();
         let handshaking = slot.engine.is_handshaking();
@@ -389,6 +406,35 @@ impl EndpointCore {
         Ok(())
     }
 
+    /// Discovered middleboxes: a middlebox that took a subchannel and was then excluded only
+    /// forwards ciphertext, but the middleboxes between it and us saw it join and, once they
+    /// switch, would drop its side's records until its switch marker and re-sent records, which
+    /// never come (the neighbour rule, docs/mbtls.md §4.5). So those are excluded too, before
+    /// any key material leaves. On both sides subchannel ids grow toward us (client side: taken
+    /// nearest the server first; server side: announced nearest the client first): every
+    /// verified middlebox with an id above an excluded one's is between it and us.
+    fn exclude_between_us_and_excluded(&mut self) -> Result<(), HandshakeError> {
+        let Some(lowest) = self
+            .slots
+            .iter()
+            .filter(|s| s.spoke && s.state == Secondary::Excluded)
+            .map(|s| s.subchannel)
+            .min()
+        else {
+            return Ok(());
+        };
+        let between: Vec<u8> = self
+            .slots
+            .iter()
+            .filter(|s| s.state == Secondary::Verified && s.subchannel > lowest)
+            .map(|s| s.subchannel)
+            .collect();
+        for id in between {
+            self.shut_out(id, "between this endpoint and an excluded middlebox")?;
+        }
+        Ok(())
+    }
+
     /// The middleboxes that take part, in path order from the client. Client side: subchannel
     /// 0 went to the middlebox nearest the server (ids are taken as the primary ServerHello
     /// passes them), so path order is descending id. Server side: the middlebox nearest the
@@ -419,6 +465,7 @@ impl EndpointCore {
         if self.data.is_some() || !primary_done || !settled {
             return Ok(());
         }
+        self.exclude_between_us_and_excluded()?;
         let primary = self
             .primary
             .take()

@@ -16,9 +16,7 @@ use mbx_attest::Policy;
 use mbx_engine::{OpenSslContext, Role};
 
 use super::demux::{Demux, Piece};
-use super::endpoint_core::{
-    Approver, EndpointCore, Secondary, ServerHandshakeEvent, SessionSummary, Slot,
-};
+use super::endpoint_core::{Approver, EndpointCore, ServerHandshakeEvent, SessionSummary, Slot};
 use super::HandshakeError;
 use mbx_engine::TlsEngine;
 
@@ -34,6 +32,10 @@ pub enum ServerMiddlebox {
     /// A middlebox on the path may announce itself; its chain must verify against the secondary
     /// context's roots and the approver must accept it. Without one the session is direct.
     Discover(Approver),
+    /// Like [`Discover`](Self::Discover) for up to `n` announcing middleboxes; more
+    /// announcements fail the handshake. Each is checked and approved on its own; one that is
+    /// excluded also excludes every middlebox between it and the server (docs/mbtls.md §4.5).
+    DiscoverUpTo(Approver, u8),
 }
 
 /// The server's configuration.
@@ -66,7 +68,9 @@ impl ServerHandshake {
         let (approver, required) = match &cfg.middlebox {
             ServerMiddlebox::Preconfigured(_) => (None, 1),
             ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),
-            ServerMiddlebox::Discover(a) => (Some(a.clone()), 0),
+            ServerMiddlebox::Discover(a) | ServerMiddlebox::DiscoverUpTo(a, _) => {
+                (Some(a.clone()), 0)
+            }
         };
         let core = EndpointCore::new(
             Role::Server,
@@ -177,9 +181,10 @@ fn announced(
                 ))
             }
         },
-        // Discovered: one at most, since an excluded middlebox between two joined ones would
-        // leave its neighbour waiting for a switch that never comes.
+        // Discovered: as many as the server allows (the secondary session costs it a client
+        // handshake each).
         ServerMiddlebox::Discover(_) if k == 0 => None,
+        ServerMiddlebox::DiscoverUpTo(_, n) if k < usize::from(*n) => None,
         _ => {
             return Err(HandshakeError::Protocol(
                 "more middleboxes announced themselves than are configured",
@@ -194,7 +199,7 @@ fn announced(
     let mut engine = cfg.secondary.engine_for(name)?;
     engine.process()?;
     let mut slot = Slot::new(subchannel, engine);
-    slot.state = Secondary::Running;
+    slot.start();
     core.slots.push(slot);
     core.flush_secondary(subchannel)
 }
