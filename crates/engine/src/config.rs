@@ -106,6 +106,11 @@ pub struct TlsConfig {
     pub cipher_suites: Vec<u16>,
     /// Servers: issue session tickets (TLS 1.2 NewSessionTicket / TLS 1.3 tickets).
     pub session_tickets: bool,
+    /// Key-exchange groups in preference order, by OpenSSL name (`X25519`, `P-256`, `P-384`,
+    /// …; empty: library defaults). OpenSSL engine only. A server limited to a group the
+    /// client did not send a key share for answers a TLS 1.3 ClientHello with a
+    /// HelloRetryRequest.
+    pub groups: Vec<String>,
     /// Private-use extensions (OpenSSL engine only).
     pub custom_extensions: Vec<CustomExtension>,
     /// Stop processing incoming records as soon as the handshake completes, so that everything
@@ -127,6 +132,7 @@ impl TlsConfig {
             max_version: TlsVersion::Tls13,
             cipher_suites: Vec::new(),
             session_tickets: true,
+            groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
         }
@@ -145,6 +151,7 @@ impl TlsConfig {
             max_version: TlsVersion::Tls13,
             cipher_suites: Vec::new(),
             session_tickets: true,
+            groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
         }

@@ -133,6 +133,11 @@ impl RustlsEngine {
                 "custom extensions (rustls cannot add them)",
             ));
         }
+        if !config.groups.is_empty() {
+            return Err(EngineError::Unsupported(
+                "key-exchange group selection (OpenSSL engine only)",
+            ));
+        }
         let provider = provider(config)?;
         let versions = versions(config);
         let secrets = Arc::new(SecretSink::default());

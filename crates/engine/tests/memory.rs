@@ -603,6 +603,28 @@ fn cipher_suites_outside_the_record_layer_are_config_errors() {
 }
 
 #[test]
+fn groups_are_checked_and_openssl_only() {
+    let pki = Pki::new();
+    let unknown = TlsConfig {
+        groups: vec!["no-such-group".into()],
+        ..pki.client_config()
+    };
+    assert!(matches!(
+        OpenSslContext::new(&unknown),
+        Err(EngineError::Config(_))
+    ));
+    let p384 = TlsConfig {
+        groups: vec!["P-384".into()],
+        ..pki.client_config()
+    };
+    assert!(OpenSslContext::new(&p384).is_ok());
+    assert!(matches!(
+        RustlsEngine::new(&p384),
+        Err(EngineError::Unsupported(_))
+    ));
+}
+
+#[test]
 fn malformed_input_is_a_typed_error() {
     let pki = Pki::new();
     for mut e in [

@@ -40,6 +40,8 @@ struct Setup {
     server_id: Identity,
     policy: Policy,
     pki: TestPki,
+    /// Key-exchange groups of every server (empty: OpenSSL's defaults).
+    server_groups: Vec<String>,
 }
 
 impl Setup {
@@ -60,6 +62,7 @@ impl Setup {
             server_id,
             policy,
             pki,
+            server_groups: Vec::new(),
         }
     }
 
@@ -89,6 +92,7 @@ impl Setup {
     ) -> ServerHandshake {
         let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
         primary.pause_after_handshake = true;
+        primary.groups = self.server_groups.clone();
         let secondary = TlsConfig::client(default_name, self.root.clone());
         ServerHandshake::new(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
@@ -106,7 +110,8 @@ impl Setup {
     }
 
     fn legacy_server(&self, version: TlsVersion) -> OpenSslEngine {
-        let cfg = TlsConfig::server(self.server_id.clone()).only(version);
+        let mut cfg = TlsConfig::server(self.server_id.clone()).only(version);
+        cfg.groups = self.server_groups.clone();
         OpenSslContext::new(&cfg).unwrap().engine().unwrap()
     }
 
@@ -197,6 +202,8 @@ struct Path {
     errors: Vec<Option<String>>,
     /// Per link: everything sent client→server.
     tap_c2s: Vec<Vec<u8>>,
+    /// Per link: everything sent server→client.
+    tap_s2c: Vec<Vec<u8>>,
 }
 
 impl Path {
@@ -206,6 +213,7 @@ impl Path {
             nodes,
             errors: vec![None; n],
             tap_c2s: vec![Vec::new(); n - 1],
+            tap_s2c: vec![Vec::new(); n - 1],
         }
     }
 
@@ -231,6 +239,7 @@ impl Path {
                 let back = self.nodes[i + 1].take_outgoing(Side::Client);
                 if !back.is_empty() {
                     moved = true;
+                    self.tap_s2c[i].extend_from_slice(&back);
                     self.deliver(i, Side::Server, &back);
                 }
             }
@@ -727,11 +736,18 @@ fn prepare_if_wanted(mb: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>) -> bool
 /// `MiddleboxHandshake::prepare` (what the driver calls while the ClientHello travels): both
 /// middleboxes prepare an answer for subchannel 0; the one nearest the server uses it, the
 /// other finds subchannel 0 taken at the ServerHello, drops it unsent and answers on 1. The
-/// session is the same as without preparing.
+/// session is the same as without preparing. Also after a HelloRetryRequest (TLS 1.3 server
+/// limited to P-384): the prepared answers stay valid for the real ServerHello.
 #[test]
 fn prepared_answers_two_client_side_middleboxes_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
+    let mut s = Setup::new();
+    let runs = [
+        (TlsVersion::Tls12, None),
+        (TlsVersion::Tls13, None),
+        (TlsVersion::Tls13, Some("P-384")),
+    ];
+    for (version, group) in runs {
+        s.server_groups = group.into_iter().map(String::from).collect();
         let mut server = s.legacy_server(version);
         let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
         let (Node::ClientSideMb(mut mb1), Node::ClientSideMb(mut mb0)) =
@@ -1009,6 +1025,69 @@ fn a_third_announcing_middlebox_is_refused() {
         "{:?}",
         path.errors
     );
+}
+
+/// A TLS 1.3 server that only takes P-384 answers the clients' X25519 key share with a
+/// HelloRetryRequest: the client-side middleboxes join on the real ServerHello that follows
+/// (they would stay passive if they took the retry request for it), server-side ones as usual.
+#[test]
+fn hello_retry_request_on_the_primary_handshake() {
+    let mut s = Setup::new();
+    s.server_groups = vec!["P-384".into()];
+    let v = TlsVersion::Tls13;
+    let paths: Vec<(&str, Vec<Node>, &[u8])> = vec![
+        (
+            "one client-side middlebox, legacy server",
+            vec![
+                Node::Client(s.mbtls_client(v)),
+                client_mb(&s, "mb1.test"),
+                Node::LegacyServer(s.legacy_server(v)),
+            ],
+            b"X-Mbtls: mb1.test\r\n",
+        ),
+        (
+            "two client-side middleboxes, legacy server",
+            vec![
+                path_client(&s, v, &["mb1.test", "mb0.test"]),
+                client_mb(&s, "mb1.test"),
+                client_mb(&s, "mb0.test"),
+                Node::LegacyServer(s.legacy_server(v)),
+            ],
+            b"X-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n",
+        ),
+        (
+            "client-side and server-side middlebox, mbTLS server",
+            vec![
+                Node::Client(s.mbtls_client(v)),
+                client_mb(&s, "mb1.test"),
+                server_mb(&s, "mb2.test"),
+                Node::Server(s.server(v, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ],
+            b"X-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n",
+        ),
+    ];
+    for (what, nodes, headers) in paths {
+        let mut path = Path::new(nodes);
+        path.first().write(REQUEST);
+        path.pump();
+        path.last().write(b"answer");
+        path.pump();
+        path.assert_no_errors();
+        let mut want = b"GET / HTTP/1.1\r\nHost: server.test\r\n".to_vec();
+        want.extend_from_slice(headers);
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(path.last().read(), want, "{what}");
+        assert_eq!(path.first().read(), b"ANSWER", "{what}");
+        // The server sent a HelloRetryRequest (else this test proves nothing): a ServerHello
+        // whose random is SHA-256("HelloRetryRequest") (RFC 8446 §4.1.3).
+        const HRR_RANDOM: [u8; 32] = [
+            0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65,
+            0xB8, 0x91, 0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2,
+            0xC8, 0xA8, 0x33, 0x9C,
+        ];
+        let from_server = path.tap_s2c.last().unwrap();
+        assert!(from_server.windows(32).any(|w| w == HRR_RANDOM), "{what}");
+    }
 }
 
 /// Several discovered middleboxes per side (`DiscoverUpTo`): all join when approved; an

@@ -343,6 +343,11 @@ impl OpenSslContext {
         }
         b.set_verify(mode);
 
+        if !config.groups.is_empty() {
+            b.set_groups_list(&config.groups.join(":"))
+                .map_err(|_| EngineError::Config(format!("unknown groups {:?}", config.groups)))?;
+        }
+
         let alpn = config.alpn_wire()?;
         if !alpn.is_empty() {
             match config.role {

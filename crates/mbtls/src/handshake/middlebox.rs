@@ -373,6 +373,17 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         let sh = ServerHello::parse_message(msg.as_bytes())?;
         let pending = core::mem::take(&mut self.pending_sh);
+        if sh.is_hello_retry_request() {
+            // TLS 1.3 HelloRetryRequest: the client answers with a second ClientHello and the
+            // real ServerHello follows; we join on that one. The optimistic hellos of the first
+            // ClientHello stay valid (they open the secondary sessions, which the retry of the
+            // primary one does not touch), and so does a prepared answer.
+            for rec in pending {
+                self.out_client.extend_from_slice(rec.as_bytes());
+            }
+            self.server_hello = HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN);
+            return Ok(());
+        }
         let joined = self.join(&sh);
         self.early = None;
         self.prepare_pending = false;
@@ -395,9 +406,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     /// Answer an optimistic ClientHello; the inner `Err` says why we stay passive, the outer
     /// one is fatal (the attester failed).
     fn join(&mut self, sh: &ServerHello<'_>) -> Result<Result<(), &'static str>, HandshakeError> {
-        if sh.is_hello_retry_request() {
-            return Ok(Err("HelloRetryRequest is not supported yet"));
-        }
         self.version = match sh.selected_version() {
             Ok(version::TLS1_3) => Some(TlsVersion::Tls13),
             Ok(version::TLS1_2) => Some(TlsVersion::Tls12),
