@@ -57,9 +57,8 @@ fn channel_bytes(data: &[u8], mode: Tokenization, case: CaseMode) -> (Vec<u8>, u
     let mut msgs = Vec::new();
     for p in data.chunks(PACKET) {
         s.push(p, &mut msgs);
-        for m in msgs.drain(..) {
-            w.push(&m, &mut out).expect("well-formed");
-        }
+        w.push_all(&msgs, &mut out).expect("well-formed");
+        msgs.clear();
         w.flush(&mut out);
     }
     s.finish(&mut msgs);

@@ -753,6 +753,40 @@ impl ChannelWriter {
         }
     }
 
+    /// [`Self::push`] for each message of `msgs`, in order, with the same output. The common
+    /// case — the next window token of a one-lane channel, with room in the open batch — is
+    /// appended in this loop instead of going through the general checks per token.
+    pub fn push_all(&mut self, msgs: &[TokenMsg], out: &mut Vec<u8>) -> Result<(), ChannelError> {
+        let one_lane_window =
+            self.params.tokenization == Tokenization::Window && self.params.lanes() == 1;
+        let p3 = self.params.privacy == Privacy::ProbableCause;
+        let entry = self.params.entry_len();
+        for m in msgs {
+            if let TokenMsg::Token(t) = m {
+                if one_lane_window
+                    && !self.ended
+                    && !self.batch.is_empty()
+                    && t.lane == Lane::Exact
+                    && t.c2.is_some() == p3
+                    && self.last_offset.checked_add(1) == Some(t.offset)
+                    && self.batch_count < MAX_BATCH
+                    && self.batch.len() + 10 + entry <= MAX_BODY
+                {
+                    self.batch_count += 1;
+                    self.last_offset = t.offset;
+                    self.batch.extend_from_slice(&t.c1);
+                    if let Some(c2) = &t.c2 {
+                        self.batch.extend_from_slice(c2);
+                    }
+                    self.tokens += 1;
+                    continue;
+                }
+            }
+            self.push(m, out)?;
+        }
+        Ok(())
+    }
+
     fn control(&mut self, kind: u8, v: u64, out: &mut Vec<u8>) -> Result<(), ChannelError> {
         if self.lane != 0 {
             return Err(ChannelError::Encode("position split by a control message"));
@@ -895,6 +929,37 @@ mod tests {
         v
     }
 
+    fn assert_push_all_equals_push(
+        p: &ChannelParams,
+        msgs: &[TokenMsg],
+    ) -> Result<(), TestCaseError> {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut wa = ChannelWriter::new(*p, FrameAuth::new(&[1; 32]), &mut a);
+        let mut wb = ChannelWriter::new(*p, FrameAuth::new(&[1; 32]), &mut b);
+        let ra = wa.push_all(msgs, &mut a);
+        let rb = msgs.iter().try_for_each(|m| wb.push(m, &mut b));
+        prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+        wa.flush(&mut a);
+        wb.flush(&mut b);
+        prop_assert_eq!(wa.tokens(), wb.tokens());
+        prop_assert_eq!(a, b);
+        Ok(())
+    }
+
+    /// Long contiguous runs cross the batch limit the same way with `push_all`.
+    #[test]
+    fn push_all_splits_long_runs_like_push() {
+        for privacy in [Privacy::ExactMatch, Privacy::ProbableCause] {
+            let p = params(Tokenization::Window, CaseMode::Exact, privacy);
+            let p3 = privacy == Privacy::ProbableCause;
+            let mut msgs = vec![TokenMsg::Salt(1)];
+            msgs.extend(
+                (0..2 * u64::from(MAX_BATCH) + 5).map(|o| tok(o, Lane::Exact, o as u8, p3)),
+            );
+            assert_push_all_equals_push(&p, &msgs).unwrap();
+        }
+    }
+
     fn decode_all(bytes: &[u8], cuts: &[usize], auth: &FrameAuth) -> Vec<TokenMsg> {
         let mut d = Deframer::new();
         let mut msgs = Vec::new();
@@ -937,6 +1002,32 @@ mod tests {
             w.finish(&mut out).unwrap();
             let back = decode_all(&out, &cuts, &FrameAuth::new(&[1; 32]));
             prop_assert_eq!(back, msgs);
+        }
+
+        /// `push_all` writes exactly what one `push` per message writes, and fails at the same
+        /// message with the same error, on valid streams and on streams with an offset moved
+        /// back, a lane changed or `c2` added or dropped.
+        #[test]
+        fn push_all_equals_push_per_message(spec in proptest::collection::vec(any::<(u8, u8, u8)>(), 0..300),
+                                            delim in any::<bool>(), dual in any::<bool>(), p3 in any::<bool>(),
+                                            spoil in proptest::collection::vec((any::<usize>(), 0u8..3), 0..3)) {
+            let p = params(
+                if delim { Tokenization::Delimiter } else { Tokenization::Window },
+                if dual { CaseMode::Dual } else { CaseMode::Exact },
+                if p3 { Privacy::ProbableCause } else { Privacy::ExactMatch },
+            );
+            let mut msgs = stream(&spec, &p);
+            for (at, how) in spoil {
+                let i = at % msgs.len();
+                if let Some(TokenMsg::Token(t)) = msgs.get_mut(i) {
+                    match how {
+                        0 => t.offset = t.offset.saturating_sub(2),
+                        1 => t.lane = Lane::Folded,
+                        _ => t.c2 = if t.c2.is_some() { None } else { Some([0; 16]) },
+                    }
+                }
+            }
+            assert_push_all_equals_push(&p, &msgs)?;
         }
 
         /// `push_frames` hands out exactly the frames (and the first error) that `push` +

@@ -244,9 +244,9 @@ impl FlowSender {
     }
 
     fn emit(&mut self, out: &mut FlowOutput) -> Result<(), FlowError> {
-        for m in self.msgs.drain(..) {
-            self.writer.push(&m, &mut out.tokens)?;
-        }
+        let pushed = self.writer.push_all(&self.msgs, &mut out.tokens);
+        self.msgs.clear();
+        pushed?;
         self.writer.flush(&mut out.tokens);
         Ok(())
     }
