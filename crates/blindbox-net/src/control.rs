@@ -41,18 +41,7 @@ impl std::fmt::Display for Params {
         write!(
             f,
             "{} tokenization, {} case, {} privacy",
-            match self.tokenization {
-                Tokenization::Window => "window",
-                Tokenization::Delimiter => "delimiter",
-            },
-            match self.case {
-                CaseMode::Exact => "exact",
-                CaseMode::Dual => "dual",
-            },
-            match self.privacy {
-                Privacy::ExactMatch => "exact-match",
-                Privacy::ProbableCause => "probable-cause",
-            }
+            self.tokenization, self.case, self.privacy
         )
     }
 }

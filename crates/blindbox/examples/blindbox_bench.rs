@@ -29,15 +29,15 @@ use workload::*;
 /// Median, min and max of `runs` timings of `f` (seconds).
 fn measure(runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
     f(); // warm-up
-    let mut v: Vec<f64> = (0..runs)
+    let v: Vec<f64> = (0..runs.max(1))
         .map(|_| {
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
         })
         .collect();
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+    let s = bench::Summary::of(&v).expect("at least one run");
+    (s.median, s.min, s.max)
 }
 
 /// The token channel bytes of `data` (one flow, `PACKET`-sized pushes).

@@ -13,6 +13,7 @@
 //! * [`flow`] puts it together: sender, middlebox and receiver of one direction (validation,
 //!   Protocol III decryption); [`fullrule`] evaluates full rules (`pcre`) on decrypted flows;
 //! * [`plaintext`] is the Aho–Corasick reference matcher used as the oracle;
+//! * `names` (private) gives the configuration enums their `FromStr` and `Display` names;
 //! * `aes8` (private) runs AES-128 under eight keys at once, key schedules included;
 //! * `aesni` (private, x86_64) is the sender's DPIEnc in AES-NI registers, chosen at run time —
 //!   the crate's only `unsafe` code (see the module and `docs/blindbox.md`).
@@ -36,6 +37,7 @@ pub mod flow;
 pub mod fullrule;
 pub mod http;
 pub mod keys;
+mod names;
 pub mod plaintext;
 pub mod rules;
 pub mod sender;

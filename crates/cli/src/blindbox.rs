@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context};
-use mbx_blindbox::channel::Privacy;
+use anyhow::{ensure, Context};
 use mbx_blindbox::flow::{Culprit, FlowConfig, MbEvent, Misbehaviour};
 use mbx_blindbox::rules::{parse_rules, table1_report, BufferPolicy};
-use mbx_blindbox::tokenize::{CaseMode, Tokenization};
+use mbx_blindbox::tokenize::Tokenization;
 use mbx_blindbox_net::control::Params;
 use mbx_blindbox_net::driver::{
     serve_middlebox, BlindBoxStream, DriverError, EventSink, SetupStats,
@@ -449,21 +448,9 @@ fn merge_channel(table: &mut toml::Table, f: ChannelFlags) -> anyhow::Result<()>
 /// The flow configuration from the names used in flags and config files.
 pub fn flow_config(tokenization: &str, privacy: &str, case: &str) -> anyhow::Result<FlowConfig> {
     Ok(FlowConfig {
-        tokenization: match tokenization {
-            "window" => Tokenization::Window,
-            "delimiter" => Tokenization::Delimiter,
-            other => bail!("unknown tokenization {other:?} (use window or delimiter)"),
-        },
-        privacy: match privacy {
-            "exact-match" | "exact" => Privacy::ExactMatch,
-            "probable-cause" => Privacy::ProbableCause,
-            other => bail!("unknown privacy mode {other:?} (use exact-match or probable-cause)"),
-        },
-        case: match case {
-            "exact" => CaseMode::Exact,
-            "dual" => CaseMode::Dual,
-            other => bail!("unknown case mode {other:?} (use exact or dual)"),
-        },
+        tokenization: tokenization.parse().map_err(anyhow::Error::msg)?,
+        privacy: privacy.parse().map_err(anyhow::Error::msg)?,
+        case: case.parse().map_err(anyhow::Error::msg)?,
         period: PERIOD,
         http: true,
     })
@@ -759,11 +746,7 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
     let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid BlindBox middlebox configuration ([blindbox.middlebox] and flags)")?;
     let policy: Policy = s.policy.parse().map_err(anyhow::Error::msg)?;
-    let buffer = match s.buffer.as_str() {
-        "approximate" => BufferPolicy::Approximate,
-        "strict" => BufferPolicy::Strict,
-        other => bail!("unknown buffer policy {other:?} (use approximate or strict)"),
-    };
+    let buffer: BufferPolicy = s.buffer.parse().map_err(anyhow::Error::msg)?;
     let mut setup = MiddleboxConfig::default();
     if let Some(b) = s.batch {
         ensure!((1..=128).contains(&b), "batch must be in 1..=128");
