@@ -8,7 +8,7 @@
 //! ([`MiddleboxRelay`]) when the client's key material arrives. Server records that must wait
 //! for the keys are held, not dropped (`docs/mbtls.md` §4.1 step 7).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use mbx_apps::MiddleboxApp;
@@ -18,10 +18,11 @@ use mbx_record::{ContentType, RecordOpener, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, ServerHello};
 
-use super::demux::{hello_records, Demux, Piece};
+use super::demux::{hello_records, Piece};
+use super::wires::{self, Core, Wires};
 use super::HandshakeError;
 use crate::hop::{Input, Side};
-use crate::relay::{append_or_swap, MiddleboxRelay, RelayEvent};
+use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
     MIDDLEBOX_SUPPORT_EXTENSION,
@@ -82,10 +83,6 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     spki: Vec<u8>,
     app: Option<A>,
     mode: Mode,
-    from_client: Demux,
-    from_server: Demux,
-    out_client: Vec<u8>,
-    out_server: Vec<u8>,
     client_hello: HandshakeDeframer,
     hellos: Option<Vec<Vec<u8>>>,
     server_hello: HandshakeDeframer,
@@ -114,18 +111,11 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
-    relay: Option<MiddleboxRelay<A>>,
     /// A middlebox nearer the server joined too (its secondary records passed us before the
     /// primary ServerHello). It re-sends every application record through its own app once it
     /// switches, so what it forwarded raw before is not ours to relay.
     neighbour: bool,
-    /// Switched, the neighbour not yet: its raw records are dropped until its marker (the first
-    /// encapsulated record from it after our switch: its secondary close_notify).
-    awaiting_neighbour_marker: bool,
-    /// Raw records of the neighbour dropped that way.
-    neighbour_records_dropped: usize,
-    failed: bool,
-    events: VecDeque<MiddleboxHandshakeEvent>,
+    wires: Wires<A>,
 }
 
 impl<A: MiddleboxApp> MiddleboxHandshake<A> {
@@ -136,10 +126,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             spki,
             app: Some(app),
             mode: Mode::Hello,
-            from_client: Demux::new(),
-            from_server: Demux::new(),
-            out_client: Vec::new(),
-            out_server: Vec::new(),
             client_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
             hellos: None,
             server_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
@@ -157,96 +143,22 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
-            relay: None,
             neighbour: false,
-            awaiting_neighbour_marker: false,
-            neighbour_records_dropped: 0,
-            failed: false,
-            events: VecDeque::new(),
+            wires: Wires::new(Side::Server),
         })
     }
 
     /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
     /// connections (no key material was or will be used).
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
-        self.receive_input(from, Input::Borrowed(bytes))
+        wires::receive(self, from, Input::Borrowed(bytes))
     }
 
     /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
     /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
     /// are unspecified.
     pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        self.receive_input(from, Input::Lent(bytes))
-    }
-
-    fn receive_input(&mut self, from: Side, input: Input<'_>) -> Result<(), HandshakeError> {
-        if self.failed {
-            return Err(HandshakeError::Protocol(
-                "middlebox handshake already failed",
-            ));
-        }
-        if self.direct_to_relay(from) {
-            if let Some(relay) = self.relay.as_mut() {
-                relay.receive_input(from, input);
-            }
-            self.drain_relay();
-            return Ok(());
-        }
-        let r = self.receive_inner(from, input.bytes());
-        if r.is_err() {
-            self.failed = true;
-        }
-        r
-    }
-
-    /// In the data phase, with nothing left in the deframer for `from` and no neighbour's
-    /// marker awaited from it, bytes from `from` are data-phase records only: they go straight
-    /// to the relay (whose own framing is the stricter one), not through the demultiplexer.
-    fn direct_to_relay(&self, from: Side) -> bool {
-        let buffered = match from {
-            Side::Client => self.from_client.buffered(),
-            Side::Server => self.from_server.buffered(),
-        };
-        self.relay.is_some()
-            && buffered == 0
-            && !(from == Side::Server && self.awaiting_neighbour_marker)
-    }
-
-    fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
-        match from {
-            Side::Client => self.from_client.push(bytes),
-            Side::Server => self.from_server.push(bytes),
-        }
-        loop {
-            let piece = match from {
-                Side::Client => self.from_client.next_piece()?,
-                Side::Server => self.from_server.next_piece()?,
-            };
-            let Some(piece) = piece else {
-                return Ok(());
-            };
-            if from == Side::Server && self.awaiting_neighbour_marker {
-                match piece {
-                    // Under the bridge keys: the neighbour re-sends it through its app.
-                    Piece::Primary(_) => self.neighbour_records_dropped += 1,
-                    Piece::Sub { .. } => self.awaiting_neighbour_marker = false,
-                }
-                continue;
-            }
-            if let Some(relay) = self.relay.as_mut() {
-                let raw = match &piece {
-                    Piece::Primary(r) => r.as_bytes(),
-                    Piece::Sub { raw, .. } => raw.as_bytes(),
-                };
-                relay.receive(from, raw);
-                self.drain_relay();
-                continue;
-            }
-            match from {
-                Side::Client => self.client_piece(piece)?,
-                Side::Server => self.server_piece(piece)?,
-            }
-        }
+        wires::receive(self, from, Input::Lent(bytes))
     }
 
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
@@ -259,7 +171,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             // Our own subchannel after we left the session (the client's closing records).
             Piece::Sub { enc, .. } if self.joined && enc.subchannel == self.subchannel => Ok(()),
             Piece::Sub { raw, .. } => {
-                self.out_server.extend_from_slice(raw.as_bytes());
+                self.wires.out_server.extend_from_slice(raw.as_bytes());
                 Ok(())
             }
             Piece::Primary(rec) => {
@@ -275,7 +187,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 {
                     self.hold = true;
                 }
-                self.out_server.extend_from_slice(rec.as_bytes());
+                self.wires.out_server.extend_from_slice(rec.as_bytes());
                 Ok(())
             }
         }
@@ -338,12 +250,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 if self.mode == Mode::Hello {
                     self.used_ids.insert(enc.subchannel);
                 }
-                self.out_client.extend_from_slice(raw.as_bytes());
+                self.wires.out_client.extend_from_slice(raw.as_bytes());
                 Ok(())
             }
             Piece::Primary(rec) => match self.mode {
                 Mode::Passive => {
-                    self.out_client.extend_from_slice(rec.as_bytes());
+                    self.wires.out_client.extend_from_slice(rec.as_bytes());
                     Ok(())
                 }
                 Mode::Hello => self.before_server_hello(rec),
@@ -358,7 +270,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     fn before_server_hello(&mut self, rec: Record) -> Result<(), HandshakeError> {
         if rec.content_type() != ContentType::HANDSHAKE {
             // An alert before the ServerHello: the handshake is failing; pass it on.
-            self.out_client.extend_from_slice(rec.as_bytes());
+            self.wires.out_client.extend_from_slice(rec.as_bytes());
             return Ok(());
         }
         self.server_hello.push(rec.payload());
@@ -379,7 +291,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             // ClientHello stay valid (they open the secondary sessions, which the retry of the
             // primary one does not touch), and so does a prepared answer.
             for rec in pending {
-                self.out_client.extend_from_slice(rec.as_bytes());
+                self.wires.out_client.extend_from_slice(rec.as_bytes());
             }
             self.server_hello = HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN);
             return Ok(());
@@ -391,13 +303,15 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             Ok(()) => {}
             Err(why) => {
                 self.mode = Mode::Passive;
-                self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+                self.wires
+                    .events
+                    .push_back(MiddleboxHandshakeEvent::Passive(why));
             }
         }
         for rec in pending {
             match self.mode {
                 Mode::Joined => self.server_record(rec),
-                _ => self.out_client.extend_from_slice(rec.as_bytes()),
+                _ => self.wires.out_client.extend_from_slice(rec.as_bytes()),
             }
         }
         Ok(())
@@ -442,7 +356,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             self.subchannel,
             &flight,
             version::TLS1_2,
-            &mut self.out_client,
+            &mut self.wires.out_client,
         )
         .is_err()
         {
@@ -452,12 +366,16 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.joined = true;
         self.neighbour = !self.used_ids.is_empty();
         self.mode = Mode::Joined;
-        self.events.push_back(MiddleboxHandshakeEvent::Joined {
-            subchannel: self.subchannel,
-        });
+        self.wires
+            .events
+            .push_back(MiddleboxHandshakeEvent::Joined {
+                subchannel: self.subchannel,
+            });
         if half_rtt {
             self.evidence_sent = true;
-            self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+            self.wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::EvidenceSent);
         }
         Ok(Ok(()))
     }
@@ -499,7 +417,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 }
             }
         }
-        self.out_client.extend_from_slice(rec.as_bytes());
+        self.wires.out_client.extend_from_slice(rec.as_bytes());
     }
 
     fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
@@ -509,7 +427,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         engine.feed(inner.as_bytes());
         let processed = engine.process();
         let out = engine.take_outgoing();
-        Encapsulated::wrap_stream(self.subchannel, &out, version::TLS1_2, &mut self.out_client)?;
+        Encapsulated::wrap_stream(
+            self.subchannel,
+            &out,
+            version::TLS1_2,
+            &mut self.wires.out_client,
+        )?;
         if processed.is_err() {
             // The client refused us (certificate, approval) or the session broke: we get no
             // keys, so we can only pass ciphertext on.
@@ -531,10 +454,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 self.subchannel,
                 &out,
                 version::TLS1_2,
-                &mut self.out_client,
+                &mut self.wires.out_client,
             )?;
             self.evidence_sent = true;
-            self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+            self.wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::EvidenceSent);
         }
         // May hold key material: wiped when dropped.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
@@ -557,9 +482,11 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.engine = None;
         self.copies.clear();
         for rec in self.held.drain(..) {
-            self.out_client.extend_from_slice(rec.as_bytes());
+            self.wires.out_client.extend_from_slice(rec.as_bytes());
         }
-        self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+        self.wires
+            .events
+            .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
     fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
@@ -588,9 +515,9 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             // again, through the neighbour's app, after its marker.
             replay.clear();
             self.held.clear();
-            self.awaiting_neighbour_marker = true;
+            self.wires.awaiting_neighbour_marker = true;
         }
-        let mut relay = MiddleboxRelay::new(km, app)?;
+        let relay = MiddleboxRelay::new(km, app)?;
         // The marker: our secondary session's close_notify. Everything we send the client after
         // it is under the client-side hop's keys.
         if let Some(engine) = self.engine.as_mut() {
@@ -600,51 +527,27 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 self.subchannel,
                 &out,
                 version::TLS1_2,
-                &mut self.out_client,
+                &mut self.wires.out_client,
             )?;
         }
         self.engine = None;
-        for rec in replay.iter().chain(self.held.iter()) {
-            relay.receive(Side::Server, rec.as_bytes());
-        }
-        self.held.clear();
-        self.relay = Some(relay);
-        self.events
-            .push_back(MiddleboxHandshakeEvent::KeysInstalled);
-        self.drain_relay();
+        replay.append(&mut self.held);
+        self.wires.start_relay(relay, Side::Server, &replay);
         Ok(())
     }
 
-    fn drain_relay(&mut self) {
-        if let Some(relay) = self.relay.as_mut() {
-            relay.append_outgoing(Side::Client, &mut self.out_client);
-            relay.append_outgoing(Side::Server, &mut self.out_server);
-            while let Some(ev) = relay.poll_event() {
-                self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
-            }
-        }
-    }
-
     pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
-        match to {
-            Side::Client => core::mem::take(&mut self.out_client),
-            Side::Server => core::mem::take(&mut self.out_server),
-        }
+        self.wires.take_outgoing(to)
     }
 
-    /// Appends what is to be sent to the neighbour on `to` to `dst`; swaps buffers instead of
-    /// copying when `dst` is empty, so a driver handing back emptied buffers allocates nothing
-    /// per call.
+    /// Appends what is to be sent to the neighbour on `to` to `dst` (swapping buffers when
+    /// `dst` is empty).
     pub fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
-        let out = match to {
-            Side::Client => &mut self.out_client,
-            Side::Server => &mut self.out_server,
-        };
-        append_or_swap(out, dst);
+        self.wires.append_outgoing(to, dst);
     }
 
     pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {
-        self.events.pop_front()
+        self.wires.events.pop_front()
     }
 
     /// True when the middlebox does not take part and forwards bytes unchanged.
@@ -654,17 +557,28 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
 
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
-        self.relay.is_some()
+        self.wires.relay.is_some()
     }
 
     /// The data phase, once keys are installed.
     pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
-        self.relay.as_ref()
+        self.wires.relay.as_ref()
     }
 }
-/// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
-/// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
-/// in the engine's outgoing buffer for the caller to wrap.
+
+impl<A: MiddleboxApp> Core<A> for MiddleboxHandshake<A> {
+    fn wires(&mut self) -> &mut Wires<A> {
+        &mut self.wires
+    }
+
+    fn piece(&mut self, from: Side, piece: Piece) -> Result<(), HandshakeError> {
+        match from {
+            Side::Client => self.client_piece(piece),
+            Side::Server => self.server_piece(piece),
+        }
+    }
+}
+
 /// A secondary server engine (no tickets, 0.5-RTT enabled) that processed `hello`.
 fn secondary_engine_for(
     cfg: &MiddleboxHandshakeConfig,
@@ -685,6 +599,9 @@ fn secondary_engine_for(
     Ok(engine)
 }
 
+/// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
+/// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
+/// in the engine's outgoing buffer for the caller to wrap.
 pub(super) fn write_evidence(
     cfg: &MiddleboxHandshakeConfig,
     spki: &[u8],

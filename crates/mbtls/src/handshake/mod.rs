@@ -1,11 +1,12 @@
-//! Handshake cores (sans-I/O): at most **one middlebox per side**.
-//! - Client side: [`ClientHandshake`] with a pre-configured or discovered (approved)
-//!   [`MiddleboxHandshake`]; the server may be legacy.
-//! - Server side: [`ServerHandshake`] with a pre-configured or discovered (approved)
-//!   [`ServerSideMiddlebox`], which announces itself; the client may be legacy.
+//! Handshake cores (sans-I/O), with any number of middleboxes per side.
+//! - Client side: [`ClientHandshake`] with pre-configured or discovered (approved)
+//!   [`MiddleboxHandshake`]s; the server may be legacy.
+//! - Server side: [`ServerHandshake`] with pre-configured or discovered (approved)
+//!   [`ServerSideMiddlebox`]es, which announce themselves; the client may be legacy.
 //!
-//! Both sides together give `client → M1 → M2 → server` with the primary keys as the bridge
-//! between M1 and M2. Design: `docs/mbtls.md` §4.
+//! Both sides together give `client → M1 … → Mk → server` with the primary keys as the bridge
+//! between the last client-side and the first server-side middlebox. The two middlebox cores
+//! share their plumbing (`wires`). Design: `docs/mbtls.md` §4.
 
 mod client;
 mod demux;
@@ -13,6 +14,7 @@ mod endpoint_core;
 mod middlebox;
 mod server;
 mod server_side;
+mod wires;
 
 pub use client::{ClientHandshake, ClientHandshakeConfig, ClientMiddlebox};
 pub use demux::{hello_records, Demux, Piece};

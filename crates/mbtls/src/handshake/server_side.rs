@@ -15,7 +15,7 @@
 //! authenticating them) up to our marker, the close_notify of our secondary session. Server
 //! records after its key material are under the fresh hop's keys and go to the relay.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 use mbx_apps::MiddleboxApp;
 use mbx_attest::spki_from_certificate;
@@ -24,11 +24,12 @@ use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{version, HandshakeDeframer, HandshakeType, Record, ServerHello};
 
-use super::demux::{Demux, Piece};
+use super::demux::Piece;
 use super::middlebox::{first_application_record, write_evidence};
+use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
-use crate::relay::{append_or_swap, MiddleboxRelay};
+use crate::relay::MiddleboxRelay;
 use crate::wire::{
     announcement_record, Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader,
 };
@@ -60,10 +61,6 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     app: Option<A>,
     announce: bool,
     mode: Mode,
-    from_client: Demux,
-    from_server: Demux,
-    out_client: Vec<u8>,
-    out_server: Vec<u8>,
     client_hello: HandshakeDeframer,
     server_hello: HandshakeDeframer,
     version: Option<TlsVersion>,
@@ -78,9 +75,6 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// middleboxes are pre-configured). It re-sends the client's records through its app once
     /// it switches, so what it forwarded raw before is not ours to relay.
     neighbour: bool,
-    /// Switched, the neighbour not yet: its raw records are dropped until its marker (the first
-    /// encapsulated record from it after our switch: its secondary close_notify).
-    awaiting_neighbour_marker: bool,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     evidence_sent: bool,
@@ -88,9 +82,7 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// Client application-data records forwarded raw before our keys arrived.
     copies: Vec<Record>,
     copied_bytes: usize,
-    relay: Option<MiddleboxRelay<A>>,
-    failed: bool,
-    events: VecDeque<MiddleboxHandshakeEvent>,
+    wires: Wires<A>,
 }
 
 impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
@@ -107,10 +99,6 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             app: Some(app),
             announce,
             mode: Mode::Hello,
-            from_client: Demux::new(),
-            from_server: Demux::new(),
-            out_client: Vec::new(),
-            out_server: Vec::new(),
             client_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
             server_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
             version: None,
@@ -120,98 +108,26 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             hello_done: false,
             announced: false,
             neighbour: false,
-            awaiting_neighbour_marker: false,
             answered: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
             copies: Vec::new(),
             copied_bytes: 0,
-            relay: None,
-            failed: false,
-            events: VecDeque::new(),
+            wires: Wires::new(Side::Client),
         })
     }
 
     /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
     /// connections.
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
-        self.receive_input(from, Input::Borrowed(bytes))
+        wires::receive(self, from, Input::Borrowed(bytes))
     }
 
     /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
     /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
     /// are unspecified.
     pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        self.receive_input(from, Input::Lent(bytes))
-    }
-
-    fn receive_input(&mut self, from: Side, input: Input<'_>) -> Result<(), HandshakeError> {
-        if self.failed {
-            return Err(HandshakeError::Protocol(
-                "middlebox handshake already failed",
-            ));
-        }
-        if self.direct_to_relay(from) {
-            if let Some(relay) = self.relay.as_mut() {
-                relay.receive_input(from, input);
-            }
-            self.drain_relay();
-            return Ok(());
-        }
-        let r = self.receive_inner(from, input.bytes());
-        if r.is_err() {
-            self.failed = true;
-        }
-        r
-    }
-
-    /// In the data phase, with nothing left in the deframer for `from` and no neighbour's
-    /// marker awaited from it, bytes from `from` are data-phase records only: they go straight
-    /// to the relay (whose own framing is the stricter one), not through the demultiplexer.
-    fn direct_to_relay(&self, from: Side) -> bool {
-        let buffered = match from {
-            Side::Client => self.from_client.buffered(),
-            Side::Server => self.from_server.buffered(),
-        };
-        self.relay.is_some()
-            && buffered == 0
-            && !(from == Side::Client && self.awaiting_neighbour_marker)
-    }
-
-    fn receive_inner(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
-        match from {
-            Side::Client => self.from_client.push(bytes),
-            Side::Server => self.from_server.push(bytes),
-        }
-        loop {
-            let piece = match from {
-                Side::Client => self.from_client.next_piece()?,
-                Side::Server => self.from_server.next_piece()?,
-            };
-            let Some(piece) = piece else {
-                return Ok(());
-            };
-            if from == Side::Client && self.awaiting_neighbour_marker {
-                // Raw records under the bridge keys: the neighbour re-sends them through its app.
-                if let Piece::Sub { .. } = piece {
-                    self.awaiting_neighbour_marker = false;
-                }
-                continue;
-            }
-            if let Some(relay) = self.relay.as_mut() {
-                let raw = match &piece {
-                    Piece::Primary(r) => r.as_bytes(),
-                    Piece::Sub { raw, .. } => raw.as_bytes(),
-                };
-                relay.receive(from, raw);
-                self.drain_relay();
-                continue;
-            }
-            match from {
-                Side::Client => self.client_piece(piece)?,
-                Side::Server => self.server_piece(piece)?,
-            }
-        }
+        wires::receive(self, from, Input::Lent(bytes))
     }
 
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
@@ -221,7 +137,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 if !self.announced && !self.hello_done {
                     self.used_ids.insert(enc.subchannel);
                 }
-                self.out_server.extend_from_slice(raw.as_bytes());
+                self.wires.out_server.extend_from_slice(raw.as_bytes());
                 Ok(())
             }
             Piece::Primary(rec) if !self.hello_done => {
@@ -232,11 +148,11 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 {
                     self.announce_now()?;
                 }
-                self.out_server.extend_from_slice(rec.as_bytes());
+                self.wires.out_server.extend_from_slice(rec.as_bytes());
                 self.look_for_client_hello(&rec)
             }
             Piece::Primary(rec) => {
-                self.out_server.extend_from_slice(rec.as_bytes());
+                self.wires.out_server.extend_from_slice(rec.as_bytes());
                 match self.mode {
                     Mode::Announced | Mode::Joined => self.copy(rec),
                     Mode::Hello | Mode::Passive => Ok(()),
@@ -288,11 +204,13 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             .find(|id| !self.used_ids.contains(id))
             .ok_or(HandshakeError::Protocol("no free subchannel"))?;
         self.subchannel = id;
-        self.out_server
+        self.wires
+            .out_server
             .extend_from_slice(&announcement_record(id, version::TLS1_2)?);
         self.mode = Mode::Announced;
         self.announced = true;
-        self.events
+        self.wires
+            .events
             .push_back(MiddleboxHandshakeEvent::Announced { subchannel: id });
         Ok(())
     }
@@ -306,7 +224,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 self.secondary_in(&enc.inner)
             }
             Piece::Sub { raw, .. } => {
-                self.out_client.extend_from_slice(raw.as_bytes());
+                self.wires.out_client.extend_from_slice(raw.as_bytes());
                 Ok(())
             }
             Piece::Primary(rec) => {
@@ -317,7 +235,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                     // A legacy server refuses the unknown record type; the driver remembers it.
                     self.go_passive(ANNOUNCEMENT_REFUSED);
                 }
-                self.out_client.extend_from_slice(rec.as_bytes());
+                self.wires.out_client.extend_from_slice(rec.as_bytes());
                 Ok(())
             }
         }
@@ -364,9 +282,11 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             self.engine = Some(engine);
             self.answered = true;
             self.mode = Mode::Joined;
-            self.events.push_back(MiddleboxHandshakeEvent::Joined {
-                subchannel: self.subchannel,
-            });
+            self.wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::Joined {
+                    subchannel: self.subchannel,
+                });
         }
         let Some(engine) = self.engine.as_mut() else {
             return Err(HandshakeError::Protocol("no secondary session"));
@@ -380,11 +300,18 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             if ready {
                 write_evidence(&self.cfg, &self.spki, engine)?;
                 self.evidence_sent = true;
-                self.events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+                self.wires
+                    .events
+                    .push_back(MiddleboxHandshakeEvent::EvidenceSent);
             }
         }
         let out = engine.take_outgoing();
-        Encapsulated::wrap_stream(self.subchannel, &out, version::TLS1_2, &mut self.out_server)?;
+        Encapsulated::wrap_stream(
+            self.subchannel,
+            &out,
+            version::TLS1_2,
+            &mut self.wires.out_server,
+        )?;
         if processed.is_err() {
             // The server refused us (certificate, approval): no keys, ciphertext only.
             self.go_passive("secondary session failed");
@@ -417,7 +344,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         self.mode = Mode::Passive;
         self.engine = None;
         self.copies.clear();
-        self.events.push_back(MiddleboxHandshakeEvent::Passive(why));
+        self.wires
+            .events
+            .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
     fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
@@ -439,9 +368,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         let mut replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
         if self.neighbour {
             replay.clear();
-            self.awaiting_neighbour_marker = true;
+            self.wires.awaiting_neighbour_marker = true;
         }
-        let mut relay = MiddleboxRelay::new(km, app)?;
+        let relay = MiddleboxRelay::new(km, app)?;
         // The marker: everything we send the server after it is under the fresh hop's keys.
         if let Some(engine) = self.engine.as_mut() {
             engine.close()?;
@@ -450,50 +379,26 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 self.subchannel,
                 &out,
                 version::TLS1_2,
-                &mut self.out_server,
+                &mut self.wires.out_server,
             )?;
         }
         self.engine = None;
-        for rec in &replay {
-            relay.receive(Side::Client, rec.as_bytes());
-        }
-        self.relay = Some(relay);
-        self.events
-            .push_back(MiddleboxHandshakeEvent::KeysInstalled);
-        self.drain_relay();
+        self.wires.start_relay(relay, Side::Client, &replay);
         Ok(())
     }
 
-    fn drain_relay(&mut self) {
-        if let Some(relay) = self.relay.as_mut() {
-            relay.append_outgoing(Side::Client, &mut self.out_client);
-            relay.append_outgoing(Side::Server, &mut self.out_server);
-            while let Some(ev) = relay.poll_event() {
-                self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
-            }
-        }
-    }
-
     pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
-        match to {
-            Side::Client => core::mem::take(&mut self.out_client),
-            Side::Server => core::mem::take(&mut self.out_server),
-        }
+        self.wires.take_outgoing(to)
     }
 
-    /// Appends what is to be sent to the neighbour on `to` to `dst`; swaps buffers instead of
-    /// copying when `dst` is empty, so a driver handing back emptied buffers allocates nothing
-    /// per call.
+    /// Appends what is to be sent to the neighbour on `to` to `dst` (swapping buffers when
+    /// `dst` is empty).
     pub fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
-        let out = match to {
-            Side::Client => &mut self.out_client,
-            Side::Server => &mut self.out_server,
-        };
-        append_or_swap(out, dst);
+        self.wires.append_outgoing(to, dst);
     }
 
     pub fn poll_event(&mut self) -> Option<MiddleboxHandshakeEvent> {
-        self.events.pop_front()
+        self.wires.events.pop_front()
     }
 
     /// True when the middlebox does not take part and forwards bytes unchanged.
@@ -503,17 +408,30 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
 
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
-        self.relay.is_some()
+        self.wires.relay.is_some()
     }
 
     /// The data phase, once keys are installed.
     pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
-        self.relay.as_ref()
+        self.wires.relay.as_ref()
     }
 
     /// We announced ourselves and the server never answered on our subchannel (a legacy
     /// server, if the session then failed).
     pub fn announcement_unanswered(&self) -> bool {
         self.announced && !self.answered
+    }
+}
+
+impl<A: MiddleboxApp> Core<A> for ServerSideMiddlebox<A> {
+    fn wires(&mut self) -> &mut Wires<A> {
+        &mut self.wires
+    }
+
+    fn piece(&mut self, from: Side, piece: Piece) -> Result<(), HandshakeError> {
+        match from {
+            Side::Client => self.client_piece(piece),
+            Side::Server => self.server_piece(piece),
+        }
     }
 }

@@ -1,0 +1,180 @@
+//! What the two middlebox cores ([`MiddleboxHandshake`](super::MiddleboxHandshake) on the client
+//! side, [`ServerSideMiddlebox`](super::ServerSideMiddlebox) on the server side) have alike: a
+//! demultiplexer per neighbour, the outgoing buffers, the relay once keys are installed, the
+//! event queue, the sticky failure, and the wait for the switch marker of a neighbour on the
+//! far side (away from the endpoint that gives us keys). Only what a core does with a
+//! handshake-phase piece differs ([`Core::piece`]).
+
+use std::collections::VecDeque;
+
+use mbx_apps::MiddleboxApp;
+use mbx_wire::Record;
+
+use super::demux::{Demux, Piece};
+use super::{HandshakeError, MiddleboxHandshakeEvent};
+use crate::hop::{Input, Side};
+use crate::relay::{append_or_swap, MiddleboxRelay};
+
+pub(super) struct Wires<A: MiddleboxApp> {
+    from_client: Demux,
+    from_server: Demux,
+    pub(super) out_client: Vec<u8>,
+    pub(super) out_server: Vec<u8>,
+    pub(super) relay: Option<MiddleboxRelay<A>>,
+    pub(super) events: VecDeque<MiddleboxHandshakeEvent>,
+    failed: bool,
+    /// The side away from our endpoint (the server's, for a client-side middlebox): where a
+    /// neighbour that joined too sits.
+    far: Side,
+    /// Switched, the neighbour on the far side not yet: its raw records are under the bridge
+    /// keys and come again through its app after its switch, so they are dropped until its
+    /// marker — the first encapsulated record from it after our switch (its secondary
+    /// close_notify).
+    pub(super) awaiting_neighbour_marker: bool,
+}
+
+/// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
+pub(super) trait Core<A: MiddleboxApp> {
+    fn wires(&mut self) -> &mut Wires<A>;
+    /// A demultiplexed piece from `from`, before keys are installed.
+    fn piece(&mut self, from: Side, piece: Piece) -> Result<(), HandshakeError>;
+}
+
+/// Bytes from the neighbour on `from`. In the data phase, with nothing left in the
+/// demultiplexer for `from` and no marker awaited from it, they are data-phase records only and
+/// go straight to the relay (whose own framing is the stricter one, and which can open lent
+/// records in place); otherwise piece by piece. An error is sticky: every later call fails.
+pub(super) fn receive<A: MiddleboxApp>(
+    core: &mut impl Core<A>,
+    from: Side,
+    input: Input<'_>,
+) -> Result<(), HandshakeError> {
+    let w = core.wires();
+    if w.failed {
+        return Err(HandshakeError::Protocol(
+            "middlebox handshake already failed",
+        ));
+    }
+    if w.direct_to_relay(from) {
+        if let Some(relay) = w.relay.as_mut() {
+            relay.receive_input(from, input);
+        }
+        w.drain_relay();
+        return Ok(());
+    }
+    let r = receive_pieces(core, from, input.bytes());
+    if r.is_err() {
+        core.wires().failed = true;
+    }
+    r
+}
+
+fn receive_pieces<A: MiddleboxApp>(
+    core: &mut impl Core<A>,
+    from: Side,
+    bytes: &[u8],
+) -> Result<(), HandshakeError> {
+    core.wires().demux(from).push(bytes);
+    loop {
+        let w = core.wires();
+        let Some(piece) = w.demux(from).next_piece()? else {
+            return Ok(());
+        };
+        if from == w.far && w.awaiting_neighbour_marker {
+            if let Piece::Sub { .. } = piece {
+                w.awaiting_neighbour_marker = false;
+            }
+            continue;
+        }
+        if let Some(relay) = w.relay.as_mut() {
+            let raw = match &piece {
+                Piece::Primary(r) => r.as_bytes(),
+                Piece::Sub { raw, .. } => raw.as_bytes(),
+            };
+            relay.receive(from, raw);
+            w.drain_relay();
+            continue;
+        }
+        core.piece(from, piece)?;
+    }
+}
+
+impl<A: MiddleboxApp> Wires<A> {
+    /// `far`: the side away from our endpoint.
+    pub(super) fn new(far: Side) -> Self {
+        Wires {
+            from_client: Demux::new(),
+            from_server: Demux::new(),
+            out_client: Vec::new(),
+            out_server: Vec::new(),
+            relay: None,
+            events: VecDeque::new(),
+            failed: false,
+            far,
+            awaiting_neighbour_marker: false,
+        }
+    }
+
+    fn demux(&mut self, from: Side) -> &mut Demux {
+        match from {
+            Side::Client => &mut self.from_client,
+            Side::Server => &mut self.from_server,
+        }
+    }
+
+    fn direct_to_relay(&self, from: Side) -> bool {
+        let buffered = match from {
+            Side::Client => self.from_client.buffered(),
+            Side::Server => self.from_server.buffered(),
+        };
+        self.relay.is_some()
+            && buffered == 0
+            && !(from == self.far && self.awaiting_neighbour_marker)
+    }
+
+    /// The relay's output and events, moved to ours.
+    pub(super) fn drain_relay(&mut self) {
+        if let Some(relay) = self.relay.as_mut() {
+            relay.append_outgoing(Side::Client, &mut self.out_client);
+            relay.append_outgoing(Side::Server, &mut self.out_server);
+            while let Some(ev) = relay.poll_event() {
+                self.events.push_back(MiddleboxHandshakeEvent::Relay(ev));
+            }
+        }
+    }
+
+    /// Starts the data phase: `replay` (records from `from` forwarded raw before our keys
+    /// arrived, which the endpoint dropped) goes through the relay first.
+    pub(super) fn start_relay(
+        &mut self,
+        mut relay: MiddleboxRelay<A>,
+        from: Side,
+        replay: &[Record],
+    ) {
+        for rec in replay {
+            relay.receive(from, rec.as_bytes());
+        }
+        self.relay = Some(relay);
+        self.events
+            .push_back(MiddleboxHandshakeEvent::KeysInstalled);
+        self.drain_relay();
+    }
+
+    pub(super) fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
+        match to {
+            Side::Client => core::mem::take(&mut self.out_client),
+            Side::Server => core::mem::take(&mut self.out_server),
+        }
+    }
+
+    /// Appends what is to be sent to the neighbour on `to` to `dst`; swaps buffers instead of
+    /// copying when `dst` is empty, so a driver handing back emptied buffers allocates nothing
+    /// per call.
+    pub(super) fn append_outgoing(&mut self, to: Side, dst: &mut Vec<u8>) {
+        let out = match to {
+            Side::Client => &mut self.out_client,
+            Side::Server => &mut self.out_server,
+        };
+        append_or_swap(out, dst);
+    }
+}
