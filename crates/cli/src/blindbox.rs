@@ -9,7 +9,7 @@
 //! `[blindbox.middlebox]` of the config file; flags override them. Walk-through: docs/blindbox.md
 //! ("Running BlindBox").
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -522,26 +522,27 @@ fn sender(flags: SenderFlags, config: &BlindboxConfig) -> anyhow::Result<()> {
     if let Some(v) = ch.version {
         tls = tls.only(v);
     }
-    let data = match (&flags.get, &flags.file) {
+    // What to send: a GET request, or a file or stdin read and sent a chunk at a time.
+    let mut input: Box<dyn tokio::io::AsyncRead + Unpin + Send> = match (&flags.get, &flags.file) {
         (Some(path), _) => {
             ensure!(
                 path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic()),
                 "--get wants a path such as /index.html"
             );
-            format!(
-                "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mbx-blindbox\r\nConnection: close\r\n\r\n",
-                s.server_name
-            )
-            .into_bytes()
+            Box::new(std::io::Cursor::new(
+                format!(
+                    "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: mbx-blindbox\r\nConnection: close\r\n\r\n",
+                    s.server_name
+                )
+                .into_bytes(),
+            ))
         }
-        (None, Some(p)) if p.as_os_str() != "-" => read(p, "input file")?,
-        (None, _) => {
-            let mut v = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut v)
-                .context("cannot read stdin")?;
-            v
-        }
+        (None, Some(p)) if p.as_os_str() != "-" => Box::new(
+            std::fs::File::open(p)
+                .map(tokio::fs::File::from_std)
+                .with_context(|| format!("cannot open the input file {}", p.display()))?,
+        ),
+        (None, _) => Box::new(tokio::io::stdin()),
     };
     let timeout = Duration::from_secs(s.timeout_secs.unwrap_or(120));
     let rt = runtime()?;
@@ -560,16 +561,24 @@ fn sender(flags: SenderFlags, config: &BlindboxConfig) -> anyhow::Result<()> {
             if let Some(st) = conn.setup_stats() {
                 eprintln!("blindbox sender: rule setup done: {}", setup_line(&st));
             }
-            conn.write_all(&data)
-                .await
-                .map_err(|e| net_error("sending failed", &e))?;
+            let mut chunk = vec![0u8; 64 * 1024];
+            let mut sent = 0usize;
+            loop {
+                let n = tokio::io::AsyncReadExt::read(&mut input, &mut chunk)
+                    .await
+                    .context("cannot read the input")?;
+                let Some(part) = chunk.get(..n).filter(|p| !p.is_empty()) else {
+                    break;
+                };
+                conn.write_all(part)
+                    .await
+                    .map_err(|e| net_error("sending failed", &e))?;
+                sent += n;
+            }
             conn.finish()
                 .await
                 .map_err(|e| net_error("sending failed", &e))?;
-            eprintln!(
-                "blindbox sender: sent {} bytes with their tokens",
-                data.len()
-            );
+            eprintln!("blindbox sender: sent {sent} bytes with their tokens");
             let answer = conn
                 .read_to_end()
                 .await

@@ -230,16 +230,28 @@ fn ok(out: &Output) -> String {
 }
 
 fn sender(mb: &str, ca: &Path, key: &Path, input: &Path) -> Output {
-    mbx()
-        .args(["blindbox", "sender", "--middlebox", mb])
+    sender_cmd(mb, ca, key).arg(input).output().unwrap()
+}
+
+/// [`sender`] with the input on stdin (`--file -`).
+fn sender_stdin(mb: &str, ca: &Path, key: &Path, input: &Path) -> Output {
+    sender_cmd(mb, ca, key)
+        .arg("-")
+        .stdin(std::fs::File::open(input).unwrap())
+        .output()
+        .unwrap()
+}
+
+/// The sender's command line up to `--file`, whose value the caller adds.
+fn sender_cmd(mb: &str, ca: &Path, key: &Path) -> Command {
+    let mut cmd = mbx();
+    cmd.args(["blindbox", "sender", "--middlebox", mb])
         .args(["--server-name", "server.test", "--server-ca"])
         .arg(ca)
         .arg("--rg-key")
         .arg(key)
-        .args(["--case", "dual", "--timeout-secs", "100", "--file"])
-        .arg(input)
-        .output()
-        .unwrap()
+        .args(["--case", "dual", "--timeout-secs", "100", "--file"]);
+    cmd
 }
 
 fn middlebox(next_hop: &str, rules: &Path, policy: &str) -> Party {
@@ -373,7 +385,8 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
     // 1. Policy alert: every Protocol I/II hit of the corpus, as the plaintext matcher says.
     let mut mb = middlebox(&rcv, &d.join("tagged.rules"), "alert");
     let mb_addr = mb.address();
-    let out = sender(
+    // The input on stdin here, from files below.
+    let out = sender_stdin(
         &mb_addr,
         &server.ca,
         &d.join("rg.key"),
