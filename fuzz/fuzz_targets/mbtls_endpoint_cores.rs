@@ -1,6 +1,7 @@
 //! Arbitrary bytes into the mbTLS handshake cores (a server-side middlebox from either side, a
-//! client-side middlebox from either side, an mbTLS server), after a real ClientHello or
-//! instead of one: nothing may panic; every error is typed.
+//! client-side middlebox from either side, an mbTLS server with a pre-configured middlebox or
+//! discovering up to three), after a real ClientHello or instead of one: nothing may panic;
+//! every error is typed.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
@@ -73,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
     let s = setup();
     let side = if selector & 1 == 0 { Side::Client } else { Side::Server };
     let with_hello = selector & 2 != 0;
-    match (selector >> 2) % 3 {
+    match (selector >> 2) % 4 {
         0 => {
             let mut m = ServerSideMiddlebox::new(s.mbox.clone(), PassThrough, true).expect("mb");
             if with_hello {
@@ -92,8 +93,12 @@ fuzz_target!(|data: &[u8]| {
                 let _ = m.receive(side, chunk);
             }
         }
-        _ => {
-            let mut srv = ServerHandshake::new(s.server.clone()).expect("server");
+        n => {
+            let mut cfg = s.server.clone();
+            if n == 3 {
+                cfg.middlebox = ServerMiddlebox::DiscoverUpTo(Arc::new(|_: &[Vec<u8>]| true), 3);
+            }
+            let mut srv = ServerHandshake::new(cfg).expect("server");
             if with_hello {
                 let _ = srv.receive(&s.hello);
             }

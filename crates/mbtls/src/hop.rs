@@ -159,6 +159,11 @@ impl Hop {
         self.sealer.seal_prefix_len()
     }
 
+    /// What sealing in place appends after the plaintext (TLS 1.3 inner type, AEAD tag).
+    pub(crate) fn seal_suffix_len(&self) -> usize {
+        self.sealer.seal_suffix_len()
+    }
+
     /// Seal `buf[start + seal_prefix_len()..]` (≤ 2^14 bytes) in place as one record.
     pub(crate) fn seal_in_place(
         &mut self,

@@ -363,10 +363,6 @@ impl<A: MiddleboxApp> core::fmt::Debug for MiddleboxRelay<A> {
     }
 }
 
-/// Room kept after the app's output for sealing it in place: the TLS 1.3 inner content type
-/// and the AEAD tag.
-const SEAL_TRAILER: usize = 1 + 16;
-
 /// Runs the app on `plaintext` with its output going straight into `out` (the ciphertext queue
 /// toward the next hop), behind room for the record header, and seals it there: no copy of the
 /// app's output. Output larger than one record is moved to `scratch` and sealed in pieces.
@@ -383,7 +379,7 @@ fn app_data<A: MiddleboxApp>(
     let body = start + hop.seal_prefix_len();
     // Room for a pass-through app's output and the trailer: no reallocation, which would leave
     // plaintext in freed memory (an app that outputs more may still cause one).
-    out.reserve(body - start + plaintext.len() + SEAL_TRAILER);
+    out.reserve(body - start + plaintext.len() + hop.seal_suffix_len());
     out.resize(body, 0);
     let verdict = app.on_data(dir, plaintext, out);
     let sealed = match out.len().checked_sub(body) {

@@ -257,6 +257,15 @@ impl RecordSealer {
                 .unwrap_or_default()
     }
 
+    /// Bytes [`seal_in_place`](Self::seal_in_place) appends after the plaintext: for TLS 1.3
+    /// the inner content type, then the AEAD tag.
+    pub fn seal_suffix_len(&self) -> usize {
+        self.cipher.as_ref().map_or(0, |c| {
+            let inner = usize::from(c.version == TlsVersion::Tls13);
+            inner + c.aead.tag_len()
+        })
+    }
+
     /// Seals the plaintext that is already in `buf`, where it lies: `buf[start..]` is
     /// [`seal_prefix_len`](Self::seal_prefix_len) bytes of room (any value) followed by the
     /// plaintext (≤ 2^14 bytes). The room becomes the header (and explicit nonce), the

@@ -755,6 +755,12 @@ fn seal_in_place_matches_seal() {
             s2.seal_in_place(ContentType::APPLICATION_DATA, &mut got, start)
                 .unwrap();
             assert_eq!(got, want, "{v:?} {a:?}");
+            // Prefix and suffix account for every byte the record adds.
+            assert_eq!(
+                got.len() - start,
+                s2.seal_prefix_len() + pt.len() + s2.seal_suffix_len(),
+                "{v:?} {a:?}"
+            );
             assert_eq!(&o.open(&got[start..]).unwrap().plaintext[..], pt);
         }
         // Too long: refused, nothing left behind, sequence number unchanged.
