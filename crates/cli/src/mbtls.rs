@@ -93,7 +93,7 @@ struct ServerFlags {
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
     /// How many middleboxes may announce themselves in one session (default 1); more fail
-    /// the handshake. An excluded one also excludes those between it and the server.
+    /// the handshake.
     #[arg(long)]
     max_discovered: Option<u8>,
     /// CA certificates (PEM) that issue middlebox certificates.
@@ -134,7 +134,7 @@ struct ClientFlags {
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
     /// Discovery: how many middleboxes on the path may join (default 1; each costs an
-    /// optimistic ClientHello). An excluded one also excludes those between it and the client.
+    /// optimistic ClientHello).
     #[arg(long)]
     max_discovered: Option<u8>,
     /// CA certificates (PEM) that issue server certificates.

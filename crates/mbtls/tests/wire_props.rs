@@ -157,6 +157,24 @@ proptest! {
         let _ = MiddleboxSupport::parse(&enc);
     }
 
+    /// A path message survives encoding and any split, and is read as sent.
+    #[test]
+    fn path_message_round_trips(far in any::<bool>(), cut in 0usize..5) {
+        let bytes = SecondaryMessage::Path { far_neighbour_joined: far }.encode().unwrap();
+        let mut r = SecondaryReader::new();
+        let cut = cut.min(bytes.len());
+        r.push(&bytes[..cut]);
+        if cut < bytes.len() {
+            prop_assert!(r.next_message().unwrap().is_none());
+            r.push(&bytes[cut..]);
+        }
+        match r.next_message().unwrap() {
+            Some(SecondaryMessage::Path { far_neighbour_joined }) => prop_assert_eq!(far_neighbour_joined, far),
+            other => prop_assert!(false, "{:?}", other),
+        }
+        prop_assert_eq!(r.buffered(), 0);
+    }
+
     #[test]
     fn secondary_reader_never_panics(
         data in proptest::collection::vec(any::<u8>(), 0..600),

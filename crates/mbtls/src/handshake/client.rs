@@ -35,9 +35,8 @@ pub enum ClientMiddlebox {
     Discover(Approver),
     /// Like [`Discover`](Self::Discover) for up to `n` middleboxes on the path (`n` ≥ 1): the
     /// extension carries `n` optimistic ClientHellos (each costs a key share). Each middlebox is
-    /// checked and approved on its own; one that is excluded also excludes every middlebox
-    /// between it and the client, which would otherwise wait for it to take part (docs/mbtls.md
-    /// §4.5).
+    /// checked and approved on its own; an excluded one forwards ciphertext while the others
+    /// join (docs/mbtls.md §4.5).
     DiscoverUpTo(Approver, u8),
     /// No client-side middlebox: none configured and discovery off (an mbTLS client that
     /// allows server-side middleboxes only). The MiddleboxSupport extension carries no

@@ -92,9 +92,6 @@ pub(super) struct Slot {
     pub(super) subchannel: u8,
     engine: OpenSslEngine,
     pub(super) state: Secondary,
-    /// The middlebox took this subchannel (answered the hello, or announced itself), so the
-    /// middleboxes beyond it saw it join (see [`EndpointCore::exclude_between_us_and_excluded`]).
-    spoke: bool,
     rx: SecondaryReader,
 }
 
@@ -104,7 +101,6 @@ impl Slot {
             subchannel,
             engine,
             state: Secondary::Waiting,
-            spoke: false,
             rx: SecondaryReader::new(),
         }
     }
@@ -113,7 +109,6 @@ impl Slot {
     pub(super) fn start(&mut self) {
         if self.state == Secondary::Waiting {
             self.state = Secondary::Running;
-            self.spoke = true;
         }
     }
 }
@@ -406,35 +401,6 @@ impl EndpointCore {
         Ok(())
     }
 
-    /// Discovered middleboxes: a middlebox that took a subchannel and was then excluded only
-    /// forwards ciphertext, but the middleboxes between it and us saw it join and, once they
-    /// switch, would drop its side's records until its switch marker and re-sent records, which
-    /// never come (the neighbour rule, docs/mbtls.md §4.5). So those are excluded too, before
-    /// any key material leaves. On both sides subchannel ids grow toward us (client side: taken
-    /// nearest the server first; server side: announced nearest the client first): every
-    /// verified middlebox with an id above an excluded one's is between it and us.
-    fn exclude_between_us_and_excluded(&mut self) -> Result<(), HandshakeError> {
-        let Some(lowest) = self
-            .slots
-            .iter()
-            .filter(|s| s.spoke && s.state == Secondary::Excluded)
-            .map(|s| s.subchannel)
-            .min()
-        else {
-            return Ok(());
-        };
-        let between: Vec<u8> = self
-            .slots
-            .iter()
-            .filter(|s| s.state == Secondary::Verified && s.subchannel > lowest)
-            .map(|s| s.subchannel)
-            .collect();
-        for id in between {
-            self.shut_out(id, "between this endpoint and an excluded middlebox")?;
-        }
-        Ok(())
-    }
-
     /// The middleboxes that take part, in path order from the client. Client side: subchannel
     /// 0 went to the middlebox nearest the server (ids are taken as the primary ServerHello
     /// passes them), so path order is descending id. Server side: the middlebox nearest the
@@ -465,7 +431,6 @@ impl EndpointCore {
         if self.data.is_some() || !primary_done || !settled {
             return Ok(());
         }
-        self.exclude_between_us_and_excluded()?;
         let primary = self
             .primary
             .take()
@@ -529,8 +494,20 @@ impl EndpointCore {
                     "key material for a missing middlebox",
                 ));
             };
+            // Whether a middlebox farther from us joined too (client side: later in path
+            // order; server side: earlier): only then does this one wait for its marker.
+            let far_neighbour_joined = match self.role {
+                Role::Client => j + 1 < n,
+                Role::Server => j > 0,
+            };
+            let path = SecondaryMessage::Path {
+                far_neighbour_joined,
+            }
+            .encode()?;
             let msg = SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?;
-            self.slot_mut(id)?.engine.write_plaintext(&msg)?;
+            let engine = &mut self.slot_mut(id)?.engine;
+            engine.write_plaintext(&path)?;
+            engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }
         self.start_data(EndpointDataPhase::new(

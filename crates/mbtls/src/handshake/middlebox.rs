@@ -111,10 +111,14 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
-    /// A middlebox nearer the server joined too (its secondary records passed us before the
-    /// primary ServerHello). It re-sends every application record through its own app once it
-    /// switches, so what it forwarded raw before is not ours to relay.
+    /// A middlebox nearer the server took a subchannel too (its secondary records passed us
+    /// before the primary ServerHello): it may join.
     neighbour: bool,
+    /// What the client's path message said: whether a middlebox nearer the server joined
+    /// (`None` before it, or without one: then `neighbour` stands in). Such a middlebox
+    /// re-sends every application record through its own app once it switches, so what it
+    /// forwarded raw before is not ours to relay.
+    far_joined: Option<bool>,
     wires: Wires<A>,
 }
 
@@ -144,6 +148,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             held: Vec::new(),
             copies: Vec::new(),
             neighbour: false,
+            far_joined: None,
             wires: Wires::new(Side::Server),
         })
     }
@@ -464,14 +469,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // May hold key material: wiped when dropped.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
         self.secondary.push(&plain);
-        match self.secondary.next_message()? {
-            Some(SecondaryMessage::KeyMaterial(_)) if self.secondary.buffered() > 0 => Err(
-                HandshakeError::Protocol("data after the key material on the secondary session"),
-            ),
-            Some(SecondaryMessage::KeyMaterial(km)) => self.install(*km),
-            Some(SecondaryMessage::Evidence(_)) => {
-                Err(HandshakeError::Protocol("a client sent evidence"))
-            }
+        match wires::endpoint_messages(
+            &mut self.secondary,
+            &mut self.far_joined,
+            "a client sent evidence",
+        )? {
+            Some(km) => self.install(km),
             None => Ok(()),
         }
     }
@@ -510,7 +513,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             TlsVersion::Tls12 => self.copies.len(),
         };
         let mut replay: Vec<Record> = self.copies.drain(..).skip(first_app).collect();
-        if self.neighbour {
+        if self.far_joined.unwrap_or(self.neighbour) {
             // Everything from the server side so far is under the bridge keys and will come
             // again, through the neighbour's app, after its marker.
             replay.clear();

@@ -33,8 +33,8 @@ pub enum ServerMiddlebox {
     /// context's roots and the approver must accept it. Without one the session is direct.
     Discover(Approver),
     /// Like [`Discover`](Self::Discover) for up to `n` announcing middleboxes; more
-    /// announcements fail the handshake. Each is checked and approved on its own; one that is
-    /// excluded also excludes every middlebox between it and the server (docs/mbtls.md §4.5).
+    /// announcements fail the handshake. Each is checked and approved on its own; an excluded
+    /// one forwards ciphertext while the others join (docs/mbtls.md §4.5).
     DiscoverUpTo(Approver, u8),
 }
 

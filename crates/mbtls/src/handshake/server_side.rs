@@ -30,9 +30,7 @@ use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::MiddleboxRelay;
-use crate::wire::{
-    announcement_record, Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader,
-};
+use crate::wire::{announcement_record, Encapsulated, KeyMaterial, SecondaryReader};
 
 /// Client application data we forward raw (and copy) before our keys arrive; more is refused.
 /// It is what a client can send in about one round trip between us and the server.
@@ -71,10 +69,13 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// The whole ClientHello went by.
     hello_done: bool,
     announced: bool,
-    /// A middlebox nearer the client announced itself too (it joins: several server-side
-    /// middleboxes are pre-configured). It re-sends the client's records through its app once
-    /// it switches, so what it forwarded raw before is not ours to relay.
+    /// A middlebox nearer the client announced itself too: it may join.
     neighbour: bool,
+    /// What the server's path message said: whether a middlebox nearer the client joined
+    /// (`None` before it, or without one: then `neighbour` stands in). Such a middlebox
+    /// re-sends the client's records through its app once it switches, so what it forwarded
+    /// raw before is not ours to relay.
+    far_joined: Option<bool>,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     evidence_sent: bool,
@@ -108,6 +109,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             hello_done: false,
             announced: false,
             neighbour: false,
+            far_joined: None,
             answered: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
@@ -327,14 +329,12 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         // May hold key material: wiped when dropped.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
         self.secondary.push(&plain);
-        match self.secondary.next_message()? {
-            Some(SecondaryMessage::KeyMaterial(_)) if self.secondary.buffered() > 0 => Err(
-                HandshakeError::Protocol("data after the key material on the secondary session"),
-            ),
-            Some(SecondaryMessage::KeyMaterial(km)) => self.install(*km),
-            Some(SecondaryMessage::Evidence(_)) => {
-                Err(HandshakeError::Protocol("a server sent evidence"))
-            }
+        match wires::endpoint_messages(
+            &mut self.secondary,
+            &mut self.far_joined,
+            "a server sent evidence",
+        )? {
+            Some(km) => self.install(km),
             None => Ok(()),
         }
     }
@@ -366,7 +366,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         // application epoch: the server dropped them, they go through the app now.
         let first = first_application_record(version, &km.toward_client.c2s, &self.copies);
         let mut replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
-        if self.neighbour {
+        if self.far_joined.unwrap_or(self.neighbour) {
             replay.clear();
             self.wires.awaiting_neighbour_marker = true;
         }

@@ -14,6 +14,7 @@ use super::demux::{Demux, Piece};
 use super::{HandshakeError, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::{append_or_swap, MiddleboxRelay};
+use crate::wire::{KeyMaterial, SecondaryMessage, SecondaryReader};
 
 pub(super) struct Wires<A: MiddleboxApp> {
     from_client: Demux,
@@ -176,5 +177,94 @@ impl<A: MiddleboxApp> Wires<A> {
             Side::Server => &mut self.out_server,
         };
         append_or_swap(out, dst);
+    }
+}
+
+/// The endpoint's messages on our secondary session so far: at most one path message
+/// (stored in `far_joined`), then the key material, which must be the last thing on the
+/// stream. `Some` once the key material arrived. `sent_evidence` is the error for evidence
+/// from the endpoint.
+pub(super) fn endpoint_messages(
+    reader: &mut SecondaryReader,
+    far_joined: &mut Option<bool>,
+    sent_evidence: &'static str,
+) -> Result<Option<KeyMaterial>, HandshakeError> {
+    loop {
+        match reader.next_message()? {
+            Some(SecondaryMessage::Path {
+                far_neighbour_joined,
+            }) if far_joined.is_none() => *far_joined = Some(far_neighbour_joined),
+            Some(SecondaryMessage::Path { .. }) => {
+                return Err(HandshakeError::Protocol("two path messages"))
+            }
+            Some(SecondaryMessage::KeyMaterial(_)) if reader.buffered() > 0 => {
+                return Err(HandshakeError::Protocol(
+                    "data after the key material on the secondary session",
+                ))
+            }
+            Some(SecondaryMessage::KeyMaterial(km)) => return Ok(Some(*km)),
+            Some(SecondaryMessage::Evidence(_)) => {
+                return Err(HandshakeError::Protocol(sent_evidence))
+            }
+            None => return Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::HopKeys;
+    use mbx_record::{CipherSuite, TlsVersion};
+
+    fn km() -> KeyMaterial {
+        let s = CipherSuite::TLS13_AES_128_GCM_SHA256;
+        KeyMaterial {
+            version: TlsVersion::Tls13,
+            suite: s,
+            toward_client: HopKeys::generate(TlsVersion::Tls13, &s, 0, 1).unwrap(),
+            toward_server: HopKeys::generate(TlsVersion::Tls13, &s, 2, 3).unwrap(),
+        }
+    }
+
+    fn push(r: &mut SecondaryReader, m: SecondaryMessage) {
+        r.push(&m.encode().unwrap());
+    }
+
+    #[test]
+    fn path_then_key_material_and_nothing_else() {
+        // Path, then key material: both taken.
+        let (mut r, mut far) = (SecondaryReader::new(), None);
+        push(
+            &mut r,
+            SecondaryMessage::Path {
+                far_neighbour_joined: true,
+            },
+        );
+        assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_none());
+        push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
+        assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_some());
+        assert_eq!(far, Some(true));
+        // Without a path message the middlebox keeps its own inference (`None`).
+        let (mut r, mut far) = (SecondaryReader::new(), None);
+        push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
+        assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_some());
+        assert_eq!(far, None);
+        // Refused: two path messages, anything after the key material, evidence.
+        let path = || SecondaryMessage::Path {
+            far_neighbour_joined: false,
+        };
+        let refused: [Vec<SecondaryMessage>; 3] = [
+            vec![path(), path()],
+            vec![SecondaryMessage::KeyMaterial(Box::new(km())), path()],
+            vec![SecondaryMessage::Evidence(b"e".to_vec())],
+        ];
+        for msgs in refused {
+            let (mut r, mut far) = (SecondaryReader::new(), None);
+            for m in msgs {
+                push(&mut r, m);
+            }
+            assert!(endpoint_messages(&mut r, &mut far, "e").is_err());
+        }
     }
 }

@@ -5,12 +5,14 @@
 //! (so encrypted under the secondary keys, inside encapsulated records). No TLS engine lets us
 //! add record or handshake types, so the stream is framed by us:
 //! ```text
-//! uint8  msg_type      /* 17 = evidence, 31 = key material */
+//! uint8  msg_type      /* 17 = evidence, 18 = path, 31 = key material */
 //! uint24 length
 //! opaque body[length]
 //! ```
 //! 17 is the paper's `sgx_attestation` handshake number and 31 its key-material record type.
 //! An evidence body is `mbx-attest`'s evidence encoding; an empty one means "no evidence".
+//! A path body (ours, sent right before the key material) is one byte: 1 if a middlebox
+//! farther from the endpoint joined too (so this one waits for its switch marker), else 0.
 
 use mbx_wire::{Reader, WireError, Writer};
 use zeroize::Zeroizing;
@@ -19,6 +21,8 @@ use super::{malformed, KeyMaterial, MAX_KEY_MATERIAL_LEN};
 
 /// Message type of attestation evidence.
 pub const MSG_EVIDENCE: u8 = 17;
+/// Message type of the path message (whether a middlebox farther from the endpoint joined).
+pub const MSG_PATH: u8 = 18;
 /// Message type of key material.
 pub const MSG_KEY_MATERIAL: u8 = 31;
 /// Largest evidence body accepted (mbx-attest's evidence is at most 192 KiB).
@@ -29,6 +33,14 @@ pub const MAX_EVIDENCE_LEN: usize = 256 * 1024;
 pub enum SecondaryMessage {
     /// Attestation evidence bytes (empty: the middlebox has none).
     Evidence(Vec<u8>),
+    /// Sent by the endpoint right before the key material: whether a middlebox farther from
+    /// the endpoint than the receiver (on the receiver's side of the path) joined too. Only
+    /// then does the receiver, after its switch, wait for that middlebox's marker and leave the
+    /// records it forwarded raw to that middlebox's replay. A middlebox that was offered a
+    /// subchannel but excluded does not count.
+    Path {
+        far_neighbour_joined: bool,
+    },
     KeyMaterial(Box<KeyMaterial>),
 }
 
@@ -47,6 +59,12 @@ impl SecondaryMessage {
                 }
                 w.u8(MSG_EVIDENCE);
                 w.vec_u24(e)?;
+            }
+            SecondaryMessage::Path {
+                far_neighbour_joined,
+            } => {
+                w.u8(MSG_PATH);
+                w.vec_u24(&[u8::from(*far_neighbour_joined)])?;
             }
             SecondaryMessage::KeyMaterial(km) => {
                 let body = km.encode()?;
@@ -105,6 +123,7 @@ impl SecondaryReader {
         let len = len as usize;
         let max = match typ {
             MSG_EVIDENCE => MAX_EVIDENCE_LEN,
+            MSG_PATH => 1,
             MSG_KEY_MATERIAL => MAX_KEY_MATERIAL_LEN,
             _ => return Err(malformed("unknown secondary message type")),
         };
@@ -116,6 +135,13 @@ impl SecondaryReader {
         };
         let msg = match typ {
             MSG_EVIDENCE => SecondaryMessage::Evidence(body.to_vec()),
+            MSG_PATH => SecondaryMessage::Path {
+                far_neighbour_joined: match body {
+                    [0] => false,
+                    [1] => true,
+                    _ => return Err(malformed("path message body")),
+                },
+            },
             _ => SecondaryMessage::KeyMaterial(Box::new(KeyMaterial::decode(body)?)),
         };
         let used = 4 + len;
@@ -144,6 +170,15 @@ mod tests {
             .encode()
             .unwrap()
             .to_vec();
+        for far_neighbour_joined in [true, false] {
+            stream.extend_from_slice(
+                &SecondaryMessage::Path {
+                    far_neighbour_joined,
+                }
+                .encode()
+                .unwrap(),
+            );
+        }
         stream.extend_from_slice(
             &SecondaryMessage::KeyMaterial(Box::new(km.clone()))
                 .encode()
@@ -157,9 +192,21 @@ mod tests {
                 got.push(m);
             }
         }
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 4);
         assert!(matches!(&got[0], SecondaryMessage::Evidence(e) if e == b"evidence"));
-        match &got[1] {
+        assert!(matches!(
+            got[1],
+            SecondaryMessage::Path {
+                far_neighbour_joined: true
+            }
+        ));
+        assert!(matches!(
+            got[2],
+            SecondaryMessage::Path {
+                far_neighbour_joined: false
+            }
+        ));
+        match &got[3] {
             SecondaryMessage::KeyMaterial(k) => {
                 assert_eq!(k.encode().unwrap(), km.encode().unwrap())
             }
@@ -181,5 +228,11 @@ mod tests {
         let mut r = SecondaryReader::new();
         r.push(&[31, 0, 0, 1, 0]);
         assert!(r.next_message().is_err());
+        // A path body is one byte, 0 or 1.
+        for bad in [&[18, 0, 0, 1, 2][..], &[18, 0, 0, 2, 1, 1], &[18, 0, 0, 0]] {
+            let mut r = SecondaryReader::new();
+            r.push(bad);
+            assert!(r.next_message().is_err(), "{bad:?}");
+        }
     }
 }
