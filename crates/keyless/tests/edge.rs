@@ -19,11 +19,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-/// A plain HTTP/1.1 origin that counts requests per path. `/cached` says max-age=60,
-/// `/nostore` no-store, `/private` private; everything else has no caching headers.
+/// A plain HTTP/1.1 origin that counts requests per path and accepted connections. `/cached`
+/// says max-age=60, `/nostore` no-store, `/private` private; everything else has no caching
+/// headers. Paths under `/keepalive/` are answered keep-alive (the connection stays open for
+/// the next request), all others with `Connection: close`.
 struct Origin {
     addr: SocketAddr,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl Origin {
@@ -31,53 +34,77 @@ impl Origin {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let h = Arc::clone(&hits);
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (h, c) = (Arc::clone(&hits), Arc::clone(&connections));
         tokio::spawn(async move {
             loop {
                 let (mut tcp, _) = listener.accept().await.unwrap();
+                c.fetch_add(1, Ordering::SeqCst);
                 let h = Arc::clone(&h);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        let n = tcp.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
+                    loop {
+                        let end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            let n = tcp.read(&mut chunk).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&chunk[..n]);
+                        };
+                        let text = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end);
+                        let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+                        let host = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Host: "))
+                            .unwrap_or("")
+                            .split(':')
+                            .next()
+                            .unwrap_or("")
+                            .to_owned();
+                        *h.lock().unwrap().entry(path.clone()).or_default() += 1;
+                        let cc = match path.as_str() {
+                            "/cached" => "Cache-Control: public, max-age=60\r\n",
+                            "/nostore" => "Cache-Control: no-store\r\n",
+                            "/private" => "Cache-Control: private, max-age=60\r\n",
+                            _ => "",
+                        };
+                        let keep_alive = path.starts_with("/keepalive/");
+                        let connection = if keep_alive {
+                            ""
+                        } else {
+                            "Connection: close\r\n"
+                        };
+                        let body = format!("hello from origin: {host}{path}\n");
+                        let resp = format!(
+                            "HTTP/1.1 200 OK\r\n{cc}Content-Length: {}\r\n{connection}\r\n{body}",
+                            body.len()
+                        );
+                        if tcp.write_all(resp.as_bytes()).await.is_err() || !keep_alive {
+                            let _ = tcp.shutdown().await;
                             return;
                         }
-                        buf.extend_from_slice(&chunk[..n]);
                     }
-                    let text = String::from_utf8_lossy(&buf).into_owned();
-                    let path = text.split(' ').nth(1).unwrap_or("").to_owned();
-                    let host = text
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Host: "))
-                        .unwrap_or("")
-                        .split(':')
-                        .next()
-                        .unwrap_or("")
-                        .to_owned();
-                    *h.lock().unwrap().entry(path.clone()).or_default() += 1;
-                    let cc = match path.as_str() {
-                        "/cached" => "Cache-Control: public, max-age=60\r\n",
-                        "/nostore" => "Cache-Control: no-store\r\n",
-                        "/private" => "Cache-Control: private, max-age=60\r\n",
-                        _ => "",
-                    };
-                    let body = format!("hello from origin: {host}{path}\n");
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\n{cc}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = tcp.write_all(resp.as_bytes()).await;
-                    let _ = tcp.shutdown().await;
                 });
             }
         });
-        Origin { addr, hits }
+        Origin {
+            addr,
+            hits,
+            connections,
+        }
     }
 
     fn hits(&self, path: &str) -> usize {
         self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -551,6 +578,51 @@ fn the_cache_answers_max_age_resources_and_forwards_no_store_and_private_ones() 
         "/cached",
     );
     assert_eq!(bed.origin.hits("/cached"), 2);
+}
+
+#[test]
+fn cache_misses_reuse_a_keep_alive_origin_connection() {
+    let bed = Bed::new();
+    let ks_a = bed.key_server("keys-a", "127.0.0.1:0".parse().unwrap());
+    let ks_b = bed.key_server("keys-b", "127.0.0.1:0".parse().unwrap());
+    let edge = bed.edge(&bed.edge_config(&[ks_a.addr], &[ks_b.addr], "shop"));
+    // Two misses (separate client connections) answered keep-alive: one origin connection.
+    for _ in 0..2 {
+        ok_page(
+            &bed.curl(&edge, "ec.a.test", "/keepalive/page")
+                .run()
+                .unwrap(),
+            "ec.a.test",
+            "/keepalive/page",
+        );
+    }
+    assert_eq!(bed.origin.hits("/keepalive/page"), 2);
+    assert_eq!(
+        bed.origin.connections(),
+        1,
+        "the second miss opened a new connection"
+    );
+    // An answer with `Connection: close` ends its connection: the first `/plain` takes the
+    // pooled connection, which is then closed, and the second needs a new one; so does the
+    // next keep-alive miss, whose connection is then reused again.
+    for _ in 0..2 {
+        ok_page(
+            &bed.curl(&edge, "ec.a.test", "/plain").run().unwrap(),
+            "ec.a.test",
+            "/plain",
+        );
+    }
+    assert_eq!(bed.origin.connections(), 2);
+    for _ in 0..2 {
+        ok_page(
+            &bed.curl(&edge, "ec.a.test", "/keepalive/again")
+                .run()
+                .unwrap(),
+            "ec.a.test",
+            "/keepalive/again",
+        );
+    }
+    assert_eq!(bed.origin.connections(), 3);
 }
 
 /// Runs s_client with a session file; true if the session was resumed.

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::verify::*;
-use common::{key, Bed, GatedKey, SiteKey};
+use common::{key, Bed, CountingKey, GatedKey, SiteKey};
 use mbx_keyless::keys::rsa_modulus_digest;
 use mbx_keyless::server::ServerStats;
 use mbx_keyless::tls::DenyList;
@@ -513,6 +513,77 @@ async fn responses_finished_before_a_slow_operation_are_sent_before_it() {
     })
     .await
     .unwrap();
+}
+
+/// Back-pressure: with `max_in_flight_per_connection = 2` and four workers, no more than two
+/// requests of one connection are ever inside the key operation at once, however many are
+/// pipelined, and every request is still answered. The key operations block until the test
+/// releases them one by one; the check is on the counted maximum, never on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_bounds_the_requests_worked_on_per_connection() {
+    const LIMIT: usize = 2;
+    const REQUESTS: usize = 12;
+    let bed = Bed::new();
+    let ski = [0x6C; 20];
+    let counting = CountingKey::new(ski);
+    let state = Arc::clone(&counting.state);
+    let mut keys = bed.keys();
+    keys.insert(Arc::new(counting)).unwrap();
+    // More workers than the limit, so only the limit can keep the third request out.
+    let server = bed.start_with_depth(keys, DenyList::new(), 4, LIMIT).await;
+    let edge = Arc::new(bed.edge(&server, "edge-b").await);
+    let mut authz = bed.authorization();
+    authz.allow("edge-b", [ski], []);
+    server.core().replace_authorization(authz);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..REQUESTS {
+        let edge = Arc::clone(&edge);
+        let state = Arc::clone(&state);
+        tasks.spawn(async move {
+            let input = format!("request {i}");
+            let out = edge
+                .sign(&KeyId::ski(ski), Opcode::Ed25519Sign, input.as_bytes())
+                .await
+                .unwrap();
+            let expected: Vec<u8> = input.bytes().rev().collect();
+            assert_eq!(out, expected, "request {i} got another request's answer");
+            common::note_answer(&state);
+        });
+    }
+    // Release the blocked operations one at a time, each time once as many requests as the
+    // limit allows (or as are left) are inside the key operation, and wait for the released
+    // request's answer to reach the edge before looking again (without the limit, the other
+    // workers take further requests in the meantime).
+    let releaser = {
+        let state = Arc::clone(&state);
+        tokio::task::spawn_blocking(move || {
+            for released in 0..REQUESTS {
+                let want = LIMIT.min(REQUESTS - released);
+                let counts = common::wait_counts(&state, "blocked requests", |c| {
+                    c.releases == 0 && c.current >= want
+                });
+                assert!(
+                    counts.current <= LIMIT,
+                    "{} requests in the key operation at once: {counts:?}",
+                    counts.current
+                );
+                common::release_one(&state);
+                common::wait_counts(&state, "the released answer", |c| c.answered > released);
+            }
+        })
+    };
+    releaser.await.unwrap();
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let counts = common::wait_counts(&state, "the end", |_| true);
+    assert_eq!(counts.entered, REQUESTS);
+    assert_eq!(counts.current, 0);
+    assert_eq!(
+        counts.max, LIMIT,
+        "never more than the limit at once: {counts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,8 @@
 //! [origins.shop]
 //! address = "10.1.0.1:8080"
 //! ticket_key_file = "tickets/shop.key"  # 64 hex digits, shared by the edges of this origin only
+//! keepalive_connections = 4         # idle keep-alive connections kept (0: one per request)
+//! keepalive_idle_ms = 4000          # an idle connection is not reused after this long
 //!
 //! [sites."www.shop.example"]        # the SNI name
 //! certificate = "www.shop.example.chain.pem"
@@ -70,6 +72,12 @@ fn default_op_timeout() -> u64 {
 fn default_health() -> u64 {
     2_000
 }
+fn default_keepalive_connections() -> usize {
+    crate::edge::origin::DEFAULT_IDLE_CONNECTIONS
+}
+fn default_keepalive_idle() -> u64 {
+    crate::edge::origin::DEFAULT_IDLE_TIMEOUT.as_millis() as u64
+}
 
 /// A group of interchangeable key servers.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -105,6 +113,14 @@ pub struct OriginConfig {
     /// Session-ticket key shared by the edges of this origin (none: a random key per process).
     #[serde(default)]
     pub ticket_key_file: Option<PathBuf>,
+    /// Idle keep-alive connections kept for reuse; 0: a new connection per request, sent with
+    /// `Connection: close`.
+    #[serde(default = "default_keepalive_connections")]
+    pub keepalive_connections: usize,
+    /// An idle connection is not reused after this long, milliseconds (keep it below the
+    /// origin's own keep-alive timeout).
+    #[serde(default = "default_keepalive_idle")]
+    pub keepalive_idle_ms: u64,
 }
 
 /// A site, selected by its SNI name (the table key).
@@ -194,6 +210,8 @@ mod tests {
         assert_eq!(c.listen.port(), 443);
         assert_eq!(c.key_servers["main"].timeout_ms, 5000);
         assert_eq!(c.origins["shop"].ticket_key_file, None);
+        assert_eq!(c.origins["shop"].keepalive_connections, 4);
+        assert_eq!(c.origins["shop"].keepalive_idle_ms, 4000);
         assert_eq!(c.sites["www.shop.example"].origin, "shop");
         assert!(EdgeConfig::from_toml("bogus = 1").is_err());
     }

@@ -90,7 +90,8 @@ fn bump(c: &AtomicU64) {
 #[derive(Debug)]
 struct Origin {
     name: String,
-    address: SocketAddr,
+    /// The origin's address and its idle keep-alive connections.
+    pool: origin::OriginPool,
     tls: Arc<rustls::ServerConfig>,
 }
 
@@ -284,15 +285,21 @@ impl Edge {
         let sites = Arc::new(sites);
         let mut origins = Vec::new();
         for (name, key) in ticket_keys {
-            let address = config
+            let o = config
                 .origins
                 .get(&name)
-                .map(|o| o.address)
                 .ok_or_else(|| EdgeError::Config(format!("origin {name:?} vanished")))?;
+            let pool = origin::OriginPool::new(
+                o.address,
+                origin::OriginPoolOptions {
+                    max_idle: o.keepalive_connections,
+                    idle_timeout: Duration::from_millis(o.keepalive_idle_ms),
+                },
+            );
             origins.push(Origin {
                 tls: origin_tls_config(Arc::clone(&sites), key)?,
                 name,
-                address,
+                pool,
             });
         }
         Ok(Edge {
@@ -536,15 +543,12 @@ impl Edge {
             }
         }
         bump(&self.stats.origin_requests);
-        let request = origin::origin_request(head, host, body, peer);
+        let request = origin::origin_request(head, host, body, peer, origin.pool.keeps_alive());
         let fetched = tokio::time::timeout(
             self.options.origin_timeout,
-            origin::fetch(
-                origin.address,
-                &request,
-                &head.method,
-                self.options.max_body,
-            ),
+            origin
+                .pool
+                .fetch(&request, &head.method, self.options.max_body),
         )
         .await;
         let (rhead, rbody) = match fetched {

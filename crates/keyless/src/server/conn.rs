@@ -22,7 +22,9 @@
 //!
 //! Back-pressure is unchanged: at most `max_in_flight` requests per connection are between being
 //! cut and having their response accepted by the socket; beyond that the connection stops
-//! reading, so an edge that sends without reading stalls itself.
+//! reading, so an edge that sends without reading stalls itself. Requests already read but held
+//! back by the limit are cut as soon as written answers make room (not only when more bytes
+//! arrive: the edge may have sent everything and be waiting for those answers).
 
 use std::collections::VecDeque;
 use std::io::{self, Read as _, Write};
@@ -277,14 +279,6 @@ pub(crate) async fn serve(
         reading = false;
     }
     loop {
-        match dispatch(&server, &work, &mut deframer, &mut in_flight) {
-            Ok(()) => {}
-            Err(e) => {
-                ServerStats::bump(&server.stats.oversized_closes);
-                tracing::warn!(%peer, error = %e, "closing connection");
-                return;
-            }
-        }
         match write_tls(&writer, &mut tls) {
             Ok(true) => {
                 in_flight = in_flight.saturating_sub(unwritten);
@@ -295,6 +289,17 @@ pub(crate) async fn serve(
             }
             Ok(false) => {}
             Err(_) => return,
+        }
+        // After the write: requests already buffered that the limit held back are cut as soon
+        // as answers make room, not only when more bytes arrive (the edge may have sent all it
+        // has and be waiting for these answers).
+        match dispatch(&server, &work, &mut deframer, &mut in_flight) {
+            Ok(()) => {}
+            Err(e) => {
+                ServerStats::bump(&server.stats.oversized_closes);
+                tracing::warn!(%peer, error = %e, "closing connection");
+                return;
+            }
         }
         if !reading && in_flight == 0 {
             break;

@@ -138,6 +138,17 @@ impl Bed {
         deny: DenyList,
         workers: usize,
     ) -> RunningServer {
+        self.start_with_depth(keys, deny, workers, 256).await
+    }
+
+    /// Like [`Bed::start_with`], with `max_in_flight` requests per connection.
+    pub async fn start_with_depth(
+        &self,
+        keys: KeyStore,
+        deny: DenyList,
+        workers: usize,
+        max_in_flight: usize,
+    ) -> RunningServer {
         let core = KeyServerCore::new(keys, self.authorization());
         let tls = tls::server_config(
             self.server_cert.chain_der(),
@@ -146,7 +157,7 @@ impl Bed {
             deny,
         )
         .unwrap();
-        KeyServer::new(core, tls, workers, 256)
+        KeyServer::new(core, tls, workers, max_in_flight)
             .unwrap()
             .bind("127.0.0.1:0".parse().unwrap())
             .await
@@ -252,6 +263,105 @@ impl KeyHandle for GatedKey {
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, mbx_keyless::OperationError> {
         signal(&self.entered);
         wait(&self.gate);
+        Ok(zeroize::Zeroizing::new(
+            input.iter().rev().copied().collect(),
+        ))
+    }
+}
+
+/// A key handle whose `perform` calls all block until the test releases them one at a time,
+/// counting how many are inside `perform` at once.
+#[derive(Debug)]
+pub struct CountingKey {
+    pub ski: [u8; 20],
+    pub state: Arc<(std::sync::Mutex<Counts>, std::sync::Condvar)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    /// Calls inside `perform` now.
+    pub current: usize,
+    /// The most that were inside at once.
+    pub max: usize,
+    /// Calls that entered so far.
+    pub entered: usize,
+    /// Releases not yet taken by a call.
+    pub releases: usize,
+    /// Answers the test has received (counted by the test with [`note_answer`]).
+    pub answered: usize,
+}
+
+impl CountingKey {
+    pub fn new(ski: [u8; 20]) -> CountingKey {
+        CountingKey {
+            ski,
+            state: Arc::new(Default::default()),
+        }
+    }
+}
+
+/// Waits until `ready(counts)` holds; a hang guard (not a timing check) panics after 60 s.
+pub fn wait_counts(
+    state: &(std::sync::Mutex<Counts>, std::sync::Condvar),
+    what: &str,
+    ready: impl Fn(&Counts) -> bool,
+) -> Counts {
+    let mut g = state.0.lock().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ready(&g) {
+        let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+            let counts = *g;
+            drop(g);
+            panic!("stuck waiting for {what}: {counts:?}");
+        };
+        g = state.1.wait_timeout(g, left).unwrap().0;
+    }
+    *g
+}
+
+/// Lets one blocked (or the next) `perform` call return; wait for `releases == 0` before
+/// counting the calls still inside.
+pub fn release_one(state: &(std::sync::Mutex<Counts>, std::sync::Condvar)) {
+    state.0.lock().unwrap().releases += 1;
+    state.1.notify_all();
+}
+
+/// Counts an answer received by the test.
+pub fn note_answer(state: &(std::sync::Mutex<Counts>, std::sync::Condvar)) {
+    state.0.lock().unwrap_or_else(|p| p.into_inner()).answered += 1;
+    state.1.notify_all();
+}
+
+impl KeyHandle for CountingKey {
+    fn ski(&self) -> [u8; 20] {
+        self.ski
+    }
+    fn certificate_digest(&self) -> Option<[u8; 32]> {
+        None
+    }
+    fn hostnames(&self) -> &[String] {
+        &[]
+    }
+    fn algorithm(&self) -> mbx_keyless::KeyAlgorithm {
+        mbx_keyless::KeyAlgorithm::Ed25519
+    }
+    fn perform(
+        &self,
+        _op: mbx_keyless::KeyOperation,
+        input: &[u8],
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, mbx_keyless::OperationError> {
+        let (lock, cv) = &*self.state;
+        let mut g = lock.lock().unwrap_or_else(|p| p.into_inner());
+        g.current += 1;
+        g.entered += 1;
+        g.max = g.max.max(g.current);
+        cv.notify_all();
+        while g.releases == 0 {
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.releases -= 1;
+        g.current -= 1;
+        cv.notify_all();
         Ok(zeroize::Zeroizing::new(
             input.iter().rev().copied().collect(),
         ))
