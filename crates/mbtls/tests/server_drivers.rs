@@ -369,22 +369,26 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
 }
 
 /// A backend that reads the request and never answers (the session stays open).
-async fn silent_backend() -> SocketAddr {
+/// A backend that greets every connection with one line and then holds it open, silent.
+async fn greeting_backend() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(GREETING).await;
             held.push(s);
         }
     });
     addr
 }
 
+const GREETING: &[u8] = b"hello from the backend\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
     let w = World::new();
-    let backend = silent_backend().await;
+    let backend = greeting_backend().await;
     let version = TlsVersion::Tls13;
     let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
         .await
@@ -405,6 +409,10 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
     .await
     .unwrap()
     .unwrap();
+    // The greeting came through the middlebox: the server verified it and sent its keys (the
+    // client's handshake can end before the server's secondary session does).
+    let greeting = timeout(BOUND, client.read()).await.unwrap().unwrap();
+    assert_eq!(greeting.as_deref(), Some(GREETING));
     // The middlebox process dies mid-session.
     drop(mb2);
     let read = timeout(BOUND, client.read()).await.unwrap();
