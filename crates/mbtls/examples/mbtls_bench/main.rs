@@ -70,11 +70,15 @@ fn main() -> Res<()> {
     }
     if let Some(name) = std::env::var_os("MBTLS_BENCH_HANDSHAKE_ONLY") {
         // For profiling: handshake configurations (TLS 1.3, or 1.2 with MBTLS_BENCH_VERSION=1.2;
-        // ECDSA), printed, nothing written.
+        // ECDSA, or RSA-2048 with MBTLS_BENCH_KEYS=rsa), printed, nothing written.
         // Several configurations, interleaved: names separated by commas.
         let names = name.to_string_lossy().into_owned();
         let names: Vec<&str> = names.split(',').map(str::trim).collect();
-        let setup = setup::Setup::new(KeyType::EcdsaP256)?;
+        let keys = match std::env::var("MBTLS_BENCH_KEYS").as_deref() {
+            Ok("rsa") => KeyType::Rsa2048,
+            _ => KeyType::EcdsaP256,
+        };
+        let setup = setup::Setup::new(keys)?;
         let version = match std::env::var("MBTLS_BENCH_VERSION").as_deref() {
             Ok("1.2") => TlsVersion::Tls12,
             _ => TlsVersion::Tls13,
