@@ -689,56 +689,79 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
             describe_flow(&ch.flow),
             ch.key_id
         );
-        let mut failed = 0u64;
+        // Connections are served concurrently (a rule setup takes seconds); `--out` holds the
+        // data of the connection that finished last.
+        let (tls, s) = (Arc::new(tls), Arc::new(s));
+        let out_lock = Arc::new(tokio::sync::Mutex::new(()));
+        let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
         let mut n = 0u64;
         while s.connections.is_none_or(|max| n < max) {
             let (stream, peer) = listener.accept().await.context("accept failed")?;
             n += 1;
-            // One connection at a time: the receiver's output file is per connection.
-            let r: anyhow::Result<()> = async {
-                let mut conn = BlindBoxStream::accept(stream, &tls, ch.flow, ch.setup.clone())
-                    .await
-                    .map_err(|e| net_error("connection failed", &e))?;
-                if let Some(st) = conn.setup_stats() {
-                    print_line(format_args!(
-                        "connection {n} from {peer}: rule setup done: {}",
-                        setup_line(&st)
-                    ));
+            let (tls, s, out_lock, failed) =
+                (tls.clone(), s.clone(), out_lock.clone(), failed.clone());
+            let (flow, setup) = (ch.flow, ch.setup.clone());
+            tasks.spawn(async move {
+                let r = receive_one(n, peer, stream, &tls, flow, setup, &s, &out_lock).await;
+                if let Err(e) = r {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    print_line(format_args!("connection {n} failed: {e:#}"));
                 }
-                let data = conn
-                    .read_to_end()
-                    .await
-                    .map_err(|e| net_error("receiving failed", &e))?;
-                print_line(format_args!(
-                    "connection {n}: received {} bytes, every byte validated against its tokens",
-                    data.len()
-                ));
-                if let Some(p) = &s.out {
-                    std::fs::write(p, &data)
-                        .with_context(|| format!("cannot write {}", p.display()))?;
-                }
-                let reply = answer(&s.reply, &data);
-                conn.write_all(&reply)
-                    .await
-                    .map_err(|e| net_error("answering failed", &e))?;
-                conn.finish()
-                    .await
-                    .map_err(|e| net_error("answering failed", &e))?;
-                print_line(format_args!(
-                    "connection {n}: answered {} bytes, closed cleanly",
-                    reply.len()
-                ));
-                Ok(())
-            }
-            .await;
-            if let Err(e) = r {
-                failed += 1;
-                print_line(format_args!("connection {n} failed: {e:#}"));
-            }
+            });
         }
+        while tasks.join_next().await.is_some() {}
+        let failed = failed.load(std::sync::atomic::Ordering::Relaxed);
         ensure!(failed == 0, "{failed} of {n} connections failed");
         Ok(())
     })
+}
+
+/// One receiver connection: setup, the validated data, the reply.
+#[allow(clippy::too_many_arguments)]
+async fn receive_one(
+    n: u64,
+    peer: std::net::SocketAddr,
+    stream: tokio::net::TcpStream,
+    tls: &TlsConfig,
+    flow: FlowConfig,
+    setup: SetupConfig,
+    s: &ReceiverSettings,
+    out_lock: &tokio::sync::Mutex<()>,
+) -> anyhow::Result<()> {
+    let mut conn = BlindBoxStream::accept(stream, tls, flow, setup)
+        .await
+        .map_err(|e| net_error("connection failed", &e))?;
+    if let Some(st) = conn.setup_stats() {
+        print_line(format_args!(
+            "connection {n} from {peer}: rule setup done: {}",
+            setup_line(&st)
+        ));
+    }
+    let data = conn
+        .read_to_end()
+        .await
+        .map_err(|e| net_error("receiving failed", &e))?;
+    print_line(format_args!(
+        "connection {n}: received {} bytes, every byte validated against its tokens",
+        data.len()
+    ));
+    if let Some(p) = &s.out {
+        let _one_writer = out_lock.lock().await;
+        std::fs::write(p, &data).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let reply = answer(&s.reply, &data);
+    conn.write_all(&reply)
+        .await
+        .map_err(|e| net_error("answering failed", &e))?;
+    conn.finish()
+        .await
+        .map_err(|e| net_error("answering failed", &e))?;
+    print_line(format_args!(
+        "connection {n}: answered {} bytes, closed cleanly",
+        reply.len()
+    ));
+    Ok(())
 }
 
 fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<()> {

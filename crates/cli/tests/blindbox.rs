@@ -521,6 +521,22 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         r.last().unwrap().contains("their RG tag did not verify"),
         "{r:?}"
     );
+
+    // 5. The receiver serves connections concurrently: with a connection that never starts its
+    //    handshake open, another sender still gets through (one at a time, it would wait).
+    let idle = std::net::TcpStream::connect(&rcv).unwrap();
+    let mut mb = middlebox(&rcv, &d.join("tagged.rules"), "alert");
+    let mb_addr = mb.address();
+    let out = sender(
+        &mb_addr,
+        &server.ca,
+        &d.join("rg.key"),
+        &d.join("corpus.txt"),
+    );
+    assert!(ok(&out).starts_with("HTTP/1.1 200 OK"));
+    receiver.until("connection 5: answered");
+    drop(idle);
+    receiver.until("connection 4 failed");
 }
 
 #[test]
