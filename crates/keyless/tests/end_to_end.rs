@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::verify::*;
-use common::{key, Bed, CountingKey, GatedKey, SiteKey};
+use common::{key, Bed, CountingKey, SiteKey};
 use mbx_keyless::keys::rsa_modulus_digest;
 use mbx_keyless::server::ServerStats;
 use mbx_keyless::tls::DenyList;
@@ -410,8 +410,8 @@ async fn responses_to_one_operation_have_one_length() {
 async fn pipelined_requests_are_answered_out_of_order() {
     let bed = Bed::new();
     let gated_ski = [0x6A; 20];
-    let gated = GatedKey::new(gated_ski);
-    let (gate, entered) = (Arc::clone(&gated.gate), Arc::clone(&gated.entered));
+    let gated = CountingKey::new(gated_ski);
+    let state = Arc::clone(&gated.state);
     let mut keys = bed.keys();
     keys.insert(Arc::new(gated)).unwrap();
     let server = bed.start_with(keys, DenyList::new(), 4).await;
@@ -428,9 +428,12 @@ async fn pipelined_requests_are_answered_out_of_order() {
                 .await
         })
     };
-    tokio::task::spawn_blocking(move || common::wait(&entered))
-        .await
-        .unwrap();
+    let held = Arc::clone(&state);
+    tokio::task::spawn_blocking(move || {
+        common::wait_counts(&held, "the held request", |c| c.entered == 1)
+    })
+    .await
+    .unwrap();
     // ...while many later requests on the same connection are answered, each with its own
     // result.
     let mut tasks = tokio::task::JoinSet::new();
@@ -462,7 +465,7 @@ async fn pipelined_requests_are_answered_out_of_order() {
         r.unwrap();
     }
     assert!(!slow.is_finished());
-    common::signal(&gate);
+    common::release_one(&state);
     let first = slow.await.unwrap().unwrap();
     assert_eq!(first, b"tsrif");
 }
@@ -471,8 +474,8 @@ async fn pipelined_requests_are_answered_out_of_order() {
 async fn responses_finished_before_a_slow_operation_are_sent_before_it() {
     let bed = Bed::new();
     let gated_ski = [0x6B; 20];
-    let gated = GatedKey::new(gated_ski);
-    let (gate, entered) = (Arc::clone(&gated.gate), Arc::clone(&gated.entered));
+    let gated = CountingKey::new(gated_ski);
+    let state = Arc::clone(&gated.state);
     let mut keys = bed.keys();
     keys.insert(Arc::new(gated)).unwrap();
     // One worker, so both requests below are served by the same job, one after the other.
@@ -508,8 +511,8 @@ async fn responses_finished_before_a_slow_operation_are_sent_before_it() {
     assert_eq!(pong.known_opcode(), Some(Opcode::Pong));
     assert_eq!(pong.payload.as_deref(), Some(&b"before"[..]));
     tokio::task::spawn_blocking(move || {
-        common::wait(&entered);
-        common::signal(&gate);
+        common::wait_counts(&state, "the blocked request", |c| c.entered == 1);
+        common::release_one(&state);
     })
     .await
     .unwrap();

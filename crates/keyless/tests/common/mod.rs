@@ -213,64 +213,8 @@ pub fn key(site: &SiteKey) -> KeyId {
     KeyId::ski(site.ski)
 }
 
-/// A key handle that blocks in `perform` until released, to force a response to come late.
-#[derive(Debug)]
-pub struct GatedKey {
-    pub ski: [u8; 20],
-    pub gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-    pub entered: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-}
-
-impl GatedKey {
-    pub fn new(ski: [u8; 20]) -> GatedKey {
-        GatedKey {
-            ski,
-            gate: Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new())),
-            entered: Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new())),
-        }
-    }
-}
-
-pub fn signal(flag: &(std::sync::Mutex<bool>, std::sync::Condvar)) {
-    *flag.0.lock().unwrap() = true;
-    flag.1.notify_all();
-}
-
-pub fn wait(flag: &(std::sync::Mutex<bool>, std::sync::Condvar)) {
-    let mut g = flag.0.lock().unwrap();
-    while !*g {
-        g = flag.1.wait(g).unwrap();
-    }
-}
-
-impl KeyHandle for GatedKey {
-    fn ski(&self) -> [u8; 20] {
-        self.ski
-    }
-    fn certificate_digest(&self) -> Option<[u8; 32]> {
-        None
-    }
-    fn hostnames(&self) -> &[String] {
-        &[]
-    }
-    fn algorithm(&self) -> mbx_keyless::KeyAlgorithm {
-        mbx_keyless::KeyAlgorithm::Ed25519
-    }
-    fn perform(
-        &self,
-        _op: mbx_keyless::KeyOperation,
-        input: &[u8],
-    ) -> Result<zeroize::Zeroizing<Vec<u8>>, mbx_keyless::OperationError> {
-        signal(&self.entered);
-        wait(&self.gate);
-        Ok(zeroize::Zeroizing::new(
-            input.iter().rev().copied().collect(),
-        ))
-    }
-}
-
-/// A key handle whose `perform` calls all block until the test releases them one at a time,
-/// counting how many are inside `perform` at once.
+/// A key handle whose `perform` calls all block until the test releases them one at a time
+/// (to force a response to come late), counting how many are inside `perform` at once.
 #[derive(Debug)]
 pub struct CountingKey {
     pub ski: [u8; 20],
