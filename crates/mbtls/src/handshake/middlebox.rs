@@ -24,8 +24,7 @@ use super::HandshakeError;
 use crate::hop::{Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{
-    Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
-    MIDDLEBOX_SUPPORT_EXTENSION,
+    KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader, MIDDLEBOX_SUPPORT_EXTENSION,
 };
 
 /// What a middlebox needs for its secondary sessions.
@@ -111,11 +110,8 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
-    /// A middlebox nearer the server took a subchannel too (its secondary records passed us
-    /// before the primary ServerHello): it may join.
-    neighbour: bool,
     /// What the client's path message said: whether a middlebox nearer the server joined
-    /// (`None` before it, or without one: then `neighbour` stands in). Such a middlebox
+    /// (until it arrives). Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
     /// forwarded raw before is not ours to relay.
     far_joined: Option<bool>,
@@ -147,7 +143,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
-            neighbour: false,
             far_joined: None,
             wires: Wires::new(Side::Server),
         })
@@ -356,20 +351,15 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                 (engine, half_rtt)
             }
         };
-        let flight = engine.take_outgoing();
-        if Encapsulated::wrap_stream(
-            self.subchannel,
-            &flight,
-            version::TLS1_2,
-            &mut self.wires.out_client,
-        )
-        .is_err()
+        if self
+            .wires
+            .send_to_endpoint(self.subchannel, &mut engine)
+            .is_err()
         {
             return Ok(Err("secondary record too large for a subchannel"));
         }
         self.engine = Some(engine);
         self.joined = true;
-        self.neighbour = !self.used_ids.is_empty();
         self.mode = Mode::Joined;
         self.wires
             .events
@@ -431,13 +421,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         };
         engine.feed(inner.as_bytes());
         let processed = engine.process();
-        let out = engine.take_outgoing();
-        Encapsulated::wrap_stream(
-            self.subchannel,
-            &out,
-            version::TLS1_2,
-            &mut self.wires.out_client,
-        )?;
+        self.wires.send_to_endpoint(self.subchannel, engine)?;
         if processed.is_err() {
             // The client refused us (certificate, approval) or the session broke: we get no
             // keys, so we can only pass ciphertext on.
@@ -454,13 +438,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         if !self.evidence_sent {
             // TLS 1.2 secondary session: the evidence follows our Finished in its flight.
             write_evidence(&self.cfg, &self.spki, engine)?;
-            let out = engine.take_outgoing();
-            Encapsulated::wrap_stream(
-                self.subchannel,
-                &out,
-                version::TLS1_2,
-                &mut self.wires.out_client,
-            )?;
+            self.wires.send_to_endpoint(self.subchannel, engine)?;
             self.evidence_sent = true;
             self.wires
                 .events
@@ -474,7 +452,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             &mut self.far_joined,
             "a client sent evidence",
         )? {
-            Some(km) => self.install(km),
+            Some((km, far_joined)) => self.install(km, far_joined),
             None => Ok(()),
         }
     }
@@ -492,7 +470,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
+    /// `far_joined`: a middlebox farther from our endpoint joined too (the path message).
+    fn install(&mut self, km: KeyMaterial, far_joined: bool) -> Result<(), HandshakeError> {
         let version = self.version.ok_or(HandshakeError::Protocol("no version"))?;
         if km.version != version {
             return Err(HandshakeError::Protocol(
@@ -513,7 +492,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             TlsVersion::Tls12 => self.copies.len(),
         };
         let mut replay: Vec<Record> = self.copies.drain(..).skip(first_app).collect();
-        if self.far_joined.unwrap_or(self.neighbour) {
+        if far_joined {
             // Everything from the server side so far is under the bridge keys and will come
             // again, through the neighbour's app, after its marker.
             replay.clear();
@@ -525,13 +504,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // it is under the client-side hop's keys.
         if let Some(engine) = self.engine.as_mut() {
             engine.close()?;
-            let out = engine.take_outgoing();
-            Encapsulated::wrap_stream(
-                self.subchannel,
-                &out,
-                version::TLS1_2,
-                &mut self.wires.out_client,
-            )?;
+            self.wires.send_to_endpoint(self.subchannel, engine)?;
         }
         self.engine = None;
         replay.append(&mut self.held);

@@ -30,7 +30,7 @@ use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::MiddleboxRelay;
-use crate::wire::{announcement_record, Encapsulated, KeyMaterial, SecondaryReader};
+use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
 
 /// Client application data we forward raw (and copy) before our keys arrive; more is refused.
 /// It is what a client can send in about one round trip between us and the server.
@@ -69,10 +69,8 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// The whole ClientHello went by.
     hello_done: bool,
     announced: bool,
-    /// A middlebox nearer the client announced itself too: it may join.
-    neighbour: bool,
     /// What the server's path message said: whether a middlebox nearer the client joined
-    /// (`None` before it, or without one: then `neighbour` stands in). Such a middlebox
+    /// (until it arrives). Such a middlebox
     /// re-sends the client's records through its app once it switches, so what it forwarded
     /// raw before is not ours to relay.
     far_joined: Option<bool>,
@@ -108,7 +106,6 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             engine: None,
             hello_done: false,
             announced: false,
-            neighbour: false,
             far_joined: None,
             answered: false,
             evidence_sent: false,
@@ -201,7 +198,6 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
 
     /// Sends our MiddleboxAnnouncement toward the server on the lowest free subchannel.
     fn announce_now(&mut self) -> Result<(), HandshakeError> {
-        self.neighbour = !self.used_ids.is_empty();
         let id = (0..=u8::MAX)
             .find(|id| !self.used_ids.contains(id))
             .ok_or(HandshakeError::Protocol("no free subchannel"))?;
@@ -307,13 +303,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                     .push_back(MiddleboxHandshakeEvent::EvidenceSent);
             }
         }
-        let out = engine.take_outgoing();
-        Encapsulated::wrap_stream(
-            self.subchannel,
-            &out,
-            version::TLS1_2,
-            &mut self.wires.out_server,
-        )?;
+        self.wires.send_to_endpoint(self.subchannel, engine)?;
         if processed.is_err() {
             // The server refused us (certificate, approval): no keys, ciphertext only.
             self.go_passive("secondary session failed");
@@ -334,7 +324,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             &mut self.far_joined,
             "a server sent evidence",
         )? {
-            Some(km) => self.install(km),
+            Some((km, far_joined)) => self.install(km, far_joined),
             None => Ok(()),
         }
     }
@@ -349,7 +339,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    fn install(&mut self, km: KeyMaterial) -> Result<(), HandshakeError> {
+    /// `far_joined`: a middlebox farther from our endpoint joined too (the path message).
+    fn install(&mut self, km: KeyMaterial, far_joined: bool) -> Result<(), HandshakeError> {
         let version = self.version.ok_or(HandshakeError::Protocol(
             "key material before the ServerHello",
         ))?;
@@ -366,7 +357,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         // application epoch: the server dropped them, they go through the app now.
         let first = first_application_record(version, &km.toward_client.c2s, &self.copies);
         let mut replay: Vec<Record> = self.copies.drain(..).skip(first).collect();
-        if self.far_joined.unwrap_or(self.neighbour) {
+        if far_joined {
             replay.clear();
             self.wires.awaiting_neighbour_marker = true;
         }
@@ -374,13 +365,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         // The marker: everything we send the server after it is under the fresh hop's keys.
         if let Some(engine) = self.engine.as_mut() {
             engine.close()?;
-            let out = engine.take_outgoing();
-            Encapsulated::wrap_stream(
-                self.subchannel,
-                &out,
-                version::TLS1_2,
-                &mut self.wires.out_server,
-            )?;
+            self.wires.send_to_endpoint(self.subchannel, engine)?;
         }
         self.engine = None;
         self.wires.start_relay(relay, Side::Client, &replay);

@@ -8,13 +8,14 @@
 use std::collections::VecDeque;
 
 use mbx_apps::MiddleboxApp;
-use mbx_wire::Record;
+use mbx_engine::{OpenSslEngine, TlsEngine};
+use mbx_wire::{version, Record};
 
 use super::demux::{Demux, Piece};
 use super::{HandshakeError, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::{append_or_swap, MiddleboxRelay};
-use crate::wire::{KeyMaterial, SecondaryMessage, SecondaryReader};
+use crate::wire::{Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader};
 
 pub(super) struct Wires<A: MiddleboxApp> {
     from_client: Demux,
@@ -133,6 +134,22 @@ impl<A: MiddleboxApp> Wires<A> {
             && !(from == self.far && self.awaiting_neighbour_marker)
     }
 
+    /// What our secondary engine produced, in encapsulated records on `subchannel`, toward
+    /// our endpoint (the side opposite `far`).
+    pub(super) fn send_to_endpoint(
+        &mut self,
+        subchannel: u8,
+        engine: &mut OpenSslEngine,
+    ) -> Result<(), HandshakeError> {
+        let out = engine.take_outgoing();
+        let to = match self.far {
+            Side::Server => &mut self.out_client,
+            Side::Client => &mut self.out_server,
+        };
+        Encapsulated::wrap_stream(subchannel, &out, version::TLS1_2, to)?;
+        Ok(())
+    }
+
     /// The relay's output and events, moved to ours.
     pub(super) fn drain_relay(&mut self) {
         if let Some(relay) = self.relay.as_mut() {
@@ -180,15 +197,15 @@ impl<A: MiddleboxApp> Wires<A> {
     }
 }
 
-/// The endpoint's messages on our secondary session so far: at most one path message
-/// (stored in `far_joined`), then the key material, which must be the last thing on the
-/// stream. `Some` once the key material arrived. `sent_evidence` is the error for evidence
-/// from the endpoint.
+/// The endpoint's messages on our secondary session so far: one path message (kept in
+/// `far_joined` until the rest arrives), then the key material, which must be the last thing on
+/// the stream. Once both are in: the key material and whether a middlebox farther from the
+/// endpoint joined too. `sent_evidence` is the error for evidence from the endpoint.
 pub(super) fn endpoint_messages(
     reader: &mut SecondaryReader,
     far_joined: &mut Option<bool>,
     sent_evidence: &'static str,
-) -> Result<Option<KeyMaterial>, HandshakeError> {
+) -> Result<Option<(KeyMaterial, bool)>, HandshakeError> {
     loop {
         match reader.next_message()? {
             Some(SecondaryMessage::Path {
@@ -202,7 +219,12 @@ pub(super) fn endpoint_messages(
                     "data after the key material on the secondary session",
                 ))
             }
-            Some(SecondaryMessage::KeyMaterial(km)) => return Ok(Some(*km)),
+            Some(SecondaryMessage::KeyMaterial(km)) => {
+                let far = far_joined.ok_or(HandshakeError::Protocol(
+                    "key material without a path message",
+                ))?;
+                return Ok(Some((*km, far)));
+            }
             Some(SecondaryMessage::Evidence(_)) => {
                 return Err(HandshakeError::Protocol(sent_evidence))
             }
@@ -243,20 +265,21 @@ mod tests {
         );
         assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_none());
         push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
-        assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_some());
-        assert_eq!(far, Some(true));
-        // Without a path message the middlebox keeps its own inference (`None`).
-        let (mut r, mut far) = (SecondaryReader::new(), None);
-        push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
-        assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_some());
-        assert_eq!(far, None);
-        // Refused: two path messages, anything after the key material, evidence.
+        let (_, far_joined) = endpoint_messages(&mut r, &mut far, "e").unwrap().unwrap();
+        assert!(far_joined);
+        // Refused: key material without a path message, two path messages, anything after the
+        // key material, evidence.
         let path = || SecondaryMessage::Path {
             far_neighbour_joined: false,
         };
-        let refused: [Vec<SecondaryMessage>; 3] = [
+        let refused: [Vec<SecondaryMessage>; 4] = [
+            vec![SecondaryMessage::KeyMaterial(Box::new(km()))],
             vec![path(), path()],
-            vec![SecondaryMessage::KeyMaterial(Box::new(km())), path()],
+            vec![
+                path(),
+                SecondaryMessage::KeyMaterial(Box::new(km())),
+                path(),
+            ],
             vec![SecondaryMessage::Evidence(b"e".to_vec())],
         ];
         for msgs in refused {
