@@ -254,6 +254,25 @@ fn sender_cmd(mb: &str, ca: &Path, key: &Path) -> Command {
     cmd
 }
 
+/// A receiver on a free port with `server`'s certificate and the RG key `key` (dual case).
+fn receiver_cmd(server: &mbx_testbed::pki::PkiFiles, key: &Path) -> Command {
+    let mut cmd = mbx();
+    cmd.args([
+        "blindbox",
+        "receiver",
+        "--listen",
+        "127.0.0.1:0",
+        "--certificate",
+    ])
+    .arg(&server.chain)
+    .arg("--private-key")
+    .arg(&server.key)
+    .arg("--rg-key")
+    .arg(key)
+    .args(["--case", "dual"]);
+    cmd
+}
+
 fn middlebox(next_hop: &str, rules: &Path, policy: &str) -> Party {
     Party::spawn(
         mbx()
@@ -364,20 +383,8 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
 
     // The receiver (real RG key) for the detection runs.
     let mut receiver = Party::spawn(
-        mbx()
-            .args([
-                "blindbox",
-                "receiver",
-                "--listen",
-                "127.0.0.1:0",
-                "--certificate",
-            ])
-            .arg(&server.chain)
-            .arg("--private-key")
-            .arg(&server.key)
-            .arg("--rg-key")
-            .arg(d.join("rg.key"))
-            .args(["--case", "dual", "--out"])
+        receiver_cmd(&server, &d.join("rg.key"))
+            .arg("--out")
             .arg(d.join("received.bin")),
     );
     let rcv = receiver.address();
@@ -459,22 +466,8 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
     assert!(r.last().unwrap().contains("Path Truncated"), "{r:?}");
 
     // 3. A receiver with another RG key: the setup fails at every party.
-    let mut rogue = Party::spawn(
-        mbx()
-            .args([
-                "blindbox",
-                "receiver",
-                "--listen",
-                "127.0.0.1:0",
-                "--certificate",
-            ])
-            .arg(&server.chain)
-            .arg("--private-key")
-            .arg(&server.key)
-            .arg("--rg-key")
-            .arg(d.join("other.key"))
-            .args(["--case", "dual", "--connections", "1"]),
-    );
+    let mut rogue =
+        Party::spawn(receiver_cmd(&server, &d.join("other.key")).args(["--connections", "1"]));
     let rogue_addr = rogue.address();
     let (err, lines) = refused_setup(
         &rogue_addr,

@@ -1154,13 +1154,15 @@ mod several_discovered {
         }
     }
 
-    /// (refused name, middleboxes that join in path order, nodes that must stay passive)
-    const CLIENT_CASES: [(&str, &[&str], &[usize]); 4] = [
+    /// (refused name, middleboxes that join in path order, nodes that must stay passive), on
+    /// a path of three middleboxes mba, mbb, mbc (nodes 1 to 3) between client and server. The
+    /// same cases hold for either side: whichever end gives the keys, a middlebox whose only
+    /// farther neighbour was refused must not wait for it, and one with a refused neighbour in
+    /// between waits for the next one that joined.
+    const CASES: [(&str, &[&str], &[usize]); 4] = [
         ("nobody.test", &["mba.test", "mbb.test", "mbc.test"], &[]),
         ("mba.test", &["mbb.test", "mbc.test"], &[1]),
-        // In the middle: mba joins with mbc beyond it, and waits for mbc, not for mbb.
         ("mbb.test", &["mba.test", "mbc.test"], &[2]),
-        // Nearest the server: mbb must not wait for it.
         ("mbc.test", &["mba.test", "mbb.test"], &[3]),
     ];
 
@@ -1168,7 +1170,7 @@ mod several_discovered {
     fn client_side_several_join_and_an_excluded_one_leaves_the_others_both_versions() {
         let s = Setup::new();
         for version in VERSIONS {
-            for (refused, joined, passive) in CLIENT_CASES {
+            for (refused, joined, passive) in CASES {
                 let what = format!("{version:?}, {refused} refused");
                 // Four hellos for three middleboxes: one stays unanswered.
                 let client = s.mbtls_client_path(
@@ -1201,21 +1203,11 @@ mod several_discovered {
         }
     }
 
-    /// (refused name, middleboxes that join in path order, nodes that must stay passive)
-    const SERVER_CASES: [(&str, &[&str], &[usize]); 4] = [
-        ("nobody.test", &["mba.test", "mbb.test", "mbc.test"], &[]),
-        // Nearest the client: mbb must not wait for it.
-        ("mba.test", &["mbb.test", "mbc.test"], &[1]),
-        // In the middle: mbc joins with mba beyond it, and waits for mba, not for mbb.
-        ("mbb.test", &["mba.test", "mbc.test"], &[2]),
-        ("mbc.test", &["mba.test", "mbb.test"], &[3]),
-    ];
-
     #[test]
     fn server_side_several_join_and_an_excluded_one_leaves_the_others_both_versions() {
         let s = Setup::new();
         for version in VERSIONS {
-            for (refused, joined, passive) in SERVER_CASES {
+            for (refused, joined, passive) in CASES {
                 let what = format!("{version:?}, {refused} refused");
                 let mut path = Path::new(vec![
                     Node::LegacyClient(s.legacy_client(version)),
