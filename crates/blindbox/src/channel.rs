@@ -760,7 +760,6 @@ impl ChannelWriter {
         let one_lane_window =
             self.params.tokenization == Tokenization::Window && self.params.lanes() == 1;
         let p3 = self.params.privacy == Privacy::ProbableCause;
-        let entry = self.params.entry_len();
         for m in msgs {
             if let TokenMsg::Token(t) = m {
                 if one_lane_window
@@ -769,16 +768,11 @@ impl ChannelWriter {
                     && t.lane == Lane::Exact
                     && t.c2.is_some() == p3
                     && self.last_offset.checked_add(1) == Some(t.offset)
-                    && self.batch_count < MAX_BATCH
-                    && self.batch.len() + 10 + entry <= MAX_BODY
+                    && !self.batch_full()
                 {
                     self.batch_count += 1;
                     self.last_offset = t.offset;
-                    self.batch.extend_from_slice(&t.c1);
-                    if let Some(c2) = &t.c2 {
-                        self.batch.extend_from_slice(c2);
-                    }
-                    self.tokens += 1;
+                    self.append_entry(t);
                     continue;
                 }
             }
@@ -814,8 +808,7 @@ impl ChannelWriter {
                 return Err(ChannelError::Encode("lanes of one position at two offsets"));
             }
         } else {
-            let full = self.batch_count >= MAX_BATCH
-                || self.batch.len() + 10 + self.params.lanes() * self.params.entry_len() > MAX_BODY;
+            let full = self.batch_full();
             let window = self.params.tokenization == Tokenization::Window;
             let contiguous = !self.batch.is_empty()
                 && if window {
@@ -838,13 +831,26 @@ impl ChannelWriter {
             self.batch_count += 1;
             self.last_offset = t.offset;
         }
+        self.append_entry(t);
+        self.lane = (self.lane + 1) % self.params.lanes();
+        Ok(())
+    }
+
+    /// No room in the open token frame for another position (all its lanes).
+    #[inline]
+    fn batch_full(&self) -> bool {
+        self.batch_count >= MAX_BATCH
+            || self.batch.len() + 10 + self.params.lanes() * self.params.entry_len() > MAX_BODY
+    }
+
+    /// One token's entry (`c1`, and `c2` under probable cause) into the open frame.
+    #[inline]
+    fn append_entry(&mut self, t: &EncToken) {
         self.batch.extend_from_slice(&t.c1);
         if let Some(c2) = &t.c2 {
             self.batch.extend_from_slice(c2);
         }
         self.tokens += 1;
-        self.lane = (self.lane + 1) % self.params.lanes();
-        Ok(())
     }
 
     /// Sends the sealed traffic secrets (Protocol III).
