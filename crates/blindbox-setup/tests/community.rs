@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mbx_blindbox::detect::{Alert, Detector, Event};
+use mbx_blindbox::detect::Detector;
 use mbx_blindbox::dpienc::{SaltScheme, TokenEncryptor, TokenKey};
 use mbx_blindbox::plaintext::PlaintextMatcher;
 use mbx_blindbox::rules::{parse_rules, BufferPolicy, MatchRule};
@@ -154,13 +154,8 @@ fn community_sample_detected_with_keys_from_the_real_setup() {
         det.process(&m, &mut events).unwrap();
     }
     let got: BTreeSet<(u32, u64)> = events
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Alert(Alert {
-                sid, message_start, ..
-            }) => Some((sid, message_start)),
-            Event::ProbableCause(_) => None,
-        })
+        .iter()
+        .filter_map(|e| e.as_alert().map(|a| (a.sid, a.message_start)))
         .collect();
     eprintln!(
         "{} rules, {} chunks set up, {} alerts, all detected",

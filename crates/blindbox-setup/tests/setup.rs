@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aes::cipher::{BlockEncrypt, KeyInit};
 use aes::Aes128Enc;
-use mbx_blindbox::detect::{Alert, Detector, Event};
+use mbx_blindbox::detect::Detector;
 use mbx_blindbox::dpienc::{SaltScheme, TokenEncryptor, TokenKey};
 use mbx_blindbox::plaintext::PlaintextMatcher;
 use mbx_blindbox::rules::{BufferPolicy, MatchRule};
@@ -391,13 +391,8 @@ GET /x HTTP/1.1\r\nHost: b\r\nX: evil.exe download now\r\n\r\n";
         det.process(m, &mut events).unwrap();
     }
     let got: BTreeSet<(u32, u64)> = events
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Alert(Alert {
-                sid, message_start, ..
-            }) => Some((sid, message_start)),
-            Event::ProbableCause(_) => None,
-        })
+        .iter()
+        .filter_map(|e| e.as_alert().map(|a| (a.sid, a.message_start)))
         .collect();
     assert_eq!(got, want);
 }

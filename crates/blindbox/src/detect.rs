@@ -336,6 +336,16 @@ pub enum Event {
     ProbableCause(ProbableCause),
 }
 
+impl Event {
+    /// The alert, for an [`Event::Alert`].
+    pub fn as_alert(&self) -> Option<&Alert> {
+        match self {
+            Event::Alert(a) => Some(a),
+            Event::ProbableCause(_) => None,
+        }
+    }
+}
+
 /// Per-flow detection state (one direction).
 pub struct Detector {
     rules: Arc<EncryptedRules>,
