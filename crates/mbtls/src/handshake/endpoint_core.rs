@@ -500,14 +500,13 @@ impl EndpointCore {
                 Role::Client => j + 1 < n,
                 Role::Server => j > 0,
             };
-            let path = SecondaryMessage::Path {
+            // Path message and key material in one write (one secondary record).
+            let mut msg = SecondaryMessage::Path {
                 far_neighbour_joined,
             }
             .encode()?;
-            let msg = SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?;
-            let engine = &mut self.slot_mut(id)?.engine;
-            engine.write_plaintext(&path)?;
-            engine.write_plaintext(&msg)?;
+            msg.extend_from_slice(&SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?);
+            self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }
         self.start_data(EndpointDataPhase::new(
