@@ -304,10 +304,9 @@ mod tests {
             assert_eq!(loadavg_text().split_whitespace().count(), 3);
         }
         if let Ok(text) = std::fs::read_to_string("/proc/thread-self/schedstat") {
-            // The figure itself may be 0 (some kernels leave schedstat zeroed): only its format
-            // is ours to check.
+            // The figure itself may be 0 (a fresh thread before its first scheduler event): only
+            // its format is ours to check (`own_cpu_s` is this parse over the same file).
             assert!(parse_schedstat(&text).is_some(), "{text:?}");
-            assert!(own_cpu_s().is_finite() && own_cpu_s() >= 0.0);
         }
         let rt = runtime("bench-test-rt", 1).unwrap();
         let mine = rt
