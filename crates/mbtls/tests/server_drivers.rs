@@ -424,3 +424,92 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
         "{report:?}"
     );
 }
+
+/// A TCP echo backend written the plain way: read a chunk, write it back, read the next. While
+/// a write waits for room, it reads nothing.
+async fn stream_echo_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Bytes echoed in the no-deadlock test: more than every socket buffer and queue on the
+/// path can hold, so a node that stops reading one side while it waits to write the other
+/// side closes a cycle of full buffers.
+const ECHOED: usize = 96 << 20;
+
+/// Client as a local proxy → client-side middlebox → server-side middlebox → mbTLS server →
+/// an echo backend, with a local application that writes a large stream while it reads the
+/// echo. Every node must keep reading the side whose output has room while the other side's
+/// output is full; one that blocks on a write with both sides unread deadlocks the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let backend = stream_echo_backend().await;
+    let pass = || -> AppFactory {
+        Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<dyn MiddleboxApp + Send>)
+    };
+    let server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
+        .await
+        .unwrap();
+    let mut mb2_cfg = w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide);
+    mb2_cfg.app = pass();
+    let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
+    let mut mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
+    mb1_cfg.app = pass();
+    let mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+    let client = timeout(
+        BOUND,
+        MbtlsClient::connect(mb1.local_addr(), w.client(version)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // The local application's connection to the client proxy.
+    let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = tokio::net::TcpStream::connect(local.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (proxied, _) = local.accept().await.unwrap();
+    let proxy = tokio::spawn(client.proxy(proxied));
+    let pattern = |i: usize| (i.wrapping_mul(31) ^ (i >> 13)) as u8;
+    let (mut app_r, mut app_w) = app.into_split();
+    let writer = tokio::spawn(async move {
+        let data: Vec<u8> = (0..ECHOED).map(pattern).collect();
+        for chunk in data.chunks(256 * 1024) {
+            app_w.write_all(chunk).await.unwrap();
+        }
+        app_w.shutdown().await.unwrap();
+    });
+    let echoed = timeout(BOUND, async move {
+        let mut got = Vec::with_capacity(ECHOED);
+        app_r.read_to_end(&mut got).await.unwrap();
+        got
+    })
+    .await
+    .expect("the echoed stream stalled: a node on the path deadlocked");
+    timeout(BOUND, writer).await.unwrap().unwrap();
+    assert_eq!(echoed.len(), ECHOED);
+    assert!(echoed.iter().enumerate().all(|(i, b)| *b == pattern(i)));
+    let (up, down) = timeout(BOUND, proxy).await.unwrap().unwrap().unwrap();
+    assert_eq!((up, down), (ECHOED as u64, ECHOED as u64));
+}

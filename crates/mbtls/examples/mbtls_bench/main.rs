@@ -60,6 +60,12 @@ fn main() -> Res<()> {
         relay::run(&setup, 5)?;
         return Ok(());
     }
+    if let Some(n) = std::env::var_os("MBTLS_BENCH_RELAY_TCP_BOUND_ONLY") {
+        // For profiling: the middlebox-bound relay over TCP only, `n` samples, printed.
+        let n = n.to_string_lossy().parse().unwrap_or(20);
+        let setup = setup::Setup::new(KeyType::EcdsaP256)?;
+        return relay::tcp_bound_only(&setup, n);
+    }
     if let Some(n) = std::env::var_os("MBTLS_BENCH_FETCH_ONLY") {
         // The fetch benchmark only (`n` pairs per version, default FETCHES), with when each
         // flight left its sender on both links (median per path), printed, nothing written.

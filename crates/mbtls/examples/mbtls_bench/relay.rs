@@ -199,13 +199,29 @@ async fn wait_for(count: &AtomicU64, target: u64) -> Res<()> {
     Ok(())
 }
 
-struct Tcp {
-    load: Runtime,
-    _mbox_rt: Runtime,
+/// One middlebox and one TCP relay in front of one sink.
+struct Path {
     _mbox: MiddleboxServer,
     mbox_addr: std::net::SocketAddr,
     relay_addr: std::net::SocketAddr,
     sink: Arc<AtomicU64>,
+}
+
+/// What the sink does with the records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SinkKind {
+    /// Decrypts them (OpenSSL): the endpoints cost about what the middlebox does, so it often
+    /// waits for data and pays a wake-up and two system calls for every record or two.
+    Decrypt,
+    /// Skips them by their headers: the middlebox is the bottleneck, as in paper Figure 7.
+    Discard,
+}
+
+struct Tcp {
+    load: Runtime,
+    _mbox_rt: Runtime,
+    decrypt: Path,
+    discard: Path,
     setup_client: mbx_mbtls::handshake::ClientHandshakeConfig,
     tls_client: Arc<mbx_engine::OpenSslContext>,
 }
@@ -215,25 +231,33 @@ impl Tcp {
         let version = TlsVersion::Tls13;
         let load = rt("load", 1)?;
         let mbox_rt = rt("mbox-rt", 1)?;
-        let sink = Arc::new(AtomicU64::new(0));
-        let server = load.block_on(tls_server(
-            setup.tls_server(version)?,
-            Serve::Sink(sink.clone()),
-        ))?;
-        let app: AppFactory = Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
-        let cfg = MiddleboxServerConfig {
-            handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
-            next_hop: server.to_string(),
-            app,
-            placement: Placement::ClientSide,
+        let path = |kind: SinkKind| -> Res<Path> {
+            let sink = Arc::new(AtomicU64::new(0));
+            let serve = match kind {
+                SinkKind::Decrypt => Serve::Sink(sink.clone()),
+                SinkKind::Discard => Serve::Discard(sink.clone()),
+            };
+            let server = load.block_on(tls_server(setup.tls_server(version)?, serve))?;
+            let app: AppFactory =
+                Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
+            let cfg = MiddleboxServerConfig {
+                handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
+                next_hop: server.to_string(),
+                app,
+                placement: Placement::ClientSide,
+            };
+            let mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
+            let relay_addr = mbox_rt.block_on(tcp_relay(server))?;
+            Ok(Path {
+                mbox_addr: mbox.local_addr(),
+                _mbox: mbox,
+                relay_addr,
+                sink,
+            })
         };
-        let mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
-        let relay_addr = mbox_rt.block_on(tcp_relay(server))?;
         Ok(Tcp {
-            mbox_addr: mbox.local_addr(),
-            _mbox: mbox,
-            relay_addr,
-            sink,
+            decrypt: path(SinkKind::Decrypt)?,
+            discard: path(SinkKind::Discard)?,
             setup_client: setup.mbtls_client(
                 version,
                 ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()),
@@ -247,10 +271,14 @@ impl Tcp {
 
     /// One sample: `CONNS` connections each send `TCP_BYTES` in 16 KB writes. Returns bytes per
     /// CPU-second of the middlebox runtime, with mbTLS (true) or through the TCP relay.
-    fn sample(&self, mbtls: bool) -> Res<f64> {
+    fn sample(&self, mbtls: bool, kind: SinkKind) -> Res<Sample> {
+        let path = match kind {
+            SinkKind::Decrypt => &self.decrypt,
+            SinkKind::Discard => &self.discard,
+        };
         let record = vec![0x5au8; RECORD];
         let warm = RECORD as u64;
-        self.sink.store(0, Ordering::Relaxed);
+        path.sink.store(0, Ordering::Relaxed);
         self.load.block_on(async {
             // Connect and push one record each, so every handshake (and key installation at
             // the middlebox) is over before the CPU window opens.
@@ -258,16 +286,17 @@ impl Tcp {
             for _ in 0..CONNS {
                 if mbtls {
                     let mut c =
-                        MbtlsClient::connect(self.mbox_addr, self.setup_client.clone()).await?;
+                        MbtlsClient::connect(path.mbox_addr, self.setup_client.clone()).await?;
                     c.write_all(&record).await?;
                     writers.push(Box::new(c));
                 } else {
-                    let c = TlsClient::connect(self.relay_addr, &self.tls_client, &record).await?;
+                    let c = TlsClient::connect(path.relay_addr, &self.tls_client, &record).await?;
                     writers.push(Box::new(c));
                 }
             }
-            wait_for(&self.sink, warm * CONNS as u64).await?;
+            wait_for(&path.sink, warm * CONNS as u64).await?;
             let before = thread_cpu_ns(&["mbox-rt"]);
+            let wall = Instant::now();
             let mut tasks = Vec::new();
             for mut w in writers {
                 let record = record.clone();
@@ -282,12 +311,24 @@ impl Tcp {
             for t in tasks {
                 keep.push(t.await.map_err(|e| e.to_string())??);
             }
-            wait_for(&self.sink, (warm + TCP_BYTES as u64) * CONNS as u64).await?;
+            wait_for(&path.sink, (warm + TCP_BYTES as u64) * CONNS as u64).await?;
             let cpu = cpu_delta_s(&before, &thread_cpu_ns(&["mbox-rt"]));
+            let busy = cpu / wall.elapsed().as_secs_f64().max(1e-9);
             drop(keep);
-            Ok((CONNS * TCP_BYTES) as f64 / cpu.max(1e-9))
+            Ok(Sample {
+                per_cpu_s: (CONNS * TCP_BYTES) as f64 / cpu.max(1e-9),
+                busy,
+            })
         })
     }
+}
+
+/// One TCP sample.
+struct Sample {
+    /// Plaintext bytes relayed per CPU-second of the middlebox runtime.
+    per_cpu_s: f64,
+    /// The middlebox runtime's CPU time over the wall time of the sample (1.0 = saturated).
+    busy: f64,
 }
 
 /// Either client, for the throughput loop.
@@ -316,6 +357,20 @@ impl Writer for TlsClient {
     }
 }
 
+/// For profiling: only the middlebox-bound mbTLS relay over TCP, `n` samples, printed.
+pub fn tcp_bound_only(setup: &Setup, n: usize) -> Res<()> {
+    let tcp = Tcp::new(setup)?;
+    for i in 0..n {
+        let x = tcp.sample(true, SinkKind::Discard)?;
+        println!(
+            "middlebox-bound TCP dec+enc sample {i}: {:.0} MB/CPU-s, middlebox busy {:.0}%",
+            x.per_cpu_s / 1e6,
+            x.busy * 100.0
+        );
+    }
+    Ok(())
+}
+
 pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
     let tcp = Tcp::new(setup)?;
     let names = [
@@ -326,16 +381,24 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         "in_process_forward",
         "tcp_dec_enc",
         "tcp_forward",
+        "tcp_dec_enc_mbox_bound",
+        "tcp_forward_mbox_bound",
     ];
     let mut v: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut ratio_dec_enc = Vec::new();
     let mut ratio_tcp = Vec::new();
+    let mut ratio_tcp_bound = Vec::new();
+    let mut busy_bound = Vec::new();
     for rep in 0..=reps {
         let speed = openssl_speed()?;
         let ring = ring_speed()?;
         let (dec_enc, dec_enc_copy, fwd) = in_process()?;
-        let tcp_dec_enc = tcp.sample(true)?;
-        let tcp_fwd = tcp.sample(false)?;
+        let tcp_dec_enc = tcp.sample(true, SinkKind::Decrypt)?.per_cpu_s;
+        let tcp_fwd = tcp.sample(false, SinkKind::Decrypt)?.per_cpu_s;
+        let bound = tcp.sample(true, SinkKind::Discard)?;
+        let tcp_dec_enc_bound = bound.per_cpu_s;
+        let tcp_fwd_bound = tcp.sample(false, SinkKind::Discard)?.per_cpu_s;
+        busy_bound.push(bound.busy);
         if rep == 0 {
             continue; // warm-up
         }
@@ -347,13 +410,16 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             fwd,
             tcp_dec_enc,
             tcp_fwd,
+            tcp_dec_enc_bound,
+            tcp_fwd_bound,
         ]) {
             slot.push(x / 1e6);
         }
         ratio_dec_enc.push(dec_enc / speed);
         ratio_tcp.push(tcp_dec_enc / speed);
+        ratio_tcp_bound.push(tcp_dec_enc_bound / speed);
         println!(
-            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0}",
+            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0} | middlebox-bound: dec+enc {:.0} ({:.2}), forward {:.0}",
             speed / 1e6,
             ring / 1e6,
             dec_enc / 1e6,
@@ -362,7 +428,10 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             fwd / 1e6,
             tcp_dec_enc / 1e6,
             tcp_dec_enc / speed,
-            tcp_fwd / 1e6
+            tcp_fwd / 1e6,
+            tcp_dec_enc_bound / 1e6,
+            tcp_dec_enc_bound / speed,
+            tcp_fwd_bound / 1e6
         );
     }
     let mut out = serde_json::Map::new();
@@ -379,6 +448,15 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         "tcp_dec_enc_over_openssl".into(),
         json!({"per_rep": rt_, "of_two_pass_ceiling": med(&rt_) * 2.0}),
     );
+    let rb = stats(&ratio_tcp_bound);
+    out.insert(
+        "tcp_dec_enc_mbox_bound_over_openssl".into(),
+        json!({"per_rep": rb, "of_two_pass_ceiling": med(&rb) * 2.0}),
+    );
+    out.insert(
+        "tcp_dec_enc_mbox_bound_busy".into(),
+        json!({"what": "middlebox CPU time / wall time", "per_rep": stats(&busy_bound)}),
+    );
     out.insert(
         "setup".into(),
         json!({
@@ -387,6 +465,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             "tcp_bytes_per_conn": TCP_BYTES, "chunk_bytes": CHUNK, "app": "PassThrough",
             "in_process_input": "chunks lent mutably (receive_in_place); copied_in: borrowed (receive)",
             "direction": "client to server",
+            "sinks": "tcp_*: the sink decrypts (OpenSSL); *_mbox_bound: the sink skips records by their headers, so the middlebox is the bottleneck",
         }),
     );
     drop(tcp);

@@ -4,8 +4,10 @@
 use mbx_attest::Claims;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::time::timeout;
 
-use super::{DriverError, READ_BUF};
+use super::outbox::Outbox;
+use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, SessionSummary,
@@ -25,12 +27,45 @@ pub enum MiddleboxVerdict {
 /// An mbTLS client session over TCP, after its handshake.
 pub struct MbtlsClient {
     stream: TcpStream,
+    session: Session,
+    buf: Vec<u8>,
+}
+
+/// The core and what its events told so far (apart from the socket, so that the socket can be
+/// split while events are handled).
+struct Session {
     hs: ClientHandshake,
     verdict: MiddleboxVerdict,
     /// Every verdict, in the order the middleboxes' evidence was checked.
     verdicts: Vec<MiddleboxVerdict>,
     peer_closed: bool,
-    buf: Vec<u8>,
+}
+
+impl Session {
+    fn events(&mut self) -> Result<(), DriverError> {
+        while let Some(ev) = self.hs.poll_event() {
+            match ev {
+                ClientHandshakeEvent::MiddleboxVerified(claims) => {
+                    self.verdict = MiddleboxVerdict::Verified(claims);
+                    self.verdicts.push(self.verdict.clone());
+                }
+                ClientHandshakeEvent::MiddleboxExcluded(why) => {
+                    self.verdict = MiddleboxVerdict::Excluded(why);
+                    self.verdicts.push(self.verdict.clone());
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
+                    return Err(DriverError::alert(a, "received from the path"))
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
+                    return Err(DriverError::alert(alert, what))
+                }
+                ClientHandshakeEvent::Data(ev) => tracing::debug!(?ev, "mbtls client"),
+                ev => tracing::debug!(?ev, "mbtls client"),
+            }
+        }
+        Ok(())
+    }
 }
 
 impl MbtlsClient {
@@ -62,14 +97,16 @@ impl MbtlsClient {
         }
         let mut c = MbtlsClient {
             stream,
-            hs,
-            verdict: MiddleboxVerdict::Direct,
-            verdicts: Vec::new(),
-            peer_closed: false,
+            session: Session {
+                hs,
+                verdict: MiddleboxVerdict::Direct,
+                verdicts: Vec::new(),
+                peer_closed: false,
+            },
             buf: vec![0u8; READ_BUF],
         };
         c.flush().await?;
-        while !c.hs.data_phase_started() {
+        while !c.session.hs.data_phase_started() {
             if !c.read_some().await? {
                 return Err(DriverError::PeerGone {
                     peer: "middlebox",
@@ -82,30 +119,30 @@ impl MbtlsClient {
 
     /// Version, suite and the key fingerprint of every hop the client generated or bridged.
     pub fn summary(&self) -> Option<&SessionSummary> {
-        self.hs.summary()
+        self.session.hs.summary()
     }
 
     /// The attestation/approval verdict on the middlebox (the last one checked, when there
     /// are several).
     pub fn verdict(&self) -> &MiddleboxVerdict {
-        &self.verdict
+        &self.session.verdict
     }
 
     /// The verdict on each middlebox that spoke, in the order they were checked (empty for a
     /// direct session).
     pub fn verdicts(&self) -> &[MiddleboxVerdict] {
-        &self.verdicts
+        &self.session.verdicts
     }
 
     /// Encrypts and sends `data` to the server (through the middlebox).
     pub async fn write_all(&mut self, data: &[u8]) -> Result<(), DriverError> {
-        self.hs.write(data)?;
+        self.session.hs.write(data)?;
         self.flush().await
     }
 
     /// Sends close_notify: no more data from us. Reading stays possible.
     pub async fn close(&mut self) -> Result<(), DriverError> {
-        self.hs.close()?;
+        self.session.hs.close()?;
         self.flush().await
     }
 
@@ -113,11 +150,11 @@ impl MbtlsClient {
     /// that ends without close_notify is an error (truncation), as is any alert.
     pub async fn read(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
         loop {
-            let data = self.hs.take_plaintext();
+            let data = self.session.hs.take_plaintext();
             if !data.is_empty() {
                 return Ok(Some(data));
             }
-            if self.peer_closed {
+            if self.session.peer_closed {
                 return Ok(None);
             }
             if !self.read_some().await? {
@@ -142,37 +179,40 @@ impl MbtlsClient {
     /// bytes from `local` are encrypted toward the server, the server's data is written to
     /// `local`. Local EOF sends close_notify; the server's close_notify half-closes `local`.
     /// Returns the bytes carried each way once both directions ended.
-    pub async fn proxy(mut self, local: TcpStream) -> Result<(u64, u64), DriverError> {
+    pub async fn proxy(self, local: TcpStream) -> Result<(u64, u64), DriverError> {
+        let MbtlsClient {
+            stream,
+            mut session,
+            mut buf,
+        } = self;
         let (mut local_r, mut local_w) = local.into_split();
+        let (mut stream_r, mut stream_w) = stream.into_split();
         let mut local_buf = vec![0u8; READ_BUF];
         let (mut up, mut down) = (0u64, 0u64);
         let mut local_open = true;
-        let mut local_write_open = true;
+        let (mut to_path, mut to_local) = (Outbox::new(), Outbox::new());
         loop {
-            let data = self.hs.take_plaintext();
-            if !data.is_empty() && local_write_open {
-                down += data.len() as u64;
-                local_w
-                    .write_all(&data)
-                    .await
-                    .map_err(DriverError::io("writing to the local connection"))?;
+            let data = session.hs.take_plaintext();
+            down += data.len() as u64;
+            to_local.push(data);
+            to_path.push(session.hs.take_outgoing());
+            if session.peer_closed {
+                to_local.finish();
+                if !local_open && !to_local.wants_write() && !to_path.wants_write() {
+                    return Ok((up, down));
+                }
             }
-            if self.peer_closed && local_write_open {
-                let _ = local_w.shutdown().await;
-                local_write_open = false;
-            }
-            if self.peer_closed && !local_open {
-                return Ok((up, down));
-            }
-            // Both reads are cancel-safe; the core and the writes run outside the select.
+            let (want_p, want_l) = (to_path.wants_write(), to_local.wants_write());
+            // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
             tokio::select! {
-                r = self.stream.read(&mut self.buf), if !self.peer_closed => {
+                r = stream_r.read(&mut buf), if !session.peer_closed && to_local.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the middlebox"))?;
                     if n == 0 {
                         // After our close_notify a server may just close (nginx does); before
                         // it this is truncation.
                         if !local_open {
-                            let _ = local_w.shutdown().await;
+                            to_local.finish();
+                            let _ = timeout(CLOSE_GRACE, to_local.flush(&mut local_w)).await;
                             return Ok((up, down));
                         }
                         return Err(DriverError::PeerGone {
@@ -180,23 +220,31 @@ impl MbtlsClient {
                             when: "without close_notify (the session may be truncated)",
                         });
                     }
-                    let r = self.hs.receive(self.buf.get(..n).unwrap_or_default());
-                    let flushed = self.flush().await;
-                    r?;
-                    self.events()?;
-                    flushed?;
+                    let r = session.hs.receive(buf.get(..n).unwrap_or_default());
+                    // Whatever the core queued (e.g. an alert) goes out before the error.
+                    to_path.push(session.hs.take_outgoing());
+                    if let Err(e) = r.map_err(DriverError::from).and_then(|()| session.events()) {
+                        let _ = timeout(CLOSE_GRACE, to_path.flush(&mut stream_w)).await;
+                        return Err(e);
+                    }
                 }
-                r = local_r.read(&mut local_buf), if local_open => {
+                r = local_r.read(&mut local_buf), if local_open && to_path.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the local connection"))?;
                     if n == 0 {
                         local_open = false;
-                        self.hs.close()?;
+                        session.hs.close()?;
                     } else {
                         up += n as u64;
-                        self.hs.write(local_buf.get(..n).unwrap_or_default())?;
+                        session.hs.write(local_buf.get(..n).unwrap_or_default())?;
                     }
-                    self.flush().await?;
                 }
+                w = to_path.write_some(&mut stream_w), if want_p => {
+                    w.map_err(DriverError::io("writing to the middlebox"))?;
+                }
+                w = to_local.write_some(&mut local_w), if want_l => {
+                    w.map_err(DriverError::io("writing to the local connection"))?;
+                }
+                else => return Err(DriverError::Relay("the proxy has nothing left to wait for".into())),
             }
         }
     }
@@ -211,42 +259,20 @@ impl MbtlsClient {
         if n == 0 {
             return Ok(false);
         }
-        let r = self.hs.receive(self.buf.get(..n).unwrap_or_default());
+        let r = self
+            .session
+            .hs
+            .receive(self.buf.get(..n).unwrap_or_default());
         // Whatever the core queued (e.g. an alert) goes out before we report the error.
         let flushed = self.flush().await;
         r?;
-        self.events()?;
+        self.session.events()?;
         flushed?;
         Ok(true)
     }
 
-    fn events(&mut self) -> Result<(), DriverError> {
-        while let Some(ev) = self.hs.poll_event() {
-            match ev {
-                ClientHandshakeEvent::MiddleboxVerified(claims) => {
-                    self.verdict = MiddleboxVerdict::Verified(claims);
-                    self.verdicts.push(self.verdict.clone());
-                }
-                ClientHandshakeEvent::MiddleboxExcluded(why) => {
-                    self.verdict = MiddleboxVerdict::Excluded(why);
-                    self.verdicts.push(self.verdict.clone());
-                }
-                ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
-                ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
-                    return Err(DriverError::alert(a, "received from the path"))
-                }
-                ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
-                    return Err(DriverError::alert(alert, what))
-                }
-                ClientHandshakeEvent::Data(ev) => tracing::debug!(?ev, "mbtls client"),
-                ev => tracing::debug!(?ev, "mbtls client"),
-            }
-        }
-        Ok(())
-    }
-
     async fn flush(&mut self) -> Result<(), DriverError> {
-        let out = self.hs.take_outgoing();
+        let out = self.session.hs.take_outgoing();
         if !out.is_empty() {
             self.stream
                 .write_all(&out)
@@ -260,8 +286,8 @@ impl MbtlsClient {
 impl core::fmt::Debug for MbtlsClient {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("MbtlsClient")
-            .field("verdict", &self.verdict)
-            .field("summary", &self.hs.summary())
+            .field("verdict", &self.session.verdict)
+            .field("summary", &self.session.hs.summary())
             .finish_non_exhaustive()
     }
 }

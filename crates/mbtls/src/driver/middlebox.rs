@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::DriverError;
+use super::outbox::Outbox;
+use super::{DriverError, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -32,11 +32,6 @@ type App = Box<dyn MiddleboxApp + Send>;
 /// Bytes read from a socket at once: several 16 KB records per system call when the peer is
 /// sending in bulk (fewer reads, and records are opened in this buffer, not copied out of it).
 const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
-/// Chunks queued toward one neighbour before reading from the other side waits (back-pressure).
-const QUEUE: usize = 64;
-/// After a fatal error or the end of the session: how long queued bytes (e.g. alerts) may take
-/// to leave before the sockets are dropped anyway.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// Client side: how long after forwarding a ClientHello with optimistic hellos the middlebox
 /// answers ours ahead of the ServerHello (`MiddleboxHandshake::prepare`: engine, key share,
 /// signature, evidence, about 0.4–0.7 ms of CPU), instead of when the server's flight is here
@@ -354,93 +349,28 @@ impl Core {
     }
 }
 
-enum Out {
-    Data(Vec<u8>),
-    /// Half-close: no more bytes toward this neighbour.
-    Fin,
-}
-
-/// Emptied outgoing buffers, handed back by the writers for reuse (their allocations stay
-/// warm instead of being freed and faulted in again for every chunk). Only ciphertext ever
-/// passes through them.
-#[derive(Clone, Default)]
-struct Pool(Arc<Mutex<Vec<Vec<u8>>>>);
-
-/// Buffers kept per connection: enough for the queued chunks of a busy direction.
-const POOL_MAX: usize = 8;
-
-impl Pool {
-    fn get(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|mut p| p.pop())
-            .unwrap_or_default()
-    }
-
-    fn put(&self, mut buf: Vec<u8>) {
-        buf.clear();
-        if let Ok(mut p) = self.0.lock() {
-            if p.len() < POOL_MAX {
-                p.push(buf);
-            }
-        }
-    }
-}
-
-async fn writer(
-    mut half: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Out>,
-    pool: Pool,
-) -> std::io::Result<()> {
-    while let Some(out) = rx.recv().await {
-        match out {
-            Out::Data(d) => {
-                half.write_all(&d).await?;
-                pool.put(d);
-            }
-            Out::Fin => {
-                half.shutdown().await?;
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
-}
-
 struct Conn {
     hs: Core,
-    pool: Pool,
-    to_client: mpsc::Sender<Out>,
-    to_server: mpsc::Sender<Out>,
+    to_client: Outbox,
+    to_server: Outbox,
     failure: Option<String>,
 }
 
 impl Conn {
-    fn tx(&self, to: Side) -> &mpsc::Sender<Out> {
+    fn outbox(&mut self, to: Side) -> &mut Outbox {
         match to {
-            Side::Client => &self.to_client,
-            Side::Server => &self.to_server,
+            Side::Client => &mut self.to_client,
+            Side::Server => &mut self.to_server,
         }
     }
 
     /// Queues what the core produced for both neighbours, in order.
-    async fn push(&mut self) -> Result<(), DriverError> {
+    fn push(&mut self) {
         for to in [Side::Client, Side::Server] {
-            let mut out = self.pool.get();
+            let mut out = self.outbox(to).take_buffer();
             self.hs.append_outgoing(to, &mut out);
-            if out.is_empty() {
-                self.pool.put(out);
-                continue;
-            }
-            if self.tx(to).send(Out::Data(out)).await.is_err() {
-                return Err(DriverError::PeerGone {
-                    peer: side_name(to),
-                    when: "while we were writing to it",
-                });
-            }
+            self.outbox(to).push(out);
         }
-        Ok(())
     }
 
     fn events(&mut self, report: &mut ConnectionReport) {
@@ -519,19 +449,12 @@ async fn relay(
             announce,
         )?),
     };
-    let (mut client_r, client_w) = client.into_split();
-    let (mut server_r, server_w) = server.into_split();
-    let (to_client, rx_c) = mpsc::channel(QUEUE);
-    let (to_server, rx_s) = mpsc::channel(QUEUE);
-    let pool = Pool::default();
-    let mut writers = JoinSet::new();
-    writers.spawn(writer(client_w, rx_c, pool.clone()));
-    writers.spawn(writer(server_w, rx_s, pool.clone()));
+    let (mut client_r, mut client_w) = client.into_split();
+    let (mut server_r, mut server_w) = server.into_split();
     let mut conn = Conn {
         hs,
-        pool,
-        to_client,
-        to_server,
+        to_client: Outbox::recycling(),
+        to_server: Outbox::recycling(),
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
@@ -546,20 +469,26 @@ async fn relay(
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
         }
+        // What the client sends goes to the server, and the other way round.
+        let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
+        let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
         let (from, read) = tokio::select! {
-            r = client_r.read(&mut buf_c), if open[0] => (Side::Client, r.map(|n| buf_c.get_mut(..n).unwrap_or_default())),
-            r = server_r.read(&mut buf_s), if open[1] => (Side::Server, r.map(|n| buf_s.get_mut(..n).unwrap_or_default())),
+            r = client_r.read(&mut buf_c), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.get_mut(..n).unwrap_or_default())),
+            r = server_r.read(&mut buf_s), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.get_mut(..n).unwrap_or_default())),
+            w = conn.to_client.write_some(&mut client_w), if want_c => match w {
+                Ok(()) => continue,
+                Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
+            },
+            w = conn.to_server.write_some(&mut server_w), if want_s => match w {
+                Ok(()) => continue,
+                Err(_) => break Err(DriverError::PeerGone { peer: "server", when: "while we were writing to it" }),
+            },
             _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
                 prepare_at = None;
                 conn.hs.prepare();
                 continue;
             }
-            Some(w) = writers.join_next() => {
-                match w {
-                    Ok(Ok(())) => continue,
-                    _ => break Err(DriverError::PeerGone { peer: "neighbour", when: "while we were writing to it" }),
-                }
-            }
+            else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
         };
         // A reset counts as the peer disappearing, like EOF without close_notify.
         let bytes = read.unwrap_or_default();
@@ -569,7 +498,7 @@ async fn relay(
                 if let Some(slot) = open.get_mut(idx) {
                     *slot = false;
                 }
-                let _ = conn.tx(from.other()).send(Out::Fin).await;
+                conn.outbox(from.other()).finish();
                 continue;
             }
             break Err(DriverError::PeerGone {
@@ -584,19 +513,20 @@ async fn relay(
         let received = conn.hs.receive(from, bytes);
         conn.events(report);
         // Alerts the core queued go out even when it failed.
-        let pushed = conn.push().await;
+        conn.push();
         received?;
-        pushed?;
         if prepare_at.is_none() && conn.hs.wants_prepare() {
             prepare_at = Some(tokio::time::Instant::now() + PREPARE_DELAY);
         }
     };
     // Orderly or not, let queued bytes (close_notify, alerts) leave, then close both sockets.
-    let _ = conn.to_client.send(Out::Fin).await;
-    let _ = conn.to_server.send(Out::Fin).await;
-    drop(conn);
+    conn.to_client.finish();
+    conn.to_server.finish();
     let _ = tokio::time::timeout(CLOSE_GRACE, async {
-        while writers.join_next().await.is_some() {}
+        tokio::join!(
+            conn.to_client.flush(&mut client_w),
+            conn.to_server.flush(&mut server_w)
+        )
     })
     .await;
     result

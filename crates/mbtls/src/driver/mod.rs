@@ -19,6 +19,7 @@
 
 pub mod client;
 pub mod middlebox;
+mod outbox;
 pub mod server;
 
 pub use client::{MbtlsClient, MiddleboxVerdict};
@@ -32,6 +33,10 @@ use crate::hop::Alert;
 
 /// Bytes read from a socket at once.
 pub(crate) const READ_BUF: usize = 32 * 1024;
+
+/// After a fatal error or the end of the session: how long queued bytes (e.g. alerts) may take
+/// to leave before the sockets are dropped anyway.
+pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why a driver stopped.
 #[derive(Debug, thiserror::Error)]

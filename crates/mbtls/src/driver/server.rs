@@ -11,9 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::timeout;
 
 use super::client::MiddleboxVerdict;
-use super::{DriverError, READ_BUF};
+use super::outbox::Outbox;
+use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ServerHandshake, ServerHandshakeConfig, ServerHandshakeEvent, SessionSummary,
@@ -197,33 +199,38 @@ impl Session {
             .map_err(DriverError::io("cannot connect to the backend"))?;
         let _ = backend.set_nodelay(true);
         let (mut backend_r, mut backend_w) = backend.into_split();
+        let (mut stream_r, mut stream_w) = stream.into_split();
         let mut backend_buf = vec![0u8; READ_BUF];
         let mut backend_open = true;
-        let mut backend_write_open = true;
+        let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
         loop {
             // Plaintext that arrived (possibly with the handshake) goes to the backend first.
             let plain = hs.take_plaintext();
-            if !plain.is_empty() && backend_write_open {
-                self.report.bytes_to_backend += plain.len() as u64;
-                backend_w
-                    .write_all(&plain)
-                    .await
-                    .map_err(DriverError::io("writing to the backend"))?;
+            self.report.bytes_to_backend += plain.len() as u64;
+            to_backend.push(plain);
+            to_prev.push(hs.take_outgoing());
+            if self.peer_closed {
+                to_backend.finish();
+                if !backend_open && !to_prev.wants_write() && !to_backend.wants_write() {
+                    return Ok(());
+                }
             }
-            if self.peer_closed && backend_write_open {
-                let _ = backend_w.shutdown().await;
-                backend_write_open = false;
-            }
-            if self.peer_closed && !backend_open {
-                return Ok(());
-            }
+            let (want_p, want_b) = (to_prev.wants_write(), to_backend.wants_write());
             tokio::select! {
-                r = stream.read(&mut buf), if !self.peer_closed => {
+                // Records from the previous hop become plaintext for the backend.
+                r = stream_r.read(&mut buf), if !self.peer_closed && to_backend.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the previous hop"))?;
                     if n == 0 {
                         // After our close_notify (the backend finished its answer) a client
                         // may just close, as HTTP clients do; before it, this is truncation.
                         if !backend_open {
+                            let _ = timeout(CLOSE_GRACE, async {
+                                tokio::join!(
+                                    to_prev.flush(&mut stream_w),
+                                    to_backend.flush(&mut backend_w)
+                                )
+                            })
+                            .await;
                             return Ok(());
                         }
                         return Err(DriverError::PeerGone {
@@ -232,12 +239,14 @@ impl Session {
                         });
                     }
                     let r = hs.receive(buf.get(..n).unwrap_or_default());
-                    let flushed = flush(&mut hs, &mut stream).await;
-                    r?;
-                    self.events(&mut hs)?;
-                    flushed?;
+                    // Whatever the core queued (e.g. an alert) goes out before the error.
+                    to_prev.push(hs.take_outgoing());
+                    if let Err(e) = r.map_err(DriverError::from).and_then(|()| self.events(&mut hs)) {
+                        let _ = timeout(CLOSE_GRACE, to_prev.flush(&mut stream_w)).await;
+                        return Err(e);
+                    }
                 }
-                r = backend_r.read(&mut backend_buf), if backend_open => {
+                r = backend_r.read(&mut backend_buf), if backend_open && to_prev.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the backend"))?;
                     if n == 0 {
                         backend_open = false;
@@ -246,8 +255,14 @@ impl Session {
                         self.report.bytes_from_backend += n as u64;
                         hs.write(backend_buf.get(..n).unwrap_or_default())?;
                     }
-                    flush(&mut hs, &mut stream).await?;
                 }
+                w = to_prev.write_some(&mut stream_w), if want_p => {
+                    w.map_err(DriverError::io("writing to the previous hop"))?;
+                }
+                w = to_backend.write_some(&mut backend_w), if want_b => {
+                    w.map_err(DriverError::io("writing to the backend"))?;
+                }
+                else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
             }
         }
     }
