@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
@@ -525,7 +525,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         primary: Arc::new(OpenSslContext::new(&primary).context("client TLS configuration")?),
         server_name: server_name.clone(),
         secondary: Arc::new(
-            OpenSslContext::new(&secondary).context("middlebox TLS configuration")?,
+            RustlsClientContext::new(&secondary).context("middlebox TLS configuration")?,
         ),
         middlebox,
         policy,
@@ -954,7 +954,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),
             secondary: Arc::new(
-                OpenSslContext::new(&secondary).context("middlebox TLS configuration")?,
+                RustlsClientContext::new(&secondary).context("middlebox TLS configuration")?,
             ),
             middlebox,
             policy,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp};
 use mbx_attest::{sim, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::{
     fingerprint_hex, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
     MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement, ServerConnectionReport,
@@ -176,7 +176,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
         MbtlsServerConfig {
             handshake: ServerHandshakeConfig {
                 primary: Arc::new(OpenSslContext::new(&primary)?),
-                secondary: Arc::new(OpenSslContext::new(&TlsConfig::client(
+                secondary: Arc::new(RustlsClientContext::new(&TlsConfig::client(
                     SERVER_MB,
                     root.clone(),
                 ))?),
@@ -226,7 +226,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let client_cfg = ClientHandshakeConfig {
         primary: Arc::new(OpenSslContext::new(&client_primary)?),
         server_name: SERVER.into(),
-        secondary: Arc::new(OpenSslContext::new(&TlsConfig::client(
+        secondary: Arc::new(RustlsClientContext::new(&TlsConfig::client(
             CLIENT_MBS[0],
             root,
         ))?),

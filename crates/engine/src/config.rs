@@ -107,7 +107,8 @@ pub struct TlsConfig {
     /// Servers: issue session tickets (TLS 1.2 NewSessionTicket / TLS 1.3 tickets).
     pub session_tickets: bool,
     /// Key-exchange groups in preference order, by OpenSSL name (`X25519`, `P-256`, `P-384`,
-    /// …; empty: library defaults). OpenSSL engine only. A server limited to a group the
+    /// …; empty: library defaults; rustls knows these three). A client sends its TLS 1.3 key
+    /// share for the first. A server limited to a group the
     /// client did not send a key share for answers a TLS 1.3 ClientHello with a
     /// HelloRetryRequest.
     pub groups: Vec<String>,

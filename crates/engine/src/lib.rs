@@ -43,11 +43,24 @@ pub use config::{
 };
 pub use error::{AlertDescription, EngineError};
 pub use openssl_engine::{OpenSslContext, OpenSslEngine};
-pub use rustls_engine::RustlsEngine;
+pub use rustls_engine::{RustlsClientContext, RustlsEngine};
 pub use session::{DirectionState, ExportedSession, Handoff};
 
 use mbx_record::TlsVersion;
 use zeroize::Zeroizing;
+
+/// Client configuration shared by many sessions, whichever engine runs them: where the engine
+/// is a choice (an mbTLS endpoint's secondary sessions with its middleboxes), the caller holds
+/// an `Arc<dyn ClientContext>`.
+pub trait ClientContext: Send + Sync {
+    /// A new client session. `server_name`: SNI and the name the certificate must be valid
+    /// for; `None`: no SNI, and only the chain is verified (a middlebox found on the path,
+    /// whose name nobody configured).
+    fn client_engine(
+        &self,
+        server_name: Option<&str>,
+    ) -> Result<Box<dyn TlsEngine + Send>, EngineError>;
+}
 
 /// A TLS endpoint driven over memory buffers. No I/O, clocks or threads inside.
 pub trait TlsEngine {

@@ -4,10 +4,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{open_and_reseal, pump, pump_err, split_records, Pki, SUITES, V12, V13};
+use common::{open_and_reseal, pump, pump_err, split_records, Pki, HOST, SUITES, V12, V13};
 use mbx_engine::{
     AlertDescription, CustomExtension, EngineError, ExtensionResponse, Handoff, OpenSslContext,
-    OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine,
+    OpenSslEngine, RustlsClientContext, RustlsEngine, TlsConfig, TlsEngine,
 };
 use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
 
@@ -603,7 +603,7 @@ fn cipher_suites_outside_the_record_layer_are_config_errors() {
 }
 
 #[test]
-fn groups_are_checked_and_openssl_only() {
+fn groups_are_checked_and_the_client_offers_the_first() {
     let pki = Pki::new();
     let unknown = TlsConfig {
         groups: vec!["no-such-group".into()],
@@ -613,15 +613,117 @@ fn groups_are_checked_and_openssl_only() {
         OpenSslContext::new(&unknown),
         Err(EngineError::Config(_))
     ));
-    let p384 = TlsConfig {
-        groups: vec!["P-384".into()],
-        ..pki.client_config()
-    };
-    assert!(OpenSslContext::new(&p384).is_ok());
     assert!(matches!(
-        RustlsEngine::new(&p384),
-        Err(EngineError::Unsupported(_))
+        RustlsEngine::new(&unknown),
+        Err(EngineError::Config(_))
     ));
+    assert!(matches!(
+        RustlsClientContext::new(&unknown),
+        Err(EngineError::Config(_))
+    ));
+    // A server that only knows P-384: a rustls client limited to X25519 has no group in
+    // common with it, one limited to P-384 completes, whichever way it is built.
+    let server = TlsConfig {
+        groups: vec!["P-384".into()],
+        ..pki.server_config()
+    };
+    for (groups, ok) in [(vec!["X25519"], false), (vec!["P-384", "X25519"], true)] {
+        let client = TlsConfig {
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..pki.client_config()
+        };
+        let mut a = rustls_cfg(client.clone());
+        let mut s = ossl(&server);
+        let (ea, es) = pump_err(&mut a, &mut s);
+        assert_eq!(
+            ea.is_none() && es.is_none(),
+            ok,
+            "{groups:?}: {ea:?} {es:?}"
+        );
+        let mut b = RustlsClientContext::new(&client)
+            .unwrap()
+            .engine_for(Some(HOST))
+            .unwrap();
+        let mut s = ossl(&server);
+        let (eb, es) = pump_err(&mut b, &mut s);
+        assert_eq!(
+            eb.is_none() && es.is_none(),
+            ok,
+            "{groups:?}: {eb:?} {es:?}"
+        );
+    }
+}
+
+/// The extension types of a ClientHello handshake message (header included).
+fn client_hello_extensions(msg: &[u8]) -> Vec<u16> {
+    let mut at = 4 + 2 + 32; // header, legacy_version, random
+    at += 1 + usize::from(msg[at]); // session id
+    at += 2 + usize::from(u16::from_be_bytes([msg[at], msg[at + 1]])); // cipher suites
+    at += 1 + usize::from(msg[at]); // compression methods
+    let end = at + 2 + usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
+    at += 2;
+    let mut types = Vec::new();
+    while at < end {
+        types.push(u16::from_be_bytes([msg[at], msg[at + 1]]));
+        at += 4 + usize::from(u16::from_be_bytes([msg[at + 2], msg[at + 3]]));
+    }
+    types
+}
+
+/// One handshake message as plaintext records of at most 2^14 bytes.
+fn records_of(msg: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for chunk in msg.chunks(1 << 14) {
+        out.extend_from_slice(&[22, 3, 1]);
+        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        out.extend_from_slice(chunk);
+    }
+    out
+}
+
+#[test]
+fn rustls_client_context_checks_name_or_chain_and_never_resumes() {
+    let pki = Pki::new();
+    let other = Pki::new(); // another CA
+    for version in [V12, V13] {
+        let ctx = RustlsClientContext::new(&pki.client_config().only(version)).unwrap();
+        // A server that issues tickets, so that a resuming client would resume.
+        let server = OpenSslContext::new(&pki.server_config().only(version)).unwrap();
+        for _ in 0..2 {
+            let mut c = ctx.engine_for(Some(HOST)).unwrap();
+            let hello = c.take_client_hello().unwrap();
+            assert!(
+                !client_hello_extensions(&hello).contains(&41),
+                "{version:?}: a pre_shared_key was offered"
+            );
+            let mut s = server.engine().unwrap();
+            s.feed(&records_of(&hello));
+            pump(&mut c, &mut s).unwrap();
+            assert_eq!(c.version(), Some(version));
+            transfer(&mut c, &mut s, b"through a shared rustls configuration");
+            // A full handshake each time: the certificate is there to check.
+            assert_eq!(
+                c.peer_certificates().first().map(Vec::as_slice),
+                Some(pki.server.cert_der().as_ref()),
+                "{version:?}"
+            );
+        }
+        // The name is checked when one is given, not otherwise.
+        let mut wrong = ctx.engine_for(Some("other.mbx.test")).unwrap();
+        let (e, _) = pump_err(&mut wrong, &mut server.engine().unwrap());
+        assert!(e.is_some(), "{version:?}: wrong name accepted");
+        let mut unnamed = ctx.engine_for(None).unwrap();
+        pump(&mut unnamed, &mut server.engine().unwrap()).unwrap();
+        // Without a name, the chain still has to lead to our roots.
+        let foreign = OpenSslContext::new(&other.server_config().only(version)).unwrap();
+        for name in [None, Some(HOST)] {
+            let mut c = ctx.engine_for(name).unwrap();
+            let (e, _) = pump_err(&mut c, &mut foreign.engine().unwrap());
+            assert!(e.is_some(), "{version:?} {name:?}: foreign chain accepted");
+        }
+    }
+    // Only clients.
+    assert!(RustlsClientContext::new(&pki.server_config()).is_err());
 }
 
 #[test]

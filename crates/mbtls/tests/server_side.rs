@@ -9,7 +9,10 @@ use std::sync::Arc;
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, PassThrough, Verdict};
 use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
+use mbx_engine::{
+    ClientContext, CustomExtension, Identity, OpenSslContext, OpenSslEngine, RustlsClientContext,
+    TlsConfig, TlsEngine,
+};
 use mbx_mbtls::handshake::{
     Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
@@ -42,6 +45,8 @@ struct Setup {
     pki: TestPki,
     /// Key-exchange groups of every server (empty: OpenSSL's defaults).
     server_groups: Vec<String>,
+    /// Which engine runs the endpoints' secondary sessions: "openssl" or "rustls".
+    secondary_engine: &'static str,
 }
 
 impl Setup {
@@ -63,6 +68,23 @@ impl Setup {
             policy,
             pki,
             server_groups: Vec::new(),
+            secondary_engine: "openssl",
+        }
+    }
+
+    /// The same world twice: endpoints with OpenSSL, then with rustls secondary sessions.
+    fn both() -> [Setup; 2] {
+        let rustls = Setup {
+            secondary_engine: "rustls",
+            ..Setup::new()
+        };
+        [Setup::new(), rustls]
+    }
+
+    fn secondary(&self, cfg: &TlsConfig) -> Arc<dyn ClientContext> {
+        match self.secondary_engine {
+            "rustls" => Arc::new(RustlsClientContext::new(cfg).unwrap()),
+            _ => Arc::new(OpenSslContext::new(cfg).unwrap()),
         }
     }
 
@@ -96,7 +118,7 @@ impl Setup {
         let secondary = TlsConfig::client(default_name, self.root.clone());
         ServerHandshake::new(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
-            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            secondary: self.secondary(&secondary),
             middlebox,
             policy: self.policy.clone(),
             now_unix: 1_800_000_000,
@@ -131,7 +153,7 @@ impl Setup {
         ClientHandshake::new(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             server_name: "server.test".into(),
-            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            secondary: self.secondary(&secondary),
             middlebox,
             policy: self.policy.clone(),
             now_unix: 1_800_000_000,
@@ -316,216 +338,232 @@ const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n";
 
 #[test]
 fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            server_side_mb(&s, tagger("mb2.test")),
-            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-        ]);
-        // The legacy client sends its request as soon as its handshake is done: in TLS 1.3 in
-        // the flight of its Finished, before the middlebox has keys (copied, replayed).
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        path.first().write(REQUEST);
-        path.pump();
-        path.assert_no_errors();
-        let mb = path.server_side_mb(1);
-        assert!(mb.keys_installed(), "{version:?}");
-        let me = mb_events(mb);
-        assert!(
-            me.contains(&MiddleboxHandshakeEvent::Announced { subchannel: 0 }),
-            "{me:?}"
-        );
-        assert!(me.contains(&MiddleboxHandshakeEvent::EvidenceSent));
-        let se = server_events(path.server());
-        assert!(
-            matches!(
-                se.first(),
-                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
-            ),
-            "{se:?}"
-        );
-        assert!(se.contains(&ClientHandshakeEvent::KeysSent));
-        assert!(path.server().is_ready());
-        // The request crossed the middlebox's app exactly once.
-        assert_eq!(
-            path.last().read(),
-            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\n\r\n"
-        );
-        path.last().write(b"response");
-        path.pump();
-        assert_eq!(path.first().read(), b"RESPONSE");
-        // Two hops, and the fresh one is not the bridge.
-        let summary = path.server().summary().unwrap().clone();
-        assert_eq!(summary.version, version);
-        assert_eq!(summary.hops.len(), 2);
-        assert_ne!(summary.hops[0], summary.hops[1]);
-        assert!(summary.middlebox_joined);
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                server_side_mb(&s, tagger("mb2.test")),
+                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ]);
+            // The legacy client sends its request as soon as its handshake is done: in TLS 1.3 in
+            // the flight of its Finished, before the middlebox has keys (copied, replayed).
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            let mb = path.server_side_mb(1);
+            assert!(mb.keys_installed(), "{version:?}");
+            let me = mb_events(mb);
+            assert!(
+                me.contains(&MiddleboxHandshakeEvent::Announced { subchannel: 0 }),
+                "{me:?}"
+            );
+            assert!(me.contains(&MiddleboxHandshakeEvent::EvidenceSent));
+            let se = server_events(path.server());
+            assert!(
+                matches!(
+                    se.first(),
+                    Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+                ),
+                "{se:?}"
+            );
+            assert!(se.contains(&ClientHandshakeEvent::KeysSent));
+            assert!(path.server().is_ready());
+            // The request crossed the middlebox's app exactly once.
+            assert_eq!(
+                path.last().read(),
+                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\n\r\n"
+            );
+            path.last().write(b"response");
+            path.pump();
+            assert_eq!(path.first().read(), b"RESPONSE");
+            // Two hops, and the fresh one is not the bridge.
+            let summary = path.server().summary().unwrap().clone();
+            assert_eq!(summary.version, version);
+            assert_eq!(summary.hops.len(), 2);
+            assert_ne!(summary.hops[0], summary.hops[1]);
+            assert!(summary.middlebox_joined);
+        }
     }
 }
 
 #[test]
 fn middleboxes_on_both_sides_share_the_primary_keys_as_bridge() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mb1 =
-            MiddleboxHandshake::new(s.middlebox("mb1.test", PROGRAM), tagger("mb1.test")).unwrap();
-        let mut path = Path::new(vec![
-            Node::Client(s.mbtls_client(version)),
-            Node::ClientSideMb(mb1),
-            server_side_mb(&s, tagger("mb2.test")),
-            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-        ]);
-        path.first().write(REQUEST);
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mb1 = MiddleboxHandshake::new(s.middlebox("mb1.test", PROGRAM), tagger("mb1.test"))
+                .unwrap();
+            let mut path = Path::new(vec![
+                Node::Client(s.mbtls_client(version)),
+                Node::ClientSideMb(mb1),
+                server_side_mb(&s, tagger("mb2.test")),
+                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ]);
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
             path.last().read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
             "{version:?}"
         );
-        path.last().write(b"response");
-        path.pump();
-        // Upper-cased twice is upper-cased.
-        assert_eq!(path.first().read(), b"RESPONSE");
-        let client = match path.first() {
-            Node::Client(c) => c.summary().unwrap().clone(),
-            _ => unreachable!(),
-        };
-        let server = path.server().summary().unwrap().clone();
-        // client↔mb1, mb1↔mb2 (bridge), mb2↔server: the endpoints agree on the bridge only.
-        assert_eq!(client.hops[1], server.hops[0]);
-        assert_ne!(client.hops[0], client.hops[1]);
-        assert_ne!(server.hops[1], server.hops[0]);
-        assert_ne!(client.hops[0], server.hops[1]);
-        // P1C: the same request crosses the three hops as three different ciphertexts.
-        let taps: Vec<Vec<u8>> = path.tap_c2s.clone();
-        assert!(taps
-            .iter()
-            .all(|t| !t.windows(14).any(|w| w == b"GET / HTTP/1.1")));
+            path.last().write(b"response");
+            path.pump();
+            // Upper-cased twice is upper-cased.
+            assert_eq!(path.first().read(), b"RESPONSE");
+            let client = match path.first() {
+                Node::Client(c) => c.summary().unwrap().clone(),
+                _ => unreachable!(),
+            };
+            let server = path.server().summary().unwrap().clone();
+            // client↔mb1, mb1↔mb2 (bridge), mb2↔server: the endpoints agree on the bridge only.
+            assert_eq!(client.hops[1], server.hops[0]);
+            assert_ne!(client.hops[0], client.hops[1]);
+            assert_ne!(server.hops[1], server.hops[0]);
+            assert_ne!(client.hops[0], server.hops[1]);
+            // P1C: the same request crosses the three hops as three different ciphertexts.
+            let taps: Vec<Vec<u8>> = path.tap_c2s.clone();
+            assert!(taps
+                .iter()
+                .all(|t| !t.windows(14).any(|w| w == b"GET / HTTP/1.1")));
+        }
     }
 }
 
 #[test]
 fn undiscovered_middlebox_not_approved_gets_no_keys_and_the_session_is_direct() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let refuse: Approver = Arc::new(|_chain: &[Vec<u8>]| false);
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            server_side_mb(&s, tagger("mb2.test")),
-            Node::Server(s.server(version, ServerMiddlebox::Discover(refuse))),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        path.first().write(REQUEST);
-        path.pump();
-        path.assert_no_errors();
-        let mb = path.server_side_mb(1);
-        assert!(!mb.keys_installed());
-        assert!(mb.is_passive());
-        let se = server_events(path.server());
-        assert!(
-            se.contains(&ClientHandshakeEvent::MiddleboxExcluded(
-                "not approved by the application"
-            )),
-            "{se:?}"
-        );
-        assert!(se.contains(&ClientHandshakeEvent::Direct));
-        // Untouched by the app: no header.
-        assert_eq!(path.last().read(), REQUEST, "{version:?}");
-        path.last().write(b"response");
-        path.pump();
-        assert_eq!(path.first().read(), b"response");
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let refuse: Approver = Arc::new(|_chain: &[Vec<u8>]| false);
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                server_side_mb(&s, tagger("mb2.test")),
+                Node::Server(s.server(version, ServerMiddlebox::Discover(refuse))),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            let mb = path.server_side_mb(1);
+            assert!(!mb.keys_installed());
+            assert!(mb.is_passive());
+            let se = server_events(path.server());
+            assert!(
+                se.contains(&ClientHandshakeEvent::MiddleboxExcluded(
+                    "not approved by the application"
+                )),
+                "{se:?}"
+            );
+            assert!(se.contains(&ClientHandshakeEvent::Direct));
+            // Untouched by the app: no header.
+            assert_eq!(path.last().read(), REQUEST, "{version:?}");
+            path.last().write(b"response");
+            path.pump();
+            assert_eq!(path.first().read(), b"response");
+        }
     }
 }
 
 #[test]
 fn server_side_middlebox_failing_policy_gets_no_key_material() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mb = ServerSideMiddlebox::new(
-            s.middlebox("mb2.test", "some other program"),
-            tagger("mb2.test"),
-            true,
-        )
-        .unwrap();
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            Node::ServerSideMb(mb),
-            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        if let Node::LegacyClient(c) = path.first() {
-            // The server fails before finishing its handshake (TLS 1.2): nothing to write.
-            let _ = c.write_plaintext(REQUEST);
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mb = ServerSideMiddlebox::new(
+                s.middlebox("mb2.test", "some other program"),
+                tagger("mb2.test"),
+                true,
+            )
+            .unwrap();
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                Node::ServerSideMb(mb),
+                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            if let Node::LegacyClient(c) = path.first() {
+                // The server fails before finishing its handshake (TLS 1.2): nothing to write.
+                let _ = c.write_plaintext(REQUEST);
+            }
+            path.pump();
+            let err = path.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("attestation"),
+                "{version:?}: {:?}",
+                path.errors
+            );
+            assert!(!path.server().keys_sent());
+            assert!(!path.server_side_mb(1).keys_installed());
+            assert!(path.last().read().is_empty());
         }
-        path.pump();
-        let err = path.errors[2].clone().unwrap_or_default();
-        assert!(
-            err.contains("attestation"),
-            "{version:?}: {:?}",
-            path.errors
-        );
-        assert!(!path.server().keys_sent());
-        assert!(!path.server_side_mb(1).keys_installed());
-        assert!(path.last().read().is_empty());
     }
 }
 
 #[test]
 fn unknown_server_side_middlebox_with_wrong_name_is_refused_when_preconfigured() {
-    let s = Setup::new();
-    let mb =
-        ServerSideMiddlebox::new(s.middlebox("impostor.test", PROGRAM), tagger("x"), true).unwrap();
-    let mut path = Path::new(vec![
-        Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
-        Node::ServerSideMb(mb),
-        Node::Server(s.server(
-            TlsVersion::Tls13,
-            ServerMiddlebox::Preconfigured("mb2.test".into()),
-        )),
-    ]);
-    path.first().receive(Side::Server, &[]).unwrap();
-    path.pump();
-    assert!(path.errors[2].is_some(), "{:?}", path.errors);
-    assert!(!path.server().keys_sent());
-    assert!(!path.server_side_mb(1).keys_installed());
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let mb = ServerSideMiddlebox::new(s.middlebox("impostor.test", PROGRAM), tagger("x"), true)
+            .unwrap();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+            Node::ServerSideMb(mb),
+            Node::Server(s.server(
+                TlsVersion::Tls13,
+                ServerMiddlebox::Preconfigured("mb2.test".into()),
+            )),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        assert!(path.errors[2].is_some(), "{:?}", path.errors);
+        assert!(!path.server().keys_sent());
+        assert!(!path.server_side_mb(1).keys_installed());
+    }
 }
 
 #[test]
 fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            server_side_mb(&s, passthrough()),
-            Node::LegacyServer(s.legacy_server(version)),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        // OpenSSL refuses the unknown record type with an alert.
-        assert!(path.errors[2].is_some(), "{:?}", path.errors);
-        // (The alert may be encrypted: the session's failure plus the unanswered announcement
-        // is what the driver remembers the server by.)
-        assert!(path.server_side_mb(1).announcement_unanswered());
-        // Not announcing (the server is remembered as legacy): the session works untouched.
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            Node::ServerSideMb(
-                ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), false)
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                server_side_mb(&s, passthrough()),
+                Node::LegacyServer(s.legacy_server(version)),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            // OpenSSL refuses the unknown record type with an alert.
+            assert!(path.errors[2].is_some(), "{:?}", path.errors);
+            // (The alert may be encrypted: the session's failure plus the unanswered announcement
+            // is what the driver remembers the server by.)
+            assert!(path.server_side_mb(1).announcement_unanswered());
+            // Not announcing (the server is remembered as legacy): the session works untouched.
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                Node::ServerSideMb(
+                    ServerSideMiddlebox::new(
+                        s.middlebox("mb2.test", PROGRAM),
+                        passthrough(),
+                        false,
+                    )
                     .unwrap(),
-            ),
-            Node::LegacyServer(s.legacy_server(version)),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        path.first().write(REQUEST);
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(path.last().read(), REQUEST);
+                ),
+                Node::LegacyServer(s.legacy_server(version)),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(path.last().read(), REQUEST);
+        }
     }
 }
 
@@ -568,43 +606,47 @@ fn up_to_finished_with_request(
 
 #[test]
 fn request_in_the_clients_finished_flight_is_replayed_through_the_app_exactly_once() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let (client, mb, mut server, to_server) = up_to_finished_with_request(&s, version);
-        server.receive(&to_server).unwrap();
-        let mut path = Path::new(vec![
-            Node::LegacyClient(client),
-            Node::ServerSideMb(mb),
-            Node::Server(server),
-        ]);
-        path.pump();
-        path.assert_no_errors();
-        // TLS 1.3: the raw request reached the server before the middlebox had keys and was
-        // dropped there (after authentication); TLS 1.2: the keys came with the server's
-        // Finished, before the client could send anything.
-        let discarded = path.server().discarded_records();
-        match version {
-            TlsVersion::Tls13 => assert!(discarded >= 1),
-            _ => assert_eq!(discarded, 0),
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let (client, mb, mut server, to_server) = up_to_finished_with_request(&s, version);
+            server.receive(&to_server).unwrap();
+            let mut path = Path::new(vec![
+                Node::LegacyClient(client),
+                Node::ServerSideMb(mb),
+                Node::Server(server),
+            ]);
+            path.pump();
+            path.assert_no_errors();
+            // TLS 1.3: the raw request reached the server before the middlebox had keys and was
+            // dropped there (after authentication); TLS 1.2: the keys came with the server's
+            // Finished, before the client could send anything.
+            let discarded = path.server().discarded_records();
+            match version {
+                TlsVersion::Tls13 => assert!(discarded >= 1),
+                _ => assert_eq!(discarded, 0),
+            }
+            assert_eq!(
+                path.last().read(),
+                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2\r\n\r\n",
+                "{version:?}"
+            );
         }
-        assert_eq!(
-            path.last().read(),
-            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2\r\n\r\n",
-            "{version:?}"
-        );
     }
 }
 
 #[test]
 fn tampered_client_record_before_the_marker_is_fatal_at_the_server() {
-    let s = Setup::new();
-    let (_client, _mb, mut server, mut to_server) =
-        up_to_finished_with_request(&s, TlsVersion::Tls13);
-    // Flip a byte of the last record (the request, forwarded raw before the keys).
-    let last = to_server.len() - 1;
-    to_server[last] ^= 1;
-    let err = server.receive(&to_server).unwrap_err();
-    assert!(err.to_string().contains("failed authentication"), "{err}");
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let (_client, _mb, mut server, mut to_server) =
+            up_to_finished_with_request(&s, TlsVersion::Tls13);
+        // Flip a byte of the last record (the request, forwarded raw before the keys).
+        let last = to_server.len() - 1;
+        to_server[last] ^= 1;
+        let err = server.receive(&to_server).unwrap_err();
+        assert!(err.to_string().contains("failed authentication"), "{err}");
+    }
 }
 
 fn client_mb(s: &Setup, name: &str) -> Node {
@@ -620,53 +662,57 @@ fn path_client(s: &Setup, version: TlsVersion, names: &[&str]) -> Node {
 
 #[test]
 fn two_client_side_middleboxes_in_front_of_a_legacy_server_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            path_client(&s, version, &["mb1.test", "mb0.test"]),
-            client_mb(&s, "mb1.test"),
-            client_mb(&s, "mb0.test"),
-            Node::LegacyServer(s.legacy_server(version)),
-        ]);
-        path.first().write(REQUEST);
-        path.pump();
-        // The legacy server answers as soon as it has the request.
-        path.last().write(b"first answer");
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                path_client(&s, version, &["mb1.test", "mb0.test"]),
+                client_mb(&s, "mb1.test"),
+                client_mb(&s, "mb0.test"),
+                Node::LegacyServer(s.legacy_server(version)),
+            ]);
+            path.first().write(REQUEST);
+            path.pump();
+            // The legacy server answers as soon as it has the request.
+            path.last().write(b"first answer");
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
             path.last().read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n",
             "{version:?}"
         );
-        assert_eq!(path.first().read(), b"FIRST ANSWER", "{version:?}");
-        path.first().write(b"GET /2 HTTP/1.1\r\n\r\n");
-        path.last().write(b"second");
-        path.pump();
-        assert_eq!(
-            path.last().read(),
-            b"GET /2 HTTP/1.1\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n"
-        );
-        assert_eq!(path.first().read(), b"SECOND");
-        let Node::Client(c) = path.first() else {
-            unreachable!()
-        };
-        let sum = c.summary().unwrap().clone();
-        // client↔mb1, mb1↔mb0, mb0↔server (bridge): three different hops.
-        assert_eq!(sum.hops.len(), 3, "{version:?}");
-        assert!(
-            sum.hops[0] != sum.hops[1] && sum.hops[1] != sum.hops[2] && sum.hops[0] != sum.hops[2]
-        );
-        for i in [1, 2] {
-            let Node::ClientSideMb(m) = &path.nodes[i] else {
+            assert_eq!(path.first().read(), b"FIRST ANSWER", "{version:?}");
+            path.first().write(b"GET /2 HTTP/1.1\r\n\r\n");
+            path.last().write(b"second");
+            path.pump();
+            assert_eq!(
+                path.last().read(),
+                b"GET /2 HTTP/1.1\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n"
+            );
+            assert_eq!(path.first().read(), b"SECOND");
+            let Node::Client(c) = path.first() else {
                 unreachable!()
             };
-            let relay = m.relay().unwrap();
-            let (r, w) = relay.key_fingerprints(Side::Client);
-            assert_eq!(
-                (r.unwrap(), w.unwrap()),
-                (sum.hops[i - 1].c2s, sum.hops[i - 1].s2c)
+            let sum = c.summary().unwrap().clone();
+            // client↔mb1, mb1↔mb0, mb0↔server (bridge): three different hops.
+            assert_eq!(sum.hops.len(), 3, "{version:?}");
+            assert!(
+                sum.hops[0] != sum.hops[1]
+                    && sum.hops[1] != sum.hops[2]
+                    && sum.hops[0] != sum.hops[2]
             );
+            for i in [1, 2] {
+                let Node::ClientSideMb(m) = &path.nodes[i] else {
+                    unreachable!()
+                };
+                let relay = m.relay().unwrap();
+                let (r, w) = relay.key_fingerprints(Side::Client);
+                assert_eq!(
+                    (r.unwrap(), w.unwrap()),
+                    (sum.hops[i - 1].c2s, sum.hops[i - 1].s2c)
+                );
+            }
         }
     }
 }
@@ -674,50 +720,52 @@ fn two_client_side_middleboxes_in_front_of_a_legacy_server_both_versions() {
 #[test]
 fn server_data_in_the_last_handshake_flight_crosses_two_client_side_middleboxes_once() {
     // TLS 1.3: the server writes right after its handshake, before any middlebox has keys.
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut server = s.legacy_server(version);
-        let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
-        let mut mb1 = client_mb(&s, "mb1.test");
-        let mut mb0 = client_mb(&s, "mb0.test");
-        client.write(REQUEST);
-        let mut written = false;
-        // Pump by hand so the server writes in the flight of its last handshake messages.
-        for _ in 0..50 {
-            let a = client.take_outgoing(Side::Server);
-            mb1.receive(Side::Client, &a).unwrap();
-            let b = mb1.take_outgoing(Side::Server);
-            mb0.receive(Side::Client, &b).unwrap();
-            let c = mb0.take_outgoing(Side::Server);
-            server.feed(&c);
-            server.process().unwrap();
-            if !written && !server.is_handshaking() {
-                server.write_plaintext(b"early").unwrap();
-                written = true;
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut server = s.legacy_server(version);
+            let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
+            let mut mb1 = client_mb(&s, "mb1.test");
+            let mut mb0 = client_mb(&s, "mb0.test");
+            client.write(REQUEST);
+            let mut written = false;
+            // Pump by hand so the server writes in the flight of its last handshake messages.
+            for _ in 0..50 {
+                let a = client.take_outgoing(Side::Server);
+                mb1.receive(Side::Client, &a).unwrap();
+                let b = mb1.take_outgoing(Side::Server);
+                mb0.receive(Side::Client, &b).unwrap();
+                let c = mb0.take_outgoing(Side::Server);
+                server.feed(&c);
+                server.process().unwrap();
+                if !written && !server.is_handshaking() {
+                    server.write_plaintext(b"early").unwrap();
+                    written = true;
+                }
+                let d = server.take_outgoing();
+                mb0.receive(Side::Server, &d).unwrap();
+                let e = mb0.take_outgoing(Side::Client);
+                mb1.receive(Side::Server, &e).unwrap();
+                let f = mb1.take_outgoing(Side::Client);
+                client.receive(Side::Server, &f).unwrap();
+                if a.is_empty()
+                    && b.is_empty()
+                    && c.is_empty()
+                    && d.is_empty()
+                    && e.is_empty()
+                    && f.is_empty()
+                {
+                    break;
+                }
             }
-            let d = server.take_outgoing();
-            mb0.receive(Side::Server, &d).unwrap();
-            let e = mb0.take_outgoing(Side::Client);
-            mb1.receive(Side::Server, &e).unwrap();
-            let f = mb1.take_outgoing(Side::Client);
-            client.receive(Side::Server, &f).unwrap();
-            if a.is_empty()
-                && b.is_empty()
-                && c.is_empty()
-                && d.is_empty()
-                && e.is_empty()
-                && f.is_empty()
-            {
-                break;
-            }
-        }
-        assert!(written);
-        // Upper-cased by both apps, delivered exactly once.
-        assert_eq!(client.read(), b"EARLY", "{version:?}");
-        assert_eq!(
+            assert!(written);
+            // Upper-cased by both apps, delivered exactly once.
+            assert_eq!(client.read(), b"EARLY", "{version:?}");
+            assert_eq!(
             server.take_plaintext(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n"
         );
+        }
     }
 }
 
@@ -740,140 +788,146 @@ fn prepare_if_wanted(mb: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>) -> bool
 /// limited to P-384): the prepared answers stay valid for the real ServerHello.
 #[test]
 fn prepared_answers_two_client_side_middleboxes_both_versions() {
-    let mut s = Setup::new();
-    let runs = [
-        (TlsVersion::Tls12, None),
-        (TlsVersion::Tls13, None),
-        (TlsVersion::Tls13, Some("P-384")),
-    ];
-    for (version, group) in runs {
-        s.server_groups = group.into_iter().map(String::from).collect();
-        let mut server = s.legacy_server(version);
-        let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
-        let (Node::ClientSideMb(mut mb1), Node::ClientSideMb(mut mb0)) =
-            (client_mb(&s, "mb1.test"), client_mb(&s, "mb0.test"))
-        else {
-            unreachable!()
-        };
-        client.write(REQUEST);
-        let mut prepared = [false, false];
-        for _ in 0..50 {
-            let a = client.take_outgoing(Side::Server);
-            mb1.receive(Side::Client, &a).unwrap();
-            let b = mb1.take_outgoing(Side::Server);
-            prepared[1] |= prepare_if_wanted(&mut mb1);
-            mb0.receive(Side::Client, &b).unwrap();
-            let c = mb0.take_outgoing(Side::Server);
-            prepared[0] |= prepare_if_wanted(&mut mb0);
-            server.feed(&c);
-            server.process().unwrap();
-            let d = server.take_outgoing();
-            mb0.receive(Side::Server, &d).unwrap();
-            let e = mb0.take_outgoing(Side::Client);
-            mb1.receive(Side::Server, &e).unwrap();
-            let f = mb1.take_outgoing(Side::Client);
-            client.receive(Side::Server, &f).unwrap();
-            if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
-                break;
+    for mut s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let runs = [
+            (TlsVersion::Tls12, None),
+            (TlsVersion::Tls13, None),
+            (TlsVersion::Tls13, Some("P-384")),
+        ];
+        for (version, group) in runs {
+            s.server_groups = group.into_iter().map(String::from).collect();
+            let mut server = s.legacy_server(version);
+            let mut client = path_client(&s, version, &["mb1.test", "mb0.test"]);
+            let (Node::ClientSideMb(mut mb1), Node::ClientSideMb(mut mb0)) =
+                (client_mb(&s, "mb1.test"), client_mb(&s, "mb0.test"))
+            else {
+                unreachable!()
+            };
+            client.write(REQUEST);
+            let mut prepared = [false, false];
+            for _ in 0..50 {
+                let a = client.take_outgoing(Side::Server);
+                mb1.receive(Side::Client, &a).unwrap();
+                let b = mb1.take_outgoing(Side::Server);
+                prepared[1] |= prepare_if_wanted(&mut mb1);
+                mb0.receive(Side::Client, &b).unwrap();
+                let c = mb0.take_outgoing(Side::Server);
+                prepared[0] |= prepare_if_wanted(&mut mb0);
+                server.feed(&c);
+                server.process().unwrap();
+                let d = server.take_outgoing();
+                mb0.receive(Side::Server, &d).unwrap();
+                let e = mb0.take_outgoing(Side::Client);
+                mb1.receive(Side::Server, &e).unwrap();
+                let f = mb1.take_outgoing(Side::Client);
+                client.receive(Side::Server, &f).unwrap();
+                if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
+                    break;
+                }
             }
-        }
-        assert_eq!(prepared, [true, true], "{version:?}");
-        let ev = |m: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>| {
-            std::iter::from_fn(|| m.poll_event()).collect::<Vec<_>>()
-        };
-        let (e0, e1) = (ev(&mut mb0), ev(&mut mb1));
-        assert!(
-            e0.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 0 }),
-            "{e0:?}"
-        );
-        assert!(
-            e1.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 1 }),
-            "{e1:?}"
-        );
-        assert!(mb0.keys_installed() && mb1.keys_installed(), "{version:?}");
-        assert_eq!(
+            assert_eq!(prepared, [true, true], "{version:?}");
+            let ev = |m: &mut MiddleboxHandshake<Box<dyn MiddleboxApp>>| {
+                std::iter::from_fn(|| m.poll_event()).collect::<Vec<_>>()
+            };
+            let (e0, e1) = (ev(&mut mb0), ev(&mut mb1));
+            assert!(
+                e0.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 0 }),
+                "{e0:?}"
+            );
+            assert!(
+                e1.contains(&MiddleboxHandshakeEvent::Joined { subchannel: 1 }),
+                "{e1:?}"
+            );
+            assert!(mb0.keys_installed() && mb1.keys_installed(), "{version:?}");
+            assert_eq!(
             server.take_plaintext(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n\r\n",
             "{version:?}"
         );
-        server.write_plaintext(b"answer").unwrap();
-        let d = server.take_outgoing();
-        mb0.receive(Side::Server, &d).unwrap();
-        mb1.receive(Side::Server, &mb0.take_outgoing(Side::Client))
-            .unwrap();
-        client
-            .receive(Side::Server, &mb1.take_outgoing(Side::Client))
-            .unwrap();
-        assert_eq!(client.read(), b"ANSWER", "{version:?}");
+            server.write_plaintext(b"answer").unwrap();
+            let d = server.take_outgoing();
+            mb0.receive(Side::Server, &d).unwrap();
+            mb1.receive(Side::Server, &mb0.take_outgoing(Side::Client))
+                .unwrap();
+            client
+                .receive(Side::Server, &mb1.take_outgoing(Side::Client))
+                .unwrap();
+            assert_eq!(client.read(), b"ANSWER", "{version:?}");
+        }
     }
 }
 
 #[test]
 fn two_client_side_and_one_server_side_middlebox_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            path_client(&s, version, &["mb1.test", "mb0.test"]),
-            client_mb(&s, "mb1.test"),
-            client_mb(&s, "mb0.test"),
-            server_side_mb(&s, tagger("mb2.test")),
-            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-        ]);
-        path.first().write(REQUEST);
-        path.pump();
-        path.last().write(b"response");
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                path_client(&s, version, &["mb1.test", "mb0.test"]),
+                client_mb(&s, "mb1.test"),
+                client_mb(&s, "mb0.test"),
+                server_side_mb(&s, tagger("mb2.test")),
+                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ]);
+            path.first().write(REQUEST);
+            path.pump();
+            path.last().write(b"response");
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
             path.last().read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\nX-Mbtls: mb2.test\r\n\r\n",
             "{version:?}"
         );
-        assert_eq!(path.first().read(), b"RESPONSE");
-        let Node::Client(c) = path.first() else {
-            unreachable!()
-        };
-        let cs = c.summary().unwrap().clone();
-        let ss = path.server().summary().unwrap().clone();
-        // Four hops; the endpoints share exactly the bridge (mb0↔mb2).
-        assert_eq!(cs.hops.len() + ss.hops.len() - 1, 4);
-        assert_eq!(cs.hops[2], ss.hops[0]);
-        // P1C: the request is encrypted differently on each of the four links.
-        for t in &path.tap_c2s {
-            assert!(!t.windows(14).any(|w| w == b"GET / HTTP/1.1"));
+            assert_eq!(path.first().read(), b"RESPONSE");
+            let Node::Client(c) = path.first() else {
+                unreachable!()
+            };
+            let cs = c.summary().unwrap().clone();
+            let ss = path.server().summary().unwrap().clone();
+            // Four hops; the endpoints share exactly the bridge (mb0↔mb2).
+            assert_eq!(cs.hops.len() + ss.hops.len() - 1, 4);
+            assert_eq!(cs.hops[2], ss.hops[0]);
+            // P1C: the request is encrypted differently on each of the four links.
+            for t in &path.tap_c2s {
+                assert!(!t.windows(14).any(|w| w == b"GET / HTTP/1.1"));
+            }
         }
     }
 }
 
 #[test]
 fn one_of_two_preconfigured_middleboxes_failing_policy_stops_all_key_material() {
-    let s = Setup::new();
-    let version = TlsVersion::Tls13;
-    let bad =
-        MiddleboxHandshake::new(s.middlebox("mb0.test", "other program"), tagger("mb0")).unwrap();
-    let mut path = Path::new(vec![
-        path_client(&s, version, &["mb1.test", "mb0.test"]),
-        client_mb(&s, "mb1.test"),
-        Node::ClientSideMb(bad),
-        Node::LegacyServer(s.legacy_server(version)),
-    ]);
-    path.first().write(REQUEST);
-    path.pump();
-    assert!(
-        path.errors[0]
-            .as_deref()
-            .unwrap_or("")
-            .contains("attestation"),
-        "{:?}",
-        path.errors
-    );
-    for i in [1, 2] {
-        let Node::ClientSideMb(m) = &path.nodes[i] else {
-            unreachable!()
-        };
-        assert!(!m.keys_installed());
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let version = TlsVersion::Tls13;
+        let bad = MiddleboxHandshake::new(s.middlebox("mb0.test", "other program"), tagger("mb0"))
+            .unwrap();
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb0.test"]),
+            client_mb(&s, "mb1.test"),
+            Node::ClientSideMb(bad),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        assert!(
+            path.errors[0]
+                .as_deref()
+                .unwrap_or("")
+                .contains("attestation"),
+            "{:?}",
+            path.errors
+        );
+        for i in [1, 2] {
+            let Node::ClientSideMb(m) = &path.nodes[i] else {
+                unreachable!()
+            };
+            assert!(!m.keys_installed());
+        }
+        assert!(path.last().read().is_empty());
     }
-    assert!(path.last().read().is_empty());
 }
 
 fn server_mb(s: &Setup, name: &str) -> Node {
@@ -892,139 +946,147 @@ fn server_path(s: &Setup, version: TlsVersion, names: &[&str]) -> Node {
 
 #[test]
 fn two_server_side_middleboxes_behind_a_legacy_client_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(version)),
-            server_mb(&s, "mb2.test"),
-            server_mb(&s, "mb3.test"),
-            server_path(&s, version, &["mb2.test", "mb3.test"]),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        path.first().write(REQUEST);
-        path.pump();
-        path.last().write(b"response");
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                server_mb(&s, "mb2.test"),
+                server_mb(&s, "mb3.test"),
+                server_path(&s, version, &["mb2.test", "mb3.test"]),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            path.first().write(REQUEST);
+            path.pump();
+            path.last().write(b"response");
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
             path.last().read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
             "{version:?}"
         );
-        assert_eq!(path.first().read(), b"RESPONSE");
-        let ss = path.server().summary().unwrap().clone();
-        // bridge (client↔mb2), mb2↔mb3, mb3↔server.
-        assert_eq!(ss.hops.len(), 3);
-        assert!(ss.hops[0] != ss.hops[1] && ss.hops[1] != ss.hops[2]);
-        for (i, node) in [(0usize, 1usize), (1, 2)] {
-            let Node::ServerSideMb(m) = &path.nodes[node] else {
-                unreachable!()
-            };
-            let (r, w) = m.relay().unwrap().key_fingerprints(Side::Server);
-            assert_eq!(
-                (w.unwrap(), r.unwrap()),
-                (ss.hops[i + 1].c2s, ss.hops[i + 1].s2c)
-            );
+            assert_eq!(path.first().read(), b"RESPONSE");
+            let ss = path.server().summary().unwrap().clone();
+            // bridge (client↔mb2), mb2↔mb3, mb3↔server.
+            assert_eq!(ss.hops.len(), 3);
+            assert!(ss.hops[0] != ss.hops[1] && ss.hops[1] != ss.hops[2]);
+            for (i, node) in [(0usize, 1usize), (1, 2)] {
+                let Node::ServerSideMb(m) = &path.nodes[node] else {
+                    unreachable!()
+                };
+                let (r, w) = m.relay().unwrap().key_fingerprints(Side::Server);
+                assert_eq!(
+                    (w.unwrap(), r.unwrap()),
+                    (ss.hops[i + 1].c2s, ss.hops[i + 1].s2c)
+                );
+            }
         }
     }
 }
 
 #[test]
 fn request_in_the_finished_flight_crosses_two_server_side_middleboxes_once() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut client = s.legacy_client(version);
-        let mut m2 = server_mb(&s, "mb2.test");
-        let mut m3 = server_mb(&s, "mb3.test");
-        let mut server = server_path(&s, version, &["mb2.test", "mb3.test"]);
-        client.process().unwrap();
-        let mut written = false;
-        for _ in 0..50 {
-            if !written && !client.is_handshaking() {
-                // In the flight of the client's Finished (TLS 1.3) or right after (TLS 1.2).
-                client.write_plaintext(REQUEST).unwrap();
-                written = true;
-            }
-            let a = client.take_outgoing();
-            m2.receive(Side::Client, &a).unwrap();
-            let b = m2.take_outgoing(Side::Server);
-            m3.receive(Side::Client, &b).unwrap();
-            let c = m3.take_outgoing(Side::Server);
-            server.receive(Side::Client, &c).unwrap();
-            let d = server.take_outgoing(Side::Client);
-            m3.receive(Side::Server, &d).unwrap();
-            let e = m3.take_outgoing(Side::Client);
-            m2.receive(Side::Server, &e).unwrap();
-            let f = m2.take_outgoing(Side::Client);
-            client.feed(&f);
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut client = s.legacy_client(version);
+            let mut m2 = server_mb(&s, "mb2.test");
+            let mut m3 = server_mb(&s, "mb3.test");
+            let mut server = server_path(&s, version, &["mb2.test", "mb3.test"]);
             client.process().unwrap();
-            if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
-                break;
+            let mut written = false;
+            for _ in 0..50 {
+                if !written && !client.is_handshaking() {
+                    // In the flight of the client's Finished (TLS 1.3) or right after (TLS 1.2).
+                    client.write_plaintext(REQUEST).unwrap();
+                    written = true;
+                }
+                let a = client.take_outgoing();
+                m2.receive(Side::Client, &a).unwrap();
+                let b = m2.take_outgoing(Side::Server);
+                m3.receive(Side::Client, &b).unwrap();
+                let c = m3.take_outgoing(Side::Server);
+                server.receive(Side::Client, &c).unwrap();
+                let d = server.take_outgoing(Side::Client);
+                m3.receive(Side::Server, &d).unwrap();
+                let e = m3.take_outgoing(Side::Client);
+                m2.receive(Side::Server, &e).unwrap();
+                let f = m2.take_outgoing(Side::Client);
+                client.feed(&f);
+                client.process().unwrap();
+                if [&a, &b, &c, &d, &e, &f].iter().all(|x| x.is_empty()) {
+                    break;
+                }
             }
-        }
-        assert!(written);
-        assert_eq!(
+            assert!(written);
+            assert_eq!(
             server.read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
             "{version:?}"
         );
+        }
     }
 }
 
 #[test]
 fn two_middleboxes_on_each_side_both_versions() {
-    let s = Setup::new();
-    for version in VERSIONS {
-        let mut path = Path::new(vec![
-            path_client(&s, version, &["mb1.test", "mb0.test"]),
-            client_mb(&s, "mb1.test"),
-            client_mb(&s, "mb0.test"),
-            server_mb(&s, "mb2.test"),
-            server_mb(&s, "mb3.test"),
-            server_path(&s, version, &["mb2.test", "mb3.test"]),
-        ]);
-        path.first().write(REQUEST);
-        path.pump();
-        path.last().write(b"response");
-        path.pump();
-        path.assert_no_errors();
-        assert_eq!(
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        for version in VERSIONS {
+            let mut path = Path::new(vec![
+                path_client(&s, version, &["mb1.test", "mb0.test"]),
+                client_mb(&s, "mb1.test"),
+                client_mb(&s, "mb0.test"),
+                server_mb(&s, "mb2.test"),
+                server_mb(&s, "mb3.test"),
+                server_path(&s, version, &["mb2.test", "mb3.test"]),
+            ]);
+            path.first().write(REQUEST);
+            path.pump();
+            path.last().write(b"response");
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
             path.last().read(),
             b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\nX-Mbtls: mb2.test\r\nX-Mbtls: mb3.test\r\n\r\n",
             "{version:?}"
         );
-        assert_eq!(path.first().read(), b"RESPONSE");
-        let Node::Client(c) = path.first() else {
-            unreachable!()
-        };
-        let cs = c.summary().unwrap().clone();
-        let ss = path.server().summary().unwrap().clone();
-        assert_eq!(cs.hops.last(), ss.hops.first());
-        assert_eq!(cs.hops.len() + ss.hops.len() - 1, 5);
+            assert_eq!(path.first().read(), b"RESPONSE");
+            let Node::Client(c) = path.first() else {
+                unreachable!()
+            };
+            let cs = c.summary().unwrap().clone();
+            let ss = path.server().summary().unwrap().clone();
+            assert_eq!(cs.hops.last(), ss.hops.first());
+            assert_eq!(cs.hops.len() + ss.hops.len() - 1, 5);
+        }
     }
 }
 
 #[test]
 fn a_third_announcing_middlebox_is_refused() {
-    let s = Setup::new();
-    let mut path = Path::new(vec![
-        Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
-        server_mb(&s, "mb2.test"),
-        server_mb(&s, "mb3.test"),
-        Node::Server(s.server(
-            TlsVersion::Tls13,
-            ServerMiddlebox::Preconfigured("mb2.test".into()),
-        )),
-    ]);
-    path.first().receive(Side::Server, &[]).unwrap();
-    path.pump();
-    let err = path.errors[3].clone().unwrap_or_default();
-    assert!(
-        err.contains("more middleboxes announced themselves"),
-        "{:?}",
-        path.errors
-    );
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+            server_mb(&s, "mb2.test"),
+            server_mb(&s, "mb3.test"),
+            Node::Server(s.server(
+                TlsVersion::Tls13,
+                ServerMiddlebox::Preconfigured("mb2.test".into()),
+            )),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        let err = path.errors[3].clone().unwrap_or_default();
+        assert!(
+            err.contains("more middleboxes announced themselves"),
+            "{:?}",
+            path.errors
+        );
+    }
 }
 
 /// A TLS 1.3 server that only takes P-384 answers the clients' X25519 key share with a
@@ -1032,61 +1094,63 @@ fn a_third_announcing_middlebox_is_refused() {
 /// (they would stay passive if they took the retry request for it), server-side ones as usual.
 #[test]
 fn hello_retry_request_on_the_primary_handshake() {
-    let mut s = Setup::new();
-    s.server_groups = vec!["P-384".into()];
-    let v = TlsVersion::Tls13;
-    let paths: Vec<(&str, Vec<Node>, &[u8])> = vec![
-        (
-            "one client-side middlebox, legacy server",
-            vec![
-                Node::Client(s.mbtls_client(v)),
-                client_mb(&s, "mb1.test"),
-                Node::LegacyServer(s.legacy_server(v)),
-            ],
-            b"X-Mbtls: mb1.test\r\n",
-        ),
-        (
-            "two client-side middleboxes, legacy server",
-            vec![
-                path_client(&s, v, &["mb1.test", "mb0.test"]),
-                client_mb(&s, "mb1.test"),
-                client_mb(&s, "mb0.test"),
-                Node::LegacyServer(s.legacy_server(v)),
-            ],
-            b"X-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n",
-        ),
-        (
-            "client-side and server-side middlebox, mbTLS server",
-            vec![
-                Node::Client(s.mbtls_client(v)),
-                client_mb(&s, "mb1.test"),
-                server_mb(&s, "mb2.test"),
-                Node::Server(s.server(v, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-            ],
-            b"X-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n",
-        ),
-    ];
-    for (what, nodes, headers) in paths {
-        let mut path = Path::new(nodes);
-        path.first().write(REQUEST);
-        path.pump();
-        path.last().write(b"answer");
-        path.pump();
-        path.assert_no_errors();
-        let mut want = b"GET / HTTP/1.1\r\nHost: server.test\r\n".to_vec();
-        want.extend_from_slice(headers);
-        want.extend_from_slice(b"\r\n");
-        assert_eq!(path.last().read(), want, "{what}");
-        assert_eq!(path.first().read(), b"ANSWER", "{what}");
-        // The server sent a HelloRetryRequest (else this test proves nothing): a ServerHello
-        // whose random is SHA-256("HelloRetryRequest") (RFC 8446 §4.1.3).
-        const HRR_RANDOM: [u8; 32] = [
-            0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65,
-            0xB8, 0x91, 0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2,
-            0xC8, 0xA8, 0x33, 0x9C,
+    for mut s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        s.server_groups = vec!["P-384".into()];
+        let v = TlsVersion::Tls13;
+        let paths: Vec<(&str, Vec<Node>, &[u8])> = vec![
+            (
+                "one client-side middlebox, legacy server",
+                vec![
+                    Node::Client(s.mbtls_client(v)),
+                    client_mb(&s, "mb1.test"),
+                    Node::LegacyServer(s.legacy_server(v)),
+                ],
+                b"X-Mbtls: mb1.test\r\n",
+            ),
+            (
+                "two client-side middleboxes, legacy server",
+                vec![
+                    path_client(&s, v, &["mb1.test", "mb0.test"]),
+                    client_mb(&s, "mb1.test"),
+                    client_mb(&s, "mb0.test"),
+                    Node::LegacyServer(s.legacy_server(v)),
+                ],
+                b"X-Mbtls: mb1.test\r\nX-Mbtls: mb0.test\r\n",
+            ),
+            (
+                "client-side and server-side middlebox, mbTLS server",
+                vec![
+                    Node::Client(s.mbtls_client(v)),
+                    client_mb(&s, "mb1.test"),
+                    server_mb(&s, "mb2.test"),
+                    Node::Server(s.server(v, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+                ],
+                b"X-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n",
+            ),
         ];
-        let from_server = path.tap_s2c.last().unwrap();
-        assert!(from_server.windows(32).any(|w| w == HRR_RANDOM), "{what}");
+        for (what, nodes, headers) in paths {
+            let mut path = Path::new(nodes);
+            path.first().write(REQUEST);
+            path.pump();
+            path.last().write(b"answer");
+            path.pump();
+            path.assert_no_errors();
+            let mut want = b"GET / HTTP/1.1\r\nHost: server.test\r\n".to_vec();
+            want.extend_from_slice(headers);
+            want.extend_from_slice(b"\r\n");
+            assert_eq!(path.last().read(), want, "{what}");
+            assert_eq!(path.first().read(), b"ANSWER", "{what}");
+            // The server sent a HelloRetryRequest (else this test proves nothing): a ServerHello
+            // whose random is SHA-256("HelloRetryRequest") (RFC 8446 §4.1.3).
+            const HRR_RANDOM: [u8; 32] = [
+                0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65,
+                0xB8, 0x91, 0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2,
+                0xC8, 0xA8, 0x33, 0x9C,
+            ];
+            let from_server = path.tap_s2c.last().unwrap();
+            assert!(from_server.windows(32).any(|w| w == HRR_RANDOM), "{what}");
+        }
     }
 }
 
@@ -1168,36 +1232,39 @@ mod several_discovered {
 
     #[test]
     fn client_side_several_join_and_an_excluded_one_leaves_the_others_both_versions() {
-        let s = Setup::new();
-        for version in VERSIONS {
-            for (refused, joined, passive) in CASES {
-                let what = format!("{version:?}, {refused} refused");
-                // Four hellos for three middleboxes: one stays unanswered.
-                let client = s.mbtls_client_path(
-                    version,
-                    ClientMiddlebox::DiscoverUpTo(approve_all_but(refused), 4),
-                );
-                let mut path = Path::new(vec![
-                    Node::Client(client),
-                    client_mb(&s, "mba.test"),
-                    client_mb(&s, "mbb.test"),
-                    client_mb(&s, "mbc.test"),
-                    Node::LegacyServer(s.legacy_server(version)),
-                ]);
-                exchange(&mut path, joined, &what);
-                assert_passive_exactly(&path, passive, &what);
-                let Node::Client(c) = path.first() else {
-                    unreachable!()
-                };
-                let ce: Vec<ClientHandshakeEvent> = std::iter::from_fn(|| c.poll_event()).collect();
-                let excluded = ce
-                    .iter()
-                    .filter(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded(_)));
-                assert_eq!(excluded.count(), passive.len(), "{what}: {ce:?}");
-                let hops = c.summary().unwrap().hops.clone();
-                assert_eq!(hops.len(), joined.len() + 1, "{what}");
-                for (i, a) in hops.iter().enumerate() {
-                    assert!(hops.iter().skip(i + 1).all(|b| a != b), "{what}");
+        for s in Setup::both() {
+            eprintln!("secondary sessions: {}", s.secondary_engine);
+            for version in VERSIONS {
+                for (refused, joined, passive) in CASES {
+                    let what = format!("{version:?}, {refused} refused");
+                    // Four hellos for three middleboxes: one stays unanswered.
+                    let client = s.mbtls_client_path(
+                        version,
+                        ClientMiddlebox::DiscoverUpTo(approve_all_but(refused), 4),
+                    );
+                    let mut path = Path::new(vec![
+                        Node::Client(client),
+                        client_mb(&s, "mba.test"),
+                        client_mb(&s, "mbb.test"),
+                        client_mb(&s, "mbc.test"),
+                        Node::LegacyServer(s.legacy_server(version)),
+                    ]);
+                    exchange(&mut path, joined, &what);
+                    assert_passive_exactly(&path, passive, &what);
+                    let Node::Client(c) = path.first() else {
+                        unreachable!()
+                    };
+                    let ce: Vec<ClientHandshakeEvent> =
+                        std::iter::from_fn(|| c.poll_event()).collect();
+                    let excluded = ce
+                        .iter()
+                        .filter(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded(_)));
+                    assert_eq!(excluded.count(), passive.len(), "{what}: {ce:?}");
+                    let hops = c.summary().unwrap().hops.clone();
+                    assert_eq!(hops.len(), joined.len() + 1, "{what}");
+                    for (i, a) in hops.iter().enumerate() {
+                        assert!(hops.iter().skip(i + 1).all(|b| a != b), "{what}");
+                    }
                 }
             }
         }
@@ -1205,51 +1272,55 @@ mod several_discovered {
 
     #[test]
     fn server_side_several_join_and_an_excluded_one_leaves_the_others_both_versions() {
-        let s = Setup::new();
-        for version in VERSIONS {
-            for (refused, joined, passive) in CASES {
-                let what = format!("{version:?}, {refused} refused");
-                let mut path = Path::new(vec![
-                    Node::LegacyClient(s.legacy_client(version)),
-                    server_mb(&s, "mba.test"),
-                    server_mb(&s, "mbb.test"),
-                    server_mb(&s, "mbc.test"),
-                    Node::Server(s.server(
-                        version,
-                        ServerMiddlebox::DiscoverUpTo(approve_all_but(refused), 3),
-                    )),
-                ]);
-                path.first().receive(Side::Server, &[]).unwrap();
-                path.pump();
-                exchange(&mut path, joined, &what);
-                assert_passive_exactly(&path, passive, &what);
-                let hops = path.server().summary().unwrap().hops.clone();
-                assert_eq!(hops.len(), joined.len() + 1, "{what}");
+        for s in Setup::both() {
+            eprintln!("secondary sessions: {}", s.secondary_engine);
+            for version in VERSIONS {
+                for (refused, joined, passive) in CASES {
+                    let what = format!("{version:?}, {refused} refused");
+                    let mut path = Path::new(vec![
+                        Node::LegacyClient(s.legacy_client(version)),
+                        server_mb(&s, "mba.test"),
+                        server_mb(&s, "mbb.test"),
+                        server_mb(&s, "mbc.test"),
+                        Node::Server(s.server(
+                            version,
+                            ServerMiddlebox::DiscoverUpTo(approve_all_but(refused), 3),
+                        )),
+                    ]);
+                    path.first().receive(Side::Server, &[]).unwrap();
+                    path.pump();
+                    exchange(&mut path, joined, &what);
+                    assert_passive_exactly(&path, passive, &what);
+                    let hops = path.server().summary().unwrap().hops.clone();
+                    assert_eq!(hops.len(), joined.len() + 1, "{what}");
+                }
             }
         }
     }
 
     #[test]
     fn more_announcements_than_allowed_fail_the_handshake() {
-        let s = Setup::new();
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
-            server_mb(&s, "mba.test"),
-            server_mb(&s, "mbb.test"),
-            server_mb(&s, "mbc.test"),
-            Node::Server(s.server(
-                TlsVersion::Tls13,
-                ServerMiddlebox::DiscoverUpTo(approve_all_but("nobody.test"), 2),
-            )),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
-        let err = path.errors[4].clone().unwrap_or_default();
-        assert!(
-            err.contains("more middleboxes announced themselves"),
-            "{:?}",
-            path.errors
-        );
+        for s in Setup::both() {
+            eprintln!("secondary sessions: {}", s.secondary_engine);
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(TlsVersion::Tls13)),
+                server_mb(&s, "mba.test"),
+                server_mb(&s, "mbb.test"),
+                server_mb(&s, "mbc.test"),
+                Node::Server(s.server(
+                    TlsVersion::Tls13,
+                    ServerMiddlebox::DiscoverUpTo(approve_all_but("nobody.test"), 2),
+                )),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            let err = path.errors[4].clone().unwrap_or_default();
+            assert!(
+                err.contains("more middleboxes announced themselves"),
+                "{:?}",
+                path.errors
+            );
+        }
     }
 }
 

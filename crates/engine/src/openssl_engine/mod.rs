@@ -293,6 +293,20 @@ pub struct OpenSslContext {
     handlers: BTreeMap<u16, ExtensionHandler>,
 }
 
+impl crate::ClientContext for OpenSslContext {
+    fn client_engine(
+        &self,
+        server_name: Option<&str>,
+    ) -> Result<Box<dyn TlsEngine + Send>, EngineError> {
+        if self.role != Role::Client {
+            return Err(EngineError::Config(
+                "a server context makes no client".into(),
+            ));
+        }
+        Ok(Box::new(self.engine_for(server_name)?))
+    }
+}
+
 impl OpenSslContext {
     pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
         let mut b = SslContextBuilder::new(SslMethod::tls())?;

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
+use mbx_engine::{
+    ClientContext, CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig,
+};
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
     ServerMiddlebox,
@@ -113,7 +115,7 @@ impl Setup {
         Ok(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
             server_name: SERVER.into(),
-            secondary: Arc::new(OpenSslContext::new(&secondary)?),
+            secondary: secondary_context(&secondary)?,
             middlebox,
             policy: self.policy(attest),
             now_unix: now_unix(),
@@ -131,7 +133,7 @@ impl Setup {
         let secondary = TlsConfig::client(SERVER_SIDE[0], self.root.clone());
         Ok(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
-            secondary: Arc::new(OpenSslContext::new(&secondary)?),
+            secondary: secondary_context(&secondary)?,
             middlebox,
             policy: self.policy(attest),
             now_unix: now_unix(),
@@ -163,4 +165,13 @@ fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// The endpoints' context for their secondary sessions: rustls (what the CLI uses), or
+/// OpenSSL with `MBTLS_BENCH_SECONDARY=openssl` (to compare the two clients).
+fn secondary_context(cfg: &TlsConfig) -> Res<Arc<dyn ClientContext>> {
+    Ok(match std::env::var("MBTLS_BENCH_SECONDARY").as_deref() {
+        Ok("openssl") => Arc::new(OpenSslContext::new(cfg)?),
+        _ => Arc::new(RustlsClientContext::new(cfg)?),
+    })
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use mbx_attest::Policy;
-use mbx_engine::{OpenSslContext, Role, TlsEngine};
+use mbx_engine::{ClientContext, OpenSslContext, Role, TlsEngine};
 
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary, Slot};
@@ -53,8 +53,10 @@ pub struct ClientHandshakeConfig {
     pub primary: Arc<OpenSslContext>,
     /// The server's name (SNI, certificate check).
     pub server_name: String,
-    /// Context for the secondary session (trust roots for middlebox certificates).
-    pub secondary: Arc<OpenSslContext>,
+    /// Context for the secondary sessions (trust roots for middlebox certificates): a
+    /// [`RustlsClientContext`](mbx_engine::RustlsClientContext) (the cheaper client, what the
+    /// CLI uses) or an [`OpenSslContext`].
+    pub secondary: Arc<dyn ClientContext>,
     pub middlebox: ClientMiddlebox,
     /// Attestation policy for the middlebox.
     pub policy: Policy,
@@ -89,7 +91,7 @@ impl ClientHandshake {
         let mut slots = Vec::with_capacity(names.len());
         let mut hellos = Vec::with_capacity(names.len());
         for (id, name) in names.iter().rev().enumerate() {
-            let mut engine = cfg.secondary.engine_for(name.as_deref())?;
+            let mut engine = cfg.secondary.client_engine(name.as_deref())?;
             hellos.push(engine.take_client_hello()?);
             let id = u8::try_from(id).map_err(|_| HandshakeError::Config("subchannel id"))?;
             slots.push(Slot::new(id, engine));

@@ -90,13 +90,13 @@ pub(super) enum Secondary {
 /// One middlebox on our side: its secondary session on its subchannel.
 pub(super) struct Slot {
     pub(super) subchannel: u8,
-    engine: OpenSslEngine,
+    engine: Box<dyn TlsEngine + Send>,
     pub(super) state: Secondary,
     rx: SecondaryReader,
 }
 
 impl Slot {
-    pub(super) fn new(subchannel: u8, engine: OpenSslEngine) -> Self {
+    pub(super) fn new(subchannel: u8, engine: Box<dyn TlsEngine + Send>) -> Self {
         Slot {
             subchannel,
             engine,

@@ -13,12 +13,11 @@
 use std::sync::Arc;
 
 use mbx_attest::Policy;
-use mbx_engine::{OpenSslContext, Role};
+use mbx_engine::{ClientContext, OpenSslContext, Role};
 
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, EndpointCore, ServerHandshakeEvent, SessionSummary, Slot};
 use super::HandshakeError;
-use mbx_engine::TlsEngine;
 
 /// Which middlebox the server expects on its side.
 #[derive(Clone)]
@@ -45,9 +44,10 @@ pub struct ServerHandshakeConfig {
     /// consumed before the export). Session tickets off is recommended (resumption through
     /// middleboxes is not supported).
     pub primary: Arc<OpenSslContext>,
-    /// Context for the secondary session: a TLS *client* with the trust roots for middlebox
-    /// certificates.
-    pub secondary: Arc<OpenSslContext>,
+    /// Context for the secondary sessions: a TLS *client* with the trust roots for middlebox
+    /// certificates ([`RustlsClientContext`](mbx_engine::RustlsClientContext), the cheaper
+    /// client and what the CLI uses, or an [`OpenSslContext`]).
+    pub secondary: Arc<dyn ClientContext>,
     pub middlebox: ServerMiddlebox,
     /// Attestation policy for the middlebox.
     pub policy: Policy,
@@ -196,7 +196,7 @@ fn announced(
             "middlebox announcement after the handshake",
         ));
     }
-    let mut engine = cfg.secondary.engine_for(name)?;
+    let mut engine = cfg.secondary.client_engine(name)?;
     engine.process()?;
     let mut slot = Slot::new(subchannel, engine);
     slot.start();
