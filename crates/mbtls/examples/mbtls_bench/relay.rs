@@ -398,10 +398,10 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         let bound = tcp.sample(true, SinkKind::Discard)?;
         let tcp_dec_enc_bound = bound.per_cpu_s;
         let tcp_fwd_bound = tcp.sample(false, SinkKind::Discard)?.per_cpu_s;
-        busy_bound.push(bound.busy);
         if rep == 0 {
             continue; // warm-up
         }
+        busy_bound.push(bound.busy);
         for (slot, x) in v.iter_mut().zip([
             speed,
             ring,
