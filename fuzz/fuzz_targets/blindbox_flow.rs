@@ -29,7 +29,11 @@ fn setup() -> &'static (Arc<EncryptedRules>, PlaintextMatcher) {
         let key = TokenKey::new(&K);
         let keys: Vec<KeywordKey> = plan.chunks().iter().map(|c| key.keyword_key(c)).collect();
         let er = Arc::new(EncryptedRules::new(plan, &keys).expect("keys"));
-        let m = file.rules.iter().filter_map(|r| MatchRule::from_rule(r, BufferPolicy::Approximate)).collect();
+        let m = file
+            .rules
+            .iter()
+            .filter_map(|r| MatchRule::from_rule(r, BufferPolicy::Approximate))
+            .collect();
         (er, PlaintextMatcher::new(m).expect("automaton"))
     })
 }
@@ -45,7 +49,9 @@ fn tokenize(mode: Tokenization, parts: &[&[u8]]) -> Vec<FlowEvent> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&split, flow)) = data.split_first() else { return };
+    let Some((&split, flow)) = data.split_first() else {
+        return;
+    };
     let cut = usize::from(split).min(flow.len());
     for mode in [Tokenization::Window, Tokenization::Delimiter] {
         let whole = tokenize(mode, &[flow]);
@@ -73,8 +79,11 @@ fuzz_target!(|data: &[u8]| {
             Event::ProbableCause(_) => None,
         })
         .collect();
-    let mut want: Vec<(u32, u64)> =
-        oracle.scan_flow(flow, true, None).into_iter().map(|a| (a.sid, a.message_start)).collect();
+    let mut want: Vec<(u32, u64)> = oracle
+        .scan_flow(flow, true, None)
+        .into_iter()
+        .map(|a| (a.sid, a.message_start))
+        .collect();
     got.sort_unstable();
     want.sort_unstable();
     assert_eq!(got, want);

@@ -25,14 +25,30 @@ fuzz_target!(|data: &[u8]| {
     let split = data.first().map_or(0, |&b| usize::from(b)).min(data.len());
     let (a, b) = data.split_at(split);
     let mut rng = StdRng::seed_from_u64(1);
-    let cfg = EndpointConfig { max_chunks: 64, workers: 1, group: 1 };
-    let mut ep = Endpoint::new(EndpointKeys::from_parts([1; 16], [2; 32]), &RgKey::from_bytes([3; 16]), cfg, &mut rng)
-        .expect("endpoint");
+    let cfg = EndpointConfig {
+        max_chunks: 64,
+        workers: 1,
+        group: 1,
+    };
+    let mut ep = Endpoint::new(
+        EndpointKeys::from_parts([1; 16], [2; 32]),
+        &RgKey::from_bytes([3; 16]),
+        cfg,
+        &mut rng,
+    )
+    .expect("endpoint");
     if ep.receive(a).is_ok() && ep.receive(b).is_ok() {
         while let Ok(Some(_)) = ep.poll_transmit() {}
     }
-    let chunks = vec![SignedChunk { chunk: *b"abcdefgh", tag: [0; 16] }];
-    let mcfg = MiddleboxConfig { batch: 1, window: 1, workers: 1 };
+    let chunks = vec![SignedChunk {
+        chunk: *b"abcdefgh",
+        tag: [0; 16],
+    }];
+    let mcfg = MiddleboxConfig {
+        batch: 1,
+        window: 1,
+        workers: 1,
+    };
     let mut mb = Middlebox::new(chunks, mcfg, &mut rng).expect("middlebox");
     for peer in [Peer::Full, Peer::Hash] {
         if mb.receive(peer, a).is_ok() && mb.receive(peer, b).is_ok() {

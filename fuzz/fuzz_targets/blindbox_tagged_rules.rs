@@ -10,9 +10,16 @@ use mbx_blindbox_setup::{RgKey, TaggedRules};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(k) = RgKey::parse(data) {
-        assert_eq!(RgKey::parse(k.to_file_string().as_bytes()).map(|k| k.key_id()).ok(), Some(k.key_id()));
+        assert_eq!(
+            RgKey::parse(k.to_file_string().as_bytes())
+                .map(|k| k.key_id())
+                .ok(),
+            Some(k.key_id())
+        );
     }
-    let Ok(t) = TaggedRules::parse(data) else { return };
+    let Ok(t) = TaggedRules::parse(data) else {
+        return;
+    };
     assert_eq!(t.to_bytes(), data, "accepted files are canonical");
     if t.rules_text().len() < 4096 {
         let plan = t.plan(Tokenization::Delimiter, BufferPolicy::Strict);

@@ -78,7 +78,11 @@ fuzz_target!(|data: &[u8]| {
     let cfg = FlowConfig {
         tokenization: Tokenization::Window,
         case: CaseMode::Exact,
-        privacy: if first & 1 == 0 { Privacy::ExactMatch } else { Privacy::ProbableCause },
+        privacy: if first & 1 == 0 {
+            Privacy::ExactMatch
+        } else {
+            Privacy::ProbableCause
+        },
         period: 64,
         http: true,
     };
@@ -89,9 +93,21 @@ fuzz_target!(|data: &[u8]| {
 
     // Round trip of a token stream derived from the input.
     let params = ChannelParams {
-        tokenization: if first & 2 == 0 { Tokenization::Window } else { Tokenization::Delimiter },
-        case: if first & 4 == 0 { CaseMode::Exact } else { CaseMode::Dual },
-        privacy: if first & 8 == 0 { Privacy::ExactMatch } else { Privacy::ProbableCause },
+        tokenization: if first & 2 == 0 {
+            Tokenization::Window
+        } else {
+            Tokenization::Delimiter
+        },
+        case: if first & 4 == 0 {
+            CaseMode::Exact
+        } else {
+            CaseMode::Dual
+        },
+        privacy: if first & 8 == 0 {
+            Privacy::ExactMatch
+        } else {
+            Privacy::ProbableCause
+        },
         direction: Direction::ToClient,
     };
     let mut msgs = vec![TokenMsg::Salt(u64::from(first))];
@@ -104,7 +120,11 @@ fuzz_target!(|data: &[u8]| {
             _ => {}
         }
         offset += u64::from(g % 4) + 1;
-        let lanes: &[Lane] = if params.case == CaseMode::Dual { &[Lane::Exact, Lane::Folded] } else { &[Lane::Exact] };
+        let lanes: &[Lane] = if params.case == CaseMode::Dual {
+            &[Lane::Exact, Lane::Folded]
+        } else {
+            &[Lane::Exact]
+        };
         for lane in lanes {
             msgs.push(TokenMsg::Token(EncToken {
                 offset,

@@ -29,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(body) = decode_body(rest) {
-        let msg = mbx_keyless::Message { request_id: 1, body };
+        let msg = mbx_keyless::Message {
+            request_id: 1,
+            body,
+        };
         if let Ok(bytes) = encode(&msg) {
             assert_eq!(decode(&bytes, usize::from(u16::MAX)).ok(), Some(msg));
         }

@@ -10,7 +10,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(e) = Encapsulated::parse(data) {
         assert!(e.inner.payload().len() <= MAX_INNER_PAYLOAD_LEN);
         let mut out = Vec::new();
-        e.encode(0x0303, &mut out).expect("a parsed record re-encodes");
+        e.encode(0x0303, &mut out)
+            .expect("a parsed record re-encodes");
         assert_eq!(&out[5..], data);
     }
     if let Ok(rec) = Record::from_bytes(data.to_vec()) {

@@ -1,7 +1,8 @@
 //! Arbitrary bytes into the mbTLS handshake cores (a server-side middlebox from either side, a
 //! client-side middlebox from either side, an mbTLS server with a pre-configured middlebox or
-//! discovering up to three), after a real ClientHello or instead of one: nothing may panic;
-//! every error is typed.
+//! discovering up to three, an mbTLS client discovering up to two after its first flight; the
+//! endpoints' secondary sessions on OpenSSL or rustls), after a real ClientHello or instead of
+//! one: nothing may panic; every error is typed.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
@@ -9,17 +10,24 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use mbx_apps::PassThrough;
 use mbx_attest::Policy;
-use mbx_engine::{Identity, OpenSslContext, TlsConfig, TlsEngine};
+use mbx_engine::CustomExtension;
+use mbx_engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig, TlsEngine};
 use mbx_mbtls::handshake::{
-    MiddleboxHandshake, MiddleboxHandshakeConfig, ServerHandshake, ServerHandshakeConfig,
-    ServerMiddlebox, ServerSideMiddlebox,
+    ClientHandshake, ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshake,
+    MiddleboxHandshakeConfig, ServerHandshake, ServerHandshakeConfig, ServerMiddlebox,
+    ServerSideMiddlebox,
 };
 use mbx_mbtls::Side;
+use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_testbed::pki::{LeafSpec, TestPki};
 
 struct Setup {
     mbox: MiddleboxHandshakeConfig,
     server: ServerHandshakeConfig,
+    /// The same server with rustls secondary sessions.
+    server_rustls: ServerHandshakeConfig,
+    /// A discovering client, with OpenSSL and with rustls secondary sessions.
+    client: [ClientHandshakeConfig; 2],
     hello: Vec<u8>,
 }
 
@@ -47,21 +55,44 @@ fn setup() -> &'static Setup {
             .engine()
             .expect("client");
         client.process().expect("hello");
+        let secondary = TlsConfig::client("mb.test", root.clone());
+        let server = ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).expect("server ctx")),
+            secondary: Arc::new(OpenSslContext::new(&secondary).expect("sec ctx")),
+            middlebox: ServerMiddlebox::Preconfigured("mb.test".into()),
+            policy: Policy::default(),
+            now_unix: 1_800_000_000,
+        };
+        let mut client_primary = TlsConfig::client("server.test", root.clone());
+        client_primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        client_primary.pause_after_handshake = true;
+        let client_cfg = |secondary: Arc<dyn mbx_engine::ClientContext>| ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&client_primary).expect("client primary")),
+            server_name: "server.test".into(),
+            secondary,
+            middlebox: ClientMiddlebox::DiscoverUpTo(Arc::new(|_: &[Vec<u8>]| true), 2),
+            policy: Policy::default(),
+            now_unix: 1_800_000_000,
+        };
+        let clients = [
+            client_cfg(Arc::new(OpenSslContext::new(&secondary).expect("sec ctx"))),
+            client_cfg(Arc::new(
+                RustlsClientContext::new(&secondary).expect("rustls ctx"),
+            )),
+        ];
+        let server_rustls = ServerHandshakeConfig {
+            secondary: Arc::new(RustlsClientContext::new(&secondary).expect("rustls ctx")),
+            ..server.clone()
+        };
         Setup {
             mbox: MiddleboxHandshakeConfig {
                 tls: Arc::new(OpenSslContext::new(&TlsConfig::server(mb_id)).expect("mb ctx")),
                 certificate_der: mb_der,
                 attester: None,
             },
-            server: ServerHandshakeConfig {
-                primary: Arc::new(OpenSslContext::new(&primary).expect("server ctx")),
-                secondary: Arc::new(
-                    OpenSslContext::new(&TlsConfig::client("mb.test", root)).expect("sec ctx"),
-                ),
-                middlebox: ServerMiddlebox::Preconfigured("mb.test".into()),
-                policy: Policy::default(),
-                now_unix: 1_800_000_000,
-            },
+            server,
+            server_rustls,
+            client: clients,
             hello: client.take_outgoing(),
         }
     })
@@ -72,8 +103,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let s = setup();
-    let side = if selector & 1 == 0 { Side::Client } else { Side::Server };
+    let side = if selector & 1 == 0 {
+        Side::Client
+    } else {
+        Side::Server
+    };
     let with_hello = selector & 2 != 0;
+    if selector & 32 != 0 {
+        let mut c = ClientHandshake::new(s.client[usize::from(selector & 16 != 0)].clone())
+            .expect("client");
+        let _ = c.take_outgoing();
+        for chunk in rest.chunks(97) {
+            let _ = c.receive(chunk);
+            let _ = c.take_outgoing();
+        }
+        return;
+    }
     match (selector >> 2) % 4 {
         0 => {
             let mut m = ServerSideMiddlebox::new(s.mbox.clone(), PassThrough, true).expect("mb");
@@ -94,7 +139,11 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         n => {
-            let mut cfg = s.server.clone();
+            let mut cfg = if selector & 16 == 0 {
+                s.server.clone()
+            } else {
+                s.server_rustls.clone()
+            };
             if n == 3 {
                 cfg.middlebox = ServerMiddlebox::DiscoverUpTo(Arc::new(|_: &[Vec<u8>]| true), 3);
             }

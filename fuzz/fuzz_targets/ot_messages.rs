@@ -23,7 +23,11 @@ fn session() -> Session {
     let (mut receiver, setup) = OtReceiver::new(SID, &mut rng);
     let (sender, reply) = OtSender::new(SID, &setup, &mut rng).expect("valid setup");
     receiver.handle_base_reply(&reply).expect("valid reply");
-    Session { sender, receiver, rng }
+    Session {
+        sender,
+        receiver,
+        rng,
+    }
 }
 
 fn shared() -> &'static Mutex<Session> {

@@ -20,7 +20,13 @@ fuzz_target!(|data: &[u8]| {
                     .contents
                     .iter()
                     .enumerate()
-                    .map(|(j, _)| data.iter().skip(j).step_by(3).map(|&b| u64::from(b)).collect::<Vec<_>>())
+                    .map(|(j, _)| {
+                        data.iter()
+                            .skip(j)
+                            .step_by(3)
+                            .map(|&b| u64::from(b))
+                            .collect::<Vec<_>>()
+                    })
                     .map(|mut v| {
                         v.sort_unstable();
                         v.dedup();
