@@ -839,3 +839,34 @@ fn partial_records_stay_with_the_caller() {
         }
     }
 }
+
+#[test]
+fn openssl_send_fragment_limit_splits_every_record_and_checks_its_range() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let server_ctx = OpenSslContext::new(&pki.server_config().only(version)).unwrap();
+        let mut s = server_ctx.engine().unwrap();
+        for bad in [0, 511, 16385, usize::MAX] {
+            assert!(s.set_max_send_fragment(bad).is_err(), "{bad}");
+        }
+        s.set_max_send_fragment(512).unwrap();
+        let mut c = ossl(&pki.client_config().only(version));
+        pump(&mut c, &mut s).unwrap();
+        s.write_plaintext(&[7u8; 5000]).unwrap();
+        let out = s.take_outgoing();
+        let records = split_records(&out);
+        // 5000 bytes in records of at most 512 plaintext bytes (plus at most 24 of AEAD).
+        assert!(
+            records.len() >= 10,
+            "{version:?}: {} records",
+            records.len()
+        );
+        assert!(
+            records.iter().all(|r| r.len() - 5 <= 512 + 24),
+            "{version:?}"
+        );
+        c.feed(&out);
+        c.process().unwrap();
+        assert_eq!(c.take_plaintext(), vec![7u8; 5000]);
+    }
+}

@@ -18,6 +18,7 @@ use mbx_mbtls::handshake::{
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
+use mbx_mbtls::wire::MAX_INNER_PAYLOAD_LEN;
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
@@ -89,7 +90,11 @@ impl Setup {
     }
 
     fn middlebox(&self, name: &str, program: &str) -> MiddleboxHandshakeConfig {
-        let (id, der) = identity(&self.pki, &LeafSpec::middlebox(name));
+        self.middlebox_with(&LeafSpec::middlebox(name), program)
+    }
+
+    fn middlebox_with(&self, spec: &LeafSpec, program: &str) -> MiddleboxHandshakeConfig {
+        let (id, der) = identity(&self.pki, spec);
         let attester = SimulatedAttester::new(
             self.platform.clone(),
             measure(program, b""),
@@ -385,6 +390,48 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert_eq!(summary.hops.len(), 2);
             assert_ne!(summary.hops[0], summary.hops[1]);
             assert!(summary.middlebox_joined);
+        }
+    }
+}
+
+/// Middleboxes whose secondary flight does not fit one encapsulated record (a certificate of
+/// about 19 KB: 900 extra names) still join on both sides: their engines split it over records
+/// that each fit (`MAX_INNER_PLAINTEXT_LEN`). Without that limit OpenSSL sends 16,384-byte
+/// records, whose ciphertext is larger than an inner record may be, and the handshake fails.
+#[test]
+fn middleboxes_with_a_flight_larger_than_an_encapsulated_record_join_both_versions() {
+    let big = |name: &str| {
+        (0..900).fold(LeafSpec::middlebox(name), |spec, i| {
+            spec.dns(&format!("alias-{i:04}.{name}"))
+        })
+    };
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let (mb1_cfg, mb2_cfg) = (
+            s.middlebox_with(&big("mb1.test"), PROGRAM),
+            s.middlebox_with(&big("mb2.test"), PROGRAM),
+        );
+        assert!(mb1_cfg.certificate_der.len() > MAX_INNER_PAYLOAD_LEN);
+        for version in VERSIONS {
+            let mb1 = MiddleboxHandshake::new(mb1_cfg.clone(), tagger("mb1.test")).unwrap();
+            let mb2 = ServerSideMiddlebox::new(mb2_cfg.clone(), tagger("mb2.test"), true).unwrap();
+            let mut path = Path::new(vec![
+                Node::Client(s.mbtls_client(version)),
+                Node::ClientSideMb(mb1),
+                Node::ServerSideMb(mb2),
+                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+            ]);
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            assert_eq!(
+                path.last().read(),
+                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
+                "{version:?}"
+            );
+            path.last().write(b"response");
+            path.pump();
+            assert_eq!(path.first().read(), b"RESPONSE", "{version:?}");
         }
     }
 }

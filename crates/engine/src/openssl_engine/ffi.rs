@@ -4,6 +4,8 @@
 //!   extensions (mbTLS MiddleboxSupport).
 //! * `SSL_set_msg_callback` — record-header and handshake-message notifications, used to count
 //!   records per key epoch so exported sequence numbers are exact.
+//! * `SSL_set_max_send_fragment` (a macro over `SSL_ctrl`) — the largest plaintext per record
+//!   this connection sends.
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -73,6 +75,28 @@ pub(super) fn install_msg_callback(ssl: &mut SslRef) {
     // SAFETY: `ssl.as_ptr()` is a live SSL we hold exclusively; `msg_cb` is a `'static` function
     // and no callback argument is set (it stays null).
     unsafe { SSL_set_msg_callback(ssl.as_ptr(), Some(msg_cb)) }
+}
+
+/// `SSL_CTRL_SET_MAX_SEND_FRAGMENT` (`ssl.h`), the control behind the
+/// `SSL_set_max_send_fragment` macro.
+const CTRL_SET_MAX_SEND_FRAGMENT: c_int = 52;
+
+/// Caps the plaintext OpenSSL puts in one record on this connection (512..=16384, checked by
+/// OpenSSL). False if OpenSSL refused the value.
+pub(super) fn set_max_send_fragment(ssl: &SslRef, len: u16) -> bool {
+    // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
+    // `&mut self` (no other use of the SSL can run meanwhile; `SslRef` is an opaque foreign type,
+    // mutable behind shared references as far as Rust is concerned). The control takes a
+    // number and no pointer (`parg` is null).
+    let rc = unsafe {
+        sys::SSL_ctrl(
+            ssl.as_ptr(),
+            CTRL_SET_MAX_SEND_FRAGMENT,
+            std::os::raw::c_long::from(len),
+            ptr::null_mut(),
+        )
+    };
+    rc == 1
 }
 
 /// Runs `f` on the `SslRef` behind a callback's `SSL*`, catching panics.

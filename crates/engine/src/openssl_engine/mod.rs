@@ -566,6 +566,24 @@ impl OpenSslEngine {
         Ok(())
     }
 
+    /// Caps the plaintext of every record this connection sends at `len` bytes (OpenSSL accepts
+    /// 512 to 16,384; the default is 16,384), handshake messages included, which are then split
+    /// over more records. For records that must fit a container smaller than a TLS record, such
+    /// as an mbTLS encapsulated record.
+    pub fn set_max_send_fragment(&mut self, len: usize) -> Result<(), EngineError> {
+        let ok = u16::try_from(len)
+            .ok()
+            .filter(|l| (512..=16384).contains(l))
+            .is_some_and(|l| ffi::set_max_send_fragment(self.stream.ssl(), l));
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::Config(format!(
+                "record fragment limit {len} (OpenSSL accepts 512 to 16384)"
+            )))
+        }
+    }
+
     /// True while a TLS 1.3 server may write 0.5-RTT data: its Finished is out, the client's
     /// has not been processed yet.
     fn half_rtt_window(&self) -> bool {

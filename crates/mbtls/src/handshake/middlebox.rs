@@ -560,13 +560,7 @@ fn secondary_engine_for(
     cfg: &MiddleboxHandshakeConfig,
     hello: &[u8],
 ) -> Result<OpenSslEngine, &'static str> {
-    let mut engine = cfg
-        .tls
-        .engine_without_tickets()
-        .map_err(|_| "cannot create TLS engine")?;
-    engine
-        .enable_half_rtt()
-        .map_err(|_| "our secondary context is not a server")?;
+    let mut engine = wires::secondary_server_engine(cfg)?;
     let records = hello_records(hello).map_err(|_| "optimistic ClientHello too large")?;
     engine.feed(&records);
     engine

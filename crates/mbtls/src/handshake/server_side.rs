@@ -269,14 +269,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     /// A record of our secondary session from the server (TLS client toward us).
     fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
         if self.engine.is_none() {
-            let mut engine = self
-                .cfg
-                .tls
-                .engine_without_tickets()
-                .map_err(|_| HandshakeError::Config("cannot create our TLS engine"))?;
-            engine
-                .enable_half_rtt()
-                .map_err(|_| HandshakeError::Config("our secondary context is not a server"))?;
+            let engine =
+                wires::secondary_server_engine(&self.cfg).map_err(HandshakeError::Config)?;
             self.engine = Some(engine);
             self.answered = true;
             self.mode = Mode::Joined;

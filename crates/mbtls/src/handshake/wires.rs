@@ -233,6 +233,26 @@ pub(super) fn endpoint_messages(
     }
 }
 
+/// A middlebox's secondary server engine: no session tickets (the next record after its
+/// handshake is its switch marker), 0.5-RTT enabled (TLS 1.3 evidence in the first flight),
+/// and no record larger than an encapsulated record can carry, so that a long certificate
+/// chain or large evidence is split over more records instead of failing the handshake.
+pub(super) fn secondary_server_engine(
+    cfg: &super::MiddleboxHandshakeConfig,
+) -> Result<OpenSslEngine, &'static str> {
+    let mut engine = cfg
+        .tls
+        .engine_without_tickets()
+        .map_err(|_| "cannot create our TLS engine")?;
+    engine
+        .enable_half_rtt()
+        .map_err(|_| "our secondary context is not a server")?;
+    engine
+        .set_max_send_fragment(crate::wire::MAX_INNER_PLAINTEXT_LEN)
+        .map_err(|_| "cannot limit our TLS records to encapsulated records")?;
+    Ok(engine)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,11 @@ use super::{malformed, CT_ENCAPSULATED, CT_MIDDLEBOX_ANNOUNCEMENT};
 /// outer record's 2^14).
 pub const MAX_INNER_PAYLOAD_LEN: usize = (1 << 14) - 1;
 
+/// Largest plaintext a secondary session may put in one record so that the record fits an
+/// encapsulated record: [`MAX_INNER_PAYLOAD_LEN`] less the largest AEAD expansion of our
+/// suites (TLS 1.2 AES-GCM: 8-byte explicit nonce and 16-byte tag; TLS 1.3 adds 17).
+pub const MAX_INNER_PLAINTEXT_LEN: usize = MAX_INNER_PAYLOAD_LEN - 24;
+
 /// One decoded encapsulated record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encapsulated {

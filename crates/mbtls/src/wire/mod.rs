@@ -8,7 +8,9 @@ mod key_material;
 mod secondary;
 mod support;
 
-pub use encapsulated::{announcement_record, Encapsulated, MAX_INNER_PAYLOAD_LEN};
+pub use encapsulated::{
+    announcement_record, Encapsulated, MAX_INNER_PAYLOAD_LEN, MAX_INNER_PLAINTEXT_LEN,
+};
 pub use key_material::{KeyMaterial, MAX_KEY_MATERIAL_LEN};
 pub use secondary::{SecondaryMessage, SecondaryReader, MSG_EVIDENCE, MSG_KEY_MATERIAL};
 pub use support::{MiddleboxSupport, MAX_IDENTITY_LEN};
