@@ -29,9 +29,21 @@ pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync
 
 type App = Box<dyn MiddleboxApp + Send>;
 
-/// Bytes read from a socket at once: several 16 KB records per system call when the peer is
-/// sending in bulk (fewer reads, and records are opened in this buffer, not copied out of it).
+/// Bytes read from a socket at once, at most: several 16 KB records per system call when the
+/// peer is sending in bulk (fewer reads, and records are opened in this buffer, not copied out
+/// of it).
 const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
+/// A read buffer starts at this size and doubles, up to [`MIDDLEBOX_READ_BUF`], each time a read
+/// fills it: a connection that only ever carries small messages (or sits idle) keeps 16 KiB per
+/// socket instead of 128 KiB, and a bulk transfer reaches the full size after three reads.
+const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
+
+/// Doubles `buf` (up to [`MIDDLEBOX_READ_BUF`]) if the last read, of `n` bytes, filled it.
+fn grow_if_filled(buf: &mut Vec<u8>, n: usize) {
+    if n == buf.len() && buf.len() < MIDDLEBOX_READ_BUF {
+        buf.resize((buf.len() * 2).min(MIDDLEBOX_READ_BUF), 0);
+    }
+}
 /// Client side: how long after forwarding a ClientHello with optimistic hellos the middlebox
 /// answers ours ahead of the ServerHello (`MiddleboxHandshake::prepare`: engine, key share,
 /// signature, evidence, about 0.4–0.7 ms of CPU), instead of when the server's flight is here
@@ -458,8 +470,8 @@ async fn relay(
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
-    let mut buf_c = vec![0u8; MIDDLEBOX_READ_BUF];
-    let mut buf_s = vec![0u8; MIDDLEBOX_READ_BUF];
+    let mut buf_c = vec![0u8; MIDDLEBOX_READ_BUF_START];
+    let mut buf_s = vec![0u8; MIDDLEBOX_READ_BUF_START];
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
     let result: Result<(), DriverError> = loop {
@@ -510,7 +522,16 @@ async fn relay(
                 },
             });
         }
+        let n = bytes.len();
         let received = conn.hs.receive(from, bytes);
+        grow_if_filled(
+            if from == Side::Client {
+                &mut buf_c
+            } else {
+                &mut buf_s
+            },
+            n,
+        );
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();
@@ -530,4 +551,27 @@ async fn relay(
     })
     .await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_buffers_double_when_filled_up_to_the_maximum() {
+        let mut buf = vec![0u8; MIDDLEBOX_READ_BUF_START];
+        grow_if_filled(&mut buf, 100);
+        assert_eq!(
+            buf.len(),
+            MIDDLEBOX_READ_BUF_START,
+            "a short read does not grow it"
+        );
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            let n = buf.len();
+            grow_if_filled(&mut buf, n);
+            sizes.push(buf.len() / 1024);
+        }
+        assert_eq!(sizes, [32, 64, 128, 128, 128, 128]);
+    }
 }
