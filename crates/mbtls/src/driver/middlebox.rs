@@ -38,12 +38,50 @@ const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
 /// socket instead of 128 KiB, and a bulk transfer reaches the full size after three reads.
 const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
 
-/// Doubles `buf` (up to [`MIDDLEBOX_READ_BUF`]) if the last read, of `n` bytes, filled it.
-fn grow_if_filled(buf: &mut Vec<u8>, n: usize) {
-    if n == buf.len() && buf.len() < MIDDLEBOX_READ_BUF {
-        buf.resize((buf.len() * 2).min(MIDDLEBOX_READ_BUF), 0);
+/// Consecutive reads of less than an eighth of a grown buffer after which it goes back to
+/// [`MIDDLEBOX_READ_BUF_START`]: the transfer that grew it is over (one short read is common in
+/// the middle of a transfer too, when TCP delivers part of a record).
+const SHRINK_AFTER_SMALL_READS: u32 = 16;
+
+/// One socket's read buffer, sized by its traffic. It holds no plaintext between reads (records
+/// are opened in it and wiped), so resizing it copies or frees only ciphertext.
+struct ReadBuf {
+    bytes: Vec<u8>,
+    /// Consecutive short reads into the grown buffer.
+    small_reads: u32,
+}
+
+impl ReadBuf {
+    fn new() -> ReadBuf {
+        ReadBuf {
+            bytes: vec![0u8; MIDDLEBOX_READ_BUF_START],
+            small_reads: 0,
+        }
+    }
+
+    /// After a read of `n` bytes: doubles the buffer (up to [`MIDDLEBOX_READ_BUF`]) when the read
+    /// filled it, puts it back to the start size after [`SHRINK_AFTER_SMALL_READS`] short reads
+    /// in a row. True when it shrank.
+    fn after_read(&mut self, n: usize) -> bool {
+        let len = self.bytes.len();
+        if n == len && len < MIDDLEBOX_READ_BUF {
+            self.bytes.resize((len * 2).min(MIDDLEBOX_READ_BUF), 0);
+        }
+        if len == MIDDLEBOX_READ_BUF_START || n >= len / 8 {
+            self.small_reads = 0;
+            return false;
+        }
+        self.small_reads += 1;
+        if self.small_reads < SHRINK_AFTER_SMALL_READS {
+            return false;
+        }
+        self.small_reads = 0;
+        self.bytes.truncate(MIDDLEBOX_READ_BUF_START);
+        self.bytes.shrink_to_fit();
+        true
     }
 }
+
 /// Client side: how long after forwarding a ClientHello with optimistic hellos the middlebox
 /// answers ours ahead of the ServerHello (`MiddleboxHandshake::prepare`: engine, key share,
 /// signature, evidence, about 0.4–0.7 ms of CPU), instead of when the server's flight is here
@@ -470,8 +508,7 @@ async fn relay(
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
-    let mut buf_c = vec![0u8; MIDDLEBOX_READ_BUF_START];
-    let mut buf_s = vec![0u8; MIDDLEBOX_READ_BUF_START];
+    let (mut buf_c, mut buf_s) = (ReadBuf::new(), ReadBuf::new());
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
     let result: Result<(), DriverError> = loop {
@@ -485,8 +522,8 @@ async fn relay(
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
         let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
         let (from, read) = tokio::select! {
-            r = client_r.read(&mut buf_c), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.get_mut(..n).unwrap_or_default())),
-            r = server_r.read(&mut buf_s), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.get_mut(..n).unwrap_or_default())),
+            r = client_r.read(&mut buf_c.bytes), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.bytes.get_mut(..n).unwrap_or_default())),
+            r = server_r.read(&mut buf_s.bytes), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.bytes.get_mut(..n).unwrap_or_default())),
             w = conn.to_client.write_some(&mut client_w), if want_c => match w {
                 Ok(()) => continue,
                 Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
@@ -524,14 +561,15 @@ async fn relay(
         }
         let n = bytes.len();
         let received = conn.hs.receive(from, bytes);
-        grow_if_filled(
-            if from == Side::Client {
-                &mut buf_c
-            } else {
-                &mut buf_s
-            },
-            n,
-        );
+        let buf = if from == Side::Client {
+            &mut buf_c
+        } else {
+            &mut buf_s
+        };
+        if buf.after_read(n) {
+            // The direction that grew it is quiet again: so are the chunks it kept.
+            conn.outbox(from.other()).trim_spares();
+        }
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();
@@ -558,20 +596,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn read_buffers_double_when_filled_up_to_the_maximum() {
-        let mut buf = vec![0u8; MIDDLEBOX_READ_BUF_START];
-        grow_if_filled(&mut buf, 100);
+    fn read_buffers_double_when_filled_and_shrink_when_the_transfer_is_over() {
+        let mut rb = ReadBuf::new();
+        assert!(!rb.after_read(100));
         assert_eq!(
-            buf.len(),
+            rb.bytes.len(),
             MIDDLEBOX_READ_BUF_START,
             "a short read does not grow it"
         );
         let mut sizes = Vec::new();
         for _ in 0..6 {
-            let n = buf.len();
-            grow_if_filled(&mut buf, n);
-            sizes.push(buf.len() / 1024);
+            let n = rb.bytes.len();
+            assert!(!rb.after_read(n));
+            sizes.push(rb.bytes.len() / 1024);
         }
         assert_eq!(sizes, [32, 64, 128, 128, 128, 128]);
+        // Short reads in the middle of a transfer keep it: a read of an eighth or more resets
+        // the count.
+        for _ in 0..3 {
+            for _ in 0..SHRINK_AFTER_SMALL_READS - 1 {
+                assert!(!rb.after_read(1));
+            }
+            assert!(!rb.after_read(MIDDLEBOX_READ_BUF / 8));
+        }
+        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF);
+        // Enough short reads in a row put it back to the start size.
+        for _ in 0..SHRINK_AFTER_SMALL_READS - 1 {
+            assert!(!rb.after_read(10));
+        }
+        assert!(rb.after_read(10));
+        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
+        assert!(rb.bytes.capacity() < MIDDLEBOX_READ_BUF);
+        // At the start size nothing shrinks, however many short reads.
+        for _ in 0..2 * SHRINK_AFTER_SMALL_READS {
+            assert!(!rb.after_read(1));
+        }
     }
 }

@@ -105,6 +105,13 @@ impl Outbox {
         }
     }
 
+    /// Frees the kept buffers (the traffic that needed them is over); recycling goes on.
+    pub(crate) fn trim_spares(&mut self) {
+        if let Some(spare) = self.spare.as_mut() {
+            *spare = Vec::new();
+        }
+    }
+
     /// One vectored write of the queued chunks, or the shutdown once they are out. Cancel
     /// safe (a `select!` branch): a write either happened and is accounted, or did not.
     pub(crate) async fn write_some<W: AsyncWrite + Unpin>(
@@ -270,6 +277,14 @@ mod tests {
             out.recycle(vec![0; 8]);
         }
         assert_eq!(out.spare.as_ref().map(Vec::len), Some(QUEUE + 2));
+        out.trim_spares();
+        assert_eq!(out.take_buffer().capacity(), 0, "trimmed");
+        out.recycle(vec![0; 8]);
+        assert_eq!(
+            out.take_buffer().capacity(),
+            8,
+            "still recycling after a trim"
+        );
         // A plain outbox keeps nothing.
         let mut plain = Outbox::new();
         plain.recycle(vec![0; 8]);
