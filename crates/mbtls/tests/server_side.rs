@@ -394,6 +394,36 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
     }
 }
 
+/// client → client-side middlebox mb1 → server-side middlebox mb2 → mbTLS server, each
+/// middlebox adding its header to the request and upper-casing the answer: one request and its
+/// answer, checked.
+fn both_sides_exchange(
+    s: &Setup,
+    version: TlsVersion,
+    mb1: MiddleboxHandshakeConfig,
+    mb2: MiddleboxHandshakeConfig,
+) -> Path {
+    let mut path = Path::new(vec![
+        Node::Client(s.mbtls_client(version)),
+        Node::ClientSideMb(MiddleboxHandshake::new(mb1, tagger("mb1.test")).unwrap()),
+        Node::ServerSideMb(ServerSideMiddlebox::new(mb2, tagger("mb2.test"), true).unwrap()),
+        Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+    ]);
+    path.first().write(REQUEST);
+    path.pump();
+    path.assert_no_errors();
+    assert_eq!(
+        path.last().read(),
+        b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
+        "{version:?}"
+    );
+    path.last().write(b"response");
+    path.pump();
+    // Upper-cased twice is upper-cased.
+    assert_eq!(path.first().read(), b"RESPONSE", "{version:?}");
+    path
+}
+
 /// Middleboxes whose secondary flight does not fit one encapsulated record (a certificate of
 /// about 19 KB: 900 extra names) still join on both sides: their engines split it over records
 /// that each fit (`MAX_INNER_PLAINTEXT_LEN`). Without that limit OpenSSL sends 16,384-byte
@@ -413,25 +443,7 @@ fn middleboxes_with_a_flight_larger_than_an_encapsulated_record_join_both_versio
         );
         assert!(mb1_cfg.certificate_der.len() > MAX_INNER_PAYLOAD_LEN);
         for version in VERSIONS {
-            let mb1 = MiddleboxHandshake::new(mb1_cfg.clone(), tagger("mb1.test")).unwrap();
-            let mb2 = ServerSideMiddlebox::new(mb2_cfg.clone(), tagger("mb2.test"), true).unwrap();
-            let mut path = Path::new(vec![
-                Node::Client(s.mbtls_client(version)),
-                Node::ClientSideMb(mb1),
-                Node::ServerSideMb(mb2),
-                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-            ]);
-            path.first().write(REQUEST);
-            path.pump();
-            path.assert_no_errors();
-            assert_eq!(
-                path.last().read(),
-                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
-                "{version:?}"
-            );
-            path.last().write(b"response");
-            path.pump();
-            assert_eq!(path.first().read(), b"RESPONSE", "{version:?}");
+            both_sides_exchange(&s, version, mb1_cfg.clone(), mb2_cfg.clone());
         }
     }
 }
@@ -441,26 +453,12 @@ fn middleboxes_on_both_sides_share_the_primary_keys_as_bridge() {
     for s in Setup::both() {
         eprintln!("secondary sessions: {}", s.secondary_engine);
         for version in VERSIONS {
-            let mb1 = MiddleboxHandshake::new(s.middlebox("mb1.test", PROGRAM), tagger("mb1.test"))
-                .unwrap();
-            let mut path = Path::new(vec![
-                Node::Client(s.mbtls_client(version)),
-                Node::ClientSideMb(mb1),
-                server_side_mb(&s, tagger("mb2.test")),
-                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-            ]);
-            path.first().write(REQUEST);
-            path.pump();
-            path.assert_no_errors();
-            assert_eq!(
-            path.last().read(),
-            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n\r\n",
-            "{version:?}"
-        );
-            path.last().write(b"response");
-            path.pump();
-            // Upper-cased twice is upper-cased.
-            assert_eq!(path.first().read(), b"RESPONSE");
+            let mut path = both_sides_exchange(
+                &s,
+                version,
+                s.middlebox("mb1.test", PROGRAM),
+                s.middlebox("mb2.test", PROGRAM),
+            );
             let client = match path.first() {
                 Node::Client(c) => c.summary().unwrap().clone(),
                 _ => unreachable!(),
