@@ -284,7 +284,12 @@ pub fn wait_for_port(
                 log: read_lossy(log),
             });
         }
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
+        // A port that accepts may belong to another process that was handed the same "free"
+        // port (ours then exits with a bind failure and is retried): it must be our child's.
+        let ours = child
+            .id()
+            .is_some_and(|pid| owns_listener(pid, addr.port()));
+        if ours && TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -296,6 +301,32 @@ pub fn wait_for_port(
         }
         std::thread::sleep(POLL_INTERVAL);
     }
+}
+
+/// Whether process `pid` holds a listening IPv4 TCP socket on `port` (from `/proc/net/tcp` and
+/// the process's descriptors). Without procfs, assumes it does.
+fn owns_listener(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return true;
+    };
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let p = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            // State 0A is LISTEN.
+            (p == port && *state == "0A").then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
 }
 
 fn read_lossy(path: &Path) -> String {
