@@ -117,6 +117,13 @@ pub struct TlsConfig {
     /// Stop processing incoming records as soon as the handshake completes, so that everything
     /// after it is left for the caller's record layer (see `Handoff::unprocessed_incoming`).
     pub pause_after_handshake: bool,
+    /// Keep what [`crate::TlsEngine::export_session`] needs (default). OpenSSL engine: it
+    /// hands TLS 1.3 traffic secrets out only through its key-log callback, which formats every
+    /// secret as hex with one `sprintf` per byte (≈ 10 µs per TLS 1.3 handshake on our
+    /// machines); a session that is never exported (plain TLS, middleboxes' own sessions) turns
+    /// this off and `export_session` then fails with `Unsupported`. rustls: ignored (its key log
+    /// costs nothing measurable).
+    pub exportable: bool,
 }
 
 impl TlsConfig {
@@ -136,6 +143,7 @@ impl TlsConfig {
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
+            exportable: true,
         }
     }
 
@@ -155,6 +163,7 @@ impl TlsConfig {
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
+            exportable: true,
         }
     }
 
@@ -162,6 +171,12 @@ impl TlsConfig {
     pub fn only(mut self, version: TlsVersion) -> Self {
         self.min_version = version;
         self.max_version = version;
+        self
+    }
+
+    /// A session that is never exported (see [`TlsConfig::exportable`]).
+    pub fn without_export(mut self) -> Self {
+        self.exportable = false;
         self
     }
 

@@ -564,6 +564,24 @@ fn pause_after_handshake_leaves_records_to_caller() {
 }
 
 #[test]
+fn a_session_built_without_export_works_and_refuses_export() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let mut c = ossl(&pki.client_config().only(version).without_export());
+        let mut s = ossl(&pki.server_config().only(version).without_export());
+        pump(&mut c, &mut s).unwrap();
+        transfer(&mut c, &mut s, b"no key log needed");
+        transfer(&mut s, &mut c, b"either way");
+        for e in [c, s] {
+            assert!(
+                matches!(e.export_session(), Err(EngineError::Unsupported(_))),
+                "{version:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn export_refused_before_handshake_and_for_rustls_too() {
     let pki = Pki::new();
     let (c, _) = pair(&pki, V13, None);

@@ -288,6 +288,7 @@ pub struct OpenSslContext {
     server_name: Option<String>,
     verify_peer: bool,
     pause_after_handshake: bool,
+    exportable: bool,
     registered: BTreeSet<u16>,
     ext_send: BTreeMap<u16, Vec<u8>>,
     handlers: BTreeMap<u16, ExtensionHandler>,
@@ -372,11 +373,13 @@ impl OpenSslContext {
             }
         }
 
-        b.set_keylog_callback(|ssl, line| {
-            if let Some(st) = state_of(ssl) {
-                lock(st).secrets.record_line(line);
-            }
-        });
+        if config.exportable {
+            b.set_keylog_callback(|ssl, line| {
+                if let Some(st) = state_of(ssl) {
+                    lock(st).secrets.record_line(line);
+                }
+            });
+        }
 
         let mut registered = BTreeSet::new();
         let mut ext_send = BTreeMap::new();
@@ -405,6 +408,7 @@ impl OpenSslContext {
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
             pause_after_handshake: config.pause_after_handshake,
+            exportable: config.exportable,
             registered,
             ext_send,
             handlers,
@@ -490,6 +494,7 @@ impl OpenSslContext {
             role: self.role,
             registered: self.registered.clone(),
             pause_after_handshake: self.pause_after_handshake,
+            exportable: self.exportable,
             handshake_done: false,
             half_rtt: HalfRtt::Off,
             started: false,
@@ -520,6 +525,7 @@ pub struct OpenSslEngine {
     role: Role,
     registered: BTreeSet<u16>,
     pause_after_handshake: bool,
+    exportable: bool,
     handshake_done: bool,
     half_rtt: HalfRtt,
     started: bool,
@@ -832,6 +838,11 @@ impl TlsEngine for OpenSslEngine {
 
     fn export_session(mut self) -> Result<Handoff, EngineError> {
         self.check_usable()?;
+        if !self.exportable {
+            return Err(EngineError::Unsupported(
+                "export_session on an engine built with TlsConfig::exportable = false",
+            ));
+        }
         if !self.handshake_done {
             return Err(EngineError::HandshakeIncomplete);
         }
