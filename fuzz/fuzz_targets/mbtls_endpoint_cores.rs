@@ -85,11 +85,15 @@ fn setup() -> &'static Setup {
             ..server.clone()
         };
         Setup {
-            mbox: MiddleboxHandshakeConfig {
-                tls: Arc::new(OpenSslContext::new(&TlsConfig::server(mb_id)).expect("mb ctx")),
-                certificate_der: mb_der,
-                attester: None,
-            },
+            mbox: MiddleboxHandshakeConfig::new(
+                Arc::new(
+                    OpenSslContext::new(&TlsConfig::server(mb_id).without_export())
+                        .expect("mb ctx"),
+                ),
+                &mb_der,
+                None,
+            )
+            .expect("mb config"),
             server,
             server_rustls,
             client: clients,

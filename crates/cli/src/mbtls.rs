@@ -735,10 +735,13 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         .and_then(|v| v.into_iter().next())
         .context("the certificate file holds no PEM certificate")?
         .to_der()?;
-    let tls = OpenSslContext::new(&TlsConfig::server(Identity {
-        cert_chain_pem: chain,
-        key_pem: key,
-    }))
+    let tls = OpenSslContext::new(
+        &TlsConfig::server(Identity {
+            cert_chain_pem: chain,
+            key_pem: key,
+        })
+        .without_export(),
+    )
     .context("middlebox TLS configuration")?;
     let app = app_factory(&s.app)?;
     // The measured configuration: what the middlebox does to traffic.
@@ -761,11 +764,8 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             other => bail!("unknown attester {other:?} (use none or sim)"),
         };
     let cfg = MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig {
-            tls: Arc::new(tls),
-            certificate_der: leaf,
-            attester,
-        },
+        handshake: MiddleboxHandshakeConfig::new(Arc::new(tls), &leaf, attester)
+            .context("middlebox certificate")?,
         next_hop: s.next_hop.clone(),
         app,
         placement: match s.side.as_str() {

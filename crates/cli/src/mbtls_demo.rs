@@ -115,11 +115,13 @@ fn middlebox(
     let header = HttpHeaderInsert::new("X-Mbtls-Middlebox", name)
         .map_err(|e| anyhow::anyhow!("header app: {e}"))?;
     Ok(MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig {
-            tls: Arc::new(OpenSslContext::new(&TlsConfig::server(id))?),
-            certificate_der: der,
-            attester: Some(Arc::new(attester)),
-        },
+        handshake: MiddleboxHandshakeConfig::new(
+            Arc::new(OpenSslContext::new(
+                &TlsConfig::server(id).without_export(),
+            )?),
+            &der,
+            Some(Arc::new(attester)),
+        )?,
         next_hop: next_hop.to_string(),
         app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,

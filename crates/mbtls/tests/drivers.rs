@@ -98,13 +98,15 @@ impl World {
             signer_id("mbx tests"),
         );
         MiddleboxServerConfig {
-            handshake: MiddleboxHandshakeConfig {
-                tls: Arc::new(
-                    OpenSslContext::new(&TlsConfig::server(self.mbox_id.clone())).unwrap(),
+            handshake: MiddleboxHandshakeConfig::new(
+                Arc::new(
+                    OpenSslContext::new(&TlsConfig::server(self.mbox_id.clone()).without_export())
+                        .unwrap(),
                 ),
-                certificate_der: self.mbox_der.clone(),
-                attester: Some(Arc::new(attester)),
-            },
+                &self.mbox_der,
+                Some(Arc::new(attester)),
+            )
+            .unwrap(),
             next_hop: next_hop.to_string(),
             app,
             placement: Placement::ClientSide,

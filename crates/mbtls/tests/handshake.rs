@@ -81,11 +81,12 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
             OpenSslContext::new(&TlsConfig::server(mbox_id.clone()).only(TlsVersion::Tls12))
                 .unwrap(),
         ),
-        mbox_cfg: MiddleboxHandshakeConfig {
-            tls: Arc::new(OpenSslContext::new(&TlsConfig::server(mbox_id)).unwrap()),
-            certificate_der: mbox_der,
-            attester: Some(Arc::new(attester)),
-        },
+        mbox_cfg: MiddleboxHandshakeConfig::new(
+            Arc::new(OpenSslContext::new(&TlsConfig::server(mbox_id).without_export()).unwrap()),
+            &mbox_der,
+            Some(Arc::new(attester)),
+        )
+        .unwrap(),
         // A legacy server: plain OpenSSL, knows nothing about mbTLS.
         server_ctx: OpenSslContext::new(&TlsConfig::server(server_id).only(version)).unwrap(),
     }
@@ -179,6 +180,17 @@ impl MiddleboxApp for Tagger {
 
 fn tagger() -> Tagger {
     Tagger(HttpHeaderInsert::new("X-Mbtls", "mb.test").unwrap())
+}
+
+/// A middlebox configuration refuses a certificate it cannot parse when it is built, not at
+/// each connection; a good one gives the SubjectPublicKeyInfo the evidence is bound to.
+#[test]
+fn middlebox_config_checks_its_certificate_once() {
+    let s = setup(TlsVersion::Tls13, "mbox.test", [0; 32]);
+    let tls = s.mbox_cfg.tls.clone();
+    assert!(MiddleboxHandshakeConfig::new(tls.clone(), b"not a certificate", None).is_err());
+    assert!(MiddleboxHandshakeConfig::new(tls, &[], None).is_err());
+    assert!(!s.mbox_cfg.spki().is_empty());
 }
 
 #[test]
@@ -475,7 +487,7 @@ fn tls12_secondary_session_sends_evidence_after_its_handshake() {
 /// evidence message, fails, and never sends key material.
 #[test]
 fn client_accepts_only_the_evidence_as_half_rtt_data() {
-    use mbx_attest::{report_data, spki_from_certificate, EXPORTER_LABEL, EXPORTER_LEN};
+    use mbx_attest::{report_data, EXPORTER_LABEL, EXPORTER_LEN};
     use mbx_mbtls::handshake::{hello_records, Demux, Piece};
     use mbx_mbtls::wire::{Encapsulated, MiddleboxSupport, SecondaryMessage};
     use mbx_mbtls::{client_side_keys, HopKeys};
@@ -514,7 +526,7 @@ fn client_accepts_only_the_evidence_as_half_rtt_data() {
         let binder = rogue
             .export_keying_material(label, None, EXPORTER_LEN)
             .unwrap();
-        let spki = spki_from_certificate(&s.mbox_cfg.certificate_der).unwrap();
+        let spki = s.mbox_cfg.spki().to_vec();
         let attester = s.mbox_cfg.attester.as_ref().unwrap();
         let evidence = attester
             .evidence(&report_data(&spki, &binder))

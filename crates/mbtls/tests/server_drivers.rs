@@ -101,11 +101,12 @@ impl World {
             signer_id("mbx tests"),
         );
         MiddleboxServerConfig {
-            handshake: MiddleboxHandshakeConfig {
-                tls: Arc::new(OpenSslContext::new(&TlsConfig::server(id)).unwrap()),
-                certificate_der: der,
-                attester: Some(Arc::new(attester)),
-            },
+            handshake: MiddleboxHandshakeConfig::new(
+                Arc::new(OpenSslContext::new(&TlsConfig::server(id).without_export()).unwrap()),
+                &der,
+                Some(Arc::new(attester)),
+            )
+            .unwrap(),
             next_hop: next_hop.to_string(),
             app: header_app(name),
             placement,

@@ -89,7 +89,11 @@ fn main() -> Res<()> {
             Ok("1.2") => TlsVersion::Tls12,
             _ => TlsVersion::Tls13,
         };
-        handshake::run(&setup, version, 400, 1, Some(&names))?;
+        let count = std::env::var("MBTLS_BENCH_HANDSHAKES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(400);
+        handshake::run(&setup, version, count, 1, Some(&names))?;
         return Ok(());
     }
     let load_start = loadavg();

@@ -93,13 +93,13 @@ impl Setup {
         } else {
             None
         };
-        Ok(MiddleboxHandshakeConfig {
-            tls: Arc::new(OpenSslContext::new(&no_tickets(TlsConfig::server(
-                id.clone(),
-            )))?),
-            certificate_der: der.clone(),
+        Ok(MiddleboxHandshakeConfig::new(
+            Arc::new(OpenSslContext::new(&no_tickets(
+                TlsConfig::server(id.clone()).without_export(),
+            ))?),
+            der,
             attester,
-        })
+        )?)
     }
 
     pub fn mbtls_client(
@@ -142,13 +142,19 @@ impl Setup {
 
     /// A plain TLS client of the server (OpenSSL engine).
     pub fn tls_client(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = TlsConfig::client(SERVER, self.root.clone()).only(version);
+        let cfg = TlsConfig::client(SERVER, self.root.clone())
+            .only(version)
+            .without_export();
         Ok(Arc::new(OpenSslContext::new(&cfg)?))
     }
 
     /// A plain TLS server (OpenSSL engine) with the server's certificate.
     pub fn tls_server(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = no_tickets(TlsConfig::server(self.server_id.clone()).only(version));
+        let cfg = no_tickets(
+            TlsConfig::server(self.server_id.clone())
+                .only(version)
+                .without_export(),
+        );
         Ok(Arc::new(OpenSslContext::new(&cfg)?))
     }
 

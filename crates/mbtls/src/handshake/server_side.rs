@@ -18,7 +18,6 @@
 use std::collections::BTreeSet;
 
 use mbx_apps::MiddleboxApp;
-use mbx_attest::spki_from_certificate;
 use mbx_engine::{OpenSslEngine, TlsEngine};
 use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
@@ -55,7 +54,6 @@ enum Mode {
 /// A middlebox between the previous hop toward the client and the server.
 pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     cfg: MiddleboxHandshakeConfig,
-    spki: Vec<u8>,
     app: Option<A>,
     announce: bool,
     mode: Mode,
@@ -91,10 +89,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         app: A,
         announce: bool,
     ) -> Result<Self, HandshakeError> {
-        let spki = spki_from_certificate(&cfg.certificate_der)?;
         Ok(ServerSideMiddlebox {
             cfg,
-            spki,
             app: Some(app),
             announce,
             mode: Mode::Hello,
@@ -290,7 +286,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             // 0.5-RTT data; TLS 1.2: it follows our Finished once the handshake is done.
             let ready = engine.can_write_half_rtt() || !engine.is_handshaking();
             if ready {
-                write_evidence(&self.cfg, &self.spki, engine)?;
+                write_evidence(&self.cfg, engine)?;
                 self.evidence_sent = true;
                 self.wires
                     .events
