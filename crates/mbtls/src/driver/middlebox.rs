@@ -43,6 +43,12 @@ const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
 /// the middle of a transfer too, when TCP delivers part of a record).
 const SHRINK_AFTER_SMALL_READS: u32 = 16;
 
+/// A connection that has read nothing for this long gives its grown read buffers and the chunks
+/// its outboxes keep back: a bulk transfer followed by silence on a connection left open would
+/// otherwise hold up to about 1.5 MiB until the connection ends (short reads never come to
+/// shrink them).
+const IDLE_TRIM_AFTER: Duration = Duration::from_secs(2);
+
 /// One socket's read buffer, sized by its traffic. It holds no plaintext between reads (records
 /// are opened in it and wiped), so resizing it copies or frees only ciphertext.
 struct ReadBuf {
@@ -75,10 +81,20 @@ impl ReadBuf {
         if self.small_reads < SHRINK_AFTER_SMALL_READS {
             return false;
         }
+        self.reset();
+        true
+    }
+
+    /// Larger than it starts.
+    fn is_grown(&self) -> bool {
+        self.bytes.len() > MIDDLEBOX_READ_BUF_START
+    }
+
+    /// Back to the start size, memory returned.
+    fn reset(&mut self) {
         self.small_reads = 0;
         self.bytes.truncate(MIDDLEBOX_READ_BUF_START);
         self.bytes.shrink_to_fit();
-        true
     }
 }
 
@@ -89,6 +105,18 @@ impl ReadBuf {
 /// the machine (on loopback: the next hop, the network emulation), goes first. A ServerHello
 /// that arrives before it is handled as without it.
 const PREPARE_DELAY: Duration = Duration::from_millis(1);
+
+fn idle_deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + IDLE_TRIM_AFTER
+}
+
+/// Whether the connection holds memory an idle trim would give back.
+fn holds_memory(buf_c: &ReadBuf, buf_s: &ReadBuf, conn: &Conn) -> bool {
+    buf_c.is_grown()
+        || buf_s.is_grown()
+        || conn.to_client.holds_spares()
+        || conn.to_server.holds_spares()
+}
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     if let Some(at) = at {
@@ -511,12 +539,18 @@ async fn relay(
     let (mut buf_c, mut buf_s) = (ReadBuf::new(), ReadBuf::new());
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
+    // When to give memory back if nothing is read until then (see IDLE_TRIM_AFTER).
+    let mut trim_at: Option<tokio::time::Instant> = None;
     let result: Result<(), DriverError> = loop {
         if let Some(f) = conn.failure.take() {
             break Err(DriverError::Relay(f));
         }
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
+        }
+        // Chunks that come back from writes after the last read count too.
+        if trim_at.is_none() && holds_memory(&buf_c, &buf_s, &conn) {
+            trim_at = Some(idle_deadline());
         }
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
@@ -535,6 +569,14 @@ async fn relay(
             _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
                 prepare_at = None;
                 conn.hs.prepare();
+                continue;
+            }
+            _ = sleep_until_opt(trim_at), if trim_at.is_some() => {
+                trim_at = None;
+                buf_c.reset();
+                buf_s.reset();
+                conn.to_client.trim_spares();
+                conn.to_server.trim_spares();
                 continue;
             }
             else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
@@ -570,6 +612,8 @@ async fn relay(
             // The direction that grew it is quiet again: so are the chunks it kept.
             conn.outbox(from.other()).trim_spares();
         }
+        // Each read puts the idle deadline off.
+        trim_at = holds_memory(&buf_c, &buf_s, &conn).then(idle_deadline);
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();
@@ -631,5 +675,25 @@ mod tests {
         for _ in 0..2 * SHRINK_AFTER_SMALL_READS {
             assert!(!rb.after_read(1));
         }
+    }
+
+    #[test]
+    fn an_idle_reset_returns_a_grown_buffer_and_counts_afresh() {
+        let mut rb = ReadBuf::new();
+        assert!(!rb.is_grown());
+        for _ in 0..3 {
+            let n = rb.bytes.len();
+            rb.after_read(n);
+        }
+        assert!(rb.is_grown());
+        rb.after_read(1);
+        rb.reset();
+        assert!(!rb.is_grown());
+        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
+        assert!(rb.bytes.capacity() < MIDDLEBOX_READ_BUF);
+        assert_eq!(rb.small_reads, 0);
+        // It grows again with the next transfer.
+        rb.after_read(MIDDLEBOX_READ_BUF_START);
+        assert!(rb.is_grown());
     }
 }

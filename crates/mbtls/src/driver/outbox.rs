@@ -112,6 +112,11 @@ impl Outbox {
         }
     }
 
+    /// Whether emptied buffers are kept.
+    pub(crate) fn holds_spares(&self) -> bool {
+        self.spare.as_ref().is_some_and(|s| !s.is_empty())
+    }
+
     /// One vectored write of the queued chunks, or the shutdown once they are out. Cancel
     /// safe (a `select!` branch): a write either happened and is accounted, or did not.
     pub(crate) async fn write_some<W: AsyncWrite + Unpin>(
@@ -277,7 +282,9 @@ mod tests {
             out.recycle(vec![0; 8]);
         }
         assert_eq!(out.spare.as_ref().map(Vec::len), Some(QUEUE + 2));
+        assert!(out.holds_spares());
         out.trim_spares();
+        assert!(!out.holds_spares());
         assert_eq!(out.take_buffer().capacity(), 0, "trimmed");
         out.recycle(vec![0; 8]);
         assert_eq!(
@@ -288,6 +295,7 @@ mod tests {
         // A plain outbox keeps nothing.
         let mut plain = Outbox::new();
         plain.recycle(vec![0; 8]);
+        assert!(!plain.holds_spares());
         assert!(plain.take_buffer().capacity() == 0);
     }
 }
