@@ -373,7 +373,9 @@ impl OpenSslContext {
             }
         }
 
-        if config.exportable {
+        // TLS 1.3 traffic secrets come only through the key log; a TLS 1.2 export reads the
+        // master secret from the session instead, so a TLS 1.2-only context needs no key log.
+        if config.exportable && config.max_version == TlsVersion::Tls13 {
             b.set_keylog_callback(|ssl, line| {
                 if let Some(st) = state_of(ssl) {
                     lock(st).secrets.record_line(line);
@@ -503,6 +505,22 @@ impl OpenSslContext {
             plaintext: Vec::new(),
         })
     }
+}
+
+/// The TLS 1.2 (extended) master secret, from the session rather than the key log.
+fn tls12_secrets(ssl: &SslRef, client_random: &[u8; 32]) -> Result<KeyLogSecrets, EngineError> {
+    let session = ssl.session().ok_or(EngineError::MissingSecret(
+        "TLS 1.2 session (master secret)",
+    ))?;
+    let mut master = Zeroizing::new(vec![0u8; session.master_key_len()]);
+    let n = session.master_key(&mut master);
+    if n == 0 {
+        return Err(EngineError::MissingSecret("TLS 1.2 master secret"));
+    }
+    master.truncate(n);
+    let mut secrets = KeyLogSecrets::default();
+    secrets.record("CLIENT_RANDOM", client_random, &master);
+    Ok(secrets)
 }
 
 /// Server-side 0.5-RTT progress (see [`OpenSslEngine::enable_half_rtt`]).
@@ -876,6 +894,10 @@ impl TlsEngine for OpenSslEngine {
         {
             return Err(EngineError::InexactExport("hello randoms unavailable"));
         }
+        let tls12 = match version {
+            TlsVersion::Tls12 => Some(tls12_secrets(ssl, &client_random)?),
+            TlsVersion::Tls13 => None,
+        };
         let session = {
             let st = lock(&self.state);
             derive_session(ExportInputs {
@@ -884,7 +906,7 @@ impl TlsEngine for OpenSslEngine {
                 suite_id,
                 client_random,
                 server_random,
-                secrets: &st.secrets,
+                secrets: tls12.as_ref().unwrap_or(&st.secrets),
                 tx_seq: st.tx.next_seq(version)?,
                 rx_seq: st.rx.next_seq(version)?,
             })?
