@@ -45,7 +45,7 @@ fn setup() -> &'static Setup {
                 leaf.cert_der().to_vec(),
             )
         };
-        let (mb_id, mb_der) = id(&LeafSpec::middlebox("mb.test"));
+        let (mb_id, _) = id(&LeafSpec::middlebox("mb.test"));
         let (server_id, _) = id(&LeafSpec::server("server.test"));
         let root = pki.root_pem().into_bytes();
         let mut primary = TlsConfig::server(server_id);
@@ -85,15 +85,8 @@ fn setup() -> &'static Setup {
             ..server.clone()
         };
         Setup {
-            mbox: MiddleboxHandshakeConfig::new(
-                Arc::new(
-                    OpenSslContext::new(&TlsConfig::server(mb_id).without_export())
-                        .expect("mb ctx"),
-                ),
-                &mb_der,
-                None,
-            )
-            .expect("mb config"),
+            mbox: MiddleboxHandshakeConfig::new(&TlsConfig::server(mb_id), None)
+                .expect("mb config"),
             server,
             server_rustls,
             client: clients,

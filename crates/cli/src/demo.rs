@@ -279,7 +279,8 @@ async fn serve_one(
     attester: SimulatedAttester,
 ) -> anyhow::Result<ServerOutcome> {
     let (mut sock, _) = listener.accept().await?;
-    let mut engine = OpenSslContext::new(&cfg)?.engine()?;
+    let ctx = OpenSslContext::new(&cfg)?;
+    let mut engine = ctx.engine()?;
     driver::handshake(&mut engine, &mut sock)
         .await
         .context("server handshake")?;
@@ -287,7 +288,7 @@ async fn serve_one(
 
     // Evidence bound to this session: our certificate's key and the session's exporter.
     let exporter = engine.export_keying_material(as_str(EXPORTER_LABEL)?, None, EXPORTER_LEN)?;
-    let spki = spki_from_certificate(&first_cert_der(&cfg)?)?;
+    let spki = spki_from_certificate(ctx.certificate_der().context("server has no identity")?)?;
     let evidence = attester.evidence(&report_data(&spki, &exporter))?;
 
     driver::receive_until(&mut engine, &mut sock, |b| {
@@ -332,17 +333,6 @@ async fn serve_one(
 
 fn as_str(label: &[u8]) -> anyhow::Result<&str> {
     std::str::from_utf8(label).context("exporter label is not UTF-8")
-}
-
-/// DER of the first certificate of our own configured chain.
-fn first_cert_der(cfg: &TlsConfig) -> anyhow::Result<Vec<u8>> {
-    let pem = &cfg
-        .identity
-        .as_ref()
-        .context("server has no identity")?
-        .cert_chain_pem;
-    let cert = openssl::x509::X509::from_pem(pem).context("bad server certificate PEM")?;
-    Ok(cert.to_der()?)
 }
 
 struct ClientOutcome {

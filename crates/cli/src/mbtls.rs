@@ -730,19 +730,10 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
 
     let chain = read(&s.certificate, "certificate")?;
     let key = Zeroizing::new(read(&s.private_key, "private key")?);
-    let leaf = openssl::x509::X509::stack_from_pem(&chain)
-        .ok()
-        .and_then(|v| v.into_iter().next())
-        .context("the certificate file holds no PEM certificate")?
-        .to_der()?;
-    let tls = OpenSslContext::new(
-        &TlsConfig::server(Identity {
-            cert_chain_pem: chain,
-            key_pem: key,
-        })
-        .without_export(),
-    )
-    .context("middlebox TLS configuration")?;
+    let tls = TlsConfig::server(Identity {
+        cert_chain_pem: chain,
+        key_pem: key,
+    });
     let app = app_factory(&s.app)?;
     // The measured configuration: what the middlebox does to traffic.
     let measured_config = format!("app={}", s.app);
@@ -764,8 +755,8 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             other => bail!("unknown attester {other:?} (use none or sim)"),
         };
     let cfg = MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig::new(Arc::new(tls), &leaf, attester)
-            .context("middlebox certificate")?,
+        handshake: MiddleboxHandshakeConfig::new(&tls, attester)
+            .context("middlebox TLS configuration")?,
         next_hop: s.next_hop.clone(),
         app,
         placement: match s.side.as_str() {

@@ -45,15 +45,12 @@ struct World {
     policy: Policy,
 }
 
-fn identity(pki: &TestPki, spec: &LeafSpec) -> anyhow::Result<(Identity, Vec<u8>)> {
+fn identity(pki: &TestPki, spec: &LeafSpec) -> anyhow::Result<Identity> {
     let leaf = pki.issue(&spec.clone().key_type(KeyType::EcdsaP256))?;
-    Ok((
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
-        leaf.cert_der().to_vec(),
-    ))
+    Ok(Identity {
+        cert_chain_pem: leaf.chain_pem().into_bytes(),
+        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+    })
 }
 
 fn version_name(v: TlsVersion) -> &'static str {
@@ -106,7 +103,7 @@ fn middlebox(
     next_hop: SocketAddr,
     placement: Placement,
 ) -> anyhow::Result<MiddleboxServerConfig> {
-    let (id, der) = identity(&world.pki, &LeafSpec::middlebox(name))?;
+    let id = identity(&world.pki, &LeafSpec::middlebox(name))?;
     let attester = SimulatedAttester::new(
         world.platform.clone(),
         sim::measure(PROGRAM, b""),
@@ -115,13 +112,7 @@ fn middlebox(
     let header = HttpHeaderInsert::new("X-Mbtls-Middlebox", name)
         .map_err(|e| anyhow::anyhow!("header app: {e}"))?;
     Ok(MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig::new(
-            Arc::new(OpenSslContext::new(
-                &TlsConfig::server(id).without_export(),
-            )?),
-            &der,
-            Some(Arc::new(attester)),
-        )?,
+        handshake: MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))?,
         next_hop: next_hop.to_string(),
         app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,
@@ -167,7 +158,7 @@ async fn backend() -> anyhow::Result<SocketAddr> {
 
 async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> anyhow::Result<()> {
     let root = world.pki.root_pem().into_bytes();
-    let (server_id, _) = identity(&world.pki, &LeafSpec::server(SERVER))?;
+    let server_id = identity(&world.pki, &LeafSpec::server(SERVER))?;
     let backend = backend().await?;
 
     let mut primary = TlsConfig::server(server_id).only(version);

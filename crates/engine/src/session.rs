@@ -79,11 +79,10 @@ impl KeyLogSecrets {
         else {
             return;
         };
-        if !matches!(
-            label,
-            "CLIENT_RANDOM" | "CLIENT_TRAFFIC_SECRET_0" | "SERVER_TRAFFIC_SECRET_0"
-        ) {
-            return; // not needed: not worth decoding (TLS 1.3 logs five secrets, we use two)
+        if !matches!(label, "CLIENT_TRAFFIC_SECRET_0" | "SERVER_TRAFFIC_SECRET_0") {
+            // Not needed, not worth decoding: TLS 1.3 logs five secrets and we use two; the
+            // TLS 1.2 master secret comes from the session (`CLIENT_RANDOM` only via `record`).
+            return;
         }
         let Ok(cr) = hex::decode(cr) else { return };
         let Ok(secret) = hex::decode(secret).map(Zeroizing::new) else {

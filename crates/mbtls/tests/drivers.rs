@@ -43,7 +43,6 @@ struct World {
     root_pem: Vec<u8>,
     server_files: PkiFiles,
     mbox_id: Identity,
-    mbox_der: Vec<u8>,
     platform: Arc<SimulatedPlatform>,
 }
 
@@ -65,7 +64,6 @@ impl World {
                 cert_chain_pem: mbox.chain_pem().into_bytes(),
                 key_pem: Zeroizing::new(mbox.key_pem().as_bytes().to_vec()),
             },
-            mbox_der: mbox.cert_der().to_vec(),
             platform: Arc::new(SimulatedPlatform::generate().unwrap()),
         }
     }
@@ -99,11 +97,7 @@ impl World {
         );
         MiddleboxServerConfig {
             handshake: MiddleboxHandshakeConfig::new(
-                Arc::new(
-                    OpenSslContext::new(&TlsConfig::server(self.mbox_id.clone()).without_export())
-                        .unwrap(),
-                ),
-                &self.mbox_der,
+                &TlsConfig::server(self.mbox_id.clone()),
                 Some(Arc::new(attester)),
             )
             .unwrap(),

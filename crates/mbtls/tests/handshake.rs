@@ -49,7 +49,7 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
     let (server_id, _) = identity(&pki, &LeafSpec::server("server.test"));
     let rogue = TestPki::new("rogue root").unwrap();
     let mbox_ca = if rogue_ca { &rogue } else { &pki };
-    let (mbox_id, mbox_der) = identity(mbox_ca, &LeafSpec::middlebox(mbox_name));
+    let (mbox_id, _) = identity(mbox_ca, &LeafSpec::middlebox(mbox_name));
 
     let mut primary = TlsConfig::client("server.test", root.clone()).only(version);
     primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
@@ -82,8 +82,7 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
                 .unwrap(),
         ),
         mbox_cfg: MiddleboxHandshakeConfig::new(
-            Arc::new(OpenSslContext::new(&TlsConfig::server(mbox_id).without_export()).unwrap()),
-            &mbox_der,
+            &TlsConfig::server(mbox_id),
             Some(Arc::new(attester)),
         )
         .unwrap(),
@@ -186,11 +185,22 @@ fn tagger() -> Tagger {
 /// each connection; a good one gives the SubjectPublicKeyInfo the evidence is bound to.
 #[test]
 fn middlebox_config_checks_its_certificate_once() {
-    let s = setup(TlsVersion::Tls13, "mbox.test", [0; 32]);
-    let tls = s.mbox_cfg.tls.clone();
-    assert!(MiddleboxHandshakeConfig::new(tls.clone(), b"not a certificate", None).is_err());
-    assert!(MiddleboxHandshakeConfig::new(tls, &[], None).is_err());
-    assert!(!s.mbox_cfg.spki().is_empty());
+    let pki = TestPki::new("mbtls test root").unwrap();
+    let (id, der) = identity(&pki, &LeafSpec::middlebox("mbox.test"));
+    let with_chain = |pem: &[u8]| {
+        TlsConfig::server(Identity {
+            cert_chain_pem: pem.to_vec(),
+            key_pem: id.key_pem.clone(),
+        })
+    };
+    assert!(MiddleboxHandshakeConfig::new(&with_chain(b"not a certificate"), None).is_err());
+    assert!(MiddleboxHandshakeConfig::new(&with_chain(&[]), None).is_err());
+    let cfg = MiddleboxHandshakeConfig::new(&TlsConfig::server(id.clone()), None).unwrap();
+    assert!(!cfg.spki().is_empty());
+    assert_eq!(
+        cfg.spki(),
+        mbx_attest::spki_from_certificate(&der).unwrap().as_slice()
+    );
 }
 
 #[test]

@@ -94,7 +94,7 @@ impl World {
         next_hop: SocketAddr,
         placement: Placement,
     ) -> MiddleboxServerConfig {
-        let (id, der) = identity(&self.pki, &LeafSpec::middlebox(name));
+        let (id, _) = identity(&self.pki, &LeafSpec::middlebox(name));
         let attester = SimulatedAttester::new(
             self.platform.clone(),
             measure(PROGRAM, b""),
@@ -102,8 +102,7 @@ impl World {
         );
         MiddleboxServerConfig {
             handshake: MiddleboxHandshakeConfig::new(
-                Arc::new(OpenSslContext::new(&TlsConfig::server(id).without_export()).unwrap()),
-                &der,
+                &TlsConfig::server(id),
                 Some(Arc::new(attester)),
             )
             .unwrap(),

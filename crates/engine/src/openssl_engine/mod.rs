@@ -289,6 +289,8 @@ pub struct OpenSslContext {
     verify_peer: bool,
     pause_after_handshake: bool,
     exportable: bool,
+    /// Our leaf certificate (DER), when we have an identity.
+    certificate_der: Option<Vec<u8>>,
     registered: BTreeSet<u16>,
     ext_send: BTreeMap<u16, Vec<u8>>,
     handlers: BTreeMap<u16, ExtensionHandler>,
@@ -321,6 +323,7 @@ impl OpenSslContext {
         }
         Self::apply_suites(&mut b, &config.cipher_suites)?;
 
+        let mut certificate_der = None;
         if let Some(id) = &config.identity {
             let chain = X509::stack_from_pem(&id.cert_chain_pem)
                 .map_err(|e| config_err("certificate chain", e))?;
@@ -329,6 +332,7 @@ impl OpenSslContext {
                 .next()
                 .ok_or_else(|| EngineError::Config("empty certificate chain".into()))?;
             b.set_certificate(&leaf)?;
+            certificate_der = Some(leaf.to_der()?);
             for c in certs {
                 b.add_extra_chain_cert(c)?;
             }
@@ -411,6 +415,7 @@ impl OpenSslContext {
             verify_peer: config.verify_peer,
             pause_after_handshake: config.pause_after_handshake,
             exportable: config.exportable,
+            certificate_der,
             registered,
             ext_send,
             handlers,
@@ -439,6 +444,12 @@ impl OpenSslContext {
     }
 
     /// A new connection using the configured server name.
+    /// Our leaf certificate (DER), parsed once when the context was built; `None` without an
+    /// identity.
+    pub fn certificate_der(&self) -> Option<&[u8]> {
+        self.certificate_der.as_deref()
+    }
+
     pub fn engine(&self) -> Result<OpenSslEngine, EngineError> {
         self.engine_for(self.server_name.as_deref())
     }

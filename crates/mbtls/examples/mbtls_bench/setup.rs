@@ -32,18 +32,15 @@ pub struct Setup {
     server_id: Identity,
     platform: Arc<SimulatedPlatform>,
     /// Per middlebox name: identity and certificate DER.
-    middleboxes: HashMap<&'static str, (Identity, Vec<u8>)>,
+    middleboxes: HashMap<&'static str, Identity>,
 }
 
-fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<(Identity, Vec<u8>)> {
+fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<Identity> {
     let leaf = pki.issue(spec)?;
-    Ok((
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
-        leaf.cert_der().to_vec(),
-    ))
+    Ok(Identity {
+        cert_chain_pem: leaf.chain_pem().into_bytes(),
+        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
+    })
 }
 
 fn no_tickets(mut cfg: TlsConfig) -> TlsConfig {
@@ -55,7 +52,7 @@ impl Setup {
     /// `key_type` for the root and every leaf (server, middleboxes).
     pub fn new(key_type: KeyType) -> Res<Setup> {
         let pki = TestPki::with_key_type("mbx bench root", key_type)?;
-        let (server_id, _) = identity(&pki, &LeafSpec::server(SERVER).key_type(key_type))?;
+        let server_id = identity(&pki, &LeafSpec::server(SERVER).key_type(key_type))?;
         let mut middleboxes = HashMap::new();
         for name in CLIENT_SIDE.into_iter().chain(SERVER_SIDE) {
             let spec = LeafSpec::middlebox(name).key_type(key_type);
@@ -83,7 +80,7 @@ impl Setup {
 
     /// A middlebox's certificate and attester (simulated, or none).
     pub fn middlebox(&self, name: &str, attest: bool) -> Res<MiddleboxHandshakeConfig> {
-        let (id, der) = self.middleboxes.get(name).ok_or("unknown middlebox")?;
+        let id = self.middleboxes.get(name).ok_or("unknown middlebox")?;
         let attester: Option<Arc<dyn mbx_attest::Attester>> = if attest {
             Some(Arc::new(SimulatedAttester::new(
                 self.platform.clone(),
@@ -94,10 +91,7 @@ impl Setup {
             None
         };
         Ok(MiddleboxHandshakeConfig::new(
-            Arc::new(OpenSslContext::new(&no_tickets(
-                TlsConfig::server(id.clone()).without_export(),
-            ))?),
-            der,
+            &no_tickets(TlsConfig::server(id.clone())),
             attester,
         )?)
     }

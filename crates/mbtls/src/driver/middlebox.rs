@@ -106,10 +106,6 @@ impl ReadBuf {
 /// that arrives before it is handled as without it.
 const PREPARE_DELAY: Duration = Duration::from_millis(1);
 
-fn idle_deadline() -> tokio::time::Instant {
-    tokio::time::Instant::now() + IDLE_TRIM_AFTER
-}
-
 /// Whether the connection holds memory an idle trim would give back.
 fn holds_memory(buf_c: &ReadBuf, buf_s: &ReadBuf, conn: &Conn) -> bool {
     buf_c.is_grown()
@@ -548,9 +544,9 @@ async fn relay(
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
         }
-        // Chunks that come back from writes after the last read count too.
+        // Armed from the last read, or from chunks that came back from writes after it.
         if trim_at.is_none() && holds_memory(&buf_c, &buf_s, &conn) {
-            trim_at = Some(idle_deadline());
+            trim_at = Some(tokio::time::Instant::now() + IDLE_TRIM_AFTER);
         }
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
@@ -612,8 +608,8 @@ async fn relay(
             // The direction that grew it is quiet again: so are the chunks it kept.
             conn.outbox(from.other()).trim_spares();
         }
-        // Each read puts the idle deadline off.
-        trim_at = holds_memory(&buf_c, &buf_s, &conn).then(idle_deadline);
+        // Each read puts the idle deadline off (re-armed at the top of the loop).
+        trim_at = None;
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();
