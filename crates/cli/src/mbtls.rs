@@ -137,6 +137,11 @@ struct ClientFlags {
     /// optimistic ClientHello).
     #[arg(long)]
     max_discovered: Option<u8>,
+    /// No middlebox on the client's side (the server's middleboxes may still join): no
+    /// optimistic ClientHello, and the session's keys stay inside OpenSSL. --middlebox, if
+    /// given, is only the address to connect to.
+    #[arg(long)]
+    no_client_middleboxes: bool,
     /// CA certificates (PEM) that issue server certificates.
     #[arg(long)]
     server_ca: Option<PathBuf>,
@@ -222,6 +227,9 @@ struct ClientSettings {
     allow_middleboxes: Vec<String>,
     /// Discovery: how many middleboxes may join (default 1).
     max_discovered: Option<u8>,
+    /// No client-side middlebox at all (server-side ones may join).
+    #[serde(default)]
+    no_client_middleboxes: bool,
     server_ca: PathBuf,
     middlebox_ca: Option<PathBuf>,
     policy: Option<PathBuf>,
@@ -440,6 +448,9 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
+    if flags.no_client_middleboxes {
+        table.insert("no_client_middleboxes".into(), toml::Value::Boolean(true));
+    }
     for (key, list) in [
         ("allow_middleboxes", flags.allow_middleboxes),
         ("measurements", flags.measurements),
@@ -472,7 +483,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         (Some(_), false) => bail!("give middlebox_name or middlebox_names, not both"),
         (Some(n), true) => vec![n.clone()],
         (None, false) => s.middlebox_names.clone(),
-        (None, true) if s.allow_middleboxes.is_empty() => {
+        (None, true) if s.allow_middleboxes.is_empty() && !s.no_client_middleboxes => {
             let addr = s
                 .middlebox
                 .as_deref()
@@ -487,6 +498,11 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     ensure!(
         names.is_empty() || s.allow_middleboxes.is_empty(),
         "pre-configured middleboxes and a discovery allow-list do not mix"
+    );
+    ensure!(
+        !s.no_client_middleboxes
+            || (names.is_empty() && s.allow_middleboxes.is_empty() && s.max_discovered.is_none()),
+        "no_client_middleboxes excludes middlebox names, an allow-list and max_discovered"
     );
     let first_hop = match &s.middlebox {
         Some(m) => m.clone(),
@@ -512,8 +528,12 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     }
     primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
     primary.pause_after_handshake = true;
+    // Without client-side middleboxes nothing is exported: OpenSSL keeps the session and skips
+    // its key log (docs/mbtls.md §6).
+    primary.exportable = !s.no_client_middleboxes;
     let secondary = TlsConfig::client(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
     let middlebox = match names.as_slice() {
+        [] if s.no_client_middleboxes => ClientMiddlebox::Disabled,
         [] => ClientMiddlebox::DiscoverUpTo(
             name_approver(s.allow_middleboxes.clone()),
             max_discovered(s.max_discovered)?,
@@ -539,7 +559,10 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     );
     let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
     let middlebox_addr = first_hop;
-    let path_names = if names.is_empty() {
+    let path_names = if s.no_client_middleboxes {
+        println!("no client-side middleboxes: the session's keys stay inside OpenSSL");
+        Some(Vec::new())
+    } else if names.is_empty() {
         println!(
             "discovery: a middlebox on the path may join if its certificate names {}",
             s.allow_middleboxes.join(" or ")
@@ -585,10 +608,14 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
     };
     let names = names.unwrap_or(&discovered);
     let path: Vec<&str> = names.iter().map(String::as_str).collect();
-    println!(
-        "path: client -> {} ({first_hop}) -> {server}",
-        path.join(" -> ")
-    );
+    if path.is_empty() {
+        println!("path: client -> {server} ({first_hop})");
+    } else {
+        println!(
+            "path: client -> {} ({first_hop}) -> {server}",
+            path.join(" -> ")
+        );
+    }
     if let Some(sum) = c.summary() {
         println!("{}, {}", version_name(sum.version), sum.suite.name());
         let labels: Vec<String> = if sum.middlebox_joined {
@@ -610,8 +637,13 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
         } else {
             vec![format!("client <-> {server} (primary session keys)")]
         };
-        for (i, (hop, name)) in sum.hops.iter().zip(labels).enumerate() {
+        for (i, (hop, name)) in sum.hops.iter().zip(&labels).enumerate() {
             println!("hop {}: {name}: {}", i + 1, fp(hop));
+        }
+        if sum.hops.is_empty() {
+            if let Some(name) = labels.first() {
+                println!("hop 1: {name}: no fingerprint, the keys never left OpenSSL");
+            }
         }
     }
     if c.verdicts().is_empty() {
@@ -1037,7 +1069,10 @@ fn local_proxy(listen: &str, first_hop: &str, cfg: ClientHandshakeConfig) -> any
                     Ok(session) => {
                         let hops = session
                             .summary()
-                            .map(|s| s.hops.iter().map(fp).collect::<Vec<_>>().join(" | "))
+                            .map(|s| match s.hops.as_slice() {
+                                [] => "kept in OpenSSL".to_string(),
+                                hops => hops.iter().map(fp).collect::<Vec<_>>().join(" | "),
+                            })
                             .unwrap_or_default();
                         match session.proxy(local).await {
                             Ok((up, down)) => {

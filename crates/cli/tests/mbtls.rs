@@ -346,6 +346,52 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         );
         assert!(srv_report.contains("closed cleanly"), "{srv_report}");
     }
+    // An mbTLS client without client-side middleboxes: its session stays in OpenSSL, and the
+    // server-side middlebox still joins and inserts its header.
+    for tls in ["1.2", "1.3"] {
+        let out = mbx()
+            .args(["mbtls", "client", "https://server.test/direct"])
+            .args([
+                "--middlebox",
+                &mb_addr,
+                "--no-client-middleboxes",
+                "--tls",
+                tls,
+            ])
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}{err}");
+        for expected in [
+            "no client-side middleboxes: the session's keys stay inside OpenSSL",
+            &format!("path: client -> server.test ({mb_addr})"),
+            "hop 1: client <-> server.test (primary session keys): no fingerprint",
+            "GET /direct HTTP/1.1",
+            "X-Mbtls: mb2.test",
+        ] {
+            assert!(
+                text.contains(expected),
+                "{tls}: missing {expected:?} in:\n{text}"
+            );
+        }
+        let mb_report = mb_lines.next().unwrap().unwrap();
+        assert!(mb_report.contains("joined, TLS 1."), "{mb_report}");
+        let srv_report = srv_lines.next().unwrap().unwrap();
+        assert!(srv_report.contains("closed cleanly"), "{srv_report}");
+    }
+    // It takes no middlebox names or allow-list alongside.
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args(["--no-client-middleboxes", "--allow-middlebox", "mb.test"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_client_middleboxes excludes"));
 }
 
 #[test]

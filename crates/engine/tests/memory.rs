@@ -564,6 +564,54 @@ fn pause_after_handshake_leaves_records_to_caller() {
 }
 
 #[test]
+fn a_paused_session_resumed_delivers_what_arrived_meanwhile() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let mut cc = pki.client_config().only(version).without_export();
+        cc.pause_after_handshake = true;
+        let (mut c, mut s) = (ossl(&cc), ossl(&pki.server_config().only(version)));
+        pump(&mut c, &mut s).unwrap();
+        s.write_plaintext(b"while paused").unwrap();
+        c.feed(&s.take_outgoing());
+        c.process().unwrap();
+        assert!(
+            c.take_plaintext().is_empty(),
+            "{version:?}: paused, yet read"
+        );
+        c.resume_after_pause();
+        c.process().unwrap();
+        assert_eq!(c.take_plaintext(), b"while paused", "{version:?}");
+        transfer(&mut s, &mut c, b"and afterwards");
+        transfer(&mut c, &mut s, b"both ways");
+    }
+}
+
+/// One connection of an exportable context made without export: it works, refuses export,
+/// and the context's other connections still export.
+#[test]
+fn a_connection_made_without_export_from_an_exportable_context() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        let ctx = OpenSslContext::new(&pki.server_config().only(version)).unwrap();
+        assert!(ctx.exportable());
+        let client = || ossl(&pki.client_config().only(version));
+        let mut quiet = ctx.engine_without_export().unwrap();
+        assert!(!quiet.exportable());
+        let mut c = client();
+        pump(&mut c, &mut quiet).unwrap();
+        transfer(&mut c, &mut quiet, b"no key log");
+        transfer(&mut quiet, &mut c, b"still TLS");
+        assert!(
+            matches!(quiet.export_session(), Err(EngineError::Unsupported(_))),
+            "{version:?}"
+        );
+        let (mut c, mut s) = (client(), ctx.engine().unwrap());
+        pump(&mut c, &mut s).unwrap();
+        check_export_pair(c.export_session().unwrap(), s.export_session().unwrap());
+    }
+}
+
+#[test]
 fn a_session_built_without_export_works_and_refuses_export() {
     let pki = Pki::new();
     for version in [V12, V13] {

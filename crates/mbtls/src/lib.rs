@@ -25,6 +25,7 @@
 )]
 #![forbid(unsafe_code)]
 
+mod direct;
 pub mod driver;
 pub mod endpoint;
 pub mod error;

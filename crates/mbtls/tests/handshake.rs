@@ -5,7 +5,10 @@ use std::sync::Arc;
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
 use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
+use mbx_engine::{
+    AlertDescription, CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig,
+    TlsEngine,
+};
 use mbx_mbtls::handshake::{
     ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox, HandshakeError,
     MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
@@ -19,6 +22,8 @@ const PROGRAM: &str = "mbx-test-middlebox";
 
 struct Setup {
     client_cfg: ClientHandshakeConfig,
+    /// What `client_cfg.primary` was built from.
+    client_primary: TlsConfig,
     mbox_cfg: MiddleboxHandshakeConfig,
     server_ctx: OpenSslContext,
     /// The middlebox's secondary context limited to TLS 1.2 (no 0.5-RTT data possible).
@@ -69,6 +74,7 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
         ..Policy::default()
     };
     Setup {
+        client_primary: primary.clone(),
         client_cfg: ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             server_name: "server.test".into(),
@@ -831,21 +837,116 @@ mod discovered {
         }
     }
 
+    /// Client-side middleboxes disabled; `export`: whether the primary context keeps what an
+    /// export needs (without, the session stays in OpenSSL).
+    fn disabled(s: &mut Setup, export: bool) {
+        s.client_cfg.middlebox = ClientMiddlebox::Disabled;
+        let mut primary = s.client_primary.clone();
+        primary.exportable = export;
+        s.client_cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    }
+
     /// Client-side middleboxes disabled (none configured, no discovery): the ClientHello
     /// carries a MiddleboxSupport extension without optimistic hellos; with no middlebox on
-    /// the path the session is direct, with a legacy server.
+    /// the path the session is direct, with a legacy server. Data written before the handshake
+    /// ended, and data that arrived with its last flight, cross both ways, with the session
+    /// exported or kept in OpenSSL.
     #[test]
     fn disabled_client_without_middlebox_is_direct() {
-        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
-            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
-            s.client_cfg.middlebox = ClientMiddlebox::Disabled;
-            let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
-            let mut server = s.server_ctx.engine().unwrap();
-            exchange_with_legacy_server(&mut client, &mut server);
+        for (version, export) in versions_and_export() {
+            let (mut client, mut server) = disabled_with_legacy_server(version, export);
             assert!(client.is_ready() && !client.keys_sent());
             assert!(client_events(&mut client).contains(&ClientHandshakeEvent::Direct));
             assert_eq!(server.take_plaintext(), b"hello server");
             assert_eq!(client.take_plaintext(), b"hello client");
+            let summary = client.summary().unwrap();
+            assert_eq!(summary.version, version);
+            // Fingerprints need the keys, which stay in OpenSSL without export.
+            assert_eq!(summary.hops.len(), usize::from(export), "{version:?}");
+            // And afterwards, both ways, then the server's close_notify.
+            client.write(b"more").unwrap();
+            server.feed(&client.take_outgoing());
+            server.process().unwrap();
+            assert_eq!(server.take_plaintext(), b"more");
+            server.write_plaintext(b"reply").unwrap();
+            server.close().unwrap();
+            client.receive(&server.take_outgoing()).unwrap();
+            assert_eq!(client.take_plaintext(), b"reply");
+            let events = client_events(&mut client);
+            assert!(
+                events.contains(&ClientHandshakeEvent::Data(EndpointEvent::PeerClosed)),
+                "{version:?} export={export}: {events:?}"
+            );
+        }
+    }
+
+    /// A client with client-side middleboxes disabled after its handshake with a legacy server
+    /// (see [`exchange_with_legacy_server`]).
+    fn disabled_with_legacy_server(
+        version: TlsVersion,
+        export: bool,
+    ) -> (ClientHandshake, OpenSslEngine) {
+        let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+        disabled(&mut s, export);
+        let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+        let mut server = s.server_ctx.engine().unwrap();
+        exchange_with_legacy_server(&mut client, &mut server);
+        (client, server)
+    }
+
+    fn versions_and_export() -> [(TlsVersion, bool); 4] {
+        [
+            (TlsVersion::Tls12, true),
+            (TlsVersion::Tls12, false),
+            (TlsVersion::Tls13, true),
+            (TlsVersion::Tls13, false),
+        ]
+    }
+
+    /// A session kept in OpenSSL fails closed like an exported one: an altered record from
+    /// the server ends it with a fatal alert to the server, and nothing more is accepted.
+    #[test]
+    fn a_session_kept_in_openssl_refuses_an_altered_record() {
+        for (version, export) in versions_and_export() {
+            let (mut client, mut server) = disabled_with_legacy_server(version, export);
+            client_events(&mut client);
+            assert_eq!(client.take_plaintext(), b"hello client");
+            server.write_plaintext(b"secret").unwrap();
+            let mut rec = server.take_outgoing();
+            let last = rec.len() - 1;
+            rec[last] ^= 1;
+            client.receive(&rec).unwrap();
+            assert!(client.take_plaintext().is_empty());
+            let events = client_events(&mut client);
+            assert!(
+                events.iter().any(|e| matches!(
+                    e,
+                    ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, .. })
+                        if alert.description == AlertDescription::BAD_RECORD_MAC
+                )),
+                "{version:?} export={export}: {events:?}"
+            );
+            // The alert reaches the server.
+            server.feed(&client.take_outgoing());
+            assert!(server.process().is_err(), "{version:?} export={export}");
+            assert!(client.write(b"more").is_err());
+        }
+    }
+
+    /// Only a client that can have no middlebox on its side may keep its session in OpenSSL.
+    #[test]
+    fn a_client_with_middleboxes_needs_an_exportable_context() {
+        let mut s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+        disabled(&mut s, false);
+        for middlebox in [
+            ClientMiddlebox::Preconfigured("mb.test".into()),
+            ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true)),
+        ] {
+            s.client_cfg.middlebox = middlebox;
+            assert!(matches!(
+                ClientHandshake::new(s.client_cfg.clone()),
+                Err(HandshakeError::Config(_))
+            ));
         }
     }
 
@@ -853,9 +954,9 @@ mod discovered {
     /// hello to answer, stays passive and never sees plaintext; the session runs end to end.
     #[test]
     fn disabled_client_leaves_an_on_path_middlebox_passive() {
-        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        for (version, export) in versions_and_export() {
             let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
-            s.client_cfg.middlebox = ClientMiddlebox::Disabled;
+            disabled(&mut s, export);
             let mut net = run(&s);
             assert!(net.client_err.is_none(), "{:?}", net.client_err);
             assert!(net.mbox_err.is_none(), "{:?}", net.mbox_err);

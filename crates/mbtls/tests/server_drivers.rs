@@ -128,6 +128,24 @@ impl World {
         }
     }
 
+    /// An mbTLS server in front of `backend` with the server-side middlebox mb2 in front of it.
+    async fn server_behind_mb2(
+        &self,
+        version: TlsVersion,
+        backend: SocketAddr,
+    ) -> (MbtlsServer, MiddleboxServer) {
+        let server = MbtlsServer::bind("127.0.0.1:0", self.server(version, backend))
+            .await
+            .unwrap();
+        let mb2 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            self.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+        )
+        .await
+        .unwrap();
+        (server, mb2)
+    }
+
     fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
         let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
@@ -187,15 +205,7 @@ async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions()
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-            .await
-            .unwrap();
-        let mut mb2 = MiddleboxServer::bind(
-            "127.0.0.1:0",
-            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
-        )
-        .await
-        .unwrap();
+        let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let port = mb2.local_addr().port();
         let ca = w.server_files.ca.clone();
         let out = tokio::task::spawn_blocking(move || {
@@ -243,15 +253,7 @@ async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-            .await
-            .unwrap();
-        let mut mb2 = MiddleboxServer::bind(
-            "127.0.0.1:0",
-            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
-        )
-        .await
-        .unwrap();
+        let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let addr = mb2.local_addr();
         let ca = w.server_files.ca.clone();
         let out = tokio::task::spawn_blocking(move || {
@@ -282,15 +284,7 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-            .await
-            .unwrap();
-        let mut mb2 = MiddleboxServer::bind(
-            "127.0.0.1:0",
-            w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
-        )
-        .await
-        .unwrap();
+        let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let mut mb1 = MiddleboxServer::bind(
             "127.0.0.1:0",
             w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
@@ -325,6 +319,48 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
         assert_eq!(csum.hops[1], ssum.hops[0]);
         assert_eq!(r2.server_hop, Some(ssum.hops[1]));
         assert_ne!(csum.hops[0], ssum.hops[1]);
+    }
+}
+
+/// A client that can have no middlebox on its side, its context built without export: its
+/// session stays in OpenSSL, whose records the server-side middlebox opens with the bridge keys
+/// the server gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_kept_in_openssl_over_tcp_through_a_server_side_middlebox_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
+        let mut cfg = w.client(version);
+        let mut primary = TlsConfig::client("server.test", w.root_pem.clone())
+            .only(version)
+            .without_export();
+        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+        primary.pause_after_handshake = true;
+        cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+        cfg.middlebox = ClientMiddlebox::Disabled;
+        let request = b"GET /direct HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
+        let mut client = timeout(
+            BOUND,
+            MbtlsClient::connect_with_data(mb2.local_addr(), cfg, request),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let body = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert!(body.contains("GET /direct HTTP/1.1"), "{version:?}: {body}");
+        assert!(
+            body.contains("X-Mbtls: mb2.test\r\n"),
+            "{version:?}: {body}"
+        );
+        let csum = client.summary().unwrap().clone();
+        assert!(csum.hops.is_empty() && !csum.middlebox_joined);
+        let _ = client.close().await;
+        let r2 = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(r2.keys_installed, "{r2:?}");
+        let rs = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        assert!(rs.outcome.is_ok(), "{rs:?}");
     }
 }
 
@@ -390,15 +426,7 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
     let w = World::new();
     let backend = greeting_backend().await;
     let version = TlsVersion::Tls13;
-    let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-        .await
-        .unwrap();
-    let mb2 = MiddleboxServer::bind(
-        "127.0.0.1:0",
-        w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
-    )
-    .await
-    .unwrap();
+    let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
     // An mbTLS client with no middlebox of its own (discovery, none on its side).
     let mut cfg = w.client(version);
     cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));

@@ -147,9 +147,21 @@ impl Setup {
         version: TlsVersion,
         middlebox: ClientMiddlebox,
     ) -> ClientHandshake {
+        self.mbtls_client_with(version, middlebox, true)
+    }
+
+    /// `export`: whether the primary context can be exported (without, only
+    /// [`ClientMiddlebox::Disabled`] is accepted and the session stays in OpenSSL).
+    fn mbtls_client_with(
+        &self,
+        version: TlsVersion,
+        middlebox: ClientMiddlebox,
+        export: bool,
+    ) -> ClientHandshake {
         let mut primary = TlsConfig::client("server.test", self.root.clone()).only(version);
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
+        primary.exportable = export;
         let secondary = TlsConfig::client("mb1.test", self.root.clone());
         ClientHandshake::new(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
@@ -373,13 +385,7 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert!(se.contains(&ClientHandshakeEvent::KeysSent));
             assert!(path.server().is_ready());
             // The request crossed the middlebox's app exactly once.
-            assert_eq!(
-                path.last().read(),
-                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\n\r\n"
-            );
-            path.last().write(b"response");
-            path.pump();
-            assert_eq!(path.first().read(), b"RESPONSE");
+            request_and_answer_through_mb2(&mut path);
             // Two hops, and the fresh one is not the bridge.
             let summary = path.server().summary().unwrap().clone();
             assert_eq!(summary.version, version);
@@ -388,6 +394,128 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert!(summary.middlebox_joined);
         }
     }
+}
+
+/// The request reached the server with mb2's header (its app ran once), and the server's
+/// answer comes back upper-cased by it.
+fn request_and_answer_through_mb2(path: &mut Path) {
+    assert_eq!(
+        path.last().read(),
+        b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2.test\r\n\r\n"
+    );
+    path.last().write(b"response");
+    path.pump();
+    assert_eq!(path.first().read(), b"RESPONSE");
+}
+
+/// An mbTLS client without client-side middleboxes whose session stays in OpenSSL (its
+/// context is built without export): its hop to the server-side middlebox is the bridge, under
+/// the primary keys the server hands the middlebox, and OpenSSL's records cross it.
+#[test]
+fn client_kept_in_openssl_through_a_server_side_middlebox_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let client = s.mbtls_client_with(version, ClientMiddlebox::Disabled, false);
+        let mut path = Path::new(vec![
+            Node::Client(client),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        assert!(path.server_side_mb(1).keys_installed(), "{version:?}");
+        request_and_answer_through_mb2(&mut path);
+        let Node::Client(c) = path.first() else {
+            unreachable!()
+        };
+        let summary = c.summary().unwrap();
+        assert!(summary.hops.is_empty() && !summary.middlebox_joined);
+    }
+}
+
+/// A discovering server to which no middlebox announced itself before the ClientHello keeps
+/// the session in OpenSSL (no export, no key log), with a legacy client or behind a client-side
+/// middlebox, whose far hop is then this session.
+#[test]
+fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions() {
+    let s = Setup::new();
+    let approve: Approver = Arc::new(|_: &[Vec<u8>]| true);
+    for version in VERSIONS {
+        for behind_a_client_side_middlebox in [false, true] {
+            let server =
+                Node::Server(s.server(version, ServerMiddlebox::Discover(approve.clone())));
+            let mut path = Path::new(if behind_a_client_side_middlebox {
+                vec![
+                    path_client(&s, version, &["mb1.test"]),
+                    client_mb(&s, "mb1.test"),
+                    server,
+                ]
+            } else {
+                vec![Node::LegacyClient(s.legacy_client(version)), server]
+            });
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            path.first().write(REQUEST);
+            path.pump();
+            path.assert_no_errors();
+            let what =
+                format!("{version:?}, client-side middlebox: {behind_a_client_side_middlebox}");
+            let expected: &[u8] = if behind_a_client_side_middlebox {
+                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\n\r\n"
+            } else {
+                REQUEST
+            };
+            assert_eq!(path.last().read(), expected, "{what}");
+            path.last().write(b"response");
+            path.pump();
+            path.assert_no_errors();
+            let answer = path.first().read();
+            assert!(answer.eq_ignore_ascii_case(b"response"), "{what}");
+            assert!(server_events(path.server()).contains(&ClientHandshakeEvent::Direct));
+            let summary = path.server().summary().unwrap();
+            assert!(
+                summary.hops.is_empty() && !summary.middlebox_joined,
+                "{what}"
+            );
+        }
+    }
+}
+
+/// Announcements precede the ClientHello: one after it is refused (the session's secrets exist
+/// by then, possibly without what an export needs).
+#[test]
+fn an_announcement_after_the_client_hello_is_refused() {
+    let s = Setup::new();
+    let mut client = s.legacy_client(TlsVersion::Tls13);
+    client.process().unwrap();
+    let mut server = s.server(
+        TlsVersion::Tls13,
+        ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true)),
+    );
+    server.receive(&client.take_outgoing()).unwrap();
+    let announcement = mbx_mbtls::wire::announcement_record(0, 0x0303).unwrap();
+    assert!(matches!(
+        server.receive(&announcement),
+        Err(HandshakeError::Protocol(m)) if m.contains("after the ClientHello")
+    ));
+}
+
+/// A server that may get middleboxes must be able to export its session: an mbTLS server's
+/// primary context must be exportable.
+#[test]
+fn a_server_needs_an_exportable_context() {
+    let s = Setup::new();
+    let mut primary = TlsConfig::server(s.server_id.clone()).without_export();
+    primary.pause_after_handshake = true;
+    let r = ServerHandshake::new(ServerHandshakeConfig {
+        primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+        secondary: s.secondary(&TlsConfig::client("mb2.test", s.root.clone())),
+        middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
+        policy: s.policy.clone(),
+        now_unix: 1_800_000_000,
+    });
+    assert!(matches!(r, Err(HandshakeError::Config(_))));
 }
 
 /// client → client-side middlebox mb1 → server-side middlebox mb2 → mbTLS server, each

@@ -284,6 +284,10 @@ fn config_err(what: &str, e: impl std::fmt::Display) -> EngineError {
 /// An `SSL_CTX` built from a [`TlsConfig`]; cheap to create many engines from.
 pub struct OpenSslContext {
     ctx: SslContext,
+    /// The configuration, kept only when `ctx` has the key log: [`Self::engine_without_export`]
+    /// then builds `quiet`, the same context without it, on first use.
+    quiet_config: Option<Box<TlsConfig>>,
+    quiet: OnceLock<SslContext>,
     role: Role,
     server_name: Option<String>,
     verify_peer: bool,
@@ -312,6 +316,20 @@ impl crate::ClientContext for OpenSslContext {
 
 impl OpenSslContext {
     pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
+        let mut context = Self::build(config)?;
+        if Self::has_key_log(config) {
+            context.quiet_config = Some(Box::new(config.clone()));
+        }
+        Ok(context)
+    }
+
+    /// TLS 1.3 traffic secrets come only through the key log; a TLS 1.2 export reads the
+    /// master secret from the session instead, so a TLS 1.2-only context needs no key log.
+    fn has_key_log(config: &TlsConfig) -> bool {
+        config.exportable && config.max_version == TlsVersion::Tls13
+    }
+
+    fn build(config: &TlsConfig) -> Result<Self, EngineError> {
         let mut b = SslContextBuilder::new(SslMethod::tls())?;
         b.set_min_proto_version(Some(ssl_version(config.min_version)))?;
         b.set_max_proto_version(Some(ssl_version(config.max_version)))?;
@@ -377,9 +395,7 @@ impl OpenSslContext {
             }
         }
 
-        // TLS 1.3 traffic secrets come only through the key log; a TLS 1.2 export reads the
-        // master secret from the session instead, so a TLS 1.2-only context needs no key log.
-        if config.exportable && config.max_version == TlsVersion::Tls13 {
+        if Self::has_key_log(config) {
             b.set_keylog_callback(|ssl, line| {
                 if let Some(st) = state_of(ssl) {
                     lock(st).secrets.record_line(line);
@@ -410,6 +426,8 @@ impl OpenSslContext {
         state_index()?;
         Ok(Self {
             ctx: b.build(),
+            quiet_config: None,
+            quiet: OnceLock::new(),
             role: config.role,
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
@@ -450,6 +468,11 @@ impl OpenSslContext {
         self.certificate_der.as_deref()
     }
 
+    /// Whether engines of this context can be exported ([`TlsConfig::exportable`]).
+    pub fn exportable(&self) -> bool {
+        self.exportable
+    }
+
     pub fn engine(&self) -> Result<OpenSslEngine, EngineError> {
         self.engine_for(self.server_name.as_deref())
     }
@@ -466,12 +489,48 @@ impl OpenSslContext {
         self.new_engine(None, false)
     }
 
+    /// A new connection (configured server name) that will never be exported, so it needs
+    /// no key log even when this context keeps one (17–37 µs per TLS 1.3 handshake, see
+    /// [`TlsConfig::exportable`]): for an endpoint that learns before the handshake starts
+    /// that nothing will take its session over (an mbTLS server to which no middlebox announced
+    /// itself). The context is rebuilt once without the key log, on first use.
+    /// [`TlsEngine::export_session`] on it fails with `Unsupported`.
+    pub fn engine_without_export(&self) -> Result<OpenSslEngine, EngineError> {
+        let server_name = self.server_name.as_deref();
+        let Some(config) = &self.quiet_config else {
+            let mut engine = self.new_engine(server_name, true)?;
+            engine.exportable = false;
+            return Ok(engine);
+        };
+        if self.quiet.get().is_none() {
+            let quiet = Self::build(&config.as_ref().clone().without_export())?;
+            // Another thread may have won the race: its context is the same.
+            let _ = self.quiet.set(quiet.ctx);
+        }
+        let ctx = self
+            .quiet
+            .get()
+            .ok_or(EngineError::State("context without key log missing"))?;
+        let mut engine = self.engine_on(ctx, server_name, true)?;
+        engine.exportable = false;
+        Ok(engine)
+    }
+
     fn new_engine(
         &self,
         server_name: Option<&str>,
         tickets: bool,
     ) -> Result<OpenSslEngine, EngineError> {
-        let mut ssl = Ssl::new(&self.ctx)?;
+        self.engine_on(&self.ctx, server_name, tickets)
+    }
+
+    fn engine_on(
+        &self,
+        ctx: &SslContext,
+        server_name: Option<&str>,
+        tickets: bool,
+    ) -> Result<OpenSslEngine, EngineError> {
+        let mut ssl = Ssl::new(ctx)?;
         if !tickets && self.role == Role::Server {
             ssl.set_num_tickets(0)?;
         }
@@ -650,6 +709,19 @@ impl OpenSslEngine {
             Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(false),
             Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Whether [`TlsEngine::export_session`] can succeed ([`TlsConfig::exportable`]).
+    pub fn exportable(&self) -> bool {
+        self.exportable
+    }
+
+    /// After a pause at the end of the handshake (`pause_after_handshake`): the session is not
+    /// exported after all, so OpenSSL keeps running it. Records that arrived meanwhile are
+    /// processed by the next [`process`](TlsEngine::process).
+    pub fn resume_after_pause(&mut self) {
+        self.pause_after_handshake = false;
+        self.stream.get_mut().frozen = false;
     }
 
     /// The underlying OpenSSL connection, for read-only queries the trait does not cover.

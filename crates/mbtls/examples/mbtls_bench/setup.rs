@@ -105,6 +105,8 @@ impl Setup {
         let mut primary = TlsConfig::client(SERVER, self.root.clone()).only(version);
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
+        // A client that can have no middlebox on its side keeps its session in OpenSSL.
+        primary.exportable = !matches!(middlebox, ClientMiddlebox::Disabled);
         let secondary = TlsConfig::client(CLIENT_SIDE[0], self.root.clone());
         Ok(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),

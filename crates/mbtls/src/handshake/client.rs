@@ -50,6 +50,9 @@ pub enum ClientMiddlebox {
 pub struct ClientHandshakeConfig {
     /// Primary context: must register [`MIDDLEBOX_SUPPORT_EXTENSION`] as a custom extension and
     /// set `pause_after_handshake` (so no application record is consumed before the export).
+    /// With [`ClientMiddlebox::Disabled`] it may be built `without_export()`: the session then
+    /// stays in OpenSSL, which spares the client OpenSSL's key log (docs/mbtls.md §6); every
+    /// other mode needs export (checked by [`ClientHandshake::new`]).
     pub primary: Arc<OpenSslContext>,
     /// The server's name (SNI, certificate check).
     pub server_name: String,
@@ -86,6 +89,11 @@ impl ClientHandshake {
         if (names.is_empty() && !disabled) || names.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
         }
+        if !disabled && !cfg.primary.exportable() {
+            return Err(HandshakeError::Config(
+                "a client with client-side middleboxes needs an exportable primary context",
+            ));
+        }
         // Subchannel i is answered by the i-th middlebox counted from the server (ids are taken
         // as the primary ServerHello passes them), so hello i is made for that middlebox's name.
         let mut slots = Vec::with_capacity(names.len());
@@ -112,7 +120,7 @@ impl ClientHandshake {
             cfg.now_unix,
             approver,
             required,
-            primary,
+            Some(primary),
         );
         core.slots = slots;
         core.out = out;

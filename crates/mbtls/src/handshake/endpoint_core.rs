@@ -15,7 +15,9 @@ use mbx_engine::{Handoff, OpenSslEngine, Role, TlsEngine};
 use mbx_wire::{version, Record};
 
 use super::HandshakeError;
+use crate::direct::DirectDataPhase;
 use crate::endpoint::{EndpointDataPhase, EndpointEvent};
+use crate::error::MbtlsError;
 use crate::keys::{client_side_keys, server_side_keys, HopKeys};
 use crate::wire::{Encapsulated, SecondaryMessage, SecondaryReader};
 
@@ -70,7 +72,8 @@ pub struct SessionSummary {
     /// Every hop the endpoint knows keys for, in path order from the client. Client with a
     /// middlebox: client↔middlebox (fresh), middlebox↔next (the bridge = primary session keys);
     /// server with a middlebox: previous↔middlebox (the bridge), middlebox↔server (fresh);
-    /// without one, only the bridge.
+    /// without one, only the bridge. Empty when the primary context was built without export:
+    /// the session's keys then never leave OpenSSL.
     pub hops: Vec<HopFingerprint>,
     /// True when a middlebox received key material.
     pub middlebox_joined: bool,
@@ -85,6 +88,60 @@ pub(super) enum Secondary {
     Verified,
     /// Excluded (discovered mode only): the secondary session is closed or failed.
     Excluded,
+}
+
+/// The endpoint's record layer after the handshake.
+// One per session, made once and never moved afterwards: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum DataPhase {
+    /// Ours, under exported or freshly generated keys.
+    Exported(EndpointDataPhase),
+    /// OpenSSL's: no middlebox joined and the primary session was never exported.
+    Direct(DirectDataPhase),
+}
+
+impl DataPhase {
+    fn receive(&mut self, bytes: &[u8]) {
+        match self {
+            DataPhase::Exported(d) => d.receive(bytes),
+            DataPhase::Direct(d) => d.receive(bytes),
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<(), MbtlsError> {
+        match self {
+            DataPhase::Exported(d) => d.write(data),
+            DataPhase::Direct(d) => d.write(data),
+        }
+    }
+
+    fn close(&mut self) -> Result<(), MbtlsError> {
+        match self {
+            DataPhase::Exported(d) => d.close(),
+            DataPhase::Direct(d) => d.close(),
+        }
+    }
+
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        match self {
+            DataPhase::Exported(d) => d.take_outgoing(),
+            DataPhase::Direct(d) => d.take_outgoing(),
+        }
+    }
+
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        match self {
+            DataPhase::Exported(d) => d.take_plaintext(),
+            DataPhase::Direct(d) => d.take_plaintext(),
+        }
+    }
+
+    fn poll_event(&mut self) -> Option<EndpointEvent> {
+        match self {
+            DataPhase::Exported(d) => d.poll_event(),
+            DataPhase::Direct(d) => d.poll_event(),
+        }
+    }
 }
 
 /// One middlebox on our side: its secondary session on its subchannel.
@@ -126,7 +183,7 @@ pub(super) struct EndpointCore {
     /// Our middleboxes' secondary sessions, by subchannel.
     pub(super) slots: Vec<Slot>,
     pub(super) out: Vec<u8>,
-    data: Option<EndpointDataPhase>,
+    data: Option<DataPhase>,
     /// The subchannel whose close_notify marks the switch of our nearest middlebox.
     marker_subchannel: Option<u8>,
     /// Waiting for that marker; primary-key records meanwhile are dropped (the middlebox
@@ -151,7 +208,7 @@ impl EndpointCore {
         now_unix: u64,
         approver: Option<Approver>,
         required: usize,
-        primary: OpenSslEngine,
+        primary: Option<OpenSslEngine>,
     ) -> Self {
         EndpointCore {
             role,
@@ -159,7 +216,7 @@ impl EndpointCore {
             now_unix,
             approver,
             required,
-            primary: Some(primary),
+            primary,
             slots: Vec::new(),
             out: Vec::new(),
             data: None,
@@ -225,7 +282,7 @@ impl EndpointCore {
                 primary.process()?;
                 self.out.extend_from_slice(&primary.take_outgoing());
                 // A middlebox speaks before the primary handshake can end (client side: its
-                // ServerHello precedes the primary one; server side: its announcement follows
+                // ServerHello precedes the primary one; server side: its announcement precedes
                 // the ClientHello), so one that has not spoken by then is absent.
                 if !primary.is_handshaking() {
                     self.absent_middleboxes()?;
@@ -435,9 +492,17 @@ impl EndpointCore {
             .primary
             .take()
             .ok_or(HandshakeError::Protocol("primary engine gone"))?;
+        let joined = self.joined_in_path_order();
+        if !primary.exportable() {
+            if !joined.is_empty() {
+                return Err(HandshakeError::Protocol(
+                    "a middlebox joined but the primary session cannot be exported",
+                ));
+            }
+            return self.direct_in_openssl(primary);
+        }
         let handoff = primary.export_session()?;
         self.out.extend_from_slice(&handoff.pending_outgoing);
-        let joined = self.joined_in_path_order();
         if joined.is_empty() {
             return self.direct(handoff);
         }
@@ -509,11 +574,11 @@ impl EndpointCore {
             self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }
-        self.start_data(EndpointDataPhase::new(
+        self.start_data(DataPhase::Exported(EndpointDataPhase::new(
             self.role,
             session.version,
             side.endpoint,
-        ))?;
+        )))?;
         self.events.push_back(ClientHandshakeEvent::KeysSent);
         Ok(())
     }
@@ -536,10 +601,32 @@ impl EndpointCore {
         });
         let mut data = EndpointDataPhase::new(self.role, session.version, bridge);
         data.receive(&unprocessed_incoming);
+        data.inject_plaintext(&pending_plaintext);
+        self.start_direct(DataPhase::Exported(data))
+    }
+
+    /// No middlebox, and the primary context was built without export: OpenSSL keeps the
+    /// session (and its keys).
+    fn direct_in_openssl(&mut self, primary: OpenSslEngine) -> Result<(), HandshakeError> {
+        let (Some(version), Some(suite)) = (
+            primary.version(),
+            primary
+                .cipher_suite()
+                .and_then(mbx_record::CipherSuite::from_id),
+        ) else {
+            return Err(HandshakeError::Protocol("primary version or suite unknown"));
+        };
+        self.summary = Some(SessionSummary {
+            version,
+            suite,
+            hops: Vec::new(),
+            middlebox_joined: false,
+        });
+        self.start_direct(DataPhase::Direct(DirectDataPhase::new(primary)))
+    }
+
+    fn start_direct(&mut self, data: DataPhase) -> Result<(), HandshakeError> {
         self.start_data(data)?;
-        if let Some(d) = self.data.as_mut() {
-            d.inject_plaintext(&pending_plaintext);
-        }
         self.marker_seen = true;
         self.events.push_back(ClientHandshakeEvent::Direct);
         self.events.push_back(ClientHandshakeEvent::Ready);
@@ -547,7 +634,7 @@ impl EndpointCore {
         Ok(())
     }
 
-    fn start_data(&mut self, mut data: EndpointDataPhase) -> Result<(), HandshakeError> {
+    fn start_data(&mut self, mut data: DataPhase) -> Result<(), HandshakeError> {
         let pending = core::mem::take(&mut self.pending_writes);
         if !pending.is_empty() {
             data.write(&pending)?;
@@ -588,7 +675,7 @@ impl EndpointCore {
     pub(super) fn take_plaintext(&mut self) -> Vec<u8> {
         self.data
             .as_mut()
-            .map(EndpointDataPhase::take_plaintext)
+            .map(DataPhase::take_plaintext)
             .unwrap_or_default()
     }
 

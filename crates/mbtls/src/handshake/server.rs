@@ -9,11 +9,13 @@
 //! approval and exporter-bound evidence, and once its primary handshake is done sends the
 //! middlebox the keys of its two hops: the bridge (primary session keys, toward the client) and
 //! a fresh hop toward the server. A middlebox that fails a check gets no key material.
+//! Announcements precede the ClientHello; a discovering server that saw none keeps the session
+//! in OpenSSL (no export, no key log; docs/mbtls.md §6).
 
 use std::sync::Arc;
 
 use mbx_attest::Policy;
-use mbx_engine::{ClientContext, OpenSslContext, Role};
+use mbx_engine::{ClientContext, OpenSslContext, OpenSslEngine, Role};
 
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, EndpointCore, ServerHandshakeEvent, SessionSummary, Slot};
@@ -41,7 +43,8 @@ pub enum ServerMiddlebox {
 #[derive(Clone)]
 pub struct ServerHandshakeConfig {
     /// Primary context: a server with `pause_after_handshake` (so no application record is
-    /// consumed before the export). Session tickets off is recommended (resumption through
+    /// consumed before the export), and exportable (the default; checked by
+    /// [`ServerHandshake::new`]). Session tickets off is recommended (resumption through
     /// middleboxes is not supported).
     pub primary: Arc<OpenSslContext>,
     /// Context for the secondary sessions: a TLS *client* with the trust roots for middlebox
@@ -60,11 +63,21 @@ pub struct ServerHandshake {
     cfg: ServerHandshakeConfig,
     core: EndpointCore,
     demux: Demux,
+    /// The first record of the primary handshake (the ClientHello) arrived: the primary engine
+    /// exists, and every middlebox that announces itself has done so (announcements precede
+    /// the ClientHello, docs/mbtls.md §6).
+    hello_seen: bool,
 }
 
 impl ServerHandshake {
     pub fn new(cfg: ServerHandshakeConfig) -> Result<Self, HandshakeError> {
-        let primary = cfg.primary.engine()?;
+        // A middlebox on the server's side may announce itself after the ClientHello, when the
+        // secrets are already made: the key log must be there from the start.
+        if !cfg.primary.exportable() {
+            return Err(HandshakeError::Config(
+                "an mbTLS server needs an exportable primary context",
+            ));
+        }
         let (approver, required) = match &cfg.middlebox {
             ServerMiddlebox::Preconfigured(_) => (None, 1),
             ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),
@@ -78,12 +91,13 @@ impl ServerHandshake {
             cfg.now_unix,
             approver,
             required,
-            primary,
+            None,
         );
         Ok(ServerHandshake {
             cfg,
             core,
             demux: Demux::new(),
+            hello_seen: false,
         })
     }
 
@@ -93,11 +107,23 @@ impl ServerHandshake {
         self.demux.push(bytes);
         let demux = &mut self.demux;
         let cfg = &self.cfg;
+        let hello_seen = &mut self.hello_seen;
         self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
-                    Piece::Primary(rec) => core.primary_record(&rec)?,
+                    Piece::Primary(rec) => {
+                        if !*hello_seen {
+                            *hello_seen = true;
+                            core.primary = Some(primary_engine(cfg, core)?);
+                        }
+                        core.primary_record(&rec)?
+                    }
                     Piece::Sub { enc, .. } if enc.is_announcement() => {
+                        if *hello_seen {
+                            return Err(HandshakeError::Protocol(
+                                "middlebox announcement after the ClientHello",
+                            ));
+                        }
                         announced(cfg, core, enc.subchannel)?
                     }
                     Piece::Sub { enc, .. } if core.has_slot(enc.subchannel) => {
@@ -160,6 +186,24 @@ impl ServerHandshake {
     pub fn is_ready(&self) -> bool {
         self.core.is_ready()
     }
+}
+
+/// The primary engine, made when the ClientHello arrives. Without pre-configured middleboxes
+/// and without an announcement before it, no middlebox can join this session: the engine is
+/// made without export, so OpenSSL keeps the session and skips its key log.
+fn primary_engine(
+    cfg: &ServerHandshakeConfig,
+    core: &EndpointCore,
+) -> Result<OpenSslEngine, HandshakeError> {
+    let discovering = matches!(
+        cfg.middlebox,
+        ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..)
+    );
+    Ok(if discovering && core.slots.is_empty() {
+        cfg.primary.engine_without_export()?
+    } else {
+        cfg.primary.engine()?
+    })
 }
 
 /// A middlebox announced itself on `subchannel`: open the secondary session there as TLS client.

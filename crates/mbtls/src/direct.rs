@@ -1,0 +1,136 @@
+//! The data phase of an endpoint whose session was never exported: no middlebox could join on
+//! its side (a client with `ClientMiddlebox::Disabled` whose primary context was built without
+//! export, or a discovering server to which no middlebox announced itself before the
+//! ClientHello), so the primary session's keys stay inside OpenSSL and OpenSSL keeps running
+//! the records. This spares the endpoint OpenSSL's key log
+//! (17–37 µs per TLS 1.3 handshake, docs/mbtls.md §6) and the export.
+//!
+//! It reports what [`EndpointDataPhase`](crate::EndpointDataPhase) reports, with OpenSSL's
+//! checks: a record that fails framing or authentication ends the session with the alert
+//! OpenSSL sends; nothing from it is delivered.
+
+use std::collections::VecDeque;
+
+use mbx_engine::{AlertDescription, EngineError, OpenSslEngine, TlsEngine};
+use mbx_record::wipe;
+
+use crate::endpoint::EndpointEvent;
+use crate::error::MbtlsError;
+use crate::hop::Alert;
+
+/// An endpoint's data phase run by its paused primary OpenSSL engine.
+pub(crate) struct DirectDataPhase {
+    engine: OpenSslEngine,
+    peer_closed: bool,
+    we_closed: bool,
+    failed: Option<Alert>,
+    events: VecDeque<EndpointEvent>,
+}
+
+impl DirectDataPhase {
+    /// Takes over `engine`, paused at the end of its handshake; records it holds unprocessed
+    /// are read now.
+    pub(crate) fn new(mut engine: OpenSslEngine) -> Self {
+        engine.resume_after_pause();
+        let mut phase = DirectDataPhase {
+            engine,
+            peer_closed: false,
+            we_closed: false,
+            failed: None,
+            events: VecDeque::new(),
+        };
+        phase.pump();
+        phase
+    }
+
+    pub(crate) fn write(&mut self, data: &[u8]) -> Result<(), MbtlsError> {
+        self.usable()?;
+        if self.we_closed {
+            return Err(MbtlsError::Closed);
+        }
+        if let Err(e) = self.engine.write_plaintext(data) {
+            return Err(self.fail(e));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn close(&mut self) -> Result<(), MbtlsError> {
+        self.usable()?;
+        if !self.we_closed {
+            if let Err(e) = self.engine.close() {
+                return Err(self.fail(e));
+            }
+            self.we_closed = true;
+        }
+        Ok(())
+    }
+
+    /// Ciphertext from the neighbour, split anywhere.
+    pub(crate) fn receive(&mut self, bytes: &[u8]) {
+        if self.failed.is_some() || self.peer_closed {
+            return;
+        }
+        self.engine.feed(bytes);
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        if let Err(e) = self.engine.process() {
+            self.fail(e);
+            return;
+        }
+        if self.engine.peer_closed() && !self.peer_closed {
+            self.peer_closed = true;
+            self.events.push_back(EndpointEvent::PeerClosed);
+        }
+    }
+
+    fn usable(&self) -> Result<(), MbtlsError> {
+        match self.failed {
+            Some(a) => Err(MbtlsError::Failed(a)),
+            None => Ok(()),
+        }
+    }
+
+    /// OpenSSL failed the session: a received fatal alert, or one it sent (its alert record is
+    /// in the outgoing bytes).
+    fn fail(&mut self, e: EngineError) -> MbtlsError {
+        let (alert, event) = match e {
+            EngineError::AlertReceived { alert } => {
+                let a = Alert::fatal(alert);
+                (a, EndpointEvent::PeerAlert(a))
+            }
+            EngineError::Fatal { alert, .. } => {
+                let a = Alert::fatal(alert.unwrap_or(AlertDescription::INTERNAL_ERROR));
+                let what = "OpenSSL refused the peer's records";
+                (a, EndpointEvent::Failed { alert: a, what })
+            }
+            _ => {
+                let a = Alert::fatal(AlertDescription::INTERNAL_ERROR);
+                let what = "OpenSSL failed";
+                (a, EndpointEvent::Failed { alert: a, what })
+            }
+        };
+        self.failed = Some(alert);
+        self.events.push_back(event);
+        MbtlsError::Failed(alert)
+    }
+
+    pub(crate) fn take_outgoing(&mut self) -> Vec<u8> {
+        self.engine.take_outgoing()
+    }
+
+    pub(crate) fn take_plaintext(&mut self) -> Vec<u8> {
+        self.engine.take_plaintext()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<EndpointEvent> {
+        self.events.pop_front()
+    }
+}
+
+impl Drop for DirectDataPhase {
+    fn drop(&mut self) {
+        wipe::wipe_vec(&mut self.engine.take_plaintext());
+    }
+}
