@@ -482,23 +482,32 @@ fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions
     }
 }
 
-/// Announcements precede the ClientHello: one after it is refused (the session's secrets exist
-/// by then, possibly without what an export needs).
+/// Our middleboxes announce before the ClientHello. One that announces after it is refused
+/// by a discovering server that saw no announcement before (its session was made without
+/// export), and still accepted by a server with a pre-configured middlebox.
 #[test]
-fn an_announcement_after_the_client_hello_is_refused() {
+fn an_announcement_after_the_client_hello() {
     let s = Setup::new();
-    let mut client = s.legacy_client(TlsVersion::Tls13);
-    client.process().unwrap();
-    let mut server = s.server(
-        TlsVersion::Tls13,
-        ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true)),
-    );
-    server.receive(&client.take_outgoing()).unwrap();
     let announcement = mbx_mbtls::wire::announcement_record(0, 0x0303).unwrap();
-    assert!(matches!(
-        server.receive(&announcement),
-        Err(HandshakeError::Protocol(m)) if m.contains("after the ClientHello")
-    ));
+    for (middlebox, accepted) in [
+        (
+            ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true)),
+            false,
+        ),
+        (ServerMiddlebox::Preconfigured("mb2.test".into()), true),
+    ] {
+        let mut client = s.legacy_client(TlsVersion::Tls13);
+        client.process().unwrap();
+        let mut server = s.server(TlsVersion::Tls13, middlebox);
+        server.receive(&client.take_outgoing()).unwrap();
+        match server.receive(&announcement) {
+            Ok(()) => assert!(accepted),
+            Err(HandshakeError::Protocol(m)) => {
+                assert!(!accepted && m.contains("after the ClientHello"), "{m}")
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 /// A server that may get middleboxes must be able to export its session: an mbTLS server's

@@ -64,8 +64,8 @@ pub struct ServerHandshake {
     core: EndpointCore,
     demux: Demux,
     /// The first record of the primary handshake (the ClientHello) arrived: the primary engine
-    /// exists, and every middlebox that announces itself has done so (announcements precede
-    /// the ClientHello, docs/mbtls.md §6).
+    /// exists, and every middlebox of ours that announces itself has done so (announcements
+    /// precede the ClientHello, docs/mbtls.md §6).
     hello_seen: bool,
 }
 
@@ -119,9 +119,12 @@ impl ServerHandshake {
                         core.primary_record(&rec)?
                     }
                     Piece::Sub { enc, .. } if enc.is_announcement() => {
-                        if *hello_seen {
+                        // Ours announce before the ClientHello; a later one can still join
+                        // unless this session was already made without export.
+                        if core.primary.as_ref().is_some_and(|p| !p.exportable()) {
                             return Err(HandshakeError::Protocol(
-                                "middlebox announcement after the ClientHello",
+                                "middlebox announcement after the ClientHello, which this \
+                                 server took as ruling middleboxes out (announce before it)",
                             ));
                         }
                         announced(cfg, core, enc.subchannel)?
