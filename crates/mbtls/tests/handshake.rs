@@ -1,5 +1,8 @@
 //! Client ↔ pre-configured middlebox ↔ plain TLS server, all OpenSSL engines in memory.
 
+mod leaf;
+use leaf::identity;
+
 use std::sync::Arc;
 
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
@@ -16,7 +19,6 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 const PROGRAM: &str = "mbx-test-middlebox";
 
@@ -28,17 +30,6 @@ struct Setup {
     server_ctx: OpenSslContext,
     /// The middlebox's secondary context limited to TLS 1.2 (no 0.5-RTT data possible).
     mbox_tls12: Arc<OpenSslContext>,
-}
-
-fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
-    let leaf = pki.issue(spec).unwrap();
-    (
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
-        leaf.cert_der().to_vec(),
-    )
 }
 
 /// `mbox_name`: the name in the middlebox certificate; `accepted`: the measurement the client's

@@ -5,6 +5,9 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
+mod leaf;
+use leaf::identity;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,17 +41,6 @@ fn tb(v: TlsVersion) -> mbx_testbed::TlsVersion {
         TlsVersion::Tls12 => mbx_testbed::TlsVersion::Tls12,
         TlsVersion::Tls13 => mbx_testbed::TlsVersion::Tls13,
     }
-}
-
-fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
-    let leaf = pki.issue(spec).unwrap();
-    (
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
-        leaf.cert_der().to_vec(),
-    )
 }
 
 struct World {

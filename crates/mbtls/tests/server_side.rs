@@ -4,6 +4,9 @@
 //! middleboxes in front of a legacy server; exclusion, refused evidence, a legacy server behind
 //! a server-side middlebox.
 
+mod leaf;
+use leaf::identity;
+
 use std::sync::Arc;
 
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, PassThrough, Verdict};
@@ -22,21 +25,9 @@ use mbx_mbtls::wire::MAX_INNER_PAYLOAD_LEN;
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 const PROGRAM: &str = "mbx-test-middlebox";
 const VERSIONS: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
-
-fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
-    let leaf = pki.issue(spec).unwrap();
-    (
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
-        leaf.cert_der().to_vec(),
-    )
-}
 
 struct Setup {
     root: Vec<u8>,

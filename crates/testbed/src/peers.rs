@@ -303,15 +303,19 @@ pub fn wait_for_port(
     }
 }
 
-/// Whether process `pid` holds a listening IPv4 TCP socket on `port` (from `/proc/net/tcp` and
-/// the process's descriptors). Without procfs, assumes it does.
+/// Whether process `pid` holds a listening TCP socket, IPv4 or IPv6, on `port` (from
+/// `/proc/net/tcp{,6}` and the process's descriptors). Without procfs, assumes it does.
 fn owns_listener(pid: u32, port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .collect();
+    if tables.is_empty() {
         return true;
-    };
-    let sockets: Vec<String> = table
-        .lines()
-        .skip(1)
+    }
+    let sockets: Vec<String> = tables
+        .iter()
+        .flat_map(|table| table.lines().skip(1))
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
@@ -1075,5 +1079,28 @@ impl Curl {
             body: std::fs::read(&body_path).unwrap_or_default(),
             verbose: out.stderr_str(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owns_listener;
+    use std::net::TcpListener;
+
+    /// Our own listeners count, on either address family; a port nobody of ours listens on
+    /// does not.
+    #[test]
+    fn owns_listener_sees_ipv4_and_ipv6_listeners() {
+        let me = std::process::id();
+        let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(owns_listener(me, v4.local_addr().unwrap().port()));
+        match TcpListener::bind("[::1]:0") {
+            Ok(v6) => assert!(owns_listener(me, v6.local_addr().unwrap().port())),
+            Err(e) => eprintln!("no IPv6 loopback here ({e}): only IPv4 checked"),
+        }
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        assert!(!owns_listener(me, port));
     }
 }
