@@ -93,21 +93,24 @@ impl DirectDataPhase {
     }
 
     /// OpenSSL failed the session: a received fatal alert, or one it sent (its alert record is
-    /// in the outgoing bytes).
+    /// in the outgoing bytes). A failure without an alert is reported as `internal_error`,
+    /// although none left.
     fn fail(&mut self, e: EngineError) -> MbtlsError {
         let (alert, event) = match e {
             EngineError::AlertReceived { alert } => {
                 let a = Alert::fatal(alert);
                 (a, EndpointEvent::PeerAlert(a))
             }
-            EngineError::Fatal { alert, .. } => {
-                let a = Alert::fatal(alert.unwrap_or(AlertDescription::INTERNAL_ERROR));
+            EngineError::Fatal {
+                alert: Some(sent), ..
+            } => {
+                let a = Alert::fatal(sent);
                 let what = "OpenSSL refused the peer's records";
                 (a, EndpointEvent::Failed { alert: a, what })
             }
             _ => {
                 let a = Alert::fatal(AlertDescription::INTERNAL_ERROR);
-                let what = "OpenSSL failed";
+                let what = "OpenSSL failed without sending an alert";
                 (a, EndpointEvent::Failed { alert: a, what })
             }
         };

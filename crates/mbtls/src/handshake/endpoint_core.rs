@@ -72,8 +72,8 @@ pub struct SessionSummary {
     /// Every hop the endpoint knows keys for, in path order from the client. Client with a
     /// middlebox: client↔middlebox (fresh), middlebox↔next (the bridge = primary session keys);
     /// server with a middlebox: previous↔middlebox (the bridge), middlebox↔server (fresh);
-    /// without one, only the bridge. Empty when the primary context was built without export:
-    /// the session's keys then never leave OpenSSL.
+    /// without one, only the bridge. Empty when the session was never exported (no middlebox
+    /// could join, docs/mbtls.md §6): its keys then never leave OpenSSL.
     pub hops: Vec<HopFingerprint>,
     /// True when a middlebox received key material.
     pub middlebox_joined: bool,

@@ -71,8 +71,8 @@ pub struct ServerHandshake {
 
 impl ServerHandshake {
     pub fn new(cfg: ServerHandshakeConfig) -> Result<Self, HandshakeError> {
-        // A middlebox on the server's side may announce itself after the ClientHello, when the
-        // secrets are already made: the key log must be there from the start.
+        // A session a middlebox announces itself to must be exportable, which the engine has to
+        // be from its start (sessions none announced to are made without export instead).
         if !cfg.primary.exportable() {
             return Err(HandshakeError::Config(
                 "an mbTLS server needs an exportable primary context",
