@@ -21,7 +21,6 @@ use crate::hop::Alert;
 /// An endpoint's data phase run by its paused primary OpenSSL engine.
 pub(crate) struct DirectDataPhase {
     engine: OpenSslEngine,
-    peer_closed: bool,
     we_closed: bool,
     failed: Option<Alert>,
     events: VecDeque<EndpointEvent>,
@@ -34,7 +33,6 @@ impl DirectDataPhase {
         engine.resume_after_pause();
         let mut phase = DirectDataPhase {
             engine,
-            peer_closed: false,
             we_closed: false,
             failed: None,
             events: VecDeque::new(),
@@ -67,7 +65,7 @@ impl DirectDataPhase {
 
     /// Ciphertext from the neighbour, split anywhere.
     pub(crate) fn receive(&mut self, bytes: &[u8]) {
-        if self.failed.is_some() || self.peer_closed {
+        if self.failed.is_some() || self.engine.peer_closed() {
             return;
         }
         self.engine.feed(bytes);
@@ -75,12 +73,12 @@ impl DirectDataPhase {
     }
 
     fn pump(&mut self) {
+        let was_closed = self.engine.peer_closed();
         if let Err(e) = self.engine.process() {
             self.fail(e);
             return;
         }
-        if self.engine.peer_closed() && !self.peer_closed {
-            self.peer_closed = true;
+        if self.engine.peer_closed() && !was_closed {
             self.events.push_back(EndpointEvent::PeerClosed);
         }
     }

@@ -315,14 +315,7 @@ fn owns_listener(pid: u32, port: u16) -> bool {
     }
     let sockets: Vec<String> = tables
         .iter()
-        .flat_map(|table| table.lines().skip(1))
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            let p = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            // State 0A is LISTEN.
-            (p == port && *state == "0A").then(|| format!("socket:[{inode}]"))
-        })
+        .flat_map(|table| listening_sockets(table, port))
         .collect();
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
@@ -331,6 +324,22 @@ fn owns_listener(pid: u32, port: u16) -> bool {
         std::fs::read_link(fd.path())
             .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
     })
+}
+
+/// The sockets (as `/proc/PID/fd` links name them, `socket:[INODE]`) listening on `port` in a
+/// `/proc/net/tcp` or `/proc/net/tcp6` table.
+fn listening_sockets(table: &str, port: u16) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let p = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            // State 0A is LISTEN.
+            (p == port && *state == "0A").then(|| format!("socket:[{inode}]"))
+        })
+        .collect()
 }
 
 fn read_lossy(path: &Path) -> String {
@@ -1084,20 +1093,32 @@ impl Curl {
 
 #[cfg(test)]
 mod tests {
-    use super::owns_listener;
+    use super::{listening_sockets, owns_listener};
     use std::net::TcpListener;
 
-    /// Our own listeners count, on either address family; a port nobody of ours listens on
-    /// does not.
+    /// Listening entries of both table formats are found by port; other states and ports are
+    /// not (lines as the kernel writes them, trimmed after the inode).
     #[test]
-    fn owns_listener_sees_ipv4_and_ipv6_listeners() {
+    fn listening_sockets_of_ipv4_and_ipv6_tables() {
+        let head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n";
+        let v4 = format!(
+            "{head}   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242\n   1: 0100007F:1F90 0100007F:A0B2 01 00000000:00000000 00:00000000 00000000     0        0 4343\n"
+        );
+        let v6 = format!(
+            "{head}   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5151\n"
+        );
+        assert_eq!(listening_sockets(&v4, 8080), vec!["socket:[4242]"]);
+        assert_eq!(listening_sockets(&v6, 8080), vec!["socket:[5151]"]);
+        assert!(listening_sockets(&v4, 8081).is_empty());
+        assert!(listening_sockets("garbage", 8080).is_empty());
+    }
+
+    /// Our own listener counts; a port nobody of ours listens on does not.
+    #[test]
+    fn owns_listener_sees_our_listener_only() {
         let me = std::process::id();
         let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(owns_listener(me, v4.local_addr().unwrap().port()));
-        match TcpListener::bind("[::1]:0") {
-            Ok(v6) => assert!(owns_listener(me, v6.local_addr().unwrap().port())),
-            Err(e) => eprintln!("no IPv6 loopback here ({e}): only IPv4 checked"),
-        }
         let closed = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = closed.local_addr().unwrap().port();
         drop(closed);

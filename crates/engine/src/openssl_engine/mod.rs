@@ -479,14 +479,14 @@ impl OpenSslContext {
 
     /// A new connection; for clients, `server_name` is the SNI and the verified hostname.
     pub fn engine_for(&self, server_name: Option<&str>) -> Result<OpenSslEngine, EngineError> {
-        self.new_engine(server_name, true)
+        self.engine_on(&self.ctx, server_name, true)
     }
 
     /// A new server connection that sends no TLS 1.3 session tickets, whatever the context
     /// says: for sessions that must not emit records after their handshake on their own (an
     /// mbTLS middlebox's secondary session, whose next record is its switch marker).
     pub fn engine_without_tickets(&self) -> Result<OpenSslEngine, EngineError> {
-        self.new_engine(None, false)
+        self.engine_on(&self.ctx, None, false)
     }
 
     /// A new connection (configured server name) that will never be exported, so it needs
@@ -498,7 +498,7 @@ impl OpenSslContext {
     pub fn engine_without_export(&self) -> Result<OpenSslEngine, EngineError> {
         let server_name = self.server_name.as_deref();
         let Some(config) = &self.quiet_config else {
-            let mut engine = self.new_engine(server_name, true)?;
+            let mut engine = self.engine_on(&self.ctx, server_name, true)?;
             engine.exportable = false;
             return Ok(engine);
         };
@@ -516,14 +516,7 @@ impl OpenSslContext {
         Ok(engine)
     }
 
-    fn new_engine(
-        &self,
-        server_name: Option<&str>,
-        tickets: bool,
-    ) -> Result<OpenSslEngine, EngineError> {
-        self.engine_on(&self.ctx, server_name, tickets)
-    }
-
+    /// A connection on `ctx`: this context's own, or its twin without the key log.
     fn engine_on(
         &self,
         ctx: &SslContext,

@@ -535,8 +535,12 @@ async fn relay(
     let (mut buf_c, mut buf_s) = (ReadBuf::new(), ReadBuf::new());
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
-    // When to give memory back if nothing is read until then (see IDLE_TRIM_AFTER).
-    let mut trim_at: Option<tokio::time::Instant> = None;
+    // Gives memory back once nothing was read for IDLE_TRIM_AFTER. One timer for the whole
+    // connection, moved only when it fires: a read merely notes its time (no timer work per
+    // read on the bulk path).
+    let mut last_read = tokio::time::Instant::now();
+    let idle = tokio::time::sleep(IDLE_TRIM_AFTER);
+    tokio::pin!(idle);
     let result: Result<(), DriverError> = loop {
         if let Some(f) = conn.failure.take() {
             break Err(DriverError::Relay(f));
@@ -544,10 +548,7 @@ async fn relay(
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
         }
-        // Armed from the last read, or from chunks that came back from writes after it.
-        if trim_at.is_none() && holds_memory(&buf_c, &buf_s, &conn) {
-            trim_at = Some(tokio::time::Instant::now() + IDLE_TRIM_AFTER);
-        }
+        let holding = holds_memory(&buf_c, &buf_s, &conn);
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
         let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
@@ -567,12 +568,20 @@ async fn relay(
                 conn.hs.prepare();
                 continue;
             }
-            _ = sleep_until_opt(trim_at), if trim_at.is_some() => {
-                trim_at = None;
-                buf_c.reset();
-                buf_s.reset();
-                conn.to_client.trim_spares();
-                conn.to_server.trim_spares();
+            _ = &mut idle, if holding => {
+                let due = last_read + IDLE_TRIM_AFTER;
+                let now = tokio::time::Instant::now();
+                if now < due {
+                    idle.as_mut().reset(due);
+                } else {
+                    buf_c.reset();
+                    buf_s.reset();
+                    conn.to_client.trim_spares();
+                    conn.to_server.trim_spares();
+                    // Memory held again later (chunks back from writes) waits a full period.
+                    last_read = now;
+                    idle.as_mut().reset(now + IDLE_TRIM_AFTER);
+                }
                 continue;
             }
             else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
@@ -608,8 +617,8 @@ async fn relay(
             // The direction that grew it is quiet again: so are the chunks it kept.
             conn.outbox(from.other()).trim_spares();
         }
-        // Each read puts the idle deadline off (re-armed at the top of the loop).
-        trim_at = None;
+        // Each read puts the idle trim off.
+        last_read = tokio::time::Instant::now();
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();

@@ -231,7 +231,7 @@ impl EndpointCore {
         }
     }
 
-    fn preconfigured(&self) -> bool {
+    pub(super) fn preconfigured(&self) -> bool {
         self.approver.is_none()
     }
 

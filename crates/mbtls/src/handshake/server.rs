@@ -63,10 +63,6 @@ pub struct ServerHandshake {
     cfg: ServerHandshakeConfig,
     core: EndpointCore,
     demux: Demux,
-    /// The first record of the primary handshake (the ClientHello) arrived: the primary engine
-    /// exists, and every middlebox of ours that announces itself has done so (announcements
-    /// precede the ClientHello, docs/mbtls.md §6).
-    hello_seen: bool,
 }
 
 impl ServerHandshake {
@@ -97,7 +93,6 @@ impl ServerHandshake {
             cfg,
             core,
             demux: Demux::new(),
-            hello_seen: false,
         })
     }
 
@@ -107,13 +102,13 @@ impl ServerHandshake {
         self.demux.push(bytes);
         let demux = &mut self.demux;
         let cfg = &self.cfg;
-        let hello_seen = &mut self.hello_seen;
         self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
                     Piece::Primary(rec) => {
-                        if !*hello_seen {
-                            *hello_seen = true;
+                        // The ClientHello's first record: every middlebox of ours that
+                        // announces itself has done so (announcements precede it, docs/mbtls.md §6).
+                        if core.primary.is_none() && !core.data_phase_started() {
                             core.primary = Some(primary_engine(cfg, core)?);
                         }
                         core.primary_record(&rec)?
@@ -198,11 +193,7 @@ fn primary_engine(
     cfg: &ServerHandshakeConfig,
     core: &EndpointCore,
 ) -> Result<OpenSslEngine, HandshakeError> {
-    let discovering = matches!(
-        cfg.middlebox,
-        ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..)
-    );
-    Ok(if discovering && core.slots.is_empty() {
+    Ok(if !core.preconfigured() && core.slots.is_empty() {
         cfg.primary.engine_without_export()?
     } else {
         cfg.primary.engine()?
