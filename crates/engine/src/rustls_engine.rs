@@ -64,8 +64,13 @@ fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, EngineError> {
     )))
 }
 
+/// The rustls engines run on aws-lc-rs: its X25519 key share costs about 8 µs here against
+/// ring's 22–25 µs, and every mbTLS endpoint pays one per optimistic ClientHello
+/// (docs/foundation.md). Groups default to the classical three, in ring's order (no
+/// post-quantum hybrid share, which the OpenSSL 3.0 peers could not use).
 fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
-    let mut p = rustls::crypto::ring::default_provider();
+    use rustls::crypto::aws_lc_rs::kx_group;
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
     if !config.cipher_suites.is_empty() {
         for id in &config.cipher_suites {
             if !p.cipher_suites.iter().any(|s| u16::from(s.suite()) == *id) {
@@ -77,10 +82,11 @@ fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
         p.cipher_suites
             .retain(|s| config.cipher_suites.contains(&u16::from(s.suite())));
     }
-    if !config.groups.is_empty() {
-        use rustls::crypto::ring::kx_group;
+    p.kx_groups = if config.groups.is_empty() {
+        vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1]
+    } else {
         // The first group is the one a client sends its key share for.
-        p.kx_groups = config
+        config
             .groups
             .iter()
             .map(|g| match g.as_str() {
@@ -91,8 +97,8 @@ fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
                     "unknown key-exchange group {other:?} (rustls: X25519, P-256, P-384)"
                 ))),
             })
-            .collect::<Result<_, _>>()?;
-    }
+            .collect::<Result<_, _>>()?
+    };
     Ok(Arc::new(p))
 }
 
@@ -215,7 +221,8 @@ impl RustlsEngine {
                 cfg.enable_secret_extraction = true;
                 cfg.key_log = secrets.clone();
                 if config.session_tickets {
-                    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(rustls_err)?;
+                    cfg.ticketer =
+                        rustls::crypto::aws_lc_rs::Ticketer::new().map_err(rustls_err)?;
                 } else {
                     cfg.send_tls13_tickets = 0;
                 }

@@ -611,6 +611,58 @@ fn a_connection_made_without_export_from_an_exportable_context() {
     }
 }
 
+/// A client that gives up its export before the ServerHello moves to the key-log-free twin
+/// (TLS 1.3 contexts; a TLS 1.2-only context has no key log and stays) and finishes the
+/// handshake with the same checks: the server's name is still verified.
+#[test]
+fn a_client_gives_up_export_before_the_server_hello() {
+    let pki = Pki::new();
+    for version in [V12, V13] {
+        for wrong_name in [false, true] {
+            let mut cfg = pki.client_config().only(version);
+            if wrong_name {
+                cfg.server_name = Some("someone-else.test".into());
+            }
+            let ctx = OpenSslContext::new(&cfg).unwrap();
+            let mut c = ctx.engine().unwrap();
+            let mut s = ossl(&pki.server_config().only(version));
+            c.process().unwrap();
+            s.feed(&c.take_outgoing());
+            s.process().unwrap();
+            let before: *const _ = c.ssl().ssl_context();
+            ctx.forgo_export(&mut c).unwrap();
+            let after: *const _ = c.ssl().ssl_context();
+            assert_eq!(before == after, version == V12, "{version:?}");
+            assert!(!c.exportable());
+            c.feed(&s.take_outgoing());
+            if wrong_name {
+                assert!(c.process().is_err(), "{version:?}");
+                continue;
+            }
+            pump(&mut c, &mut s).unwrap();
+            transfer(&mut c, &mut s, b"kept in OpenSSL");
+            transfer(&mut s, &mut c, b"both ways");
+            // Too late now (and never through another context, below).
+            assert!(matches!(
+                ctx.forgo_export(&mut c),
+                Err(EngineError::State(_))
+            ));
+            assert!(matches!(
+                c.export_session(),
+                Err(EngineError::Unsupported(_))
+            ));
+        }
+        let other = OpenSslContext::new(&pki.client_config().only(version)).unwrap();
+        let ctx = OpenSslContext::new(&pki.client_config().only(version)).unwrap();
+        let mut c = ctx.engine().unwrap();
+        assert!(matches!(
+            other.forgo_export(&mut c),
+            Err(EngineError::State(_))
+        ));
+        assert!(c.exportable());
+    }
+}
+
 #[test]
 fn a_session_built_without_export_works_and_refuses_export() {
     let pki = Pki::new();

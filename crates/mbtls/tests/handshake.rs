@@ -16,7 +16,7 @@ use mbx_mbtls::handshake::{
     ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox, HandshakeError,
     MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
 };
-use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
+use mbx_mbtls::{EndpointEvent, Side, CT_ENCAPSULATED, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
 
@@ -95,6 +95,9 @@ struct Net<A: MiddleboxApp> {
     server: OpenSslEngine,
     client_err: Option<HandshakeError>,
     mbox_err: Option<HandshakeError>,
+    /// Delivers each batch toward the client with its first primary record ahead of its
+    /// encapsulated ones (a middlebox answering after the primary ServerHello).
+    primary_first_to_client: bool,
 }
 
 impl<A: MiddleboxApp> Net<A> {
@@ -105,6 +108,7 @@ impl<A: MiddleboxApp> Net<A> {
             server: s.server_ctx.engine().unwrap(),
             client_err: None,
             mbox_err: None,
+            primary_first_to_client: false,
         }
     }
 
@@ -138,7 +142,10 @@ impl<A: MiddleboxApp> Net<A> {
                     self.mbox_err = Some(e);
                 }
             }
-            let to_c = self.mbox.take_outgoing(Side::Client);
+            let mut to_c = self.mbox.take_outgoing(Side::Client);
+            if self.primary_first_to_client {
+                to_c = primary_record_first(&to_c);
+            }
             if !to_c.is_empty() && self.client_err.is_none() {
                 moved = true;
                 if let Err(e) = self.client.receive(&to_c) {
@@ -150,6 +157,26 @@ impl<A: MiddleboxApp> Net<A> {
             }
         }
     }
+}
+
+/// The records of `bytes` (whole records) with the first primary record moved ahead of the
+/// encapsulated ones, the rest in order.
+fn primary_record_first(bytes: &[u8]) -> Vec<u8> {
+    let (mut first, mut rest_out) = (Vec::new(), Vec::new());
+    let mut rest = bytes;
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        let (rec, tail) = rest.split_at(len);
+        if first.is_empty() && rec[0] != CT_ENCAPSULATED.0 {
+            first.extend_from_slice(rec);
+        } else {
+            rest_out.extend_from_slice(rec);
+        }
+        rest = tail;
+    }
+    assert!(rest.is_empty(), "a batch ended inside a record");
+    first.extend_from_slice(&rest_out);
+    first
 }
 
 fn mbox_events<A: MiddleboxApp>(m: &mut MiddleboxHandshake<A>) -> Vec<MiddleboxHandshakeEvent> {
@@ -813,7 +840,27 @@ mod discovered {
         }
     }
 
-    /// No middlebox on the path at all: an mbTLS client with a legacy server (P5).
+    /// More data both ways after the handshake, then the server's close_notify.
+    fn both_ways_then_close(client: &mut ClientHandshake, server: &mut OpenSslEngine, what: &str) {
+        client.write(b"more").unwrap();
+        server.feed(&client.take_outgoing());
+        server.process().unwrap();
+        assert_eq!(server.take_plaintext(), b"more", "{what}");
+        server.write_plaintext(b"reply").unwrap();
+        server.close().unwrap();
+        client.receive(&server.take_outgoing()).unwrap();
+        assert_eq!(client.take_plaintext(), b"reply", "{what}");
+        let events = client_events(client);
+        assert!(
+            events.contains(&ClientHandshakeEvent::Data(EndpointEvent::PeerClosed)),
+            "{what}: {events:?}"
+        );
+    }
+
+    /// No middlebox on the path at all: an mbTLS client with a legacy server (P5). None
+    /// answered by the primary ServerHello, so the session gave up its export there and stays
+    /// in OpenSSL: no hop fingerprint (the keys never left it), and data and close_notify
+    /// still cross.
     #[test]
     fn no_middlebox_on_the_path() {
         for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
@@ -823,8 +870,50 @@ mod discovered {
             let mut server = s.server_ctx.engine().unwrap();
             exchange_with_legacy_server(&mut client, &mut server);
             assert!(client.is_ready() && !client.keys_sent());
+            assert!(client_events(&mut client).contains(&ClientHandshakeEvent::Direct));
             assert_eq!(server.take_plaintext(), b"hello server");
             assert_eq!(client.take_plaintext(), b"hello client");
+            assert!(client.summary().unwrap().hops.is_empty(), "{version:?}");
+            both_ways_then_close(&mut client, &mut server, &format!("{version:?}"));
+        }
+    }
+
+    /// A discovered middlebox whose answer reaches the client only after the primary
+    /// ServerHello (out of the protocol's order; the client gave up its export at that
+    /// ServerHello) is shut out like an excluded one: no key material, it goes passive, and
+    /// the session runs end to end in OpenSSL.
+    #[test]
+    fn a_middlebox_answering_after_the_primary_server_hello_is_shut_out() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            discover(&mut s, "mb.test");
+            let mut net = Net::new(&s, tagger());
+            net.primary_first_to_client = true;
+            net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            net.pump(&mut Some(b"server first".to_vec()));
+            assert!(
+                net.client_err.is_none(),
+                "{version:?}: {:?}",
+                net.client_err
+            );
+            assert!(net.mbox_err.is_none(), "{version:?}: {:?}", net.mbox_err);
+            assert!(!net.client.keys_sent() && !net.mbox.keys_installed());
+            let ce = client_events(&mut net.client);
+            assert!(
+                ce.contains(&ClientHandshakeEvent::MiddleboxExcluded(
+                    "answered after the primary ServerHello"
+                )),
+                "{version:?}: {ce:?}"
+            );
+            let me = mbox_events(&mut net.mbox);
+            assert!(
+                me.iter()
+                    .any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(_))),
+                "{version:?}: {me:?}"
+            );
+            assert_eq!(net.server.take_plaintext(), b"GET / HTTP/1.1\r\n\r\n");
+            assert_eq!(net.client.take_plaintext(), b"server first");
+            assert!(net.client.summary().unwrap().hops.is_empty());
         }
     }
 
@@ -854,19 +943,10 @@ mod discovered {
             assert_eq!(summary.version, version);
             // Fingerprints need the keys, which stay in OpenSSL without export.
             assert_eq!(summary.hops.len(), usize::from(export), "{version:?}");
-            // And afterwards, both ways, then the server's close_notify.
-            client.write(b"more").unwrap();
-            server.feed(&client.take_outgoing());
-            server.process().unwrap();
-            assert_eq!(server.take_plaintext(), b"more");
-            server.write_plaintext(b"reply").unwrap();
-            server.close().unwrap();
-            client.receive(&server.take_outgoing()).unwrap();
-            assert_eq!(client.take_plaintext(), b"reply");
-            let events = client_events(&mut client);
-            assert!(
-                events.contains(&ClientHandshakeEvent::Data(EndpointEvent::PeerClosed)),
-                "{version:?} export={export}: {events:?}"
+            both_ways_then_close(
+                &mut client,
+                &mut server,
+                &format!("{version:?} export={export}"),
             );
         }
     }

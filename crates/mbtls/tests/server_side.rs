@@ -1279,6 +1279,19 @@ fn hello_retry_request_on_the_primary_handshake() {
                 b"X-Mbtls: mb1.test\r\n",
             ),
             (
+                // Its middlebox answers before the real ServerHello, after the retry request:
+                // the client must not settle discovery at the retry request.
+                "one discovered client-side middlebox, legacy server",
+                vec![
+                    Node::Client(
+                        s.mbtls_client_path(v, ClientMiddlebox::Discover(Arc::new(|_| true))),
+                    ),
+                    client_mb(&s, "mb1.test"),
+                    Node::LegacyServer(s.legacy_server(v)),
+                ],
+                b"X-Mbtls: mb1.test\r\n",
+            ),
+            (
                 "two client-side middleboxes, legacy server",
                 vec![
                     path_client(&s, v, &["mb1.test", "mb0.test"]),

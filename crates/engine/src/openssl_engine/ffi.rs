@@ -6,6 +6,8 @@
 //!   records per key epoch so exported sequence numbers are exact.
 //! * `SSL_set_max_send_fragment` (a macro over `SSL_ctrl`) — the largest plaintext per record
 //!   this connection sends.
+//! * `SSL_set_SSL_CTX` — moves a connection to another context (the `openssl` crate wraps it on
+//!   `&mut SslRef`, which an `SslStream` does not hand out).
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -19,7 +21,7 @@ use std::ptr;
 
 use foreign_types::ForeignTypeRef;
 use libc::size_t;
-use openssl::ssl::{SslContextBuilder, SslRef};
+use openssl::ssl::{SslContextBuilder, SslContextRef, SslRef};
 use openssl_sys as sys;
 
 use crate::AlertDescription;
@@ -97,6 +99,17 @@ pub(super) fn set_max_send_fragment(ssl: &SslRef, len: u16) -> bool {
         )
     };
     rc == 1
+}
+
+/// Moves the connection to `ctx` (`SSL_set_SSL_CTX`). False if OpenSSL refused.
+pub(super) fn set_context(ssl: &SslRef, ctx: &SslContextRef) -> bool {
+    // SAFETY: both pointers are live objects: `ssl` is owned by the engine, which calls this
+    // through `&mut self` (as for `set_max_send_fragment`), and `ctx` is borrowed for the call.
+    // OpenSSL takes its own reference on `ctx` and drops the one on the old context; the
+    // `openssl` crate keeps the SSL's original context alive in ex_data for the session cache,
+    // and holds no other pointer into the old context's certificate data.
+    let rc = unsafe { sys::SSL_set_SSL_CTX(ssl.as_ptr(), ctx.as_ptr()) };
+    !rc.is_null()
 }
 
 /// Runs `f` on the `SslRef` behind a callback's `SSL*`, catching panics.

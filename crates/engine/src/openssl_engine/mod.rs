@@ -11,8 +11,8 @@ use mbx_record::TlsVersion;
 use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{
-    AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef,
-    SslStream, SslVerifyMode, SslVersion,
+    AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslContextRef, SslMethod, SslOptions,
+    SslRef, SslStream, SslVerifyMode, SslVersion,
 };
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::X509;
@@ -496,24 +496,56 @@ impl OpenSslContext {
     /// itself). The context is rebuilt once without the key log, on first use.
     /// [`TlsEngine::export_session`] on it fails with `Unsupported`.
     pub fn engine_without_export(&self) -> Result<OpenSslEngine, EngineError> {
-        let server_name = self.server_name.as_deref();
+        let ctx = self.quiet_context()?;
+        let mut engine = self.engine_on(ctx, self.server_name.as_deref(), true)?;
+        engine.exportable = false;
+        Ok(engine)
+    }
+
+    /// Gives up the export of `engine`, a connection of this context, while its handshake
+    /// runs: the connection moves to the context's twin without the key log and is never
+    /// exported. For a client that learns before the ServerHello that nothing will take its
+    /// session over (an mbTLS client whose discovered middleboxes stayed silent): called
+    /// before the ServerHello is fed, OpenSSL formats none of the session's secrets. The twin
+    /// is built from the same configuration (trust roots, suites, extensions), so the rest of
+    /// the handshake is checked as before. [`TlsEngine::export_session`] then fails with
+    /// `Unsupported`.
+    pub fn forgo_export(&self, engine: &mut OpenSslEngine) -> Result<(), EngineError> {
+        let own: &SslContextRef = &self.ctx;
+        if !std::ptr::eq(engine.ssl().ssl_context(), own) {
+            return Err(EngineError::State(
+                "export is given up through the connection's own context",
+            ));
+        }
+        if engine.handshake_done {
+            return Err(EngineError::State(
+                "export is given up during the handshake",
+            ));
+        }
+        let ctx = self.quiet_context()?;
+        if !std::ptr::eq(&**ctx, own) && !ffi::set_context(engine.ssl(), ctx) {
+            return Err(EngineError::State("OpenSSL refused the context change"));
+        }
+        engine.exportable = false;
+        // Nothing logged so far is needed any more.
+        lock(&engine.state).secrets = KeyLogSecrets::default();
+        Ok(())
+    }
+
+    /// This context without the key log: the twin, built on first use, or the context itself
+    /// when it has no key log.
+    fn quiet_context(&self) -> Result<&SslContext, EngineError> {
         let Some(config) = &self.quiet_config else {
-            let mut engine = self.engine_on(&self.ctx, server_name, true)?;
-            engine.exportable = false;
-            return Ok(engine);
+            return Ok(&self.ctx);
         };
         if self.quiet.get().is_none() {
             let quiet = Self::build(&config.as_ref().clone().without_export())?;
             // Another thread may have won the race: its context is the same.
             let _ = self.quiet.set(quiet.ctx);
         }
-        let ctx = self
-            .quiet
+        self.quiet
             .get()
-            .ok_or(EngineError::State("context without key log missing"))?;
-        let mut engine = self.engine_on(ctx, server_name, true)?;
-        engine.exportable = false;
-        Ok(engine)
+            .ok_or(EngineError::State("context without key log missing"))
     }
 
     /// A connection on `ctx`: this context's own, or its twin without the key log.

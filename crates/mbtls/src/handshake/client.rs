@@ -2,8 +2,8 @@
 //! or discovered on the path (joins only if the application approves it).
 //!
 //! The primary handshake runs in a real OpenSSL client engine (paused right after the
-//! handshake); the secondary handshake with the middlebox runs in an independent OpenSSL client
-//! engine whose ClientHello travels inside the MiddleboxSupport extension. Key material is sent
+//! handshake); the secondary handshake with the middlebox runs in an independent client engine
+//! (rustls or OpenSSL) whose ClientHello travels inside the MiddleboxSupport extension. Key material is sent
 //! only after the middlebox's certificate (engine), the application's approval (discovered
 //! middleboxes) and its exporter-bound evidence (policy) were all checked and the primary
 //! handshake finished. A discovered middlebox that fails any check is excluded: the client
@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use mbx_attest::Policy;
 use mbx_engine::{ClientContext, OpenSslContext, Role, TlsEngine};
+use mbx_record::ContentType;
+use mbx_wire::{HandshakeDeframer, HandshakeType, Record, ServerHello};
 
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary, Slot};
@@ -31,7 +33,8 @@ pub enum ClientMiddlebox {
     PreconfiguredPath(Vec<String>),
     /// Any on-path middlebox may offer to join; its chain must verify against the secondary
     /// context's roots and the approver must accept it. With none on the path the session is
-    /// direct (an mbTLS client that allows server-side middleboxes only).
+    /// direct: if none answered by the primary ServerHello, the session gives up its export
+    /// there and stays in OpenSSL (no key log; docs/mbtls.md §6).
     Discover(Approver),
     /// Like [`Discover`](Self::Discover) for up to `n` middleboxes on the path (`n` ≥ 1): the
     /// extension carries `n` optimistic ClientHellos (each costs a key share). Each middlebox is
@@ -52,7 +55,8 @@ pub struct ClientHandshakeConfig {
     /// set `pause_after_handshake` (so no application record is consumed before the export).
     /// With [`ClientMiddlebox::Disabled`] it may be built `without_export()`: the session then
     /// stays in OpenSSL, which spares the client OpenSSL's key log (docs/mbtls.md §6); every
-    /// other mode needs export (checked by [`ClientHandshake::new`]).
+    /// other mode needs export (checked by [`ClientHandshake::new`]), though a discovering
+    /// client whose middleboxes all stayed silent gives it up at the primary ServerHello.
     pub primary: Arc<OpenSslContext>,
     /// The server's name (SNI, certificate check).
     pub server_name: String,
@@ -71,6 +75,9 @@ pub struct ClientHandshakeConfig {
 pub struct ClientHandshake {
     core: EndpointCore,
     demux: Demux,
+    /// Discovery: the primary context, kept until the primary ServerHello shows whether a
+    /// middlebox answered; if none did, the session gives up its export there.
+    discovering: Option<Arc<OpenSslContext>>,
 }
 
 impl ClientHandshake {
@@ -125,6 +132,7 @@ impl ClientHandshake {
         core.slots = slots;
         core.out = out;
         Ok(ClientHandshake {
+            discovering: core.approver_set().then(|| cfg.primary.clone()),
             core,
             demux: Demux::new(),
         })
@@ -133,12 +141,19 @@ impl ClientHandshake {
     /// Bytes from the next hop. Errors are fatal and no key material is sent afterwards.
     pub fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError> {
         self.demux.push(bytes);
-        let demux = &mut self.demux;
+        let (demux, discovering) = (&mut self.demux, &mut self.discovering);
         self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
                     Piece::Sub { enc, .. } => core.secondary_in(&enc)?,
-                    Piece::Primary(rec) => core.primary_record(&rec)?,
+                    Piece::Primary(rec) => {
+                        if discovering.is_some() && starts_with_server_hello(&rec) {
+                            if let Some(ctx) = discovering.take() {
+                                core.forgo_export_if_alone(&ctx)?;
+                            }
+                        }
+                        core.primary_record(&rec)?
+                    }
                 }
             }
             Ok(())
@@ -192,4 +207,22 @@ impl ClientHandshake {
     pub fn is_ready(&self) -> bool {
         self.core.is_ready()
     }
+}
+
+/// True when `rec` begins with a complete ServerHello that is not a HelloRetryRequest: the
+/// point by which every discovered middlebox has answered (each injects its secondary
+/// ServerHello before forwarding the primary one, and joins on the real ServerHello after a
+/// retry). A ServerHello split over records is never recognised; the session then keeps its
+/// export, as before discovery settled early.
+fn starts_with_server_hello(rec: &Record) -> bool {
+    if rec.content_type() != ContentType::HANDSHAKE {
+        return false;
+    }
+    let mut messages = HandshakeDeframer::default();
+    messages.push(rec.payload());
+    let Ok(Some(msg)) = messages.next_message() else {
+        return false;
+    };
+    msg.typ() == HandshakeType::SERVER_HELLO
+        && ServerHello::parse_message(msg.as_bytes()).is_ok_and(|sh| !sh.is_hello_retry_request())
 }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use mbx_attest::{
     report_data, spki_from_certificate, verify_bytes, Claims, Policy, EXPORTER_LABEL, EXPORTER_LEN,
 };
-use mbx_engine::{Handoff, OpenSslEngine, Role, TlsEngine};
+use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TlsEngine};
 use mbx_wire::{version, Record};
 
 use super::HandshakeError;
@@ -150,6 +150,8 @@ pub(super) struct Slot {
     engine: Box<dyn TlsEngine + Send>,
     pub(super) state: Secondary,
     rx: SecondaryReader,
+    /// It first spoke after the client had settled discovery without it: it is shut out.
+    late: bool,
 }
 
 impl Slot {
@@ -159,6 +161,7 @@ impl Slot {
             engine,
             state: Secondary::Waiting,
             rx: SecondaryReader::new(),
+            late: false,
         }
     }
 
@@ -197,6 +200,9 @@ pub(super) struct EndpointCore {
     /// (fail closed), never silently ignored.
     pre_marker: Option<mbx_record::RecordOpener>,
     failed: bool,
+    /// Client: discovery settled at the primary ServerHello with no middlebox (the session
+    /// stays in OpenSSL); a middlebox that speaks later is shut out.
+    export_given_up: bool,
     summary: Option<SessionSummary>,
     pub(super) events: VecDeque<ClientHandshakeEvent>,
 }
@@ -226,6 +232,7 @@ impl EndpointCore {
             discarded: 0,
             pre_marker: None,
             failed: false,
+            export_given_up: false,
             summary: None,
             events: VecDeque::new(),
         }
@@ -233,6 +240,31 @@ impl EndpointCore {
 
     pub(super) fn preconfigured(&self) -> bool {
         self.approver.is_none()
+    }
+
+    /// Whether middleboxes are discovered (an approver decides), as opposed to pre-configured
+    /// or none.
+    pub(super) fn approver_set(&self) -> bool {
+        self.approver.is_some()
+    }
+
+    /// Client, discovering, just before the primary ServerHello is processed: every middlebox
+    /// on the path has answered by now, so if none spoke, none joins. The session then gives
+    /// up its export and stays in OpenSSL, which spares the key log (docs/mbtls.md §6).
+    pub(super) fn forgo_export_if_alone(
+        &mut self,
+        ctx: &OpenSslContext,
+    ) -> Result<(), HandshakeError> {
+        if self.slots.iter().any(|s| s.state != Secondary::Waiting) {
+            return Ok(());
+        }
+        let primary = self
+            .primary
+            .as_mut()
+            .ok_or(HandshakeError::Protocol("primary engine gone"))?;
+        ctx.forgo_export(primary)?;
+        self.export_given_up = true;
+        Ok(())
     }
 
     /// Runs `f` unless the core already failed; a failure is sticky.
@@ -375,10 +407,14 @@ impl EndpointCore {
     /// An inner record of one of our subchannels for its secondary engine.
     pub(super) fn secondary_in(&mut self, enc: &Encapsulated) -> Result<(), HandshakeError> {
         let id = enc.subchannel;
+        let late = self.export_given_up;
         let slot = self.slot_mut(id)?;
         if slot.state == Secondary::Excluded {
             return Ok(());
         }
+        // Its secondary handshake still runs, so that the shut-out below can close it
+        // properly and the middlebox goes passive.
+        slot.late |= slot.state == Secondary::Waiting && late;
         slot.start();
         slot.engine.feed(enc.inner.as_bytes());
         let processed = slot.engine.process();
@@ -391,10 +427,18 @@ impl EndpointCore {
             return Ok(());
         }
         let slot = self.slot_mut(id)?;
-        let (running, chain) = (
+        let (running, late, chain) = (
             slot.state == Secondary::Running,
+            slot.late,
             slot.engine.peer_certificates(),
         );
+        if running && late {
+            return self.exclude(
+                id,
+                "answered after the primary ServerHello",
+                HandshakeError::Protocol("a middlebox answered after the primary ServerHello"),
+            );
+        }
         if running {
             if let Some(approve) = &self.approver {
                 if !approve(&chain) {
