@@ -55,10 +55,14 @@ use zeroize::Zeroizing;
 pub trait ClientContext: Send + Sync {
     /// A new client session. `server_name`: SNI and the name the certificate must be valid
     /// for; `None`: no SNI, and only the chain is verified (a middlebox found on the path,
-    /// whose name nobody configured).
+    /// whose name nobody configured). `max_plaintext`: the most plaintext any record this
+    /// session sends may carry, handshake messages included, which are then split over more
+    /// records (`None`: TLS's 16,384; for records that must fit a smaller container, such as
+    /// an mbTLS encapsulated record). Engines accept 512 to 16,384.
     fn client_engine(
         &self,
         server_name: Option<&str>,
+        max_plaintext: Option<usize>,
     ) -> Result<Box<dyn TlsEngine + Send>, EngineError>;
 }
 

@@ -546,7 +546,17 @@ pub struct RustlsClientContext {
     named: Arc<ClientConfig>,
     /// Verifies the chain only (no name was configured).
     chain_only: Arc<ClientConfig>,
+    /// `named` and `chain_only` with the record plaintext cap last asked for (rustls takes the
+    /// cap from the configuration; callers ask for one value, so it is built once).
+    capped: Mutex<Option<CappedConfigs>>,
     pause_after_handshake: bool,
+}
+
+/// [`RustlsClientContext`]'s two configurations with a record plaintext cap.
+struct CappedConfigs {
+    len: usize,
+    named: Arc<ClientConfig>,
+    chain_only: Arc<ClientConfig>,
 }
 
 impl RustlsClientContext {
@@ -601,21 +611,36 @@ impl RustlsClientContext {
         Ok(RustlsClientContext {
             named: build(false)?,
             chain_only: build(true)?,
+            capped: Mutex::new(None),
             pause_after_handshake: config.pause_after_handshake,
         })
     }
 
     /// A new session. `server_name`: SNI and verified name; `None`: no SNI, chain only.
     pub fn engine_for(&self, server_name: Option<&str>) -> Result<RustlsEngine, EngineError> {
+        self.engine_capped(server_name, None)
+    }
+
+    /// [`Self::engine_for`] whose records carry at most `max_plaintext` bytes of plaintext
+    /// (512 to 16,384; `None`: 16,384).
+    pub fn engine_capped(
+        &self,
+        server_name: Option<&str>,
+        max_plaintext: Option<usize>,
+    ) -> Result<RustlsEngine, EngineError> {
+        let (named, chain_only) = match max_plaintext {
+            None => (self.named.clone(), self.chain_only.clone()),
+            Some(len) => self.capped_configs(len)?,
+        };
         let (cfg, name) = match server_name {
             Some(n) => (
-                self.named.clone(),
+                named,
                 ServerName::try_from(n.to_string())
                     .map_err(|e| EngineError::Config(format!("server name: {e}")))?,
             ),
             // An IP address as the name: rustls then sends no SNI.
             None => (
-                self.chain_only.clone(),
+                chain_only,
                 ServerName::IpAddress(std::net::IpAddr::from([0u8, 0, 0, 0]).into()),
             ),
         };
@@ -638,12 +663,45 @@ impl RustlsClientContext {
     }
 }
 
+impl RustlsClientContext {
+    /// Both configurations with records capped at `len` bytes of plaintext.
+    fn capped_configs(
+        &self,
+        len: usize,
+    ) -> Result<(Arc<ClientConfig>, Arc<ClientConfig>), EngineError> {
+        if !(512..=16384).contains(&len) {
+            return Err(EngineError::Config(format!(
+                "record fragment limit {len} (512 to 16384)"
+            )));
+        }
+        let mut cached = self.capped.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cached.as_ref().filter(|c| c.len == len) {
+            return Ok((c.named.clone(), c.chain_only.clone()));
+        }
+        let cap = |cfg: &Arc<ClientConfig>| {
+            let mut c = ClientConfig::clone(cfg);
+            // rustls counts the 5-byte record header in its limit.
+            c.max_fragment_size = Some(len + 5);
+            Arc::new(c)
+        };
+        let c = CappedConfigs {
+            len,
+            named: cap(&self.named),
+            chain_only: cap(&self.chain_only),
+        };
+        let pair = (c.named.clone(), c.chain_only.clone());
+        *cached = Some(c);
+        Ok(pair)
+    }
+}
+
 impl crate::ClientContext for RustlsClientContext {
     fn client_engine(
         &self,
         server_name: Option<&str>,
+        max_plaintext: Option<usize>,
     ) -> Result<Box<dyn TlsEngine + Send>, EngineError> {
-        Ok(Box::new(self.engine_for(server_name)?))
+        Ok(Box::new(self.engine_capped(server_name, max_plaintext)?))
     }
 }
 

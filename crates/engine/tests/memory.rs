@@ -844,6 +844,61 @@ fn rustls_client_context_checks_name_or_chain_and_never_resumes() {
     assert!(RustlsClientContext::new(&pki.server_config()).is_err());
 }
 
+/// A client engine made with a record plaintext cap, from either kind of context, sends no
+/// record with more plaintext than the cap (checked on the wire against each version's AEAD
+/// expansion), delivers everything, and the cap's range is enforced.
+#[test]
+fn client_engines_with_a_record_cap() {
+    use mbx_engine::ClientContext;
+    let pki = Pki::new();
+    const CAP: usize = 600;
+    for version in [V12, V13] {
+        let contexts: [(&str, Arc<dyn ClientContext>); 2] = [
+            (
+                "openssl",
+                Arc::new(OpenSslContext::new(&pki.client_config().only(version)).unwrap()),
+            ),
+            (
+                "rustls",
+                Arc::new(RustlsClientContext::new(&pki.client_config().only(version)).unwrap()),
+            ),
+        ];
+        // TLS 1.2 AES-GCM: explicit nonce and tag; TLS 1.3: content type and tag.
+        let expansion = if version == V12 { 24 } else { 17 };
+        for (what, ctx) in contexts {
+            for name in [Some(HOST), None] {
+                let mut c = ctx.client_engine(name, Some(CAP)).unwrap();
+                let mut s = ossl(&pki.server_config().only(version));
+                pump(c.as_mut(), &mut s).unwrap();
+                let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+                c.write_plaintext(&data).unwrap();
+                let wire = c.take_outgoing();
+                let records = split_records(&wire);
+                assert!(records.len() >= data.len() / CAP, "{what} {version:?}");
+                for r in &records {
+                    assert!(
+                        r.len() <= 5 + CAP + expansion,
+                        "{what} {version:?}: {}",
+                        r.len()
+                    );
+                }
+                s.feed(&wire);
+                s.process().unwrap();
+                assert_eq!(s.take_plaintext(), data, "{what} {version:?}");
+            }
+            for bad in [100, 16385] {
+                assert!(
+                    matches!(
+                        ctx.client_engine(Some(HOST), Some(bad)),
+                        Err(EngineError::Config(_))
+                    ),
+                    "{what} {bad}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn malformed_input_is_a_typed_error() {
     let pki = Pki::new();

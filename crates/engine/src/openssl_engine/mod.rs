@@ -304,13 +304,18 @@ impl crate::ClientContext for OpenSslContext {
     fn client_engine(
         &self,
         server_name: Option<&str>,
+        max_plaintext: Option<usize>,
     ) -> Result<Box<dyn TlsEngine + Send>, EngineError> {
         if self.role != Role::Client {
             return Err(EngineError::Config(
                 "a server context makes no client".into(),
             ));
         }
-        Ok(Box::new(self.engine_for(server_name)?))
+        let mut engine = self.engine_for(server_name)?;
+        if let Some(len) = max_plaintext {
+            engine.set_max_send_fragment(len)?;
+        }
+        Ok(Box::new(engine))
     }
 }
 

@@ -20,7 +20,7 @@ use mbx_wire::{HandshakeDeframer, HandshakeType, Record, ServerHello};
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary, Slot};
 use super::HandshakeError;
-use crate::wire::{MiddleboxSupport, MIDDLEBOX_SUPPORT_EXTENSION};
+use crate::wire::{MiddleboxSupport, MAX_INNER_PLAINTEXT_LEN, MIDDLEBOX_SUPPORT_EXTENSION};
 
 /// Which middleboxes the client expects.
 #[derive(Clone)]
@@ -106,7 +106,10 @@ impl ClientHandshake {
         let mut slots = Vec::with_capacity(names.len());
         let mut hellos = Vec::with_capacity(names.len());
         for (id, name) in names.iter().rev().enumerate() {
-            let mut engine = cfg.secondary.client_engine(name.as_deref())?;
+            // Its records after the ClientHello travel encapsulated.
+            let mut engine = cfg
+                .secondary
+                .client_engine(name.as_deref(), Some(MAX_INNER_PLAINTEXT_LEN))?;
             hellos.push(engine.take_client_hello()?);
             let id = u8::try_from(id).map_err(|_| HandshakeError::Config("subchannel id"))?;
             slots.push(Slot::new(id, engine));

@@ -234,7 +234,10 @@ fn announced(
             "middlebox announcement after the handshake",
         ));
     }
-    let mut engine = cfg.secondary.client_engine(name)?;
+    // Every record of its session travels encapsulated, the ClientHello included.
+    let mut engine = cfg
+        .secondary
+        .client_engine(name, Some(crate::wire::MAX_INNER_PLAINTEXT_LEN))?;
     engine.process()?;
     let mut slot = Slot::new(subchannel, engine);
     slot.start();
