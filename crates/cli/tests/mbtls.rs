@@ -543,6 +543,33 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         text.contains("hop 1: client <-> server.test (primary session keys)"),
         "{text}"
     );
+    // Discovery with no middlebox on the path (straight to nginx): none answered by the
+    // primary ServerHello, so the client gave its export up there; the keys stay in OpenSSL.
+    let out = mbx()
+        .args([
+            "mbtls",
+            "client",
+            "https://server.test/alone",
+            "--middlebox",
+        ])
+        .arg(nginx.addr().to_string())
+        .args(["--allow-middlebox", "mb0.test", "--server-ca"])
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "hop 1: client <-> server.test (primary session keys): no fingerprint",
+        "attestation: no middlebox took part",
+        "status: HTTP/1.1 200 OK",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
 
     // Two discovered: both join when both are allowed (each app ran once)...
     let (ok, text, err) = fetch_path(
