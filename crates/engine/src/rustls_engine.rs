@@ -66,7 +66,7 @@ fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, EngineError> {
 
 /// The rustls engines run on aws-lc-rs: its X25519 key share costs about 8 µs here against
 /// ring's 22–25 µs, and every mbTLS endpoint pays one per optimistic ClientHello
-/// (docs/foundation.md). Groups default to the classical three, in ring's order (no
+/// (docs/dependencies.md). Groups default to the classical three, in ring's order (no
 /// post-quantum hybrid share, which the OpenSSL 3.0 peers could not use).
 fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
     use rustls::crypto::aws_lc_rs::kx_group;

@@ -124,6 +124,7 @@ impl ClientHandshake {
         primary.process()?;
         let out = primary.take_outgoing();
         let required = if approver.is_none() { names.len() } else { 0 };
+        let discovering = approver.is_some().then(|| cfg.primary.clone());
         let mut core = EndpointCore::new(
             Role::Client,
             cfg.policy,
@@ -135,7 +136,7 @@ impl ClientHandshake {
         core.slots = slots;
         core.out = out;
         Ok(ClientHandshake {
-            discovering: core.approver_set().then(|| cfg.primary.clone()),
+            discovering,
             core,
             demux: Demux::new(),
         })

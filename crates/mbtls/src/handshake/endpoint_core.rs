@@ -242,12 +242,6 @@ impl EndpointCore {
         self.approver.is_none()
     }
 
-    /// Whether middleboxes are discovered (an approver decides), as opposed to pre-configured
-    /// or none.
-    pub(super) fn approver_set(&self) -> bool {
-        self.approver.is_some()
-    }
-
     /// Client, discovering, just before the primary ServerHello is processed: every middlebox
     /// on the path has answered by now, so if none spoke, none joins. The session then gives
     /// up its export and stays in OpenSSL, which spares the key log (docs/mbtls.md §6).
