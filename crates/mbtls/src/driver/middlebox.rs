@@ -168,6 +168,9 @@ pub struct ConnectionReport {
     /// Key fingerprints of the hop toward the client and the hop toward the server.
     pub client_hop: Option<HopFingerprint>,
     pub server_hop: Option<HopFingerprint>,
+    /// How often the connection gave its grown buffers back after `IDLE_TRIM_AFTER` (2 s)
+    /// without a read.
+    pub idle_trims: u32,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -186,6 +189,7 @@ impl ConnectionReport {
             version: None,
             client_hop: None,
             server_hop: None,
+            idle_trims: 0,
             outcome: Ok(()),
         }
     }
@@ -578,6 +582,7 @@ async fn relay(
                     buf_s.reset();
                     conn.to_client.trim_spares();
                     conn.to_server.trim_spares();
+                    report.idle_trims += 1;
                     // Memory held again later (chunks back from writes) waits a full period.
                     last_read = now;
                     idle.as_mut().reset(now + IDLE_TRIM_AFTER);
