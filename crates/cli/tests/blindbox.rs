@@ -22,13 +22,10 @@ use mbx_blindbox::rules::{parse_rules, BufferPolicy, Direction, MatchRule};
 use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, TestPki};
 
-const BOUND: Duration = Duration::from_secs(120);
+mod common;
+use common::{mbx, succeeded};
 
-fn mbx() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mbx"));
-    cmd.env_remove("MBX_CONFIG").env_remove("MBX_LOG");
-    cmd
-}
+const BOUND: Duration = Duration::from_secs(120);
 
 /// A long-running party whose stdout lines arrive on a channel.
 struct Party {
@@ -219,16 +216,6 @@ fn alerts(lines: &[String]) -> BTreeSet<(u32, u64)> {
         .collect()
 }
 
-fn ok(out: &Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 fn sender(mb: &str, ca: &Path, key: &Path, input: &Path) -> Output {
     sender_cmd(mb, ca, key).arg(input).output().unwrap()
 }
@@ -324,11 +311,13 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
 
     // Rule generator: keys and the tagged rules.
     for name in ["rg.key", "other.key"] {
-        let out = ok(&mbx()
-            .args(["blindbox", "rules", "keygen", "--out"])
-            .arg(d.join(name))
-            .output()
-            .unwrap());
+        let out = succeeded(
+            &mbx()
+                .args(["blindbox", "rules", "keygen", "--out"])
+                .arg(d.join(name))
+                .output()
+                .unwrap(),
+        );
         assert!(out.contains("wrote RG key"), "{out}");
     }
     let again = mbx()
@@ -337,23 +326,27 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         .output()
         .unwrap();
     assert!(!again.status.success(), "keygen overwrote a key");
-    let out = ok(&mbx()
-        .args(["blindbox", "rules", "sign", "--rg-key"])
-        .arg(d.join("rg.key"))
-        .arg("--rules")
-        .arg(d.join("test.rules"))
-        .arg("--out")
-        .arg(d.join("tagged.rules"))
-        .output()
-        .unwrap());
+    let out = succeeded(
+        &mbx()
+            .args(["blindbox", "rules", "sign", "--rg-key"])
+            .arg(d.join("rg.key"))
+            .arg("--rules")
+            .arg(d.join("test.rules"))
+            .arg("--out")
+            .arg(d.join("tagged.rules"))
+            .output()
+            .unwrap(),
+    );
     assert!(out.contains("signed 11 rules (0 rejected)"), "{out}");
-    let out = ok(&mbx()
-        .args(["blindbox", "rules", "verify", "--rg-key"])
-        .arg(d.join("rg.key"))
-        .arg("--tagged")
-        .arg(d.join("tagged.rules"))
-        .output()
-        .unwrap());
+    let out = succeeded(
+        &mbx()
+            .args(["blindbox", "rules", "verify", "--rg-key"])
+            .arg(d.join("rg.key"))
+            .arg("--tagged")
+            .arg(d.join("tagged.rules"))
+            .output()
+            .unwrap(),
+    );
     assert!(out.contains("tags verify"), "{out}");
     // A tampered copy: every tag's first hex digit changed.
     let tagged = std::fs::read_to_string(d.join("tagged.rules")).unwrap();
@@ -399,7 +392,7 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         &d.join("rg.key"),
         &d.join("corpus.txt"),
     );
-    let answer = ok(&out);
+    let answer = succeeded(&out);
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rule setup done"), "{err}");
@@ -526,7 +519,7 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         &d.join("rg.key"),
         &d.join("corpus.txt"),
     );
-    assert!(ok(&out).starts_with("HTTP/1.1 200 OK"));
+    assert!(succeeded(&out).starts_with("HTTP/1.1 200 OK"));
     receiver.until("connection 5: answered");
     drop(idle);
     receiver.until("connection 4 failed");
@@ -535,7 +528,7 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
 #[test]
 fn blindbox_demo_shows_alerts_a_block_and_a_refused_setup() {
     let out = mbx().args(["blindbox", "demo"]).output().unwrap();
-    let text = ok(&out);
+    let text = succeeded(&out);
     for expected in [
         "rule generator: k_RG key id ",
         "rule setup, sender: ",

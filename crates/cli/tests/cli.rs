@@ -1,12 +1,7 @@
 //! The `mbx` binary as a user runs it.
 
-use std::process::Command;
-
-fn mbx() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mbx"));
-    cmd.env_remove("MBX_CONFIG").env_remove("MBX_LOG");
-    cmd
-}
+mod common;
+use common::mbx;
 
 #[test]
 fn parts_not_built_yet_refuse_and_exit_non_zero() {

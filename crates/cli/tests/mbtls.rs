@@ -2,16 +2,13 @@
 //! behind curl (server-side middlebox and mbTLS server).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, Nginx, TestPki};
 
-fn mbx() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mbx"));
-    cmd.env_remove("MBX_CONFIG").env_remove("MBX_LOG");
-    cmd
-}
+mod common;
+use common::{mbx, succeeded};
 
 #[test]
 fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
@@ -88,12 +85,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .args(["--measurement", &measurement])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     for expected in [
         "path: client -> mb.test",
         "TLS 1.3, TLS_",
@@ -128,12 +120,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .args(["mbtls", "client", "https://server.test/headers"])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     assert!(text.contains("TLS 1.2, TLS_"), "{text}");
     assert!(text.contains("x-mbtls: mb.test"), "{text}");
     let log = nginx
@@ -557,12 +544,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         .arg(&server.ca)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     for expected in [
         "hop 1: client <-> server.test (primary session keys): no fingerprint",
         "attestation: no middlebox took part",

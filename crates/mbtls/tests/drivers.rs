@@ -123,6 +123,14 @@ fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
+/// An mbTLS session through `mbox` that must come up.
+async fn connect(mbox: &MiddleboxServer, cfg: ClientHandshakeConfig) -> MbtlsClient {
+    timeout(BOUND, MbtlsClient::connect(mbox.local_addr(), cfg))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// Connects with the request in the key-material flight, reads the response until the
 /// server's close_notify, then closes our direction.
 async fn fetch(
@@ -315,13 +323,7 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
         let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), passthrough()))
             .await
             .unwrap();
-        let mut client = timeout(
-            BOUND,
-            MbtlsClient::connect(mbox.local_addr(), w.client(version, measure(PROGRAM, b""))),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
         // Mid-session: one request answered (keep-alive), then the middlebox dies.
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
@@ -350,12 +352,18 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
 }
 
 /// A legacy TLS server in process (OpenSSL engine over a socket) that records every byte of
-/// application data it receives, for one connection.
-async fn recording_server(listener: TcpListener, ctx: OpenSslContext) -> (bool, Vec<u8>) {
+/// application data it receives, for one connection; with `echo`, it also sends each back and
+/// answers the client's close_notify with its own. Returns whether its handshake completed,
+/// and what it received.
+async fn in_process_server(
+    listener: TcpListener,
+    ctx: OpenSslContext,
+    echo: bool,
+) -> (bool, Vec<u8>) {
     let (mut sock, _) = listener.accept().await.unwrap();
     let mut engine = ctx.engine().unwrap();
     let mut plaintext = Vec::new();
-    let mut buf = vec![0u8; 16384];
+    let mut buf = vec![0u8; 65536];
     loop {
         let n = sock.read(&mut buf).await.unwrap_or(0);
         if n == 0 {
@@ -363,7 +371,16 @@ async fn recording_server(listener: TcpListener, ctx: OpenSslContext) -> (bool, 
         }
         engine.feed(&buf[..n]);
         let failed = engine.process().is_err();
-        plaintext.extend(engine.take_plaintext());
+        let data = engine.take_plaintext();
+        if echo && !failed {
+            if !data.is_empty() {
+                engine.write_plaintext(&data).unwrap();
+            }
+            if engine.peer_closed() {
+                let _ = engine.close();
+            }
+        }
+        plaintext.extend(data);
         let out = engine.take_outgoing();
         if !out.is_empty() && sock.write_all(&out).await.is_err() || failed {
             break;
@@ -383,7 +400,7 @@ async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
         let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server_addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(recording_server(listener, ctx));
+        let server = tokio::spawn(in_process_server(listener, ctx, false));
         let mut mbox =
             MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
                 .await
@@ -585,33 +602,6 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
     }
 }
 
-/// A legacy TLS server in process that echoes every byte of application data back, for one
-/// connection, until the client's close_notify (answered with its own).
-async fn echo_server(listener: TcpListener, ctx: OpenSslContext) {
-    let (mut sock, _) = listener.accept().await.unwrap();
-    let mut engine = ctx.engine().unwrap();
-    let mut buf = vec![0u8; 65536];
-    loop {
-        let n = sock.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        engine.feed(&buf[..n]);
-        let failed = engine.process().is_err();
-        let data = engine.take_plaintext();
-        if !data.is_empty() && !failed {
-            engine.write_plaintext(&data).unwrap();
-        }
-        if engine.peer_closed() {
-            let _ = engine.close();
-        }
-        let out = engine.take_outgoing();
-        if !out.is_empty() && sock.write_all(&out).await.is_err() || failed {
-            break;
-        }
-    }
-}
-
 /// Sends `data` through the session in 64 KiB pieces and reads each echo back.
 async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
     for piece in data.chunks(65536) {
@@ -640,17 +630,11 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
     let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server_addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(echo_server(listener, ctx));
+    let server = tokio::spawn(in_process_server(listener, ctx, true));
     let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
         .await
         .unwrap();
-    let mut client = timeout(
-        BOUND,
-        MbtlsClient::connect(mbox.local_addr(), w.client(version, measure(PROGRAM, b""))),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
     let bulk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     echo_through(&mut client, &bulk).await;
     tokio::time::sleep(Duration::from_millis(2600)).await;
