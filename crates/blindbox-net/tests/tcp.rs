@@ -21,7 +21,6 @@ use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
 use tokio::net::TcpListener;
 use tokio::time::timeout;
-use zeroize::Zeroizing;
 
 const BOUND: Duration = Duration::from_secs(120);
 
@@ -66,10 +65,10 @@ struct World {
 fn world(version: TlsVersion) -> World {
     let pki = TestPki::new("blindbox net root").unwrap();
     let leaf = pki.issue(&LeafSpec::server("server.test")).unwrap();
-    let mut server_tls = TlsConfig::server(Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    })
+    let mut server_tls = TlsConfig::server(Identity::from_pem(
+        leaf.chain_pem().into_bytes(),
+        leaf.key_pem().as_bytes().to_vec(),
+    ))
     .only(version);
     server_tls.session_tickets = false;
     let mut client_tls =

@@ -487,10 +487,7 @@ fn exporter_keys_of_both_endpoints_agree_with_session_keys() {
 
     let ca = TestPki::new("setup test CA").unwrap();
     let leaf = ca.issue(&LeafSpec::server("server.test")).unwrap();
-    let id = Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: zeroize::Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    };
+    let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
     let sc = TlsConfig::server(id).only(TlsVersion::Tls13);
     let cc = TlsConfig::client("server.test", ca.root_pem().into_bytes()).only(TlsVersion::Tls13);
     let mut c = RustlsEngine::new(&cc).unwrap();

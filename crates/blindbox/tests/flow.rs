@@ -24,7 +24,6 @@ use mbx_blindbox::SessionKeys;
 use mbx_engine::{Identity, RustlsEngine, TlsConfig, TlsEngine};
 use mbx_record::{ContentType, RecordSealer, TlsVersion};
 use mbx_testbed::pki::{LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 /// A finished handshake: both sides' keys and the client's primary-stream state.
 struct Session {
@@ -40,10 +39,10 @@ struct Session {
 fn handshake(version: TlsVersion) -> Session {
     let ca = TestPki::new("blindbox test CA").unwrap();
     let leaf = ca.issue(&LeafSpec::server("server.test")).unwrap();
-    let id = Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    };
+    let id = Identity::from_pem(
+        leaf.chain_pem().into_bytes(),
+        leaf.key_pem().as_bytes().to_vec(),
+    );
     let mut sc = TlsConfig::server(id).only(version);
     sc.session_tickets = false;
     let mut cc = TlsConfig::client("server.test", ca.root_pem().into_bytes()).only(version);

@@ -22,7 +22,6 @@ use mbx_blindbox_setup::{MiddleboxConfig, RgKey, TaggedRules};
 use mbx_engine::{Identity, TlsConfig};
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 use tokio::net::TcpListener;
-use zeroize::Zeroizing;
 
 use crate::blindbox::{answer, describe_flow, event_line, flow_config, setup_line};
 
@@ -189,10 +188,10 @@ fn print_lines(o: &Outcome) {
 pub async fn run(short: bool) -> anyhow::Result<()> {
     let pki = TestPki::new("mbx blindbox demo CA")?;
     let leaf = pki.issue(&LeafSpec::server(SERVER).key_type(KeyType::EcdsaP256))?;
-    let mut server_tls = TlsConfig::server(Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    });
+    let mut server_tls = TlsConfig::server(Identity::from_pem(
+        leaf.chain_pem().into_bytes(),
+        leaf.key_pem().as_bytes().to_vec(),
+    ));
     server_tls.session_tickets = false;
     let mut client_tls = TlsConfig::client(SERVER, pki.root_pem().into_bytes());
     client_tls.session_tickets = false;

@@ -242,10 +242,10 @@ fn version_name(v: TlsVersion) -> &'static str {
 }
 
 fn server_tls_config(case: Case, world: &World) -> anyhow::Result<TlsConfig> {
-    let identity = Identity {
-        cert_chain_pem: world.server_cert.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(world.server_cert.key_pem().as_bytes().to_vec()),
-    };
+    let identity = Identity::from_pem(
+        world.server_cert.chain_pem().into_bytes(),
+        world.server_cert.key_pem().as_bytes().to_vec(),
+    );
     let mut cfg = TlsConfig::server(identity).only(case.version);
     cfg.cipher_suites = vec![case.suite.id];
     let mut ext = CustomExtension::new(DEMO_EXTENSION);

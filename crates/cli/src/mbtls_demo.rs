@@ -28,7 +28,6 @@ use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 use mbx_testbed::relay::{DelayRelay, Direction, Tap};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use zeroize::Zeroizing;
 
 const SERVER: &str = "server.test";
 /// The client-side middleboxes, in path order from the client.
@@ -47,10 +46,10 @@ struct World {
 
 fn identity(pki: &TestPki, spec: &LeafSpec) -> anyhow::Result<Identity> {
     let leaf = pki.issue(&spec.clone().key_type(KeyType::EcdsaP256))?;
-    Ok(Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    })
+    Ok(Identity::from_pem(
+        leaf.chain_pem().into_bytes(),
+        leaf.key_pem().as_bytes().to_vec(),
+    ))
 }
 
 fn version_name(v: TlsVersion) -> &'static str {

@@ -22,6 +22,17 @@ pub struct Identity {
     pub key_pem: Zeroizing<Vec<u8>>,
 }
 
+impl Identity {
+    /// From PEM text: the certificate chain (leaf first) and the private key, which is held
+    /// in memory that is wiped on drop.
+    pub fn from_pem(cert_chain_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Identity {
+        Identity {
+            cert_chain_pem: cert_chain_pem.into(),
+            key_pem: Zeroizing::new(key_pem.into()),
+        }
+    }
+}
+
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Identity")

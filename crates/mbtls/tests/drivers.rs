@@ -24,7 +24,6 @@ use mbx_testbed::{LeafSpec, Nginx, OpensslServer, PkiFiles, TestPki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
-use zeroize::Zeroizing;
 
 const PROGRAM: &str = "mbx-test-middlebox";
 /// Upper bound for any one network step; only there so that a hang fails instead of blocking.
@@ -60,10 +59,10 @@ impl World {
             _dir: dir,
             root_pem: pki.root_pem().into_bytes(),
             server_files,
-            mbox_id: Identity {
-                cert_chain_pem: mbox.chain_pem().into_bytes(),
-                key_pem: Zeroizing::new(mbox.key_pem().as_bytes().to_vec()),
-            },
+            mbox_id: Identity::from_pem(
+                mbox.chain_pem().into_bytes(),
+                mbox.key_pem().as_bytes().to_vec(),
+            ),
             platform: Arc::new(SimulatedPlatform::generate().unwrap()),
         }
     }
@@ -393,10 +392,10 @@ async fn in_process_server(
 async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
     let w = World::new();
     for version in VERSIONS {
-        let server_leaf = Identity {
-            cert_chain_pem: std::fs::read(&w.server_files.chain).unwrap(),
-            key_pem: Zeroizing::new(std::fs::read(&w.server_files.key).unwrap()),
-        };
+        let server_leaf = Identity::from_pem(
+            std::fs::read(&w.server_files.chain).unwrap(),
+            std::fs::read(&w.server_files.key).unwrap(),
+        );
         let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server_addr = listener.local_addr().unwrap();
@@ -554,10 +553,10 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
     let w = World::new();
     for version in VERSIONS {
         for how in [Misbehave::Forge, Misbehave::Vanish] {
-            let server_leaf = Identity {
-                cert_chain_pem: std::fs::read(&w.server_files.chain).unwrap(),
-                key_pem: Zeroizing::new(std::fs::read(&w.server_files.key).unwrap()),
-            };
+            let server_leaf = Identity::from_pem(
+                std::fs::read(&w.server_files.chain).unwrap(),
+                std::fs::read(&w.server_files.key).unwrap(),
+            );
             let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let server_addr = listener.local_addr().unwrap();
@@ -622,10 +621,10 @@ async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
     let w = World::new();
-    let server_leaf = Identity {
-        cert_chain_pem: std::fs::read(&w.server_files.chain).unwrap(),
-        key_pem: Zeroizing::new(std::fs::read(&w.server_files.key).unwrap()),
-    };
+    let server_leaf = Identity::from_pem(
+        std::fs::read(&w.server_files.chain).unwrap(),
+        std::fs::read(&w.server_files.key).unwrap(),
+    );
     let version = TlsVersion::Tls13;
     let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

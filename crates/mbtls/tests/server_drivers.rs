@@ -30,7 +30,6 @@ use mbx_testbed::{Curl, LeafSpec, OpensslClient, OpensslServer, PkiFiles, TestPk
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::timeout;
-use zeroize::Zeroizing;
 
 const PROGRAM: &str = "mbx-test-middlebox";
 const BOUND: Duration = Duration::from_secs(60);
@@ -61,10 +60,10 @@ impl World {
         World {
             _dir: dir,
             root_pem: pki.root_pem().into_bytes(),
-            server_id: Identity {
-                cert_chain_pem: server.chain_pem().into_bytes(),
-                key_pem: Zeroizing::new(server.key_pem().as_bytes().to_vec()),
-            },
+            server_id: Identity::from_pem(
+                server.chain_pem().into_bytes(),
+                server.key_pem().as_bytes().to_vec(),
+            ),
             server_files,
             pki,
             platform: Arc::new(SimulatedPlatform::generate().unwrap()),

@@ -4,7 +4,6 @@
 use mbx_engine::{EngineError, Identity, TlsConfig, TlsEngine};
 use mbx_record::{Aead, ContentType, RecordOpener, RecordSealer, TlsVersion};
 use mbx_testbed::pki::{IssuedCert, KeyType, LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 pub const HOST: &str = "server.mbx.test";
 
@@ -52,10 +51,7 @@ impl Pki {
 }
 
 pub fn identity(c: &IssuedCert) -> Identity {
-    Identity {
-        cert_chain_pem: c.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(c.key_pem().as_bytes().to_vec()),
-    }
+    Identity::from_pem(c.chain_pem().into_bytes(), c.key_pem().as_bytes().to_vec())
 }
 
 /// Moves bytes between two engines until neither has anything to say and both finished the

@@ -17,7 +17,6 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 use crate::Res;
 
@@ -37,10 +36,10 @@ pub struct Setup {
 
 fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<Identity> {
     let leaf = pki.issue(spec)?;
-    Ok(Identity {
-        cert_chain_pem: leaf.chain_pem().into_bytes(),
-        key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-    })
+    Ok(Identity::from_pem(
+        leaf.chain_pem().into_bytes(),
+        leaf.key_pem().as_bytes().to_vec(),
+    ))
 }
 
 fn no_tickets(mut cfg: TlsConfig) -> TlsConfig {

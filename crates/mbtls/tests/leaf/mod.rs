@@ -2,16 +2,15 @@
 
 use mbx_engine::Identity;
 use mbx_testbed::pki::{LeafSpec, TestPki};
-use zeroize::Zeroizing;
 
 /// A leaf issued by `pki` for `spec`, as an engine identity, and its certificate (DER).
 pub fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
     let leaf = pki.issue(spec).unwrap();
     (
-        Identity {
-            cert_chain_pem: leaf.chain_pem().into_bytes(),
-            key_pem: Zeroizing::new(leaf.key_pem().as_bytes().to_vec()),
-        },
+        Identity::from_pem(
+            leaf.chain_pem().into_bytes(),
+            leaf.key_pem().as_bytes().to_vec(),
+        ),
         leaf.cert_der().to_vec(),
     )
 }
