@@ -66,8 +66,8 @@ fn world(version: TlsVersion) -> World {
     let pki = TestPki::new("blindbox net root").unwrap();
     let leaf = pki.issue(&LeafSpec::server("server.test")).unwrap();
     let mut server_tls = TlsConfig::server(Identity::from_pem(
-        leaf.chain_pem().into_bytes(),
-        leaf.key_pem().as_bytes().to_vec(),
+        leaf.chain_pem(),
+        leaf.key_pem().as_bytes(),
     ))
     .only(version);
     server_tls.session_tickets = false;

@@ -39,10 +39,7 @@ struct Session {
 fn handshake(version: TlsVersion) -> Session {
     let ca = TestPki::new("blindbox test CA").unwrap();
     let leaf = ca.issue(&LeafSpec::server("server.test")).unwrap();
-    let id = Identity::from_pem(
-        leaf.chain_pem().into_bytes(),
-        leaf.key_pem().as_bytes().to_vec(),
-    );
+    let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
     let mut sc = TlsConfig::server(id).only(version);
     sc.session_tickets = false;
     let mut cc = TlsConfig::client("server.test", ca.root_pem().into_bytes()).only(version);

@@ -189,8 +189,8 @@ pub async fn run(short: bool) -> anyhow::Result<()> {
     let pki = TestPki::new("mbx blindbox demo CA")?;
     let leaf = pki.issue(&LeafSpec::server(SERVER).key_type(KeyType::EcdsaP256))?;
     let mut server_tls = TlsConfig::server(Identity::from_pem(
-        leaf.chain_pem().into_bytes(),
-        leaf.key_pem().as_bytes().to_vec(),
+        leaf.chain_pem(),
+        leaf.key_pem().as_bytes(),
     ));
     server_tls.session_tickets = false;
     let mut client_tls = TlsConfig::client(SERVER, pki.root_pem().into_bytes());

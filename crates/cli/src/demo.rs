@@ -243,8 +243,8 @@ fn version_name(v: TlsVersion) -> &'static str {
 
 fn server_tls_config(case: Case, world: &World) -> anyhow::Result<TlsConfig> {
     let identity = Identity::from_pem(
-        world.server_cert.chain_pem().into_bytes(),
-        world.server_cert.key_pem().as_bytes().to_vec(),
+        world.server_cert.chain_pem(),
+        world.server_cert.key_pem().as_bytes(),
     );
     let mut cfg = TlsConfig::server(identity).only(case.version);
     cfg.cipher_suites = vec![case.suite.id];

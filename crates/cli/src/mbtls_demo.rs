@@ -47,8 +47,8 @@ struct World {
 fn identity(pki: &TestPki, spec: &LeafSpec) -> anyhow::Result<Identity> {
     let leaf = pki.issue(&spec.clone().key_type(KeyType::EcdsaP256))?;
     Ok(Identity::from_pem(
-        leaf.chain_pem().into_bytes(),
-        leaf.key_pem().as_bytes().to_vec(),
+        leaf.chain_pem(),
+        leaf.key_pem().as_bytes(),
     ))
 }
 

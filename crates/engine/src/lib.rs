@@ -49,6 +49,15 @@ pub use session::{DirectionState, ExportedSession, Handoff};
 use mbx_record::TlsVersion;
 use zeroize::Zeroizing;
 
+/// The record plaintext cap both engines accept (512 to 16,384 bytes, OpenSSL's range), for
+/// [`ClientContext::client_engine`] and `OpenSslEngine::set_max_send_fragment`.
+pub(crate) fn max_plaintext_cap(len: usize) -> Result<u16, EngineError> {
+    u16::try_from(len)
+        .ok()
+        .filter(|l| (512..=16384).contains(l))
+        .ok_or_else(|| EngineError::Config(format!("record fragment limit {len} (512 to 16384)")))
+}
+
 /// Client configuration shared by many sessions, whichever engine runs them: where the engine
 /// is a choice (an mbTLS endpoint's secondary sessions with its middleboxes), the caller holds
 /// an `Arc<dyn ClientContext>`.

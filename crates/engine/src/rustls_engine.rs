@@ -661,19 +661,13 @@ impl RustlsClientContext {
         engine.conn.set_buffer_limit(None);
         Ok(engine)
     }
-}
 
-impl RustlsClientContext {
     /// Both configurations with records capped at `len` bytes of plaintext.
     fn capped_configs(
         &self,
         len: usize,
     ) -> Result<(Arc<ClientConfig>, Arc<ClientConfig>), EngineError> {
-        if !(512..=16384).contains(&len) {
-            return Err(EngineError::Config(format!(
-                "record fragment limit {len} (512 to 16384)"
-            )));
-        }
+        let len = usize::from(crate::max_plaintext_cap(len)?);
         let mut cached = self.capped.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = cached.as_ref().filter(|c| c.len == len) {
             return Ok((c.named.clone(), c.chain_only.clone()));

@@ -59,10 +59,7 @@ impl World {
             _dir: dir,
             root_pem: pki.root_pem().into_bytes(),
             server_files,
-            mbox_id: Identity::from_pem(
-                mbox.chain_pem().into_bytes(),
-                mbox.key_pem().as_bytes().to_vec(),
-            ),
+            mbox_id: Identity::from_pem(mbox.chain_pem(), mbox.key_pem().as_bytes()),
             platform: Arc::new(SimulatedPlatform::generate().unwrap()),
         }
     }

@@ -60,10 +60,7 @@ impl World {
         World {
             _dir: dir,
             root_pem: pki.root_pem().into_bytes(),
-            server_id: Identity::from_pem(
-                server.chain_pem().into_bytes(),
-                server.key_pem().as_bytes().to_vec(),
-            ),
+            server_id: Identity::from_pem(server.chain_pem(), server.key_pem().as_bytes()),
             server_files,
             pki,
             platform: Arc::new(SimulatedPlatform::generate().unwrap()),

@@ -284,8 +284,8 @@ fn config_err(what: &str, e: impl std::fmt::Display) -> EngineError {
 /// An `SSL_CTX` built from a [`TlsConfig`]; cheap to create many engines from.
 pub struct OpenSslContext {
     ctx: SslContext,
-    /// The configuration, kept only when `ctx` has the key log: [`Self::engine_without_export`]
-    /// then builds `quiet`, the same context without it, on first use.
+    /// The configuration, kept only when `ctx` has the key log: [`Self::quiet_context`] then
+    /// builds `quiet`, the same context without it, on first use.
     quiet_config: Option<Box<TlsConfig>>,
     quiet: OnceLock<SslContext>,
     role: Role,
@@ -466,7 +466,6 @@ impl OpenSslContext {
         Ok(())
     }
 
-    /// A new connection using the configured server name.
     /// Our leaf certificate (DER), parsed once when the context was built; `None` without an
     /// identity.
     pub fn certificate_der(&self) -> Option<&[u8]> {
@@ -478,6 +477,7 @@ impl OpenSslContext {
         self.exportable
     }
 
+    /// A new connection using the configured server name.
     pub fn engine(&self) -> Result<OpenSslEngine, EngineError> {
         self.engine_for(self.server_name.as_deref())
     }
@@ -695,15 +695,12 @@ impl OpenSslEngine {
     /// over more records. For records that must fit a container smaller than a TLS record, such
     /// as an mbTLS encapsulated record.
     pub fn set_max_send_fragment(&mut self, len: usize) -> Result<(), EngineError> {
-        let ok = u16::try_from(len)
-            .ok()
-            .filter(|l| (512..=16384).contains(l))
-            .is_some_and(|l| ffi::set_max_send_fragment(self.stream.ssl(), l));
-        if ok {
+        let len = crate::max_plaintext_cap(len)?;
+        if ffi::set_max_send_fragment(self.stream.ssl(), len) {
             Ok(())
         } else {
             Err(EngineError::Config(format!(
-                "record fragment limit {len} (OpenSSL accepts 512 to 16384)"
+                "OpenSSL refused the record fragment limit {len}"
             )))
         }
     }

@@ -51,7 +51,7 @@ impl Pki {
 }
 
 pub fn identity(c: &IssuedCert) -> Identity {
-    Identity::from_pem(c.chain_pem().into_bytes(), c.key_pem().as_bytes().to_vec())
+    Identity::from_pem(c.chain_pem(), c.key_pem().as_bytes())
 }
 
 /// Moves bytes between two engines until neither has anything to say and both finished the

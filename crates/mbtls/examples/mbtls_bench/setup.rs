@@ -37,8 +37,8 @@ pub struct Setup {
 fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<Identity> {
     let leaf = pki.issue(spec)?;
     Ok(Identity::from_pem(
-        leaf.chain_pem().into_bytes(),
-        leaf.key_pem().as_bytes().to_vec(),
+        leaf.chain_pem(),
+        leaf.key_pem().as_bytes(),
     ))
 }
 

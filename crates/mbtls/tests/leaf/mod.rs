@@ -7,10 +7,7 @@ use mbx_testbed::pki::{LeafSpec, TestPki};
 pub fn identity(pki: &TestPki, spec: &LeafSpec) -> (Identity, Vec<u8>) {
     let leaf = pki.issue(spec).unwrap();
     (
-        Identity::from_pem(
-            leaf.chain_pem().into_bytes(),
-            leaf.key_pem().as_bytes().to_vec(),
-        ),
+        Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes()),
         leaf.cert_der().to_vec(),
     )
 }
