@@ -200,9 +200,6 @@ pub(super) struct EndpointCore {
     /// (fail closed), never silently ignored.
     pre_marker: Option<mbx_record::RecordOpener>,
     failed: bool,
-    /// Client: discovery settled at the primary ServerHello with no middlebox (the session
-    /// stays in OpenSSL); a middlebox that speaks later is shut out.
-    export_given_up: bool,
     summary: Option<SessionSummary>,
     pub(super) events: VecDeque<ClientHandshakeEvent>,
 }
@@ -232,7 +229,6 @@ impl EndpointCore {
             discarded: 0,
             pre_marker: None,
             failed: false,
-            export_given_up: false,
             summary: None,
             events: VecDeque::new(),
         }
@@ -257,8 +253,14 @@ impl EndpointCore {
             .as_mut()
             .ok_or(HandshakeError::Protocol("primary engine gone"))?;
         ctx.forgo_export(primary)?;
-        self.export_given_up = true;
         Ok(())
+    }
+
+    /// The primary handshake runs without export, so no middlebox can join any more (client:
+    /// discovery settled at the ServerHello with none; server: made without export at the
+    /// ClientHello, none having announced itself).
+    pub(super) fn kept_in_openssl(&self) -> bool {
+        self.primary.as_ref().is_some_and(|p| !p.exportable())
     }
 
     /// Runs `f` unless the core already failed; a failure is sticky.
@@ -401,7 +403,7 @@ impl EndpointCore {
     /// An inner record of one of our subchannels for its secondary engine.
     pub(super) fn secondary_in(&mut self, enc: &Encapsulated) -> Result<(), HandshakeError> {
         let id = enc.subchannel;
-        let late = self.export_given_up;
+        let late = self.kept_in_openssl();
         let slot = self.slot_mut(id)?;
         if slot.state == Secondary::Excluded {
             return Ok(());

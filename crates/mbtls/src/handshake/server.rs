@@ -116,7 +116,7 @@ impl ServerHandshake {
                     Piece::Sub { enc, .. } if enc.is_announcement() => {
                         // Ours announce before the ClientHello; a later one can still join
                         // unless this session was already made without export.
-                        if core.primary.as_ref().is_some_and(|p| !p.exportable()) {
+                        if core.kept_in_openssl() {
                             return Err(HandshakeError::Protocol(
                                 "middlebox announcement after the ClientHello, which this \
                                  server took as ruling middleboxes out (announce before it)",
