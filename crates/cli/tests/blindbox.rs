@@ -23,7 +23,7 @@ use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, TestPki};
 
 mod common;
-use common::{mbx, succeeded};
+use common::{mbx, run_ok, succeeded};
 
 const BOUND: Duration = Duration::from_secs(120);
 
@@ -311,12 +311,10 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
 
     // Rule generator: keys and the tagged rules.
     for name in ["rg.key", "other.key"] {
-        let out = succeeded(
-            &mbx()
+        let out = run_ok(
+            mbx()
                 .args(["blindbox", "rules", "keygen", "--out"])
-                .arg(d.join(name))
-                .output()
-                .unwrap(),
+                .arg(d.join(name)),
         );
         assert!(out.contains("wrote RG key"), "{out}");
     }
@@ -326,26 +324,22 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
         .output()
         .unwrap();
     assert!(!again.status.success(), "keygen overwrote a key");
-    let out = succeeded(
-        &mbx()
+    let out = run_ok(
+        mbx()
             .args(["blindbox", "rules", "sign", "--rg-key"])
             .arg(d.join("rg.key"))
             .arg("--rules")
             .arg(d.join("test.rules"))
             .arg("--out")
-            .arg(d.join("tagged.rules"))
-            .output()
-            .unwrap(),
+            .arg(d.join("tagged.rules")),
     );
     assert!(out.contains("signed 11 rules (0 rejected)"), "{out}");
-    let out = succeeded(
-        &mbx()
+    let out = run_ok(
+        mbx()
             .args(["blindbox", "rules", "verify", "--rg-key"])
             .arg(d.join("rg.key"))
             .arg("--tagged")
-            .arg(d.join("tagged.rules"))
-            .output()
-            .unwrap(),
+            .arg(d.join("tagged.rules")),
     );
     assert!(out.contains("tags verify"), "{out}");
     // A tampered copy: every tag's first hex digit changed.
@@ -527,8 +521,7 @@ fn sign_setup_detect_block_and_refuse_with_real_processes() {
 
 #[test]
 fn blindbox_demo_shows_alerts_a_block_and_a_refused_setup() {
-    let out = mbx().args(["blindbox", "demo"]).output().unwrap();
-    let text = succeeded(&out);
+    let text = run_ok(mbx().args(["blindbox", "demo"]));
     for expected in [
         "rule generator: k_RG key id ",
         "rule setup, sender: ",

@@ -8,7 +8,7 @@ use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, Nginx, TestPki};
 
 mod common;
-use common::{mbx, succeeded};
+use common::{mbx, run_ok};
 
 #[test]
 fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
@@ -70,22 +70,21 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     let measurement = word_after("measurement ");
 
     // TLS 1.3 from flags.
-    let out = mbx()
-        .args([
-            "mbtls",
-            "client",
-            "https://server.test/headers",
-            "--middlebox",
-        ])
-        .arg(&addr)
-        .args(["--middlebox-name", "mb.test", "--server-ca"])
-        .arg(&server.ca)
-        .args(["--allow-simulated", "--tls", "1.3"])
-        .args(["--sim-platform-key", &platform_key])
-        .args(["--measurement", &measurement])
-        .output()
-        .unwrap();
-    let text = succeeded(&out);
+    let text = run_ok(
+        mbx()
+            .args([
+                "mbtls",
+                "client",
+                "https://server.test/headers",
+                "--middlebox",
+            ])
+            .arg(&addr)
+            .args(["--middlebox-name", "mb.test", "--server-ca"])
+            .arg(&server.ca)
+            .args(["--allow-simulated", "--tls", "1.3"])
+            .args(["--sim-platform-key", &platform_key])
+            .args(["--measurement", &measurement]),
+    );
     for expected in [
         "path: client -> mb.test",
         "TLS 1.3, TLS_",
@@ -114,13 +113,11 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         ),
     )
     .unwrap();
-    let out = mbx()
-        .arg("--config")
-        .arg(&config)
-        .args(["mbtls", "client", "https://server.test/headers"])
-        .output()
-        .unwrap();
-    let text = succeeded(&out);
+    let text = run_ok(mbx().arg("--config").arg(&config).args([
+        "mbtls",
+        "client",
+        "https://server.test/headers",
+    ]));
     assert!(text.contains("TLS 1.2, TLS_"), "{text}");
     assert!(text.contains("x-mbtls: mb.test"), "{text}");
     let log = nginx
@@ -532,19 +529,18 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     // Discovery with no middlebox on the path (straight to nginx): none answered by the
     // primary ServerHello, so the client gave its export up there; the keys stay in OpenSSL.
-    let out = mbx()
-        .args([
-            "mbtls",
-            "client",
-            "https://server.test/alone",
-            "--middlebox",
-        ])
-        .arg(nginx.addr().to_string())
-        .args(["--allow-middlebox", "mb0.test", "--server-ca"])
-        .arg(&server.ca)
-        .output()
-        .unwrap();
-    let text = succeeded(&out);
+    let text = run_ok(
+        mbx()
+            .args([
+                "mbtls",
+                "client",
+                "https://server.test/alone",
+                "--middlebox",
+            ])
+            .arg(nginx.addr().to_string())
+            .args(["--allow-middlebox", "mb0.test", "--server-ca"])
+            .arg(&server.ca),
+    );
     for expected in [
         "hop 1: client <-> server.test (primary session keys): no fingerprint",
         "attestation: no middlebox took part",

@@ -1,5 +1,6 @@
 //! Client ↔ pre-configured middlebox ↔ plain TLS server, all OpenSSL engines in memory.
 
+mod common;
 mod leaf;
 use leaf::identity;
 
@@ -162,21 +163,12 @@ impl<A: MiddleboxApp> Net<A> {
 /// The records of `bytes` (whole records) with the first primary record moved ahead of the
 /// encapsulated ones, the rest in order.
 fn primary_record_first(bytes: &[u8]) -> Vec<u8> {
-    let (mut first, mut rest_out) = (Vec::new(), Vec::new());
-    let mut rest = bytes;
-    while rest.len() >= 5 {
-        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
-        let (rec, tail) = rest.split_at(len);
-        if first.is_empty() && rec[0] != CT_ENCAPSULATED.0 {
-            first.extend_from_slice(rec);
-        } else {
-            rest_out.extend_from_slice(rec);
-        }
-        rest = tail;
+    let mut records = common::records(bytes);
+    if let Some(i) = records.iter().position(|r| r[0] != CT_ENCAPSULATED.0) {
+        let first = records.remove(i);
+        records.insert(0, first);
     }
-    assert!(rest.is_empty(), "a batch ended inside a record");
-    first.extend_from_slice(&rest_out);
-    first
+    records.concat()
 }
 
 fn mbox_events<A: MiddleboxApp>(m: &mut MiddleboxHandshake<A>) -> Vec<MiddleboxHandshakeEvent> {

@@ -134,10 +134,16 @@ impl World {
         (server, mb2)
     }
 
-    fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
+    /// The mbTLS client's primary TLS configuration.
+    fn client_primary(&self, version: TlsVersion) -> TlsConfig {
         let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
+        primary
+    }
+
+    fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
+        let primary = self.client_primary(version);
         let secondary = TlsConfig::client("mb1.test", self.root_pem.clone());
         ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
@@ -320,11 +326,7 @@ async fn a_client_kept_in_openssl_over_tcp_through_a_server_side_middlebox_both_
     for version in VERSIONS {
         let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let mut cfg = w.client(version);
-        let mut primary = TlsConfig::client("server.test", w.root_pem.clone())
-            .only(version)
-            .without_export();
-        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
-        primary.pause_after_handshake = true;
+        let primary = w.client_primary(version).without_export();
         cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
         cfg.middlebox = ClientMiddlebox::Disabled;
         let request = b"GET /direct HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";

@@ -21,3 +21,8 @@ pub fn succeeded(out: &Output) -> String {
     );
     text
 }
+
+/// Runs `cmd` to completion; its stdout, which it must have succeeded to give.
+pub fn run_ok(cmd: &mut Command) -> String {
+    succeeded(&cmd.output().unwrap())
+}
