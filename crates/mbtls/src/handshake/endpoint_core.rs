@@ -150,7 +150,8 @@ pub(super) struct Slot {
     engine: Box<dyn TlsEngine + Send>,
     pub(super) state: Secondary,
     rx: SecondaryReader,
-    /// It first spoke after the client had settled discovery without it: it is shut out.
+    /// Client: discovery settled without it (at the primary ServerHello); if it speaks after
+    /// all, it is shut out at the end of its handshake.
     late: bool,
 }
 
@@ -253,6 +254,11 @@ impl EndpointCore {
             .as_mut()
             .ok_or(HandshakeError::Protocol("primary engine gone"))?;
         ctx.forgo_export(primary)?;
+        // Any that answers now is out of order: its handshake still runs, so that it can be
+        // closed properly and go passive, but it is shut out.
+        for slot in &mut self.slots {
+            slot.late = true;
+        }
         Ok(())
     }
 
@@ -403,14 +409,10 @@ impl EndpointCore {
     /// An inner record of one of our subchannels for its secondary engine.
     pub(super) fn secondary_in(&mut self, enc: &Encapsulated) -> Result<(), HandshakeError> {
         let id = enc.subchannel;
-        let late = self.kept_in_openssl();
         let slot = self.slot_mut(id)?;
         if slot.state == Secondary::Excluded {
             return Ok(());
         }
-        // Its secondary handshake still runs, so that the shut-out below can close it
-        // properly and the middlebox goes passive.
-        slot.late |= slot.state == Secondary::Waiting && late;
         slot.start();
         slot.engine.feed(enc.inner.as_bytes());
         let processed = slot.engine.process();
