@@ -12,7 +12,9 @@
 //! per call, eight chains), VAES + AVX2 on YMM (two tokens per register, eight per call) and
 //! VAES + AVX-512F/BW on ZMM (four tokens per register, all 32 in eight chains; the last two
 //! XORs of a schedule step fused into one `VPTERNLOGD`). Every instruction used acts on each
-//! 128-bit lane separately. [`prefetch`] is the sender's cache hint for its count table.
+//! 128-bit lane separately. Between rounds each kernel runs a [`Between`] hook, the sender's
+//! counting of its next batch, so that integer and vector work share the reorder window.
+//! [`prefetch`] is the sender's cache hint for its count table.
 //!
 //! Why `unsafe`, and why it is sound:
 //! * Intrinsics used only after run-time detection must live in `#[target_feature]` functions,
@@ -28,7 +30,8 @@
 //!   `_mm256_set_epi64x` / `_mm512_set_epi64` and `_mm_cvtsi128_si64` / unpack / extract (plain
 //!   integer moves), never through raw loads or stores, so there is no alignment or bounds
 //!   question; the kernels contain only arithmetic intrinsics. (`prefetch` passes an address to `PREFETCHT0`, which reads
-//!   nothing into the program.)
+//!   nothing into the program.) The [`Between`] hook is safe code given no access to the
+//!   kernel's registers or arguments.
 //! * Not x86_64: the module compiles to a type that cannot be constructed (an uninhabited field),
 //!   and no intrinsic is referenced.
 //!
@@ -129,6 +132,10 @@ impl DpiEncNi {
     /// `c2[i] = AES_K(0⁸ ‖ (salts[i] + 1)_be64)` as a little-endian `u128` (otherwise `c2` is
     /// not written).
     /// `tokens[i]` is the token's 8 bytes as a little-endian `u64`.
+    ///
+    /// `between` is called [`BETWEEN_CALLS`] times while the kernel runs, between its rounds:
+    /// scalar work placed there (the next batch's counting) runs on the integer units while
+    /// the AES rounds occupy the vector units, instead of after them.
     pub(crate) fn encrypt_batch(
         &self,
         tokens: &[u64; LANES],
@@ -136,6 +143,7 @@ impl DpiEncNi {
         c1: &mut [u64; LANES],
         c2: &mut [u128; LANES],
         p3: bool,
+        between: &mut impl Between,
     ) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -144,9 +152,9 @@ impl DpiEncNi {
                 // AVX-512BW, VAES, AVX2, AES-NI and SSSE3 (`with_kernel`).
                 Kernel::Vaes512 => unsafe {
                     if p3 {
-                        x86::dpienc_vaes512::<true>(&self.rk, tokens, salts, c1, c2);
+                        x86::dpienc_vaes512::<true>(&self.rk, tokens, salts, c1, c2, between);
                     } else {
-                        x86::dpienc_vaes512::<false>(&self.rk, tokens, salts, c1, c2);
+                        x86::dpienc_vaes512::<false>(&self.rk, tokens, salts, c1, c2, between);
                     }
                 },
                 // `kernel` is `Vaes256` only if `available_kernels` detected VAES and AVX2 after
@@ -161,6 +169,7 @@ impl DpiEncNi {
                                 x86::dpienc8_vaes::<false>(&self.rk, t, s, c1, c2);
                             }
                         }
+                        between_group(between);
                     }
                 }
                 // A `DpiEncNi` exists only after AES-NI and SSSE3 were detected (`with_kernel`).
@@ -174,13 +183,14 @@ impl DpiEncNi {
                                 x86::dpienc8::<false>(&self.rk, t, s, c1, c2);
                             }
                         }
+                        between_group(between);
                     }
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (tokens, salts, c1, c2, p3);
+            let _ = (tokens, salts, c1, c2, p3, between);
             match self.never {}
         }
     }
@@ -198,6 +208,26 @@ impl DpiEncNi {
             let _ = block;
             match self.never {}
         }
+    }
+}
+
+/// Scalar work [`DpiEncNi::encrypt_batch`] runs between its rounds. A trait with an
+/// always-inlined method rather than a closure: a call out of the kernel would spill its
+/// vector registers each time.
+pub(crate) trait Between {
+    fn between(&mut self);
+}
+
+/// How often [`DpiEncNi::encrypt_batch`] calls its `between` (after every other round of both
+/// halves of the 512-bit kernel; twice per group of the narrower ones).
+pub(crate) const BETWEEN_CALLS: usize = 8;
+
+/// The narrower kernels' share of the `between` calls, after each group.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn between_group(between: &mut impl Between) {
+    for _ in 0..BETWEEN_CALLS / (LANES / GROUP) {
+        between.between();
     }
 }
 
@@ -248,7 +278,7 @@ mod x86 {
     //! The kernels. Every function here is `unsafe` only because of `#[target_feature]`: the
     //! caller must make sure the CPU has AES-NI and SSSE3. No pointers are dereferenced.
 
-    use super::{GROUP, LANES, RCON};
+    use super::{Between, GROUP, LANES, RCON};
     use core::arch::x86_64::{
         __m128i, _mm_aesenc_si128, _mm_aesenclast_si128, _mm_cvtsi128_si64, _mm_set1_epi32,
         _mm_set_epi64x, _mm_setzero_si128, _mm_shuffle_epi8, _mm_slli_si128, _mm_unpackhi_epi64,
@@ -482,6 +512,7 @@ mod x86 {
         salts: &[u64; LANES],
         c1: &mut [u64; LANES],
         c2: &mut [u128; LANES],
+        between: &mut impl Between,
     ) {
         const H: usize = LANES / 4;
         let mut key = [_mm512_setzero_si512(); H];
@@ -490,10 +521,13 @@ mod x86 {
             let t = |i: usize| tokens[4 * j + i] as i64;
             *k = _mm512_xor_si512(_mm512_set_epi64(0, t(3), 0, t(2), 0, t(1), 0, t(0)), k0);
         }
-        for r in &rk[1..10] {
+        for (i, r) in rk[1..10].iter().enumerate() {
             let r = all4(*r);
             for k in key.iter_mut() {
                 *k = _mm512_aesenc_epi128(*k, r);
+            }
+            if i % 2 == 1 {
+                between.between();
             }
         }
         let last = all4(rk[10]);
@@ -516,22 +550,31 @@ mod x86 {
                 );
             }
         }
-        for (round, c) in RCON.iter().enumerate() {
+        let (last_rcon, rcons) = RCON.split_last().unwrap_or((&0, &[]));
+        for (round, c) in rcons.iter().enumerate() {
             let rcon = _mm512_set1_epi32(*c);
-            let final_round = round + 1 == RCON.len();
-            for j in 0..H {
-                key[j] = next_key4(key[j], rcon);
-                if final_round {
-                    x[j] = _mm512_aesenclast_epi128(x[j], key[j]);
+            // Unrolled by hand: with `between` inlined into the round loop the compiler kept
+            // the registers of a `for j` loop in memory.
+            macro_rules! step {
+                ($($j:literal)*) => {$(
+                    key[$j] = next_key4(key[$j], rcon);
+                    x[$j] = _mm512_aesenc_epi128(x[$j], key[$j]);
                     if P3 {
-                        y[j] = _mm512_aesenclast_epi128(y[j], key[j]);
+                        y[$j] = _mm512_aesenc_epi128(y[$j], key[$j]);
                     }
-                } else {
-                    x[j] = _mm512_aesenc_epi128(x[j], key[j]);
-                    if P3 {
-                        y[j] = _mm512_aesenc_epi128(y[j], key[j]);
-                    }
-                }
+                )*};
+            }
+            step!(0 1 2 3 4 5 6 7);
+            if round % 2 == 1 {
+                between.between();
+            }
+        }
+        let rcon = _mm512_set1_epi32(*last_rcon);
+        for j in 0..H {
+            key[j] = next_key4(key[j], rcon);
+            x[j] = _mm512_aesenclast_epi128(x[j], key[j]);
+            if P3 {
+                y[j] = _mm512_aesenclast_epi128(y[j], key[j]);
             }
         }
         for j in 0..H {
@@ -656,15 +699,27 @@ mod tests {
         )
     }
 
+    /// Counts the kernel's `between` calls.
+    struct Calls(usize);
+
+    impl Between for Calls {
+        fn between(&mut self) {
+            self.0 += 1;
+        }
+    }
+
     fn check(k: [u8; 16], tokens: [u64; LANES], salts: [u64; LANES]) -> Result<(), TestCaseError> {
         // Every kernel the CPU has (none without AES-NI: then the fallback is what runs, and
         // is tested).
         for kernel in available_kernels() {
             let kernel = DpiEncNi::with_kernel(&k, kernel).expect("available kernel");
             let (mut c1, mut c1b, mut c2) = ([0; LANES], [0; LANES], [0; LANES]);
-            kernel.encrypt_batch(&tokens, &salts, &mut c1, &mut c2, true);
+            let mut calls = Calls(0);
+            kernel.encrypt_batch(&tokens, &salts, &mut c1, &mut c2, true, &mut calls);
+            prop_assert_eq!(calls.0, BETWEEN_CALLS, "between calls with p3");
             let mut untouched = [7u128; LANES];
-            kernel.encrypt_batch(&tokens, &salts, &mut c1b, &mut untouched, false);
+            kernel.encrypt_batch(&tokens, &salts, &mut c1b, &mut untouched, false, &mut calls);
+            prop_assert_eq!(calls.0, 2 * BETWEEN_CALLS, "between calls without p3");
             prop_assert_eq!(untouched, [7u128; LANES], "c2 written without p3");
             for i in 0..LANES {
                 let (w1, w2) = reference(&k, tokens[i], salts[i]);

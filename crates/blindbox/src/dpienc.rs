@@ -312,6 +312,12 @@ impl std::hash::BuildHasher for SeededTokenState {
 const COUNT_LIMIT: u64 = 1 << 47;
 const COUNT_MASK: u64 = (1 << 48) - 1;
 
+/// Slots of the smallest [`CountTable`].
+const MIN_COUNT_SLOTS: usize = 1024;
+
+/// Slots a [`CountTable`] is given up front at most (2 MiB: an epoch of P = 64 KiB).
+const MAX_PRESIZED_SLOTS: usize = 1 << 17;
+
 /// The sender's per-epoch occurrence counts: open addressing (linear probing, at most half
 /// full) keyed by the token as a `u64`, hashed with a per-flow random seed (the receiver
 /// re-counts sender-chosen plaintext, so the probe sequences must not be predictable). A slot
@@ -331,8 +337,23 @@ struct CountTable {
 }
 
 impl CountTable {
+    #[cfg_attr(not(test), allow(dead_code))]
     fn new(seed: [u64; 2]) -> Self {
-        Self::with_slots(seed, 1024)
+        Self::with_slots(seed, MIN_COUNT_SLOTS)
+    }
+
+    /// A table sized for an epoch of `period` bytes: an epoch has at most `period` tokens per
+    /// lane, so with `2 · period` slots it never grows (one lane) and typical text, where a
+    /// quarter to a half of the tokens are distinct, keeps it an eighth to a quarter full, where
+    /// a probe rarely meets another token. Growing from a small table instead, and probing one
+    /// up to half full, made the sender ≈ 12% slower (docs/blindbox.md). Capped at
+    /// [`MAX_PRESIZED_SLOTS`]; beyond that it grows as needed.
+    fn for_period(seed: [u64; 2], period: u64) -> Self {
+        let slots = usize::try_from(period.saturating_mul(2))
+            .unwrap_or(MAX_PRESIZED_SLOTS)
+            .clamp(MIN_COUNT_SLOTS, MAX_PRESIZED_SLOTS)
+            .next_power_of_two();
+        Self::with_slots(seed, slots)
     }
 
     fn with_slots(seed: [u64; 2], slots: usize) -> Self {
@@ -378,9 +399,23 @@ impl CountTable {
     /// inline (an out-of-line call for a home slot holding another token cost ≈ 7%).
     #[inline(always)]
     fn bump_hashed(&mut self, key: u64, hash: u64) -> u64 {
-        if 2 * (self.len + 1) > self.slots.len() {
+        self.reserve(1);
+        self.bump_reserved(key, hash)
+    }
+
+    /// Makes room for `n` more distinct tokens, so that the next `n` [`Self::bump_reserved`]
+    /// calls keep the table at most half full.
+    #[inline(always)]
+    fn reserve(&mut self, n: usize) {
+        while 2 * (self.len + n) > self.slots.len() {
             self.grow();
         }
+    }
+
+    /// [`Self::bump_hashed`] after [`Self::reserve`]: no growth check, so the AES-NI kernel can
+    /// run it between its rounds without a call that would spill its registers.
+    #[inline(always)]
+    fn bump_reserved(&mut self, key: u64, hash: u64) -> u64 {
         let tag = self.tag;
         let mut i = hash as usize & self.mask;
         // At most half full: the probe ends at a free slot.
@@ -475,6 +510,8 @@ pub struct TokenEncryptor {
     aes_work: aes8::Work,
     /// The AES-NI path's batch (boxed: 1.6 KB).
     pending: Box<Pending>,
+    /// The AES-NI path's next batch, counted while the kernel encrypts `pending`.
+    pending_next: Box<Pending>,
 }
 
 /// Events encrypted per pass of [`TokenEncryptor::process_all`] (a multiple of the AES lanes).
@@ -483,9 +520,6 @@ const RUN: usize = 256;
 /// How many events ahead the AES-NI path prefetches count-table slots.
 const PREFETCH_AHEAD: usize = 16;
 
-/// Entries of the AES-NI path's ring of precomputed hashes (a power of two > PREFETCH_AHEAD).
-const HASH_RING: usize = 2 * PREFETCH_AHEAD;
-
 /// Tokenizer events by index, for the AES-NI path (which looks ahead to prefetch count-table
 /// slots): a slice of events, or a window run read straight from the bytes.
 trait EventRun {
@@ -493,6 +527,8 @@ trait EventRun {
     fn event(&self, i: usize) -> Option<FlowEvent>;
     /// Event `i`'s token as a little-endian `u64` (`None` past the end or for other events).
     fn token_key(&self, i: usize) -> Option<u64>;
+    /// Event `i` if it is a token: its offset, lane and [`Self::token_key`].
+    fn token(&self, i: usize) -> Option<(u64, Lane, u64)>;
 }
 
 impl EventRun for &[FlowEvent] {
@@ -506,8 +542,16 @@ impl EventRun for &[FlowEvent] {
     }
     #[inline(always)]
     fn token_key(&self, i: usize) -> Option<u64> {
+        self.token(i).map(|(_, _, key)| key)
+    }
+    #[inline(always)]
+    fn token(&self, i: usize) -> Option<(u64, Lane, u64)> {
         match self.get(i) {
-            Some(FlowEvent::Token { token, .. }) => Some(u64::from_le_bytes(*token)),
+            Some(FlowEvent::Token {
+                offset,
+                lane,
+                token,
+            }) => Some((*offset, *lane, u64::from_le_bytes(*token))),
             _ => None,
         }
     }
@@ -538,6 +582,90 @@ impl EventRun for WindowTokens<'_> {
         let token = self.bytes.get(i..i + TOKEN_LEN)?.try_into().ok()?;
         Some(u64::from_le_bytes(token))
     }
+    #[inline(always)]
+    fn token(&self, i: usize) -> Option<(u64, Lane, u64)> {
+        Some((self.first + i as u64, Lane::Exact, self.token_key(i)?))
+    }
+}
+
+/// The AES-NI path's counting step: the salts of a run's tokens, in stream order, into a batch
+/// (see [`TokenEncryptor::process_run_ni`]).
+struct SaltCounter<'a, R> {
+    counts: &'a mut CountTable,
+    max_count: &'a mut u64,
+    epoch_start: &'a mut Option<u64>,
+    period: u64,
+    salt0: u64,
+    scheme: SaltScheme,
+    run: &'a R,
+}
+
+impl<R: EventRun> SaltCounter<'_, R> {
+    /// Counts up to `budget` tokens from event `*at` on into `batch`. Stops early when the batch
+    /// is full, at the end of the run, at an event that is not a token, or at a token that
+    /// starts a new epoch (the caller handles those). The count table must have room for the
+    /// tokens ([`CountTable::reserve`] of a batch first).
+    #[inline(always)]
+    fn fill(&mut self, at: &mut usize, batch: &mut Pending, budget: usize) {
+        let stop = (*at + budget.min(aesni::LANES - batch.len)).min(self.run.len());
+        // The flow's first token starts the first epoch; the epoch ends P bytes after its first.
+        if self.epoch_start.is_none() {
+            *self.epoch_start = self.run.token(*at).map(|(offset, _, _)| offset);
+        }
+        let epoch_end = self.epoch_start.and_then(|s| s.checked_add(self.period));
+        while *at < stop {
+            let i = *at;
+            if let Some(ahead) = self.run.token_key(i + PREFETCH_AHEAD) {
+                self.counts.prefetch(self.counts.hash(ahead));
+            }
+            let Some((offset, lane, key)) = self.run.token(i) else {
+                break;
+            };
+            if epoch_end.is_some_and(|end| offset >= end) || *self.max_count >= COUNT_LIMIT {
+                break;
+            }
+            let count = self.counts.bump_reserved(key, self.counts.hash(key));
+            *self.max_count = (*self.max_count).max(count);
+            let n = batch.len;
+            if let (Some(o), Some(l), Some(t), Some(s)) = (
+                batch.offset.get_mut(n),
+                batch.lane.get_mut(n),
+                batch.token.get_mut(n),
+                batch.salt.get_mut(n),
+            ) {
+                *o = offset;
+                *l = lane;
+                *t = key;
+                *s = self.scheme.salt(self.salt0, count);
+                batch.len += 1;
+            }
+            *at += 1;
+        }
+    }
+}
+
+/// The next batch's counting, run by the kernel between its rounds (a share of the batch per
+/// call).
+struct Counting<'c, 'a, R> {
+    salts: &'c mut SaltCounter<'a, R>,
+    at: &'c mut usize,
+    batch: &'c mut Pending,
+}
+
+impl<R: EventRun> aesni::Between for Counting<'_, '_, R> {
+    #[inline(always)]
+    fn between(&mut self) {
+        let per_call = aesni::LANES.div_ceil(aesni::BETWEEN_CALLS);
+        self.salts.fill(self.at, self.batch, per_call);
+    }
+}
+
+/// Whether the token at `offset` starts a new epoch: P bytes after the epoch's first token, or
+/// a count about to outgrow [`COUNT_LIMIT`]. The flow's first token starts the first epoch.
+#[inline(always)]
+fn epoch_due(epoch_start: &mut Option<u64>, period: u64, max_count: u64, offset: u64) -> bool {
+    let start = *epoch_start.get_or_insert(offset);
+    offset.saturating_sub(start) >= period || max_count >= COUNT_LIMIT
 }
 
 /// A token whose salt is known and whose ciphertexts are still to be computed.
@@ -594,7 +722,7 @@ impl TokenEncryptor {
             salt0,
             period: period.max(1),
             epoch_start: None,
-            counts: CountTable::new(SeededTokenState::random().0),
+            counts: CountTable::for_period(SeededTokenState::random().0, period.max(1)),
             max_count: 0,
             flow_key: None,
             announced: false,
@@ -602,6 +730,7 @@ impl TokenEncryptor {
             jobs: Vec::new(),
             aes_work: aes8::Work::default(),
             pending: Box::default(),
+            pending_next: Box::default(),
         }
     }
 
@@ -738,131 +867,82 @@ impl TokenEncryptor {
         self.jobs = jobs;
     }
 
-    /// [`Self::process_run`] on the AES-NI path: salts in stream order as on the portable path,
-    /// and every [`aesni::LANES`] tokens their ciphertexts (`K_t`, its schedule and the salt
-    /// blocks all in registers) and their messages, so the count table's loads overlap with the
-    /// AES work of the previous batch. Any other message first flushes the batch (so the order
-    /// is the stream's).
-    fn process_run_ni(&mut self, evs: impl EventRun, out: &mut Vec<TokenMsg>) {
-        let mut pending = std::mem::take(&mut self.pending);
-        out.reserve(evs.len() + 1);
-        if evs.len() > 0 {
-            self.announce_once(out);
-        }
-        // Each token's count-table hash, computed PREFETCH_AHEAD events early for the prefetch
-        // and kept until the token is counted (a ring of 2 · PREFETCH_AHEAD).
-        let mut hashes = [0u64; HASH_RING];
-        for (i, h) in hashes.iter_mut().enumerate().take(PREFETCH_AHEAD) {
-            if let Some(key) = evs.token_key(i) {
-                *h = self.counts.hash(key);
-            }
-        }
-        for i in 0..evs.len() {
-            if let Some(key) = evs.token_key(i + PREFETCH_AHEAD) {
-                let h = self.counts.hash(key);
-                if let Some(slot) = hashes.get_mut((i + PREFETCH_AHEAD) % HASH_RING) {
-                    *slot = h;
-                }
-                self.counts.prefetch(h);
-            }
-            let Some(ev) = evs.event(i) else {
-                break;
-            };
-            match ev {
-                FlowEvent::MessageStart(o) => {
-                    self.encrypt_pending(&mut pending, out);
-                    out.push(TokenMsg::MessageStart(o));
-                }
-                FlowEvent::Token {
-                    offset,
-                    lane,
-                    token,
-                } => {
-                    if self.epoch_due(offset) {
-                        self.encrypt_pending(&mut pending, out);
-                        self.reset(offset);
-                        out.push(TokenMsg::Salt(self.salt0));
-                    }
-                    let key = u64::from_le_bytes(token);
-                    let hash = hashes.get(i % HASH_RING).copied().unwrap_or(0);
-                    let salt = self.next_salt_hashed(key, hash);
-                    let n = pending.len;
-                    if let (Some(o), Some(l), Some(t), Some(s)) = (
-                        pending.offset.get_mut(n),
-                        pending.lane.get_mut(n),
-                        pending.token.get_mut(n),
-                        pending.salt.get_mut(n),
-                    ) {
-                        *o = offset;
-                        *l = lane;
-                        *t = key;
-                        *s = salt;
-                        pending.len += 1;
-                    }
-                    if pending.len == aesni::LANES {
-                        self.encrypt_pending(&mut pending, out);
-                    }
-                }
-            }
-        }
-        self.encrypt_pending(&mut pending, out);
-        self.pending = pending;
-    }
-
-    /// Computes the pending tokens' ciphertexts (AES-NI path), appends their messages to `out`
-    /// and empties `pending`.
-    #[inline]
-    fn encrypt_pending(&self, pending: &mut Pending, out: &mut Vec<TokenMsg>) {
-        let (Some(ni), n) = (self.key.ni.as_ref(), pending.len) else {
-            return;
-        };
+    /// [`Self::process_run`] on the AES-NI path, pipelined: salts in stream order as on the
+    /// portable path, [`aesni::LANES`] tokens at a time, and while the kernel computes one
+    /// batch's ciphertexts (`K_t`, its schedule and the salt blocks all in registers) it counts
+    /// the next batch's tokens between its rounds, so the count table's integer work and the
+    /// kernel's vector work run at the same time. A message start or a new epoch first flushes
+    /// the batches, so the order is the stream's.
+    fn process_run_ni(&mut self, run: impl EventRun, out: &mut Vec<TokenMsg>) {
+        let n = run.len();
         if n == 0 {
             return;
         }
-        pending.len = 0;
-        let p = pending;
-        let Some(fk) = self.flow_key.as_ref() else {
-            ni.encrypt_batch(&p.token, &p.salt, &mut p.c1, &mut p.c2, false);
-            out.extend(
-                p.offset
-                    .iter()
-                    .zip(p.lane.iter())
-                    .zip(p.c1.iter())
-                    .take(n)
-                    .map(|((offset, lane), c1)| {
-                        let mut c = [0u8; C1_LEN];
-                        c.copy_from_slice(&c1.to_le_bytes()[..C1_LEN]);
-                        TokenMsg::Token(EncToken {
-                            offset: *offset,
-                            lane: *lane,
-                            c1: c,
-                            c2: None,
-                        })
-                    }),
-            );
+        if self.key.ni.is_none() {
+            // Not reached (callers check), but never drop tokens: the portable path.
+            let evs: Vec<FlowEvent> = (0..n).filter_map(|i| run.event(i)).collect();
+            self.process_all(&evs, out);
             return;
-        };
-        ni.encrypt_batch(&p.token, &p.salt, &mut p.c1, &mut p.c2, true);
-        let fk = u128::from_le_bytes(fk.0);
-        out.extend(
-            p.offset
-                .iter()
-                .zip(p.lane.iter())
-                .zip(p.c1.iter().zip(p.c2.iter()))
-                .take(n)
-                .map(|((offset, lane), (c1, c2))| {
-                    let mut c = [0u8; C1_LEN];
-                    c.copy_from_slice(&c1.to_le_bytes()[..C1_LEN]);
-                    TokenMsg::Token(EncToken {
-                        offset: *offset,
-                        lane: *lane,
-                        c1: c,
-                        c2: Some((c2 ^ fk).to_le_bytes()),
-                    })
-                }),
-        );
-        // `AES_{K_t}(salt + 1)` next to `c2` would give the flow key.
-        p.c2.zeroize();
+        }
+        out.reserve(n + 1);
+        self.announce_once(out);
+        let mut cur = std::mem::take(&mut self.pending);
+        let mut next = std::mem::take(&mut self.pending_next);
+        let mut at = 0;
+        while at < n {
+            let Self {
+                key,
+                flow_key,
+                counts,
+                max_count,
+                epoch_start,
+                period,
+                salt0,
+                scheme,
+                ..
+            } = self;
+            let Some(ni) = key.ni.as_ref() else {
+                break;
+            };
+            let mut salts = SaltCounter {
+                counts,
+                max_count,
+                epoch_start,
+                period: *period,
+                salt0: *salt0,
+                scheme: *scheme,
+                run: &run,
+            };
+            salts.counts.reserve(aesni::LANES);
+            salts.fill(&mut at, &mut cur, aesni::LANES);
+            while cur.len > 0 {
+                // Room for the next batch, which the kernel counts.
+                salts.counts.reserve(aesni::LANES);
+                let mut counting = Counting {
+                    salts: &mut salts,
+                    at: &mut at,
+                    batch: &mut next,
+                };
+                run_batch(ni, flow_key.as_ref(), &mut cur, out, &mut counting);
+                std::mem::swap(&mut cur, &mut next);
+                // Tops the batch up (the kernel's calls fill it only as far as they may).
+                salts.counts.reserve(aesni::LANES);
+                salts.fill(&mut at, &mut cur, aesni::LANES);
+            }
+            // Both batches are empty: the run ended, or event `at` needs the stream flushed.
+            match run.event(at) {
+                None => break,
+                Some(FlowEvent::MessageStart(o)) => out.push(TokenMsg::MessageStart(o)),
+                Some(FlowEvent::Token { offset, .. }) => {
+                    self.reset(offset);
+                    out.push(TokenMsg::Salt(self.salt0));
+                    continue;
+                }
+            }
+            at += 1;
+        }
+        self.pending = cur;
+        self.pending_next = next;
     }
 
     /// The salt of the next occurrence of `token` in this epoch (counts it).
@@ -918,8 +998,7 @@ impl TokenEncryptor {
     /// Whether the token at `offset` starts a new epoch (see [`Self::new_epoch_if_due`]).
     #[inline(always)]
     fn epoch_due(&mut self, offset: u64) -> bool {
-        let start = *self.epoch_start.get_or_insert(offset);
-        offset.saturating_sub(start) >= self.period || self.max_count >= COUNT_LIMIT
+        epoch_due(&mut self.epoch_start, self.period, self.max_count, offset)
     }
 
     fn reset(&mut self, offset: u64) {
@@ -950,6 +1029,64 @@ impl TokenEncryptor {
             c2,
         }
     }
+}
+
+/// Computes the pending tokens' ciphertexts (AES-NI path) with `between` run during the kernel
+/// (see [`aesni::DpiEncNi::encrypt_batch`]), appends their messages to `out` and empties
+/// `pending`.
+#[inline]
+fn run_batch(
+    ni: &aesni::DpiEncNi,
+    flow_key: Option<&FlowKey>,
+    pending: &mut Pending,
+    out: &mut Vec<TokenMsg>,
+    between: &mut impl aesni::Between,
+) {
+    let n = pending.len;
+    if n == 0 {
+        return;
+    }
+    pending.len = 0;
+    let p = pending;
+    let Some(fk) = flow_key else {
+        ni.encrypt_batch(&p.token, &p.salt, &mut p.c1, &mut p.c2, false, between);
+        out.extend(
+            p.offset
+                .iter()
+                .zip(p.lane.iter())
+                .zip(p.c1.iter())
+                .take(n)
+                .map(|((offset, lane), c1)| kernel_msg(*offset, *lane, *c1, None)),
+        );
+        return;
+    };
+    ni.encrypt_batch(&p.token, &p.salt, &mut p.c1, &mut p.c2, true, between);
+    let fk = u128::from_le_bytes(fk.0);
+    out.extend(
+        p.offset
+            .iter()
+            .zip(p.lane.iter())
+            .zip(p.c1.iter().zip(p.c2.iter()))
+            .take(n)
+            .map(|((offset, lane), (c1, c2))| {
+                kernel_msg(*offset, *lane, *c1, Some((c2 ^ fk).to_le_bytes()))
+            }),
+    );
+    // `AES_{K_t}(salt + 1)` next to `c2` would give the flow key.
+    p.c2.zeroize();
+}
+
+/// A token message from the kernel's `c1` output (DPIEnc keeps its first [`C1_LEN`] bytes).
+#[inline(always)]
+fn kernel_msg(offset: u64, lane: Lane, c1: u64, c2: Option<[u8; 16]>) -> TokenMsg {
+    let mut c = [0u8; C1_LEN];
+    c.copy_from_slice(&c1.to_le_bytes()[..C1_LEN]);
+    TokenMsg::Token(EncToken {
+        offset,
+        lane,
+        c1: c,
+        c2,
+    })
 }
 
 impl std::fmt::Debug for TokenEncryptor {
@@ -1279,6 +1416,49 @@ mod tests {
                     .process_all(&evs, &mut forced);
                 assert_eq!(forced, soft, "round {round} {kernel:?}");
             }
+        }
+    }
+
+    /// More distinct tokens in one epoch than the presized table holds: the AES-NI pipeline
+    /// grows the table between batches (never from inside the kernel) and still counts as the
+    /// per-event path does, repeats after the growth included.
+    #[test]
+    fn pipeline_grows_the_count_table_mid_epoch() {
+        let key = [0x5a; 16];
+        let distinct = (MAX_PRESIZED_SLOTS / 2 + 3_000) as u64;
+        let token = |i: u64| FlowEvent::Token {
+            offset: i,
+            lane: Lane::Exact,
+            token: i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes(),
+        };
+        // Then the first tokens again (counts of 1), at later offsets.
+        let evs: Vec<FlowEvent> = (0..distinct)
+            .map(token)
+            .chain((0..2_000).map(|i| match token(i) {
+                FlowEvent::Token { lane, token, .. } => FlowEvent::Token {
+                    offset: distinct + i,
+                    lane,
+                    token,
+                },
+                other => other,
+            }))
+            .collect();
+        let mut reference = Vec::new();
+        let mut e = TokenEncryptor::new(TokenKey::portable(&key), 7, u64::MAX);
+        for ev in &evs {
+            e.process(ev, &mut reference);
+        }
+        assert!(e.counts.slots.len() > MAX_PRESIZED_SLOTS, "the table grew");
+        for kernel in aesni::available_kernels() {
+            let mut c = TokenEncryptor::new(
+                TokenKey::with_kernel(&key, kernel).expect("available"),
+                7,
+                u64::MAX,
+            );
+            let mut out = Vec::new();
+            c.process_all(&evs, &mut out);
+            assert_eq!(out, reference, "{kernel:?}");
+            assert!(c.counts.slots.len() > MAX_PRESIZED_SLOTS, "{kernel:?}");
         }
     }
 
