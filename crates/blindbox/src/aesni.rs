@@ -551,32 +551,28 @@ mod x86 {
             }
         }
         let (last_rcon, rcons) = RCON.split_last().unwrap_or((&0, &[]));
+        // Rounds unrolled by hand: with `between` inlined into the round loop, the compiler kept
+        // the registers of `for j` loops in memory.
+        macro_rules! round {
+            ($rcon:expr, $enc:ident) => {{
+                let rcon = $rcon;
+                round!(@ rcon, $enc, 0 1 2 3 4 5 6 7);
+            }};
+            (@ $rcon:ident, $enc:ident, $($j:literal)*) => {$(
+                key[$j] = next_key4(key[$j], $rcon);
+                x[$j] = $enc(x[$j], key[$j]);
+                if P3 {
+                    y[$j] = $enc(y[$j], key[$j]);
+                }
+            )*};
+        }
         for (round, c) in rcons.iter().enumerate() {
-            let rcon = _mm512_set1_epi32(*c);
-            // Unrolled by hand: with `between` inlined into the round loop the compiler kept
-            // the registers of a `for j` loop in memory.
-            macro_rules! step {
-                ($($j:literal)*) => {$(
-                    key[$j] = next_key4(key[$j], rcon);
-                    x[$j] = _mm512_aesenc_epi128(x[$j], key[$j]);
-                    if P3 {
-                        y[$j] = _mm512_aesenc_epi128(y[$j], key[$j]);
-                    }
-                )*};
-            }
-            step!(0 1 2 3 4 5 6 7);
+            round!(_mm512_set1_epi32(*c), _mm512_aesenc_epi128);
             if round % 2 == 1 {
                 between.between();
             }
         }
-        let rcon = _mm512_set1_epi32(*last_rcon);
-        for j in 0..H {
-            key[j] = next_key4(key[j], rcon);
-            x[j] = _mm512_aesenclast_epi128(x[j], key[j]);
-            if P3 {
-                y[j] = _mm512_aesenclast_epi128(y[j], key[j]);
-            }
-        }
+        round!(_mm512_set1_epi32(*last_rcon), _mm512_aesenclast_epi128);
         for j in 0..H {
             let xs = [
                 lane::<0>(x[j]),

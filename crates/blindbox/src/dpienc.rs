@@ -374,17 +374,7 @@ impl CountTable {
     /// The seeded hash of `key` (its home slot is the low bits, whatever the table's size).
     #[inline(always)]
     fn hash(&self, key: u64) -> u64 {
-        fold_mul(key ^ self.seed[0], self.seed[1] | 1)
-    }
-
-    /// Prefetches the home slot of the key with hash `hash` (a few tokens before it is counted:
-    /// an epoch's table can outgrow L1/L2, and the counting is otherwise one dependent miss at a
-    /// time).
-    #[inline]
-    fn prefetch(&self, hash: u64) {
-        if let Some(s) = self.slots.get(hash as usize & self.mask) {
-            aesni::prefetch(s);
-        }
+        seeded_hash(self.seed, key)
     }
 
     /// Counts one occurrence of `token`; returns the number of earlier ones this epoch.
@@ -416,24 +406,19 @@ impl CountTable {
     /// run it between its rounds without a call that would spill its registers.
     #[inline(always)]
     fn bump_reserved(&mut self, key: u64, hash: u64) -> u64 {
-        let tag = self.tag;
-        let mut i = hash as usize & self.mask;
-        // At most half full: the probe ends at a free slot.
-        loop {
-            match self.slots.get_mut(i) {
-                Some(s) if s.1 & !COUNT_MASK != tag => {
-                    *s = (key, tag | 1);
-                    self.len += 1;
-                    return 0;
-                }
-                Some(s) if s.0 == key => {
-                    let c = s.1 & COUNT_MASK;
-                    s.1 = tag | (c + 1).min(COUNT_MASK);
-                    return c;
-                }
-                Some(_) => i = (i + 1) & self.mask,
-                None => return 0,
-            }
+        self.open().bump(key, hash)
+    }
+
+    /// The table opened for a run of bumps (see [`OpenTable`]).
+    #[inline(always)]
+    fn open(&mut self) -> OpenTable<'_> {
+        OpenTable {
+            slots: &mut self.slots,
+            len: &mut self.len,
+            added: 0,
+            mask: self.mask,
+            tag: self.tag,
+            seed: self.seed,
         }
     }
 
@@ -483,6 +468,72 @@ impl CountTable {
     }
 }
 
+/// The count table's hash: its home slot is the low bits, whatever the table's size.
+#[inline(always)]
+fn seeded_hash(seed: [u64; 2], key: u64) -> u64 {
+    fold_mul(key ^ seed[0], seed[1] | 1)
+}
+
+/// A [`CountTable`] opened for a run of bumps, with its fixed fields copied into locals: inside
+/// the AES kernel the compiler reloaded each of them through the table's reference for every
+/// token. The number of new tokens is written back when it is dropped.
+struct OpenTable<'t> {
+    slots: &'t mut [(u64, u64)],
+    len: &'t mut usize,
+    added: usize,
+    mask: usize,
+    tag: u64,
+    seed: [u64; 2],
+}
+
+impl OpenTable<'_> {
+    #[inline(always)]
+    fn hash(&self, key: u64) -> u64 {
+        seeded_hash(self.seed, key)
+    }
+
+    /// Prefetches the home slot of the key with hash `hash` (a few tokens before it is counted:
+    /// an epoch's table can outgrow L1/L2, and the counting is otherwise one dependent miss at a
+    /// time).
+    #[inline(always)]
+    fn prefetch(&self, hash: u64) {
+        if let Some(s) = self.slots.get(hash as usize & self.mask) {
+            aesni::prefetch(s);
+        }
+    }
+
+    /// [`CountTable::bump_reserved`]: counts `key`, returns its earlier occurrences this epoch.
+    #[inline(always)]
+    fn bump(&mut self, key: u64, hash: u64) -> u64 {
+        let tag = self.tag;
+        let mut i = hash as usize & self.mask;
+        // At most half full: the probe ends at a free slot. Whether the token is new or seen
+        // before is a select, not a branch (it is as unpredictable as the text); only a slot
+        // holding another token branches, rare in a table sized for its epoch.
+        loop {
+            let Some(s) = self.slots.get_mut(i) else {
+                return 0;
+            };
+            let live = s.1 & !COUNT_MASK == tag;
+            let seen = live & (s.0 == key);
+            if live & !seen {
+                i = (i + 1) & self.mask;
+                continue;
+            }
+            let count = if seen { s.1 & COUNT_MASK } else { 0 };
+            *s = (key, tag | (count + 1).min(COUNT_MASK));
+            self.added += usize::from(!seen);
+            return count;
+        }
+    }
+}
+
+impl Drop for OpenTable<'_> {
+    fn drop(&mut self) {
+        *self.len += self.added;
+    }
+}
+
 impl Drop for CountTable {
     fn drop(&mut self) {
         for s in self.slots.iter_mut() {
@@ -522,7 +573,7 @@ const PREFETCH_AHEAD: usize = 16;
 
 /// Tokenizer events by index, for the AES-NI path (which looks ahead to prefetch count-table
 /// slots): a slice of events, or a window run read straight from the bytes.
-trait EventRun {
+trait EventRun: Copy {
     fn len(&self) -> usize;
     fn event(&self, i: usize) -> Option<FlowEvent>;
     /// Event `i`'s token as a little-endian `u64` (`None` past the end or for other events).
@@ -558,6 +609,7 @@ impl EventRun for &[FlowEvent] {
 }
 
 /// The `Exact` token at each offset `first + i` of `bytes` ([`WindowRun::Tokens`]).
+#[derive(Clone, Copy)]
 struct WindowTokens<'a> {
     first: u64,
     bytes: &'a [u8],
@@ -597,7 +649,7 @@ struct SaltCounter<'a, R> {
     period: u64,
     salt0: u64,
     scheme: SaltScheme,
-    run: &'a R,
+    run: R,
 }
 
 impl<R: EventRun> SaltCounter<'_, R> {
@@ -607,25 +659,29 @@ impl<R: EventRun> SaltCounter<'_, R> {
     /// tokens ([`CountTable::reserve`] of a batch first).
     #[inline(always)]
     fn fill(&mut self, at: &mut usize, batch: &mut Pending, budget: usize) {
-        let stop = (*at + budget.min(aesni::LANES - batch.len)).min(self.run.len());
+        let mut i = *at;
+        let stop = (i + budget.min(aesni::LANES - batch.len)).min(self.run.len());
         // The flow's first token starts the first epoch; the epoch ends P bytes after its first.
         if self.epoch_start.is_none() {
-            *self.epoch_start = self.run.token(*at).map(|(offset, _, _)| offset);
+            *self.epoch_start = self.run.token(i).map(|(offset, _, _)| offset);
         }
         let epoch_end = self.epoch_start.and_then(|s| s.checked_add(self.period));
-        while *at < stop {
-            let i = *at;
-            if let Some(ahead) = self.run.token_key(i + PREFETCH_AHEAD) {
-                self.counts.prefetch(self.counts.hash(ahead));
+        // Locals, kept in registers (see `OpenTable`).
+        let (run, salt0, scheme) = (self.run, self.salt0, self.scheme);
+        let mut max_count = *self.max_count;
+        let mut table = self.counts.open();
+        while i < stop {
+            if let Some(ahead) = run.token_key(i + PREFETCH_AHEAD) {
+                table.prefetch(table.hash(ahead));
             }
-            let Some((offset, lane, key)) = self.run.token(i) else {
+            let Some((offset, lane, key)) = run.token(i) else {
                 break;
             };
-            if epoch_end.is_some_and(|end| offset >= end) || *self.max_count >= COUNT_LIMIT {
+            if epoch_end.is_some_and(|end| offset >= end) || max_count >= COUNT_LIMIT {
                 break;
             }
-            let count = self.counts.bump_reserved(key, self.counts.hash(key));
-            *self.max_count = (*self.max_count).max(count);
+            let count = table.bump(key, table.hash(key));
+            max_count = max_count.max(count);
             let n = batch.len;
             if let (Some(o), Some(l), Some(t), Some(s)) = (
                 batch.offset.get_mut(n),
@@ -636,11 +692,14 @@ impl<R: EventRun> SaltCounter<'_, R> {
                 *o = offset;
                 *l = lane;
                 *t = key;
-                *s = self.scheme.salt(self.salt0, count);
+                *s = scheme.salt(salt0, count);
                 batch.len += 1;
             }
-            *at += 1;
+            i += 1;
         }
+        drop(table);
+        *self.max_count = max_count;
+        *at = i;
     }
 }
 
@@ -911,7 +970,7 @@ impl TokenEncryptor {
                 period: *period,
                 salt0: *salt0,
                 scheme: *scheme,
-                run: &run,
+                run,
             };
             salts.counts.reserve(aesni::LANES);
             salts.fill(&mut at, &mut cur, aesni::LANES);
