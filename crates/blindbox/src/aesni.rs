@@ -211,10 +211,11 @@ impl DpiEncNi {
     }
 }
 
-/// Scalar work [`DpiEncNi::encrypt_batch`] runs between its rounds. A trait with an
-/// always-inlined method rather than a closure: a call out of the kernel would spill its
-/// vector registers each time.
+/// Scalar work [`DpiEncNi::encrypt_batch`] runs between its rounds. A trait rather than a
+/// closure, so that implementations can mark `between` `#[inline(always)]` and be compiled into
+/// the kernel: a call out of it would spill its vector registers each time.
 pub(crate) trait Between {
+    /// One share of the work.
     fn between(&mut self);
 }
 

@@ -390,11 +390,11 @@ impl CountTable {
     #[inline(always)]
     fn bump_hashed(&mut self, key: u64, hash: u64) -> u64 {
         self.reserve(1);
-        self.bump_reserved(key, hash)
+        self.open().bump(key, hash)
     }
 
-    /// Makes room for `n` more distinct tokens, so that the next `n` [`Self::bump_reserved`]
-    /// calls keep the table at most half full.
+    /// Makes room for `n` more distinct tokens, so that the next `n` bumps through
+    /// [`Self::open`] (which does not grow the table) keep it at most half full.
     #[inline(always)]
     fn reserve(&mut self, n: usize) {
         while 2 * (self.len + n) > self.slots.len() {
@@ -402,14 +402,9 @@ impl CountTable {
         }
     }
 
-    /// [`Self::bump_hashed`] after [`Self::reserve`]: no growth check, so the AES-NI kernel can
-    /// run it between its rounds without a call that would spill its registers.
-    #[inline(always)]
-    fn bump_reserved(&mut self, key: u64, hash: u64) -> u64 {
-        self.open().bump(key, hash)
-    }
-
-    /// The table opened for a run of bumps (see [`OpenTable`]).
+    /// The table opened for a run of bumps (see [`OpenTable`]); no growth check in them, so the
+    /// AES-NI kernel can run them between its rounds without a call that would spill its
+    /// registers ([`Self::reserve`] first).
     #[inline(always)]
     fn open(&mut self) -> OpenTable<'_> {
         OpenTable {
@@ -502,7 +497,8 @@ impl OpenTable<'_> {
         }
     }
 
-    /// [`CountTable::bump_reserved`]: counts `key`, returns its earlier occurrences this epoch.
+    /// Counts `key` (whose [`Self::hash`] is `hash`); returns its earlier occurrences this
+    /// epoch.
     #[inline(always)]
     fn bump(&mut self, key: u64, hash: u64) -> u64 {
         let tag = self.tag;
@@ -717,14 +713,6 @@ impl<R: EventRun> aesni::Between for Counting<'_, '_, R> {
         let per_call = aesni::LANES.div_ceil(aesni::BETWEEN_CALLS);
         self.salts.fill(self.at, self.batch, per_call);
     }
-}
-
-/// Whether the token at `offset` starts a new epoch: P bytes after the epoch's first token, or
-/// a count about to outgrow [`COUNT_LIMIT`]. The flow's first token starts the first epoch.
-#[inline(always)]
-fn epoch_due(epoch_start: &mut Option<u64>, period: u64, max_count: u64, offset: u64) -> bool {
-    let start = *epoch_start.get_or_insert(offset);
-    offset.saturating_sub(start) >= period || max_count >= COUNT_LIMIT
 }
 
 /// A token whose salt is known and whose ciphertexts are still to be computed.
@@ -1057,7 +1045,8 @@ impl TokenEncryptor {
     /// Whether the token at `offset` starts a new epoch (see [`Self::new_epoch_if_due`]).
     #[inline(always)]
     fn epoch_due(&mut self, offset: u64) -> bool {
-        epoch_due(&mut self.epoch_start, self.period, self.max_count, offset)
+        let start = *self.epoch_start.get_or_insert(offset);
+        offset.saturating_sub(start) >= self.period || self.max_count >= COUNT_LIMIT
     }
 
     fn reset(&mut self, offset: u64) {
