@@ -72,7 +72,7 @@ impl SimulatedPlatform {
         Ok(Zeroizing::new(doc.as_ref().to_vec()))
     }
 
-    /// Load a platform key from PKCS#8 v2 (as `ring` generates it).
+    /// Load a platform key from PKCS#8 (as [`Self::generate_pkcs8`] or `ring` writes it).
     pub fn from_pkcs8(pkcs8: &[u8]) -> Result<Self, AttestError> {
         Ed25519KeyPair::from_pkcs8(pkcs8)
             .map(|key| SimulatedPlatform { key })
