@@ -315,7 +315,7 @@ const COUNT_MASK: u64 = (1 << 48) - 1;
 /// Slots of the smallest [`CountTable`].
 const MIN_COUNT_SLOTS: usize = 1024;
 
-/// Slots a [`CountTable`] is given up front at most (2 MiB: an epoch of P = 64 KiB).
+/// The most slots a [`CountTable`] grows fourfold towards (2 MiB: an epoch of P = 64 KiB).
 const MAX_PRESIZED_SLOTS: usize = 1 << 17;
 
 /// The sender's per-epoch occurrence counts: open addressing (linear probing, at most half
@@ -334,6 +334,8 @@ struct CountTable {
     len: usize,
     mask: usize,
     seed: [u64; 2],
+    /// The size it grows fourfold towards (see [`Self::for_period`]).
+    epoch_slots: usize,
 }
 
 impl CountTable {
@@ -342,18 +344,21 @@ impl CountTable {
         Self::with_slots(seed, MIN_COUNT_SLOTS)
     }
 
-    /// A table sized for an epoch of `period` bytes: an epoch has at most `period` tokens per
-    /// lane, so with `2 · period` slots it never grows (one lane) and typical text, where a
-    /// quarter to a half of the tokens are distinct, keeps it an eighth to a quarter full, where
-    /// a probe rarely meets another token. Growing from a small table instead, and probing one
-    /// up to half full, made the sender ≈ 12% slower (docs/blindbox.md). Capped at
-    /// [`MAX_PRESIZED_SLOTS`]; beyond that it grows as needed.
+    /// A table for epochs of `period` bytes, growing towards the epoch's size: an epoch has at
+    /// most `period` tokens per lane, so with `2 · period` slots it needs no more (one lane) and
+    /// typical text, where a quarter to a half of the tokens are distinct, keeps it an eighth to
+    /// a quarter full, where a probe rarely meets another token. Doubling a table up to half
+    /// full instead made the sender ≈ 12% slower (docs/blindbox.md). It starts small, so a
+    /// short flow zeroes kilobytes, not megabytes, and below the epoch's size it grows fourfold
+    /// whenever it is a quarter full (few growths, low load). The epoch's size is capped at
+    /// [`MAX_PRESIZED_SLOTS`]; from there it doubles at half full.
     fn for_period(seed: [u64; 2], period: u64) -> Self {
-        let slots = usize::try_from(period.saturating_mul(2))
+        let mut table = Self::with_slots(seed, MIN_COUNT_SLOTS);
+        table.epoch_slots = usize::try_from(period.saturating_mul(2))
             .unwrap_or(MAX_PRESIZED_SLOTS)
             .clamp(MIN_COUNT_SLOTS, MAX_PRESIZED_SLOTS)
             .next_power_of_two();
-        Self::with_slots(seed, slots)
+        table
     }
 
     fn with_slots(seed: [u64; 2], slots: usize) -> Self {
@@ -363,6 +368,7 @@ impl CountTable {
             len: 0,
             mask: slots - 1,
             seed,
+            epoch_slots: slots,
         }
     }
 
@@ -397,7 +403,13 @@ impl CountTable {
     /// [`Self::open`] (which does not grow the table) keep it at most half full.
     #[inline(always)]
     fn reserve(&mut self, n: usize) {
-        while 2 * (self.len + n) > self.slots.len() {
+        // Below the epoch's size a quarter full is full (see `for_period`).
+        let per_slot = if self.slots.len() < self.epoch_slots {
+            4
+        } else {
+            2
+        };
+        while per_slot * (self.len + n) > self.slots.len() {
             self.grow();
         }
     }
@@ -420,8 +432,14 @@ impl CountTable {
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        let mut bigger = Self::with_slots(self.seed, self.slots.len() * 2);
+        let size = if self.slots.len() < self.epoch_slots {
+            (self.slots.len() * 4).min(self.epoch_slots)
+        } else {
+            self.slots.len() * 2
+        };
+        let mut bigger = Self::with_slots(self.seed, size);
         bigger.tag = self.tag;
+        bigger.epoch_slots = self.epoch_slots;
         for &(k, c) in &self.slots {
             if c & !COUNT_MASK != self.tag {
                 continue;
@@ -1467,7 +1485,35 @@ mod tests {
         }
     }
 
-    /// More distinct tokens in one epoch than the presized table holds: the AES-NI pipeline
+    /// A table for 64 KiB epochs starts small (a short flow allocates 16 KiB), grows fourfold
+    /// at a quarter full up to the epoch's size (2 · P slots), then doubles at half full; a
+    /// short period's table doubles at half full from the start.
+    #[test]
+    fn count_table_grows_fourfold_towards_the_epoch_size() {
+        let mut t = CountTable::for_period([3, 9], 1 << 16);
+        let mut sizes = vec![t.slots.len()];
+        for i in 0..70_000u64 {
+            assert_eq!(t.bump(&i.to_le_bytes()), 0);
+            if sizes.last() != Some(&t.slots.len()) {
+                sizes.push(t.slots.len());
+                // Grown on the token that made it more than a quarter (half) full.
+                let limit = if t.slots.len() <= 1 << 17 { 4 } else { 2 };
+                assert!(limit * (t.len() - 1) <= sizes[sizes.len() - 2], "{sizes:?}");
+            }
+        }
+        assert_eq!(
+            sizes,
+            [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 17, 1 << 18]
+        );
+        assert_eq!(t.bump(&0u64.to_le_bytes()), 1, "counts survive the growths");
+        let mut small = CountTable::for_period([3, 9], 100);
+        for i in 0..=(MIN_COUNT_SLOTS / 2) as u64 {
+            small.bump(&i.to_le_bytes());
+        }
+        assert_eq!(small.slots.len(), 2 * MIN_COUNT_SLOTS);
+    }
+
+    /// More distinct tokens in one epoch than the epoch-sized table holds: the AES-NI pipeline
     /// grows the table between batches (never from inside the kernel) and still counts as the
     /// per-event path does, repeats after the growth included.
     #[test]
