@@ -349,9 +349,10 @@ impl CountTable {
     /// typical text, where a quarter to a half of the tokens are distinct, keeps it an eighth to
     /// a quarter full, where a probe rarely meets another token. Doubling a table up to half
     /// full instead made the sender ≈ 12% slower (docs/blindbox.md). It starts small, so a
-    /// short flow zeroes kilobytes, not megabytes, and below the epoch's size it grows fourfold
-    /// whenever it is a quarter full (few growths, low load). The epoch's size is capped at
-    /// [`MAX_PRESIZED_SLOTS`]; from there it doubles at half full.
+    /// short flow zeroes kilobytes, not megabytes, and below the epoch's size it grows whenever
+    /// it is a quarter full: fourfold, or once past an eighth of the epoch's size straight to it
+    /// (few growths, low load). The epoch's size is capped at [`MAX_PRESIZED_SLOTS`]; from
+    /// there it doubles at half full.
     fn for_period(seed: [u64; 2], period: u64) -> Self {
         let mut table = Self::with_slots(seed, MIN_COUNT_SLOTS);
         table.epoch_slots = usize::try_from(period.saturating_mul(2))
@@ -433,7 +434,14 @@ impl CountTable {
     #[inline(never)]
     fn grow(&mut self) {
         let size = if self.slots.len() < self.epoch_slots {
-            (self.slots.len() * 4).min(self.epoch_slots)
+            // Fourfold while small; past an eighth of the epoch's size straight to it (each
+            // growth re-inserts every token, and a flow that big is likely to fill an epoch).
+            let four = self.slots.len() * 4;
+            if four > self.epoch_slots / 8 {
+                self.epoch_slots
+            } else {
+                four
+            }
         } else {
             self.slots.len() * 2
         };
@@ -1486,8 +1494,8 @@ mod tests {
     }
 
     /// A table for 64 KiB epochs starts small (a short flow allocates 16 KiB), grows fourfold
-    /// at a quarter full up to the epoch's size (2 · P slots), then doubles at half full; a
-    /// short period's table doubles at half full from the start.
+    /// at a quarter full and, past an eighth of the epoch's size (2 · P slots), straight to it,
+    /// then doubles at half full; a short period's table doubles at half full from the start.
     #[test]
     fn count_table_grows_fourfold_towards_the_epoch_size() {
         let mut t = CountTable::for_period([3, 9], 1 << 16);
@@ -1501,10 +1509,7 @@ mod tests {
                 assert!(limit * (t.len() - 1) <= sizes[sizes.len() - 2], "{sizes:?}");
             }
         }
-        assert_eq!(
-            sizes,
-            [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 17, 1 << 18]
-        );
+        assert_eq!(sizes, [1 << 10, 1 << 12, 1 << 14, 1 << 17, 1 << 18]);
         assert_eq!(t.bump(&0u64.to_le_bytes()), 1, "counts survive the growths");
         let mut small = CountTable::for_period([3, 9], 100);
         for i in 0..=(MIN_COUNT_SLOTS / 2) as u64 {
