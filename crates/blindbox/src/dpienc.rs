@@ -386,18 +386,12 @@ impl CountTable {
 
     /// Counts one occurrence of `token`; returns the number of earlier ones this epoch.
     /// The caller starts a new epoch before a count reaches [`COUNT_LIMIT`].
-    #[cfg_attr(not(test), allow(dead_code))]
-    fn bump(&mut self, token: &Token) -> u64 {
-        let key = u64::from_le_bytes(*token);
-        self.bump_hashed(key, self.hash(key))
-    }
-
-    /// [`Self::bump`] with the key's [`Self::hash`] already computed. The whole probe is
-    /// inline (an out-of-line call for a home slot holding another token cost ≈ 7%).
     #[inline(always)]
-    fn bump_hashed(&mut self, key: u64, hash: u64) -> u64 {
+    fn bump(&mut self, token: &Token) -> u64 {
         self.reserve(1);
-        self.open().bump(key, hash)
+        let mut table = self.open();
+        let key = u64::from_le_bytes(*token);
+        table.bump(key, table.hash(key))
     }
 
     /// Makes room for `n` more distinct tokens, so that the next `n` bumps through
@@ -587,7 +581,8 @@ pub struct TokenEncryptor {
     pending_next: Box<Pending>,
 }
 
-/// Events encrypted per pass of [`TokenEncryptor::process_all`] (a multiple of the AES lanes).
+/// Events per pass of the portable path of [`TokenEncryptor::process_all`] (a multiple of the AES
+/// lanes).
 const RUN: usize = 256;
 
 /// How many events ahead the AES-NI path prefetches count-table slots.
@@ -687,7 +682,7 @@ impl<R: EventRun> SaltCounter<'_, R> {
         if self.epoch_start.is_none() {
             *self.epoch_start = self.run.token(i).map(|(offset, _, _)| offset);
         }
-        let epoch_end = self.epoch_start.and_then(|s| s.checked_add(self.period));
+        let epoch_end = self.epoch_start.and_then(|s| epoch_end(s, self.period));
         // Locals, kept in registers (see `OpenTable`).
         let (run, salt0, scheme) = (self.run, self.salt0, self.scheme);
         let mut max_count = *self.max_count;
@@ -723,6 +718,13 @@ impl<R: EventRun> SaltCounter<'_, R> {
         *self.max_count = max_count;
         *at = i;
     }
+}
+
+/// The first offset past the epoch that starts at `start` (`None`: the epoch never ends by
+/// offset, its end being past `u64::MAX`).
+#[inline(always)]
+fn epoch_end(start: u64, period: u64) -> Option<u64> {
+    start.checked_add(period)
 }
 
 /// The next batch's counting, run by the kernel between its rounds (a share of the batch per
@@ -835,9 +837,14 @@ impl TokenEncryptor {
     /// multi-block AES call, then eight key schedules expanded in lockstep (`aes8`). Same output
     /// as calling [`Self::process`] on each event.
     pub fn process_all(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
+        if self.key.ni.is_some() {
+            // One pipeline over the whole slice (each call starts and drains it).
+            self.process_run_ni(evs, out);
+            return;
+        }
         // In slices, so the per-token scratch stays in L1.
         for part in evs.chunks(RUN) {
-            self.process_run(part, out);
+            self.process_run_portable(part, out);
         }
     }
 
@@ -852,11 +859,8 @@ impl TokenEncryptor {
         }
     }
 
-    fn process_run(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
-        if self.key.ni.is_some() {
-            self.process_run_ni(evs, out);
-            return;
-        }
+    /// [`Self::process_all`] for one slice without AES-NI.
+    fn process_run_portable(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
         let mut blocks = std::mem::take(&mut self.scratch);
         blocks.clear();
         blocks.extend(evs.iter().map(|ev| {
@@ -940,7 +944,7 @@ impl TokenEncryptor {
         self.jobs = jobs;
     }
 
-    /// [`Self::process_run`] on the AES-NI path, pipelined: salts in stream order as on the
+    /// [`Self::process_all`] on the AES-NI path, pipelined: salts in stream order as on the
     /// portable path, [`aesni::LANES`] tokens at a time, and while the kernel computes one
     /// batch's ciphertexts (`K_t`, its schedule and the salt blocks all in registers) it counts
     /// the next batch's tokens between its rounds, so the count table's integer work and the
@@ -1021,15 +1025,7 @@ impl TokenEncryptor {
     /// The salt of the next occurrence of `token` in this epoch (counts it).
     #[inline(always)]
     fn next_salt(&mut self, token: &Token) -> u64 {
-        let key = u64::from_le_bytes(*token);
-        self.next_salt_hashed(key, self.counts.hash(key))
-    }
-
-    /// [`Self::next_salt`] for the token `key` (as a little-endian `u64`) with its count-table
-    /// hash.
-    #[inline(always)]
-    fn next_salt_hashed(&mut self, key: u64, hash: u64) -> u64 {
-        let count = self.counts.bump_hashed(key, hash);
+        let count = self.counts.bump(token);
         self.max_count = self.max_count.max(count);
         self.scheme.salt(self.salt0, count)
     }
@@ -1072,7 +1068,8 @@ impl TokenEncryptor {
     #[inline(always)]
     fn epoch_due(&mut self, offset: u64) -> bool {
         let start = *self.epoch_start.get_or_insert(offset);
-        offset.saturating_sub(start) >= self.period || self.max_count >= COUNT_LIMIT
+        epoch_end(start, self.period).is_some_and(|end| offset >= end)
+            || self.max_count >= COUNT_LIMIT
     }
 
     fn reset(&mut self, offset: u64) {
