@@ -69,22 +69,24 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     let platform_key = word_after("platform key ");
     let measurement = word_after("measurement ");
 
+    // The client through this middlebox, trusting its simulated platform, from flags.
+    let client = || {
+        let mut cmd = mbx();
+        cmd.args([
+            "mbtls",
+            "client",
+            "https://server.test/headers",
+            "--middlebox",
+        ])
+        .arg(&addr)
+        .args(["--middlebox-name", "mb.test", "--server-ca"])
+        .arg(&server.ca)
+        .args(["--allow-simulated", "--sim-platform-key", &platform_key]);
+        cmd
+    };
+
     // TLS 1.3 from flags.
-    let text = run_ok(
-        mbx()
-            .args([
-                "mbtls",
-                "client",
-                "https://server.test/headers",
-                "--middlebox",
-            ])
-            .arg(&addr)
-            .args(["--middlebox-name", "mb.test", "--server-ca"])
-            .arg(&server.ca)
-            .args(["--allow-simulated", "--tls", "1.3"])
-            .args(["--sim-platform-key", &platform_key])
-            .args(["--measurement", &measurement]),
-    );
+    let text = run_ok(client().args(["--tls", "1.3", "--measurement", &measurement]));
     for expected in [
         "path: client -> mb.test",
         "TLS 1.3, TLS_",
@@ -127,17 +129,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     let _ = lines.next();
 
     // A policy that accepts another measurement: refused, nothing printed on stdout.
-    let out = mbx()
-        .args([
-            "mbtls",
-            "client",
-            "https://server.test/headers",
-            "--middlebox",
-        ])
-        .arg(&addr)
-        .args(["--middlebox-name", "mb.test", "--server-ca"])
-        .arg(&server.ca)
-        .args(["--allow-simulated", "--sim-platform-key", &platform_key])
+    let out = client()
         .args(["--measurement", &"00".repeat(32)])
         .output()
         .unwrap();
