@@ -5,7 +5,7 @@
 //! Everything reading `/proc` is Linux-only and degrades to "unknown" (empty, `None`, 0)
 //! elsewhere; the parsing is split into pure functions so it can be tested on fixed text.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -91,11 +91,8 @@ pub fn thread_cpu_ns(prefixes: &[&str]) -> HashMap<String, u64> {
 /// thread id holding `comm` and `schedstat`). Unreadable entries count 0 ns.
 pub fn task_cpu_ns(task_dir: &Path, prefixes: &[&str]) -> HashMap<String, u64> {
     let mut out = HashMap::new();
-    let Ok(dir) = std::fs::read_dir(task_dir) else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let p = e.path();
+    for tid in task_ids(task_dir) {
+        let p = task_dir.join(&tid);
         let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
         if !prefixes.iter().any(|x| comm.starts_with(x)) {
             continue;
@@ -104,9 +101,37 @@ pub fn task_cpu_ns(task_dir: &Path, prefixes: &[&str]) -> HashMap<String, u64> {
             .ok()
             .and_then(|s| parse_schedstat(&s))
             .unwrap_or(0);
-        out.insert(e.file_name().to_string_lossy().into_owned(), ns);
+        out.insert(tid, ns);
     }
     out
+}
+
+/// The entries of a `task` directory. Linux's listing of `/proc/<pid>/task` can skip a live
+/// thread when another thread exits while it is read (seen about once in 2,000 listings under
+/// thread churn), and a thread missing from a "before" snapshot would count its whole CPU time.
+/// So the directory is listed until two listings agree (at most 8 times) and the union is
+/// returned; an id that exited meanwhile finds no `comm` and is filtered by the caller.
+fn task_ids(task_dir: &Path) -> BTreeSet<String> {
+    let list = || -> BTreeSet<String> {
+        std::fs::read_dir(task_dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut all = list();
+    let mut prev = all.clone();
+    for _ in 0..8 {
+        let next = list();
+        all.extend(next.iter().cloned());
+        if next == prev {
+            break;
+        }
+        prev = next;
+    }
+    all
 }
 
 /// Seconds of CPU the threads used between two [`thread_cpu_ns`] snapshots (threads that
