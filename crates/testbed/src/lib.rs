@@ -20,6 +20,7 @@ pub mod netns;
 pub mod peers;
 pub mod pki;
 pub mod relay;
+pub mod residue;
 
 pub use netns::{Host, Topology};
 pub use peers::{

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use mbx_record::TlsVersion;
+use mbx_record::{wipe, TlsVersion};
 use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{
@@ -340,6 +340,10 @@ impl OpenSslContext {
         b.set_max_proto_version(Some(ssl_version(config.max_version)))?;
         // Renegotiation would start a new epoch behind our counters' back.
         b.set_options(SslOptions::NO_RENEGOTIATION);
+        // OpenSSL decrypts a record in place in its read buffer and keeps that plaintext
+        // (e.g. an mbTLS middlebox's key material) until the buffer is reused or freed; with
+        // this option it wipes it once handed over, and when the connection is freed.
+        b.set_options(cleanse_plaintext());
         if !config.session_tickets {
             b.set_options(SslOptions::NO_TICKET);
             b.set_num_tickets(0)?;
@@ -637,6 +641,19 @@ enum HalfRtt {
 }
 
 /// A TLS connection run by OpenSSL over memory buffers.
+/// `SSL_OP_CLEANSE_PLAINTEXT` (OpenSSL 3.0 and later, bit 1), which the `openssl` crate does
+/// not name.
+fn cleanse_plaintext() -> SslOptions {
+    SslOptions::from_bits_retain(1 << 1)
+}
+
+/// Appends plaintext OpenSSL handed over to `plaintext`; if the buffer must grow, its old
+/// allocation is wiped before it is freed.
+fn keep_plaintext(plaintext: &mut Vec<u8>, bytes: &[u8]) {
+    wipe::reserve(plaintext, bytes.len());
+    plaintext.extend_from_slice(bytes);
+}
+
 pub struct OpenSslEngine {
     stream: SslStream<MemIo>,
     state: SharedState,
@@ -791,17 +808,30 @@ impl OpenSslEngine {
 
     fn read_available(&mut self) -> Result<(), EngineError> {
         let mut buf = vec![0u8; 16 * 1024];
-        loop {
+        let mut used = 0;
+        let result = loop {
             match self.stream.ssl_read(&mut buf) {
-                Ok(n) => self.plaintext.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    used = used.max(n);
+                    keep_plaintext(&mut self.plaintext, &buf[..n]);
+                }
                 Err(e) if e.code() == ErrorCode::ZERO_RETURN => {
                     self.peer_closed = true;
-                    return Ok(());
+                    break Ok(());
                 }
-                Err(e) if e.code() == ErrorCode::WANT_READ => return Ok(()),
-                Err(e) => return Err(self.fail(e)),
+                Err(e) if e.code() == ErrorCode::WANT_READ => break Ok(()),
+                Err(e) => break Err(self.fail(e)),
             }
-        }
+        };
+        wipe::wipe(&mut buf[..used]);
+        result
+    }
+}
+
+impl Drop for OpenSslEngine {
+    fn drop(&mut self) {
+        // Plaintext the application never took (a session that failed or was dropped).
+        wipe::wipe_vec(&mut self.plaintext);
     }
 }
 
@@ -983,14 +1013,16 @@ impl TlsEngine for OpenSslEngine {
                 buf = vec![0u8; 16 * 1024];
             }
             match self.stream.ssl_read(&mut buf) {
-                Ok(n) if n > 0 => self.plaintext.extend_from_slice(&buf[..n]),
+                Ok(n) if n > 0 => keep_plaintext(&mut self.plaintext, &buf[..n]),
                 _ => {
+                    wipe::wipe(&mut buf);
                     return Err(EngineError::InexactExport(
                         "OpenSSL holds undeliverable plaintext",
-                    ))
+                    ));
                 }
             }
         }
+        wipe::wipe(&mut buf);
         let version = self.version().ok_or(EngineError::Unsupported(
             "protocol version other than TLS 1.2/1.3",
         ))?;

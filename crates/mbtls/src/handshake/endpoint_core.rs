@@ -13,6 +13,7 @@ use mbx_attest::{
 };
 use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TlsEngine};
 use mbx_wire::{version, Record};
+use zeroize::Zeroizing;
 
 use super::HandshakeError;
 use crate::direct::DirectDataPhase;
@@ -607,12 +608,16 @@ impl EndpointCore {
                 Role::Client => j + 1 < n,
                 Role::Server => j > 0,
             };
-            // Path message and key material in one write (one secondary record).
-            let mut msg = SecondaryMessage::Path {
+            // Path message and key material in one write (one secondary record), in a
+            // buffer that never grows (so no unwiped copy of the keys is left behind).
+            let path = SecondaryMessage::Path {
                 far_neighbour_joined,
             }
             .encode()?;
-            msg.extend_from_slice(&SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?);
+            let keys = SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?;
+            let mut msg = Zeroizing::new(Vec::with_capacity(path.len() + keys.len()));
+            msg.extend_from_slice(&path);
+            msg.extend_from_slice(&keys);
             self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }

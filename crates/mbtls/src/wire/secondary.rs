@@ -47,7 +47,14 @@ pub enum SecondaryMessage {
 impl SecondaryMessage {
     /// Encode; zeroized on drop since key material is secret.
     pub fn encode(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let mut out = Zeroizing::new(Vec::new());
+        // Sized up front: a buffer that grew would leave parts of the key material in the
+        // allocations it outgrew, which Zeroizing does not wipe.
+        let body_max = match self {
+            SecondaryMessage::Evidence(e) => e.len(),
+            SecondaryMessage::Path { .. } => 1,
+            SecondaryMessage::KeyMaterial(_) => MAX_KEY_MATERIAL_LEN,
+        };
+        let mut out = Zeroizing::new(Vec::with_capacity(4 + body_max));
         let mut w = Writer::new(&mut out);
         match self {
             SecondaryMessage::Evidence(e) => {
@@ -91,6 +98,8 @@ impl SecondaryReader {
 
     pub fn push(&mut self, data: &[u8]) {
         if self.failed.is_none() {
+            // Grown without leaving a copy of buffered key material in freed memory.
+            mbx_record::wipe::reserve(&mut self.buf, data.len());
             self.buf.extend_from_slice(data);
         }
     }
