@@ -1043,3 +1043,66 @@ fn openssl_send_fragment_limit_splits_every_record_and_checks_its_range() {
         assert_eq!(c.take_plaintext(), vec![7u8; 5000]);
     }
 }
+
+/// The record cap holds for handshake messages too: a client certificate of about 19 KB (900
+/// extra names) sent to a server that asks for one leaves a capped client engine in records
+/// that each respect the cap, from either kind of context, in both versions, and the server
+/// accepts it. (An mbTLS endpoint's secondary session with a client certificate relies on this:
+/// an encapsulated record cannot carry a full 16 KB TLS record.)
+#[test]
+fn client_certificate_larger_than_the_cap_is_split() {
+    use mbx_engine::ClientContext;
+    use mbx_testbed::pki::LeafSpec;
+    let pki = Pki::new();
+    let big = (0..900).fold(LeafSpec::client("client.mbx.test"), |spec, i| {
+        spec.dns(&format!("alias-{i:04}.client.mbx.test"))
+    });
+    let client = pki.ca.issue(&big).unwrap();
+    assert!(client.cert_der().len() > 16_384);
+    const CAP: usize = 4096;
+    for version in [V12, V13] {
+        let mut cc = pki.client_config().only(version);
+        cc.identity = Some(common::identity(&client));
+        let mut sc = pki.server_config().only(version);
+        sc.verify_peer = true;
+        sc.trust_roots_pem = Some(pki.roots());
+        let contexts: [(&str, Arc<dyn ClientContext>); 2] = [
+            ("openssl", Arc::new(OpenSslContext::new(&cc).unwrap())),
+            ("rustls", Arc::new(RustlsClientContext::new(&cc).unwrap())),
+        ];
+        let expansion = if version == V12 { 24 } else { 17 };
+        for (what, ctx) in contexts {
+            let mut c = ctx.client_engine(Some(HOST), Some(CAP)).unwrap();
+            let mut s = ossl(&sc);
+            let mut sent = 0;
+            for _ in 0..16 {
+                c.process().unwrap();
+                let wire = c.take_outgoing();
+                for r in split_records(&wire) {
+                    assert!(
+                        r.len() <= 5 + CAP + expansion,
+                        "{what} {version:?}: {}",
+                        r.len()
+                    );
+                }
+                sent += wire.len();
+                s.feed(&wire);
+                s.process().unwrap();
+                c.feed(&s.take_outgoing());
+                if !c.is_handshaking() && !s.is_handshaking() {
+                    break;
+                }
+            }
+            assert!(!s.is_handshaking(), "{what} {version:?}");
+            assert!(
+                sent > 16_384,
+                "{what} {version:?}: the certificate went out"
+            );
+            assert_eq!(
+                s.peer_certificates().first().map(Vec::as_slice),
+                Some(client.cert_der().as_ref()),
+                "{what} {version:?}"
+            );
+        }
+    }
+}
