@@ -20,8 +20,8 @@ use mbx_mbtls::driver::{
     MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
-    Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
-    ServerHandshakeConfig, ServerMiddlebox,
+    secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
+    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -531,7 +531,8 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     // Without client-side middleboxes nothing is exported: OpenSSL keeps the session and skips
     // its key log (docs/mbtls.md §6).
     primary.exportable = !s.no_client_middleboxes;
-    let secondary = TlsConfig::client(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
+    let secondary =
+        secondary_client_config(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
     let middlebox = match names.as_slice() {
         [] if s.no_client_middleboxes => ClientMiddlebox::Disabled,
         [] => ClientMiddlebox::DiscoverUpTo(
@@ -972,7 +973,8 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         }
         None => chain,
     };
-    let secondary = TlsConfig::client(names.first().map_or("middlebox", String::as_str), mbox_ca);
+    let secondary =
+        secondary_client_config(names.first().map_or("middlebox", String::as_str), mbox_ca);
     let cfg = MbtlsServerConfig {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),

@@ -19,8 +19,8 @@ use mbx_mbtls::driver::{
     MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
-    ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
-    ServerHandshakeConfig, ServerMiddlebox,
+    secondary_client_config, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
+    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -168,7 +168,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
         MbtlsServerConfig {
             handshake: ServerHandshakeConfig {
                 primary: Arc::new(OpenSslContext::new(&primary)?),
-                secondary: Arc::new(RustlsClientContext::new(&TlsConfig::client(
+                secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
                     SERVER_MB,
                     root.clone(),
                 ))?),
@@ -218,7 +218,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let client_cfg = ClientHandshakeConfig {
         primary: Arc::new(OpenSslContext::new(&client_primary)?),
         server_name: SERVER.into(),
-        secondary: Arc::new(RustlsClientContext::new(&TlsConfig::client(
+        secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
             CLIENT_MBS[0],
             root,
         ))?),

@@ -79,8 +79,13 @@ fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
                 )));
             }
         }
-        p.cipher_suites
-            .retain(|s| config.cipher_suites.contains(&u16::from(s.suite())));
+        // In the configured order, which is the preference order (as with OpenSSL).
+        let rank = |s: &rustls::SupportedCipherSuite| {
+            let id = u16::from(s.suite());
+            config.cipher_suites.iter().position(|c| *c == id)
+        };
+        p.cipher_suites.retain(|s| rank(s).is_some());
+        p.cipher_suites.sort_by_key(|s| rank(s));
     }
     p.kx_groups = if config.groups.is_empty() {
         vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1]

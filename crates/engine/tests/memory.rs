@@ -1106,3 +1106,27 @@ fn client_certificate_larger_than_the_cap_is_split() {
         }
     }
 }
+
+/// The configured cipher suites are a preference order for the rustls client too (as for
+/// OpenSSL): against an OpenSSL server, which follows the client's order, the first one
+/// configured is negotiated, in either order, in both versions.
+#[test]
+fn rustls_client_offers_suites_in_the_configured_order() {
+    use mbx_engine::ClientContext;
+    let pki = Pki::new();
+    for (version, order) in [
+        (V13, [0x1301u16, 0x1302]),
+        (V13, [0x1302, 0x1301]),
+        (V12, [0xC02B, 0xC02C]),
+        (V12, [0xC02C, 0xC02B]),
+    ] {
+        let mut cc = pki.client_config().only(version);
+        cc.cipher_suites = order.to_vec();
+        let ctx = RustlsClientContext::new(&cc).unwrap();
+        let mut c = ctx.client_engine(Some(HOST), None).unwrap();
+        let mut s = ossl(&pki.server_config().only(version));
+        pump(c.as_mut(), &mut s).unwrap();
+        assert_eq!(c.cipher_suite(), Some(order[0]), "{version:?} {order:x?}");
+        assert_eq!(s.cipher_suite(), Some(order[0]), "{version:?} {order:x?}");
+    }
+}

@@ -11,8 +11,8 @@ use mbx_engine::{
     ClientContext, CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig,
 };
 use mbx_mbtls::handshake::{
-    ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
-    ServerMiddlebox,
+    secondary_client_config, ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig,
+    ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -106,7 +106,7 @@ impl Setup {
         primary.pause_after_handshake = true;
         // A client that can have no middlebox on its side keeps its session in OpenSSL.
         primary.exportable = !matches!(middlebox, ClientMiddlebox::Disabled);
-        let secondary = TlsConfig::client(CLIENT_SIDE[0], self.root.clone());
+        let secondary = secondary_client_config(CLIENT_SIDE[0], self.root.clone());
         Ok(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
             server_name: SERVER.into(),
@@ -125,7 +125,7 @@ impl Setup {
     ) -> Res<ServerHandshakeConfig> {
         let mut primary = no_tickets(TlsConfig::server(self.server_id.clone()).only(version));
         primary.pause_after_handshake = true;
-        let secondary = TlsConfig::client(SERVER_SIDE[0], self.root.clone());
+        let secondary = secondary_client_config(SERVER_SIDE[0], self.root.clone());
         Ok(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
             secondary: secondary_context(&secondary)?,
