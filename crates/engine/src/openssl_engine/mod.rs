@@ -640,7 +640,6 @@ enum HalfRtt {
     Open,
 }
 
-/// A TLS connection run by OpenSSL over memory buffers.
 /// `SSL_OP_CLEANSE_PLAINTEXT` (OpenSSL 3.0 and later, bit 1), which the `openssl` crate does
 /// not name.
 fn cleanse_plaintext() -> SslOptions {
@@ -654,6 +653,7 @@ fn keep_plaintext(plaintext: &mut Vec<u8>, bytes: &[u8]) {
     plaintext.extend_from_slice(bytes);
 }
 
+/// A TLS connection run by OpenSSL over memory buffers.
 pub struct OpenSslEngine {
     stream: SslStream<MemIo>,
     state: SharedState,
