@@ -302,14 +302,50 @@ pub enum Misbehaviour {
     Primary(String),
 }
 
-/// Fatal validation failure (paper §3.4).
+impl core::fmt::Display for Culprit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Culprit::Sender => "the sender",
+            Culprit::Path => "the path (middlebox or network)",
+        })
+    }
+}
+
+impl core::fmt::Display for Misbehaviour {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Misbehaviour::Omitted => f.write_str("tokens the plaintext needs are missing"),
+            Misbehaviour::Altered => f.write_str("a token's ciphertext is wrong"),
+            Misbehaviour::Reordered => f.write_str("tokens arrived out of order"),
+            Misbehaviour::Forged => f.write_str("tokens the plaintext does not produce"),
+            Misbehaviour::WrongParams => f.write_str("hello parameters other than agreed"),
+            Misbehaviour::WrongSecrets => {
+                f.write_str("the sealed secrets do not open to the session's keys")
+            }
+            Misbehaviour::WrongCount => {
+                f.write_str("the End frame's token count differs from the tokens sent")
+            }
+            Misbehaviour::BadTag => f.write_str("a frame's tag failed"),
+            Misbehaviour::Truncated => f.write_str("the token channel ended without its End frame"),
+            Misbehaviour::Malformed(e) => write!(f, "malformed token channel ({e})"),
+            Misbehaviour::Primary(e) => write!(f, "the primary stream failed ({e})"),
+        }
+    }
+}
+
+/// Fatal validation failure (paper §3.4). Displayed as what went wrong, whom it is blamed on,
+/// and the stream offset of the first wrong token when there is one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("token validation failed: {culprit:?} {what:?} at offset {offset:?}")]
+#[error("token validation failed: {what}; blamed on {culprit}{}", offset_text(*offset))]
 pub struct ValidationError {
     pub culprit: Culprit,
     pub what: Misbehaviour,
     /// Stream offset of the first wrong token, when there is one.
     pub offset: Option<u64>,
+}
+
+fn offset_text(offset: Option<u64>) -> String {
+    offset.map_or(String::new(), |o| format!(", at stream offset {o}"))
 }
 
 fn verr(culprit: Culprit, what: Misbehaviour, offset: Option<u64>) -> ValidationError {
@@ -949,5 +985,24 @@ fn inspect(
             }
             FrameEvent::Skip { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_errors_read_as_sentences() {
+        assert_eq!(
+            verr(Culprit::Path, Misbehaviour::Truncated, None).to_string(),
+            "token validation failed: the token channel ended without its End frame; \
+             blamed on the path (middlebox or network)"
+        );
+        assert_eq!(
+            verr(Culprit::Sender, Misbehaviour::Omitted, Some(1234)).to_string(),
+            "token validation failed: tokens the plaintext needs are missing; blamed on the \
+             sender, at stream offset 1234"
+        );
     }
 }
