@@ -22,7 +22,7 @@ pub enum MbtlsError {
     #[error("session closed")]
     Closed,
     /// The session ended with a fatal alert (sent or received).
-    #[error("session failed with alert {0:?}")]
+    #[error("session failed with alert {0}")]
     Failed(Alert),
     /// Key material that is internally inconsistent (e.g. hops of different suites).
     #[error("inconsistent key material: {0}")]

@@ -35,6 +35,17 @@ pub struct Alert {
     pub description: AlertDescription,
 }
 
+/// `fatal decrypt_error(51)`, `warning close_notify(0)`.
+impl core::fmt::Display for Alert {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.level {
+            Alert::LEVEL_WARNING => write!(f, "warning {}", self.description),
+            Alert::LEVEL_FATAL => write!(f, "fatal {}", self.description),
+            other => write!(f, "level {other} {}", self.description),
+        }
+    }
+}
+
 impl Alert {
     pub const LEVEL_WARNING: u8 = 1;
     pub const LEVEL_FATAL: u8 = 2;
@@ -322,5 +333,22 @@ impl core::fmt::Debug for Hop {
             .field("opener", &self.opener.key_fingerprint())
             .field("sealer", &self.sealer)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MbtlsError;
+
+    #[test]
+    fn alerts_display_level_and_name() {
+        let fatal = Alert::fatal(AlertDescription::DECRYPT_ERROR);
+        assert_eq!(fatal.to_string(), "fatal decrypt_error(51)");
+        assert_eq!(
+            MbtlsError::Failed(fatal).to_string(),
+            "session failed with alert fatal decrypt_error(51)"
+        );
+        assert_eq!(Alert::close_notify().to_string(), "warning close_notify(0)");
     }
 }
