@@ -225,3 +225,11 @@ pub fn suite_openssl_name(id: u16) -> Option<(&'static str, bool)> {
         _ => return None,
     })
 }
+
+/// Trust roots were given but hold no certificate (e.g. the wrong file): refused when the
+/// context is built, instead of every handshake failing later with an unknown CA.
+pub(crate) fn no_roots() -> crate::EngineError {
+    crate::EngineError::Config(
+        "trust roots: no certificate found (expected PEM \"BEGIN CERTIFICATE\" blocks)".into(),
+    )
+}

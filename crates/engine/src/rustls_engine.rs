@@ -127,7 +127,11 @@ fn roots(config: &TlsConfig) -> Result<RootCertStore, EngineError> {
         .as_deref()
         .ok_or_else(|| EngineError::Config("verify_peer needs trust roots".into()))?;
     let mut store = RootCertStore::empty();
-    for c in certs_from_pem(pem, "trust roots")? {
+    let roots = certs_from_pem(pem, "trust roots")?;
+    if roots.is_empty() {
+        return Err(crate::config::no_roots());
+    }
+    for c in roots {
         store.add(c).map_err(rustls_err)?;
     }
     Ok(store)

@@ -1130,3 +1130,20 @@ fn rustls_client_offers_suites_in_the_configured_order() {
         assert_eq!(s.cipher_suite(), Some(order[0]), "{version:?} {order:x?}");
     }
 }
+
+/// Trust roots that hold no certificate (a wrong file) are refused when the context is built,
+/// by both engines, instead of every handshake failing later.
+#[test]
+fn trust_roots_without_a_certificate_are_refused() {
+    let mut cfg = TlsConfig::client(HOST, b"not a certificate\n".to_vec());
+    for pem in [&b"not a certificate\n"[..], b""] {
+        cfg.trust_roots_pem = Some(pem.to_vec());
+        for e in [
+            OpenSslContext::new(&cfg).err(),
+            RustlsClientContext::new(&cfg).err(),
+        ] {
+            let e = e.expect("refused");
+            assert!(e.to_string().contains("no certificate found"), "{e}");
+        }
+    }
+}
