@@ -226,10 +226,16 @@ pub fn suite_openssl_name(id: u16) -> Option<(&'static str, bool)> {
     })
 }
 
-/// Trust roots were given but hold no certificate (e.g. the wrong file): refused when the
-/// context is built, instead of every handshake failing later with an unknown CA.
-pub(crate) fn no_roots() -> crate::EngineError {
-    crate::EngineError::Config(
-        "trust roots: no certificate found (expected PEM \"BEGIN CERTIFICATE\" blocks)".into(),
-    )
+/// The certificates of a trust-roots PEM, for both engines. Roots that hold no certificate
+/// (e.g. the wrong file) are refused when the context is built, instead of every handshake
+/// failing later with an unknown CA.
+pub(crate) fn trust_roots(pem: &[u8]) -> Result<Vec<openssl::x509::X509>, crate::EngineError> {
+    let roots = openssl::x509::X509::stack_from_pem(pem)
+        .map_err(|e| crate::EngineError::Config(format!("trust roots: {e}")))?;
+    if roots.is_empty() {
+        return Err(crate::EngineError::Config(
+            "trust roots: no certificate found (expected PEM \"BEGIN CERTIFICATE\" blocks)".into(),
+        ));
+    }
+    Ok(roots)
 }

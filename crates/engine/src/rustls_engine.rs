@@ -85,7 +85,7 @@ fn provider(config: &TlsConfig) -> Result<Arc<CryptoProvider>, EngineError> {
             config.cipher_suites.iter().position(|c| *c == id)
         };
         p.cipher_suites.retain(|s| rank(s).is_some());
-        p.cipher_suites.sort_by_key(|s| rank(s));
+        p.cipher_suites.sort_by_key(rank);
     }
     p.kx_groups = if config.groups.is_empty() {
         vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1]
@@ -127,12 +127,10 @@ fn roots(config: &TlsConfig) -> Result<RootCertStore, EngineError> {
         .as_deref()
         .ok_or_else(|| EngineError::Config("verify_peer needs trust roots".into()))?;
     let mut store = RootCertStore::empty();
-    let roots = certs_from_pem(pem, "trust roots")?;
-    if roots.is_empty() {
-        return Err(crate::config::no_roots());
-    }
-    for c in roots {
-        store.add(c).map_err(rustls_err)?;
+    for c in crate::config::trust_roots(pem)? {
+        store
+            .add(CertificateDer::from(c.to_der()?))
+            .map_err(rustls_err)?;
     }
     Ok(store)
 }

@@ -374,11 +374,7 @@ impl OpenSslContext {
 
         if let Some(pem) = &config.trust_roots_pem {
             let mut store = X509StoreBuilder::new()?;
-            let roots = X509::stack_from_pem(pem).map_err(|e| config_err("trust roots", e))?;
-            if roots.is_empty() {
-                return Err(crate::config::no_roots());
-            }
-            for c in roots {
+            for c in crate::config::trust_roots(pem)? {
                 store.add_cert(c)?;
             }
             b.set_verify_cert_store(store.build())?;
