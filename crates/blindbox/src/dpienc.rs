@@ -339,7 +339,7 @@ struct CountTable {
 }
 
 impl CountTable {
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     fn new(seed: [u64; 2]) -> Self {
         Self::with_slots(seed, MIN_COUNT_SLOTS)
     }
@@ -837,9 +837,8 @@ impl TokenEncryptor {
     /// multi-block AES call, then eight key schedules expanded in lockstep (`aes8`). Same output
     /// as calling [`Self::process`] on each event.
     pub fn process_all(&mut self, evs: &[FlowEvent], out: &mut Vec<TokenMsg>) {
-        if self.key.ni.is_some() {
-            // One pipeline over the whole slice (each call starts and drains it).
-            self.process_run_ni(evs, out);
+        // With AES-NI, one pipeline over the whole slice (each call starts and drains it).
+        if self.process_run_ni(evs, out) {
             return;
         }
         // In slices, so the per-token scratch stays in L1.
@@ -851,12 +850,12 @@ impl TokenEncryptor {
     /// [`Self::process_all`] over the events of a [`WindowRun`] (the sender's path for
     /// window-tokenized, exact-lane flows): same output, without the events in between.
     pub fn process_window_run(&mut self, run: WindowRun<'_>, out: &mut Vec<TokenMsg>) {
-        match run {
-            WindowRun::Tokens { first, bytes } if self.key.ni.is_some() => {
-                self.process_run_ni(WindowTokens { first, bytes }, out);
+        if let WindowRun::Tokens { first, bytes } = run {
+            if self.process_run_ni(WindowTokens { first, bytes }, out) {
+                return;
             }
-            _ => self.process_all(&run.events(), out),
         }
+        self.process_all(&run.events(), out);
     }
 
     /// [`Self::process_all`] for one slice without AES-NI.
@@ -949,17 +948,15 @@ impl TokenEncryptor {
     /// batch's ciphertexts (`K_t`, its schedule and the salt blocks all in registers) it counts
     /// the next batch's tokens between its rounds, so the count table's integer work and the
     /// kernel's vector work run at the same time. A message start or a new epoch first flushes
-    /// the batches, so the order is the stream's.
-    fn process_run_ni(&mut self, run: impl EventRun, out: &mut Vec<TokenMsg>) {
+    /// the batches, so the order is the stream's. Returns `false`, having done nothing, without
+    /// AES-NI (the caller then takes the portable path).
+    fn process_run_ni(&mut self, run: impl EventRun, out: &mut Vec<TokenMsg>) -> bool {
+        if self.key.ni.is_none() {
+            return false;
+        }
         let n = run.len();
         if n == 0 {
-            return;
-        }
-        if self.key.ni.is_none() {
-            // Not reached (callers check), but never drop tokens: the portable path.
-            let evs: Vec<FlowEvent> = (0..n).filter_map(|i| run.event(i)).collect();
-            self.process_all(&evs, out);
-            return;
+            return true;
         }
         out.reserve(n + 1);
         self.announce_once(out);
@@ -978,6 +975,7 @@ impl TokenEncryptor {
                 scheme,
                 ..
             } = self;
+            // Checked on entry; the borrow is taken again after `reset` needed all of `self`.
             let Some(ni) = key.ni.as_ref() else {
                 break;
             };
@@ -1020,6 +1018,7 @@ impl TokenEncryptor {
         }
         self.pending = cur;
         self.pending_next = next;
+        true
     }
 
     /// The salt of the next occurrence of `token` in this epoch (counts it).
