@@ -10,6 +10,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 
+use zeroize::Zeroize;
+
 /// A secret's bytes XORed with `mask`. [`Masked::unmask_into`] rebuilds it where a test needs
 /// it (and must wipe it afterwards).
 #[derive(Clone, Debug)]
@@ -19,15 +21,11 @@ pub struct Masked {
 }
 
 impl Masked {
-    /// A random-looking marker of `len` bytes (seeded from the clock and the address of a
-    /// local, enough to be unique in one process), never held unmasked.
+    /// A random-looking marker of `len` bytes, never held unmasked. Seeded from std's
+    /// `RandomState` (random per process, new keys per call): unique is all it has to be.
     pub fn fresh(len: usize) -> Masked {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-            ^ (&len as *const usize as u64);
-        let mut x = seed | 1;
+        use std::hash::BuildHasher;
+        let mut x = std::collections::hash_map::RandomState::new().hash_one(len) | 1;
         let masked = (0..len)
             .map(|_| {
                 // xorshift64: plenty for a marker that only has to be unique.
@@ -115,8 +113,7 @@ impl Scanner {
         }
         // The chunk holds a copy of the last mapping read: clear it, so that a later scan
         // cannot find there a match it put there itself.
-        self.chunk.fill(0);
-        std::hint::black_box(&self.chunk);
+        self.chunk.as_mut_slice().zeroize();
         Ok(self.found.clone())
     }
 }
@@ -153,10 +150,7 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         m.unmask_into(&mut buf, 1000);
         assert_eq!(scan.find(&m).unwrap().len(), 1);
-        for b in buf.iter_mut() {
-            *b = 0;
-        }
-        std::hint::black_box(&buf);
+        buf.zeroize();
         assert_eq!(scan.find(&m).unwrap(), Vec::<usize>::new());
         assert_eq!(writable_range(b"7f00-7f10 r-xp 0 00:00 0 /lib"), None);
         assert_eq!(
