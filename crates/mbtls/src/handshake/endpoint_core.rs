@@ -612,12 +612,13 @@ impl EndpointCore {
             // buffer that never grows (so no unwiped copy of the keys is left behind).
             let path = SecondaryMessage::Path {
                 far_neighbour_joined,
-            }
-            .encode()?;
-            let keys = SecondaryMessage::KeyMaterial(Box::new(km.clone())).encode()?;
-            let mut msg = Zeroizing::new(Vec::with_capacity(path.len() + keys.len()));
-            msg.extend_from_slice(&path);
-            msg.extend_from_slice(&keys);
+            };
+            let keys = SecondaryMessage::KeyMaterial(Box::new(km.clone()));
+            let mut msg = Zeroizing::new(Vec::with_capacity(
+                path.max_encoded_len() + keys.max_encoded_len(),
+            ));
+            path.encode_into(&mut msg)?;
+            keys.encode_into(&mut msg)?;
             self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }

@@ -47,15 +47,25 @@ pub enum SecondaryMessage {
 impl SecondaryMessage {
     /// Encode; zeroized on drop since key material is secret.
     pub fn encode(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        // Sized up front: a buffer that grew would leave parts of the key material in the
-        // allocations it outgrew, which Zeroizing does not wipe.
-        let body_max = match self {
+        let mut out = Zeroizing::new(Vec::with_capacity(self.max_encoded_len()));
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The most bytes [`Self::encode_into`] appends. A buffer for secret messages is sized with
+    /// it up front: one that grew would leave parts of the key material in the allocations it
+    /// outgrew, which `Zeroizing` does not wipe.
+    pub fn max_encoded_len(&self) -> usize {
+        4 + match self {
             SecondaryMessage::Evidence(e) => e.len(),
             SecondaryMessage::Path { .. } => 1,
             SecondaryMessage::KeyMaterial(_) => MAX_KEY_MATERIAL_LEN,
-        };
-        let mut out = Zeroizing::new(Vec::with_capacity(4 + body_max));
-        let mut w = Writer::new(&mut out);
+        }
+    }
+
+    /// Appends the encoding to `out` (see [`Self::max_encoded_len`] for its capacity).
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let mut w = Writer::new(out);
         match self {
             SecondaryMessage::Evidence(e) => {
                 if e.len() > MAX_EVIDENCE_LEN {
@@ -79,7 +89,7 @@ impl SecondaryMessage {
                 w.vec_u24(&body)?;
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
