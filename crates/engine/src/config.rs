@@ -136,6 +136,13 @@ pub struct TlsConfig {
     /// and `export_session` then fails with `Unsupported`. rustls: ignored (its key log costs
     /// nothing measurable).
     pub exportable: bool,
+    /// rustls client only: remember up to this many server chains that verified, and accept
+    /// the same chain (same bytes, same name) again without checking its signatures while
+    /// the time is inside the window in which all its certificates are valid. The handshake
+    /// signature (CertificateVerify) is checked every time; a chain that failed is checked in
+    /// full every time. 0 (default): off. For clients that meet the same few peers on every
+    /// connection, such as an mbTLS endpoint's secondary sessions to its middleboxes.
+    pub verified_chain_cache: usize,
 }
 
 impl TlsConfig {
@@ -156,6 +163,7 @@ impl TlsConfig {
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
             exportable: true,
+            verified_chain_cache: 0,
         }
     }
 
@@ -176,6 +184,7 @@ impl TlsConfig {
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
             exportable: true,
+            verified_chain_cache: 0,
         }
     }
 

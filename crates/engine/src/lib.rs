@@ -30,6 +30,7 @@
 )]
 #![deny(unsafe_code)]
 
+mod chain_cache;
 mod config;
 mod error;
 mod openssl_engine;

@@ -11,12 +11,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use mbx_record::TlsVersion;
 use openssl::pkey::PKey;
 use openssl::x509::X509;
+use rustls::client::danger::ServerCertVerifier;
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ConnectionTrafficSecrets, RootCertStore, ServerConfig};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
+use crate::chain_cache::CachingVerifier;
 use crate::records::{self, CT_ALERT};
 use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
 use crate::{AlertDescription, EngineError, Handoff, Role, TlsConfig, TlsEngine};
@@ -591,15 +594,21 @@ impl RustlsClientContext {
             let b = ClientConfig::builder_with_provider(provider.clone())
                 .with_protocol_versions(&versions)
                 .map_err(rustls_err)?;
-            let b = if chain_only {
-                b.dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly {
-                        roots: roots.clone(),
-                        provider: provider.clone(),
-                    }))
+            let verifier: Arc<dyn ServerCertVerifier> = if chain_only {
+                Arc::new(ChainOnly {
+                    roots: roots.clone(),
+                    provider: provider.clone(),
+                })
             } else {
-                b.with_root_certificates(roots.clone())
+                WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                    .build()
+                    .map_err(|e| EngineError::Config(format!("server verifier: {e}")))?
             };
+            let verifier = match config.verified_chain_cache {
+                0 => verifier,
+                n => Arc::new(CachingVerifier::new(verifier, n)),
+            };
+            let b = b.dangerous().with_custom_certificate_verifier(verifier);
             let mut cfg = match &config.identity {
                 Some(id) => b
                     .with_client_auth_cert(
@@ -714,7 +723,7 @@ struct ChainOnly {
     provider: Arc<CryptoProvider>,
 }
 
-impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for ChainOnly {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,

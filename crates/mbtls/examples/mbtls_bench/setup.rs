@@ -170,7 +170,14 @@ fn now_unix() -> u64 {
 
 /// The endpoints' context for their secondary sessions: rustls (what the CLI uses), or
 /// OpenSSL with `MBTLS_BENCH_SECONDARY=openssl` (to compare the two clients).
+/// `MBTLS_BENCH_CHAIN_CACHE=0` turns the verified-chain cache off (every secondary session
+/// checks the middlebox's chain, as on an endpoint's first connection to it).
 fn secondary_context(cfg: &TlsConfig) -> Res<Arc<dyn ClientContext>> {
+    let mut cfg = cfg.clone();
+    if let Ok(n) = std::env::var("MBTLS_BENCH_CHAIN_CACHE") {
+        cfg.verified_chain_cache = n.parse()?;
+    }
+    let cfg = &cfg;
     Ok(match std::env::var("MBTLS_BENCH_SECONDARY").as_deref() {
         Ok("openssl") => Arc::new(OpenSslContext::new(cfg)?),
         _ => Arc::new(RustlsClientContext::new(cfg)?),
