@@ -13,9 +13,9 @@ use mbx_attest::Policy;
 use mbx_engine::CustomExtension;
 use mbx_engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig, TlsEngine};
 use mbx_mbtls::handshake::{
-    ClientHandshake, ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshake,
-    MiddleboxHandshakeConfig, ServerHandshake, ServerHandshakeConfig, ServerMiddlebox,
-    ServerSideMiddlebox,
+    secondary_client_config, ClientHandshake, ClientHandshakeConfig, ClientMiddlebox,
+    MiddleboxHandshake, MiddleboxHandshakeConfig, ServerHandshake, ServerHandshakeConfig,
+    ServerMiddlebox, ServerSideMiddlebox,
 };
 use mbx_mbtls::Side;
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
@@ -55,7 +55,8 @@ fn setup() -> &'static Setup {
             .engine()
             .expect("client");
         client.process().expect("hello");
-        let secondary = TlsConfig::client("mb.test", root.clone());
+        // As deployed: the SHA-256 suites first and the verified-chain cache on.
+        let secondary = secondary_client_config("mb.test", root.clone());
         let server = ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).expect("server ctx")),
             secondary: Arc::new(OpenSslContext::new(&secondary).expect("sec ctx")),

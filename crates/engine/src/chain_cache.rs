@@ -343,4 +343,66 @@ mod tests {
         assert!(with_ca.not_before >= leaf.not_before && with_ca.not_after <= leaf.not_after);
         assert!(Window::of_chain(&CertificateDer::from(vec![0x30, 0x00]), &[]).is_none());
     }
+
+    mod model {
+        //! The cache against a model of what it may answer: a chain is accepted if the inner
+        //! verifier accepts it now, or if the inner verifier accepted the same chain under the
+        //! same name earlier, the time is inside that chain's window, and fewer than
+        //! `capacity` other chains were remembered since.
+        use super::*;
+        use mbx_testbed::pki::Validity;
+        use proptest::prelude::*;
+        use std::sync::OnceLock;
+
+        const NAMES: [&str; 2] = ["mb.test", "other.test"];
+
+        /// Three chains: valid now, expired, not yet valid.
+        fn chains() -> &'static [CertificateDer<'static>] {
+            static CHAINS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+            CHAINS.get_or_init(|| {
+                let pki = TestPki::new("model CA").unwrap();
+                [Validity::Current, Validity::Expired, Validity::NotYetValid]
+                    .into_iter()
+                    .map(|v| {
+                        let spec = LeafSpec::middlebox("mb.test").validity(v);
+                        pki.issue(&spec).unwrap().cert_der().clone()
+                    })
+                    .collect()
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn answers_only_what_the_inner_verifier_said_of_that_chain_in_its_window(
+                ops in proptest::collection::vec((0..3usize, 0..2usize, 0..3usize, any::<bool>()), 1..40)
+            ) {
+                let (inner, v) = setup(2);
+                let day = 86_400u64;
+                let now = UnixTime::now().as_secs();
+                let times = [now, now - 10 * day, now + 10 * day];
+                let mut remembered: Vec<((usize, usize), Window)> = Vec::new();
+                for (chain, name_i, t, accepts) in ops {
+                    let der = &chains()[chain];
+                    let at = UnixTime::since_unix_epoch(std::time::Duration::from_secs(times[t]));
+                    inner.refuse.store(!accepts, Ordering::SeqCst);
+                    let got = v.verify_server_cert(der, &[], &name(NAMES[name_i]), &[], at).is_ok();
+                    let hit = remembered
+                        .iter()
+                        .any(|(k, w)| *k == (chain, name_i) && w.contains(at));
+                    prop_assert_eq!(got, accepts || hit);
+                    if accepts && !hit {
+                        let w = Window::of_chain(der, &[]).unwrap();
+                        match remembered.iter_mut().find(|(k, _)| *k == (chain, name_i)) {
+                            Some(entry) => entry.1 = w,
+                            None => remembered.push(((chain, name_i), w)),
+                        }
+                        if remembered.len() > 2 {
+                            remembered.remove(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
