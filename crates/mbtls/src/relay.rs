@@ -119,6 +119,32 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.hop_ref(side).fingerprints()
     }
 
+    /// Gives back memory kept for traffic that is over (a driver calls it on an idle
+    /// connection): empty output buffers, whose allocations came from earlier swaps with the
+    /// driver's (up to a read buffer each), the sealing scratch, and the hops' incomplete-record
+    /// buffers beyond what they hold. Nothing queued or buffered is lost.
+    pub fn release_idle_buffers(&mut self) {
+        for out in [&mut self.out_client, &mut self.out_server] {
+            if out.is_empty() {
+                *out = Vec::new();
+            }
+        }
+        // Always emptied (and wiped) after use.
+        self.scratch = Vec::new();
+        self.client.release_idle_buffer();
+        self.server.release_idle_buffer();
+    }
+
+    /// Bytes of buffer capacity the relay holds (output, scratch, incomplete records): what
+    /// [`release_idle_buffers`](Self::release_idle_buffers) can give back, and what it keeps.
+    pub fn held_capacity(&self) -> usize {
+        self.out_client.capacity()
+            + self.out_server.capacity()
+            + self.scratch.capacity()
+            + self.client.pending_capacity()
+            + self.server.pending_capacity()
+    }
+
     /// Ciphertext to send to the neighbour on `to`.
     pub fn take_outgoing(&mut self, to: Side) -> Vec<u8> {
         core::mem::take(self.out(to))

@@ -470,3 +470,45 @@ fn app_output_larger_than_a_record_or_empty() {
         }
     }
 }
+
+/// An idle relay gives back what bulk traffic left in it (a driver swaps its own large, empty
+/// buffers in for the relay's output) and goes on relaying; an incomplete record it holds
+/// stays.
+#[test]
+fn an_idle_relay_gives_its_buffers_back_and_keeps_an_incomplete_record() {
+    let (v, s) = tls13();
+    let mut chain = Chain::new(v, s, pass(1), vec![]);
+    let data = vec![0x42u8; 100_000];
+    chain.client().write(&data).unwrap();
+    let wire = chain.client().take_outgoing();
+    let cut = wire.len() - 100;
+    let mut sent = Vec::new();
+    {
+        let relay = chain.mbox(0);
+        relay.receive(Side::Client, &wire[..cut]);
+        // Twice, as a driver does: the second swap leaves its empty 256 KiB buffer inside.
+        for _ in 0..2 {
+            let mut dst = Vec::with_capacity(256 * 1024);
+            relay.append_outgoing(Side::Server, &mut dst);
+            sent.extend_from_slice(&dst);
+        }
+        assert!(
+            relay.held_capacity() >= 256 * 1024,
+            "{}",
+            relay.held_capacity()
+        );
+        relay.release_idle_buffers();
+        // Only the incomplete record is kept.
+        assert!(
+            relay.held_capacity() < 17 * 1024,
+            "{}",
+            relay.held_capacity()
+        );
+        relay.receive(Side::Client, &wire[cut..]);
+        sent.extend(relay.take_outgoing(Side::Server));
+        relay.release_idle_buffers();
+        assert_eq!(relay.held_capacity(), 0);
+    }
+    chain.server().receive(&sent);
+    assert_eq!(chain.server().take_plaintext(), data);
+}

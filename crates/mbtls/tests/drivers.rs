@@ -13,6 +13,7 @@ use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig, TlsEngine
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     AppFactory, DriverError, MbtlsClient, MiddleboxServer, MiddleboxServerConfig, Placement,
+    REPORTS_KEPT,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, HandshakeError, MiddleboxHandshakeConfig,
@@ -653,4 +654,36 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
     );
     assert!(report.idle_trims >= 1, "{report:?}");
     timeout(BOUND, server).await.unwrap().unwrap();
+}
+
+/// A middlebox whose owner never reads the reports keeps at most `REPORTS_KEPT` of them and
+/// counts the rest, instead of growing by one report per connection forever.
+#[tokio::test]
+async fn unread_reports_are_bounded_and_counted() {
+    let w = World::new();
+    // A next hop nobody listens on: every connection ends at once, with a report.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(refused, passthrough()))
+        .await
+        .unwrap();
+    let extra = 3u64;
+    for _ in 0..REPORTS_KEPT as u64 + extra {
+        let c = TcpStream::connect(mbox.local_addr()).await.unwrap();
+        drop(c);
+    }
+    timeout(BOUND, async {
+        while mbox.reports_dropped() < extra {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap();
+    for _ in 0..REPORTS_KEPT {
+        let r = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        assert!(r.outcome.is_err(), "{r:?}");
+    }
+    assert_eq!(mbox.reports_dropped(), extra);
 }

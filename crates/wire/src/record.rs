@@ -224,6 +224,14 @@ impl RecordReader {
         self.buf.len() - self.start
     }
 
+    /// Gives the buffer's memory back when nothing is buffered (an idle connection).
+    pub fn release_if_empty(&mut self) {
+        if self.buffered() == 0 {
+            self.buf = Vec::new();
+            self.start = 0;
+        }
+    }
+
     /// Take bytes from the stream.
     pub fn push(&mut self, data: &[u8]) {
         if self.start > 0 && self.start == self.buf.len() {

@@ -12,10 +12,11 @@ use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::outbox::Outbox;
+use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
@@ -201,7 +202,7 @@ pub struct MiddleboxServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<()>>,
-    reports: mpsc::UnboundedReceiver<ConnectionReport>,
+    reports: ReportReceiver<ConnectionReport>,
 }
 
 impl MiddleboxServer {
@@ -216,7 +217,7 @@ impl MiddleboxServer {
         let local_addr = listener
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
-        let (tx, reports) = mpsc::unbounded_channel();
+        let (tx, reports) = report_queue();
         let shared = Arc::new(Shared {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
@@ -235,9 +236,15 @@ impl MiddleboxServer {
         self.local_addr
     }
 
-    /// The report of the next connection that ends (`None` if the server stopped).
+    /// The report of the next connection that ends (`None` if the server stopped). At most
+    /// [`REPORTS_KEPT`](super::REPORTS_KEPT) wait unread; later ones are dropped (and logged).
     pub async fn next_report(&mut self) -> Option<ConnectionReport> {
         self.reports.recv().await
+    }
+
+    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
+    pub fn reports_dropped(&self) -> u64 {
+        self.reports.dropped()
     }
 
     /// Stops listening and drops every connection (as if the process were killed); returns once
@@ -291,7 +298,7 @@ impl Shared {
 async fn accept_loop(
     listener: TcpListener,
     cfg: Arc<Shared>,
-    reports: mpsc::UnboundedSender<ConnectionReport>,
+    reports: ReportSender<ConnectionReport>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let ids = AtomicU64::new(0);
@@ -315,7 +322,7 @@ async fn accept_loop(
                             Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
                             Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
                         }
-                        let _ = reports.send(report);
+                        reports.send(report);
                     });
                 }
                 Err(e) => {
@@ -411,6 +418,13 @@ impl Core {
 
     fn keys_installed(&self) -> bool {
         self.relay().is_some()
+    }
+
+    fn release_idle_buffers(&mut self) {
+        match self {
+            Core::ClientSide(c) => c.release_idle_buffers(),
+            Core::ServerSide(c) => c.release_idle_buffers(),
+        }
     }
 
     fn wants_prepare(&self) -> bool {
@@ -582,6 +596,7 @@ async fn relay(
                     buf_s.reset();
                     conn.to_client.trim_spares();
                     conn.to_server.trim_spares();
+                    conn.hs.release_idle_buffers();
                     report.idle_trims += 1;
                     // Memory held again later (chunks back from writes) waits a full period.
                     last_read = now;

@@ -20,12 +20,14 @@
 pub mod client;
 pub mod middlebox;
 mod outbox;
+mod reports;
 pub mod server;
 
 pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,
 };
+pub use reports::REPORTS_KEPT;
 pub use server::{MbtlsServer, MbtlsServerConfig, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;

@@ -9,12 +9,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::timeout;
 
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
+use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
@@ -50,7 +50,7 @@ pub struct ServerConnectionReport {
 pub struct MbtlsServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
-    reports: mpsc::UnboundedReceiver<ServerConnectionReport>,
+    reports: ReportReceiver<ServerConnectionReport>,
 }
 
 impl MbtlsServer {
@@ -65,7 +65,7 @@ impl MbtlsServer {
         let local_addr = listener
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
-        let (tx, reports) = mpsc::unbounded_channel();
+        let (tx, reports) = report_queue();
         let task = tokio::spawn(accept_loop(listener, Arc::new(cfg), tx));
         Ok(MbtlsServer {
             local_addr,
@@ -78,9 +78,15 @@ impl MbtlsServer {
         self.local_addr
     }
 
-    /// The report of the next session that ends (`None` if the server stopped).
+    /// The report of the next session that ends (`None` if the server stopped). At most
+    /// [`REPORTS_KEPT`](super::REPORTS_KEPT) wait unread; later ones are dropped (and logged).
     pub async fn next_report(&mut self) -> Option<ServerConnectionReport> {
         self.reports.recv().await
+    }
+
+    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
+    pub fn reports_dropped(&self) -> u64 {
+        self.reports.dropped()
     }
 }
 
@@ -101,7 +107,7 @@ impl core::fmt::Debug for MbtlsServer {
 async fn accept_loop(
     listener: TcpListener,
     cfg: Arc<MbtlsServerConfig>,
-    reports: mpsc::UnboundedSender<ServerConnectionReport>,
+    reports: ReportSender<ServerConnectionReport>,
 ) {
     let ids = AtomicU64::new(0);
     let mut conns = JoinSet::new();
@@ -118,7 +124,7 @@ async fn accept_loop(
                             Ok(()) => tracing::info!(?report, "mbtls server session ended"),
                             Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
                         }
-                        let _ = reports.send(report);
+                        reports.send(report);
                     });
                 }
                 Err(e) => {

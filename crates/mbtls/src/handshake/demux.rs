@@ -42,6 +42,11 @@ impl Demux {
         self.reader.buffered()
     }
 
+    /// Gives the buffer's memory back when nothing is buffered.
+    pub fn release_if_empty(&mut self) {
+        self.reader.release_if_empty();
+    }
+
     /// The next whole piece, `Ok(None)` when more bytes are needed.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, WireError> {
         let Some(rec) = self.reader.next_record()? else {

@@ -381,6 +381,12 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         self.mode == Mode::Passive
     }
 
+    /// Gives back memory kept for traffic that is over, for a driver to call on an idle
+    /// connection; nothing queued or buffered is lost.
+    pub fn release_idle_buffers(&mut self) {
+        self.wires.release_idle_buffers();
+    }
+
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
         self.wires.relay.is_some()

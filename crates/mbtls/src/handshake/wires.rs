@@ -150,6 +150,21 @@ impl<A: MiddleboxApp> Wires<A> {
         Ok(())
     }
 
+    /// Gives back memory kept for traffic that is over: empty output buffers, empty
+    /// demultiplexer buffers, and the relay's (see [`MiddleboxRelay::release_idle_buffers`]).
+    pub(super) fn release_idle_buffers(&mut self) {
+        for out in [&mut self.out_client, &mut self.out_server] {
+            if out.is_empty() {
+                *out = Vec::new();
+            }
+        }
+        self.from_client.release_if_empty();
+        self.from_server.release_if_empty();
+        if let Some(relay) = self.relay.as_mut() {
+            relay.release_idle_buffers();
+        }
+    }
+
     /// The relay's output and events, moved to ours.
     pub(super) fn drain_relay(&mut self) {
         if let Some(relay) = self.relay.as_mut() {
