@@ -38,7 +38,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Random data in both directions through 0..4 pass-through middleboxes (split between the
-    /// client side and the server side), delivered in random chunks, arrives byte for byte.
+    /// client side and the server side), delivered in random chunks, arrives byte for byte,
+    /// also when the middleboxes give their idle buffers back after every delivery.
     #[test]
     fn data_survives_any_chain(
         suite_idx in 0..SUITES.len(),
@@ -48,12 +49,14 @@ proptest! {
         s2c in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
         chunking in proptest::collection::vec(1usize..700, 0..6),
         in_place in any::<bool>(),
+        release_idle in any::<bool>(),
     ) {
         let n_server = n_server_raw.min(4 - n_client);
         let (v, s) = SUITES[suite_idx];
         let mut chain = Chain::new(v, s, pass(n_client), pass(n_server));
         chain.chunking = chunking;
         chain.in_place = in_place;
+        chain.release_idle = release_idle;
         for (i, w) in c2s.iter().enumerate() {
             chain.client().write(w).unwrap();
             if let Some(r) = s2c.get(i) {

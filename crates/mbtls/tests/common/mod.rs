@@ -71,6 +71,9 @@ pub struct Chain {
     /// With `in_place`: bytes that must not be found in a lent buffer after it was used (a
     /// plaintext marker: no plaintext may be left behind).
     pub marker: Option<Vec<u8>>,
+    /// After every delivery to a middlebox, let it give its idle buffers back (as a driver's
+    /// idle trim may at any point between reads).
+    pub release_idle: bool,
 }
 
 impl Chain {
@@ -114,6 +117,7 @@ impl Chain {
             chunking: Vec::new(),
             in_place: false,
             marker: None,
+            release_idle: false,
         }
     }
 
@@ -144,6 +148,15 @@ impl Chain {
     }
 
     fn deliver_one(&mut self, node: usize, from: Side, bytes: &[u8]) {
+        self.deliver_bytes(node, from, bytes);
+        if self.release_idle {
+            if let Node::Mbox(m) = &mut self.nodes[node] {
+                m.release_idle_buffers();
+            }
+        }
+    }
+
+    fn deliver_bytes(&mut self, node: usize, from: Side, bytes: &[u8]) {
         if !self.in_place {
             self.nodes[node].receive(from, bytes);
             return;
