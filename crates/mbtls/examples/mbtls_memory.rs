@@ -9,9 +9,10 @@
 //! app, simulated evidence) and the baseline relay (`tokio::io::copy_bidirectional`, 32 KiB
 //! buffers each way, what the relay benchmark uses) run on that runtime; clients and the TLS
 //! server behind them run elsewhere. For each, `CONNS` sessions are opened and kept open, and
-//! the live bytes are read at four points: sessions established (one 16 KB record relayed each),
-//! right after 1 MiB was sent through every session, after 3 s idle (the middlebox gives grown
-//! buffers back after 2 s without a read, docs/mbtls.md §7), and after every session closed.
+//! the live bytes are read at five points: sessions established (one 16 KB record relayed each),
+//! after 3 s idle, right after 1 MiB was sent through every session, after 3 s idle again (the
+//! middlebox gives grown buffers back after 2 s without a read, docs/mbtls.md §7), and after
+//! every session closed.
 
 // Shared with the benchmark binary, which uses the parts this one does not.
 #[path = "mbtls_bench/setup.rs"]
@@ -168,7 +169,7 @@ fn sample(
     connect: &(dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>>
           + Sync),
     sink: &AtomicU64,
-) -> Res<[f64; 4]> {
+) -> Res<[f64; 5]> {
     load.block_on(async {
         sink.store(0, Ordering::SeqCst);
         let base = settled().await;
@@ -181,6 +182,8 @@ fn sample(
         }
         wait_for(sink, (RECORD * CONNS) as u64).await?;
         let established = settled().await - base;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let quiet = settled().await - base;
         for c in conns.iter_mut() {
             for _ in 0..BULK / RECORD {
                 c.send(&record).await?;
@@ -199,7 +202,13 @@ fn sample(
         tokio::time::sleep(Duration::from_millis(500)).await;
         let closed = settled().await - base;
         let per = |b: i64| b as f64 / CONNS as f64;
-        Ok([per(established), per(bulk), per(idle), per(closed)])
+        Ok([
+            per(established),
+            per(quiet),
+            per(bulk),
+            per(idle),
+            per(closed),
+        ])
     })
 }
 
@@ -209,8 +218,9 @@ fn stats(xs: &[f64]) -> Value {
     json!({"median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1], "samples": xs})
 }
 
-const POINTS: [&str; 4] = [
+const POINTS: [&str; 5] = [
     "established",
+    "then 3 s idle",
     "after 1 MiB each",
     "after 3 s idle",
     "after close",
@@ -262,8 +272,8 @@ fn main() -> Res<()> {
     // Warm-up: one round of each (first-use allocations of the runtime and the libraries).
     sample(&load, &mbtls, &sink)?;
     sample(&load, &tls, &sink)?;
-    let mut mb: Vec<[f64; 4]> = Vec::new();
-    let mut relay: Vec<[f64; 4]> = Vec::new();
+    let mut mb: Vec<[f64; 5]> = Vec::new();
+    let mut relay: Vec<[f64; 5]> = Vec::new();
     for rep in 0..REPS {
         let m = sample(&load, &mbtls, &sink)?;
         let r = sample(&load, &tls, &sink)?;
@@ -277,7 +287,7 @@ fn main() -> Res<()> {
         mb.push(m);
         relay.push(r);
     }
-    let column = |v: &[[f64; 4]], i: usize| v.iter().map(|s| s[i]).collect::<Vec<_>>();
+    let column = |v: &[[f64; 5]], i: usize| v.iter().map(|s| s[i]).collect::<Vec<_>>();
     let report = json!({
         "machine": "2 shared cores; one runtime thread for the middlebox",
         "connections": CONNS,
@@ -304,7 +314,7 @@ fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
         .flat_map(|p| [median("mbtls_middlebox", p), median("tcp_relay", p)])
         .fold(1.0f64, f64::max)
         * 1.15;
-    let root = BitMapBackend::new(path, (900, 520)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1000, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     if let Some(font) = mbx_testbed::bench::sans_font() {
         plotters::style::register_font("sans-serif", FontStyle::Normal, font)
