@@ -160,14 +160,10 @@ impl Hop {
         self.pending.capacity()
     }
 
-    /// Gives back the memory of the incomplete-record buffer beyond what it holds (ciphertext
-    /// only, so the old allocation needs no wipe).
+    /// Gives back the memory of the incomplete-record buffer beyond what it holds, all of it
+    /// when empty (ciphertext only, so the old allocation needs no wipe).
     pub(crate) fn release_idle_buffer(&mut self) {
-        if self.pending.is_empty() {
-            self.pending = Vec::new();
-        } else {
-            self.pending.shrink_to_fit();
-        }
+        self.pending.shrink_to_fit();
     }
 
     /// Opens one complete record where it lies. The plaintext is `record[range]`; the caller

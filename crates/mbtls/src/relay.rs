@@ -120,17 +120,15 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
     }
 
     /// Gives back memory kept for traffic that is over (a driver calls it on an idle
-    /// connection): empty output buffers, whose allocations came from earlier swaps with the
-    /// driver's (up to a read buffer each), the sealing scratch, and the hops' incomplete-record
-    /// buffers beyond what they hold. Nothing queued or buffered is lost.
+    /// connection): the output buffers beyond their bytes (their allocations come from swaps
+    /// with the driver's and reach a read buffer's size), the sealing scratch, and the hops'
+    /// incomplete-record buffers beyond what they hold. Nothing queued or buffered is lost.
     pub fn release_idle_buffers(&mut self) {
-        for out in [&mut self.out_client, &mut self.out_server] {
-            if out.is_empty() {
-                *out = Vec::new();
-            }
-        }
-        // Always emptied (and wiped) after use.
-        self.scratch = Vec::new();
+        // `shrink_to_fit` frees an empty buffer outright. Output is ciphertext, and the scratch
+        // is always emptied (and wiped) after use, so no allocation left behind holds plaintext.
+        self.out_client.shrink_to_fit();
+        self.out_server.shrink_to_fit();
+        self.scratch.shrink_to_fit();
         self.client.release_idle_buffer();
         self.server.release_idle_buffer();
     }

@@ -74,7 +74,7 @@ mod tests {
     async fn at_most_reports_kept_wait_and_the_rest_are_counted() {
         let (tx, mut rx) = report_queue::<usize>();
         for i in 0..REPORTS_KEPT + 5 {
-            tx.clone().send(i);
+            tx.send(i);
         }
         assert_eq!(rx.dropped(), 5);
         for i in 0..REPORTS_KEPT {

@@ -150,14 +150,11 @@ impl<A: MiddleboxApp> Wires<A> {
         Ok(())
     }
 
-    /// Gives back memory kept for traffic that is over: empty output buffers, empty
+    /// Gives back memory kept for traffic that is over: output buffers beyond their bytes, empty
     /// demultiplexer buffers, and the relay's (see [`MiddleboxRelay::release_idle_buffers`]).
     pub(super) fn release_idle_buffers(&mut self) {
-        for out in [&mut self.out_client, &mut self.out_server] {
-            if out.is_empty() {
-                *out = Vec::new();
-            }
-        }
+        self.out_client.shrink_to_fit();
+        self.out_server.shrink_to_fit();
         self.from_client.release_if_empty();
         self.from_server.release_if_empty();
         if let Some(relay) = self.relay.as_mut() {
