@@ -37,8 +37,9 @@ use mbx_record::TlsVersion;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
+use mbx_testbed::bench::{med, stats};
 use setup::{Setup, CLIENT_SIDE};
-use tls_io::{tcp_relay, tls_server, Serve, TlsClient};
+use tls_io::{tcp_relay, tls_server, wait_for, Serve, TlsClient};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -118,21 +119,6 @@ fn runtime(name: &str, tagged: bool) -> Res<Runtime> {
         .build()?)
 }
 
-/// Waits until `count` reaches `target` (the sink behind the middlebox got everything).
-async fn wait_for(count: &AtomicU64, target: u64) -> Res<()> {
-    for _ in 0..30_000 {
-        if count.load(Ordering::Relaxed) >= target {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    Err(format!(
-        "sink got {} of {target} bytes",
-        count.load(Ordering::Relaxed)
-    )
-    .into())
-}
-
 /// Waits until the tagged total stops moving (tasks finishing after a close).
 async fn settled() -> i64 {
     let mut last = live();
@@ -210,12 +196,6 @@ fn sample(
             per(closed),
         ])
     })
-}
-
-fn stats(xs: &[f64]) -> Value {
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    json!({"median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1], "samples": xs})
 }
 
 const POINTS: [&str; 5] = [
@@ -308,7 +288,7 @@ fn main() -> Res<()> {
 
 fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
     use plotters::prelude::*;
-    let median = |who: &str, p: &str| report[who][p]["median"].as_f64().unwrap_or(0.0) / 1024.0;
+    let median = |who: &str, p: &str| med(&report[who][p]) / 1024.0;
     let top = POINTS
         .iter()
         .flat_map(|p| [median("mbtls_middlebox", p), median("tcp_relay", p)])

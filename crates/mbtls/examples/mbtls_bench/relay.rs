@@ -30,7 +30,7 @@ use tokio::runtime::Runtime;
 
 use crate::cpu::thread_ns;
 use crate::setup::{Setup, CLIENT_SIDE};
-use crate::tls_io::{tcp_relay, tls_server, Serve, TlsClient};
+use crate::tls_io::{tcp_relay, tls_server, wait_for, Serve, TlsClient};
 use crate::Res;
 
 const RECORD: usize = 16 * 1024;
@@ -183,18 +183,6 @@ pub fn in_process_only(n: usize) -> Res<()> {
             fwd / 1e6,
             ring_speed()? / 1e6
         );
-    }
-    Ok(())
-}
-
-/// Waits until `count` reaches `target` (the sink received everything).
-async fn wait_for(count: &AtomicU64, target: u64) -> Res<()> {
-    let t0 = Instant::now();
-    while count.load(Ordering::Relaxed) < target {
-        if t0.elapsed() > Duration::from_secs(60) {
-            return Err("sink did not receive everything".into());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mbx_engine::{OpenSslContext, OpenSslEngine, TlsEngine};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,6 +94,18 @@ pub enum Serve {
     Discard(Arc<AtomicU64>),
     /// Answer `response` once a request (up to an empty line) has arrived.
     Respond(Arc<Vec<u8>>),
+}
+
+/// Waits until `count` (a [`Serve::Sink`] or [`Serve::Discard`] counter) reaches `target`.
+pub async fn wait_for(count: &AtomicU64, target: u64) -> Res<()> {
+    let t0 = Instant::now();
+    while count.load(Ordering::Relaxed) < target {
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("sink did not receive everything".into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 /// A plain TLS server (OpenSSL engine) on loopback.
