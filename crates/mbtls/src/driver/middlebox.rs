@@ -11,6 +11,7 @@ use std::time::Duration;
 use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
 use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
@@ -34,9 +35,10 @@ type App = Box<dyn MiddleboxApp + Send>;
 /// peer is sending in bulk (fewer reads, and records are opened in this buffer, not copied out
 /// of it).
 const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
-/// A read buffer starts at this size and doubles, up to [`MIDDLEBOX_READ_BUF`], each time a read
-/// fills it: a connection that only ever carries small messages (or sits idle) keeps 16 KiB per
-/// socket instead of 128 KiB, and a bulk transfer reaches the full size after three reads.
+/// A read buffer is this size when a socket first has bytes to read, and doubles, up to
+/// [`MIDDLEBOX_READ_BUF`], each time a read fills it: a connection that only ever carries small
+/// messages keeps 16 KiB per socket instead of 128 KiB, and a bulk transfer reaches the full
+/// size after three reads.
 const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
 
 /// Consecutive reads of less than an eighth of a grown buffer after which it goes back to
@@ -44,14 +46,16 @@ const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
 /// the middle of a transfer too, when TCP delivers part of a record).
 const SHRINK_AFTER_SMALL_READS: u32 = 16;
 
-/// A connection that has read nothing for this long gives its grown read buffers and the chunks
-/// its outboxes keep back: a bulk transfer followed by silence on a connection left open would
+/// A connection that has read nothing for this long gives back its read buffers and the chunks
+/// its outboxes keep: a bulk transfer followed by silence on a connection left open would
 /// otherwise hold up to about 1.5 MiB until the connection ends (short reads never come to
-/// shrink them).
+/// shrink them), and an idle keep-alive connection 32 KiB of empty read buffers.
 const IDLE_TRIM_AFTER: Duration = Duration::from_secs(2);
 
-/// One socket's read buffer, sized by its traffic. It holds no plaintext between reads (records
-/// are opened in it and wiped), so resizing it copies or frees only ciphertext.
+/// One socket's read buffer, sized by its traffic, and not allocated at all while the socket
+/// is idle (it is allocated when the socket becomes readable, [`read_into`]). It holds no
+/// plaintext between reads (records are opened in it and wiped), so resizing or freeing it
+/// copies or frees only ciphertext.
 struct ReadBuf {
     bytes: Vec<u8>,
     /// Consecutive short reads into the grown buffer.
@@ -59,9 +63,10 @@ struct ReadBuf {
 }
 
 impl ReadBuf {
+    /// Nothing allocated until the socket has bytes.
     fn new() -> ReadBuf {
         ReadBuf {
-            bytes: vec![0u8; MIDDLEBOX_READ_BUF_START],
+            bytes: Vec::new(),
             small_reads: 0,
         }
     }
@@ -72,9 +77,12 @@ impl ReadBuf {
     fn after_read(&mut self, n: usize) -> bool {
         let len = self.bytes.len();
         if n == len && len < MIDDLEBOX_READ_BUF {
-            self.bytes.resize((len * 2).min(MIDDLEBOX_READ_BUF), 0);
+            self.bytes.resize(
+                (len * 2).clamp(MIDDLEBOX_READ_BUF_START, MIDDLEBOX_READ_BUF),
+                0,
+            );
         }
-        if len == MIDDLEBOX_READ_BUF_START || n >= len / 8 {
+        if len <= MIDDLEBOX_READ_BUF_START || n >= len / 8 {
             self.small_reads = 0;
             return false;
         }
@@ -82,20 +90,39 @@ impl ReadBuf {
         if self.small_reads < SHRINK_AFTER_SMALL_READS {
             return false;
         }
-        self.reset();
-        true
-    }
-
-    /// Larger than it starts.
-    fn is_grown(&self) -> bool {
-        self.bytes.len() > MIDDLEBOX_READ_BUF_START
-    }
-
-    /// Back to the start size, memory returned.
-    fn reset(&mut self) {
         self.small_reads = 0;
         self.bytes.truncate(MIDDLEBOX_READ_BUF_START);
         self.bytes.shrink_to_fit();
+        true
+    }
+
+    /// Holds an allocation (the idle trim would free it).
+    fn is_allocated(&self) -> bool {
+        self.bytes.capacity() > 0
+    }
+
+    /// Memory returned; the next read allocates the start size again.
+    fn release(&mut self) {
+        self.small_reads = 0;
+        self.bytes = Vec::new();
+    }
+}
+
+/// Reads from `r` into `buf`, allocating the buffer only once the socket has something to read
+/// (bytes or its end): an idle connection holds no read buffer. Readiness can be reported
+/// without bytes (tokio says so; a new socket does it here): a read that would block gives the
+/// buffer back and waits again. Cancel safe, like `read`: a dropped future read nothing.
+async fn read_into(r: &mut OwnedReadHalf, buf: &mut ReadBuf) -> std::io::Result<usize> {
+    if !buf.bytes.is_empty() {
+        return r.read(&mut buf.bytes).await;
+    }
+    loop {
+        r.readable().await?;
+        buf.bytes.resize(MIDDLEBOX_READ_BUF_START, 0);
+        match r.try_read(&mut buf.bytes) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => buf.release(),
+            done => return done,
+        }
     }
 }
 
@@ -109,8 +136,8 @@ const PREPARE_DELAY: Duration = Duration::from_millis(1);
 
 /// Whether the connection holds memory an idle trim would give back.
 fn holds_memory(buf_c: &ReadBuf, buf_s: &ReadBuf, conn: &Conn) -> bool {
-    buf_c.is_grown()
-        || buf_s.is_grown()
+    buf_c.is_allocated()
+        || buf_s.is_allocated()
         || conn.to_client.holds_spares()
         || conn.to_server.holds_spares()
 }
@@ -571,8 +598,8 @@ async fn relay(
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
         let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
         let (from, read) = tokio::select! {
-            r = client_r.read(&mut buf_c.bytes), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.bytes.get_mut(..n).unwrap_or_default())),
-            r = server_r.read(&mut buf_s.bytes), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.bytes.get_mut(..n).unwrap_or_default())),
+            r = read_into(&mut client_r, &mut buf_c), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.bytes.get_mut(..n).unwrap_or_default())),
+            r = read_into(&mut server_r, &mut buf_s), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.bytes.get_mut(..n).unwrap_or_default())),
             w = conn.to_client.write_some(&mut client_w), if want_c => match w {
                 Ok(()) => continue,
                 Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
@@ -592,8 +619,8 @@ async fn relay(
                 if now < due {
                     idle.as_mut().reset(due);
                 } else {
-                    buf_c.reset();
-                    buf_s.reset();
+                    buf_c.release();
+                    buf_s.release();
                     conn.to_client.trim_spares();
                     conn.to_server.trim_spares();
                     conn.hs.release_idle_buffers();
@@ -667,6 +694,7 @@ mod tests {
     #[test]
     fn read_buffers_double_when_filled_and_shrink_when_the_transfer_is_over() {
         let mut rb = ReadBuf::new();
+        rb.bytes.resize(MIDDLEBOX_READ_BUF_START, 0); // as `read_into` does
         assert!(!rb.after_read(100));
         assert_eq!(
             rb.bytes.len(),
@@ -703,22 +731,49 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_reset_returns_a_grown_buffer_and_counts_afresh() {
+    fn an_idle_release_frees_a_grown_buffer_and_counts_afresh() {
         let mut rb = ReadBuf::new();
-        assert!(!rb.is_grown());
+        assert!(!rb.is_allocated());
+        rb.bytes.resize(MIDDLEBOX_READ_BUF_START, 0);
         for _ in 0..3 {
             let n = rb.bytes.len();
             rb.after_read(n);
         }
-        assert!(rb.is_grown());
+        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF);
         rb.after_read(1);
-        rb.reset();
-        assert!(!rb.is_grown());
-        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
-        assert!(rb.bytes.capacity() < MIDDLEBOX_READ_BUF);
+        rb.release();
+        assert!(!rb.is_allocated());
         assert_eq!(rb.small_reads, 0);
-        // It grows again with the next transfer.
-        rb.after_read(MIDDLEBOX_READ_BUF_START);
-        assert!(rb.is_grown());
+    }
+
+    /// The read buffer is allocated only once the socket is readable, and at the start size;
+    /// after a release the socket waits without one again.
+    #[tokio::test]
+    async fn a_socket_with_nothing_to_read_holds_no_read_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (ours, _) = listener.accept().await.unwrap();
+        let (mut r, _w) = ours.into_split();
+        let mut rb = ReadBuf::new();
+        // Nothing sent: the read waits (and is given up) without allocating.
+        let waited = tokio::time::timeout(Duration::from_millis(20), read_into(&mut r, &mut rb));
+        assert!(waited.await.is_err(), "nothing was sent");
+        assert!(!rb.is_allocated());
+        for round in 0..2 {
+            tokio::io::AsyncWriteExt::write_all(&mut peer, b"hello")
+                .await
+                .unwrap();
+            let n = read_into(&mut r, &mut rb).await.unwrap();
+            assert_eq!(rb.bytes.get(..n), Some(&b"hello"[..n]), "round {round}");
+            assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
+            rb.after_read(n);
+            rb.release();
+            assert!(!rb.is_allocated());
+        }
+        // The end of the stream is readable too: it reads as 0 bytes.
+        drop(peer);
+        assert_eq!(read_into(&mut r, &mut rb).await.unwrap(), 0);
     }
 }
