@@ -114,6 +114,11 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
+    /// Close a connection whose mbTLS handshake has not finished this many seconds after it
+    /// was accepted (default 60, as nginx's ssl_handshake_timeout). Established sessions are
+    /// never timed out.
+    #[arg(long)]
+    handshake_timeout_secs: Option<u64>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -200,6 +205,11 @@ struct MiddleboxFlags {
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
     server_side: bool,
+    /// Close a connection whose mbTLS handshake has not finished this many seconds after it
+    /// was accepted (default 60, as nginx's ssl_handshake_timeout). Established sessions are
+    /// never timed out.
+    #[arg(long)]
+    handshake_timeout_secs: Option<u64>,
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
@@ -261,6 +271,8 @@ struct MiddleboxSettings {
     /// `client` (default) or `server`.
     #[serde(default = "default_side")]
     side: String,
+    /// Seconds a connection may take to finish its handshake (default 60).
+    handshake_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,6 +300,8 @@ struct ServerSettings {
     #[serde(default)]
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
+    /// Seconds a connection may take to finish its handshake (default 60).
+    handshake_timeout_secs: Option<u64>,
 }
 
 fn default_side() -> String {
@@ -468,12 +482,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
-    if let Some(t) = flags.timeout_secs {
-        table.insert(
-            "timeout_secs".into(),
-            toml::Value::Integer(i64::try_from(t)?),
-        );
-    }
+    set_secs(&mut table, "timeout_secs", flags.timeout_secs)?;
     let s = ClientSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
 
@@ -758,6 +767,11 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
+    set_secs(
+        &mut table,
+        "handshake_timeout_secs",
+        flags.handshake_timeout_secs,
+    )?;
     let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
 
@@ -797,6 +811,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             "server" => Placement::ServerSide,
             other => bail!("unknown middlebox side {other:?} (use client or server)"),
         },
+        handshake_timeout: handshake_timeout(s.handshake_timeout_secs)?,
     };
     runtime()?.block_on(async move {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
@@ -858,6 +873,23 @@ fn print_report(r: &ConnectionReport) {
 }
 
 /// Settings of `mbx mbtls server` from `[mbtls.server]` and the flags.
+/// A number of seconds from a flag overrides the config file's.
+fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
+    if let Some(t) = secs {
+        table.insert(key.into(), toml::Value::Integer(i64::try_from(t)?));
+    }
+    Ok(())
+}
+
+/// The handshake timeout a middlebox or server uses.
+fn handshake_timeout(secs: Option<u64>) -> anyhow::Result<Duration> {
+    match secs {
+        None => Ok(mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT),
+        Some(0) => bail!("handshake_timeout_secs must be at least 1"),
+        Some(n) => Ok(Duration::from_secs(n)),
+    }
+}
+
 fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSettings> {
     let mut table = config.server.clone();
     set(&mut table, "listen", flags.listen);
@@ -867,6 +899,11 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
+    set_secs(
+        &mut table,
+        "handshake_timeout_secs",
+        flags.handshake_timeout_secs,
+    )?;
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
@@ -986,6 +1023,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             now_unix: 0,
         },
         backend: s.backend.clone(),
+        handshake_timeout: handshake_timeout(s.handshake_timeout_secs)?,
     };
     runtime()?.block_on(async move {
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)

@@ -254,6 +254,8 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             OsStr::new("sim"),
             OsStr::new("--sim-platform-key"),
             platform.as_os_str(),
+            OsStr::new("--handshake-timeout-secs"),
+            OsStr::new("2"),
         ],
         3,
     );
@@ -288,6 +290,9 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             OsStr::new(&measurement),
             OsStr::new("--sim-platform-key"),
             OsStr::new(&platform_key),
+            // Longer than the middlebox's: it closes its connection to us first.
+            OsStr::new("--handshake-timeout-secs"),
+            OsStr::new("6"),
         ],
         2,
     );
@@ -368,6 +373,32 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_client_middleboxes excludes"));
+
+    // A peer that connects and sends nothing is closed after --handshake-timeout-secs by the
+    // middlebox (which closes its connection to the server too) and by the server.
+    let silent_peer_is_closed = |addr: &str| {
+        use std::io::Read;
+        let mut peer = std::net::TcpStream::connect(addr).unwrap();
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        assert!(matches!(peer.read(&mut buf), Ok(0) | Err(_)), "{addr}");
+    };
+    silent_peer_is_closed(&mb_addr);
+    let mb_report = mb_lines.next().unwrap().unwrap();
+    assert!(
+        mb_report.contains("did not finish within 2s"),
+        "{mb_report}"
+    );
+    // The server first reports the middlebox's connection, which ended without a byte.
+    let srv_report = srv_lines.next().unwrap().unwrap();
+    assert!(srv_report.contains("ended with error"), "{srv_report}");
+    silent_peer_is_closed(&server_addr);
+    let srv_report = srv_lines.next().unwrap().unwrap();
+    assert!(
+        srv_report.contains("did not finish within 6s"),
+        "{srv_report}"
+    );
 }
 
 #[test]

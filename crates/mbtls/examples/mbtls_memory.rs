@@ -222,6 +222,7 @@ fn main() -> Res<()> {
         next_hop: server.to_string(),
         app,
         placement: Placement::ClientSide,
+        handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
     };
     let mut mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
     let mbox_addr = mbox.local_addr();

@@ -101,6 +101,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app,
             placement: Placement::ClientSide,
+            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -686,4 +687,78 @@ async fn unread_reports_are_bounded_and_counted() {
         assert!(r.outcome.is_err(), "{r:?}");
     }
     assert_eq!(mbox.reports_dropped(), extra);
+}
+
+/// Reads until the peer closes (EOF or reset); fails the test if it never does.
+async fn until_closed(sock: &mut TcpStream) {
+    let mut buf = [0u8; 256];
+    timeout(BOUND, async {
+        while let Ok(n) = sock.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the middlebox never closed the connection");
+}
+
+/// A peer that connects and then sends nothing, or stops in the middle of its ClientHello,
+/// does not hold the middlebox's task and sockets for ever: after `handshake_timeout` the
+/// middlebox closes both connections (the one to the next hop too) and reports why. A session
+/// whose handshake finished is not cut, however long it then stays idle. (The waits are real
+/// time; only what is closed and what still works are checked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
+    let w = World::new();
+    let patience = Duration::from_secs(2);
+    // Stalled peers: the next hop only accepts, so nothing but the timeout can end them.
+    let next_hop = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut cfg = w.middlebox(next_hop.local_addr().unwrap(), passthrough());
+    cfg.handshake_timeout = patience;
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    // A ClientHello record header and the start of its body, then nothing.
+    let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
+    for sent in [&[][..], partial] {
+        let mut peer = TcpStream::connect(mbox.local_addr()).await.unwrap();
+        peer.write_all(sent).await.unwrap();
+        let (mut upstream, _) = timeout(BOUND, next_hop.accept()).await.unwrap().unwrap();
+        until_closed(&mut peer).await;
+        until_closed(&mut upstream).await;
+        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        let why = report.outcome.clone().unwrap_err();
+        assert!(why.contains("did not finish within"), "{report:?}");
+        assert!(!report.keys_installed, "{report:?}");
+    }
+
+    // A session that got its keys stays up past the handshake timeout.
+    let server_leaf = Identity::from_pem(
+        std::fs::read(&w.server_files.chain).unwrap(),
+        std::fs::read(&w.server_files.key).unwrap(),
+    );
+    let version = TlsVersion::Tls13;
+    let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(in_process_server(listener, ctx, true));
+    let mut cfg = w.middlebox(server_addr, passthrough());
+    cfg.handshake_timeout = patience;
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    echo_through(&mut client, b"before the pause").await;
+    tokio::time::sleep(patience + Duration::from_millis(1500)).await;
+    echo_through(&mut client, b"after the pause").await;
+    client.close().await.unwrap();
+    while timeout(BOUND, client.read())
+        .await
+        .unwrap()
+        .unwrap()
+        .is_some()
+    {}
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    assert!(
+        report.keys_installed && report.outcome.is_ok(),
+        "{report:?}"
+    );
+    timeout(BOUND, server).await.unwrap().unwrap();
 }

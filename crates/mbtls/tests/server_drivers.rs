@@ -97,6 +97,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app: header_app(name),
             placement,
+            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 
@@ -113,6 +114,7 @@ impl World {
                 now_unix: 0,
             },
             backend: backend.to_string(),
+            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 
@@ -530,4 +532,43 @@ async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
     assert!(echoed.iter().enumerate().all(|(i, b)| *b == pattern(i)));
     let (up, down) = timeout(BOUND, proxy).await.unwrap().unwrap().unwrap();
     assert_eq!((up, down), (ECHOED as u64, ECHOED as u64));
+}
+
+/// A client that connects and sends nothing, or stops in the middle of its ClientHello, is
+/// closed by the mbTLS server after `handshake_timeout`, with a report that says so; the
+/// backend is never contacted. (Real time passes; only the close and the report are checked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mbtls_server_closes_a_stalled_handshake() {
+    let w = World::new();
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut cfg = w.server(TlsVersion::Tls13, backend.local_addr().unwrap());
+    cfg.handshake_timeout = Duration::from_secs(2);
+    let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
+    for sent in [&[][..], partial] {
+        let mut peer = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        peer.write_all(sent).await.unwrap();
+        let mut buf = [0u8; 256];
+        timeout(BOUND, async {
+            while let Ok(n) = peer.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("the server never closed the connection");
+        let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        let why = report.outcome.clone().unwrap_err();
+        assert!(why.contains("did not finish within"), "{report:?}");
+    }
+    // Nobody reached the backend.
+    assert!(
+        timeout(Duration::from_millis(100), backend.accept())
+            .await
+            .is_err(),
+        "the backend was contacted"
+    );
 }

@@ -159,6 +159,10 @@ pub struct MiddleboxServerConfig {
     pub app: AppFactory,
     /// Which endpoint the middlebox works for.
     pub placement: Placement,
+    /// A connection whose handshake has not finished this long after the accept (keys
+    /// installed, or the middlebox knows it stays out) is closed, both sockets
+    /// ([`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT)).
+    pub handshake_timeout: Duration,
 }
 
 /// Which side of the path a middlebox is on, i.e. which endpoint gives it its keys.
@@ -553,8 +557,10 @@ async fn relay(
     announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
-    let server = TcpStream::connect(cfg.next_hop.as_str())
+    let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+    let server = tokio::time::timeout_at(deadline, TcpStream::connect(cfg.next_hop.as_str()))
         .await
+        .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))?
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -586,6 +592,9 @@ async fn relay(
     let mut last_read = tokio::time::Instant::now();
     let idle = tokio::time::sleep(IDLE_TRIM_AFTER);
     tokio::pin!(idle);
+    // Closes a connection whose handshake stalls; disarmed once it is over.
+    let handshake_deadline = tokio::time::sleep_until(deadline);
+    tokio::pin!(handshake_deadline);
     let result: Result<(), DriverError> = loop {
         if let Some(f) = conn.failure.take() {
             break Err(DriverError::Relay(f));
@@ -594,6 +603,7 @@ async fn relay(
             break Ok(());
         }
         let holding = holds_memory(&buf_c, &buf_s, &conn);
+        let in_handshake = !conn.hs.keys_installed() && !conn.hs.is_passive();
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
         let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
@@ -612,6 +622,9 @@ async fn relay(
                 prepare_at = None;
                 conn.hs.prepare();
                 continue;
+            }
+            _ = &mut handshake_deadline, if in_handshake => {
+                break Err(DriverError::HandshakeTimeout(cfg.handshake_timeout));
             }
             _ = &mut idle, if holding => {
                 let due = last_read + IDLE_TRIM_AFTER;

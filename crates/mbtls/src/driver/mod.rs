@@ -40,6 +40,14 @@ pub(crate) const READ_BUF: usize = 32 * 1024;
 /// to leave before the sockets are dropped anyway.
 pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a middlebox or server gives a connection to finish the mbTLS handshake (from the
+/// TCP accept to the data phase, or, at a middlebox, until it knows it stays out of the
+/// session) before it closes it: a peer that connects and then sends nothing, or stalls
+/// mid-handshake, must not hold a task, its sockets and (at a middlebox) a connection to the
+/// next hop for ever. nginx's `ssl_handshake_timeout` has the same default. Only the handshake
+/// is bounded; an established session may stay idle as long as its endpoints like.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Why a driver stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -65,6 +73,9 @@ pub enum DriverError {
     /// The data phase ended abnormally (bad record, alert, app verdict).
     #[error("relay: {0}")]
     Relay(String),
+    /// The handshake did not finish in time (`handshake_timeout` of the middlebox or server).
+    #[error("the handshake did not finish within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),

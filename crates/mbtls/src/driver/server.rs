@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -29,6 +29,9 @@ pub struct MbtlsServerConfig {
     pub handshake: ServerHandshakeConfig,
     /// The plain-TCP backend (`host:port`) each session's plaintext is passed to.
     pub backend: String,
+    /// A connection whose handshake has not reached the data phase this long after the
+    /// accept is closed ([`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT)).
+    pub handshake_timeout: Duration,
 }
 
 /// The outcome of one session.
@@ -181,11 +184,12 @@ impl Session {
             .unwrap_or_default();
         let mut hs = ServerHandshake::new(hs_cfg)?;
         let mut buf = vec![0u8; READ_BUF];
-        // Handshake: until the data phase starts.
+        // Handshake: until the data phase starts, within the handshake timeout.
+        let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
         while !hs.data_phase_started() {
-            let n = stream
-                .read(&mut buf)
+            let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
                 .await
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))?
                 .map_err(DriverError::io("reading from the previous hop"))?;
             if n == 0 {
                 return Err(DriverError::PeerGone {
@@ -194,7 +198,10 @@ impl Session {
                 });
             }
             let r = hs.receive(buf.get(..n).unwrap_or_default());
-            let flushed = flush(&mut hs, &mut stream).await;
+            let flushed = tokio::time::timeout_at(deadline, flush(&mut hs, &mut stream))
+                .await
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))
+                .and_then(|f| f);
             r?;
             self.events(&mut hs)?;
             flushed?;
