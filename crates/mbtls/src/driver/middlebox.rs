@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::accept::Acceptor;
 use super::outbox::Outbox;
 use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, CLOSE_GRACE};
@@ -234,6 +235,7 @@ pub struct MiddleboxServer {
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<()>>,
     reports: ReportReceiver<ConnectionReport>,
+    accept_errors: Arc<AtomicU64>,
 }
 
 impl MiddleboxServer {
@@ -254,12 +256,15 @@ impl MiddleboxServer {
             legacy_servers: Mutex::new(HashSet::new()),
         });
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(accept_loop(listener, shared, tx, stopped));
+        let acceptor = Acceptor::new(listener);
+        let accept_errors = acceptor.error_count();
+        let task = tokio::spawn(accept_loop(acceptor, shared, tx, stopped));
         Ok(MiddleboxServer {
             local_addr,
             task,
             stop: Some(stop),
             reports,
+            accept_errors,
         })
     }
 
@@ -276,6 +281,13 @@ impl MiddleboxServer {
     /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
     pub fn reports_dropped(&self) -> u64 {
         self.reports.dropped()
+    }
+
+    /// How often accepting a connection failed (e.g. out of file descriptors). After each
+    /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
+    /// of retrying at once.
+    pub fn accept_errors(&self) -> u64 {
+        self.accept_errors.load(Ordering::Relaxed)
     }
 
     /// Stops listening and drops every connection (as if the process were killed); returns once
@@ -327,7 +339,7 @@ impl Shared {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    mut acceptor: Acceptor,
     cfg: Arc<Shared>,
     reports: ReportSender<ConnectionReport>,
     mut stopped: oneshot::Receiver<()>,
@@ -342,27 +354,20 @@ async fn accept_loop(
                 while conns.join_next().await.is_some() {}
                 return;
             }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let id = ids.fetch_add(1, Ordering::Relaxed);
-                    let cfg = cfg.clone();
-                    let reports = reports.clone();
-                    conns.spawn(async move {
-                        let report = serve(id, stream, Some(peer), &cfg).await;
-                        match &report.outcome {
-                            Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
-                            Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
-                        }
-                        reports.send(report);
-                    });
-                }
-                Err(e) => {
-                    // Transient accept errors (e.g. EMFILE) must not end the middlebox.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            (stream, peer) = acceptor.accept() => {
+                let id = ids.fetch_add(1, Ordering::Relaxed);
+                let cfg = cfg.clone();
+                let reports = reports.clone();
+                conns.spawn(async move {
+                    let report = serve(id, stream, Some(peer), &cfg).await;
+                    match &report.outcome {
+                        Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
+                        Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
+                    }
+                    reports.send(report);
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
     }
 }

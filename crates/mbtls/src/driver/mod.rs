@@ -17,6 +17,7 @@
 //! [`ServerSideMiddlebox`]: crate::handshake::ServerSideMiddlebox
 //! [`ServerHandshake`]: crate::handshake::ServerHandshake
 
+mod accept;
 pub mod client;
 pub mod middlebox;
 mod outbox;

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::timeout;
 
+use super::accept::Acceptor;
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
 use super::reports::{report_queue, ReportReceiver, ReportSender};
@@ -54,6 +55,7 @@ pub struct MbtlsServer {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
     reports: ReportReceiver<ServerConnectionReport>,
+    accept_errors: Arc<AtomicU64>,
 }
 
 impl MbtlsServer {
@@ -69,11 +71,14 @@ impl MbtlsServer {
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
         let (tx, reports) = report_queue();
-        let task = tokio::spawn(accept_loop(listener, Arc::new(cfg), tx));
+        let acceptor = Acceptor::new(listener);
+        let accept_errors = acceptor.error_count();
+        let task = tokio::spawn(accept_loop(acceptor, Arc::new(cfg), tx));
         Ok(MbtlsServer {
             local_addr,
             task,
             reports,
+            accept_errors,
         })
     }
 
@@ -90,6 +95,13 @@ impl MbtlsServer {
     /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
     pub fn reports_dropped(&self) -> u64 {
         self.reports.dropped()
+    }
+
+    /// How often accepting a connection failed (e.g. out of file descriptors). After each
+    /// failure the listener pauses (5 ms doubling to 1 s, or until a session ends) instead of
+    /// retrying at once.
+    pub fn accept_errors(&self) -> u64 {
+        self.accept_errors.load(Ordering::Relaxed)
     }
 }
 
@@ -108,7 +120,7 @@ impl core::fmt::Debug for MbtlsServer {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    mut acceptor: Acceptor,
     cfg: Arc<MbtlsServerConfig>,
     reports: ReportSender<ServerConnectionReport>,
 ) {
@@ -116,26 +128,20 @@ async fn accept_loop(
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let id = ids.fetch_add(1, Ordering::Relaxed);
-                    let cfg = cfg.clone();
-                    let reports = reports.clone();
-                    conns.spawn(async move {
-                        let report = serve_session(id, stream, Some(peer), &cfg).await;
-                        match &report.outcome {
-                            Ok(()) => tracing::info!(?report, "mbtls server session ended"),
-                            Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
-                        }
-                        reports.send(report);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            (stream, peer) = acceptor.accept() => {
+                let id = ids.fetch_add(1, Ordering::Relaxed);
+                let cfg = cfg.clone();
+                let reports = reports.clone();
+                conns.spawn(async move {
+                    let report = serve_session(id, stream, Some(peer), &cfg).await;
+                    match &report.outcome {
+                        Ok(()) => tracing::info!(?report, "mbtls server session ended"),
+                        Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
+                    }
+                    reports.send(report);
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
     }
 }

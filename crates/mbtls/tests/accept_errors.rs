@@ -1,0 +1,134 @@
+//! Out of file descriptors, a listener's `accept` fails until one is freed. The middlebox and
+//! the mbTLS server then pause between tries (5 ms doubling to 1 s) instead of retrying at once,
+//! and serve the waiting connection once a descriptor is free again.
+//!
+//! A test binary of its own: it lowers the whole process's `RLIMIT_NOFILE` for a moment.
+//! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mbx_attest::Policy;
+use mbx_engine::{Identity, OpenSslContext, TlsConfig};
+use mbx_mbtls::driver::{
+    MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement,
+    DEFAULT_HANDSHAKE_TIMEOUT,
+};
+use mbx_mbtls::handshake::{MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox};
+use mbx_testbed::{LeafSpec, TestPki};
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+use tokio::net::TcpSocket;
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Failed accepts counted while the process stays out of descriptors for this long.
+const STARVED: Duration = Duration::from_millis(600);
+/// With pauses of 5, 10, 20, … ms at most 8 tries fit in [`STARVED`] (plus the one seen before
+/// it starts), on any machine: a slower one only tries less often. A listener that retried at
+/// once fails thousands of times in that window.
+const MOST_TRIES: u64 = 12;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
+    let pki = TestPki::new("accept errors CA").unwrap();
+    let leaf = |spec: LeafSpec| {
+        let l = pki.issue(&spec).unwrap();
+        Identity::from_pem(l.chain_pem(), l.key_pem().as_bytes())
+    };
+    // A next hop nobody listens on: an accepted middlebox connection ends at once.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut mbox = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        MiddleboxServerConfig {
+            handshake: MiddleboxHandshakeConfig::new(
+                &TlsConfig::server(leaf(LeafSpec::middlebox("mb.test"))),
+                None,
+            )
+            .unwrap(),
+            next_hop: refused.to_string(),
+            app: Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<_>),
+            placement: Placement::ClientSide,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        },
+    )
+    .await
+    .unwrap();
+    let mut primary = TlsConfig::server(leaf(LeafSpec::server("server.test")));
+    primary.pause_after_handshake = true;
+    let secondary = TlsConfig::client("mb.test", pki.root_pem().into_bytes());
+    let mut server = MbtlsServer::bind(
+        "127.0.0.1:0",
+        MbtlsServerConfig {
+            handshake: ServerHandshakeConfig {
+                primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+                secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+                middlebox: ServerMiddlebox::PreconfiguredPath(Vec::new()),
+                policy: Policy::default(),
+                now_unix: 0,
+            },
+            backend: refused.to_string(),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        },
+    )
+    .await
+    .unwrap();
+
+    // The client sockets exist before the limit drops; connecting needs no new descriptor here,
+    // and the kernel queues the connections at the listeners, whose accept then fails.
+    let sockets = [TcpSocket::new_v4().unwrap(), TcpSocket::new_v4().unwrap()];
+    let saved = getrlimit(Resource::Nofile);
+    let lowest_free = std::fs::File::open("/dev/null").unwrap().as_raw_fd();
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(lowest_free as u64),
+            maximum: saved.maximum,
+        },
+    )
+    .unwrap();
+    let [a, b] = sockets;
+    let to_mbox = a.connect(mbox.local_addr()).await;
+    let to_server = b.connect(server.local_addr()).await;
+    let first_errors = timeout(BOUND, async {
+        while mbox.accept_errors() == 0 || server.accept_errors() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (mbox.accept_errors(), server.accept_errors())
+    })
+    .await
+    .ok();
+    tokio::time::sleep(STARVED).await;
+    let tries = (
+        mbox.accept_errors() - first_errors.map_or(0, |e| e.0),
+        server.accept_errors() - first_errors.map_or(0, |e| e.1),
+    );
+    setrlimit(Resource::Nofile, saved).unwrap();
+    assert!(
+        first_errors.is_some(),
+        "accept never failed with the descriptors used up"
+    );
+    assert!(
+        tries.0 <= MOST_TRIES && tries.1 <= MOST_TRIES,
+        "failed accepts while starved (middlebox, server): {tries:?}"
+    );
+
+    // A descriptor is free again: both listeners take their waiting connection.
+    let (to_mbox, to_server) = (to_mbox.unwrap(), to_server.unwrap());
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    assert!(
+        report
+            .outcome
+            .as_ref()
+            .is_err_and(|e| e.contains("next hop")),
+        "{report:?}"
+    );
+    drop(to_server);
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    assert!(report.outcome.is_err(), "{report:?}");
+    drop(to_mbox);
+}
