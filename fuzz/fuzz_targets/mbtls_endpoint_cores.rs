@@ -159,6 +159,10 @@ fuzz_target!(|data: &[u8]| {
             }
             for chunk in rest.chunks(97) {
                 let _ = srv.receive(chunk);
+                // The server's idle trim, likewise.
+                if selector & 64 != 0 {
+                    srv.release_idle_buffers();
+                }
             }
         }
     }

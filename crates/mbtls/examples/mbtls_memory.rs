@@ -1,14 +1,16 @@
-//! Heap held by an mbTLS middlebox per connection, against a plain TCP relay in the same run.
+//! Heap held per connection by an mbTLS middlebox, against a plain TCP relay in the same run,
+//! and by an mbTLS server (sessions straight from the client, and through a middlebox).
 //!
 //! `cargo run --release -p mbx-mbtls --example mbtls_memory` writes
 //! `docs/bench/mbtls-memory.json` and `docs/bench/mbtls-memory.png`.
 //!
 //! How: this binary's allocator tags every block with whether it was allocated on a thread of
-//! the middlebox's runtime, and keeps the live total of tagged bytes (a block freed on another
+//! a measured runtime, and keeps the live total of tagged bytes (a block freed on another
 //! thread still leaves that total). The middlebox (`MiddleboxServer`, client side, pass-through
 //! app, simulated evidence) and the baseline relay (`tokio::io::copy_bidirectional`, 32 KiB
-//! buffers each way, what the relay benchmark uses) run on that runtime; clients and the TLS
-//! server behind them run elsewhere. For each, `CONNS` sessions are opened and kept open, and
+//! buffers each way, what the relay benchmark uses) run on one measured runtime, the mbTLS
+//! server (`MbtlsServer` in front of a plain TCP sink) on another; clients, the TLS server
+//! behind the relays, the sink and the middlebox in front of the mbTLS server run elsewhere. For each, `CONNS` sessions are opened and kept open, and
 //! the live bytes are read at five points: sessions established (one 16 KB record relayed each),
 //! after 3 s idle, right after 1 MiB was sent through every session, after 3 s idle again (the
 //! middlebox gives grown buffers back after 2 s without a read, docs/mbtls.md §7), and after
@@ -30,9 +32,10 @@ use std::time::Duration;
 
 use mbx_apps::{MiddleboxApp, PassThrough};
 use mbx_mbtls::driver::{
-    AppFactory, MbtlsClient, MiddleboxServer, MiddleboxServerConfig, Placement,
+    AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    MiddleboxServerConfig, Placement, DEFAULT_HANDSHAKE_TIMEOUT,
 };
-use mbx_mbtls::handshake::ClientMiddlebox;
+use mbx_mbtls::handshake::{ClientMiddlebox, ServerMiddlebox};
 use mbx_record::TlsVersion;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
@@ -51,11 +54,11 @@ const REPS: usize = 3;
 // ---- the tagging allocator ------------------------------------------------------------------
 
 thread_local! {
-    static ON_MIDDLEBOX: Cell<bool> = const { Cell::new(false) };
+    static ON_MEASURED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Live bytes of blocks allocated on a middlebox-runtime thread.
-static MIDDLEBOX_LIVE: AtomicI64 = AtomicI64::new(0);
+static MEASURED_LIVE: AtomicI64 = AtomicI64::new(0);
 
 /// Every block gets a header of `max(align, 16)` bytes in front; its last 8 bytes say whether
 /// the block counts.
@@ -78,12 +81,12 @@ unsafe impl GlobalAlloc for Tagging {
         if base.is_null() {
             return base;
         }
-        let tagged = ON_MIDDLEBOX.with(|t| t.get());
+        let tagged = ON_MEASURED.with(|t| t.get());
         unsafe {
             let user = base.add(h);
             user.cast::<u64>().sub(1).write(u64::from(tagged));
             if tagged {
-                MIDDLEBOX_LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+                MEASURED_LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
             }
             user
         }
@@ -93,7 +96,7 @@ unsafe impl GlobalAlloc for Tagging {
         let h = header(layout);
         unsafe {
             if ptr.cast::<u64>().sub(1).read() == 1 {
-                MIDDLEBOX_LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+                MEASURED_LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
             }
             let outer = Layout::from_size_align_unchecked(layout.size() + h, h);
             System.dealloc(ptr.sub(h), outer);
@@ -105,7 +108,7 @@ unsafe impl GlobalAlloc for Tagging {
 static ALLOCATOR: Tagging = Tagging;
 
 fn live() -> i64 {
-    MIDDLEBOX_LIVE.load(Ordering::SeqCst)
+    MEASURED_LIVE.load(Ordering::SeqCst)
 }
 
 // ---- the measurement ------------------------------------------------------------------------
@@ -114,9 +117,28 @@ fn runtime(name: &str, tagged: bool) -> Res<Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name(name)
-        .on_thread_start(move || ON_MIDDLEBOX.with(|t| t.set(tagged)))
+        .on_thread_start(move || ON_MEASURED.with(|t| t.set(tagged)))
         .enable_all()
         .build()?)
+}
+
+/// A plain TCP backend that counts what it reads (behind the mbTLS server).
+async fn tcp_sink(count: Arc<AtomicU64>) -> Res<std::net::SocketAddr> {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = sock.read(&mut buf).await {
+                    count.fetch_add(n as u64, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    Ok(addr)
 }
 
 /// Waits until the tagged total stops moving (tasks finishing after a close).
@@ -222,9 +244,9 @@ fn main() -> Res<()> {
         next_hop: server.to_string(),
         app,
         placement: Placement::ClientSide,
-        handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+        handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
     };
-    let mut mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
+    let mut mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg.clone()))?;
     let mbox_addr = mbox.local_addr();
     // Reports are read as they come, as the CLI does.
     load.spawn(async move { while mbox.next_report().await.is_some() {} });
@@ -250,33 +272,95 @@ fn main() -> Res<()> {
         Box::pin(async move { Ok(Conn::Tls(TlsClient::connect(relay_addr, &ctx, &[]).await?)) })
     };
 
+    // The mbTLS server on its own measured runtime, in front of a plain TCP sink; reached
+    // straight from the client (no middlebox: the session stays in OpenSSL) and through a
+    // client-side middlebox on the load runtime (the primary keys are exported).
+    let server_rt = runtime("server-rt", true)?;
+    let backend_sink = Arc::new(AtomicU64::new(0));
+    let backend = load.block_on(tcp_sink(backend_sink.clone()))?;
+    let refuse: mbx_mbtls::handshake::Approver = Arc::new(|_: &[Vec<u8>]| false);
+    let mut mbtls_server = server_rt.block_on(MbtlsServer::bind(
+        "127.0.0.1:0",
+        MbtlsServerConfig {
+            handshake: setup.mbtls_server(version, ServerMiddlebox::Discover(refuse), true)?,
+            backend: backend.to_string(),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        },
+    ))?;
+    let server_addr = mbtls_server.local_addr();
+    load.spawn(async move { while mbtls_server.next_report().await.is_some() {} });
+    let mut front = load.block_on(MiddleboxServer::bind(
+        "127.0.0.1:0",
+        MiddleboxServerConfig {
+            next_hop: server_addr.to_string(),
+            ..cfg
+        },
+    ))?;
+    let front_addr = front.local_addr();
+    load.spawn(async move { while front.next_report().await.is_some() {} });
+    let direct_cfg = setup.mbtls_client(version, ClientMiddlebox::Disabled, true)?;
+    let via_cfg = setup.mbtls_client(
+        version,
+        ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()),
+        true,
+    )?;
+    let direct =
+        move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
+            let cfg = direct_cfg.clone();
+            Box::pin(async move {
+                Ok(Conn::Mbtls(Box::new(
+                    MbtlsClient::connect(server_addr, cfg).await?,
+                )))
+            })
+        };
+    let via = move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
+        let cfg = via_cfg.clone();
+        Box::pin(async move {
+            Ok(Conn::Mbtls(Box::new(
+                MbtlsClient::connect(front_addr, cfg).await?,
+            )))
+        })
+    };
+
     // Warm-up: one round of each (first-use allocations of the runtime and the libraries).
     sample(&load, &mbtls, &sink)?;
     sample(&load, &tls, &sink)?;
+    sample(&load, &direct, &backend_sink)?;
+    sample(&load, &via, &backend_sink)?;
     let mut mb: Vec<[f64; 5]> = Vec::new();
     let mut relay: Vec<[f64; 5]> = Vec::new();
+    let mut srv_direct: Vec<[f64; 5]> = Vec::new();
+    let mut srv_via: Vec<[f64; 5]> = Vec::new();
     for rep in 0..REPS {
         let m = sample(&load, &mbtls, &sink)?;
         let r = sample(&load, &tls, &sink)?;
+        let d = sample(&load, &direct, &backend_sink)?;
+        let v = sample(&load, &via, &backend_sink)?;
         println!(
-            "rep {}: bytes per connection, mbTLS middlebox {:?} | TCP relay {:?} ({})",
+            "rep {}: bytes per connection ({}): mbTLS middlebox {:?} | TCP relay {:?} | mbTLS server, direct {:?} | mbTLS server, through a middlebox {:?}",
             rep + 1,
+            POINTS.join(", "),
             m.map(|x| x.round()),
             r.map(|x| x.round()),
-            POINTS.join(", ")
+            d.map(|x| x.round()),
+            v.map(|x| x.round()),
         );
         mb.push(m);
         relay.push(r);
+        srv_direct.push(d);
+        srv_via.push(v);
     }
     let column = |v: &[[f64; 5]], i: usize| v.iter().map(|s| s[i]).collect::<Vec<_>>();
     let report = json!({
         "machine": "2 shared cores; one runtime thread for the middlebox",
         "connections": CONNS,
         "repetitions": REPS,
-        "unit": "heap bytes per connection held by the middlebox's runtime",
+        "unit": "heap bytes per connection held by the measured runtime (the middlebox's or relay's; the mbTLS server's)",
         "points": POINTS,
         "mbtls_middlebox": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&mb, i)))).collect::<serde_json::Map<_, _>>(),
         "tcp_relay": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&relay, i)))).collect::<serde_json::Map<_, _>>(),
+        "mbtls_server_direct": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&srv_direct, i)))).collect::<serde_json::Map<_, _>>(),
+        "mbtls_server_via_middlebox": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&srv_via, i)))).collect::<serde_json::Map<_, _>>(),
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
     std::fs::write(
@@ -287,12 +371,32 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// What the plot shows: JSON key, legend, colour.
+const KINDS: [(&str, &str, plotters::style::RGBColor); 4] = [
+    (
+        "mbtls_middlebox",
+        "mbTLS middlebox",
+        plotters::style::colors::BLUE,
+    ),
+    ("tcp_relay", "plain TCP relay", plotters::style::colors::RED),
+    (
+        "mbtls_server_direct",
+        "mbTLS server, no middlebox",
+        plotters::style::colors::GREEN,
+    ),
+    (
+        "mbtls_server_via_middlebox",
+        "mbTLS server, behind a middlebox",
+        plotters::style::RGBColor(160, 100, 0),
+    ),
+];
+
 fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
     use plotters::prelude::*;
     let median = |who: &str, p: &str| med(&report[who][p]) / 1024.0;
     let top = POINTS
         .iter()
-        .flat_map(|p| [median("mbtls_middlebox", p), median("tcp_relay", p)])
+        .flat_map(|p| KINDS.map(|(who, _, _)| median(who, p)))
         .fold(1.0f64, f64::max)
         * 1.15;
     let root = BitMapBackend::new(path, (1000, 520)).into_drawing_area();
@@ -303,7 +407,7 @@ fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
     }
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Heap per middlebox connection ({CONNS} connections, TLS 1.3)"),
+            format!("Heap per connection ({CONNS} connections, TLS 1.3)"),
             ("sans-serif", 22),
         )
         .margin(12)
@@ -325,20 +429,13 @@ fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
             ("sans-serif", 16).into_font(),
         )
     }))?;
-    for (k, (who, colour)) in [("mbtls_middlebox", BLUE), ("tcp_relay", RED)]
-        .into_iter()
-        .enumerate()
-    {
+    for (k, (who, label, colour)) in KINDS.into_iter().enumerate() {
         chart
             .draw_series(POINTS.iter().enumerate().map(|(i, p)| {
-                let x0 = i as f64 + 0.15 + 0.35 * k as f64;
-                Rectangle::new([(x0, 0.0), (x0 + 0.3, median(who, p))], colour.filled())
+                let x0 = i as f64 + 0.1 + 0.2 * k as f64;
+                Rectangle::new([(x0, 0.0), (x0 + 0.18, median(who, p))], colour.filled())
             }))?
-            .label(if k == 0 {
-                "mbTLS middlebox"
-            } else {
-                "plain TCP relay"
-            })
+            .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
     }
     chart

@@ -27,6 +27,11 @@ pub(crate) struct DirectDataPhase {
 }
 
 impl DirectDataPhase {
+    /// See [`OpenSslEngine::release_idle_buffers`].
+    pub(crate) fn release_idle_buffers(&mut self) {
+        self.engine.release_idle_buffers();
+    }
+
     /// Takes over `engine`, paused at the end of its handshake; records it holds unprocessed
     /// are read now.
     pub(crate) fn new(mut engine: OpenSslEngine) -> Self {

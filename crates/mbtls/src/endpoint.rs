@@ -53,6 +53,13 @@ impl Drop for EndpointDataPhase {
 }
 
 impl EndpointDataPhase {
+    /// An idle session gives back what its buffers grew to: the incomplete record kept is
+    /// shrunk to its bytes, the (ciphertext) output buffer freed if empty.
+    pub fn release_idle_buffers(&mut self) {
+        self.hop.release_idle_buffer();
+        self.outgoing.shrink_to_fit();
+    }
+
     /// `keys` are the hop to the endpoint's neighbour; a client writes `c2s`, a server `s2c`.
     pub fn new(role: Role, version: TlsVersion, keys: HopKeys) -> Self {
         let HopKeys { c2s, s2c } = keys;

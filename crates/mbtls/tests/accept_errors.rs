@@ -67,7 +67,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
             handshake: ServerHandshakeConfig {
                 primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
                 secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
-                middlebox: ServerMiddlebox::PreconfiguredPath(Vec::new()),
+                middlebox: ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
                 policy: Policy::default(),
                 now_unix: 0,
             },

@@ -760,6 +760,15 @@ impl OpenSslEngine {
         self.exportable
     }
 
+    /// An idle session gives back the memory its in-memory transport grew to under traffic
+    /// (received records not yet processed are kept, shrunk to their size; both buffers hold
+    /// ciphertext only).
+    pub fn release_idle_buffers(&mut self) {
+        let io = self.stream.get_mut();
+        io.incoming.shrink_to_fit();
+        io.outgoing.shrink_to_fit();
+    }
+
     /// After a pause at the end of the handshake (`pause_after_handshake`): the session is not
     /// exported after all, so OpenSSL keeps running it. Records that arrived meanwhile are
     /// processed by the next [`process`](TlsEngine::process).

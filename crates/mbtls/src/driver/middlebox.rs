@@ -10,14 +10,13 @@ use std::time::Duration;
 
 use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::accept::Acceptor;
 use super::outbox::Outbox;
+use super::read_buf::{read_into, IdleTrim, ReadBuf, READ_BUF_MAX};
 use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, CLOSE_GRACE};
 use crate::handshake::{
@@ -31,101 +30,6 @@ use crate::relay::{MiddleboxRelay, RelayEvent};
 pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
 
 type App = Box<dyn MiddleboxApp + Send>;
-
-/// Bytes read from a socket at once, at most: several 16 KB records per system call when the
-/// peer is sending in bulk (fewer reads, and records are opened in this buffer, not copied out
-/// of it).
-const MIDDLEBOX_READ_BUF: usize = 128 * 1024;
-/// A read buffer is this size when a socket first has bytes to read, and doubles, up to
-/// [`MIDDLEBOX_READ_BUF`], each time a read fills it: a connection that only ever carries small
-/// messages keeps 16 KiB per socket instead of 128 KiB, and a bulk transfer reaches the full
-/// size after three reads.
-const MIDDLEBOX_READ_BUF_START: usize = 16 * 1024;
-
-/// Consecutive reads of less than an eighth of a grown buffer after which it goes back to
-/// [`MIDDLEBOX_READ_BUF_START`]: the transfer that grew it is over (one short read is common in
-/// the middle of a transfer too, when TCP delivers part of a record).
-const SHRINK_AFTER_SMALL_READS: u32 = 16;
-
-/// A connection that has read nothing for this long gives back its read buffers and the chunks
-/// its outboxes keep: a bulk transfer followed by silence on a connection left open would
-/// otherwise hold up to about 1.5 MiB until the connection ends (short reads never come to
-/// shrink them), and an idle keep-alive connection 32 KiB of empty read buffers.
-const IDLE_TRIM_AFTER: Duration = Duration::from_secs(2);
-
-/// One socket's read buffer, sized by its traffic, and not allocated at all while the socket
-/// is idle (it is allocated when the socket becomes readable, [`read_into`]). It holds no
-/// plaintext between reads (records are opened in it and wiped), so resizing or freeing it
-/// copies or frees only ciphertext.
-struct ReadBuf {
-    bytes: Vec<u8>,
-    /// Consecutive short reads into the grown buffer.
-    small_reads: u32,
-}
-
-impl ReadBuf {
-    /// Nothing allocated until the socket has bytes.
-    fn new() -> ReadBuf {
-        ReadBuf {
-            bytes: Vec::new(),
-            small_reads: 0,
-        }
-    }
-
-    /// After a read of `n` bytes: doubles the buffer (up to [`MIDDLEBOX_READ_BUF`]) when the read
-    /// filled it, puts it back to the start size after [`SHRINK_AFTER_SMALL_READS`] short reads
-    /// in a row. True when it shrank.
-    fn after_read(&mut self, n: usize) -> bool {
-        let len = self.bytes.len();
-        if n == len && len < MIDDLEBOX_READ_BUF {
-            self.bytes.resize(
-                (len * 2).clamp(MIDDLEBOX_READ_BUF_START, MIDDLEBOX_READ_BUF),
-                0,
-            );
-        }
-        if len <= MIDDLEBOX_READ_BUF_START || n >= len / 8 {
-            self.small_reads = 0;
-            return false;
-        }
-        self.small_reads += 1;
-        if self.small_reads < SHRINK_AFTER_SMALL_READS {
-            return false;
-        }
-        self.small_reads = 0;
-        self.bytes.truncate(MIDDLEBOX_READ_BUF_START);
-        self.bytes.shrink_to_fit();
-        true
-    }
-
-    /// Holds an allocation (the idle trim would free it).
-    fn is_allocated(&self) -> bool {
-        self.bytes.capacity() > 0
-    }
-
-    /// Memory returned; the next read allocates the start size again.
-    fn release(&mut self) {
-        self.small_reads = 0;
-        self.bytes = Vec::new();
-    }
-}
-
-/// Reads from `r` into `buf`, allocating the buffer only once the socket has something to read
-/// (bytes or its end): an idle connection holds no read buffer. Readiness can be reported
-/// without bytes (tokio says so; a new socket does it here): a read that would block gives the
-/// buffer back and waits again. Cancel safe, like `read`: a dropped future read nothing.
-async fn read_into(r: &mut OwnedReadHalf, buf: &mut ReadBuf) -> std::io::Result<usize> {
-    if !buf.bytes.is_empty() {
-        return r.read(&mut buf.bytes).await;
-    }
-    loop {
-        r.readable().await?;
-        buf.bytes.resize(MIDDLEBOX_READ_BUF_START, 0);
-        match r.try_read(&mut buf.bytes) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => buf.release(),
-            done => return done,
-        }
-    }
-}
 
 /// Client side: how long after forwarding a ClientHello with optimistic hellos the middlebox
 /// answers ours ahead of the ServerHello (`MiddleboxHandshake::prepare`: engine, key share,
@@ -588,15 +492,11 @@ async fn relay(
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
-    let (mut buf_c, mut buf_s) = (ReadBuf::new(), ReadBuf::new());
+    let (mut buf_c, mut buf_s) = (ReadBuf::new(READ_BUF_MAX), ReadBuf::new(READ_BUF_MAX));
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
-    // Gives memory back once nothing was read for IDLE_TRIM_AFTER. One timer for the whole
-    // connection, moved only when it fires: a read merely notes its time (no timer work per
-    // read on the bulk path).
-    let mut last_read = tokio::time::Instant::now();
-    let idle = tokio::time::sleep(IDLE_TRIM_AFTER);
-    tokio::pin!(idle);
+    // Gives memory back once nothing was read for IDLE_TRIM_AFTER.
+    let mut idle = IdleTrim::new();
     // Closes a connection whose handshake stalls; disarmed once it is over.
     let handshake_deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(handshake_deadline);
@@ -607,7 +507,7 @@ async fn relay(
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
         }
-        let holding = holds_memory(&buf_c, &buf_s, &conn);
+        let holding = idle.pending() || holds_memory(&buf_c, &buf_s, &conn);
         let in_handshake = !conn.hs.keys_installed() && !conn.hs.is_passive();
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
@@ -631,22 +531,13 @@ async fn relay(
             _ = &mut handshake_deadline, if in_handshake => {
                 break Err(DriverError::HandshakeTimeout(cfg.handshake_timeout));
             }
-            _ = &mut idle, if holding => {
-                let due = last_read + IDLE_TRIM_AFTER;
-                let now = tokio::time::Instant::now();
-                if now < due {
-                    idle.as_mut().reset(due);
-                } else {
-                    buf_c.release();
-                    buf_s.release();
-                    conn.to_client.trim_spares();
-                    conn.to_server.trim_spares();
-                    conn.hs.release_idle_buffers();
-                    report.idle_trims += 1;
-                    // Memory held again later (chunks back from writes) waits a full period.
-                    last_read = now;
-                    idle.as_mut().reset(now + IDLE_TRIM_AFTER);
-                }
+            _ = idle.due(), if holding => {
+                buf_c.release();
+                buf_s.release();
+                conn.to_client.trim_spares();
+                conn.to_server.trim_spares();
+                conn.hs.release_idle_buffers();
+                report.idle_trims += 1;
                 continue;
             }
             else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
@@ -683,7 +574,7 @@ async fn relay(
             conn.outbox(from.other()).trim_spares();
         }
         // Each read puts the idle trim off.
-        last_read = tokio::time::Instant::now();
+        idle.read_now();
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();
@@ -703,95 +594,4 @@ async fn relay(
     })
     .await;
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn read_buffers_double_when_filled_and_shrink_when_the_transfer_is_over() {
-        let mut rb = ReadBuf::new();
-        rb.bytes.resize(MIDDLEBOX_READ_BUF_START, 0); // as `read_into` does
-        assert!(!rb.after_read(100));
-        assert_eq!(
-            rb.bytes.len(),
-            MIDDLEBOX_READ_BUF_START,
-            "a short read does not grow it"
-        );
-        let mut sizes = Vec::new();
-        for _ in 0..6 {
-            let n = rb.bytes.len();
-            assert!(!rb.after_read(n));
-            sizes.push(rb.bytes.len() / 1024);
-        }
-        assert_eq!(sizes, [32, 64, 128, 128, 128, 128]);
-        // Short reads in the middle of a transfer keep it: a read of an eighth or more resets
-        // the count.
-        for _ in 0..3 {
-            for _ in 0..SHRINK_AFTER_SMALL_READS - 1 {
-                assert!(!rb.after_read(1));
-            }
-            assert!(!rb.after_read(MIDDLEBOX_READ_BUF / 8));
-        }
-        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF);
-        // Enough short reads in a row put it back to the start size.
-        for _ in 0..SHRINK_AFTER_SMALL_READS - 1 {
-            assert!(!rb.after_read(10));
-        }
-        assert!(rb.after_read(10));
-        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
-        assert!(rb.bytes.capacity() < MIDDLEBOX_READ_BUF);
-        // At the start size nothing shrinks, however many short reads.
-        for _ in 0..2 * SHRINK_AFTER_SMALL_READS {
-            assert!(!rb.after_read(1));
-        }
-    }
-
-    #[test]
-    fn an_idle_release_frees_a_grown_buffer_and_counts_afresh() {
-        let mut rb = ReadBuf::new();
-        assert!(!rb.is_allocated());
-        rb.bytes.resize(MIDDLEBOX_READ_BUF_START, 0);
-        for _ in 0..3 {
-            let n = rb.bytes.len();
-            rb.after_read(n);
-        }
-        assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF);
-        rb.after_read(1);
-        rb.release();
-        assert!(!rb.is_allocated());
-        assert_eq!(rb.small_reads, 0);
-    }
-
-    /// The read buffer is allocated only once the socket is readable, and at the start size;
-    /// after a release the socket waits without one again.
-    #[tokio::test]
-    async fn a_socket_with_nothing_to_read_holds_no_read_buffer() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut peer = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (ours, _) = listener.accept().await.unwrap();
-        let (mut r, _w) = ours.into_split();
-        let mut rb = ReadBuf::new();
-        // Nothing sent: the read waits (and is given up) without allocating.
-        let waited = tokio::time::timeout(Duration::from_millis(20), read_into(&mut r, &mut rb));
-        assert!(waited.await.is_err(), "nothing was sent");
-        assert!(!rb.is_allocated());
-        for round in 0..2 {
-            tokio::io::AsyncWriteExt::write_all(&mut peer, b"hello")
-                .await
-                .unwrap();
-            let n = read_into(&mut r, &mut rb).await.unwrap();
-            assert_eq!(rb.bytes.get(..n), Some(&b"hello"[..n]), "round {round}");
-            assert_eq!(rb.bytes.len(), MIDDLEBOX_READ_BUF_START);
-            rb.after_read(n);
-            rb.release();
-            assert!(!rb.is_allocated());
-        }
-        // The end of the stream is readable too: it reads as 0 bytes.
-        drop(peer);
-        assert_eq!(read_into(&mut r, &mut rb).await.unwrap(), 0);
-    }
 }

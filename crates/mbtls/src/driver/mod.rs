@@ -21,6 +21,7 @@ mod accept;
 pub mod client;
 pub mod middlebox;
 mod outbox;
+mod read_buf;
 mod reports;
 pub mod server;
 

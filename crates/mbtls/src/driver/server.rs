@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::{JoinHandle, JoinSet};
@@ -15,6 +16,7 @@ use tokio::time::timeout;
 use super::accept::Acceptor;
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
+use super::read_buf::{read_into, IdleTrim, ReadBuf};
 use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
@@ -46,6 +48,9 @@ pub struct ServerConnectionReport {
     /// Plaintext bytes passed to the backend and back.
     pub bytes_to_backend: u64,
     pub bytes_from_backend: u64,
+    /// How often the session's read buffers were freed after `IDLE_TRIM_AFTER` (2 s) without a
+    /// read (they are allocated again when a socket becomes readable).
+    pub idle_trims: u32,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -161,6 +166,7 @@ pub async fn serve_session(
             summary: None,
             bytes_to_backend: 0,
             bytes_from_backend: 0,
+            idle_trims: 0,
             outcome: Ok(()),
         },
         peer_closed: false,
@@ -219,7 +225,11 @@ impl Session {
         let _ = backend.set_nodelay(true);
         let (mut backend_r, mut backend_w) = backend.into_split();
         let (mut stream_r, mut stream_w) = stream.into_split();
-        let mut backend_buf = vec![0u8; READ_BUF];
+        // The data phase reads into buffers sized by the traffic (up to the 32 KiB the
+        // handshake read with), which an idle session frees.
+        drop(buf);
+        let (mut buf, mut backend_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
+        let mut idle = IdleTrim::new();
         let mut backend_open = true;
         let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
         loop {
@@ -237,7 +247,7 @@ impl Session {
             let (want_p, want_b) = (to_prev.wants_write(), to_backend.wants_write());
             tokio::select! {
                 // Records from the previous hop become plaintext for the backend.
-                r = stream_r.read(&mut buf), if !self.peer_closed && to_backend.has_room() => {
+                r = read_into(&mut stream_r, &mut buf), if !self.peer_closed && to_backend.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the previous hop"))?;
                     if n == 0 {
                         // After our close_notify (the backend finished its answer) a client
@@ -257,7 +267,9 @@ impl Session {
                             when: "without close_notify (the session may be truncated)",
                         });
                     }
-                    let r = hs.receive(buf.get(..n).unwrap_or_default());
+                    let r = hs.receive(buf.bytes.get(..n).unwrap_or_default());
+                    buf.after_read(n);
+                    idle.read_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_prev.push(hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| self.events(&mut hs)) {
@@ -265,15 +277,28 @@ impl Session {
                         return Err(e);
                     }
                 }
-                r = backend_r.read(&mut backend_buf), if backend_open && to_prev.has_room() => {
+                r = read_into(&mut backend_r, &mut backend_buf), if backend_open && to_prev.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the backend"))?;
                     if n == 0 {
                         backend_open = false;
                         hs.close()?;
                     } else {
                         self.report.bytes_from_backend += n as u64;
-                        hs.write(backend_buf.get(..n).unwrap_or_default())?;
+                        let plain = backend_buf.bytes.get_mut(..n).unwrap_or_default();
+                        let written = hs.write(plain);
+                        // Plaintext: wiped once sealed, so that no resize or release of the
+                        // buffer leaves it in freed memory.
+                        wipe::wipe(plain);
+                        written?;
+                        backend_buf.after_read(n);
+                        idle.read_now();
                     }
+                }
+                _ = idle.due(), if idle.pending() => {
+                    buf.release();
+                    backend_buf.release();
+                    hs.release_idle_buffers();
+                    self.report.idle_trims += 1;
                 }
                 w = to_prev.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the previous hop"))?;

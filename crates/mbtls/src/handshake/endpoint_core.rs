@@ -143,6 +143,13 @@ impl DataPhase {
             DataPhase::Direct(d) => d.poll_event(),
         }
     }
+
+    fn release_idle_buffers(&mut self) {
+        match self {
+            DataPhase::Exported(d) => d.release_idle_buffers(),
+            DataPhase::Direct(d) => d.release_idle_buffers(),
+        }
+    }
 }
 
 /// One middlebox on our side: its secondary session on its subchannel.
@@ -710,6 +717,14 @@ impl EndpointCore {
 
     pub(super) fn summary(&self) -> Option<&SessionSummary> {
         self.summary.as_ref()
+    }
+
+    /// Gives back buffer memory an idle session does not need (ciphertext buffers only).
+    pub(super) fn release_idle_buffers(&mut self) {
+        self.out.shrink_to_fit();
+        if let Some(d) = self.data.as_mut() {
+            d.release_idle_buffers();
+        }
     }
 
     pub(super) fn take_outgoing(&mut self) -> Vec<u8> {

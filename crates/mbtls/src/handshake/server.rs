@@ -184,6 +184,15 @@ impl ServerHandshake {
     pub fn is_ready(&self) -> bool {
         self.core.is_ready()
     }
+
+    /// For an idle session (the driver calls it after 2 s without a read): frees the buffers
+    /// traffic made grow (the demultiplexer's, the record layer's; OpenSSL's transport when
+    /// the session stayed in OpenSSL), keeping any incomplete record. Only ciphertext buffers
+    /// are shrunk, so no plaintext is left behind in freed memory.
+    pub fn release_idle_buffers(&mut self) {
+        self.demux.release_if_empty();
+        self.core.release_idle_buffers();
+    }
 }
 
 /// The primary engine, made when the ClientHello arrives. Without pre-configured middleboxes
