@@ -119,6 +119,10 @@ struct ServerFlags {
     /// never timed out.
     #[arg(long)]
     handshake_timeout_secs: Option<u64>,
+    /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
+    /// end before cutting them (default 10; a second signal stops at once).
+    #[arg(long)]
+    drain_secs: Option<u64>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -210,6 +214,10 @@ struct MiddleboxFlags {
     /// never timed out.
     #[arg(long)]
     handshake_timeout_secs: Option<u64>,
+    /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
+    /// end before cutting them (default 10; a second signal stops at once).
+    #[arg(long)]
+    drain_secs: Option<u64>,
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
@@ -273,6 +281,8 @@ struct MiddleboxSettings {
     side: String,
     /// Seconds a connection may take to finish its handshake (default 60).
     handshake_timeout_secs: Option<u64>,
+    /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
+    drain_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -302,6 +312,8 @@ struct ServerSettings {
     tls: Option<String>,
     /// Seconds a connection may take to finish its handshake (default 60).
     handshake_timeout_secs: Option<u64>,
+    /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
+    drain_secs: Option<u64>,
 }
 
 fn default_side() -> String {
@@ -772,6 +784,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         "handshake_timeout_secs",
         flags.handshake_timeout_secs,
     )?;
+    set_secs(&mut table, "drain_secs", flags.drain_secs)?;
     let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
 
@@ -825,15 +838,28 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         );
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
+        let grace = drain_grace(s.drain_secs);
+        let mut stop = StopSignals::new()?;
         loop {
             tokio::select! {
-                r = tokio::signal::ctrl_c() => {
-                    r.context("cannot wait for Ctrl-C")?;
-                    print_line("middlebox stopping");
-                    return Ok(());
+                r = stop.next() => {
+                    r?;
+                    if stop.count > 1 {
+                        print_line("middlebox stopping now");
+                        return Ok(());
+                    }
+                    server.drain(grace);
+                    print_line(format!(
+                        "middlebox stopping: no new connections; open ones have {}s to end (signal again to stop now)",
+                        grace.as_secs()
+                    ));
                 }
                 report = server.next_report() => match report {
                     Some(r) => print_report(&r),
+                    None if stop.count > 0 => {
+                        print_line(format!("middlebox stopped ({} connections cut)", server.connections_cut()));
+                        return Ok(());
+                    }
                     None => bail!("the middlebox stopped"),
                 },
             }
@@ -873,6 +899,37 @@ fn print_report(r: &ConnectionReport) {
 }
 
 /// Settings of `mbx mbtls server` from `[mbtls.server]` and the flags.
+/// Ctrl-C and SIGTERM, counted: the first asks a middlebox or server to drain, the second to
+/// stop at once.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    count: u32,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            count: 0,
+        })
+    }
+
+    async fn next(&mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+            _ = self.term.recv() => {}
+        }
+        self.count += 1;
+        Ok(())
+    }
+}
+
+/// How long open connections get after the first stop signal.
+fn drain_grace(secs: Option<u64>) -> Duration {
+    Duration::from_secs(secs.unwrap_or(10))
+}
+
 /// A number of seconds from a flag overrides the config file's.
 fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
     if let Some(t) = secs {
@@ -904,6 +961,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
         "handshake_timeout_secs",
         flags.handshake_timeout_secs,
     )?;
+    set_secs(&mut table, "drain_secs", flags.drain_secs)?;
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
@@ -1035,15 +1093,28 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             s.backend
         );
         println!("server-side middlebox: {described}");
+        let grace = drain_grace(s.drain_secs);
+        let mut stop = StopSignals::new()?;
         loop {
             tokio::select! {
-                r = tokio::signal::ctrl_c() => {
-                    r.context("cannot wait for Ctrl-C")?;
-                    print_line("server stopping");
-                    return Ok(());
+                r = stop.next() => {
+                    r?;
+                    if stop.count > 1 {
+                        print_line("server stopping now");
+                        return Ok(());
+                    }
+                    server.drain(grace);
+                    print_line(format!(
+                        "server stopping: no new sessions; open ones have {}s to end (signal again to stop now)",
+                        grace.as_secs()
+                    ));
                 }
                 report = server.next_report() => match report {
                     Some(r) => print_server_report(&r),
+                    None if stop.count > 0 => {
+                        print_line(format!("server stopped ({} sessions cut)", server.connections_cut()));
+                        return Ok(());
+                    }
                     None => bail!("the server stopped"),
                 },
             }

@@ -399,6 +399,25 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         srv_report.contains("did not finish within 6s"),
         "{srv_report}"
     );
+
+    // SIGTERM: each drains (nothing is open, so nothing is cut) and exits cleanly.
+    for (mut child, lines, who, what) in [
+        (_mb, mb_lines, "middlebox", "connections"),
+        (_srv, srv_lines, "server", "sessions"),
+    ] {
+        let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let rest: Vec<String> = lines.map(Result::unwrap).collect();
+        let stopping = format!("{who} stopping: no new {what}");
+        assert!(
+            rest.first().is_some_and(|l| l.starts_with(&stopping)),
+            "{rest:?}"
+        );
+        let stopped = format!("{who} stopped (0 {what} cut)");
+        assert_eq!(rest.last(), Some(&stopped), "{rest:?}");
+        let status = child.wait_timeout(std::time::Duration::from_secs(60));
+        assert!(status.is_some_and(|s| s.success()), "{who}: {status:?}");
+    }
 }
 
 #[test]

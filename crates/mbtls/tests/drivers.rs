@@ -762,3 +762,76 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
     );
     timeout(BOUND, server).await.unwrap().unwrap();
 }
+
+/// A graceful stop: once `drain` is called the middlebox refuses new connections, the open
+/// session carries on until its endpoints end it (and is reported), and then the report stream
+/// ends. A session still open when the grace period is over is cut, counted and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish() {
+    let w = World::new();
+    let server_leaf = Identity::from_pem(
+        std::fs::read(&w.server_files.chain).unwrap(),
+        std::fs::read(&w.server_files.key).unwrap(),
+    );
+    let version = TlsVersion::Tls13;
+    for cut in [false, true] {
+        let ctx =
+            OpenSslContext::new(&TlsConfig::server(server_leaf.clone()).only(version)).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(in_process_server(listener, ctx, true));
+        let mut mbox =
+            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
+                .await
+                .unwrap();
+        let addr = mbox.local_addr();
+        let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+        echo_through(&mut client, b"before the drain").await;
+        mbox.drain(if cut {
+            Duration::from_millis(300)
+        } else {
+            BOUND
+        });
+        // The listener closes as soon as the accept loop sees the drain.
+        timeout(BOUND, async {
+            while TcpStream::connect(addr).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a draining middlebox still accepts connections");
+        if cut {
+            // Left open past the grace period: cut, and the client sees it.
+            let read = timeout(BOUND, client.read()).await.unwrap();
+            assert!(!matches!(read, Ok(Some(_))), "{read:?}");
+        } else {
+            echo_through(&mut client, b"while draining").await;
+            client.close().await.unwrap();
+            while timeout(BOUND, client.read())
+                .await
+                .unwrap()
+                .unwrap()
+                .is_some()
+            {}
+        }
+        // The report stream ends once every connection is gone. Besides the session's, only
+        // probes the middlebox accepted before it saw the drain can be reported.
+        let mut session = Vec::new();
+        while let Some(r) = timeout(BOUND, mbox.next_report()).await.unwrap() {
+            if r.keys_installed {
+                session.push(r);
+            }
+        }
+        if cut {
+            assert!(session.is_empty(), "{session:?}");
+            assert!(mbox.connections_cut() >= 1);
+        } else {
+            assert!(
+                session.len() == 1 && session[0].outcome.is_ok(),
+                "{session:?}"
+            );
+            assert_eq!(mbox.connections_cut(), 0);
+        }
+        let _ = timeout(BOUND, server).await.unwrap();
+    }
+}

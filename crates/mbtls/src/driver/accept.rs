@@ -1,4 +1,5 @@
-//! Accepting connections without spinning when `accept` fails.
+//! The accept loop of the middlebox and the server: accepting without spinning when `accept`
+//! fails, and stopping either at once or by draining.
 //!
 //! `accept` fails while the process is out of file descriptors (EMFILE, ENFILE) or memory, and
 //! keeps failing until a descriptor is freed: the pending connection stays in the listen queue.
@@ -7,12 +8,15 @@
 //! each further error, up to 1 s (the schedule Go's `net/http` server uses), or until one of its
 //! connections ends and so frees a descriptor, whichever comes first.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 /// The first pause after an accept error.
@@ -93,6 +97,120 @@ impl Acceptor {
     /// One of our connections ended, so a descriptor is free: stop pausing.
     pub(crate) fn connection_ended(&mut self) {
         self.paused_until = None;
+    }
+}
+
+/// How a listener stops.
+enum Stop {
+    /// Every connection is cut at once.
+    Now,
+    /// No new connection; open ones may finish within this grace period, then are cut.
+    Drain(Duration),
+}
+
+/// A running accept loop, as its owner (`MiddleboxServer`, `MbtlsServer`) holds it. Dropping it
+/// cuts every connection.
+pub(crate) struct Running {
+    task: JoinHandle<()>,
+    stop: Option<oneshot::Sender<Stop>>,
+    accept_errors: Arc<AtomicU64>,
+    cut: Arc<AtomicU64>,
+}
+
+impl Running {
+    /// Accepts connections from `listener` and runs `serve(id, stream, peer)` for each, ids
+    /// from 0 in accept order, until stopped.
+    pub(crate) fn spawn<F, Fut>(listener: TcpListener, serve: F) -> Running
+    where
+        F: FnMut(u64, TcpStream, SocketAddr) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let acceptor = Acceptor::new(listener);
+        let accept_errors = acceptor.error_count();
+        let cut = Arc::new(AtomicU64::new(0));
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_loop(acceptor, stopped, cut.clone(), serve));
+        Running {
+            task,
+            stop: Some(stop),
+            accept_errors,
+            cut,
+        }
+    }
+
+    pub(crate) fn accept_errors(&self) -> u64 {
+        self.accept_errors.load(Ordering::Relaxed)
+    }
+
+    /// Connections cut by a stop (after a drain's grace period, or by `shutdown`).
+    pub(crate) fn cut(&self) -> u64 {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Stops listening at once (new connections are refused) and lets the open ones finish
+    /// for up to `grace`; those still open then are cut. Returns at once.
+    pub(crate) fn drain(&mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Drain(grace));
+        }
+    }
+
+    /// Stops listening and cuts every connection; returns once every connection task is
+    /// gone, so nothing is relayed after this.
+    pub(crate) async fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Now);
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Aborting the accept task drops its JoinSet, which aborts every connection task and
+        // with it its sockets.
+        self.task.abort();
+    }
+}
+
+async fn accept_loop<F, Fut>(
+    mut acceptor: Acceptor,
+    mut stopped: oneshot::Receiver<Stop>,
+    cut: Arc<AtomicU64>,
+    mut serve: F,
+) where
+    F: FnMut(u64, TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut next_id = 0u64;
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            stop = &mut stopped => {
+                // The listening socket closes here: new connections are refused from now on.
+                drop(acceptor);
+                if let Ok(Stop::Drain(grace)) = stop {
+                    let _ = tokio::time::timeout(grace, async {
+                        while conns.join_next().await.is_some() {}
+                    })
+                    .await;
+                    while conns.try_join_next().is_some() {}
+                }
+                cut.fetch_add(conns.len() as u64, Ordering::Relaxed);
+                if !conns.is_empty() {
+                    tracing::warn!(connections = conns.len(), "stopping: open connections cut");
+                }
+                // Wait for every aborted connection so that none relays another byte.
+                conns.abort_all();
+                while conns.join_next().await.is_some() {}
+                return;
+            }
+            (stream, peer) = acceptor.accept() => {
+                conns.spawn(serve(next_id, stream, peer));
+                next_id += 1;
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
+        }
     }
 }
 

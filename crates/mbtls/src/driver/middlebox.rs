@@ -4,20 +4,17 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::oneshot;
-use tokio::task::{JoinHandle, JoinSet};
 
-use super::accept::Acceptor;
+use super::accept::Running;
 use super::outbox::Outbox;
 use super::read_buf::{read_into, IdleTrim, ReadBuf, READ_BUF_MAX};
-use super::reports::{report_queue, ReportReceiver, ReportSender};
+use super::reports::{report_queue, ReportReceiver};
 use super::{DriverError, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
@@ -136,10 +133,8 @@ impl ConnectionReport {
 /// each are closed).
 pub struct MiddleboxServer {
     local_addr: SocketAddr,
-    task: JoinHandle<()>,
-    stop: Option<oneshot::Sender<()>>,
+    running: Running,
     reports: ReportReceiver<ConnectionReport>,
-    accept_errors: Arc<AtomicU64>,
 }
 
 impl MiddleboxServer {
@@ -159,16 +154,23 @@ impl MiddleboxServer {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
         });
-        let (stop, stopped) = oneshot::channel();
-        let acceptor = Acceptor::new(listener);
-        let accept_errors = acceptor.error_count();
-        let task = tokio::spawn(accept_loop(acceptor, shared, tx, stopped));
+        let running = Running::spawn(listener, move |id, stream, peer| {
+            let (shared, reports) = (shared.clone(), tx.clone());
+            async move {
+                let report = serve(id, stream, Some(peer), &shared).await;
+                match &report.outcome {
+                    Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
+                    Err(e) => {
+                        tracing::warn!(?report, error = %e, "mbtls middlebox connection failed")
+                    }
+                }
+                reports.send(report);
+            }
+        });
         Ok(MiddleboxServer {
             local_addr,
-            task,
-            stop: Some(stop),
+            running,
             reports,
-            accept_errors,
         })
     }
 
@@ -191,24 +193,27 @@ impl MiddleboxServer {
     /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
     /// of retrying at once.
     pub fn accept_errors(&self) -> u64 {
-        self.accept_errors.load(Ordering::Relaxed)
+        self.running.accept_errors()
+    }
+
+    /// Graceful stop: stops listening at once (new connections are refused) and gives the
+    /// open connections up to `grace` to end by themselves; those still open then are cut.
+    /// Returns at once; the reports of the connections that end keep coming from
+    /// [`next_report`](Self::next_report), which returns `None` once all are gone.
+    pub fn drain(&mut self, grace: Duration) {
+        self.running.drain(grace);
+    }
+
+    /// Connections that a stop cut ([`drain`](Self::drain) after its grace period, or
+    /// [`shutdown`](Self::shutdown)); they leave no report.
+    pub fn connections_cut(&self) -> u64 {
+        self.running.cut()
     }
 
     /// Stops listening and drops every connection (as if the process were killed); returns once
     /// every connection task is gone, so nothing is relayed after this.
     pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for MiddleboxServer {
-    fn drop(&mut self) {
-        // Aborting the accept task drops its JoinSet, which aborts every connection task and
-        // with it both of its sockets.
-        self.task.abort();
+        self.running.shutdown().await;
     }
 }
 
@@ -238,40 +243,6 @@ impl Shared {
     fn remember_legacy(&self, next_hop: &str) {
         if let Ok(mut set) = self.legacy_servers.lock() {
             set.insert(next_hop.to_string());
-        }
-    }
-}
-
-async fn accept_loop(
-    mut acceptor: Acceptor,
-    cfg: Arc<Shared>,
-    reports: ReportSender<ConnectionReport>,
-    mut stopped: oneshot::Receiver<()>,
-) {
-    let ids = AtomicU64::new(0);
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = &mut stopped => {
-                // Wait for every aborted connection so that none relays another byte.
-                conns.abort_all();
-                while conns.join_next().await.is_some() {}
-                return;
-            }
-            (stream, peer) = acceptor.accept() => {
-                let id = ids.fetch_add(1, Ordering::Relaxed);
-                let cfg = cfg.clone();
-                let reports = reports.clone();
-                conns.spawn(async move {
-                    let report = serve(id, stream, Some(peer), &cfg).await;
-                    match &report.outcome {
-                        Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
-                        Err(e) => tracing::warn!(?report, error = %e, "mbtls middlebox connection failed"),
-                    }
-                    reports.send(report);
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
     }
 }

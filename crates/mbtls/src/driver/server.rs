@@ -3,21 +3,19 @@
 //! local HTTP server) and its answers back, both directions at once.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::timeout;
 
-use super::accept::Acceptor;
+use super::accept::Running;
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
 use super::read_buf::{read_into, IdleTrim, ReadBuf};
-use super::reports::{report_queue, ReportReceiver, ReportSender};
+use super::reports::{report_queue, ReportReceiver};
 use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
@@ -58,9 +56,8 @@ pub struct ServerConnectionReport {
 /// A listening mbTLS server. Dropping it stops the listener and every session.
 pub struct MbtlsServer {
     local_addr: SocketAddr,
-    task: JoinHandle<()>,
+    running: Running,
     reports: ReportReceiver<ServerConnectionReport>,
-    accept_errors: Arc<AtomicU64>,
 }
 
 impl MbtlsServer {
@@ -76,14 +73,22 @@ impl MbtlsServer {
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
         let (tx, reports) = report_queue();
-        let acceptor = Acceptor::new(listener);
-        let accept_errors = acceptor.error_count();
-        let task = tokio::spawn(accept_loop(acceptor, Arc::new(cfg), tx));
+        let cfg = Arc::new(cfg);
+        let running = Running::spawn(listener, move |id, stream, peer| {
+            let (cfg, reports) = (cfg.clone(), tx.clone());
+            async move {
+                let report = serve_session(id, stream, Some(peer), &cfg).await;
+                match &report.outcome {
+                    Ok(()) => tracing::info!(?report, "mbtls server session ended"),
+                    Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
+                }
+                reports.send(report);
+            }
+        });
         Ok(MbtlsServer {
             local_addr,
-            task,
+            running,
             reports,
-            accept_errors,
         })
     }
 
@@ -106,13 +111,26 @@ impl MbtlsServer {
     /// failure the listener pauses (5 ms doubling to 1 s, or until a session ends) instead of
     /// retrying at once.
     pub fn accept_errors(&self) -> u64 {
-        self.accept_errors.load(Ordering::Relaxed)
+        self.running.accept_errors()
     }
-}
 
-impl Drop for MbtlsServer {
-    fn drop(&mut self) {
-        self.task.abort();
+    /// Graceful stop: stops listening at once (new connections are refused) and gives the
+    /// open sessions up to `grace` to end by themselves; those still open then are cut.
+    /// Returns at once; the reports of the sessions that end keep coming from
+    /// [`next_report`](Self::next_report), which returns `None` once all are gone.
+    pub fn drain(&mut self, grace: Duration) {
+        self.running.drain(grace);
+    }
+
+    /// Sessions that a stop cut ([`drain`](Self::drain) after its grace period, or
+    /// [`shutdown`](Self::shutdown)); they leave no report.
+    pub fn connections_cut(&self) -> u64 {
+        self.running.cut()
+    }
+
+    /// Stops listening and drops every session; returns once every session task is gone.
+    pub async fn shutdown(mut self) {
+        self.running.shutdown().await;
     }
 }
 
@@ -121,33 +139,6 @@ impl core::fmt::Debug for MbtlsServer {
         f.debug_struct("MbtlsServer")
             .field("local_addr", &self.local_addr)
             .finish_non_exhaustive()
-    }
-}
-
-async fn accept_loop(
-    mut acceptor: Acceptor,
-    cfg: Arc<MbtlsServerConfig>,
-    reports: ReportSender<ServerConnectionReport>,
-) {
-    let ids = AtomicU64::new(0);
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            (stream, peer) = acceptor.accept() => {
-                let id = ids.fetch_add(1, Ordering::Relaxed);
-                let cfg = cfg.clone();
-                let reports = reports.clone();
-                conns.spawn(async move {
-                    let report = serve_session(id, stream, Some(peer), &cfg).await;
-                    match &report.outcome {
-                        Ok(()) => tracing::info!(?report, "mbtls server session ended"),
-                        Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
-                    }
-                    reports.send(report);
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
-        }
     }
 }
 
