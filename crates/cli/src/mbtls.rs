@@ -839,31 +839,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
         let grace = drain_grace(s.drain_secs);
-        let mut stop = StopSignals::new()?;
-        loop {
-            tokio::select! {
-                r = stop.next() => {
-                    r?;
-                    if stop.count > 1 {
-                        print_line("middlebox stopping now");
-                        return Ok(());
-                    }
-                    server.drain(grace);
-                    print_line(format!(
-                        "middlebox stopping: no new connections; open ones have {}s to end (signal again to stop now)",
-                        grace.as_secs()
-                    ));
-                }
-                report = server.next_report() => match report {
-                    Some(r) => print_report(&r),
-                    None if stop.count > 0 => {
-                        print_line(format!("middlebox stopped ({} connections cut)", server.connections_cut()));
-                        return Ok(());
-                    }
-                    None => bail!("the middlebox stopped"),
-                },
-            }
-        }
+        serve_until_stopped(&mut server, grace, "middlebox", "connections", print_report).await
     })
 }
 
@@ -922,6 +898,77 @@ impl StopSignals {
         }
         self.count += 1;
         Ok(())
+    }
+}
+
+/// A listening middlebox or server, as the CLI runs it.
+trait Served {
+    type Report;
+    async fn next_report(&mut self) -> Option<Self::Report>;
+    fn drain(&mut self, grace: Duration);
+    fn connections_cut(&self) -> u64;
+}
+
+impl Served for MiddleboxServer {
+    type Report = ConnectionReport;
+    async fn next_report(&mut self) -> Option<ConnectionReport> {
+        MiddleboxServer::next_report(self).await
+    }
+    fn drain(&mut self, grace: Duration) {
+        MiddleboxServer::drain(self, grace)
+    }
+    fn connections_cut(&self) -> u64 {
+        MiddleboxServer::connections_cut(self)
+    }
+}
+
+impl Served for MbtlsServer {
+    type Report = ServerConnectionReport;
+    async fn next_report(&mut self) -> Option<ServerConnectionReport> {
+        MbtlsServer::next_report(self).await
+    }
+    fn drain(&mut self, grace: Duration) {
+        MbtlsServer::drain(self, grace)
+    }
+    fn connections_cut(&self) -> u64 {
+        MbtlsServer::connections_cut(self)
+    }
+}
+
+/// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
+/// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
+/// second signal.
+async fn serve_until_stopped<S: Served>(
+    server: &mut S,
+    grace: Duration,
+    who: &str,
+    what: &str,
+    print: impl Fn(&S::Report),
+) -> anyhow::Result<()> {
+    let mut stop = StopSignals::new()?;
+    loop {
+        tokio::select! {
+            r = stop.next() => {
+                r?;
+                if stop.count > 1 {
+                    print_line(format!("{who} stopping now"));
+                    return Ok(());
+                }
+                server.drain(grace);
+                print_line(format!(
+                    "{who} stopping: no new {what}; open ones have {}s to end (signal again to stop now)",
+                    grace.as_secs()
+                ));
+            }
+            report = server.next_report() => match report {
+                Some(r) => print(&r),
+                None if stop.count > 0 => {
+                    print_line(format!("{who} stopped ({} {what} cut)", server.connections_cut()));
+                    return Ok(());
+                }
+                None => bail!("the {who} stopped"),
+            },
+        }
     }
 }
 
@@ -1094,31 +1141,14 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         );
         println!("server-side middlebox: {described}");
         let grace = drain_grace(s.drain_secs);
-        let mut stop = StopSignals::new()?;
-        loop {
-            tokio::select! {
-                r = stop.next() => {
-                    r?;
-                    if stop.count > 1 {
-                        print_line("server stopping now");
-                        return Ok(());
-                    }
-                    server.drain(grace);
-                    print_line(format!(
-                        "server stopping: no new sessions; open ones have {}s to end (signal again to stop now)",
-                        grace.as_secs()
-                    ));
-                }
-                report = server.next_report() => match report {
-                    Some(r) => print_server_report(&r),
-                    None if stop.count > 0 => {
-                        print_line(format!("server stopped ({} sessions cut)", server.connections_cut()));
-                        return Ok(());
-                    }
-                    None => bail!("the server stopped"),
-                },
-            }
-        }
+        serve_until_stopped(
+            &mut server,
+            grace,
+            "server",
+            "sessions",
+            print_server_report,
+        )
+        .await
     })
 }
 

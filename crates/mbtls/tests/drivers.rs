@@ -3,6 +3,9 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
+mod echo;
+use echo::echo_through;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -600,17 +603,41 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
     }
 }
 
-/// Sends `data` through the session in 64 KiB pieces and reads each echo back.
-async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
-    for piece in data.chunks(65536) {
-        client.write_all(piece).await.unwrap();
-        let mut got = Vec::new();
-        while got.len() < piece.len() {
-            let chunk = timeout(BOUND, client.read()).await.unwrap().unwrap();
-            got.extend_from_slice(&chunk.expect("the server closed early"));
-        }
-        assert_eq!(got, piece);
-    }
+/// A TLS 1.3 session through a fresh middlebox (its configuration `tweak`ed) to an in-process
+/// echo server: the middlebox, the client, and the server's task.
+async fn echo_session(
+    w: &World,
+    tweak: impl FnOnce(&mut MiddleboxServerConfig),
+) -> (
+    MiddleboxServer,
+    MbtlsClient,
+    tokio::task::JoinHandle<(bool, Vec<u8>)>,
+) {
+    let version = TlsVersion::Tls13;
+    let server_leaf = Identity::from_pem(
+        std::fs::read(&w.server_files.chain).unwrap(),
+        std::fs::read(&w.server_files.key).unwrap(),
+    );
+    let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(in_process_server(listener, ctx, true));
+    let mut cfg = w.middlebox(server_addr, passthrough());
+    tweak(&mut cfg);
+    let mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    (mbox, client, server)
+}
+
+/// Ends the session from the client (close_notify) and reads until the server's close.
+async fn close_and_read_to_end(client: &mut MbtlsClient) {
+    client.close().await.unwrap();
+    while timeout(BOUND, client.read())
+        .await
+        .unwrap()
+        .unwrap()
+        .is_some()
+    {}
 }
 
 /// The middlebox's idle trim on a live connection: after bulk traffic and more than
@@ -620,19 +647,7 @@ async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
     let w = World::new();
-    let server_leaf = Identity::from_pem(
-        std::fs::read(&w.server_files.chain).unwrap(),
-        std::fs::read(&w.server_files.key).unwrap(),
-    );
-    let version = TlsVersion::Tls13;
-    let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server_addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(in_process_server(listener, ctx, true));
-    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
-        .await
-        .unwrap();
-    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    let (mut mbox, mut client, server) = echo_session(&w, |_| {}).await;
     let bulk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     echo_through(&mut client, &bulk).await;
     // 1.5 s past the trim's due time: the middlebox's timer must have fired before the next
@@ -641,13 +656,7 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
     tokio::time::sleep(Duration::from_millis(3500)).await;
     echo_through(&mut client, b"after the pause").await;
     echo_through(&mut client, &bulk[..1 << 18]).await;
-    client.close().await.unwrap();
-    while timeout(BOUND, client.read())
-        .await
-        .unwrap()
-        .unwrap()
-        .is_some()
-    {}
+    close_and_read_to_end(&mut client).await;
     let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
     assert!(
         report.keys_installed && report.outcome.is_ok(),
@@ -732,29 +741,12 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
     }
 
     // A session that got its keys stays up past the handshake timeout.
-    let server_leaf = Identity::from_pem(
-        std::fs::read(&w.server_files.chain).unwrap(),
-        std::fs::read(&w.server_files.key).unwrap(),
-    );
-    let version = TlsVersion::Tls13;
-    let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server_addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(in_process_server(listener, ctx, true));
-    let mut cfg = w.middlebox(server_addr, passthrough());
-    cfg.handshake_timeout = patience;
-    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
-    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    let (mut mbox, mut client, server) =
+        echo_session(&w, |cfg| cfg.handshake_timeout = patience).await;
     echo_through(&mut client, b"before the pause").await;
     tokio::time::sleep(patience + Duration::from_millis(1500)).await;
     echo_through(&mut client, b"after the pause").await;
-    client.close().await.unwrap();
-    while timeout(BOUND, client.read())
-        .await
-        .unwrap()
-        .unwrap()
-        .is_some()
-    {}
+    close_and_read_to_end(&mut client).await;
     let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
     assert!(
         report.keys_installed && report.outcome.is_ok(),
@@ -769,23 +761,9 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish() {
     let w = World::new();
-    let server_leaf = Identity::from_pem(
-        std::fs::read(&w.server_files.chain).unwrap(),
-        std::fs::read(&w.server_files.key).unwrap(),
-    );
-    let version = TlsVersion::Tls13;
     for cut in [false, true] {
-        let ctx =
-            OpenSslContext::new(&TlsConfig::server(server_leaf.clone()).only(version)).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server_addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(in_process_server(listener, ctx, true));
-        let mut mbox =
-            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
-                .await
-                .unwrap();
+        let (mut mbox, mut client, server) = echo_session(&w, |_| {}).await;
         let addr = mbox.local_addr();
-        let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
         echo_through(&mut client, b"before the drain").await;
         mbox.drain(if cut {
             Duration::from_millis(300)
@@ -806,13 +784,7 @@ async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish(
             assert!(!matches!(read, Ok(Some(_))), "{read:?}");
         } else {
             echo_through(&mut client, b"while draining").await;
-            client.close().await.unwrap();
-            while timeout(BOUND, client.read())
-                .await
-                .unwrap()
-                .unwrap()
-                .is_some()
-            {}
+            close_and_read_to_end(&mut client).await;
         }
         // The report stream ends once every connection is gone. Besides the session's, only
         // probes the middlebox accepted before it saw the drain can be reported.

@@ -5,7 +5,9 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
+mod echo;
 mod leaf;
+use echo::echo_through;
 use leaf::identity;
 
 use std::net::SocketAddr;
@@ -480,9 +482,9 @@ const ECHOED: usize = 96 << 20;
 /// an echo backend, with a local application that writes a large stream while it reads the
 /// echo. Every node must keep reading the side whose output has room while the other side's
 /// output is full; one that blocks on a write with both sides unread deadlocks the path.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
-    let w = World::new();
+/// client -> mb1 (client side) -> mb2 (server side) -> mbTLS server -> stream echo backend,
+/// pass-through apps, TLS 1.3: the server, both middleboxes and the client's session.
+async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient) {
     let version = TlsVersion::Tls13;
     let backend = stream_echo_backend().await;
     let pass = || -> AppFactory {
@@ -504,6 +506,13 @@ async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
     .await
     .unwrap()
     .unwrap();
+    (server, [mb1, mb2], client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
+    let w = World::new();
+    let (_server, _mbs, client) = echo_path(&w).await;
     // The local application's connection to the client proxy.
     let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = tokio::net::TcpStream::connect(local.local_addr().unwrap())
@@ -573,19 +582,6 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
     );
 }
 
-/// Sends `data` through the session in 64 KiB pieces and reads each echo back.
-async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
-    for piece in data.chunks(65536) {
-        client.write_all(piece).await.unwrap();
-        let mut got = Vec::new();
-        while got.len() < piece.len() {
-            let chunk = timeout(BOUND, client.read()).await.unwrap().unwrap();
-            got.extend_from_slice(&chunk.expect("the server closed early"));
-        }
-        assert_eq!(got, piece);
-    }
-}
-
 /// The mbTLS server frees its read buffers (both sockets') after `IDLE_TRIM_AFTER` (2 s)
 /// without a read, and the session goes on unharmed, small messages and bulk alike, on the
 /// full path client -> mb1 -> mb2 -> server -> echo backend. (The wait is real time; only the
@@ -593,27 +589,7 @@ async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_mbtls_server_session_frees_its_read_buffers_and_carries_on() {
     let w = World::new();
-    let version = TlsVersion::Tls13;
-    let backend = stream_echo_backend().await;
-    let pass = || -> AppFactory {
-        Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<dyn MiddleboxApp + Send>)
-    };
-    let mut server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-        .await
-        .unwrap();
-    let mut mb2_cfg = w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide);
-    mb2_cfg.app = pass();
-    let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
-    let mut mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
-    mb1_cfg.app = pass();
-    let mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
-    let mut client = timeout(
-        BOUND,
-        MbtlsClient::connect(mb1.local_addr(), w.client(version)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let (mut server, _mbs, mut client) = echo_path(&w).await;
     let bulk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
     echo_through(&mut client, &bulk).await;
     // 1.5 s past the trim's due time, so that the timer fires before the next bytes arrive

@@ -436,17 +436,8 @@ fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions
         for behind_a_client_side_middlebox in [false, true] {
             let server =
                 Node::Server(s.server(version, ServerMiddlebox::Discover(approve.clone())));
-            let mut path = Path::new(if behind_a_client_side_middlebox {
-                vec![
-                    path_client(&s, version, &["mb1.test"]),
-                    client_mb(&s, "mb1.test"),
-                    server,
-                ]
-            } else {
-                vec![Node::LegacyClient(s.legacy_client(version)), server]
-            });
-            path.first().receive(Side::Server, &[]).unwrap();
-            path.pump();
+            let mut path =
+                legacy_or_behind_mb1(&s, version, behind_a_client_side_middlebox, server);
             path.first().write(REQUEST);
             path.pump();
             path.assert_no_errors();
@@ -471,6 +462,23 @@ fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions
             );
         }
     }
+}
+
+/// `server` reached by a legacy client, or by an mbTLS client through the client-side
+/// middlebox mb1; handshake done.
+fn legacy_or_behind_mb1(s: &Setup, version: TlsVersion, behind_mb1: bool, server: Node) -> Path {
+    let mut path = Path::new(if behind_mb1 {
+        vec![
+            path_client(s, version, &["mb1.test"]),
+            client_mb(s, "mb1.test"),
+            server,
+        ]
+    } else {
+        vec![Node::LegacyClient(s.legacy_client(version)), server]
+    });
+    path.first().receive(Side::Server, &[]).unwrap();
+    path.pump();
+    path
 }
 
 /// Our middleboxes announce before the ClientHello. One that announces after it is refused
@@ -1567,17 +1575,8 @@ fn an_idle_release_at_the_server_keeps_an_incomplete_record_both_versions() {
                 format!("{version:?}, client-side middlebox: {behind_a_client_side_middlebox}");
             let server =
                 Node::Server(s.server(version, ServerMiddlebox::Discover(approve.clone())));
-            let mut path = Path::new(if behind_a_client_side_middlebox {
-                vec![
-                    path_client(&s, version, &["mb1.test"]),
-                    client_mb(&s, "mb1.test"),
-                    server,
-                ]
-            } else {
-                vec![Node::LegacyClient(s.legacy_client(version)), server]
-            });
-            path.first().receive(Side::Server, &[]).unwrap();
-            path.pump();
+            let mut path =
+                legacy_or_behind_mb1(&s, version, behind_a_client_side_middlebox, server);
             path.first().write(REQUEST);
             path.pump();
             path.assert_no_errors();
