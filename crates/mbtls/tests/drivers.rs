@@ -4,7 +4,9 @@
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
 mod echo;
+mod sockets;
 use echo::echo_through;
+use sockets::{kernel_sockets, timer_of, KEEPALIVE};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -806,4 +808,36 @@ async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish(
         }
         let _ = timeout(BOUND, server).await.unwrap();
     }
+}
+
+/// The middlebox turns TCP keepalive on for both of its sockets, so that a peer that vanished
+/// without FIN or RST is noticed and both connections closed instead of kept for good: once
+/// the session is idle the kernel shows a keepalive timer on the middlebox's accepted socket
+/// and on its socket to the next hop, and none on the client's own socket (which is not the
+/// middlebox's to set: the control that shows the check can tell the difference).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_middlebox_keeps_both_of_its_sockets_alive() {
+    let w = World::new();
+    let mut next_hop = String::new();
+    let (mbox, mut client, server) = echo_session(&w, |cfg| next_hop = cfg.next_hop.clone()).await;
+    echo_through(&mut client, b"then idle").await;
+    let mbox_port = mbox.local_addr().port();
+    let server_port: u16 = next_hop.rsplit(':').next().unwrap().parse().unwrap();
+    let client_timer = timeout(BOUND, async {
+        loop {
+            let all = kernel_sockets();
+            let accepted = timer_of(&all, |s| s.local_port == mbox_port);
+            let upstream = timer_of(&all, |s| s.remote_port == server_port);
+            let client_side = timer_of(&all, |s| s.remote_port == mbox_port);
+            if let (Some(KEEPALIVE), Some(KEEPALIVE), Some(c)) = (accepted, upstream, client_side) {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("no keepalive timer on the middlebox's two sockets");
+    assert_eq!(client_timer, 0, "the client's own socket has no keepalive");
+    close_and_read_to_end(&mut client).await;
+    timeout(BOUND, server).await.unwrap().unwrap();
 }

@@ -7,8 +7,10 @@
 
 mod echo;
 mod leaf;
+mod sockets;
 use echo::echo_through;
 use leaf::identity;
+use sockets::{kernel_sockets, timer_of, KEEPALIVE};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -484,7 +486,7 @@ const ECHOED: usize = 96 << 20;
 /// output is full; one that blocks on a write with both sides unread deadlocks the path.
 /// client -> mb1 (client side) -> mb2 (server side) -> mbTLS server -> stream echo backend,
 /// pass-through apps, TLS 1.3: the server, both middleboxes and the client's session.
-async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient) {
+async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient, SocketAddr) {
     let version = TlsVersion::Tls13;
     let backend = stream_echo_backend().await;
     let pass = || -> AppFactory {
@@ -506,13 +508,13 @@ async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient
     .await
     .unwrap()
     .unwrap();
-    (server, [mb1, mb2], client)
+    (server, [mb1, mb2], client, backend)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_echoed_stream_crosses_every_driver_without_deadlock() {
     let w = World::new();
-    let (_server, _mbs, client) = echo_path(&w).await;
+    let (_server, _mbs, client, _) = echo_path(&w).await;
     // The local application's connection to the client proxy.
     let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = tokio::net::TcpStream::connect(local.local_addr().unwrap())
@@ -582,16 +584,33 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
     );
 }
 
-/// The mbTLS server frees its read buffers (both sockets') after `IDLE_TRIM_AFTER` (2 s)
-/// without a read, and the session goes on unharmed, small messages and bulk alike, on the
-/// full path client -> mb1 -> mb2 -> server -> echo backend. (The wait is real time; only the
-/// report's trim count and the echoed bytes are checked.)
+/// The mbTLS server keeps both of its sockets alive (TCP keepalive) and frees its read buffers
+/// after `IDLE_TRIM_AFTER` (2 s) without a read, and the session goes on unharmed, small
+/// messages and bulk alike, on the full path client -> mb1 -> mb2 -> server -> echo backend.
+/// (The wait is real time; only the kernel's timers, the report's trim count and the echoed
+/// bytes are checked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_mbtls_server_session_frees_its_read_buffers_and_carries_on() {
     let w = World::new();
-    let (mut server, _mbs, mut client) = echo_path(&w).await;
+    let (mut server, _mbs, mut client, backend) = echo_path(&w).await;
     let bulk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
     echo_through(&mut client, &bulk).await;
+    // Both of the server's sockets have TCP keepalive on (the kernel shows the timer once the
+    // session is idle), so that a vanished peer does not hold the session for good.
+    let server_port = server.local_addr().port();
+    timeout(BOUND, async {
+        loop {
+            let all = kernel_sockets();
+            let accepted = timer_of(&all, |s| s.local_port == server_port);
+            let to_backend = timer_of(&all, |s| s.remote_port == backend.port());
+            if (accepted, to_backend) == (Some(KEEPALIVE), Some(KEEPALIVE)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("no keepalive timer on the server's two sockets");
     // 1.5 s past the trim's due time, so that the timer fires before the next bytes arrive
     // even if a loaded machine stalls the runtime for a moment.
     tokio::time::sleep(Duration::from_millis(3500)).await;

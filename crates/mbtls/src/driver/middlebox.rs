@@ -444,6 +444,8 @@ async fn relay(
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    super::keep_alive(&client);
+    super::keep_alive(&server);
     let hs = match cfg.placement {
         Placement::ClientSide => {
             Core::ClientSide(MiddleboxHandshake::new(cfg.handshake.clone(), (cfg.app)())?)

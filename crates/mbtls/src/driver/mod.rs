@@ -50,6 +50,28 @@ pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_se
 /// is bounded; an established session may stay idle as long as its endpoints like.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// TCP keepalive on the sockets of middleboxes and servers: after this long without traffic the
+/// kernel probes the peer ...
+pub const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// ... every this long ...
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// ... and gives the connection up after this many unanswered probes. A peer that vanished
+/// without FIN or RST (host down, NAT state lost) is then noticed within about two minutes of
+/// silence, and its connection, with the one on the other side, is closed instead of being
+/// held for good; a live but idle peer answers the probes and is never cut.
+const KEEPALIVE_PROBES: u32 = 6;
+
+/// Turns TCP keepalive on for `stream` (best effort: a socket that refuses keeps working).
+pub(crate) fn keep_alive(stream: &tokio::net::TcpStream) {
+    let params = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
+        tracing::debug!(error = %e, "cannot turn TCP keepalive on");
+    }
+}
+
 /// Why a driver stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

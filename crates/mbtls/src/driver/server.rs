@@ -180,6 +180,7 @@ impl Session {
         cfg: &MbtlsServerConfig,
     ) -> Result<(), DriverError> {
         let _ = stream.set_nodelay(true);
+        super::keep_alive(&stream);
         let mut hs_cfg = cfg.handshake.clone();
         hs_cfg.now_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -214,6 +215,7 @@ impl Session {
             .await
             .map_err(DriverError::io("cannot connect to the backend"))?;
         let _ = backend.set_nodelay(true);
+        super::keep_alive(&backend);
         let (mut backend_r, mut backend_w) = backend.into_split();
         let (mut stream_r, mut stream_w) = stream.into_split();
         // The data phase reads into buffers sized by the traffic (up to the 32 KiB the
