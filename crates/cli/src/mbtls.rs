@@ -764,6 +764,7 @@ fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> 
 }
 
 fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let mut table = config.middlebox.clone();
     set(&mut table, "listen", flags.listen);
     set(&mut table, "next_hop", flags.next_hop);
@@ -898,6 +899,28 @@ impl StopSignals {
         }
         self.count += 1;
         Ok(())
+    }
+}
+
+/// A middlebox holds two descriptors per connection and a server one or two per session; the
+/// usual soft limit of 1,024 open files would stop them near 500 connections although the hard
+/// limit allows far more. Like Go's runtime does for every program, the middlebox and the
+/// server raise their soft limit to the hard one at start (best effort, logged).
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    // `None` is "unlimited": nothing to raise, or no finite hard limit to raise to.
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum) {
+        if soft < hard {
+            let raised = rustix::process::Rlimit {
+                current: Some(hard),
+                maximum: Some(hard),
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => tracing::info!(soft, hard, "raised the open-files soft limit"),
+                Err(e) => tracing::warn!(error = %e, "cannot raise the open-files soft limit"),
+            }
+        }
     }
 }
 
@@ -1053,6 +1076,7 @@ fn name_approver(names: Vec<String>) -> Approver {
 }
 
 fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let s = server_settings(flags, config)?;
     let policy = build_policy(PolicyParts {
         file: &s.policy,

@@ -708,3 +708,60 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
         "{line}"
     );
 }
+
+/// Started with a low soft limit on open files (as a login shell's 1,024), the middlebox raises
+/// it to the hard limit before it serves: the kernel's view of the running process says so.
+#[test]
+fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new("mbx cli limits root").unwrap();
+    let mbox = pki
+        .issue(&LeafSpec::middlebox("mb.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "mbox")
+        .unwrap();
+    let hard = std::fs::read_to_string("/proc/self/limits")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .unwrap();
+    if hard == "unlimited" || hard.parse::<u64>().unwrap() <= 256 {
+        eprintln!("hard limit {hard}: nothing to raise here");
+        return;
+    }
+    let mbx_path = mbx().get_program().to_owned();
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -S -n 256 && exec \"$0\" \"$@\"")
+        .arg(mbx_path)
+        .args(["mbtls", "middlebox", "--listen", "127.0.0.1:0"])
+        .args(["--next-hop", "127.0.0.1:9"])
+        .arg("--certificate")
+        .arg(&mbox.chain)
+        .arg("--private-key")
+        .arg(&mbox.key)
+        .env_remove("MBX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.child_mut().unwrap().id();
+    let stdout = child.child_mut().unwrap().stdout.take().unwrap();
+    let banner = BufReader::new(stdout).lines().next().unwrap().unwrap();
+    assert!(
+        banner.starts_with("mbTLS middlebox listening on"),
+        "{banner}"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect();
+    assert_eq!(open_files, [hard.as_str(), hard.as_str()], "{limits}");
+}
