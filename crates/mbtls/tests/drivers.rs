@@ -3,9 +3,7 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
-mod echo;
 mod sockets;
-use echo::echo_through;
 use sockets::{kernel_sockets, timer_of, KEEPALIVE};
 
 use std::sync::Arc;
@@ -602,6 +600,19 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
                 Misbehave::Vanish => assert!(err.contains("server closed"), "{err}"),
             }
         }
+    }
+}
+
+/// Sends `data` through the session in 64 KiB pieces and reads each echo back.
+async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
+    for piece in data.chunks(65536) {
+        client.write_all(piece).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < piece.len() {
+            let chunk = timeout(BOUND, client.read()).await.unwrap().unwrap();
+            got.extend_from_slice(&chunk.expect("the server closed early"));
+        }
+        assert_eq!(got, piece);
     }
 }
 

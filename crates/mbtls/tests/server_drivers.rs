@@ -5,10 +5,8 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
-mod echo;
 mod leaf;
 mod sockets;
-use echo::echo_through;
 use leaf::identity;
 use sockets::{kernel_sockets, timer_of, KEEPALIVE};
 
@@ -584,41 +582,71 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
     );
 }
 
-/// The mbTLS server keeps both of its sockets alive (TCP keepalive) and frees its read buffers
-/// after `IDLE_TRIM_AFTER` (2 s) without a read, and the session goes on unharmed, small
-/// messages and bulk alike, on the full path client -> mb1 -> mb2 -> server -> echo backend.
-/// (The wait is real time; only the kernel's timers, the report's trim count and the echoed
-/// bytes are checked.)
+/// Echoes `data` through the local application's connection to a client proxy.
+async fn echo_local(app: &mut tokio::net::TcpStream, data: &[u8]) {
+    for piece in data.chunks(65536) {
+        app.write_all(piece).await.unwrap();
+        let mut got = vec![0u8; piece.len()];
+        timeout(BOUND, app.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, piece);
+    }
+}
+
+/// The mbTLS server and the client as a local proxy keep their sockets alive (TCP keepalive)
+/// and free their read buffers after `IDLE_TRIM_AFTER` (2 s) without a read, and the session
+/// goes on unharmed, small messages and bulk alike, on the full path local application ->
+/// client proxy -> mb1 -> mb2 -> server -> echo backend. (The wait is real time; only the
+/// kernel's timers, the server's trim count and the echoed bytes are checked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_mbtls_server_session_frees_its_read_buffers_and_carries_on() {
+async fn an_idle_session_frees_read_buffers_at_both_endpoints_and_carries_on() {
     let w = World::new();
-    let (mut server, _mbs, mut client, backend) = echo_path(&w).await;
+    let (mut server, mbs, client, backend) = echo_path(&w).await;
+    let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut app = tokio::net::TcpStream::connect(local.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (proxied, _) = local.accept().await.unwrap();
+    let proxy = tokio::spawn(client.proxy(proxied));
     let bulk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
-    echo_through(&mut client, &bulk).await;
-    // Both of the server's sockets have TCP keepalive on (the kernel shows the timer once the
-    // session is idle), so that a vanished peer does not hold the session for good.
-    let server_port = server.local_addr().port();
+    echo_local(&mut app, &bulk).await;
+    // TCP keepalive on the server's two sockets and on the client's socket to mb1 (the
+    // kernel shows the timer once the session is idle): a vanished peer does not hold them.
+    let (server_port, mb1_port) = (server.local_addr().port(), mbs[0].local_addr().port());
     timeout(BOUND, async {
         loop {
             let all = kernel_sockets();
-            let accepted = timer_of(&all, |s| s.local_port == server_port);
-            let to_backend = timer_of(&all, |s| s.remote_port == backend.port());
-            if (accepted, to_backend) == (Some(KEEPALIVE), Some(KEEPALIVE)) {
+            let timers = [
+                timer_of(&all, |s| s.local_port == server_port),
+                timer_of(&all, |s| s.remote_port == backend.port()),
+                timer_of(&all, |s| s.remote_port == mb1_port),
+            ];
+            if timers == [Some(KEEPALIVE); 3] {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
-    .expect("no keepalive timer on the server's two sockets");
+    .expect("no keepalive timer on the endpoints' sockets");
     // 1.5 s past the trim's due time, so that the timer fires before the next bytes arrive
     // even if a loaded machine stalls the runtime for a moment.
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    echo_through(&mut client, b"after the pause").await;
-    echo_through(&mut client, &bulk[..1 << 18]).await;
-    client.close().await.unwrap();
+    echo_local(&mut app, b"after the pause").await;
+    echo_local(&mut app, &bulk[..1 << 18]).await;
+    app.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    timeout(BOUND, app.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty());
+    let carried = (bulk.len() + 15 + (1 << 18)) as u64;
+    let (up, down) = timeout(BOUND, proxy).await.unwrap().unwrap().unwrap();
+    assert_eq!((up, down), (carried, carried));
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     assert!(report.idle_trims >= 1, "{report:?}");
-    let expected = (bulk.len() + 15 + (1 << 18)) as u64;
-    assert_eq!(report.bytes_to_backend, expected, "{report:?}");
+    assert_eq!(report.bytes_to_backend, carried, "{report:?}");
 }

@@ -2,12 +2,14 @@
 //! on it, then application data through the first hop.
 
 use mbx_attest::Claims;
+use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
 use super::outbox::Outbox;
-use super::{DriverError, CLOSE_GRACE, READ_BUF};
+use super::read_buf::{read_into, IdleTrim, ReadBuf};
+use super::{keep_alive, DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, SessionSummary,
@@ -183,11 +185,15 @@ impl MbtlsClient {
         let MbtlsClient {
             stream,
             mut session,
-            mut buf,
+            buf,
         } = self;
+        keep_alive(&stream);
         let (mut local_r, mut local_w) = local.into_split();
         let (mut stream_r, mut stream_w) = stream.into_split();
-        let mut local_buf = vec![0u8; READ_BUF];
+        // Read buffers sized by the traffic, freed (with the core's) when the session idles.
+        drop(buf);
+        let (mut buf, mut local_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
+        let mut idle = IdleTrim::new();
         let (mut up, mut down) = (0u64, 0u64);
         let mut local_open = true;
         let (mut to_path, mut to_local) = (Outbox::new(), Outbox::new());
@@ -205,7 +211,7 @@ impl MbtlsClient {
             let (want_p, want_l) = (to_path.wants_write(), to_local.wants_write());
             // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
             tokio::select! {
-                r = stream_r.read(&mut buf), if !session.peer_closed && to_local.has_room() => {
+                r = read_into(&mut stream_r, &mut buf), if !session.peer_closed && to_local.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the middlebox"))?;
                     if n == 0 {
                         // After our close_notify a server may just close (nginx does); before
@@ -220,7 +226,9 @@ impl MbtlsClient {
                             when: "without close_notify (the session may be truncated)",
                         });
                     }
-                    let r = session.hs.receive(buf.get(..n).unwrap_or_default());
+                    let r = session.hs.receive(buf.bytes.get(..n).unwrap_or_default());
+                    buf.after_read(n);
+                    idle.read_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_path.push(session.hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| session.events()) {
@@ -228,15 +236,27 @@ impl MbtlsClient {
                         return Err(e);
                     }
                 }
-                r = local_r.read(&mut local_buf), if local_open && to_path.has_room() => {
+                r = read_into(&mut local_r, &mut local_buf), if local_open && to_path.has_room() => {
                     let n = r.map_err(DriverError::io("reading from the local connection"))?;
                     if n == 0 {
                         local_open = false;
                         session.hs.close()?;
                     } else {
                         up += n as u64;
-                        session.hs.write(local_buf.get(..n).unwrap_or_default())?;
+                        let plain = local_buf.bytes.get_mut(..n).unwrap_or_default();
+                        let written = session.hs.write(plain);
+                        // Plaintext: wiped once sealed (nothing left behind by a resize or
+                        // release of the buffer).
+                        wipe::wipe(plain);
+                        written?;
+                        local_buf.after_read(n);
+                        idle.read_now();
                     }
+                }
+                _ = idle.due(), if idle.pending() => {
+                    buf.release();
+                    local_buf.release();
+                    session.hs.release_idle_buffers();
                 }
                 w = to_path.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the middlebox"))?;

@@ -211,6 +211,13 @@ impl ClientHandshake {
     pub fn is_ready(&self) -> bool {
         self.core.is_ready()
     }
+
+    /// For an idle session: frees the buffers traffic made grow, keeping any incomplete
+    /// record (see [`ServerHandshake::release_idle_buffers`](super::ServerHandshake::release_idle_buffers)).
+    pub fn release_idle_buffers(&mut self) {
+        self.demux.release_if_empty();
+        self.core.release_idle_buffers();
+    }
 }
 
 /// True when `rec` begins with a complete ServerHello that is not a HelloRetryRequest: the
