@@ -114,6 +114,10 @@ fuzz_target!(|data: &[u8]| {
         for chunk in rest.chunks(97) {
             let _ = c.receive(chunk);
             let _ = c.take_outgoing();
+            // The client proxy's idle trim, likewise.
+            if selector & 64 != 0 {
+                c.release_idle_buffers();
+            }
         }
         return;
     }
