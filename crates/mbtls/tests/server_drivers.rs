@@ -485,14 +485,25 @@ const ECHOED: usize = 96 << 20;
 /// client -> mb1 (client side) -> mb2 (server side) -> mbTLS server -> stream echo backend,
 /// pass-through apps, TLS 1.3: the server, both middleboxes and the client's session.
 async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient, SocketAddr) {
-    let version = TlsVersion::Tls13;
     let backend = stream_echo_backend().await;
+    let (server, mbs, client) = path_to(w, backend, |_| {}).await;
+    (server, mbs, client, backend)
+}
+
+/// client -> mb1 -> mb2 -> mbTLS server (its configuration `tweak`ed) -> `backend`, TLS 1.3,
+/// pass-through apps.
+async fn path_to(
+    w: &World,
+    backend: SocketAddr,
+    tweak: impl FnOnce(&mut MbtlsServerConfig),
+) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient) {
+    let version = TlsVersion::Tls13;
     let pass = || -> AppFactory {
         Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<dyn MiddleboxApp + Send>)
     };
-    let server = MbtlsServer::bind("127.0.0.1:0", w.server(version, backend))
-        .await
-        .unwrap();
+    let mut cfg = w.server(version, backend);
+    tweak(&mut cfg);
+    let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
     let mut mb2_cfg = w.middlebox("mb2.test", server.local_addr(), Placement::ServerSide);
     mb2_cfg.app = pass();
     let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
@@ -506,7 +517,7 @@ async fn echo_path(w: &World) -> (MbtlsServer, [MiddleboxServer; 2], MbtlsClient
     .await
     .unwrap()
     .unwrap();
-    (server, [mb1, mb2], client, backend)
+    (server, [mb1, mb2], client)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -649,4 +660,28 @@ async fn an_idle_session_frees_read_buffers_at_both_endpoints_and_carries_on() {
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     assert!(report.idle_trims >= 1, "{report:?}");
     assert_eq!(report.bytes_to_backend, carried, "{report:?}");
+}
+
+/// A backend that never answers (its listen queue is full, so the kernel drops our SYNs) does
+/// not hold a session for the kernel's two minutes of connect retries: the server gives up
+/// after its handshake timeout, reports why and closes the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() {
+    let w = World::new();
+    let full = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    full.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    full.listen(0).unwrap();
+    let backend = full.local_addr().unwrap().as_socket().unwrap();
+    // The one connection a backlog of 0 holds; later SYNs are dropped.
+    let _queued = tokio::net::TcpStream::connect(backend).await.unwrap();
+    let (mut server, _mbs, mut client) = path_to(&w, backend, |cfg| {
+        cfg.handshake_timeout = Duration::from_secs(2)
+    })
+    .await;
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(!matches!(read, Ok(Some(_))), "{read:?}");
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.clone().unwrap_err();
+    assert!(why.contains("cannot connect to the backend"), "{report:?}");
 }

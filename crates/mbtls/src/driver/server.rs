@@ -211,9 +211,18 @@ impl Session {
             flushed?;
         }
         self.report.summary = hs.summary().cloned();
-        let backend = TcpStream::connect(cfg.backend.as_str())
-            .await
-            .map_err(DriverError::io("cannot connect to the backend"))?;
+        // Bounded like the handshake: a backend that drops our SYNs must not hold the session
+        // for the kernel's two minutes of retries.
+        let backend = timeout(
+            cfg.handshake_timeout,
+            TcpStream::connect(cfg.backend.as_str()),
+        )
+        .await
+        .map_err(|_| DriverError::Io {
+            context: "cannot connect to the backend",
+            source: std::io::ErrorKind::TimedOut.into(),
+        })?
+        .map_err(DriverError::io("cannot connect to the backend"))?;
         let _ = backend.set_nodelay(true);
         super::keep_alive(&backend);
         let (mut backend_r, mut backend_w) = backend.into_split();
