@@ -1,6 +1,7 @@
 //! Socket read buffers sized by their traffic, and the idle trim that frees them: a connection
-//! carrying bulk data reads up to 128 KiB at once, one carrying small messages keeps 16 KiB, and
-//! an idle one holds no read buffer at all (used by the middlebox and the server drivers).
+//! carrying bulk data reads up to its maximum at once (128 KiB at a middlebox, 32 KiB at an
+//! endpoint), one carrying small messages keeps 16 KiB, and an idle one holds no read buffer at
+//! all (used by the middlebox, the server and the client proxy).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -33,8 +34,8 @@ pub(crate) const IDLE_TRIM_AFTER: Duration = Duration::from_secs(2);
 /// One socket's read buffer, sized by its traffic, and not allocated at all while the socket
 /// is idle (it is allocated when the socket becomes readable, [`read_into`]). Its owner leaves
 /// no plaintext in it between reads (the middlebox opens records in it and wipes them, the
-/// server wipes what it read from its backend), so resizing or freeing it copies or frees no
-/// plaintext.
+/// server and the client proxy wipe what they read from their backend or local application),
+/// so resizing or freeing it copies or frees no plaintext.
 pub(crate) struct ReadBuf {
     pub(crate) bytes: Vec<u8>,
     /// The most it grows to.
