@@ -16,8 +16,8 @@ use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPl
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
-    MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
+    fingerprint_hex, AppFactory, ConnectionReport, Listening, MbtlsClient, MbtlsServer,
+    MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -924,49 +924,15 @@ fn raise_open_files_limit() {
     }
 }
 
-/// A listening middlebox or server, as the CLI runs it.
-trait Served {
-    type Report;
-    async fn next_report(&mut self) -> Option<Self::Report>;
-    fn drain(&mut self, grace: Duration);
-    fn connections_cut(&self) -> u64;
-}
-
-impl Served for MiddleboxServer {
-    type Report = ConnectionReport;
-    async fn next_report(&mut self) -> Option<ConnectionReport> {
-        MiddleboxServer::next_report(self).await
-    }
-    fn drain(&mut self, grace: Duration) {
-        MiddleboxServer::drain(self, grace)
-    }
-    fn connections_cut(&self) -> u64 {
-        MiddleboxServer::connections_cut(self)
-    }
-}
-
-impl Served for MbtlsServer {
-    type Report = ServerConnectionReport;
-    async fn next_report(&mut self) -> Option<ServerConnectionReport> {
-        MbtlsServer::next_report(self).await
-    }
-    fn drain(&mut self, grace: Duration) {
-        MbtlsServer::drain(self, grace)
-    }
-    fn connections_cut(&self) -> u64 {
-        MbtlsServer::connections_cut(self)
-    }
-}
-
 /// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
 /// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
 /// second signal.
-async fn serve_until_stopped<S: Served>(
-    server: &mut S,
+async fn serve_until_stopped<R>(
+    server: &mut Listening<R>,
     grace: Duration,
     who: &str,
     what: &str,
-    print: impl Fn(&S::Report),
+    print: impl Fn(&R),
 ) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
     loop {

@@ -1,5 +1,5 @@
-//! The accept loop of the middlebox and the server: accepting without spinning when `accept`
-//! fails, and stopping either at once or by draining.
+//! The listening side shared by the middlebox and the server ([`Listening`]): accepting without
+//! spinning when `accept` fails, the reports, and stopping either at once or by draining.
 //!
 //! `accept` fails while the process is out of file descriptors (EMFILE, ENFILE) or memory, and
 //! keeps failing until a descriptor is freed: the pending connection stays in the listen queue.
@@ -14,10 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+
+use super::reports::{report_queue, ReportReceiver};
+use super::DriverError;
 
 /// The first pause after an accept error.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
@@ -108,56 +111,105 @@ enum Stop {
     Drain(Duration),
 }
 
-/// A running accept loop, as its owner (`MiddleboxServer`, `MbtlsServer`) holds it. Dropping it
-/// cuts every connection.
-pub(crate) struct Running {
+/// A listening middlebox or mbTLS server ([`MiddleboxServer`](super::MiddleboxServer),
+/// [`MbtlsServer`](super::MbtlsServer)): it serves every accepted connection in the background
+/// and reports each one as it ends (`R`: the driver's report). Dropping it stops the listener
+/// and cuts every connection, as a killed process would.
+pub struct Listening<R> {
+    local_addr: SocketAddr,
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<Stop>>,
+    reports: ReportReceiver<R>,
     accept_errors: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
 }
 
-impl Running {
-    /// Accepts connections from `listener` and runs `serve(id, stream, peer)` for each, ids
-    /// from 0 in accept order, until stopped.
-    pub(crate) fn spawn<F, Fut>(listener: TcpListener, serve: F) -> Running
+impl<R: Send + 'static> Listening<R> {
+    /// Binds `listen` and runs `serve(id, stream, peer)` for each accepted connection (ids from
+    /// 0 in accept order) until stopped; what `serve` returns is the connection's report.
+    pub(crate) async fn spawn<F, Fut>(
+        listen: impl ToSocketAddrs,
+        mut serve: F,
+    ) -> Result<Listening<R>, DriverError>
     where
         F: FnMut(u64, TcpStream, SocketAddr) -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future<Output = R> + Send + 'static,
     {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(DriverError::io("cannot listen"))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(DriverError::io("cannot read the listening address"))?;
+        let (tx, reports) = report_queue();
         let acceptor = Acceptor::new(listener);
         let accept_errors = acceptor.error_count();
         let cut = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(accept_loop(acceptor, stopped, cut.clone(), serve));
-        Running {
+        let serve_and_report = move |id, stream, peer| {
+            let (session, tx) = (serve(id, stream, peer), tx.clone());
+            async move { tx.send(session.await) }
+        };
+        let task = tokio::spawn(accept_loop(
+            acceptor,
+            stopped,
+            cut.clone(),
+            serve_and_report,
+        ));
+        Ok(Listening {
+            local_addr,
             task,
             stop: Some(stop),
+            reports,
             accept_errors,
             cut,
-        }
+        })
+    }
+}
+
+impl<R> Listening<R> {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
-    pub(crate) fn accept_errors(&self) -> u64 {
+    /// The report of the next connection that ends (`None` once the listener stopped and every
+    /// connection is gone). At most [`REPORTS_KEPT`](super::REPORTS_KEPT) wait unread; later
+    /// ones are dropped (and logged).
+    pub async fn next_report(&mut self) -> Option<R> {
+        self.reports.recv().await
+    }
+
+    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
+    pub fn reports_dropped(&self) -> u64 {
+        self.reports.dropped()
+    }
+
+    /// How often accepting a connection failed (e.g. out of file descriptors). After each
+    /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
+    /// of retrying at once.
+    pub fn accept_errors(&self) -> u64 {
         self.accept_errors.load(Ordering::Relaxed)
     }
 
-    /// Connections cut by a stop (after a drain's grace period, or by `shutdown`).
-    pub(crate) fn cut(&self) -> u64 {
-        self.cut.load(Ordering::Relaxed)
-    }
-
-    /// Stops listening at once (new connections are refused) and lets the open ones finish
-    /// for up to `grace`; those still open then are cut. Returns at once.
-    pub(crate) fn drain(&mut self, grace: Duration) {
+    /// Graceful stop: stops listening at once (new connections are refused) and gives the
+    /// open connections up to `grace` to end by themselves; those still open then are cut.
+    /// Returns at once; the reports of the connections that end keep coming from
+    /// [`next_report`](Self::next_report), which returns `None` once all are gone.
+    pub fn drain(&mut self, grace: Duration) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(Stop::Drain(grace));
         }
     }
 
-    /// Stops listening and cuts every connection; returns once every connection task is
-    /// gone, so nothing is relayed after this.
-    pub(crate) async fn shutdown(&mut self) {
+    /// Connections that a stop cut ([`drain`](Self::drain) after its grace period, or
+    /// [`shutdown`](Self::shutdown)); they leave no report.
+    pub fn connections_cut(&self) -> u64 {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Stops listening and cuts every connection (as if the process were killed); returns once
+    /// every connection task is gone, so nothing is relayed after this.
+    pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(Stop::Now);
         }
@@ -165,11 +217,19 @@ impl Running {
     }
 }
 
-impl Drop for Running {
+impl<R> Drop for Listening<R> {
     fn drop(&mut self) {
         // Aborting the accept task drops its JoinSet, which aborts every connection task and
         // with it its sockets.
         self.task.abort();
+    }
+}
+
+impl<R> core::fmt::Debug for Listening<R> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Listening")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
     }
 }
 

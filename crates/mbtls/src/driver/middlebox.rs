@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
-use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::net::{TcpStream, ToSocketAddrs};
 
-use super::accept::Running;
+use super::accept::Listening;
 use super::outbox::Outbox;
 use super::read_buf::{read_into, IdleTrim, ReadBuf, READ_BUF_MAX};
-use super::reports::{report_queue, ReportReceiver};
 use super::{DriverError, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
@@ -129,33 +128,21 @@ impl ConnectionReport {
     }
 }
 
-/// A listening middlebox. Dropping it stops the listener and every connection (both sockets of
-/// each are closed).
-pub struct MiddleboxServer {
-    local_addr: SocketAddr,
-    running: Running,
-    reports: ReportReceiver<ConnectionReport>,
-}
+/// A listening middlebox ([`Listening`] with a [`ConnectionReport`] per connection).
+pub type MiddleboxServer = Listening<ConnectionReport>;
 
-impl MiddleboxServer {
+impl Listening<ConnectionReport> {
     /// Binds `listen` and serves connections in the background (needs a tokio runtime).
     pub async fn bind(
         listen: impl ToSocketAddrs,
         cfg: MiddleboxServerConfig,
     ) -> Result<MiddleboxServer, DriverError> {
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(DriverError::io("cannot listen"))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(DriverError::io("cannot read the listening address"))?;
-        let (tx, reports) = report_queue();
         let shared = Arc::new(Shared {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
         });
-        let running = Running::spawn(listener, move |id, stream, peer| {
-            let (shared, reports) = (shared.clone(), tx.clone());
+        Listening::spawn(listen, move |id, stream, peer| {
+            let shared = shared.clone();
             async move {
                 let report = serve(id, stream, Some(peer), &shared).await;
                 match &report.outcome {
@@ -164,64 +151,10 @@ impl MiddleboxServer {
                         tracing::warn!(?report, error = %e, "mbtls middlebox connection failed")
                     }
                 }
-                reports.send(report);
+                report
             }
-        });
-        Ok(MiddleboxServer {
-            local_addr,
-            running,
-            reports,
         })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The report of the next connection that ends (`None` if the server stopped). At most
-    /// [`REPORTS_KEPT`](super::REPORTS_KEPT) wait unread; later ones are dropped (and logged).
-    pub async fn next_report(&mut self) -> Option<ConnectionReport> {
-        self.reports.recv().await
-    }
-
-    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
-    pub fn reports_dropped(&self) -> u64 {
-        self.reports.dropped()
-    }
-
-    /// How often accepting a connection failed (e.g. out of file descriptors). After each
-    /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
-    /// of retrying at once.
-    pub fn accept_errors(&self) -> u64 {
-        self.running.accept_errors()
-    }
-
-    /// Graceful stop: stops listening at once (new connections are refused) and gives the
-    /// open connections up to `grace` to end by themselves; those still open then are cut.
-    /// Returns at once; the reports of the connections that end keep coming from
-    /// [`next_report`](Self::next_report), which returns `None` once all are gone.
-    pub fn drain(&mut self, grace: Duration) {
-        self.running.drain(grace);
-    }
-
-    /// Connections that a stop cut ([`drain`](Self::drain) after its grace period, or
-    /// [`shutdown`](Self::shutdown)); they leave no report.
-    pub fn connections_cut(&self) -> u64 {
-        self.running.cut()
-    }
-
-    /// Stops listening and drops every connection (as if the process were killed); returns once
-    /// every connection task is gone, so nothing is relayed after this.
-    pub async fn shutdown(mut self) {
-        self.running.shutdown().await;
-    }
-}
-
-impl core::fmt::Debug for MiddleboxServer {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("MiddleboxServer")
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
+        .await
     }
 }
 

@@ -25,6 +25,7 @@ mod read_buf;
 mod reports;
 pub mod server;
 
+pub use accept::Listening;
 pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,

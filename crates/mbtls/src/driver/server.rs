@@ -8,14 +8,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
-use super::accept::Running;
+use super::accept::Listening;
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
 use super::read_buf::{read_into, IdleTrim, ReadBuf};
-use super::reports::{report_queue, ReportReceiver};
 use super::{DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
@@ -53,92 +52,28 @@ pub struct ServerConnectionReport {
     pub outcome: Result<(), String>,
 }
 
-/// A listening mbTLS server. Dropping it stops the listener and every session.
-pub struct MbtlsServer {
-    local_addr: SocketAddr,
-    running: Running,
-    reports: ReportReceiver<ServerConnectionReport>,
-}
+/// A listening mbTLS server ([`Listening`] with a [`ServerConnectionReport`] per session).
+pub type MbtlsServer = Listening<ServerConnectionReport>;
 
-impl MbtlsServer {
+impl Listening<ServerConnectionReport> {
     /// Binds `listen` and serves sessions in the background (needs a tokio runtime).
     pub async fn bind(
         listen: impl ToSocketAddrs,
         cfg: MbtlsServerConfig,
     ) -> Result<MbtlsServer, DriverError> {
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(DriverError::io("cannot listen"))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(DriverError::io("cannot read the listening address"))?;
-        let (tx, reports) = report_queue();
         let cfg = Arc::new(cfg);
-        let running = Running::spawn(listener, move |id, stream, peer| {
-            let (cfg, reports) = (cfg.clone(), tx.clone());
+        Listening::spawn(listen, move |id, stream, peer| {
+            let cfg = cfg.clone();
             async move {
                 let report = serve_session(id, stream, Some(peer), &cfg).await;
                 match &report.outcome {
                     Ok(()) => tracing::info!(?report, "mbtls server session ended"),
                     Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
                 }
-                reports.send(report);
+                report
             }
-        });
-        Ok(MbtlsServer {
-            local_addr,
-            running,
-            reports,
         })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The report of the next session that ends (`None` if the server stopped). At most
-    /// [`REPORTS_KEPT`](super::REPORTS_KEPT) wait unread; later ones are dropped (and logged).
-    pub async fn next_report(&mut self) -> Option<ServerConnectionReport> {
-        self.reports.recv().await
-    }
-
-    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
-    pub fn reports_dropped(&self) -> u64 {
-        self.reports.dropped()
-    }
-
-    /// How often accepting a connection failed (e.g. out of file descriptors). After each
-    /// failure the listener pauses (5 ms doubling to 1 s, or until a session ends) instead of
-    /// retrying at once.
-    pub fn accept_errors(&self) -> u64 {
-        self.running.accept_errors()
-    }
-
-    /// Graceful stop: stops listening at once (new connections are refused) and gives the
-    /// open sessions up to `grace` to end by themselves; those still open then are cut.
-    /// Returns at once; the reports of the sessions that end keep coming from
-    /// [`next_report`](Self::next_report), which returns `None` once all are gone.
-    pub fn drain(&mut self, grace: Duration) {
-        self.running.drain(grace);
-    }
-
-    /// Sessions that a stop cut ([`drain`](Self::drain) after its grace period, or
-    /// [`shutdown`](Self::shutdown)); they leave no report.
-    pub fn connections_cut(&self) -> u64 {
-        self.running.cut()
-    }
-
-    /// Stops listening and drops every session; returns once every session task is gone.
-    pub async fn shutdown(mut self) {
-        self.running.shutdown().await;
-    }
-}
-
-impl core::fmt::Debug for MbtlsServer {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("MbtlsServer")
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
+        .await
     }
 }
 
