@@ -3,8 +3,7 @@
 //!
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
-mod sockets;
-use sockets::{kernel_sockets, timer_of, KEEPALIVE};
+use mbx_testbed::tcp_table::{self, established_timer, KEEPALIVE};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -836,10 +835,10 @@ async fn the_middlebox_keeps_both_of_its_sockets_alive() {
     let server_port: u16 = next_hop.rsplit(':').next().unwrap().parse().unwrap();
     let client_timer = timeout(BOUND, async {
         loop {
-            let all = kernel_sockets();
-            let accepted = timer_of(&all, |s| s.local_port == mbox_port);
-            let upstream = timer_of(&all, |s| s.remote_port == server_port);
-            let client_side = timer_of(&all, |s| s.remote_port == mbox_port);
+            let all = tcp_table::read().unwrap();
+            let accepted = established_timer(&all, |s| s.local_port == mbox_port);
+            let upstream = established_timer(&all, |s| s.remote_port == server_port);
+            let client_side = established_timer(&all, |s| s.remote_port == mbox_port);
             if let (Some(KEEPALIVE), Some(KEEPALIVE), Some(c)) = (accepted, upstream, client_side) {
                 return c;
             }

@@ -6,9 +6,8 @@
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
 mod leaf;
-mod sockets;
 use leaf::identity;
-use sockets::{kernel_sockets, timer_of, KEEPALIVE};
+use mbx_testbed::tcp_table::{self, established_timer, KEEPALIVE};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -628,11 +627,11 @@ async fn an_idle_session_frees_read_buffers_at_both_endpoints_and_carries_on() {
     let (server_port, mb1_port) = (server.local_addr().port(), mbs[0].local_addr().port());
     timeout(BOUND, async {
         loop {
-            let all = kernel_sockets();
+            let all = tcp_table::read().unwrap();
             let timers = [
-                timer_of(&all, |s| s.local_port == server_port),
-                timer_of(&all, |s| s.remote_port == backend.port()),
-                timer_of(&all, |s| s.remote_port == mb1_port),
+                established_timer(&all, |s| s.local_port == server_port),
+                established_timer(&all, |s| s.remote_port == backend.port()),
+                established_timer(&all, |s| s.remote_port == mb1_port),
             ];
             if timers == [Some(KEEPALIVE); 3] {
                 break;

@@ -21,6 +21,7 @@ pub mod peers;
 pub mod pki;
 pub mod relay;
 pub mod residue;
+pub mod tcp_table;
 
 pub use netns::{Host, Topology};
 pub use peers::{

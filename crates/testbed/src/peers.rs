@@ -306,17 +306,10 @@ pub fn wait_for_port(
 /// Whether process `pid` holds a listening TCP socket, IPv4 or IPv6, on `port` (from
 /// `/proc/net/tcp{,6}` and the process's descriptors). Without procfs, assumes it does.
 fn owns_listener(pid: u32, port: u16) -> bool {
-    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|t| std::fs::read_to_string(t).ok())
-        .collect();
-    if tables.is_empty() {
+    let Some(entries) = crate::tcp_table::read() else {
         return true;
-    }
-    let sockets: Vec<String> = tables
-        .iter()
-        .flat_map(|table| listening_sockets(table, port))
-        .collect();
+    };
+    let sockets = listening_sockets(&entries, port);
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
@@ -326,19 +319,12 @@ fn owns_listener(pid: u32, port: u16) -> bool {
     })
 }
 
-/// The sockets (as `/proc/PID/fd` links name them, `socket:[INODE]`) listening on `port` in a
-/// `/proc/net/tcp` or `/proc/net/tcp6` table.
-fn listening_sockets(table: &str, port: u16) -> Vec<String> {
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            let p = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            // State 0A is LISTEN.
-            (p == port && *state == "0A").then(|| format!("socket:[{inode}]"))
-        })
+/// The sockets (as `/proc/PID/fd` links name them, `socket:[INODE]`) listening on `port`.
+fn listening_sockets(entries: &[crate::tcp_table::TcpEntry], port: u16) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|e| e.local_port == port && e.state == crate::tcp_table::LISTEN)
+        .map(|e| format!("socket:[{}]", e.inode))
         .collect()
 }
 
@@ -1094,6 +1080,7 @@ impl Curl {
 #[cfg(test)]
 mod tests {
     use super::{listening_sockets, owns_listener};
+    use crate::tcp_table::parse;
     use std::net::TcpListener;
 
     /// Listening entries of both table formats are found by port; other states and ports are
@@ -1107,10 +1094,11 @@ mod tests {
         let v6 = format!(
             "{head}   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5151\n"
         );
+        let (v4, v6) = (parse(&v4), parse(&v6));
         assert_eq!(listening_sockets(&v4, 8080), vec!["socket:[4242]"]);
         assert_eq!(listening_sockets(&v6, 8080), vec!["socket:[5151]"]);
         assert!(listening_sockets(&v4, 8081).is_empty());
-        assert!(listening_sockets("garbage", 8080).is_empty());
+        assert!(listening_sockets(&parse("garbage"), 8080).is_empty());
     }
 
     /// Our own listener counts; a port nobody of ours listens on does not.
