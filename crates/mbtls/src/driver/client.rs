@@ -2,7 +2,6 @@
 //! on it, then application data through the first hop.
 
 use mbx_attest::Claims;
-use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
@@ -243,13 +242,7 @@ impl MbtlsClient {
                         session.hs.close()?;
                     } else {
                         up += n as u64;
-                        let plain = local_buf.bytes.get_mut(..n).unwrap_or_default();
-                        let written = session.hs.write(plain);
-                        // Plaintext: wiped once sealed (nothing left behind by a resize or
-                        // release of the buffer).
-                        wipe::wipe(plain);
-                        written?;
-                        local_buf.after_read(n);
+                        local_buf.seal_read(n, |plain| session.hs.write(plain))?;
                         idle.read_now();
                     }
                 }

@@ -6,6 +6,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use mbx_record::wipe;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::{Instant, Sleep};
@@ -76,6 +77,17 @@ impl ReadBuf {
         self.bytes.truncate(READ_BUF_START);
         self.bytes.shrink_to_fit();
         true
+    }
+
+    /// For plaintext read from a backend or a local application: hands the `n` bytes just read
+    /// to `seal` (which encrypts them), then wipes them and accounts the read, so that no
+    /// resize or release of the buffer leaves plaintext in freed memory.
+    pub(crate) fn seal_read<T>(&mut self, n: usize, seal: impl FnOnce(&[u8]) -> T) -> T {
+        let plain = self.bytes.get_mut(..n).unwrap_or_default();
+        let sealed = seal(plain);
+        wipe::wipe(plain);
+        self.after_read(n);
+        sealed
     }
 
     /// Holds an allocation (the idle trim would free it).
@@ -245,6 +257,17 @@ mod tests {
         // The end of the stream is readable too: it reads as 0 bytes.
         drop(peer);
         assert_eq!(read_into(&mut r, &mut rb).await.unwrap(), 0);
+    }
+
+    /// Plaintext read from a backend reaches the sealing step and is gone from the buffer after.
+    #[test]
+    fn a_sealed_read_leaves_no_plaintext_in_the_buffer() {
+        let mut rb = ReadBuf::new(READ_BUF_MAX);
+        rb.bytes.resize(READ_BUF_START, 0);
+        rb.bytes[..5].copy_from_slice(b"hello");
+        let seen = rb.seal_read(5, <[u8]>::to_vec);
+        assert_eq!(seen, b"hello");
+        assert!(rb.bytes.iter().all(|&b| b == 0));
     }
 
     /// The trim comes after a quiet period, not while reads keep arriving (paused clock).

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mbx_record::wipe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
@@ -221,13 +220,7 @@ impl Session {
                         hs.close()?;
                     } else {
                         self.report.bytes_from_backend += n as u64;
-                        let plain = backend_buf.bytes.get_mut(..n).unwrap_or_default();
-                        let written = hs.write(plain);
-                        // Plaintext: wiped once sealed, so that no resize or release of the
-                        // buffer leaves it in freed memory.
-                        wipe::wipe(plain);
-                        written?;
-                        backend_buf.after_read(n);
+                        backend_buf.seal_read(n, |plain| hs.write(plain))?;
                         idle.read_now();
                     }
                 }
