@@ -26,6 +26,9 @@ mod tls_io;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +38,7 @@ use mbx_mbtls::driver::{
     AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
     MiddleboxServerConfig, Placement, DEFAULT_HANDSHAKE_TIMEOUT,
 };
-use mbx_mbtls::handshake::{ClientMiddlebox, ServerMiddlebox};
+use mbx_mbtls::handshake::{ClientHandshakeConfig, ClientMiddlebox, ServerMiddlebox};
 use mbx_record::TlsVersion;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
@@ -171,11 +174,25 @@ impl Conn {
     }
 }
 
+/// Opens one session of the kind measured.
+type Connect = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Res<Conn>> + Send>> + Sync>;
+
+/// mbTLS sessions to `addr` with `cfg`.
+fn mbtls_to(addr: SocketAddr, cfg: ClientHandshakeConfig) -> Connect {
+    Box::new(move || {
+        let cfg = cfg.clone();
+        Box::pin(async move {
+            Ok(Conn::Mbtls(Box::new(
+                MbtlsClient::connect(addr, cfg).await?,
+            )))
+        })
+    })
+}
+
 /// Bytes per connection at each point, for one kind of middlebox.
 fn sample(
     load: &Runtime,
-    connect: &(dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>>
-          + Sync),
+    connect: &(dyn Fn() -> Pin<Box<dyn Future<Output = Res<Conn>> + Send>> + Sync),
     sink: &AtomicU64,
 ) -> Res<[f64; 5]> {
     load.block_on(async {
@@ -258,19 +275,11 @@ fn main() -> Res<()> {
     )?;
     let tls_ctx = setup.tls_client(version)?;
 
-    let mbtls =
-        move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
-            let cfg = client_cfg.clone();
-            Box::pin(async move {
-                Ok(Conn::Mbtls(Box::new(
-                    MbtlsClient::connect(mbox_addr, cfg).await?,
-                )))
-            })
-        };
-    let tls = move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
+    let mbtls = mbtls_to(mbox_addr, client_cfg.clone());
+    let tls: Connect = Box::new(move || {
         let ctx = tls_ctx.clone();
         Box::pin(async move { Ok(Conn::Tls(TlsClient::connect(relay_addr, &ctx, &[]).await?)) })
-    };
+    });
 
     // The mbTLS server on its own measured runtime, in front of a plain TCP sink; reached
     // straight from the client (no middlebox: the session stays in OpenSSL) and through a
@@ -298,44 +307,26 @@ fn main() -> Res<()> {
     ))?;
     let front_addr = front.local_addr();
     load.spawn(async move { while front.next_report().await.is_some() {} });
-    let direct_cfg = setup.mbtls_client(version, ClientMiddlebox::Disabled, true)?;
-    let via_cfg = setup.mbtls_client(
-        version,
-        ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()),
-        true,
-    )?;
-    let direct =
-        move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
-            let cfg = direct_cfg.clone();
-            Box::pin(async move {
-                Ok(Conn::Mbtls(Box::new(
-                    MbtlsClient::connect(server_addr, cfg).await?,
-                )))
-            })
-        };
-    let via = move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Res<Conn>> + Send>> {
-        let cfg = via_cfg.clone();
-        Box::pin(async move {
-            Ok(Conn::Mbtls(Box::new(
-                MbtlsClient::connect(front_addr, cfg).await?,
-            )))
-        })
-    };
+    let direct = mbtls_to(
+        server_addr,
+        setup.mbtls_client(version, ClientMiddlebox::Disabled, true)?,
+    );
+    let via = mbtls_to(front_addr, client_cfg);
 
     // Warm-up: one round of each (first-use allocations of the runtime and the libraries).
-    sample(&load, &mbtls, &sink)?;
-    sample(&load, &tls, &sink)?;
-    sample(&load, &direct, &backend_sink)?;
-    sample(&load, &via, &backend_sink)?;
+    sample(&load, &*mbtls, &sink)?;
+    sample(&load, &*tls, &sink)?;
+    sample(&load, &*direct, &backend_sink)?;
+    sample(&load, &*via, &backend_sink)?;
     let mut mb: Vec<[f64; 5]> = Vec::new();
     let mut relay: Vec<[f64; 5]> = Vec::new();
     let mut srv_direct: Vec<[f64; 5]> = Vec::new();
     let mut srv_via: Vec<[f64; 5]> = Vec::new();
     for rep in 0..REPS {
-        let m = sample(&load, &mbtls, &sink)?;
-        let r = sample(&load, &tls, &sink)?;
-        let d = sample(&load, &direct, &backend_sink)?;
-        let v = sample(&load, &via, &backend_sink)?;
+        let m = sample(&load, &*mbtls, &sink)?;
+        let r = sample(&load, &*tls, &sink)?;
+        let d = sample(&load, &*direct, &backend_sink)?;
+        let v = sample(&load, &*via, &backend_sink)?;
         println!(
             "rep {}: bytes per connection ({}): mbTLS middlebox {:?} | TCP relay {:?} | mbTLS server, direct {:?} | mbTLS server, through a middlebox {:?}",
             rep + 1,
