@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::reports::{report_queue, ReportReceiver};
+use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::DriverError;
 
 /// The first pause after an accept error.
@@ -125,15 +125,17 @@ pub struct Listening<R> {
 }
 
 impl<R: Send + 'static> Listening<R> {
-    /// Binds `listen` and runs `serve(id, stream, peer)` for each accepted connection (ids from
-    /// 0 in accept order) until stopped; what `serve` returns is the connection's report.
+    /// Binds `listen` and runs `serve(id, stream, peer, reports)` for each accepted connection
+    /// (ids from 0 in accept order) until stopped; `serve` sends the connection's report when
+    /// it ends. (It sends it itself rather than return it: a wrapper future awaiting the
+    /// connection's future would hold that future twice, its size added to every connection.)
     pub(crate) async fn spawn<F, Fut>(
         listen: impl ToSocketAddrs,
         mut serve: F,
     ) -> Result<Listening<R>, DriverError>
     where
-        F: FnMut(u64, TcpStream, SocketAddr) -> Fut + Send + 'static,
-        Fut: Future<Output = R> + Send + 'static,
+        F: FnMut(u64, TcpStream, SocketAddr, ReportSender<R>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
     {
         let listener = TcpListener::bind(listen)
             .await
@@ -146,10 +148,7 @@ impl<R: Send + 'static> Listening<R> {
         let accept_errors = acceptor.error_count();
         let cut = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
-        let serve_and_report = move |id, stream, peer| {
-            let (session, tx) = (serve(id, stream, peer), tx.clone());
-            async move { tx.send(session.await) }
-        };
+        let serve_and_report = move |id, stream, peer| serve(id, stream, peer, tx.clone());
         let task = tokio::spawn(accept_loop(
             acceptor,
             stopped,

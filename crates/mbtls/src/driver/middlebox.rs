@@ -141,7 +141,7 @@ impl Listening<ConnectionReport> {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
         });
-        Listening::spawn(listen, move |id, stream, peer| {
+        Listening::spawn(listen, move |id, stream, peer, reports| {
             let shared = shared.clone();
             async move {
                 let report = serve(id, stream, Some(peer), &shared).await;
@@ -151,7 +151,7 @@ impl Listening<ConnectionReport> {
                         tracing::warn!(?report, error = %e, "mbtls middlebox connection failed")
                     }
                 }
-                report
+                reports.send(report);
             }
         })
         .await

@@ -61,7 +61,7 @@ impl Listening<ServerConnectionReport> {
         cfg: MbtlsServerConfig,
     ) -> Result<MbtlsServer, DriverError> {
         let cfg = Arc::new(cfg);
-        Listening::spawn(listen, move |id, stream, peer| {
+        Listening::spawn(listen, move |id, stream, peer, reports| {
             let cfg = cfg.clone();
             async move {
                 let report = serve_session(id, stream, Some(peer), &cfg).await;
@@ -69,7 +69,7 @@ impl Listening<ServerConnectionReport> {
                     Ok(()) => tracing::info!(?report, "mbtls server session ended"),
                     Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
                 }
-                report
+                reports.send(report);
             }
         })
         .await
