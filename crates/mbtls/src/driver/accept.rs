@@ -143,6 +143,8 @@ impl<R: Send + 'static> Listening<R> {
         let local_addr = listener
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
+        // Inherited by every accepted connection.
+        super::keep_alive(&listener);
         let (tx, reports) = report_queue();
         let acceptor = Acceptor::new(listener);
         let accept_errors = acceptor.error_count();

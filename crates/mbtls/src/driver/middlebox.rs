@@ -377,7 +377,7 @@ async fn relay(
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    super::keep_alive(&client);
+    // The accepted socket has keepalive from the listener (`Listening`).
     super::keep_alive(&server);
     let hs = match cfg.placement {
         Placement::ClientSide => {

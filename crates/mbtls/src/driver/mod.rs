@@ -62,13 +62,15 @@ const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 /// held for good; a live but idle peer answers the probes and is never cut.
 const KEEPALIVE_PROBES: u32 = 6;
 
-/// Turns TCP keepalive on for `stream` (best effort: a socket that refuses keeps working).
-pub(crate) fn keep_alive(stream: &tokio::net::TcpStream) {
+/// Turns TCP keepalive on for `socket` (best effort: a socket that refuses keeps working). On a
+/// listening socket it covers every connection accepted from it: Linux copies the options to
+/// each accepted socket, so they cost nothing per connection.
+pub(crate) fn keep_alive(socket: &impl std::os::fd::AsFd) {
     let params = socket2::TcpKeepalive::new()
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_PROBES);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
+    if let Err(e) = socket2::SockRef::from(socket).set_tcp_keepalive(&params) {
         tracing::debug!(error = %e, "cannot turn TCP keepalive on");
     }
 }

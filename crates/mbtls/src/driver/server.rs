@@ -114,7 +114,6 @@ impl Session {
         cfg: &MbtlsServerConfig,
     ) -> Result<(), DriverError> {
         let _ = stream.set_nodelay(true);
-        super::keep_alive(&stream);
         let mut hs_cfg = cfg.handshake.clone();
         hs_cfg.now_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
