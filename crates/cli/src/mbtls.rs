@@ -114,6 +114,13 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
+    #[command(flatten)]
+    service: ServiceFlags,
+}
+
+/// What a middlebox and a server share as long-running services.
+#[derive(clap::Args, Debug)]
+struct ServiceFlags {
     /// Close a connection whose mbTLS handshake has not finished this many seconds after it
     /// was accepted (default 60, as nginx's ssl_handshake_timeout). Established sessions are
     /// never timed out.
@@ -123,6 +130,14 @@ struct ServerFlags {
     /// end before cutting them (default 10; a second signal stops at once).
     #[arg(long)]
     drain_secs: Option<u64>,
+}
+
+impl ServiceFlags {
+    /// The flags given override the config file's keys.
+    fn merge_into(&self, table: &mut toml::Table) -> anyhow::Result<()> {
+        set_secs(table, "handshake_timeout_secs", self.handshake_timeout_secs)?;
+        set_secs(table, "drain_secs", self.drain_secs)
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -209,15 +224,8 @@ struct MiddleboxFlags {
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
     server_side: bool,
-    /// Close a connection whose mbTLS handshake has not finished this many seconds after it
-    /// was accepted (default 60, as nginx's ssl_handshake_timeout). Established sessions are
-    /// never timed out.
-    #[arg(long)]
-    handshake_timeout_secs: Option<u64>,
-    /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
-    /// end before cutting them (default 10; a second signal stops at once).
-    #[arg(long)]
-    drain_secs: Option<u64>,
+    #[command(flatten)]
+    service: ServiceFlags,
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
@@ -780,12 +788,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
-    set_secs(
-        &mut table,
-        "handshake_timeout_secs",
-        flags.handshake_timeout_secs,
-    )?;
-    set_secs(&mut table, "drain_secs", flags.drain_secs)?;
+    flags.service.merge_into(&mut table)?;
     let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
 
@@ -992,12 +995,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
-    set_secs(
-        &mut table,
-        "handshake_timeout_secs",
-        flags.handshake_timeout_secs,
-    )?;
-    set_secs(&mut table, "drain_secs", flags.drain_secs)?;
+    flags.service.merge_into(&mut table)?;
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
