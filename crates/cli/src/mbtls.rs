@@ -18,6 +18,7 @@ use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ConnectionReport, Listening, MbtlsClient, MbtlsServer,
     MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
+    Timeouts,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -122,10 +123,13 @@ struct ServerFlags {
 #[derive(clap::Args, Debug)]
 struct ServiceFlags {
     /// Close a connection whose mbTLS handshake has not finished this many seconds after it
-    /// was accepted (default 60, as nginx's ssl_handshake_timeout). Established sessions are
-    /// never timed out.
+    /// was accepted (default 60, as nginx's ssl_handshake_timeout).
     #[arg(long)]
     handshake_timeout_secs: Option<u64>,
+    /// Close an established session that carried nothing either way for this many seconds
+    /// (default 600, as nginx's stream proxy_timeout; 0: never).
+    #[arg(long)]
+    idle_timeout_secs: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
     /// end before cutting them (default 10; a second signal stops at once).
     #[arg(long)]
@@ -136,6 +140,7 @@ impl ServiceFlags {
     /// The flags given override the config file's keys.
     fn merge_into(&self, table: &mut toml::Table) -> anyhow::Result<()> {
         set_secs(table, "handshake_timeout_secs", self.handshake_timeout_secs)?;
+        set_secs(table, "idle_timeout_secs", self.idle_timeout_secs)?;
         set_secs(table, "drain_secs", self.drain_secs)
     }
 }
@@ -289,6 +294,8 @@ struct MiddleboxSettings {
     side: String,
     /// Seconds a connection may take to finish its handshake (default 60).
     handshake_timeout_secs: Option<u64>,
+    /// Seconds an established session may carry nothing (default 600; 0: never).
+    idle_timeout_secs: Option<u64>,
     /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
     drain_secs: Option<u64>,
 }
@@ -320,6 +327,8 @@ struct ServerSettings {
     tls: Option<String>,
     /// Seconds a connection may take to finish its handshake (default 60).
     handshake_timeout_secs: Option<u64>,
+    /// Seconds an established session may carry nothing (default 600; 0: never).
+    idle_timeout_secs: Option<u64>,
     /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
     drain_secs: Option<u64>,
 }
@@ -828,7 +837,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             "server" => Placement::ServerSide,
             other => bail!("unknown middlebox side {other:?} (use client or server)"),
         },
-        handshake_timeout: handshake_timeout(s.handshake_timeout_secs)?,
+        timeouts: timeouts(s.handshake_timeout_secs, s.idle_timeout_secs)?,
     };
     runtime()?.block_on(async move {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
@@ -977,13 +986,20 @@ fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Re
     Ok(())
 }
 
-/// The handshake timeout a middlebox or server uses.
-fn handshake_timeout(secs: Option<u64>) -> anyhow::Result<Duration> {
-    match secs {
-        None => Ok(mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT),
+/// The timeouts a middlebox or server uses.
+fn timeouts(handshake_secs: Option<u64>, idle_secs: Option<u64>) -> anyhow::Result<Timeouts> {
+    let mut timeouts = Timeouts::default();
+    match handshake_secs {
+        None => {}
         Some(0) => bail!("handshake_timeout_secs must be at least 1"),
-        Some(n) => Ok(Duration::from_secs(n)),
+        Some(n) => timeouts.handshake = Duration::from_secs(n),
     }
+    match idle_secs {
+        None => {}
+        Some(0) => timeouts.idle = None,
+        Some(n) => timeouts.idle = Some(Duration::from_secs(n)),
+    }
+    Ok(timeouts)
 }
 
 fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSettings> {
@@ -1116,7 +1132,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             now_unix: 0,
         },
         backend: s.backend.clone(),
-        handshake_timeout: handshake_timeout(s.handshake_timeout_secs)?,
+        timeouts: timeouts(s.handshake_timeout_secs, s.idle_timeout_secs)?,
     };
     runtime()?.block_on(async move {
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)

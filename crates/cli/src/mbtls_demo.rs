@@ -115,7 +115,7 @@ fn middlebox(
         next_hop: next_hop.to_string(),
         app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,
-        handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+        timeouts: mbx_mbtls::driver::Timeouts::default(),
     })
 }
 
@@ -178,7 +178,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
                 now_unix: 0,
             },
             backend: backend.to_string(),
-            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: mbx_mbtls::driver::Timeouts::default(),
         },
     )
     .await?;

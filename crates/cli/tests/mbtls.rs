@@ -256,6 +256,9 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             platform.as_os_str(),
             OsStr::new("--handshake-timeout-secs"),
             OsStr::new("2"),
+            // Longer than the handshake timeout, so a silent peer is closed by that one.
+            OsStr::new("--idle-timeout-secs"),
+            OsStr::new("4"),
         ],
         3,
     );
@@ -399,6 +402,21 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         srv_report.contains("did not finish within 6s"),
         "{srv_report}"
     );
+
+    // An established session left idle is closed by the middlebox after --idle-timeout-secs:
+    // s_client, its input ended at once (-ign_eof), waits until the session ends.
+    let out = mbx_testbed::OpensslClient::new(mb_addr.parse().unwrap())
+        .servername("server.test")
+        .cafile(&server.ca)
+        .version(mbx_testbed::TlsVersion::Tls13)
+        .run()
+        .unwrap();
+    let text = out.stdout_str();
+    assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+    let mb_report = mb_lines.next().unwrap().unwrap();
+    assert!(mb_report.contains("idle for 4s"), "{mb_report}");
+    let srv_report = srv_lines.next().unwrap().unwrap();
+    assert!(srv_report.contains("without close_notify"), "{srv_report}");
 
     // SIGTERM: each drains (nothing is open, so nothing is cut) and exits cleanly.
     for (mut child, lines, who, what) in [

@@ -12,8 +12,7 @@ use std::time::Duration;
 use mbx_attest::Policy;
 use mbx_engine::{Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
-    MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement,
-    DEFAULT_HANDSHAKE_TIMEOUT,
+    MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, Timeouts,
 };
 use mbx_mbtls::handshake::{MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox};
 use mbx_testbed::{LeafSpec, TestPki};
@@ -53,7 +52,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
             next_hop: refused.to_string(),
             app: Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<_>),
             placement: Placement::ClientSide,
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: Timeouts::default(),
         },
     )
     .await
@@ -72,7 +71,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
                 now_unix: 0,
             },
             backend: refused.to_string(),
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: Timeouts::default(),
         },
     )
     .await

@@ -103,7 +103,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app,
             placement: Placement::ClientSide,
-            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: mbx_mbtls::driver::Timeouts::default(),
         }
     }
 }
@@ -736,7 +736,7 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
     // Stalled peers: the next hop only accepts, so nothing but the timeout can end them.
     let next_hop = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut cfg = w.middlebox(next_hop.local_addr().unwrap(), passthrough());
-    cfg.handshake_timeout = patience;
+    cfg.timeouts.handshake = patience;
     let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
     // A ClientHello record header and the start of its body, then nothing.
     let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
@@ -754,7 +754,7 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
 
     // A session that got its keys stays up past the handshake timeout.
     let (mut mbox, mut client, server) =
-        echo_session(&w, |cfg| cfg.handshake_timeout = patience).await;
+        echo_session(&w, |cfg| cfg.timeouts.handshake = patience).await;
     echo_through(&mut client, b"before the pause").await;
     tokio::time::sleep(patience + Duration::from_millis(1500)).await;
     echo_through(&mut client, b"after the pause").await;
@@ -765,6 +765,33 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
         "{report:?}"
     );
     timeout(BOUND, server).await.unwrap().unwrap();
+}
+
+/// An established session that carries nothing for the middlebox's idle timeout is closed,
+/// both hops, and reported as idle; one whose traffic keeps coming, with gaps shorter than the
+/// timeout, outlives the timeout many times over. The endpoints see the close as abnormal (no
+/// close_notify), not as the end of the stream. (Real time, with gaps of a fifth of the
+/// timeout; only what is closed and what still works are checked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_is_closed_after_the_idle_timeout_and_an_active_one_is_not() {
+    let w = World::new();
+    let idle = Duration::from_secs(1);
+    let (mut mbox, mut client, server) =
+        echo_session(&w, |cfg| cfg.timeouts.idle = Some(idle)).await;
+    for i in 0..15 {
+        tokio::time::sleep(idle / 5).await;
+        echo_through(&mut client, format!("message {i}").as_bytes()).await;
+    }
+    // Now silence: the middlebox closes both hops.
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(read.is_err(), "{read:?}");
+    let (server_done, echoed) = timeout(BOUND, server).await.unwrap().unwrap();
+    assert!(server_done);
+    assert!(echoed.ends_with(b"message 14"));
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.clone().unwrap_err();
+    assert!(why.contains("idle for 1s"), "{report:?}");
+    assert!(report.keys_installed, "{report:?}");
 }
 
 /// A graceful stop: once `drain` is called the middlebox refuses new connections, the open

@@ -98,7 +98,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app: header_app(name),
             placement,
-            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: mbx_mbtls::driver::Timeouts::default(),
         }
     }
 
@@ -115,7 +115,7 @@ impl World {
                 now_unix: 0,
             },
             backend: backend.to_string(),
-            handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+            timeouts: mbx_mbtls::driver::Timeouts::default(),
         }
     }
 
@@ -561,7 +561,7 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
     let w = World::new();
     let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut cfg = w.server(TlsVersion::Tls13, backend.local_addr().unwrap());
-    cfg.handshake_timeout = Duration::from_secs(2);
+    cfg.timeouts.handshake = Duration::from_secs(2);
     let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
     let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
     for sent in [&[][..], partial] {
@@ -675,7 +675,7 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
     // The one connection a backlog of 0 holds; later SYNs are dropped.
     let _queued = tokio::net::TcpStream::connect(backend).await.unwrap();
     let (mut server, _mbs, mut client) = path_to(&w, backend, |cfg| {
-        cfg.handshake_timeout = Duration::from_secs(2)
+        cfg.timeouts.handshake = Duration::from_secs(2)
     })
     .await;
     let read = timeout(BOUND, client.read()).await.unwrap();
@@ -683,4 +683,50 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     let why = report.outcome.clone().unwrap_err();
     assert!(why.contains("cannot connect to the backend"), "{report:?}");
+}
+
+/// An established session that carries nothing for the mbTLS server's idle timeout is closed by
+/// the server, toward the path and toward the backend, without close_notify (so the client sees
+/// it end abnormally), and reported as idle; traffic with shorter gaps keeps it up well past the
+/// timeout. The middleboxes, whose own timeouts are the default ten minutes, follow the
+/// server's close. (Real time, gaps of a fifth of the timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mbtls_server_closes_an_idle_session() {
+    let w = World::new();
+    let idle = Duration::from_secs(1);
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_addr = backend.local_addr().unwrap();
+    let (mut server, mut mbs, mut client) =
+        path_to(&w, backend_addr, |cfg| cfg.timeouts.idle = Some(idle)).await;
+    let (mut at_backend, _) = timeout(BOUND, backend.accept()).await.unwrap().unwrap();
+    let mut got = [0u8; 4];
+    for i in 0..15u32 {
+        tokio::time::sleep(idle / 5).await;
+        client.write_all(&i.to_be_bytes()).await.unwrap();
+        timeout(BOUND, at_backend.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, i.to_be_bytes());
+        at_backend.write_all(&got).await.unwrap();
+        let echoed = timeout(BOUND, client.read()).await.unwrap().unwrap();
+        assert_eq!(echoed.as_deref(), Some(&got[..]));
+    }
+    // Silence: the server closes the backend connection and the session.
+    let mut rest = Vec::new();
+    let n = timeout(BOUND, at_backend.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0);
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(read.is_err(), "{read:?}");
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.clone().unwrap_err();
+    assert!(why.contains("idle for 1s"), "{report:?}");
+    assert_eq!(report.bytes_to_backend, 60, "{report:?}");
+    for mb in &mut mbs {
+        let r = timeout(BOUND, mb.next_report()).await.unwrap().unwrap();
+        assert!(r.keys_installed && r.outcome.is_err(), "{r:?}");
+    }
 }

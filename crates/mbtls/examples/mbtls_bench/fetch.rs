@@ -86,7 +86,7 @@ async fn path(
                     next_hop: second.local_addr().to_string(),
                     app,
                     placement: Placement::ClientSide,
-                    handshake_timeout: mbx_mbtls::driver::DEFAULT_HANDSHAKE_TIMEOUT,
+                    timeouts: mbx_mbtls::driver::Timeouts::default(),
                 },
             )
             .await?;

@@ -7,7 +7,8 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
 use super::outbox::Outbox;
-use super::read_buf::{read_into, IdleTrim, ReadBuf};
+use super::quiet::IdleTrim;
+use super::read_buf::{read_into, ReadBuf};
 use super::{keep_alive, DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{

@@ -13,8 +13,9 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::Listening;
 use super::outbox::Outbox;
-use super::read_buf::{read_into, IdleTrim, ReadBuf, READ_BUF_MAX};
-use super::{DriverError, CLOSE_GRACE};
+use super::quiet::{IdleTimeout, IdleTrim};
+use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
+use super::{DriverError, Timeouts, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -60,10 +61,8 @@ pub struct MiddleboxServerConfig {
     pub app: AppFactory,
     /// Which endpoint the middlebox works for.
     pub placement: Placement,
-    /// A connection whose handshake has not finished this long after the accept (keys
-    /// installed, or the middlebox knows it stays out) is closed, both sockets
-    /// ([`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT)).
-    pub handshake_timeout: Duration,
+    /// When a stalled handshake or an idle session is closed, both sockets.
+    pub timeouts: Timeouts,
 }
 
 /// Which side of the path a middlebox is on, i.e. which endpoint gives it its keys.
@@ -370,10 +369,10 @@ async fn relay(
     announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
-    let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+    let deadline = tokio::time::Instant::now() + cfg.timeouts.handshake;
     let server = tokio::time::timeout_at(deadline, TcpStream::connect(cfg.next_hop.as_str()))
         .await
-        .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))?
+        .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))?
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -403,6 +402,8 @@ async fn relay(
     let mut prepare_at: Option<tokio::time::Instant> = None;
     // Gives memory back once nothing was read for IDLE_TRIM_AFTER.
     let mut idle = IdleTrim::new();
+    // Closes a session that carries nothing for the idle timeout.
+    let mut quiet = IdleTimeout::new(cfg.timeouts.idle);
     // Closes a connection whose handshake stalls; disarmed once it is over.
     let handshake_deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(handshake_deadline);
@@ -422,11 +423,17 @@ async fn relay(
             r = read_into(&mut client_r, &mut buf_c), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.bytes.get_mut(..n).unwrap_or_default())),
             r = read_into(&mut server_r, &mut buf_s), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.bytes.get_mut(..n).unwrap_or_default())),
             w = conn.to_client.write_some(&mut client_w), if want_c => match w {
-                Ok(()) => continue,
+                Ok(()) => {
+                    quiet.active_now();
+                    continue;
+                }
                 Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
             },
             w = conn.to_server.write_some(&mut server_w), if want_s => match w {
-                Ok(()) => continue,
+                Ok(()) => {
+                    quiet.active_now();
+                    continue;
+                }
                 Err(_) => break Err(DriverError::PeerGone { peer: "server", when: "while we were writing to it" }),
             },
             _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
@@ -435,7 +442,10 @@ async fn relay(
                 continue;
             }
             _ = &mut handshake_deadline, if in_handshake => {
-                break Err(DriverError::HandshakeTimeout(cfg.handshake_timeout));
+                break Err(DriverError::HandshakeTimeout(cfg.timeouts.handshake));
+            }
+            _ = quiet.expired(), if cfg.timeouts.idle.is_some() => {
+                break Err(DriverError::IdleTimeout(cfg.timeouts.idle.unwrap_or_default()));
             }
             _ = idle.due(), if holding => {
                 buf_c.release();
@@ -479,8 +489,9 @@ async fn relay(
             // The direction that grew it is quiet again: so are the chunks it kept.
             conn.outbox(from.other()).trim_spares();
         }
-        // Each read puts the idle trim off.
+        // Each read puts the idle trim and the idle timeout off.
         idle.read_now();
+        quiet.active_now();
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();

@@ -21,6 +21,7 @@ mod accept;
 pub mod client;
 pub mod middlebox;
 mod outbox;
+mod quiet;
 mod read_buf;
 mod reports;
 pub mod server;
@@ -47,9 +48,36 @@ pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_se
 /// TCP accept to the data phase, or, at a middlebox, until it knows it stays out of the
 /// session) before it closes it: a peer that connects and then sends nothing, or stalls
 /// mid-handshake, must not hold a task, its sockets and (at a middlebox) a connection to the
-/// next hop for ever. nginx's `ssl_handshake_timeout` has the same default. Only the handshake
-/// is bounded; an established session may stay idle as long as its endpoints like.
+/// next hop for ever. nginx's `ssl_handshake_timeout` has the same default.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long an established session may carry nothing, either way, before a middlebox or server
+/// closes it: nginx's stream `proxy_timeout` default. Keepalive only notices peers that are
+/// gone; this bounds what live but forgotten sessions hold.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a middlebox or server waits on a connection before it closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From the accept until the handshake is over (keys installed, or a middlebox knows it
+    /// stays out; a server reaches its data phase and, within the same bound, connects its
+    /// backend).
+    pub handshake: std::time::Duration,
+    /// How long a session may carry nothing either way (no byte read or written on any of its
+    /// sockets); `None`: for ever. The session is then closed without close_notify, so its
+    /// endpoints see it end abnormally rather than as a complete stream.
+    pub idle: Option<std::time::Duration>,
+}
+
+impl Default for Timeouts {
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] and [`DEFAULT_IDLE_TIMEOUT`].
+    fn default() -> Timeouts {
+        Timeouts {
+            handshake: DEFAULT_HANDSHAKE_TIMEOUT,
+            idle: Some(DEFAULT_IDLE_TIMEOUT),
+        }
+    }
+}
 
 /// TCP keepalive on the sockets of middleboxes and servers: after this long without traffic the
 /// kernel probes the peer ...
@@ -59,7 +87,8 @@ const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 /// ... and gives the connection up after this many unanswered probes. A peer that vanished
 /// without FIN or RST (host down, NAT state lost) is then noticed within about two minutes of
 /// silence, and its connection, with the one on the other side, is closed instead of being
-/// held for good; a live but idle peer answers the probes and is never cut.
+/// held for good; a live but idle peer answers the probes (its session is bounded by the
+/// idle timeout instead, [`Timeouts::idle`]).
 const KEEPALIVE_PROBES: u32 = 6;
 
 /// Turns TCP keepalive on for `socket` (best effort: a socket that refuses keeps working). On a
@@ -103,6 +132,9 @@ pub enum DriverError {
     /// The handshake did not finish in time (`handshake_timeout` of the middlebox or server).
     #[error("the handshake did not finish within {0:?}")]
     HandshakeTimeout(std::time::Duration),
+    /// The session carried nothing for its idle timeout (`Timeouts::idle`) and was closed.
+    #[error("the session was idle for {0:?} and was closed")]
+    IdleTimeout(std::time::Duration),
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),

@@ -1,15 +1,11 @@
-//! Socket read buffers sized by their traffic, and the idle trim that frees them: a connection
-//! carrying bulk data reads up to its maximum at once (128 KiB at a middlebox, 32 KiB at an
-//! endpoint), one carrying small messages keeps 16 KiB, and an idle one holds no read buffer at
-//! all (used by the middlebox, the server and the client proxy).
-
-use std::pin::Pin;
-use std::time::Duration;
+//! Socket read buffers sized by their traffic: a connection carrying bulk data reads up to its
+//! maximum at once (128 KiB at a middlebox, 32 KiB at an endpoint), one carrying small messages
+//! keeps 16 KiB, and an idle one holds no read buffer at all (freed by the idle trim,
+//! [`IdleTrim`](super::quiet::IdleTrim); used by the middlebox, the server and the client proxy).
 
 use mbx_record::wipe;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::time::{Instant, Sleep};
 
 /// Bytes a middlebox reads from a socket at once, at most: several 16 KB records per system
 /// call when the peer is sending in bulk (fewer reads, and records are opened in this buffer,
@@ -25,12 +21,6 @@ pub(crate) const READ_BUF_START: usize = 16 * 1024;
 /// [`READ_BUF_START`]: the transfer that grew it is over (one short read is common in
 /// the middle of a transfer too, when TCP delivers part of a record).
 const SHRINK_AFTER_SMALL_READS: u32 = 16;
-
-/// A connection that has read nothing for this long gives back its read buffers and the chunks
-/// its outboxes keep: a bulk transfer followed by silence on a connection left open would
-/// otherwise hold up to about 1.5 MiB until the connection ends (short reads never come to
-/// shrink them), and an idle keep-alive connection 32 KiB of empty read buffers.
-pub(crate) const IDLE_TRIM_AFTER: Duration = Duration::from_secs(2);
 
 /// One socket's read buffer, sized by its traffic, and not allocated at all while the socket
 /// is idle (it is allocated when the socket becomes readable, [`read_into`]). Its owner leaves
@@ -120,54 +110,6 @@ pub(crate) async fn read_into(r: &mut OwnedReadHalf, buf: &mut ReadBuf) -> std::
     }
 }
 
-/// When a connection has read nothing for [`IDLE_TRIM_AFTER`]: one timer for the whole
-/// connection, moved only when it fires; a read merely notes its time (no timer work per read
-/// on the bulk path).
-pub(crate) struct IdleTrim {
-    timer: Pin<Box<Sleep>>,
-    last_read: Instant,
-    /// The trim ran and nothing was read since.
-    trimmed: bool,
-}
-
-impl IdleTrim {
-    pub(crate) fn new() -> IdleTrim {
-        IdleTrim {
-            timer: Box::pin(tokio::time::sleep(IDLE_TRIM_AFTER)),
-            last_read: Instant::now(),
-            trimmed: false,
-        }
-    }
-
-    /// Something was read: the trim is put off.
-    pub(crate) fn read_now(&mut self) {
-        self.last_read = Instant::now();
-        self.trimmed = false;
-    }
-
-    /// No trim ran since the last read (or since the start): one is due after the next quiet
-    /// period, whatever the buffers hold (the core's may have grown with the handshake).
-    pub(crate) fn pending(&self) -> bool {
-        !self.trimmed
-    }
-
-    /// Returns once nothing was read for [`IDLE_TRIM_AFTER`]; the caller then trims, and memory
-    /// held again later (e.g. chunks back from writes) waits a full period. Cancel safe.
-    pub(crate) async fn due(&mut self) {
-        loop {
-            self.timer.as_mut().await;
-            let (due, now) = (self.last_read + IDLE_TRIM_AFTER, Instant::now());
-            if now >= due {
-                self.last_read = now;
-                self.trimmed = true;
-                self.timer.as_mut().reset(now + IDLE_TRIM_AFTER);
-                return;
-            }
-            self.timer.as_mut().reset(due);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,7 +182,10 @@ mod tests {
         let (mut r, _w) = ours.into_split();
         let mut rb = ReadBuf::new(READ_BUF_MAX);
         // Nothing sent: the read waits (and is given up) without allocating.
-        let waited = tokio::time::timeout(Duration::from_millis(20), read_into(&mut r, &mut rb));
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            read_into(&mut r, &mut rb),
+        );
         assert!(waited.await.is_err(), "nothing was sent");
         assert!(!rb.is_allocated());
         for round in 0..2 {
@@ -268,35 +213,5 @@ mod tests {
         let seen = rb.seal_read(5, <[u8]>::to_vec);
         assert_eq!(seen, b"hello");
         assert!(rb.bytes.iter().all(|&b| b == 0));
-    }
-
-    /// The trim comes after a quiet period, not while reads keep arriving (paused clock).
-    #[tokio::test(start_paused = true)]
-    async fn the_idle_trim_waits_for_a_quiet_period() {
-        let mut idle = IdleTrim::new();
-        let start = Instant::now();
-        for _ in 0..5 {
-            tokio::time::sleep(IDLE_TRIM_AFTER / 2).await;
-            idle.read_now();
-        }
-        // The last read was 2.5 periods in; the trim comes one period after it, the next one a
-        // period later (the paused clock moves only to timers, so the bounds are tight).
-        let last_read = IDLE_TRIM_AFTER * 5 / 2;
-        assert!(idle.pending());
-        for periods in [1, 2] {
-            idle.due().await;
-            assert!(!idle.pending(), "trimmed, nothing read since");
-            let at = Instant::now() - start;
-            assert!(at >= last_read + IDLE_TRIM_AFTER * periods, "{at:?}");
-            assert!(
-                at < last_read + IDLE_TRIM_AFTER * periods + IDLE_TRIM_AFTER / 2,
-                "{at:?}"
-            );
-        }
-        idle.read_now();
-        assert!(
-            idle.pending(),
-            "a read makes the next quiet period trim again"
-        );
     }
 }

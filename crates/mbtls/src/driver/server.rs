@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -13,8 +13,9 @@ use tokio::time::timeout;
 use super::accept::Listening;
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
-use super::read_buf::{read_into, IdleTrim, ReadBuf};
-use super::{DriverError, CLOSE_GRACE, READ_BUF};
+use super::quiet::{IdleTimeout, IdleTrim};
+use super::read_buf::{read_into, ReadBuf};
+use super::{DriverError, Timeouts, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ServerHandshake, ServerHandshakeConfig, ServerHandshakeEvent, SessionSummary,
@@ -28,9 +29,9 @@ pub struct MbtlsServerConfig {
     pub handshake: ServerHandshakeConfig,
     /// The plain-TCP backend (`host:port`) each session's plaintext is passed to.
     pub backend: String,
-    /// A connection whose handshake has not reached the data phase this long after the
-    /// accept is closed ([`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT)).
-    pub handshake_timeout: Duration,
+    /// When a stalled handshake or an idle session is closed (the session's sockets to the
+    /// previous hop and to the backend).
+    pub timeouts: Timeouts,
 }
 
 /// The outcome of one session.
@@ -122,11 +123,11 @@ impl Session {
         let mut hs = ServerHandshake::new(hs_cfg)?;
         let mut buf = vec![0u8; READ_BUF];
         // Handshake: until the data phase starts, within the handshake timeout.
-        let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+        let deadline = tokio::time::Instant::now() + cfg.timeouts.handshake;
         while !hs.data_phase_started() {
             let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
                 .await
-                .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))?
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))?
                 .map_err(DriverError::io("reading from the previous hop"))?;
             if n == 0 {
                 return Err(DriverError::PeerGone {
@@ -137,7 +138,7 @@ impl Session {
             let r = hs.receive(buf.get(..n).unwrap_or_default());
             let flushed = tokio::time::timeout_at(deadline, flush(&mut hs, &mut stream))
                 .await
-                .map_err(|_| DriverError::HandshakeTimeout(cfg.handshake_timeout))
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))
                 .and_then(|f| f);
             r?;
             self.events(&mut hs)?;
@@ -147,7 +148,7 @@ impl Session {
         // Bounded like the handshake: a backend that drops our SYNs must not hold the session
         // for the kernel's two minutes of retries.
         let backend = timeout(
-            cfg.handshake_timeout,
+            cfg.timeouts.handshake,
             TcpStream::connect(cfg.backend.as_str()),
         )
         .await
@@ -165,6 +166,7 @@ impl Session {
         drop(buf);
         let (mut buf, mut backend_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
         let mut idle = IdleTrim::new();
+        let mut quiet = IdleTimeout::new(cfg.timeouts.idle);
         let mut backend_open = true;
         let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
         loop {
@@ -205,6 +207,7 @@ impl Session {
                     let r = hs.receive(buf.bytes.get(..n).unwrap_or_default());
                     buf.after_read(n);
                     idle.read_now();
+                    quiet.active_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_prev.push(hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| self.events(&mut hs)) {
@@ -221,6 +224,7 @@ impl Session {
                         self.report.bytes_from_backend += n as u64;
                         backend_buf.seal_read(n, |plain| hs.write(plain))?;
                         idle.read_now();
+                        quiet.active_now();
                     }
                 }
                 _ = idle.due(), if idle.pending() => {
@@ -231,9 +235,15 @@ impl Session {
                 }
                 w = to_prev.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the previous hop"))?;
+                    quiet.active_now();
                 }
                 w = to_backend.write_some(&mut backend_w), if want_b => {
                     w.map_err(DriverError::io("writing to the backend"))?;
+                    quiet.active_now();
+                }
+                // Closed without close_notify: the backend did not end its stream.
+                _ = quiet.expired(), if cfg.timeouts.idle.is_some() => {
+                    return Err(DriverError::IdleTimeout(cfg.timeouts.idle.unwrap_or_default()));
                 }
                 else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
             }
