@@ -16,9 +16,8 @@ use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPl
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ConnectionReport, Listening, MbtlsClient, MbtlsServer,
+    fingerprint_hex, AppFactory, ConnectionReport, Limits, Listening, MbtlsClient, MbtlsServer,
     MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
-    Timeouts,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -130,6 +129,10 @@ struct ServiceFlags {
     /// (default 600, as nginx's stream proxy_timeout; 0: never).
     #[arg(long)]
     idle_timeout_secs: Option<u64>,
+    /// Serve at most this many connections at once; more wait in the listen queue (default:
+    /// what the open-files limit allows, two descriptors per connection).
+    #[arg(long)]
+    max_connections: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
     /// end before cutting them (default 10; a second signal stops at once).
     #[arg(long)]
@@ -141,6 +144,7 @@ impl ServiceFlags {
     fn merge_into(&self, table: &mut toml::Table) -> anyhow::Result<()> {
         set_secs(table, "handshake_timeout_secs", self.handshake_timeout_secs)?;
         set_secs(table, "idle_timeout_secs", self.idle_timeout_secs)?;
+        set_secs(table, "max_connections", self.max_connections)?;
         set_secs(table, "drain_secs", self.drain_secs)
     }
 }
@@ -296,6 +300,8 @@ struct MiddleboxSettings {
     handshake_timeout_secs: Option<u64>,
     /// Seconds an established session may carry nothing (default 600; 0: never).
     idle_timeout_secs: Option<u64>,
+    /// Connections served at once (default: what the open-files limit allows).
+    max_connections: Option<u64>,
     /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
     drain_secs: Option<u64>,
 }
@@ -329,6 +335,8 @@ struct ServerSettings {
     handshake_timeout_secs: Option<u64>,
     /// Seconds an established session may carry nothing (default 600; 0: never).
     idle_timeout_secs: Option<u64>,
+    /// Connections served at once (default: what the open-files limit allows).
+    max_connections: Option<u64>,
     /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
     drain_secs: Option<u64>,
 }
@@ -837,8 +845,13 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             "server" => Placement::ServerSide,
             other => bail!("unknown middlebox side {other:?} (use client or server)"),
         },
-        timeouts: timeouts(s.handshake_timeout_secs, s.idle_timeout_secs)?,
+        limits: limits(
+            s.handshake_timeout_secs,
+            s.idle_timeout_secs,
+            s.max_connections,
+        )?,
     };
+    let limits = cfg.limits;
     runtime()?.block_on(async move {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
@@ -851,6 +864,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         );
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
+        println!("{}", limits_line(&limits, "connections"));
         let grace = drain_grace(s.drain_secs);
         serve_until_stopped(&mut server, grace, "middlebox", "connections", print_report).await
     })
@@ -978,7 +992,7 @@ fn drain_grace(secs: Option<u64>) -> Duration {
     Duration::from_secs(secs.unwrap_or(10))
 }
 
-/// A number of seconds from a flag overrides the config file's.
+/// A number from a flag overrides the config file's.
 fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
     if let Some(t) = secs {
         table.insert(key.into(), toml::Value::Integer(i64::try_from(t)?));
@@ -986,20 +1000,57 @@ fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Re
     Ok(())
 }
 
-/// The timeouts a middlebox or server uses.
-fn timeouts(handshake_secs: Option<u64>, idle_secs: Option<u64>) -> anyhow::Result<Timeouts> {
-    let mut timeouts = Timeouts::default();
+/// The limits a middlebox or server uses, from its settings (`None`: the default).
+fn limits(
+    handshake_secs: Option<u64>,
+    idle_secs: Option<u64>,
+    max_connections: Option<u64>,
+) -> anyhow::Result<Limits> {
+    let mut limits = Limits::default();
     match handshake_secs {
         None => {}
         Some(0) => bail!("handshake_timeout_secs must be at least 1"),
-        Some(n) => timeouts.handshake = Duration::from_secs(n),
+        Some(n) => limits.handshake_timeout = Duration::from_secs(n),
     }
     match idle_secs {
         None => {}
-        Some(0) => timeouts.idle = None,
-        Some(n) => timeouts.idle = Some(Duration::from_secs(n)),
+        Some(0) => limits.idle_timeout = None,
+        Some(n) => limits.idle_timeout = Some(Duration::from_secs(n)),
     }
-    Ok(timeouts)
+    limits.max_connections = match max_connections {
+        None => connections_the_files_limit_allows(),
+        Some(0) => bail!("max_connections must be at least 1"),
+        Some(n) => Some(usize::try_from(n)?),
+    };
+    Ok(limits)
+}
+
+/// Descriptors the process keeps for itself (listener, epoll, standard streams, files read while
+/// serving) besides its connections'.
+const RESERVED_FILES: u64 = 32;
+
+/// A middlebox connection and a server session each hold two sockets; with the open-files soft
+/// limit (already raised to the hard one) that caps how many can be served. Accepting more
+/// would only fail them when their second socket cannot be opened, so the default connection
+/// limit is that cap (HAProxy derives its default `maxconn` the same way); `None` when the limit
+/// is unlimited.
+fn connections_the_files_limit_allows() -> Option<usize> {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current?;
+    let cap = soft.saturating_sub(RESERVED_FILES) / 2;
+    usize::try_from(cap.max(1)).ok()
+}
+
+/// The banner line that states a middlebox's or server's limits.
+fn limits_line(limits: &Limits, what: &str) -> String {
+    let secs = |d: Duration| format!("{}s", d.as_secs());
+    format!(
+        "limits: handshake {}, idle {}, at most {} {what} at once",
+        secs(limits.handshake_timeout),
+        limits.idle_timeout.map_or("never".into(), secs),
+        limits
+            .max_connections
+            .map_or("unlimited".into(), |n| n.to_string()),
+    )
 }
 
 fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSettings> {
@@ -1132,8 +1183,13 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             now_unix: 0,
         },
         backend: s.backend.clone(),
-        timeouts: timeouts(s.handshake_timeout_secs, s.idle_timeout_secs)?,
+        limits: limits(
+            s.handshake_timeout_secs,
+            s.idle_timeout_secs,
+            s.max_connections,
+        )?,
     };
+    let limits = cfg.limits;
     runtime()?.block_on(async move {
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
             .await
@@ -1144,6 +1200,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             s.backend
         );
         println!("server-side middlebox: {described}");
+        println!("{}", limits_line(&limits, "sessions"));
         let grace = drain_grace(s.drain_secs);
         serve_until_stopped(
             &mut server,

@@ -115,7 +115,7 @@ fn middlebox(
         next_hop: next_hop.to_string(),
         app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,
-        timeouts: mbx_mbtls::driver::Timeouts::default(),
+        limits: mbx_mbtls::driver::Limits::default(),
     })
 }
 
@@ -178,7 +178,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
                 now_unix: 0,
             },
             backend: backend.to_string(),
-            timeouts: mbx_mbtls::driver::Timeouts::default(),
+            limits: mbx_mbtls::driver::Limits::default(),
         },
     )
     .await?;

@@ -53,7 +53,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     let stdout = child.child_mut().unwrap().stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let mut header = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         header.push(lines.next().unwrap().unwrap());
     }
     let addr = header[0]
@@ -260,9 +260,13 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             OsStr::new("--idle-timeout-secs"),
             OsStr::new("4"),
         ],
-        3,
+        4,
     );
     assert!(mb_head[0].ends_with("server side"), "{mb_head:?}");
+    assert!(
+        mb_head[3].starts_with("limits: handshake 2s, idle 4s, at most "),
+        "{mb_head:?}"
+    );
     let mb_addr = listening_addr(&mb_head[0]);
     let word_after = |word: &str| {
         let line = &mb_head[2];
@@ -296,12 +300,18 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             // Longer than the middlebox's: it closes its connection to us first.
             OsStr::new("--handshake-timeout-secs"),
             OsStr::new("6"),
+            OsStr::new("--max-connections"),
+            OsStr::new("8"),
         ],
-        2,
+        3,
     );
     assert_eq!(listening_addr(&srv_head[0]), server_addr, "{srv_head:?}");
     assert!(
         srv_head[1].contains("pre-configured mb2.test"),
+        "{srv_head:?}"
+    );
+    assert_eq!(
+        srv_head[2], "limits: handshake 6s, idle 600s, at most 8 sessions at once",
         "{srv_head:?}"
     );
 
@@ -496,7 +506,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
                 OsStr::new("--sim-platform-key"),
                 platform.as_os_str(),
             ],
-            3,
+            4,
         );
         let line = head[2].clone();
         let after = |word: &str| {
@@ -683,7 +693,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
             OsStr::new("--app"),
             OsStr::new("http-header:X-Mbtls:via-proxy"),
         ],
-        3,
+        4,
     );
     let mb_addr = listening_addr(&head[0]);
     // No evidence from this middlebox (attester none): the client's policy says so explicitly.
@@ -759,10 +769,19 @@ fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
     let mut child = ChildGuard::new(child);
     let pid = child.child_mut().unwrap().id();
     let stdout = child.child_mut().unwrap().stdout.take().unwrap();
-    let banner = BufReader::new(stdout).lines().next().unwrap().unwrap();
+    let banner: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .take(4)
+        .map(Result::unwrap)
+        .collect();
     assert!(
-        banner.starts_with("mbTLS middlebox listening on"),
-        "{banner}"
+        banner[0].starts_with("mbTLS middlebox listening on"),
+        "{banner:?}"
+    );
+    // The default connection limit follows from the raised limit: (1,024 - 32) / 2 sockets.
+    assert_eq!(
+        banner[3], "limits: handshake 60s, idle 600s, at most 496 connections at once",
+        "{banner:?}"
     );
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let open_files: Vec<&str> = limits

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use mbx_apps::{MiddleboxApp, PassThrough};
 use mbx_mbtls::driver::{
-    AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
-    MiddleboxServerConfig, Placement, Timeouts,
+    AppFactory, Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    MiddleboxServerConfig, Placement,
 };
 use mbx_mbtls::handshake::{ClientHandshakeConfig, ClientMiddlebox, ServerMiddlebox};
 use mbx_record::TlsVersion;
@@ -261,7 +261,7 @@ fn main() -> Res<()> {
         next_hop: server.to_string(),
         app,
         placement: Placement::ClientSide,
-        timeouts: Timeouts::default(),
+        limits: Limits::default(),
     };
     let mut mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg.clone()))?;
     let mbox_addr = mbox.local_addr();
@@ -293,7 +293,7 @@ fn main() -> Res<()> {
         MbtlsServerConfig {
             handshake: setup.mbtls_server(version, ServerMiddlebox::Discover(refuse), true)?,
             backend: backend.to_string(),
-            timeouts: Timeouts::default(),
+            limits: Limits::default(),
         },
     ))?;
     let server_addr = mbtls_server.local_addr();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use mbx_attest::Policy;
 use mbx_engine::{Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
-    MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, Timeouts,
+    Limits, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement,
 };
 use mbx_mbtls::handshake::{MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox};
 use mbx_testbed::{LeafSpec, TestPki};
@@ -52,7 +52,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
             next_hop: refused.to_string(),
             app: Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<_>),
             placement: Placement::ClientSide,
-            timeouts: Timeouts::default(),
+            limits: Limits::default(),
         },
     )
     .await
@@ -71,7 +71,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
                 now_unix: 0,
             },
             backend: refused.to_string(),
-            timeouts: Timeouts::default(),
+            limits: Limits::default(),
         },
     )
     .await

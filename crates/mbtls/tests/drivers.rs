@@ -103,7 +103,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app,
             placement: Placement::ClientSide,
-            timeouts: mbx_mbtls::driver::Timeouts::default(),
+            limits: mbx_mbtls::driver::Limits::default(),
         }
     }
 }
@@ -736,7 +736,7 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
     // Stalled peers: the next hop only accepts, so nothing but the timeout can end them.
     let next_hop = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut cfg = w.middlebox(next_hop.local_addr().unwrap(), passthrough());
-    cfg.timeouts.handshake = patience;
+    cfg.limits.handshake_timeout = patience;
     let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
     // A ClientHello record header and the start of its body, then nothing.
     let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
@@ -754,7 +754,7 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
 
     // A session that got its keys stays up past the handshake timeout.
     let (mut mbox, mut client, server) =
-        echo_session(&w, |cfg| cfg.timeouts.handshake = patience).await;
+        echo_session(&w, |cfg| cfg.limits.handshake_timeout = patience).await;
     echo_through(&mut client, b"before the pause").await;
     tokio::time::sleep(patience + Duration::from_millis(1500)).await;
     echo_through(&mut client, b"after the pause").await;
@@ -777,7 +777,7 @@ async fn an_idle_session_is_closed_after_the_idle_timeout_and_an_active_one_is_n
     let w = World::new();
     let idle = Duration::from_secs(1);
     let (mut mbox, mut client, server) =
-        echo_session(&w, |cfg| cfg.timeouts.idle = Some(idle)).await;
+        echo_session(&w, |cfg| cfg.limits.idle_timeout = Some(idle)).await;
     for i in 0..15 {
         tokio::time::sleep(idle / 5).await;
         echo_through(&mut client, format!("message {i}").as_bytes()).await;
@@ -792,6 +792,50 @@ async fn an_idle_session_is_closed_after_the_idle_timeout_and_an_active_one_is_n
     let why = report.outcome.clone().unwrap_err();
     assert!(why.contains("idle for 1s"), "{report:?}");
     assert!(report.keys_installed, "{report:?}");
+}
+
+/// Waits until the middlebox counts `n` open connections (its accept loop counts them).
+async fn until_open(mbox: &MiddleboxServer, n: usize) {
+    timeout(BOUND, async {
+        while mbox.open_connections() != n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} open, not {n}", mbox.open_connections()))
+}
+
+/// At its connection limit the middlebox accepts no more: the next connection waits in the
+/// listen queue (it never reaches the next hop) until an open one ends, and is then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_connection_limit_the_middlebox_serves_the_next_one_when_one_ends() {
+    let w = World::new();
+    let next_hop = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut cfg = w.middlebox(next_hop.local_addr().unwrap(), passthrough());
+    cfg.limits.max_connections = Some(2);
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let mut peers = Vec::new();
+    let mut upstreams = Vec::new();
+    for _ in 0..2 {
+        peers.push(TcpStream::connect(mbox.local_addr()).await.unwrap());
+        upstreams.push(timeout(BOUND, next_hop.accept()).await.unwrap().unwrap().0);
+    }
+    until_open(&mbox, 2).await;
+    // The third: its TCP handshake completes in the kernel, but nobody accepts it.
+    let third = TcpStream::connect(mbox.local_addr()).await.unwrap();
+    assert!(
+        timeout(Duration::from_millis(500), next_hop.accept())
+            .await
+            .is_err(),
+        "a connection over the limit was served"
+    );
+    // One ends: the third is accepted and reaches the next hop.
+    drop(peers.remove(0));
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    assert_eq!(report.id, 0, "{report:?}");
+    let (_upstream, _) = timeout(BOUND, next_hop.accept()).await.unwrap().unwrap();
+    until_open(&mbox, 2).await;
+    drop((third, peers, upstreams));
 }
 
 /// A graceful stop: once `drain` is called the middlebox refuses new connections, the open

@@ -98,7 +98,7 @@ impl World {
             next_hop: next_hop.to_string(),
             app: header_app(name),
             placement,
-            timeouts: mbx_mbtls::driver::Timeouts::default(),
+            limits: mbx_mbtls::driver::Limits::default(),
         }
     }
 
@@ -115,7 +115,7 @@ impl World {
                 now_unix: 0,
             },
             backend: backend.to_string(),
-            timeouts: mbx_mbtls::driver::Timeouts::default(),
+            limits: mbx_mbtls::driver::Limits::default(),
         }
     }
 
@@ -561,7 +561,7 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
     let w = World::new();
     let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut cfg = w.server(TlsVersion::Tls13, backend.local_addr().unwrap());
-    cfg.timeouts.handshake = Duration::from_secs(2);
+    cfg.limits.handshake_timeout = Duration::from_secs(2);
     let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
     let partial: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00];
     for sent in [&[][..], partial] {
@@ -675,7 +675,7 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
     // The one connection a backlog of 0 holds; later SYNs are dropped.
     let _queued = tokio::net::TcpStream::connect(backend).await.unwrap();
     let (mut server, _mbs, mut client) = path_to(&w, backend, |cfg| {
-        cfg.timeouts.handshake = Duration::from_secs(2)
+        cfg.limits.handshake_timeout = Duration::from_secs(2)
     })
     .await;
     let read = timeout(BOUND, client.read()).await.unwrap();
@@ -697,7 +697,7 @@ async fn an_mbtls_server_closes_an_idle_session() {
     let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend_addr = backend.local_addr().unwrap();
     let (mut server, mut mbs, mut client) =
-        path_to(&w, backend_addr, |cfg| cfg.timeouts.idle = Some(idle)).await;
+        path_to(&w, backend_addr, |cfg| cfg.limits.idle_timeout = Some(idle)).await;
     let (mut at_backend, _) = timeout(BOUND, backend.accept()).await.unwrap().unwrap();
     let mut got = [0u8; 4];
     for i in 0..15u32 {

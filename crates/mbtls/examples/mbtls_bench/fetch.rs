@@ -86,7 +86,7 @@ async fn path(
                     next_hop: second.local_addr().to_string(),
                     app,
                     placement: Placement::ClientSide,
-                    timeouts: mbx_mbtls::driver::Timeouts::default(),
+                    limits: mbx_mbtls::driver::Limits::default(),
                 },
             )
             .await?;

@@ -233,7 +233,7 @@ impl Tcp {
                 next_hop: server.to_string(),
                 app,
                 placement: Placement::ClientSide,
-                timeouts: mbx_mbtls::driver::Timeouts::default(),
+                limits: mbx_mbtls::driver::Limits::default(),
             };
             let mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
             let relay_addr = mbox_rt.block_on(tcp_relay(server))?;

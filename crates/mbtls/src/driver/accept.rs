@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,15 +122,17 @@ pub struct Listening<R> {
     reports: ReportReceiver<R>,
     accept_errors: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
+    open: Arc<AtomicUsize>,
 }
 
 impl<R: Send + 'static> Listening<R> {
     /// Binds `listen` and runs `serve(id, stream, peer, reports)` for each accepted connection
-    /// (ids from 0 in accept order) until stopped; `serve` sends the connection's report when
-    /// it ends. (It sends it itself rather than return it: a wrapper future awaiting the
+    /// (ids from 0 in accept order), at most `max_connections` at once, until stopped; `serve`
+    /// sends the connection's report when it ends. (It sends it itself rather than return it: a wrapper future awaiting the
     /// connection's future would hold that future twice, its size added to every connection.)
     pub(crate) async fn spawn<F, Fut>(
         listen: impl ToSocketAddrs,
+        max_connections: Option<usize>,
         mut serve: F,
     ) -> Result<Listening<R>, DriverError>
     where
@@ -149,12 +151,18 @@ impl<R: Send + 'static> Listening<R> {
         let acceptor = Acceptor::new(listener);
         let accept_errors = acceptor.error_count();
         let cut = Arc::new(AtomicU64::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
         let serve_and_report = move |id, stream, peer| serve(id, stream, peer, tx.clone());
+        let counts = Counts {
+            cut: cut.clone(),
+            open: open.clone(),
+        };
         let task = tokio::spawn(accept_loop(
             acceptor,
             stopped,
-            cut.clone(),
+            max_connections.unwrap_or(usize::MAX),
+            counts,
             serve_and_report,
         ));
         Ok(Listening {
@@ -164,6 +172,7 @@ impl<R: Send + 'static> Listening<R> {
             reports,
             accept_errors,
             cut,
+            open,
         })
     }
 }
@@ -202,6 +211,11 @@ impl<R> Listening<R> {
         }
     }
 
+    /// Connections being served now (at most the configured `max_connections`).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// Connections that a stop cut ([`drain`](Self::drain) after its grace period, or
     /// [`shutdown`](Self::shutdown)); they leave no report.
     pub fn connections_cut(&self) -> u64 {
@@ -234,10 +248,17 @@ impl<R> core::fmt::Debug for Listening<R> {
     }
 }
 
+/// What the accept loop counts for its [`Listening`].
+struct Counts {
+    cut: Arc<AtomicU64>,
+    open: Arc<AtomicUsize>,
+}
+
 async fn accept_loop<F, Fut>(
     mut acceptor: Acceptor,
     mut stopped: oneshot::Receiver<Stop>,
-    cut: Arc<AtomicU64>,
+    max_connections: usize,
+    counts: Counts,
     mut serve: F,
 ) where
     F: FnMut(u64, TcpStream, SocketAddr) -> Fut,
@@ -246,6 +267,7 @@ async fn accept_loop<F, Fut>(
     let mut next_id = 0u64;
     let mut conns = JoinSet::new();
     loop {
+        counts.open.store(conns.len(), Ordering::Relaxed);
         tokio::select! {
             stop = &mut stopped => {
                 // The listening socket closes here: new connections are refused from now on.
@@ -257,16 +279,18 @@ async fn accept_loop<F, Fut>(
                     .await;
                     while conns.try_join_next().is_some() {}
                 }
-                cut.fetch_add(conns.len() as u64, Ordering::Relaxed);
+                counts.cut.fetch_add(conns.len() as u64, Ordering::Relaxed);
                 if !conns.is_empty() {
                     tracing::warn!(connections = conns.len(), "stopping: open connections cut");
                 }
                 // Wait for every aborted connection so that none relays another byte.
                 conns.abort_all();
                 while conns.join_next().await.is_some() {}
+                counts.open.store(0, Ordering::Relaxed);
                 return;
             }
-            (stream, peer) = acceptor.accept() => {
+            // At the limit, new connections wait in the listen queue until one ends.
+            (stream, peer) = acceptor.accept(), if conns.len() < max_connections => {
                 conns.spawn(serve(next_id, stream, peer));
                 next_id += 1;
             }

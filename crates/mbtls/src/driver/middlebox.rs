@@ -15,7 +15,7 @@ use super::accept::Listening;
 use super::outbox::Outbox;
 use super::quiet::{IdleTimeout, IdleTrim};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
-use super::{DriverError, Timeouts, CLOSE_GRACE};
+use super::{DriverError, Limits, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -61,8 +61,9 @@ pub struct MiddleboxServerConfig {
     pub app: AppFactory,
     /// Which endpoint the middlebox works for.
     pub placement: Placement,
-    /// When a stalled handshake or an idle session is closed, both sockets.
-    pub timeouts: Timeouts,
+    /// When a stalled handshake or an idle session is closed (both sockets), and how many
+    /// connections are served at once.
+    pub limits: Limits,
 }
 
 /// Which side of the path a middlebox is on, i.e. which endpoint gives it its keys.
@@ -136,11 +137,12 @@ impl Listening<ConnectionReport> {
         listen: impl ToSocketAddrs,
         cfg: MiddleboxServerConfig,
     ) -> Result<MiddleboxServer, DriverError> {
+        let max_connections = cfg.limits.max_connections;
         let shared = Arc::new(Shared {
             cfg,
             legacy_servers: Mutex::new(HashSet::new()),
         });
-        Listening::spawn(listen, move |id, stream, peer, reports| {
+        Listening::spawn(listen, max_connections, move |id, stream, peer, reports| {
             let shared = shared.clone();
             async move {
                 let report = serve(id, stream, Some(peer), &shared).await;
@@ -369,10 +371,10 @@ async fn relay(
     announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
-    let deadline = tokio::time::Instant::now() + cfg.timeouts.handshake;
+    let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
     let server = tokio::time::timeout_at(deadline, TcpStream::connect(cfg.next_hop.as_str()))
         .await
-        .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))?
+        .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
         .map_err(DriverError::io("cannot connect to the next hop"))?;
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -403,7 +405,7 @@ async fn relay(
     // Gives memory back once nothing was read for IDLE_TRIM_AFTER.
     let mut idle = IdleTrim::new();
     // Closes a session that carries nothing for the idle timeout.
-    let mut quiet = IdleTimeout::new(cfg.timeouts.idle);
+    let mut quiet = IdleTimeout::new(cfg.limits.idle_timeout);
     // Closes a connection whose handshake stalls; disarmed once it is over.
     let handshake_deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(handshake_deadline);
@@ -442,10 +444,10 @@ async fn relay(
                 continue;
             }
             _ = &mut handshake_deadline, if in_handshake => {
-                break Err(DriverError::HandshakeTimeout(cfg.timeouts.handshake));
+                break Err(DriverError::HandshakeTimeout(cfg.limits.handshake_timeout));
             }
-            _ = quiet.expired(), if cfg.timeouts.idle.is_some() => {
-                break Err(DriverError::IdleTimeout(cfg.timeouts.idle.unwrap_or_default()));
+            _ = quiet.expired(), if cfg.limits.idle_timeout.is_some() => {
+                break Err(DriverError::IdleTimeout(cfg.limits.idle_timeout.unwrap_or_default()));
             }
             _ = idle.due(), if holding => {
                 buf_c.release();

@@ -56,25 +56,31 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::
 /// gone; this bounds what live but forgotten sessions hold.
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// How long a middlebox or server waits on a connection before it closes it.
+/// What a middlebox or server allows its connections: how long it waits on one, and how many it
+/// serves at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
+pub struct Limits {
     /// From the accept until the handshake is over (keys installed, or a middlebox knows it
     /// stays out; a server reaches its data phase and, within the same bound, connects its
     /// backend).
-    pub handshake: std::time::Duration,
+    pub handshake_timeout: std::time::Duration,
     /// How long a session may carry nothing either way (no byte read or written on any of its
     /// sockets); `None`: for ever. The session is then closed without close_notify, so its
     /// endpoints see it end abnormally rather than as a complete stream.
-    pub idle: Option<std::time::Duration>,
+    pub idle_timeout: Option<std::time::Duration>,
+    /// At most this many connections are served at once; while that many are open, new ones
+    /// wait in the kernel's listen queue (as with HAProxy's `maxconn`) instead of being
+    /// accepted and then failing for want of descriptors or memory. `None`: no limit.
+    pub max_connections: Option<usize>,
 }
 
-impl Default for Timeouts {
-    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] and [`DEFAULT_IDLE_TIMEOUT`].
-    fn default() -> Timeouts {
-        Timeouts {
-            handshake: DEFAULT_HANDSHAKE_TIMEOUT,
-            idle: Some(DEFAULT_IDLE_TIMEOUT),
+impl Default for Limits {
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`], [`DEFAULT_IDLE_TIMEOUT`] and no connection limit.
+    fn default() -> Limits {
+        Limits {
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections: None,
         }
     }
 }
@@ -88,7 +94,7 @@ const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 /// without FIN or RST (host down, NAT state lost) is then noticed within about two minutes of
 /// silence, and its connection, with the one on the other side, is closed instead of being
 /// held for good; a live but idle peer answers the probes (its session is bounded by the
-/// idle timeout instead, [`Timeouts::idle`]).
+/// idle timeout instead, [`Limits::idle_timeout`]).
 const KEEPALIVE_PROBES: u32 = 6;
 
 /// Turns TCP keepalive on for `socket` (best effort: a socket that refuses keeps working). On a
@@ -132,7 +138,7 @@ pub enum DriverError {
     /// The handshake did not finish in time (`handshake_timeout` of the middlebox or server).
     #[error("the handshake did not finish within {0:?}")]
     HandshakeTimeout(std::time::Duration),
-    /// The session carried nothing for its idle timeout (`Timeouts::idle`) and was closed.
+    /// The session carried nothing for its idle timeout (`Limits::idle_timeout`) and was closed.
     #[error("the session was idle for {0:?} and was closed")]
     IdleTimeout(std::time::Duration),
     /// Configuration the driver cannot use.

@@ -1,6 +1,6 @@
 //! Timers that fire after a quiet period on a connection: the idle trim, which gives memory
 //! back after [`IDLE_TRIM_AFTER`] without a read, and the idle timeout, which closes a session
-//! that carried nothing either way for its `idle` timeout ([`Timeouts`](super::Timeouts)).
+//! that carried nothing either way for its idle timeout ([`Limits`](super::Limits)).
 //!
 //! Both keep one timer per connection and move it only when it fires: activity merely notes
 //! its time, so the bulk path does no timer work per read or write.

@@ -15,7 +15,7 @@ use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
 use super::quiet::{IdleTimeout, IdleTrim};
 use super::read_buf::{read_into, ReadBuf};
-use super::{DriverError, Timeouts, CLOSE_GRACE, READ_BUF};
+use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ServerHandshake, ServerHandshakeConfig, ServerHandshakeEvent, SessionSummary,
@@ -30,8 +30,8 @@ pub struct MbtlsServerConfig {
     /// The plain-TCP backend (`host:port`) each session's plaintext is passed to.
     pub backend: String,
     /// When a stalled handshake or an idle session is closed (the session's sockets to the
-    /// previous hop and to the backend).
-    pub timeouts: Timeouts,
+    /// previous hop and to the backend), and how many sessions are served at once.
+    pub limits: Limits,
 }
 
 /// The outcome of one session.
@@ -61,8 +61,9 @@ impl Listening<ServerConnectionReport> {
         listen: impl ToSocketAddrs,
         cfg: MbtlsServerConfig,
     ) -> Result<MbtlsServer, DriverError> {
+        let max_connections = cfg.limits.max_connections;
         let cfg = Arc::new(cfg);
-        Listening::spawn(listen, move |id, stream, peer, reports| {
+        Listening::spawn(listen, max_connections, move |id, stream, peer, reports| {
             let cfg = cfg.clone();
             async move {
                 let report = serve_session(id, stream, Some(peer), &cfg).await;
@@ -123,11 +124,11 @@ impl Session {
         let mut hs = ServerHandshake::new(hs_cfg)?;
         let mut buf = vec![0u8; READ_BUF];
         // Handshake: until the data phase starts, within the handshake timeout.
-        let deadline = tokio::time::Instant::now() + cfg.timeouts.handshake;
+        let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
         while !hs.data_phase_started() {
             let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
                 .await
-                .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))?
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
                 .map_err(DriverError::io("reading from the previous hop"))?;
             if n == 0 {
                 return Err(DriverError::PeerGone {
@@ -138,7 +139,7 @@ impl Session {
             let r = hs.receive(buf.get(..n).unwrap_or_default());
             let flushed = tokio::time::timeout_at(deadline, flush(&mut hs, &mut stream))
                 .await
-                .map_err(|_| DriverError::HandshakeTimeout(cfg.timeouts.handshake))
+                .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))
                 .and_then(|f| f);
             r?;
             self.events(&mut hs)?;
@@ -148,7 +149,7 @@ impl Session {
         // Bounded like the handshake: a backend that drops our SYNs must not hold the session
         // for the kernel's two minutes of retries.
         let backend = timeout(
-            cfg.timeouts.handshake,
+            cfg.limits.handshake_timeout,
             TcpStream::connect(cfg.backend.as_str()),
         )
         .await
@@ -166,7 +167,7 @@ impl Session {
         drop(buf);
         let (mut buf, mut backend_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
         let mut idle = IdleTrim::new();
-        let mut quiet = IdleTimeout::new(cfg.timeouts.idle);
+        let mut quiet = IdleTimeout::new(cfg.limits.idle_timeout);
         let mut backend_open = true;
         let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
         loop {
@@ -242,8 +243,8 @@ impl Session {
                     quiet.active_now();
                 }
                 // Closed without close_notify: the backend did not end its stream.
-                _ = quiet.expired(), if cfg.timeouts.idle.is_some() => {
-                    return Err(DriverError::IdleTimeout(cfg.timeouts.idle.unwrap_or_default()));
+                _ = quiet.expired(), if cfg.limits.idle_timeout.is_some() => {
+                    return Err(DriverError::IdleTimeout(cfg.limits.idle_timeout.unwrap_or_default()));
                 }
                 else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
             }
