@@ -16,8 +16,9 @@ use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPl
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ConnectionReport, Limits, Listening, MbtlsClient, MbtlsServer,
-    MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement, ServerConnectionReport,
+    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
+    Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
+    Placement, ProxyReport, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -204,6 +205,9 @@ struct ClientFlags {
     /// (e.g. `curl http://127.0.0.1:8080/` then reaches the server through the middleboxes).
     #[arg(long)]
     proxy: Option<String>,
+    /// As a proxy: its limits and its stop.
+    #[command(flatten)]
+    service: ServiceFlags,
 }
 
 #[derive(clap::Args, Debug)]
@@ -278,6 +282,11 @@ struct ClientSettings {
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
     timeout_secs: Option<u64>,
+    /// As a proxy (`--proxy`): as the middlebox's.
+    handshake_timeout_secs: Option<u64>,
+    idle_timeout_secs: Option<u64>,
+    max_connections: Option<u64>,
+    drain_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -520,8 +529,20 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
     set_secs(&mut table, "timeout_secs", flags.timeout_secs)?;
+    flags.service.merge_into(&mut table)?;
     let s = ClientSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
+    if flags.proxy.is_none() {
+        let service_keys = [
+            ("handshake_timeout_secs", s.handshake_timeout_secs),
+            ("idle_timeout_secs", s.idle_timeout_secs),
+            ("max_connections", s.max_connections),
+            ("drain_secs", s.drain_secs),
+        ];
+        if let Some((key, _)) = service_keys.iter().find(|(_, v)| v.is_some()) {
+            bail!("{key} applies to the client as a proxy (--proxy) only");
+        }
+    }
 
     let (server_name, authority, path) = parse_url(&flags.url)?;
     // Pre-configured names in path order, or discovery with an allow-list.
@@ -599,7 +620,7 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
     };
     if let Some(listen) = flags.proxy {
-        return local_proxy(&listen, &first_hop, cfg);
+        return local_proxy(&listen, &first_hop, cfg, &s);
     }
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
@@ -1243,52 +1264,69 @@ fn print_server_report(r: &ServerConnectionReport) {
 }
 
 /// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session.
-fn local_proxy(listen: &str, first_hop: &str, cfg: ClientHandshakeConfig) -> anyhow::Result<()> {
+fn local_proxy(
+    listen: &str,
+    first_hop: &str,
+    handshake: ClientHandshakeConfig,
+    s: &ClientSettings,
+) -> anyhow::Result<()> {
+    raise_open_files_limit();
+    let cfg = ClientProxyConfig {
+        handshake,
+        first_hop: first_hop.to_string(),
+        limits: limits(
+            s.handshake_timeout_secs,
+            s.idle_timeout_secs,
+            s.max_connections,
+        )?,
+    };
+    let limits = cfg.limits;
+    let server_name = cfg.handshake.server_name.clone();
+    let grace = drain_grace(s.drain_secs);
     runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
+        let mut proxy = ClientProxy::bind(listen, cfg)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         println!(
-            "mbTLS client proxy listening on {}, sessions to {} via {first_hop}",
-            listener.local_addr()?,
-            cfg.server_name
+            "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
+            proxy.local_addr(),
         );
-        let mut id = 0u64;
-        loop {
-            let (local, peer) = tokio::select! {
-                r = tokio::signal::ctrl_c() => {
-                    r.context("cannot wait for Ctrl-C")?;
-                    print_line("proxy stopping");
-                    return Ok(());
-                }
-                a = listener.accept() => a.context("accept failed")?,
-            };
-            let (cfg, first_hop) = (cfg.clone(), first_hop.to_string());
-            let n = id;
-            id += 1;
-            tokio::spawn(async move {
-                let line = match MbtlsClient::connect(first_hop.as_str(), cfg).await {
-                    Ok(session) => {
-                        let hops = session
-                            .summary()
-                            .map(|s| match s.hops.as_slice() {
-                                [] => "kept in OpenSSL".to_string(),
-                                hops => hops.iter().map(fp).collect::<Vec<_>>().join(" | "),
-                            })
-                            .unwrap_or_default();
-                        match session.proxy(local).await {
-                            Ok((up, down)) => {
-                                format!("connection {n} from {peer}: {up} bytes up, {down} down; hops {hops}; closed cleanly")
-                            }
-                            Err(e) => format!("connection {n} from {peer}: hops {hops}; ended with error: {e}"),
-                        }
-                    }
-                    Err(e) => format!("connection {n} from {peer}: mbTLS session failed: {e}"),
-                };
-                print_line(&line);
-            });
-        }
+        println!("{}", limits_line(&limits, "connections"));
+        serve_until_stopped(
+            &mut proxy,
+            grace,
+            "proxy",
+            "connections",
+            print_proxy_report,
+        )
+        .await
     })
+}
+
+fn print_proxy_report(r: &ProxyReport) {
+    let peer = r
+        .local_peer
+        .map_or_else(|| "?".to_string(), |p| p.to_string());
+    let hops = r
+        .summary
+        .as_ref()
+        .map(|s| match s.hops.as_slice() {
+            [] => "kept in OpenSSL".to_string(),
+            hops => hops.iter().map(fp).collect::<Vec<_>>().join(" | "),
+        })
+        .unwrap_or_default();
+    let line = match (&r.outcome, r.connected) {
+        (Ok(()), _) => format!(
+            "connection {} from {peer}: {} bytes up, {} down; hops {hops}; closed cleanly",
+            r.id, r.bytes_up, r.bytes_down
+        ),
+        (Err(e), true) => format!(
+            "connection {} from {peer}: hops {hops}; ended with error: {e}",
+            r.id
+        ),
+        (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
+    };
+    print_line(&line);
 }
 
 /// `max_discovered` from the configuration: at least 1 (default 1).

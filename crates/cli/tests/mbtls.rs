@@ -714,8 +714,16 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
             policy.as_os_str(),
             OsStr::new("--proxy"),
             OsStr::new("127.0.0.1:0"),
+            OsStr::new("--idle-timeout-secs"),
+            OsStr::new("2"),
+            OsStr::new("--max-connections"),
+            OsStr::new("4"),
         ],
-        1,
+        2,
+    );
+    assert_eq!(
+        phead[1], "limits: handshake 60s, idle 2s, at most 4 connections at once",
+        "{phead:?}"
     );
     let proxy_addr = listening_addr(&phead[0]);
     let port: u16 = proxy_addr.rsplit(':').next().unwrap().parse().unwrap();
@@ -734,6 +742,46 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     assert!(
         line.contains("closed cleanly") || line.contains("bytes up"),
         "{line}"
+    );
+    // A local connection that sends nothing gets its session, which the proxy closes once it
+    // was idle for --idle-timeout-secs.
+    {
+        use std::io::Read;
+        let mut idle = std::net::TcpStream::connect(&proxy_addr).unwrap();
+        idle.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        assert!(matches!(idle.read(&mut [0u8; 16]), Ok(0) | Err(_)));
+    }
+    let line = proxy_lines.next().unwrap().unwrap();
+    assert!(
+        line.contains("ended with error: the session was idle for 2s"),
+        "{line}"
+    );
+    // SIGTERM: the proxy drains (nothing is open) and exits cleanly.
+    let mut child = _proxy;
+    let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let rest: Vec<String> = proxy_lines.map(Result::unwrap).collect();
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("proxy stopped (0 connections cut)"),
+        "{rest:?}"
+    );
+    let status = child.wait_timeout(std::time::Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    // Without --proxy the service flags make no sense, and say so.
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args(["--idle-timeout-secs", "5"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("idle_timeout_secs applies to the client as a proxy (--proxy) only"),
+        "{err}"
     );
 }
 

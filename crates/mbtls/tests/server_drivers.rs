@@ -18,8 +18,8 @@ use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
-    AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
-    MiddleboxServerConfig, MiddleboxVerdict, Placement,
+    AppFactory, ClientProxy, ClientProxyConfig, Limits, MbtlsClient, MbtlsServer,
+    MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
@@ -729,4 +729,68 @@ async fn an_mbtls_server_closes_an_idle_session() {
         let r = timeout(BOUND, mb.next_report()).await.unwrap().unwrap();
         assert!(r.keys_installed && r.outcome.is_err(), "{r:?}");
     }
+}
+
+/// The client as a local proxy service (`ClientProxy`): each local connection gets its own
+/// session through mb1 -> mb2 -> server -> echo backend and is reported with its bytes; at its
+/// connection limit a second local connection waits unserved until the first ends; a session
+/// left idle is closed after the proxy's idle timeout and reported as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_proxy_serves_local_connections_within_its_limits() {
+    let w = World::new();
+    let (_server, mbs, first_client, _) = echo_path(&w).await;
+    drop(first_client);
+    let mut proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client(TlsVersion::Tls13),
+            first_hop: mbs[0].local_addr().to_string(),
+            limits: Limits {
+                idle_timeout: Some(Duration::from_secs(1)),
+                max_connections: Some(1),
+                ..Limits::default()
+            },
+        },
+    )
+    .await
+    .unwrap();
+    let mut first = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    echo_local(&mut first, b"first").await;
+    // The limit is reached: the second is not served while the first is open.
+    let mut second = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    second.write_all(b"second").await.unwrap();
+    let mut got = [0u8; 6];
+    assert!(
+        timeout(Duration::from_millis(500), second.read_exact(&mut got))
+            .await
+            .is_err(),
+        "a connection over the limit was served"
+    );
+    // The first ends cleanly; then the second is served.
+    first.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    timeout(BOUND, first.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(report.connected && report.outcome.is_ok(), "{report:?}");
+    assert_eq!((report.bytes_up, report.bytes_down), (5, 5), "{report:?}");
+    assert!(report.summary.is_some_and(|s| s.hops.len() == 2));
+    timeout(BOUND, second.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got, b"second");
+    // Then silence: closed after the idle timeout.
+    let n = timeout(BOUND, second.read(&mut got)).await.unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(report.connected, "{report:?}");
+    let why = report.outcome.clone().unwrap_err();
+    assert!(why.contains("idle for 1s"), "{report:?}");
 }

@@ -1,5 +1,6 @@
-//! The listening side shared by the middlebox and the server ([`Listening`]): accepting without
-//! spinning when `accept` fails, the reports, and stopping either at once or by draining.
+//! The listening side shared by the middlebox, the server and the client proxy ([`Listening`]):
+//! accepting without spinning when `accept` fails, at most so many connections at once, the
+//! reports, and stopping either at once or by draining.
 //!
 //! `accept` fails while the process is out of file descriptors (EMFILE, ENFILE) or memory, and
 //! keeps failing until a descriptor is freed: the pending connection stays in the listen queue.
@@ -111,8 +112,9 @@ enum Stop {
     Drain(Duration),
 }
 
-/// A listening middlebox or mbTLS server ([`MiddleboxServer`](super::MiddleboxServer),
-/// [`MbtlsServer`](super::MbtlsServer)): it serves every accepted connection in the background
+/// A listening middlebox, mbTLS server or client proxy
+/// ([`MiddleboxServer`](super::MiddleboxServer), [`MbtlsServer`](super::MbtlsServer),
+/// [`ClientProxy`](super::ClientProxy)): it serves every accepted connection in the background
 /// and reports each one as it ends (`R`: the driver's report). Dropping it stops the listener
 /// and cuts every connection, as a killed process would.
 pub struct Listening<R> {
@@ -128,8 +130,9 @@ pub struct Listening<R> {
 impl<R: Send + 'static> Listening<R> {
     /// Binds `listen` and runs `serve(id, stream, peer, reports)` for each accepted connection
     /// (ids from 0 in accept order), at most `max_connections` at once, until stopped; `serve`
-    /// sends the connection's report when it ends. (It sends it itself rather than return it: a wrapper future awaiting the
-    /// connection's future would hold that future twice, its size added to every connection.)
+    /// sends the connection's report when it ends. (It sends it itself rather than return it:
+    /// a wrapper future awaiting the connection's future would hold that future twice, its
+    /// size added to every connection.)
     pub(crate) async fn spawn<F, Fut>(
         listen: impl ToSocketAddrs,
         max_connections: Option<usize>,

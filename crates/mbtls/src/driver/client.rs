@@ -7,7 +7,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
 use super::outbox::Outbox;
-use super::quiet::IdleTrim;
+use super::quiet::{IdleTimeout, IdleTrim};
 use super::read_buf::{read_into, ReadBuf};
 use super::{keep_alive, DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
@@ -182,6 +182,17 @@ impl MbtlsClient {
     /// `local`. Local EOF sends close_notify; the server's close_notify half-closes `local`.
     /// Returns the bytes carried each way once both directions ended.
     pub async fn proxy(self, local: TcpStream) -> Result<(u64, u64), DriverError> {
+        self.proxy_until_idle(local, None).await
+    }
+
+    /// [`proxy`](Self::proxy) that gives up once neither connection carried a byte for
+    /// `idle_timeout` (`None`: never): both are then closed, the session without close_notify
+    /// ([`DriverError::IdleTimeout`]).
+    pub async fn proxy_until_idle(
+        self,
+        local: TcpStream,
+        idle_timeout: Option<std::time::Duration>,
+    ) -> Result<(u64, u64), DriverError> {
         let MbtlsClient {
             stream,
             mut session,
@@ -193,6 +204,7 @@ impl MbtlsClient {
         // Read buffers sized by the traffic, freed (with the core's) when the session idles.
         drop(buf);
         let (mut buf, mut local_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
+        let mut quiet = IdleTimeout::new(idle_timeout);
         let mut idle = IdleTrim::new();
         let (mut up, mut down) = (0u64, 0u64);
         let mut local_open = true;
@@ -229,6 +241,7 @@ impl MbtlsClient {
                     let r = session.hs.receive(buf.bytes.get(..n).unwrap_or_default());
                     buf.after_read(n);
                     idle.read_now();
+                    quiet.active_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_path.push(session.hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| session.events()) {
@@ -245,6 +258,7 @@ impl MbtlsClient {
                         up += n as u64;
                         local_buf.seal_read(n, |plain| session.hs.write(plain))?;
                         idle.read_now();
+                        quiet.active_now();
                     }
                 }
                 _ = idle.due(), if idle.pending() => {
@@ -254,9 +268,14 @@ impl MbtlsClient {
                 }
                 w = to_path.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the middlebox"))?;
+                    quiet.active_now();
                 }
                 w = to_local.write_some(&mut local_w), if want_l => {
                     w.map_err(DriverError::io("writing to the local connection"))?;
+                    quiet.active_now();
+                }
+                _ = quiet.expired(), if idle_timeout.is_some() => {
+                    return Err(DriverError::IdleTimeout(idle_timeout.unwrap_or_default()));
                 }
                 else => return Err(DriverError::Relay("the proxy has nothing left to wait for".into())),
             }

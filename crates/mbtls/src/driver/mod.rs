@@ -8,6 +8,8 @@
 //!   both directions at once.
 //! - [`server`]: accept connections, run [`ServerHandshake`], pass the plaintext to a TCP
 //!   backend and its answers back.
+//! - [`proxy`]: the client as a local proxy: accept local plain-TCP connections and carry each
+//!   over its own mbTLS session.
 //!
 //! Failure rule: any fatal error closes both TCP connections of a middlebox; a peer that
 //! disappears (EOF or reset without close_notify) is an error for the other side, never a hang.
@@ -21,6 +23,7 @@ mod accept;
 pub mod client;
 pub mod middlebox;
 mod outbox;
+pub mod proxy;
 mod quiet;
 mod read_buf;
 mod reports;
@@ -31,6 +34,7 @@ pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,
 };
+pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
 pub use reports::REPORTS_KEPT;
 pub use server::{MbtlsServer, MbtlsServerConfig, ServerConnectionReport};
 

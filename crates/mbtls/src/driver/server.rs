@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -117,10 +117,7 @@ impl Session {
     ) -> Result<(), DriverError> {
         let _ = stream.set_nodelay(true);
         let mut hs_cfg = cfg.handshake.clone();
-        hs_cfg.now_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
+        hs_cfg.now_unix = mbx_attest::unix_seconds(SystemTime::now());
         let mut hs = ServerHandshake::new(hs_cfg)?;
         let mut buf = vec![0u8; READ_BUF];
         // Handshake: until the data phase starts, within the handshake timeout.

@@ -1,0 +1,121 @@
+//! The client as a local proxy ([`ClientProxy`]): every plain-TCP connection accepted from a
+//! local application gets its own mbTLS session through the first hop, and the two are
+//! spliced ([`MbtlsClient::proxy_until_idle`]). It is a long-running service like the
+//! middlebox and the server, so it shares their listener ([`Listening`]: accept backoff,
+//! connection limit, drain) and their [`Limits`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+use super::accept::Listening;
+use super::client::{MbtlsClient, MiddleboxVerdict};
+use super::{DriverError, Limits};
+use crate::handshake::{ClientHandshakeConfig, SessionSummary};
+
+/// What a client proxy needs.
+#[derive(Clone)]
+pub struct ClientProxyConfig {
+    /// The sessions' configuration. `now_unix` is replaced by the current time for each
+    /// session: a proxy runs for days, and evidence and its collateral are judged at the time
+    /// they are checked, not when the proxy started.
+    pub handshake: ClientHandshakeConfig,
+    /// The first hop (`host:port`): the first middlebox, or the server itself.
+    pub first_hop: String,
+    /// The session's handshake (connect included) must finish within `handshake_timeout`; a
+    /// session idle for `idle_timeout` is closed; at most `max_connections` at once.
+    pub limits: Limits,
+}
+
+/// The outcome of one proxied connection.
+#[derive(Debug, Clone)]
+pub struct ProxyReport {
+    /// Connection number, from 0 in accept order.
+    pub id: u64,
+    /// The local application's address.
+    pub local_peer: Option<SocketAddr>,
+    /// The mbTLS session came up (its handshake finished).
+    pub connected: bool,
+    /// What the client decided about its middleboxes, and the session's hops.
+    pub verdict: Option<MiddleboxVerdict>,
+    pub summary: Option<SessionSummary>,
+    /// Bytes carried from the local application to the server and back (when it ended
+    /// cleanly).
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// `Err` with the reason when the session failed or did not end cleanly.
+    pub outcome: Result<(), String>,
+}
+
+/// A listening client proxy ([`Listening`] with a [`ProxyReport`] per local connection).
+pub type ClientProxy = Listening<ProxyReport>;
+
+impl Listening<ProxyReport> {
+    /// Binds `listen` (a local address) and proxies connections in the background (needs a
+    /// tokio runtime).
+    pub async fn bind(
+        listen: impl ToSocketAddrs,
+        cfg: ClientProxyConfig,
+    ) -> Result<ClientProxy, DriverError> {
+        let max_connections = cfg.limits.max_connections;
+        let cfg = Arc::new(cfg);
+        Listening::spawn(listen, max_connections, move |id, local, peer, reports| {
+            let cfg = cfg.clone();
+            async move {
+                let report = serve(id, local, Some(peer), &cfg).await;
+                match &report.outcome {
+                    Ok(()) => tracing::info!(?report, "mbtls proxied connection ended"),
+                    Err(e) => {
+                        tracing::warn!(?report, error = %e, "mbtls proxied connection failed")
+                    }
+                }
+                reports.send(report);
+            }
+        })
+        .await
+    }
+}
+
+async fn serve(
+    id: u64,
+    local: TcpStream,
+    local_peer: Option<SocketAddr>,
+    cfg: &ClientProxyConfig,
+) -> ProxyReport {
+    let mut report = ProxyReport {
+        id,
+        local_peer,
+        connected: false,
+        verdict: None,
+        summary: None,
+        bytes_up: 0,
+        bytes_down: 0,
+        outcome: Ok(()),
+    };
+    let _ = local.set_nodelay(true);
+    let mut handshake = cfg.handshake.clone();
+    handshake.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
+    let limits = cfg.limits;
+    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), handshake);
+    let session = match tokio::time::timeout(limits.handshake_timeout, connecting).await {
+        Ok(Ok(session)) => session,
+        Ok(Err(e)) => {
+            report.outcome = Err(e.to_string());
+            return report;
+        }
+        Err(_) => {
+            report.outcome =
+                Err(DriverError::HandshakeTimeout(limits.handshake_timeout).to_string());
+            return report;
+        }
+    };
+    report.connected = true;
+    report.verdict = Some(session.verdict().clone());
+    report.summary = session.summary().cloned();
+    match session.proxy_until_idle(local, limits.idle_timeout).await {
+        Ok((up, down)) => (report.bytes_up, report.bytes_down) = (up, down),
+        Err(e) => report.outcome = Err(e.to_string()),
+    }
+    report
+}
