@@ -282,11 +282,9 @@ struct ClientSettings {
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
     timeout_secs: Option<u64>,
-    /// As a proxy (`--proxy`): as the middlebox's.
-    handshake_timeout_secs: Option<u64>,
-    idle_timeout_secs: Option<u64>,
-    max_connections: Option<u64>,
-    drain_secs: Option<u64>,
+    /// As a proxy (`--proxy`) only.
+    #[serde(skip)]
+    service: ServiceSettings,
 }
 
 #[derive(Debug, Deserialize)]
@@ -305,14 +303,8 @@ struct MiddleboxSettings {
     /// `client` (default) or `server`.
     #[serde(default = "default_side")]
     side: String,
-    /// Seconds a connection may take to finish its handshake (default 60).
-    handshake_timeout_secs: Option<u64>,
-    /// Seconds an established session may carry nothing (default 600; 0: never).
-    idle_timeout_secs: Option<u64>,
-    /// Connections served at once (default: what the open-files limit allows).
-    max_connections: Option<u64>,
-    /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
-    drain_secs: Option<u64>,
+    #[serde(skip)]
+    service: ServiceSettings,
 }
 
 #[derive(Debug, Deserialize)]
@@ -340,6 +332,16 @@ struct ServerSettings {
     #[serde(default)]
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
+    #[serde(skip)]
+    service: ServiceSettings,
+}
+
+/// The keys a middlebox, a server and a client proxy share as services. They are taken out of
+/// the merged table before the rest is read (serde's `flatten` and `deny_unknown_fields` do not
+/// work together), so each settings struct holds them once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceSettings {
     /// Seconds a connection may take to finish its handshake (default 60).
     handshake_timeout_secs: Option<u64>,
     /// Seconds an established session may carry nothing (default 600; 0: never).
@@ -348,6 +350,66 @@ struct ServerSettings {
     max_connections: Option<u64>,
     /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
     drain_secs: Option<u64>,
+}
+
+impl ServiceSettings {
+    const KEYS: [&'static str; 4] = [
+        "handshake_timeout_secs",
+        "idle_timeout_secs",
+        "max_connections",
+        "drain_secs",
+    ];
+
+    /// Takes the service keys out of `table` (the config file's, with the flags merged in).
+    fn take_from(table: &mut toml::Table) -> anyhow::Result<ServiceSettings> {
+        let mine: toml::Table = Self::KEYS
+            .iter()
+            .filter_map(|&key| Some((key.to_string(), table.remove(key)?)))
+            .collect();
+        ServiceSettings::deserialize(toml::Value::Table(mine)).context(
+            "invalid service settings (handshake_timeout_secs, idle_timeout_secs, max_connections, drain_secs)",
+        )
+    }
+
+    /// The first key that was given, if any.
+    fn first_given(&self) -> Option<&'static str> {
+        let given = [
+            self.handshake_timeout_secs,
+            self.idle_timeout_secs,
+            self.max_connections,
+            self.drain_secs,
+        ];
+        Self::KEYS
+            .iter()
+            .zip(given)
+            .find_map(|(key, v)| v.map(|_| *key))
+    }
+
+    /// The driver's limits (defaults for what was not given).
+    fn limits(&self) -> anyhow::Result<Limits> {
+        let mut limits = Limits::default();
+        match self.handshake_timeout_secs {
+            None => {}
+            Some(0) => bail!("handshake_timeout_secs must be at least 1"),
+            Some(n) => limits.handshake_timeout = Duration::from_secs(n),
+        }
+        match self.idle_timeout_secs {
+            None => {}
+            Some(0) => limits.idle_timeout = None,
+            Some(n) => limits.idle_timeout = Some(Duration::from_secs(n)),
+        }
+        limits.max_connections = match self.max_connections {
+            None => connections_the_files_limit_allows(),
+            Some(0) => bail!("max_connections must be at least 1"),
+            Some(n) => Some(usize::try_from(n)?),
+        };
+        Ok(limits)
+    }
+
+    /// How long open connections get after the first stop signal.
+    fn drain_grace(&self) -> Duration {
+        Duration::from_secs(self.drain_secs.unwrap_or(10))
+    }
 }
 
 fn default_side() -> String {
@@ -530,19 +592,13 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     }
     set_secs(&mut table, "timeout_secs", flags.timeout_secs)?;
     flags.service.merge_into(&mut table)?;
-    let s = ClientSettings::deserialize(toml::Value::Table(table))
-        .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
-    if flags.proxy.is_none() {
-        let service_keys = [
-            ("handshake_timeout_secs", s.handshake_timeout_secs),
-            ("idle_timeout_secs", s.idle_timeout_secs),
-            ("max_connections", s.max_connections),
-            ("drain_secs", s.drain_secs),
-        ];
-        if let Some((key, _)) = service_keys.iter().find(|(_, v)| v.is_some()) {
-            bail!("{key} applies to the client as a proxy (--proxy) only");
-        }
+    let service = ServiceSettings::take_from(&mut table)?;
+    if let (None, Some(key)) = (&flags.proxy, service.first_given()) {
+        bail!("{key} applies to the client as a proxy (--proxy) only");
     }
+    let mut s = ClientSettings::deserialize(toml::Value::Table(table))
+        .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
+    s.service = service;
 
     let (server_name, authority, path) = parse_url(&flags.url)?;
     // Pre-configured names in path order, or discovery with an allow-list.
@@ -827,8 +883,10 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         set(&mut table, "side", Some("server".into()));
     }
     flags.service.merge_into(&mut table)?;
-    let s = MiddleboxSettings::deserialize(toml::Value::Table(table))
+    let service = ServiceSettings::take_from(&mut table)?;
+    let mut s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
+    s.service = service;
 
     let chain = read(&s.certificate, "certificate")?;
     let key = Zeroizing::new(read(&s.private_key, "private key")?);
@@ -866,11 +924,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
             "server" => Placement::ServerSide,
             other => bail!("unknown middlebox side {other:?} (use client or server)"),
         },
-        limits: limits(
-            s.handshake_timeout_secs,
-            s.idle_timeout_secs,
-            s.max_connections,
-        )?,
+        limits: s.service.limits()?,
     };
     let limits = cfg.limits;
     runtime()?.block_on(async move {
@@ -886,7 +940,7 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
         println!("{}", limits_line(&limits, "connections"));
-        let grace = drain_grace(s.drain_secs);
+        let grace = s.service.drain_grace();
         serve_until_stopped(&mut server, grace, "middlebox", "connections", print_report).await
     })
 }
@@ -1008,42 +1062,12 @@ async fn serve_until_stopped<R>(
     }
 }
 
-/// How long open connections get after the first stop signal.
-fn drain_grace(secs: Option<u64>) -> Duration {
-    Duration::from_secs(secs.unwrap_or(10))
-}
-
 /// A number from a flag overrides the config file's.
 fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
     if let Some(t) = secs {
         table.insert(key.into(), toml::Value::Integer(i64::try_from(t)?));
     }
     Ok(())
-}
-
-/// The limits a middlebox or server uses, from its settings (`None`: the default).
-fn limits(
-    handshake_secs: Option<u64>,
-    idle_secs: Option<u64>,
-    max_connections: Option<u64>,
-) -> anyhow::Result<Limits> {
-    let mut limits = Limits::default();
-    match handshake_secs {
-        None => {}
-        Some(0) => bail!("handshake_timeout_secs must be at least 1"),
-        Some(n) => limits.handshake_timeout = Duration::from_secs(n),
-    }
-    match idle_secs {
-        None => {}
-        Some(0) => limits.idle_timeout = None,
-        Some(n) => limits.idle_timeout = Some(Duration::from_secs(n)),
-    }
-    limits.max_connections = match max_connections {
-        None => connections_the_files_limit_allows(),
-        Some(0) => bail!("max_connections must be at least 1"),
-        Some(n) => Some(usize::try_from(n)?),
-    };
-    Ok(limits)
 }
 
 /// Descriptors the process keeps for itself (listener, epoll, standard streams, files read while
@@ -1105,8 +1129,11 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
             }
         }
     }
-    ServerSettings::deserialize(toml::Value::Table(table))
-        .context("invalid mbTLS server configuration ([mbtls.server] and flags)")
+    let service = ServiceSettings::take_from(&mut table)?;
+    let mut s = ServerSettings::deserialize(toml::Value::Table(table))
+        .context("invalid mbTLS server configuration ([mbtls.server] and flags)")?;
+    s.service = service;
+    Ok(s)
 }
 
 /// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
@@ -1204,11 +1231,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
             now_unix: 0,
         },
         backend: s.backend.clone(),
-        limits: limits(
-            s.handshake_timeout_secs,
-            s.idle_timeout_secs,
-            s.max_connections,
-        )?,
+        limits: s.service.limits()?,
     };
     let limits = cfg.limits;
     runtime()?.block_on(async move {
@@ -1222,7 +1245,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         );
         println!("server-side middlebox: {described}");
         println!("{}", limits_line(&limits, "sessions"));
-        let grace = drain_grace(s.drain_secs);
+        let grace = s.service.drain_grace();
         serve_until_stopped(
             &mut server,
             grace,
@@ -1274,15 +1297,11 @@ fn local_proxy(
     let cfg = ClientProxyConfig {
         handshake,
         first_hop: first_hop.to_string(),
-        limits: limits(
-            s.handshake_timeout_secs,
-            s.idle_timeout_secs,
-            s.max_connections,
-        )?,
+        limits: s.service.limits()?,
     };
     let limits = cfg.limits;
     let server_name = cfg.handshake.server_name.clone();
-    let grace = drain_grace(s.drain_secs);
+    let grace = s.service.drain_grace();
     runtime()?.block_on(async move {
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await

@@ -128,6 +128,12 @@ impl ConnectionReport {
     }
 }
 
+impl super::reports::Report for ConnectionReport {
+    fn outcome(&self) -> &Result<(), String> {
+        &self.outcome
+    }
+}
+
 /// A listening middlebox ([`Listening`] with a [`ConnectionReport`] per connection).
 pub type MiddleboxServer = Listening<ConnectionReport>;
 
@@ -146,13 +152,7 @@ impl Listening<ConnectionReport> {
             let shared = shared.clone();
             async move {
                 let report = serve(id, stream, Some(peer), &shared).await;
-                match &report.outcome {
-                    Ok(()) => tracing::info!(?report, "mbtls middlebox connection ended"),
-                    Err(e) => {
-                        tracing::warn!(?report, error = %e, "mbtls middlebox connection failed")
-                    }
-                }
-                reports.send(report);
+                reports.log_and_send(report, "mbtls middlebox connection");
             }
         })
         .await

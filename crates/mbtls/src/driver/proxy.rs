@@ -48,6 +48,12 @@ pub struct ProxyReport {
     pub outcome: Result<(), String>,
 }
 
+impl super::reports::Report for ProxyReport {
+    fn outcome(&self) -> &Result<(), String> {
+        &self.outcome
+    }
+}
+
 /// A listening client proxy ([`Listening`] with a [`ProxyReport`] per local connection).
 pub type ClientProxy = Listening<ProxyReport>;
 
@@ -64,13 +70,7 @@ impl Listening<ProxyReport> {
             let cfg = cfg.clone();
             async move {
                 let report = serve(id, local, Some(peer), &cfg).await;
-                match &report.outcome {
-                    Ok(()) => tracing::info!(?report, "mbtls proxied connection ended"),
-                    Err(e) => {
-                        tracing::warn!(?report, error = %e, "mbtls proxied connection failed")
-                    }
-                }
-                reports.send(report);
+                reports.log_and_send(report, "mbtls proxied connection");
             }
         })
         .await

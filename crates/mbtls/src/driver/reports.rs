@@ -37,6 +37,24 @@ impl<T> ReportSender<T> {
     }
 }
 
+/// A connection's report: how it ended.
+pub(crate) trait Report: core::fmt::Debug {
+    /// `Err` with the reason when the connection did not end cleanly.
+    fn outcome(&self) -> &Result<(), String>;
+}
+
+impl<T: Report> ReportSender<T> {
+    /// Logs `report` (a warning when its connection failed; `what` names the connection) and
+    /// queues it.
+    pub(crate) fn log_and_send(&self, report: T, what: &'static str) {
+        match report.outcome() {
+            Ok(()) => tracing::info!(?report, "{what} ended"),
+            Err(e) => tracing::warn!(?report, error = %e, "{what} failed"),
+        }
+        self.send(report);
+    }
+}
+
 /// The owner's end.
 pub(crate) struct ReportReceiver<T> {
     rx: mpsc::Receiver<T>,

@@ -52,6 +52,12 @@ pub struct ServerConnectionReport {
     pub outcome: Result<(), String>,
 }
 
+impl super::reports::Report for ServerConnectionReport {
+    fn outcome(&self) -> &Result<(), String> {
+        &self.outcome
+    }
+}
+
 /// A listening mbTLS server ([`Listening`] with a [`ServerConnectionReport`] per session).
 pub type MbtlsServer = Listening<ServerConnectionReport>;
 
@@ -67,11 +73,7 @@ impl Listening<ServerConnectionReport> {
             let cfg = cfg.clone();
             async move {
                 let report = serve_session(id, stream, Some(peer), &cfg).await;
-                match &report.outcome {
-                    Ok(()) => tracing::info!(?report, "mbtls server session ended"),
-                    Err(e) => tracing::warn!(?report, error = %e, "mbtls server session failed"),
-                }
-                reports.send(report);
+                reports.log_and_send(report, "mbtls server session");
             }
         })
         .await
