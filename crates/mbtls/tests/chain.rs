@@ -114,6 +114,58 @@ fn p1c_same_plaintext_differs_on_every_hop() {
     }
 }
 
+/// A hop cannot update its keys, so a key that reaches its AEAD's confidentiality limit (AES-GCM:
+/// 2^24.5 records, RFC 8446 §5.5) seals nothing more but the alert that ends the session. The
+/// client's own first hop continues the bridge's sequence numbers, so a client writing at the
+/// limit gets an error and the server the client's internal_error alert through the middlebox;
+/// a middlebox whose app turns one record into two reaches the limit first and fails the session
+/// at both endpoints without forwarding the record over the limit. ChaCha20-Poly1305 hops at the
+/// same count carry on.
+#[test]
+fn a_hop_at_its_keys_confidentiality_limit_ends_the_session_at_both_endpoints() {
+    let internal = Alert::fatal(AlertDescription::INTERNAL_ERROR);
+    for &(v, suite) in SUITES {
+        let limit = suite.aead.confidentiality_limit();
+        let start = limit.min(1 << 30) - 1;
+        // The client at its limit.
+        let mut chain = Chain::with_bridge_at(v, suite, pass(1), vec![], start, 5);
+        chain.client().write(b"last").unwrap();
+        let over = chain.client().write(b"one more");
+        chain.pump();
+        if limit == u64::MAX {
+            over.unwrap();
+            assert_eq!(
+                chain.server().take_plaintext(),
+                b"lastone more",
+                "{suite:?}"
+            );
+            continue;
+        }
+        assert!(over.is_err(), "{suite:?}");
+        assert_eq!(chain.server().take_plaintext(), b"last", "{suite:?}");
+        assert!(events_of_server(&mut chain).contains(&EndpointEvent::PeerAlert(internal)));
+        // A middlebox at its limit: one record in, two out, of which only the first fits.
+        let mut chain = Chain::with_bridge_at(v, suite, vec![Box::new(Doubler)], vec![], start, 5);
+        chain.client().write(&[7u8; 10_000]).unwrap();
+        chain.pump();
+        assert_eq!(
+            chain.server().take_plaintext(),
+            vec![7u8; 1 << 14],
+            "{suite:?}"
+        );
+        let evs: Vec<RelayEvent> = std::iter::from_fn(|| chain.mbox(0).poll_event()).collect();
+        assert!(
+            evs.contains(&RelayEvent::Failed {
+                cause: FailCause::Local,
+                alert: internal,
+            }),
+            "{evs:?}"
+        );
+        assert!(events_of_server(&mut chain).contains(&EndpointEvent::PeerAlert(internal)));
+        assert!(events_of_client(&mut chain).contains(&EndpointEvent::PeerAlert(internal)));
+    }
+}
+
 /// Sets up client → M0 → M1 → server with one record of "first" and one of "second" written
 /// by the client but not yet delivered; returns the chain and the two records as captured.
 fn two_undelivered_records(v: TlsVersion, s: CipherSuite) -> (Chain, Vec<u8>, Vec<u8>) {

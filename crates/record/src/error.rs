@@ -18,6 +18,11 @@ pub enum RecordError {
     /// The 64-bit sequence number would wrap: the keys must be replaced first.
     #[error("sequence number exhausted")]
     SequenceExhausted,
+    /// The key protected as many records as its AEAD safely allows
+    /// ([`Aead::confidentiality_limit`](crate::Aead::confidentiality_limit)): nothing more may
+    /// be sealed with it.
+    #[error("the key reached its AEAD's confidentiality limit (RFC 8446 §5.5)")]
+    KeyUsageLimit,
     /// A plaintext or ciphertext exceeds the protocol's size limit.
     #[error("record overflow")]
     RecordOverflow,

@@ -10,7 +10,9 @@
 //! `content ‖ type ‖ zeros`.
 //!
 //! Sequence numbers are never reused and never wrap: at 2^64−1 both sides stop with
-//! [`RecordError::SequenceExhausted`]. An opener that saw one bad record refuses all later ones.
+//! [`RecordError::SequenceExhausted`]. An AES-GCM sealer stops earlier, at the key's
+//! confidentiality limit ([`RecordError::KeyUsageLimit`], RFC 8446 §5.5; alerts excepted). An
+//! opener that saw one bad record refuses all later ones.
 
 use core::fmt;
 use core::ops::Range;
@@ -335,6 +337,11 @@ impl RecordSealer {
         }
         if self.seq == u64::MAX {
             return Err(RecordError::SequenceExhausted);
+        }
+        // A fatal alert or close_notify may still go out at the limit: it is the last record,
+        // and the peer learns why the session ends (the limit has a wide safety margin).
+        if self.seq >= cipher.aead.confidentiality_limit() && content_type != ContentType::ALERT {
+            return Err(RecordError::KeyUsageLimit);
         }
         let tag_len = cipher.aead.tag_len();
         let (header, aad) = match cipher.version {

@@ -59,6 +59,19 @@ impl Aead {
         }
     }
 
+    /// Records one key may protect (RFC 8446 §5.5): AES-GCM up to 2^24.5 full-size records,
+    /// for a 2^-57 margin on confidentiality; ChaCha20-Poly1305 more than the 64-bit sequence
+    /// number allows. TLS would update its keys before the limit; an mbTLS hop cannot (no
+    /// traffic secret is distributed), so its sealer stops there (alerts excepted: they end
+    /// the session) and the session ends.
+    pub const fn confidentiality_limit(self) -> u64 {
+        match self {
+            // floor(2^24.5)
+            Aead::Aes128Gcm | Aead::Aes256Gcm => 23_726_566,
+            Aead::ChaCha20Poly1305 => u64::MAX,
+        }
+    }
+
     pub(crate) fn ring_alg(self) -> &'static ring::aead::Algorithm {
         match self {
             Aead::Aes128Gcm => &ring::aead::AES_128_GCM,

@@ -91,10 +91,11 @@ fn tls12_gcm_explicit_nonce_is_the_sequence_number() {
         let mut s = RecordSealer::new(
             TlsVersion::Tls12,
             keys(TlsVersion::Tls12, a, 1),
-            0x0102_0304_0506_0708,
+            // Distinct bytes, below the key's confidentiality limit (2^24.5 records).
+            0x0102_0304,
         );
         let rec = seal(&mut s, ContentType::APPLICATION_DATA, b"x");
-        assert_eq!(&rec[5..13], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&rec[5..13], &[0, 0, 0, 0, 1, 2, 3, 4]);
     }
 }
 
@@ -135,7 +136,8 @@ fn tls12_gcm_explicit_nonces_can_continue_a_peer_counter() {
 fn tls12_matches_spec_construction() {
     for a in AEADS {
         let k = keys(TlsVersion::Tls12, a, 9);
-        let seq: u64 = 0x1122_3344_5566_7788;
+        // Distinct bytes, below AES-GCM's confidentiality limit (2^24.5 records).
+        let seq: u64 = 0x0112_2334;
         let pt = b"GET / HTTP/1.1\r\n\r\n";
         let ct = ContentType::APPLICATION_DATA;
         let mut s = RecordSealer::new(TlsVersion::Tls12, k.clone(), seq);
@@ -532,9 +534,14 @@ fn tls13_inner_plaintext_checks() {
     }
 }
 
+/// Sequence numbers never wrap. (AES-GCM keys stop long before, at their confidentiality
+/// limit: the next test.)
 #[test]
 fn sequence_exhaustion() {
     each(|v, a| {
+        if a != Aead::ChaCha20Poly1305 {
+            return;
+        }
         let mut s = RecordSealer::new(v, keys(v, a, 1), u64::MAX - 1);
         let mut o = RecordOpener::new(v, keys(v, a, 1), u64::MAX - 1);
         let last = seal(&mut s, ContentType::APPLICATION_DATA, b"last");
@@ -549,6 +556,37 @@ fn sequence_exhaustion() {
         o.open(&last).unwrap();
         assert_eq!(o.next_seq(), u64::MAX);
         assert_eq!(o.open(&last).err(), Some(RecordError::SequenceExhausted));
+    });
+}
+
+/// RFC 8446 §5.5: an AES-GCM key seals at most 2^24.5 records, then the sealer refuses (an
+/// mbTLS hop cannot update its keys, so its session ends); what it sealed still opens.
+/// ChaCha20-Poly1305 has no limit below the sequence number's.
+#[test]
+fn aes_gcm_keys_stop_at_their_confidentiality_limit() {
+    each(|v, a| {
+        let limit = a.confidentiality_limit();
+        if a == Aead::ChaCha20Poly1305 {
+            assert_eq!(limit, u64::MAX);
+            let mut s = RecordSealer::new(v, keys(v, a, 1), 23_726_566);
+            seal(&mut s, ContentType::APPLICATION_DATA, b"no limit here");
+            return;
+        }
+        assert_eq!(limit, 23_726_566, "floor(2^24.5)");
+        let mut s = RecordSealer::new(v, keys(v, a, 1), limit - 1);
+        let mut o = RecordOpener::new(v, keys(v, a, 1), limit - 1);
+        let last = seal(&mut s, ContentType::APPLICATION_DATA, b"last");
+        let mut out = Vec::new();
+        assert_eq!(
+            s.seal(ContentType::APPLICATION_DATA, b"one more", &mut out),
+            Err(RecordError::KeyUsageLimit),
+            "{v:?} {a:?}"
+        );
+        assert!(out.is_empty());
+        assert_eq!(&o.open(&last).unwrap().plaintext[..], b"last");
+        // The alert that ends the session still goes out, and opens.
+        let alert = seal(&mut s, ContentType::ALERT, &[2, 80]);
+        assert_eq!(o.open(&alert).unwrap().content_type, ContentType::ALERT);
     });
 }
 

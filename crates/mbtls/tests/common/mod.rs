@@ -85,7 +85,20 @@ impl Chain {
         server_apps: Vec<App>,
     ) -> Chain {
         // The bridge stands in for the primary session's exported keys, at arbitrary positions.
-        let bridge = HopKeys::generate(version, &suite, 3, 5).unwrap();
+        Chain::with_bridge_at(version, suite, client_apps, server_apps, 3, 5)
+    }
+
+    /// Like [`new`](Self::new), with the bridge's next sequence numbers client→server and
+    /// server→client given.
+    pub fn with_bridge_at(
+        version: TlsVersion,
+        suite: CipherSuite,
+        client_apps: Vec<App>,
+        server_apps: Vec<App>,
+        c2s_seq: u64,
+        s2c_seq: u64,
+    ) -> Chain {
+        let bridge = HopKeys::generate(version, &suite, c2s_seq, s2c_seq).unwrap();
         let cs = client_side_keys(version, suite, bridge.clone(), client_apps.len()).unwrap();
         let ss = server_side_keys(version, suite, bridge, server_apps.len()).unwrap();
         let mut nodes = vec![Node::End(EndpointDataPhase::new(
