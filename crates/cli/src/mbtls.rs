@@ -969,6 +969,10 @@ fn print_report(r: &ConnectionReport) {
     } else {
         line.push_str("no key material received");
     }
+    line.push_str(&format!(
+        "; {} bytes from the client, {} from the server",
+        r.bytes_from_client, r.bytes_from_server
+    ));
     match &r.outcome {
         Ok(()) => line.push_str("; closed cleanly"),
         Err(e) => line.push_str(&format!("; ended with error: {e}")),
@@ -976,7 +980,6 @@ fn print_report(r: &ConnectionReport) {
     print_line(&line);
 }
 
-/// Settings of `mbx mbtls server` from `[mbtls.server]` and the flags.
 /// Ctrl-C and SIGTERM, counted: the first asks a middlebox or server to drain, the second to
 /// stop at once.
 struct StopSignals {

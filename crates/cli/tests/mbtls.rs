@@ -331,6 +331,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert!(body.contains("X-Mbtls: mb2.test"), "{body}");
         let mb_report = mb_lines.next().unwrap().unwrap();
         assert!(mb_report.contains("joined, TLS 1."), "{mb_report}");
+        assert!(mb_report.contains(" bytes from the client, "), "{mb_report}");
         let srv_report = srv_lines.next().unwrap().unwrap();
         assert!(
             srv_report.contains(&format!(

@@ -675,6 +675,15 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
         "{report:?}"
     );
     assert!(report.idle_trims >= 1, "{report:?}");
+    // Every echoed byte crossed the middlebox both ways, as ciphertext: a little more on the
+    // wire (record overhead, the handshake), never less.
+    let carried = (bulk.len() + 15 + (1 << 18)) as u64;
+    for bytes in [report.bytes_from_client, report.bytes_from_server] {
+        assert!(
+            (carried..carried + carried / 50 + 16_384).contains(&bytes),
+            "{report:?}"
+        );
+    }
     timeout(BOUND, server).await.unwrap().unwrap();
 }
 

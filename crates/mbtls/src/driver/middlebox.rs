@@ -101,6 +101,9 @@ pub struct ConnectionReport {
     /// Key fingerprints of the hop toward the client and the hop toward the server.
     pub client_hop: Option<HopFingerprint>,
     pub server_hop: Option<HopFingerprint>,
+    /// Bytes read from the client's and from the server's connection (handshake included).
+    pub bytes_from_client: u64,
+    pub bytes_from_server: u64,
     /// How often the connection gave its grown buffers back after `IDLE_TRIM_AFTER` (2 s)
     /// without a read.
     pub idle_trims: u32,
@@ -122,6 +125,8 @@ impl ConnectionReport {
             version: None,
             client_hop: None,
             server_hop: None,
+            bytes_from_client: 0,
+            bytes_from_server: 0,
             idle_trims: 0,
             outcome: Ok(()),
         }
@@ -481,6 +486,10 @@ async fn relay(
             });
         }
         let n = bytes.len();
+        *match from {
+            Side::Client => &mut report.bytes_from_client,
+            Side::Server => &mut report.bytes_from_server,
+        } += n as u64;
         let received = conn.hs.receive(from, bytes);
         let buf = if from == Side::Client {
             &mut buf_c
