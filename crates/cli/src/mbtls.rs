@@ -141,6 +141,18 @@ struct ServiceFlags {
 }
 
 impl ServiceFlags {
+    /// The first flag given, if any.
+    fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--handshake-timeout-secs", self.handshake_timeout_secs),
+            ("--idle-timeout-secs", self.idle_timeout_secs),
+            ("--max-connections", self.max_connections),
+            ("--drain-secs", self.drain_secs),
+        ]
+        .into_iter()
+        .find_map(|(flag, v)| v.map(|_| flag))
+    }
+
     /// The flags given override the config file's keys.
     fn merge_into(&self, table: &mut toml::Table) -> anyhow::Result<()> {
         set_secs(table, "handshake_timeout_secs", self.handshake_timeout_secs)?;
@@ -371,20 +383,6 @@ impl ServiceSettings {
         )
     }
 
-    /// The first key that was given, if any.
-    fn first_given(&self) -> Option<&'static str> {
-        let given = [
-            self.handshake_timeout_secs,
-            self.idle_timeout_secs,
-            self.max_connections,
-            self.drain_secs,
-        ];
-        Self::KEYS
-            .iter()
-            .zip(given)
-            .find_map(|(key, v)| v.map(|_| *key))
-    }
-
     /// The driver's limits (defaults for what was not given).
     fn limits(&self) -> anyhow::Result<Limits> {
         let mut limits = Limits::default();
@@ -591,11 +589,13 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
     set_secs(&mut table, "timeout_secs", flags.timeout_secs)?;
+    // The config file's service keys serve the proxy and are ignored when fetching (one file
+    // may serve both); the flags make no sense without --proxy.
+    if let (None, Some(flag)) = (&flags.proxy, flags.service.first_given()) {
+        bail!("{flag} applies to the client as a proxy (--proxy) only");
+    }
     flags.service.merge_into(&mut table)?;
     let service = ServiceSettings::take_from(&mut table)?;
-    if let (None, Some(key)) = (&flags.proxy, service.first_given()) {
-        bail!("{key} applies to the client as a proxy (--proxy) only");
-    }
     let mut s = ClientSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
     s.service = service;

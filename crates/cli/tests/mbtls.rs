@@ -331,7 +331,10 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert!(body.contains("X-Mbtls: mb2.test"), "{body}");
         let mb_report = mb_lines.next().unwrap().unwrap();
         assert!(mb_report.contains("joined, TLS 1."), "{mb_report}");
-        assert!(mb_report.contains(" bytes from the client, "), "{mb_report}");
+        assert!(
+            mb_report.contains(" bytes from the client, "),
+            "{mb_report}"
+        );
         let srv_report = srv_lines.next().unwrap().unwrap();
         assert!(
             srv_report.contains(&format!(
@@ -781,7 +784,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("idle_timeout_secs applies to the client as a proxy (--proxy) only"),
+        err.contains("--idle-timeout-secs applies to the client as a proxy (--proxy) only"),
         "{err}"
     );
 }
