@@ -115,7 +115,7 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Service")]
     service: ServiceFlags,
 }
 
@@ -218,7 +218,7 @@ struct ClientFlags {
     #[arg(long)]
     proxy: Option<String>,
     /// As a proxy: its limits and its stop.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "As a proxy (--proxy only)")]
     service: ServiceFlags,
 }
 
@@ -249,7 +249,7 @@ struct MiddleboxFlags {
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
     server_side: bool,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Service")]
     service: ServiceFlags,
 }
 
