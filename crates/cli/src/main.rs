@@ -93,7 +93,7 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::Demo(args) => demo::run(args, &config.demo),
-        Command::Mbtls(args) => mbtls::run(args, &config.mbtls),
+        Command::Mbtls(args) => mbtls::run(args, &config.mbtls, cli.config.as_deref()),
         Command::Matls(_) => not_yet("matls"),
         Command::Blindbox(args) => blindbox::run(args, &config.blindbox),
         Command::Keyless(args) => keyless::run(args, &config.keyless, cli.config.as_deref()),

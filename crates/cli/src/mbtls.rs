@@ -18,7 +18,7 @@ use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
     Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
-    Placement, ProxyReport, ServerConnectionReport,
+    Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -71,7 +71,7 @@ struct DemoFlags {
     versions: Vec<String>,
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct ServerFlags {
     /// Address to listen on (default 127.0.0.1:9443).
     #[arg(long)]
@@ -120,7 +120,7 @@ struct ServerFlags {
 }
 
 /// What a middlebox and a server share as long-running services.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct ServiceFlags {
     /// Close a connection whose mbTLS handshake has not finished this many seconds after it
     /// was accepted (default 60, as nginx's ssl_handshake_timeout).
@@ -222,7 +222,7 @@ struct ClientFlags {
     service: ServiceFlags,
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct MiddleboxFlags {
     /// Address to listen on (default 127.0.0.1:8443).
     #[arg(long)]
@@ -254,7 +254,7 @@ struct MiddleboxFlags {
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MbtlsConfig {
     #[serde(default)]
@@ -427,11 +427,16 @@ fn default_attester() -> String {
     "none".into()
 }
 
-pub fn run(args: MbtlsArgs, config: &MbtlsConfig) -> anyhow::Result<()> {
+/// `config_path`: the `--config` file, read again by a middlebox or server on SIGHUP.
+pub fn run(
+    args: MbtlsArgs,
+    config: &MbtlsConfig,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     match args.command {
         MbtlsCommand::Client(flags) => client(flags, config),
-        MbtlsCommand::Middlebox(flags) => middlebox(flags, config),
-        MbtlsCommand::Server(flags) => server(flags, config),
+        MbtlsCommand::Middlebox(flags) => middlebox(flags, config, config_path),
+        MbtlsCommand::Server(flags) => server(flags, config, config_path),
         MbtlsCommand::Demo(flags) => {
             crate::subcommand::exit_quietly_when_stdout_closes();
             let names = if flags.versions.is_empty() {
@@ -865,8 +870,71 @@ fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> 
     ))
 }
 
-fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+/// A middlebox as its settings describe it: the driver's configuration, and what the banner
+/// says of it.
+struct MiddleboxSetup {
+    cfg: MiddleboxServerConfig,
+    s: MiddleboxSettings,
+    attestation_line: String,
+}
+
+fn middlebox(
+    flags: MiddleboxFlags,
+    config: &MbtlsConfig,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     raise_open_files_limit();
+    let MiddleboxSetup {
+        cfg,
+        s,
+        attestation_line,
+    } = middlebox_setup(flags.clone(), config)?;
+    let reload = || -> anyhow::Result<MiddleboxServerConfig> {
+        let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
+        warn_if_moved(&s.listen, &setup.s.listen);
+        Ok(setup.cfg)
+    };
+    let limits = cfg.limits;
+    runtime()?.block_on(async {
+        let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
+            .await
+            .with_context(|| format!("cannot listen on {}", s.listen))?;
+        println!(
+            "mbTLS middlebox listening on {}, next hop {}, {} side",
+            server.local_addr(),
+            s.next_hop,
+            s.side
+        );
+        println!("app: {}", s.app);
+        println!("attestation: {attestation_line}");
+        println!("{}", limits_line(&limits, "connections"));
+        let grace = s.service.drain_grace();
+        let names = ("middlebox", "connections");
+        serve_until_stopped(&mut server, grace, names, print_report, Some(&reload)).await
+    })
+}
+
+/// The `[mbtls]` table a reload uses: the config file read again, if there is one.
+fn reread(
+    first: &MbtlsConfig,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<MbtlsConfig> {
+    match config_path {
+        Some(p) => Ok(crate::config::Config::load(p)?.mbtls),
+        None => Ok(first.clone()),
+    }
+}
+
+/// A reload cannot move the listener; say so when the configuration asks for it.
+fn warn_if_moved(listening: &str, asked: &str) {
+    if listening != asked {
+        eprintln!(
+            "mbx: still listening on {listening}: a reload does not move the listener to {asked}"
+        );
+    }
+}
+
+fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<MiddleboxSetup> {
     let mut table = config.middlebox.clone();
     set(&mut table, "listen", flags.listen);
     set(&mut table, "next_hop", flags.next_hop);
@@ -926,22 +994,10 @@ fn middlebox(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<()> 
         },
         limits: s.service.limits()?,
     };
-    let limits = cfg.limits;
-    runtime()?.block_on(async move {
-        let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
-            .await
-            .with_context(|| format!("cannot listen on {}", s.listen))?;
-        println!(
-            "mbTLS middlebox listening on {}, next hop {}, {} side",
-            server.local_addr(),
-            s.next_hop,
-            s.side
-        );
-        println!("app: {}", s.app);
-        println!("attestation: {attestation_line}");
-        println!("{}", limits_line(&limits, "connections"));
-        let grace = s.service.drain_grace();
-        serve_until_stopped(&mut server, grace, "middlebox", "connections", print_report).await
+    Ok(MiddleboxSetup {
+        cfg,
+        s,
+        attestation_line,
     })
 }
 
@@ -1030,17 +1086,43 @@ fn raise_open_files_limit() {
 
 /// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
 /// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
-/// second signal.
-async fn serve_until_stopped<R>(
-    server: &mut Listening<R>,
+/// second signal. With `reload`, on SIGHUP the `who` (middlebox, server) takes the
+/// configuration it builds for the connections accepted from then on; one that fails to build
+/// changes nothing. (Without, SIGHUP keeps its default: it ends the process.)
+async fn serve_until_stopped<R, C: ServiceConfig>(
+    server: &mut Listening<R, C>,
     grace: Duration,
-    who: &str,
-    what: &str,
+    (who, what): (&str, &str),
     print: impl Fn(&R),
+    reload: Option<&dyn Fn() -> anyhow::Result<C>>,
 ) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
+    let mut hangup = match reload {
+        Some(_) => Some(
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("cannot handle SIGHUP")?,
+        ),
+        None => None,
+    };
     loop {
         tokio::select! {
+            Some(()) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => {
+                let Some(reload) = reload else { continue };
+                match reload() {
+                    Ok(cfg) => {
+                        let limits = *cfg.limits();
+                        server.reload(cfg);
+                        print_line(format!(
+                            "{who} reloaded: new {what} get the new configuration; {}",
+                            limits_line(&limits, what)
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
+                        eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
+                    }
+                }
+            }
             r = stop.next() => {
                 r?;
                 if stop.count > 1 {
@@ -1157,8 +1239,51 @@ fn name_approver(names: Vec<String>) -> Approver {
     })
 }
 
-fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+/// A server as its settings describe it: the driver's configuration, and what the banner says.
+struct ServerSetup {
+    cfg: MbtlsServerConfig,
+    s: ServerSettings,
+    described: String,
+}
+
+fn server(
+    flags: ServerFlags,
+    config: &MbtlsConfig,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     raise_open_files_limit();
+    let ServerSetup { cfg, s, described } = server_setup(flags.clone(), config)?;
+    let reload = || -> anyhow::Result<MbtlsServerConfig> {
+        let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
+        warn_if_moved(&s.listen, &setup.s.listen);
+        Ok(setup.cfg)
+    };
+    let limits = cfg.limits;
+    runtime()?.block_on(async {
+        let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
+            .await
+            .with_context(|| format!("cannot listen on {}", s.listen))?;
+        println!(
+            "mbTLS server listening on {}, backend {}",
+            server.local_addr(),
+            s.backend
+        );
+        println!("server-side middlebox: {described}");
+        println!("{}", limits_line(&limits, "sessions"));
+        let grace = s.service.drain_grace();
+        let names = ("server", "sessions");
+        serve_until_stopped(
+            &mut server,
+            grace,
+            names,
+            print_server_report,
+            Some(&reload),
+        )
+        .await
+    })
+}
+
+fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSetup> {
     let s = server_settings(flags, config)?;
     let policy = build_policy(PolicyParts {
         file: &s.policy,
@@ -1236,28 +1361,7 @@ fn server(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         backend: s.backend.clone(),
         limits: s.service.limits()?,
     };
-    let limits = cfg.limits;
-    runtime()?.block_on(async move {
-        let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
-            .await
-            .with_context(|| format!("cannot listen on {}", s.listen))?;
-        println!(
-            "mbTLS server listening on {}, backend {}",
-            server.local_addr(),
-            s.backend
-        );
-        println!("server-side middlebox: {described}");
-        println!("{}", limits_line(&limits, "sessions"));
-        let grace = s.service.drain_grace();
-        serve_until_stopped(
-            &mut server,
-            grace,
-            "server",
-            "sessions",
-            print_server_report,
-        )
-        .await
-    })
+    Ok(ServerSetup { cfg, s, described })
 }
 
 fn print_server_report(r: &ServerConnectionReport) {
@@ -1314,14 +1418,8 @@ fn local_proxy(
             proxy.local_addr(),
         );
         println!("{}", limits_line(&limits, "connections"));
-        serve_until_stopped(
-            &mut proxy,
-            grace,
-            "proxy",
-            "connections",
-            print_proxy_report,
-        )
-        .await
+        let names = ("proxy", "connections");
+        serve_until_stopped(&mut proxy, grace, names, print_proxy_report, None).await
     })
 }
 

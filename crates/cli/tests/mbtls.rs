@@ -846,3 +846,99 @@ fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
         .collect();
     assert_eq!(open_files, ["1024", "1024"], "{limits}");
 }
+
+/// SIGHUP makes a middlebox read its config file again: connections accepted afterwards get the
+/// new configuration (here another inserted header and another connection limit), and a file
+/// that no longer loads changes nothing.
+#[test]
+fn a_middlebox_reloads_its_config_file_on_sighup() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new("mbx cli mbtls reload root").unwrap();
+    let server = pki
+        .issue(&LeafSpec::server("server.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "server")
+        .unwrap();
+    let mbox = pki
+        .issue(&LeafSpec::middlebox("mb.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "mbox")
+        .unwrap();
+    let nginx = Nginx::from_files(&server)
+        .log_header("X-Mbtls")
+        .start()
+        .unwrap();
+    let config = dir.path().join("mbx.toml");
+    let write_config = |app: &str, extra: &str| {
+        let text = format!(
+            "[mbtls.middlebox]\nlisten = \"127.0.0.1:0\"\nnext_hop = \"{}\"\n\
+             certificate = {:?}\nprivate_key = {:?}\napp = \"{app}\"\n{extra}",
+            nginx.addr(),
+            mbox.chain,
+            mbox.key,
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write_config("http-header:X-Mbtls:before", "");
+    let (mut mb, mut lines, head) = start(
+        &[
+            OsStr::new("--config"),
+            config.as_os_str(),
+            OsStr::new("mbtls"),
+            OsStr::new("middlebox"),
+        ],
+        4,
+    );
+    let mb_addr = listening_addr(&head[0]);
+    // No evidence from this middlebox (attester none): the client's policy says so explicitly.
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[attestation]\nrequired = false\n").unwrap();
+    let fetch = |path: &str| {
+        let out = mbx()
+            .args(["mbtls", "client", &format!("https://server.test{path}")])
+            .args(["--middlebox", &mb_addr, "--middlebox-name", "mb.test"])
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .arg("--policy")
+            .arg(&policy)
+            .env_remove("MBX_CONFIG")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+    };
+    let hangup = |mb: &mut ChildGuard| {
+        let pid = rustix::process::Pid::from_raw(mb.child_mut().unwrap().id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    };
+    fetch("/first");
+    nginx
+        .wait_access_log(|l| l.contains("/first") && l.contains("x-mbtls=\"before\""))
+        .unwrap();
+    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+
+    write_config("http-header:X-Mbtls:after", "max_connections = 7\n");
+    hangup(&mut mb);
+    let reloaded = lines.next().unwrap().unwrap();
+    assert_eq!(
+        reloaded,
+        "middlebox reloaded: new connections get the new configuration; \
+         limits: handshake 60s, idle 600s, at most 7 connections at once"
+    );
+    fetch("/second");
+    nginx
+        .wait_access_log(|l| l.contains("/second") && l.contains("x-mbtls=\"after\""))
+        .unwrap();
+    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+
+    // A file that no longer loads: the middlebox keeps serving with what it had.
+    write_config("no-such-app", "");
+    hangup(&mut mb);
+    fetch("/third");
+    nginx
+        .wait_access_log(|l| l.contains("/third") && l.contains("x-mbtls=\"after\""))
+        .unwrap();
+    let next = lines.next().unwrap().unwrap();
+    assert!(next.starts_with("connection "), "{next}");
+}

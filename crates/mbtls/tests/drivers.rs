@@ -847,6 +847,37 @@ async fn at_its_connection_limit_the_middlebox_serves_the_next_one_when_one_ends
     drop((third, peers, upstreams));
 }
 
+/// A reload changes what the connections accepted after it get: here the next hop and the
+/// connection limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_to_the_connections_accepted_after_it() {
+    let w = World::new();
+    let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second_addr = second.local_addr().unwrap();
+    let mbox = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        w.middlebox(first.local_addr().unwrap(), passthrough()),
+    )
+    .await
+    .unwrap();
+    let _a = TcpStream::connect(mbox.local_addr()).await.unwrap();
+    let (_up_a, _) = timeout(BOUND, first.accept()).await.unwrap().unwrap();
+    let mut cfg = w.middlebox(second_addr, passthrough());
+    cfg.limits.max_connections = Some(2);
+    mbox.reload(cfg);
+    assert_eq!(mbox.config().next_hop, second_addr.to_string());
+    // The next connection goes to the new next hop.
+    let _b = TcpStream::connect(mbox.local_addr()).await.unwrap();
+    let (_up_b, _) = timeout(BOUND, second.accept()).await.unwrap().unwrap();
+    until_open(&mbox, 2).await;
+    // The new limit (2) holds a third back, and nothing new went to the old next hop.
+    let _c = TcpStream::connect(mbox.local_addr()).await.unwrap();
+    let waited = Duration::from_millis(500);
+    assert!(timeout(waited, second.accept()).await.is_err());
+    assert!(timeout(waited, first.accept()).await.is_err());
+}
+
 /// A graceful stop: once `drain` is called the middlebox refuses new connections, the open
 /// session carries on until its endpoints end it (and is reported), and then the report stream
 /// ends. A session still open when the grace period is over is cut, counted and closed.

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -21,7 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::reports::{report_queue, ReportReceiver, ReportSender};
-use super::DriverError;
+use super::{DriverError, Limits};
 
 /// The first pause after an accept error.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
@@ -112,12 +112,31 @@ enum Stop {
     Drain(Duration),
 }
 
+/// A driver's configuration as a listener uses it.
+pub trait ServiceConfig: Send + Sync + 'static {
+    fn limits(&self) -> &Limits;
+}
+
+/// The configuration in force: each connection takes the one current at its accept and keeps it
+/// (a [`reload`](Listening::reload) changes only later connections).
+struct ConfigSlot<C>(RwLock<Arc<C>>);
+
+impl<C> ConfigSlot<C> {
+    fn current(&self) -> Arc<C> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, config: C) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    }
+}
+
 /// A listening middlebox, mbTLS server or client proxy
 /// ([`MiddleboxServer`](super::MiddleboxServer), [`MbtlsServer`](super::MbtlsServer),
 /// [`ClientProxy`](super::ClientProxy)): it serves every accepted connection in the background
-/// and reports each one as it ends (`R`: the driver's report). Dropping it stops the listener
-/// and cuts every connection, as a killed process would.
-pub struct Listening<R> {
+/// with its configuration `C` and reports each one as it ends (`R`: the driver's report).
+/// Dropping it stops the listener and cuts every connection, as a killed process would.
+pub struct Listening<R, C> {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<Stop>>,
@@ -125,21 +144,23 @@ pub struct Listening<R> {
     accept_errors: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
+    config: Arc<ConfigSlot<C>>,
 }
 
-impl<R: Send + 'static> Listening<R> {
-    /// Binds `listen` and runs `serve(id, stream, peer, reports)` for each accepted connection
-    /// (ids from 0 in accept order), at most `max_connections` at once, until stopped; `serve`
-    /// sends the connection's report when it ends. (It sends it itself rather than return it:
-    /// a wrapper future awaiting the connection's future would hold that future twice, its
-    /// size added to every connection.)
+impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
+    /// Binds `listen` and runs `serve(id, stream, peer, config, reports)` for each accepted
+    /// connection (ids from 0 in accept order) with the configuration current at its accept,
+    /// at most its `max_connections` at once, until stopped; `serve` sends the connection's
+    /// report when it ends. (It sends it itself rather than return it: a wrapper future
+    /// awaiting the connection's future would hold that future twice, its size added to every
+    /// connection.)
     pub(crate) async fn spawn<F, Fut>(
         listen: impl ToSocketAddrs,
-        max_connections: Option<usize>,
+        config: C,
         mut serve: F,
-    ) -> Result<Listening<R>, DriverError>
+    ) -> Result<Listening<R, C>, DriverError>
     where
-        F: FnMut(u64, TcpStream, SocketAddr, ReportSender<R>) -> Fut + Send + 'static,
+        F: FnMut(u64, TcpStream, SocketAddr, Arc<C>, ReportSender<R>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let listener = TcpListener::bind(listen)
@@ -156,15 +177,27 @@ impl<R: Send + 'static> Listening<R> {
         let cut = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
-        let serve_and_report = move |id, stream, peer| serve(id, stream, peer, tx.clone());
+        let config = Arc::new(ConfigSlot(RwLock::new(Arc::new(config))));
+        let slot = config.clone();
+        let serve_and_report =
+            move |id, stream, peer| serve(id, stream, peer, slot.current(), tx.clone());
         let counts = Counts {
             cut: cut.clone(),
             open: open.clone(),
         };
+        let limit = {
+            let slot = config.clone();
+            move || {
+                slot.current()
+                    .limits()
+                    .max_connections
+                    .unwrap_or(usize::MAX)
+            }
+        };
         let task = tokio::spawn(accept_loop(
             acceptor,
             stopped,
-            max_connections.unwrap_or(usize::MAX),
+            limit,
             counts,
             serve_and_report,
         ));
@@ -176,11 +209,23 @@ impl<R: Send + 'static> Listening<R> {
             accept_errors,
             cut,
             open,
+            config,
         })
     }
 }
 
-impl<R> Listening<R> {
+impl<R, C> Listening<R, C> {
+    /// Replaces the configuration for the connections accepted from now on (certificates,
+    /// policies, next hop or backend, limits); open ones keep theirs, as with nginx's reload.
+    pub fn reload(&self, config: C) {
+        self.config.replace(config);
+    }
+
+    /// The configuration new connections get.
+    pub fn config(&self) -> Arc<C> {
+        self.config.current()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -235,7 +280,7 @@ impl<R> Listening<R> {
     }
 }
 
-impl<R> Drop for Listening<R> {
+impl<R, C> Drop for Listening<R, C> {
     fn drop(&mut self) {
         // Aborting the accept task drops its JoinSet, which aborts every connection task and
         // with it its sockets.
@@ -243,7 +288,7 @@ impl<R> Drop for Listening<R> {
     }
 }
 
-impl<R> core::fmt::Debug for Listening<R> {
+impl<R, C> core::fmt::Debug for Listening<R, C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Listening")
             .field("local_addr", &self.local_addr)
@@ -257,10 +302,11 @@ struct Counts {
     open: Arc<AtomicUsize>,
 }
 
+/// `max_connections` is asked again on every turn: a reload may change it.
 async fn accept_loop<F, Fut>(
     mut acceptor: Acceptor,
     mut stopped: oneshot::Receiver<Stop>,
-    max_connections: usize,
+    max_connections: impl Fn() -> usize,
     counts: Counts,
     mut serve: F,
 ) where
@@ -271,6 +317,7 @@ async fn accept_loop<F, Fut>(
     let mut conns = JoinSet::new();
     loop {
         counts.open.store(conns.len(), Ordering::Relaxed);
+        let room = conns.len() < max_connections();
         tokio::select! {
             stop = &mut stopped => {
                 // The listening socket closes here: new connections are refused from now on.
@@ -293,7 +340,7 @@ async fn accept_loop<F, Fut>(
                 return;
             }
             // At the limit, new connections wait in the listen queue until one ends.
-            (stream, peer) = acceptor.accept(), if conns.len() < max_connections => {
+            (stream, peer) = acceptor.accept(), if room => {
                 conns.spawn(serve(next_id, stream, peer));
                 next_id += 1;
             }

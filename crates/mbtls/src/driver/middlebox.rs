@@ -11,7 +11,7 @@ use mbx_apps::MiddleboxApp;
 use mbx_record::TlsVersion;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
-use super::accept::Listening;
+use super::accept::{Listening, ServiceConfig};
 use super::outbox::Outbox;
 use super::quiet::{IdleTimeout, IdleTrim};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
@@ -139,24 +139,27 @@ impl super::reports::Report for ConnectionReport {
     }
 }
 
-/// A listening middlebox ([`Listening`] with a [`ConnectionReport`] per connection).
-pub type MiddleboxServer = Listening<ConnectionReport>;
+impl ServiceConfig for MiddleboxServerConfig {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
 
-impl Listening<ConnectionReport> {
+/// A listening middlebox ([`Listening`] with a [`ConnectionReport`] per connection).
+pub type MiddleboxServer = Listening<ConnectionReport, MiddleboxServerConfig>;
+
+impl Listening<ConnectionReport, MiddleboxServerConfig> {
     /// Binds `listen` and serves connections in the background (needs a tokio runtime).
     pub async fn bind(
         listen: impl ToSocketAddrs,
         cfg: MiddleboxServerConfig,
     ) -> Result<MiddleboxServer, DriverError> {
-        let max_connections = cfg.limits.max_connections;
-        let shared = Arc::new(Shared {
-            cfg,
-            legacy_servers: Mutex::new(HashSet::new()),
-        });
-        Listening::spawn(listen, max_connections, move |id, stream, peer, reports| {
-            let shared = shared.clone();
+        // Kept across reloads: a server found to be legacy stays so.
+        let legacy = Arc::new(LegacyServers::default());
+        Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
+            let legacy = legacy.clone();
             async move {
-                let report = serve(id, stream, Some(peer), &shared).await;
+                let report = serve(id, stream, Some(peer), &cfg, &legacy).await;
                 reports.log_and_send(report, "mbtls middlebox connection");
             }
         })
@@ -164,23 +167,21 @@ impl Listening<ConnectionReport> {
     }
 }
 
-/// What every connection of one listener shares.
-struct Shared {
-    cfg: MiddleboxServerConfig,
-    /// Next hops that failed a session without answering our announcement (server side).
-    legacy_servers: Mutex<HashSet<String>>,
-}
+/// Next hops that failed a session without answering our announcement (server side), shared
+/// by every connection of one listener.
+#[derive(Default)]
+struct LegacyServers(Mutex<HashSet<String>>);
 
-impl Shared {
+impl LegacyServers {
     fn is_legacy(&self, next_hop: &str) -> bool {
-        self.legacy_servers
+        self.0
             .lock()
             .map(|set| set.contains(next_hop))
             .unwrap_or(false)
     }
 
     fn remember_legacy(&self, next_hop: &str) {
-        if let Ok(mut set) = self.legacy_servers.lock() {
+        if let Ok(mut set) = self.0.lock() {
             set.insert(next_hop.to_string());
         }
     }
@@ -195,22 +196,19 @@ pub async fn serve_connection(
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
 ) -> ConnectionReport {
-    let shared = Shared {
-        cfg: cfg.clone(),
-        legacy_servers: Mutex::new(HashSet::new()),
-    };
-    serve(id, client, peer, &shared).await
+    serve(id, client, peer, cfg, &LegacyServers::default()).await
 }
 
 async fn serve(
     id: u64,
     client: TcpStream,
     peer: Option<SocketAddr>,
-    shared: &Shared,
+    cfg: &MiddleboxServerConfig,
+    legacy: &LegacyServers,
 ) -> ConnectionReport {
     let mut report = ConnectionReport::new(id, peer);
-    let announce = !shared.is_legacy(&shared.cfg.next_hop);
-    if let Err(e) = relay(client, &shared.cfg, announce, &mut report).await {
+    let announce = !legacy.is_legacy(&cfg.next_hop);
+    if let Err(e) = relay(client, cfg, announce, &mut report).await {
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement (alert, or a failed session without an answer)
@@ -218,7 +216,7 @@ async fn serve(
     let refused = report.outcome.is_err() || report.passive == Some(ANNOUNCEMENT_REFUSED);
     if report.announced && !report.joined && refused {
         report.legacy_server = true;
-        shared.remember_legacy(&shared.cfg.next_hop);
+        legacy.remember_legacy(&cfg.next_hop);
     }
     report
 }

@@ -29,7 +29,7 @@ mod read_buf;
 mod reports;
 pub mod server;
 
-pub use accept::Listening;
+pub use accept::{Listening, ServiceConfig};
 pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,

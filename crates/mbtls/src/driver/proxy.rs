@@ -5,11 +5,10 @@
 //! connection limit, drain) and their [`Limits`].
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use tokio::net::{TcpStream, ToSocketAddrs};
 
-use super::accept::Listening;
+use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
 use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
@@ -54,25 +53,30 @@ impl super::reports::Report for ProxyReport {
     }
 }
 
-/// A listening client proxy ([`Listening`] with a [`ProxyReport`] per local connection).
-pub type ClientProxy = Listening<ProxyReport>;
+impl ServiceConfig for ClientProxyConfig {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
 
-impl Listening<ProxyReport> {
+/// A listening client proxy ([`Listening`] with a [`ProxyReport`] per local connection).
+pub type ClientProxy = Listening<ProxyReport, ClientProxyConfig>;
+
+impl Listening<ProxyReport, ClientProxyConfig> {
     /// Binds `listen` (a local address) and proxies connections in the background (needs a
     /// tokio runtime).
     pub async fn bind(
         listen: impl ToSocketAddrs,
         cfg: ClientProxyConfig,
     ) -> Result<ClientProxy, DriverError> {
-        let max_connections = cfg.limits.max_connections;
-        let cfg = Arc::new(cfg);
-        Listening::spawn(listen, max_connections, move |id, local, peer, reports| {
-            let cfg = cfg.clone();
-            async move {
+        Listening::spawn(
+            listen,
+            cfg,
+            move |id, local, peer, cfg, reports| async move {
                 let report = serve(id, local, Some(peer), &cfg).await;
                 reports.log_and_send(report, "mbtls proxied connection");
-            }
-        })
+            },
+        )
         .await
     }
 }

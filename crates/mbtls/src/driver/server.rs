@@ -3,14 +3,13 @@
 //! local HTTP server) and its answers back, both directions at once.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
-use super::accept::Listening;
+use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
 use super::quiet::{IdleTimeout, IdleTrim};
@@ -58,24 +57,29 @@ impl super::reports::Report for ServerConnectionReport {
     }
 }
 
-/// A listening mbTLS server ([`Listening`] with a [`ServerConnectionReport`] per session).
-pub type MbtlsServer = Listening<ServerConnectionReport>;
+impl ServiceConfig for MbtlsServerConfig {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
 
-impl Listening<ServerConnectionReport> {
+/// A listening mbTLS server ([`Listening`] with a [`ServerConnectionReport`] per session).
+pub type MbtlsServer = Listening<ServerConnectionReport, MbtlsServerConfig>;
+
+impl Listening<ServerConnectionReport, MbtlsServerConfig> {
     /// Binds `listen` and serves sessions in the background (needs a tokio runtime).
     pub async fn bind(
         listen: impl ToSocketAddrs,
         cfg: MbtlsServerConfig,
     ) -> Result<MbtlsServer, DriverError> {
-        let max_connections = cfg.limits.max_connections;
-        let cfg = Arc::new(cfg);
-        Listening::spawn(listen, max_connections, move |id, stream, peer, reports| {
-            let cfg = cfg.clone();
-            async move {
+        Listening::spawn(
+            listen,
+            cfg,
+            move |id, stream, peer, cfg, reports| async move {
                 let report = serve_session(id, stream, Some(peer), &cfg).await;
                 reports.log_and_send(report, "mbtls server session");
-            }
-        })
+            },
+        )
         .await
     }
 }
