@@ -5,29 +5,62 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use mbx_testbed::peers::ChildGuard;
-use mbx_testbed::{LeafSpec, Nginx, TestPki};
+use mbx_testbed::{LeafSpec, Nginx, PkiFiles, TestPki};
 
 mod common;
 use common::{mbx, run_ok};
 
-#[test]
-fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
+/// A temporary directory with a test PKI's server (server.test) and middlebox (mb.test) files,
+/// and nginx serving as server.test and logging the X-Mbtls request header.
+struct Setup {
+    dir: tempfile::TempDir,
+    server: PkiFiles,
+    mbox: PkiFiles,
+    nginx: Nginx,
+}
+
+/// A temporary directory with a test PKI's server (server.test) and middlebox (`middlebox`)
+/// files.
+fn pki_files(root: &str, middlebox: &str) -> (tempfile::TempDir, PkiFiles, PkiFiles) {
     let dir = tempfile::tempdir().unwrap();
-    let pki = TestPki::new("mbx cli mbtls root").unwrap();
+    let pki = TestPki::new(root).unwrap();
     let server = pki
         .issue(&LeafSpec::server("server.test"))
         .unwrap()
         .write_to_named(dir.path(), "server")
         .unwrap();
     let mbox = pki
-        .issue(&LeafSpec::middlebox("mb.test"))
+        .issue(&LeafSpec::middlebox(middlebox))
         .unwrap()
         .write_to_named(dir.path(), "mbox")
         .unwrap();
-    let nginx = Nginx::from_files(&server)
-        .log_header("X-Mbtls")
-        .start()
-        .unwrap();
+    (dir, server, mbox)
+}
+
+impl Setup {
+    fn new(root: &str) -> Setup {
+        let (dir, server, mbox) = pki_files(root, "mb.test");
+        let nginx = Nginx::from_files(&server)
+            .log_header("X-Mbtls")
+            .start()
+            .unwrap();
+        Setup {
+            dir,
+            server,
+            mbox,
+            nginx,
+        }
+    }
+}
+
+#[test]
+fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+    } = Setup::new("mbx cli mbtls root");
 
     let child = mbx()
         .args([
@@ -216,18 +249,7 @@ fn listening_addr(line: &str) -> String {
 #[test]
 fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     use std::ffi::OsStr;
-    let dir = tempfile::tempdir().unwrap();
-    let pki = TestPki::new("mbx cli mbtls server root").unwrap();
-    let server = pki
-        .issue(&LeafSpec::server("server.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "server")
-        .unwrap();
-    let mbox = pki
-        .issue(&LeafSpec::middlebox("mb2.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "mbox")
-        .unwrap();
+    let (dir, server, mbox) = pki_files("mbx cli mbtls server root", "mb2.test");
     let backend = echo_backend().to_string();
     let platform = dir.path().join("platform.key");
 
@@ -665,22 +687,12 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
 #[test]
 fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     use std::ffi::OsStr;
-    let dir = tempfile::tempdir().unwrap();
-    let pki = TestPki::new("mbx cli mbtls proxy root").unwrap();
-    let server = pki
-        .issue(&LeafSpec::server("server.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "server")
-        .unwrap();
-    let mbox = pki
-        .issue(&LeafSpec::middlebox("mb.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "mbox")
-        .unwrap();
-    let nginx = Nginx::from_files(&server)
-        .log_header("X-Mbtls")
-        .start()
-        .unwrap();
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+    } = Setup::new("mbx cli mbtls proxy root");
     let next_hop = nginx.addr().to_string();
     let (_mb, _mb_lines, head) = start(
         &[
@@ -853,22 +865,12 @@ fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
 #[test]
 fn a_middlebox_reloads_its_config_file_on_sighup() {
     use std::ffi::OsStr;
-    let dir = tempfile::tempdir().unwrap();
-    let pki = TestPki::new("mbx cli mbtls reload root").unwrap();
-    let server = pki
-        .issue(&LeafSpec::server("server.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "server")
-        .unwrap();
-    let mbox = pki
-        .issue(&LeafSpec::middlebox("mb.test"))
-        .unwrap()
-        .write_to_named(dir.path(), "mbox")
-        .unwrap();
-    let nginx = Nginx::from_files(&server)
-        .log_header("X-Mbtls")
-        .start()
-        .unwrap();
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+    } = Setup::new("mbx cli mbtls reload root");
     let config = dir.path().join("mbx.toml");
     let write_config = |app: &str, extra: &str| {
         let text = format!(
