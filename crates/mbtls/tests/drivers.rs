@@ -848,7 +848,7 @@ async fn at_its_connection_limit_the_middlebox_serves_the_next_one_when_one_ends
 }
 
 /// A reload changes what the connections accepted after it get: here the next hop and the
-/// connection limit.
+/// connection limit, which a reload that raises it lifts at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_applies_to_the_connections_accepted_after_it() {
     let w = World::new();
@@ -876,6 +876,12 @@ async fn a_reload_applies_to_the_connections_accepted_after_it() {
     let waited = Duration::from_millis(500);
     assert!(timeout(waited, second.accept()).await.is_err());
     assert!(timeout(waited, first.accept()).await.is_err());
+    // A reload that raises the limit lets the waiting one in at once, none having ended.
+    let mut cfg = w.middlebox(second_addr, passthrough());
+    cfg.limits.max_connections = Some(3);
+    mbox.reload(cfg);
+    let (_up_c, _) = timeout(BOUND, second.accept()).await.unwrap().unwrap();
+    until_open(&mbox, 3).await;
 }
 
 /// A graceful stop: once `drain` is called the middlebox refuses new connections, the open

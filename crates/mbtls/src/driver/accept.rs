@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -119,15 +119,30 @@ pub trait ServiceConfig: Send + Sync + 'static {
 
 /// The configuration in force: each connection takes the one current at its accept and keeps it
 /// (a [`reload`](Listening::reload) changes only later connections).
-struct ConfigSlot<C>(RwLock<Arc<C>>);
+struct ConfigSlot<C> {
+    config: RwLock<Arc<C>>,
+    /// Wakes the accept loop, whose connection limit may have changed.
+    changed: Notify,
+}
 
 impl<C> ConfigSlot<C> {
+    fn new(config: C) -> ConfigSlot<C> {
+        ConfigSlot {
+            config: RwLock::new(Arc::new(config)),
+            changed: Notify::new(),
+        }
+    }
+
     fn current(&self) -> Arc<C> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn replace(&self, config: C) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        self.changed.notify_one();
     }
 }
 
@@ -177,27 +192,17 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         let cut = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
-        let config = Arc::new(ConfigSlot(RwLock::new(Arc::new(config))));
-        let slot = config.clone();
+        let config = Arc::new(ConfigSlot::new(config));
         let serve_and_report =
-            move |id, stream, peer| serve(id, stream, peer, slot.current(), tx.clone());
+            move |id, stream, peer, config| serve(id, stream, peer, config, tx.clone());
         let counts = Counts {
             cut: cut.clone(),
             open: open.clone(),
         };
-        let limit = {
-            let slot = config.clone();
-            move || {
-                slot.current()
-                    .limits()
-                    .max_connections
-                    .unwrap_or(usize::MAX)
-            }
-        };
         let task = tokio::spawn(accept_loop(
             acceptor,
             stopped,
-            limit,
+            config.clone(),
             counts,
             serve_and_report,
         ));
@@ -302,22 +307,25 @@ struct Counts {
     open: Arc<AtomicUsize>,
 }
 
-/// `max_connections` is asked again on every turn: a reload may change it.
-async fn accept_loop<F, Fut>(
+/// The connection limit is read again on every turn, and a reload wakes the loop: it may have
+/// changed.
+async fn accept_loop<C: ServiceConfig, F, Fut>(
     mut acceptor: Acceptor,
     mut stopped: oneshot::Receiver<Stop>,
-    max_connections: impl Fn() -> usize,
+    config: Arc<ConfigSlot<C>>,
     counts: Counts,
     mut serve: F,
 ) where
-    F: FnMut(u64, TcpStream, SocketAddr) -> Fut,
+    F: FnMut(u64, TcpStream, SocketAddr, Arc<C>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut next_id = 0u64;
     let mut conns = JoinSet::new();
     loop {
         counts.open.store(conns.len(), Ordering::Relaxed);
-        let room = conns.len() < max_connections();
+        let current = config.current();
+        let max = current.limits().max_connections.unwrap_or(usize::MAX);
+        let room = conns.len() < max;
         tokio::select! {
             stop = &mut stopped => {
                 // The listening socket closes here: new connections are refused from now on.
@@ -341,9 +349,11 @@ async fn accept_loop<F, Fut>(
             }
             // At the limit, new connections wait in the listen queue until one ends.
             (stream, peer) = acceptor.accept(), if room => {
-                conns.spawn(serve(next_id, stream, peer));
+                // The configuration as of now: a reload may have come while we waited.
+                conns.spawn(serve(next_id, stream, peer, config.current()));
                 next_id += 1;
             }
+            () = config.changed.notified() => {}
             Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
     }
