@@ -14,6 +14,7 @@ use common::{mbx, run_ok};
 /// and nginx serving as server.test and logging the X-Mbtls request header.
 struct Setup {
     dir: tempfile::TempDir,
+    pki: TestPki,
     server: PkiFiles,
     mbox: PkiFiles,
     nginx: Nginx,
@@ -21,7 +22,7 @@ struct Setup {
 
 /// A temporary directory with a test PKI's server (server.test) and middlebox (`middlebox`)
 /// files.
-fn pki_files(root: &str, middlebox: &str) -> (tempfile::TempDir, PkiFiles, PkiFiles) {
+fn pki_files(root: &str, middlebox: &str) -> (tempfile::TempDir, TestPki, PkiFiles, PkiFiles) {
     let dir = tempfile::tempdir().unwrap();
     let pki = TestPki::new(root).unwrap();
     let server = pki
@@ -34,18 +35,19 @@ fn pki_files(root: &str, middlebox: &str) -> (tempfile::TempDir, PkiFiles, PkiFi
         .unwrap()
         .write_to_named(dir.path(), "mbox")
         .unwrap();
-    (dir, server, mbox)
+    (dir, pki, server, mbox)
 }
 
 impl Setup {
     fn new(root: &str) -> Setup {
-        let (dir, server, mbox) = pki_files(root, "mb.test");
+        let (dir, pki, server, mbox) = pki_files(root, "mb.test");
         let nginx = Nginx::from_files(&server)
             .log_header("X-Mbtls")
             .start()
             .unwrap();
         Setup {
             dir,
+            pki,
             server,
             mbox,
             nginx,
@@ -60,6 +62,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         server,
         mbox,
         nginx,
+        ..
     } = Setup::new("mbx cli mbtls root");
 
     let child = mbx()
@@ -249,7 +252,7 @@ fn listening_addr(line: &str) -> String {
 #[test]
 fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     use std::ffi::OsStr;
-    let (dir, server, mbox) = pki_files("mbx cli mbtls server root", "mb2.test");
+    let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls server root", "mb2.test");
     let backend = echo_backend().to_string();
     let platform = dir.path().join("platform.key");
 
@@ -692,6 +695,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
         server,
         mbox,
         nginx,
+        ..
     } = Setup::new("mbx cli mbtls proxy root");
     let next_hop = nginx.addr().to_string();
     let (_mb, _mb_lines, head) = start(
@@ -867,6 +871,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     use std::ffi::OsStr;
     let Setup {
         dir,
+        pki,
         server,
         mbox,
         nginx,
@@ -943,4 +948,32 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         .unwrap();
     let next = lines.next().unwrap().unwrap();
     assert!(next.starts_with("connection "), "{next}");
+
+    // The certificate and key files are read again too: renewed in place with a certificate
+    // for another name, the middlebox is refused by a client that wants mb.test.
+    pki.issue(&LeafSpec::middlebox("other.test"))
+        .unwrap()
+        .write_to_named(dir.path(), "mbox")
+        .unwrap();
+    write_config("http-header:X-Mbtls:after", "");
+    hangup(&mut mb);
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("middlebox reloaded"));
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/fourth"])
+        .args(["--middlebox", &mb_addr, "--middlebox-name", "mb.test"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .arg("--policy")
+        .arg(&policy)
+        .env_remove("MBX_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("certificate"), "{err}");
+    assert!(!nginx.access_log().contains("/fourth"));
 }
