@@ -901,8 +901,8 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     // No evidence from this middlebox (attester none): the client's policy says so explicitly.
     let policy = dir.path().join("policy.toml");
     std::fs::write(&policy, "[attestation]\nrequired = false\n").unwrap();
-    let fetch = |path: &str| {
-        let out = mbx()
+    let try_fetch = |path: &str| {
+        mbx()
             .args(["mbtls", "client", &format!("https://server.test{path}")])
             .args(["--middlebox", &mb_addr, "--middlebox-name", "mb.test"])
             .arg("--server-ca")
@@ -911,7 +911,10 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
             .arg(&policy)
             .env_remove("MBX_CONFIG")
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let fetch = |path: &str| {
+        let out = try_fetch(path);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{text}");
     };
@@ -962,16 +965,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         .unwrap()
         .unwrap()
         .starts_with("middlebox reloaded"));
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/fourth"])
-        .args(["--middlebox", &mb_addr, "--middlebox-name", "mb.test"])
-        .arg("--server-ca")
-        .arg(&server.ca)
-        .arg("--policy")
-        .arg(&policy)
-        .env_remove("MBX_CONFIG")
-        .output()
-        .unwrap();
+    let out = try_fetch("/fourth");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("certificate"), "{err}");
