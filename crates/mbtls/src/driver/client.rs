@@ -7,7 +7,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::timeout;
 
 use super::outbox::Outbox;
-use super::quiet::{IdleTimeout, IdleTrim};
+use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf};
 use super::{keep_alive, DriverError, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
@@ -204,8 +204,7 @@ impl MbtlsClient {
         // Read buffers sized by the traffic, freed (with the core's) when the session idles.
         drop(buf);
         let (mut buf, mut local_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
-        let mut quiet = IdleTimeout::new(idle_timeout);
-        let mut idle = IdleTrim::new();
+        let mut activity = Activity::new(idle_timeout);
         let (mut up, mut down) = (0u64, 0u64);
         let mut local_open = true;
         let (mut to_path, mut to_local) = (Outbox::new(), Outbox::new());
@@ -240,8 +239,7 @@ impl MbtlsClient {
                     }
                     let r = session.hs.receive(buf.bytes.get(..n).unwrap_or_default());
                     buf.after_read(n);
-                    idle.read_now();
-                    quiet.active_now();
+                    activity.read_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_path.push(session.hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| session.events()) {
@@ -257,25 +255,24 @@ impl MbtlsClient {
                     } else {
                         up += n as u64;
                         local_buf.seal_read(n, |plain| session.hs.write(plain))?;
-                        idle.read_now();
-                        quiet.active_now();
+                        activity.read_now();
                     }
                 }
-                _ = idle.due(), if idle.pending() => {
-                    buf.release();
-                    local_buf.release();
-                    session.hs.release_idle_buffers();
-                }
+                due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
+                    Due::Trim => {
+                        buf.release();
+                        local_buf.release();
+                        session.hs.release_idle_buffers();
+                    }
+                    Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
+                },
                 w = to_path.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the middlebox"))?;
-                    quiet.active_now();
+                    activity.wrote_now();
                 }
                 w = to_local.write_some(&mut local_w), if want_l => {
                     w.map_err(DriverError::io("writing to the local connection"))?;
-                    quiet.active_now();
-                }
-                _ = quiet.expired(), if idle_timeout.is_some() => {
-                    return Err(DriverError::IdleTimeout(idle_timeout.unwrap_or_default()));
+                    activity.wrote_now();
                 }
                 else => return Err(DriverError::Relay("the proxy has nothing left to wait for".into())),
             }

@@ -13,7 +13,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::{Listening, ServiceConfig};
 use super::outbox::Outbox;
-use super::quiet::{IdleTimeout, IdleTrim};
+use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
 use super::{DriverError, Limits, CLOSE_GRACE};
 use crate::handshake::{
@@ -405,10 +405,9 @@ async fn relay(
     let (mut buf_c, mut buf_s) = (ReadBuf::new(READ_BUF_MAX), ReadBuf::new(READ_BUF_MAX));
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
-    // Gives memory back once nothing was read for IDLE_TRIM_AFTER.
-    let mut idle = IdleTrim::new();
-    // Closes a session that carries nothing for the idle timeout.
-    let mut quiet = IdleTimeout::new(cfg.limits.idle_timeout);
+    // Gives memory back once nothing was read for IDLE_TRIM_AFTER, and closes a session that
+    // carries nothing for the idle timeout.
+    let mut activity = Activity::new(cfg.limits.idle_timeout);
     // Closes a connection whose handshake stalls; disarmed once it is over.
     let handshake_deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(handshake_deadline);
@@ -419,7 +418,7 @@ async fn relay(
         if conn.finished() || (!open[0] && !open[1]) {
             break Ok(());
         }
-        let holding = idle.pending() || holds_memory(&buf_c, &buf_s, &conn);
+        let holding = activity.trim_pending() || holds_memory(&buf_c, &buf_s, &conn);
         let in_handshake = !conn.hs.keys_installed() && !conn.hs.is_passive();
         // What the client sends goes to the server, and the other way round.
         let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
@@ -429,14 +428,14 @@ async fn relay(
             r = read_into(&mut server_r, &mut buf_s), if open[1] && room_s => (Side::Server, r.map(|n| buf_s.bytes.get_mut(..n).unwrap_or_default())),
             w = conn.to_client.write_some(&mut client_w), if want_c => match w {
                 Ok(()) => {
-                    quiet.active_now();
+                    activity.wrote_now();
                     continue;
                 }
                 Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
             },
             w = conn.to_server.write_some(&mut server_w), if want_s => match w {
                 Ok(()) => {
-                    quiet.active_now();
+                    activity.wrote_now();
                     continue;
                 }
                 Err(_) => break Err(DriverError::PeerGone { peer: "server", when: "while we were writing to it" }),
@@ -449,18 +448,18 @@ async fn relay(
             _ = &mut handshake_deadline, if in_handshake => {
                 break Err(DriverError::HandshakeTimeout(cfg.limits.handshake_timeout));
             }
-            _ = quiet.expired(), if cfg.limits.idle_timeout.is_some() => {
-                break Err(DriverError::IdleTimeout(cfg.limits.idle_timeout.unwrap_or_default()));
-            }
-            _ = idle.due(), if holding => {
-                buf_c.release();
-                buf_s.release();
-                conn.to_client.trim_spares();
-                conn.to_server.trim_spares();
-                conn.hs.release_idle_buffers();
-                report.idle_trims += 1;
-                continue;
-            }
+            due = activity.due(holding), if holding || activity.has_timeout() => match due {
+                Due::Trim => {
+                    buf_c.release();
+                    buf_s.release();
+                    conn.to_client.trim_spares();
+                    conn.to_server.trim_spares();
+                    conn.hs.release_idle_buffers();
+                    report.idle_trims += 1;
+                    continue;
+                }
+                Due::IdleTimeout(after) => break Err(DriverError::IdleTimeout(after)),
+            },
             else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
         };
         // A reset counts as the peer disappearing, like EOF without close_notify.
@@ -499,8 +498,7 @@ async fn relay(
             conn.outbox(from.other()).trim_spares();
         }
         // Each read puts the idle trim and the idle timeout off.
-        idle.read_now();
-        quiet.active_now();
+        activity.read_now();
         conn.events(report);
         // Alerts the core queued go out even when it failed.
         conn.push();

@@ -53,66 +53,87 @@ impl QuietTimer {
     }
 }
 
-/// When a connection has read nothing for [`IDLE_TRIM_AFTER`].
-pub(crate) struct IdleTrim {
-    quiet: QuietTimer,
-    /// The trim ran and nothing was read since.
-    trimmed: bool,
+/// What a quiet period brought: the idle trim is due, or the session was idle for its whole
+/// timeout.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Nothing was read for [`IDLE_TRIM_AFTER`]: give memory back.
+    Trim,
+    /// Nothing was read or written for the session's idle timeout (given): close it.
+    IdleTimeout(Duration),
 }
 
-impl IdleTrim {
-    pub(crate) fn new() -> IdleTrim {
-        IdleTrim {
-            quiet: QuietTimer::new(IDLE_TRIM_AFTER),
+/// A connection's two quiet-period timers: the idle trim, put off by reads, and the idle
+/// timeout (if any), put off by reads and writes. A read notes the time once for both.
+pub(crate) struct Activity {
+    trim: QuietTimer,
+    /// The trim ran and nothing was read since.
+    trimmed: bool,
+    timeout: Option<QuietTimer>,
+}
+
+impl Activity {
+    pub(crate) fn new(idle_timeout: Option<Duration>) -> Activity {
+        Activity {
+            trim: QuietTimer::new(IDLE_TRIM_AFTER),
             trimmed: false,
+            timeout: idle_timeout.map(QuietTimer::new),
         }
     }
 
-    /// Something was read: the trim is put off.
+    /// Bytes were read: both the trim and the idle timeout are put off.
     pub(crate) fn read_now(&mut self) {
-        self.quiet.note();
+        let now = Instant::now();
+        self.trim.last = now;
         self.trimmed = false;
+        if let Some(t) = &mut self.timeout {
+            t.last = now;
+        }
+    }
+
+    /// Bytes were written: the session is not idle (the trim waits for reads only).
+    pub(crate) fn wrote_now(&mut self) {
+        if let Some(t) = &mut self.timeout {
+            t.note();
+        }
     }
 
     /// No trim ran since the last read (or since the start): one is due after the next quiet
     /// period, whatever the buffers hold (the core's may have grown with the handshake).
-    pub(crate) fn pending(&self) -> bool {
+    pub(crate) fn trim_pending(&self) -> bool {
         !self.trimmed
     }
 
-    /// Returns once nothing was read for [`IDLE_TRIM_AFTER`]; the caller then trims, and memory
-    /// held again later (e.g. chunks back from writes) waits a full period. Cancel safe.
-    pub(crate) async fn due(&mut self) {
-        self.quiet.quiet().await;
-        self.trimmed = true;
-    }
-}
-
-/// Closes a session that carried nothing, either way, for its idle timeout (never without one).
-pub(crate) struct IdleTimeout {
-    quiet: Option<QuietTimer>,
-}
-
-impl IdleTimeout {
-    pub(crate) fn new(idle: Option<Duration>) -> IdleTimeout {
-        IdleTimeout {
-            quiet: idle.map(QuietTimer::new),
-        }
+    /// Whether there is an idle timeout to wait for.
+    pub(crate) fn has_timeout(&self) -> bool {
+        self.timeout.is_some()
     }
 
-    /// Bytes were read or written: the session is not idle.
-    pub(crate) fn active_now(&mut self) {
-        if let Some(q) = &mut self.quiet {
-            q.note();
-        }
-    }
-
-    /// Returns once the session was idle for the whole timeout; never without a timeout.
-    /// Cancel safe.
-    pub(crate) async fn expired(&mut self) {
-        match &mut self.quiet {
-            Some(q) => q.quiet().await,
-            None => std::future::pending().await,
+    /// The next of the two (the trim only when `trim` says the caller has memory to give
+    /// back). After a trim, memory held again later (e.g. chunks back from writes) waits a
+    /// full period. Cancel safe. With neither to wait for it never returns: guard the branch
+    /// with `trim || has_timeout()`.
+    pub(crate) async fn due(&mut self, trim: bool) -> Due {
+        let Activity {
+            trim: trim_timer,
+            trimmed,
+            timeout,
+        } = self;
+        let idle = async {
+            match timeout {
+                Some(t) => {
+                    t.quiet().await;
+                    t.period
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = trim_timer.quiet(), if trim => {
+                *trimmed = true;
+                Due::Trim
+            }
+            period = idle => Due::IdleTimeout(period),
         }
     }
 }
@@ -124,7 +145,7 @@ mod tests {
     /// The trim comes after a quiet period, not while reads keep arriving (paused clock).
     #[tokio::test(start_paused = true)]
     async fn the_idle_trim_waits_for_a_quiet_period() {
-        let mut idle = IdleTrim::new();
+        let mut idle = Activity::new(None);
         let start = Instant::now();
         for _ in 0..5 {
             tokio::time::sleep(IDLE_TRIM_AFTER / 2).await;
@@ -133,10 +154,10 @@ mod tests {
         // The last read was 2.5 periods in; the trim comes one period after it, the next one a
         // period later (the paused clock moves only to timers, so the bounds are tight).
         let last_read = IDLE_TRIM_AFTER * 5 / 2;
-        assert!(idle.pending());
+        assert!(idle.trim_pending());
         for periods in [1, 2] {
-            idle.due().await;
-            assert!(!idle.pending(), "trimmed, nothing read since");
+            assert_eq!(idle.due(true).await, Due::Trim);
+            assert!(!idle.trim_pending(), "trimmed, nothing read since");
             let at = Instant::now() - start;
             assert!(at >= last_read + IDLE_TRIM_AFTER * periods, "{at:?}");
             assert!(
@@ -146,7 +167,7 @@ mod tests {
         }
         idle.read_now();
         assert!(
-            idle.pending(),
+            idle.trim_pending(),
             "a read makes the next quiet period trim again"
         );
     }
@@ -156,16 +177,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_idle_timeout_counts_from_the_last_activity() {
         let period = Duration::from_secs(10);
-        let mut idle = IdleTimeout::new(Some(period));
+        let mut idle = Activity::new(Some(period));
         let start = Instant::now();
         for _ in 0..4 {
             tokio::time::sleep(period * 3 / 4).await;
-            idle.active_now();
+            idle.wrote_now();
         }
-        idle.expired().await;
+        assert_eq!(idle.due(false).await, Due::IdleTimeout(period));
         assert_eq!(Instant::now() - start, period * 3 + period);
-        let mut never = IdleTimeout::new(None);
-        let waited = tokio::time::timeout(period * 100, never.expired()).await;
+        let mut never = Activity::new(None);
+        let waited = tokio::time::timeout(period * 100, never.due(false)).await;
         assert!(waited.is_err(), "no timeout, no expiry");
     }
 }

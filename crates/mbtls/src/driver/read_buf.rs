@@ -1,7 +1,7 @@
 //! Socket read buffers sized by their traffic: a connection carrying bulk data reads up to its
 //! maximum at once (128 KiB at a middlebox, 32 KiB at an endpoint), one carrying small messages
 //! keeps 16 KiB, and an idle one holds no read buffer at all (freed by the idle trim,
-//! [`IdleTrim`](super::quiet::IdleTrim); used by the middlebox, the server and the client proxy).
+//! [`Activity`](super::quiet::Activity); used by the middlebox, the server and the client proxy).
 
 use mbx_record::wipe;
 use tokio::io::AsyncReadExt;

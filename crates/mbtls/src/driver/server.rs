@@ -12,7 +12,7 @@ use tokio::time::timeout;
 use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::outbox::Outbox;
-use super::quiet::{IdleTimeout, IdleTrim};
+use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf};
 use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
 use crate::endpoint::EndpointEvent;
@@ -169,8 +169,7 @@ impl Session {
         // handshake read with), which an idle session frees.
         drop(buf);
         let (mut buf, mut backend_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
-        let mut idle = IdleTrim::new();
-        let mut quiet = IdleTimeout::new(cfg.limits.idle_timeout);
+        let mut activity = Activity::new(cfg.limits.idle_timeout);
         let mut backend_open = true;
         let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
         loop {
@@ -210,8 +209,7 @@ impl Session {
                     }
                     let r = hs.receive(buf.bytes.get(..n).unwrap_or_default());
                     buf.after_read(n);
-                    idle.read_now();
-                    quiet.active_now();
+                    activity.read_now();
                     // Whatever the core queued (e.g. an alert) goes out before the error.
                     to_prev.push(hs.take_outgoing());
                     if let Err(e) = r.map_err(DriverError::from).and_then(|()| self.events(&mut hs)) {
@@ -227,27 +225,26 @@ impl Session {
                     } else {
                         self.report.bytes_from_backend += n as u64;
                         backend_buf.seal_read(n, |plain| hs.write(plain))?;
-                        idle.read_now();
-                        quiet.active_now();
+                        activity.read_now();
                     }
                 }
-                _ = idle.due(), if idle.pending() => {
-                    buf.release();
-                    backend_buf.release();
-                    hs.release_idle_buffers();
-                    self.report.idle_trims += 1;
-                }
+                due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
+                    Due::Trim => {
+                        buf.release();
+                        backend_buf.release();
+                        hs.release_idle_buffers();
+                        self.report.idle_trims += 1;
+                    }
+                    // Closed without close_notify: the backend did not end its stream.
+                    Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
+                },
                 w = to_prev.write_some(&mut stream_w), if want_p => {
                     w.map_err(DriverError::io("writing to the previous hop"))?;
-                    quiet.active_now();
+                    activity.wrote_now();
                 }
                 w = to_backend.write_some(&mut backend_w), if want_b => {
                     w.map_err(DriverError::io("writing to the backend"))?;
-                    quiet.active_now();
-                }
-                // Closed without close_notify: the backend did not end its stream.
-                _ = quiet.expired(), if cfg.limits.idle_timeout.is_some() => {
-                    return Err(DriverError::IdleTimeout(cfg.limits.idle_timeout.unwrap_or_default()));
+                    activity.wrote_now();
                 }
                 else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
             }
