@@ -287,10 +287,7 @@ fn keyserver(
                             Ok(()) => crate::subcommand::print_line("key server reloaded"),
                             Err(e) => eprintln!("mbx: reload failed, configuration unchanged: {e}"),
                         },
-                        Err(e) => {
-                            tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
-                            eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
-                        }
+                        Err(e) => crate::subcommand::reload_failed(&e),
                     }
                 }
             }

@@ -116,50 +116,7 @@ struct ServerFlags {
     #[arg(long)]
     tls: Option<String>,
     #[command(flatten, next_help_heading = "Service")]
-    service: ServiceFlags,
-}
-
-/// What a middlebox and a server share as long-running services.
-#[derive(clap::Args, Debug, Clone)]
-struct ServiceFlags {
-    /// Close a connection whose mbTLS handshake has not finished this many seconds after it
-    /// was accepted (default 60, as nginx's ssl_handshake_timeout).
-    #[arg(long)]
-    handshake_timeout_secs: Option<u64>,
-    /// Close an established session that carried nothing either way for this many seconds
-    /// (default 600, as nginx's stream proxy_timeout; 0: never).
-    #[arg(long)]
-    idle_timeout_secs: Option<u64>,
-    /// Serve at most this many connections at once; more wait in the listen queue (default:
-    /// what the open-files limit allows, two descriptors per connection).
-    #[arg(long)]
-    max_connections: Option<u64>,
-    /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
-    /// end before cutting them (default 10; a second signal stops at once).
-    #[arg(long)]
-    drain_secs: Option<u64>,
-}
-
-impl ServiceFlags {
-    /// The first flag given, if any.
-    fn first_given(&self) -> Option<&'static str> {
-        [
-            ("--handshake-timeout-secs", self.handshake_timeout_secs),
-            ("--idle-timeout-secs", self.idle_timeout_secs),
-            ("--max-connections", self.max_connections),
-            ("--drain-secs", self.drain_secs),
-        ]
-        .into_iter()
-        .find_map(|(flag, v)| v.map(|_| flag))
-    }
-
-    /// The flags given override the config file's keys.
-    fn merge_into(&self, table: &mut toml::Table) -> anyhow::Result<()> {
-        set_secs(table, "handshake_timeout_secs", self.handshake_timeout_secs)?;
-        set_secs(table, "idle_timeout_secs", self.idle_timeout_secs)?;
-        set_secs(table, "max_connections", self.max_connections)?;
-        set_secs(table, "drain_secs", self.drain_secs)
-    }
+    service: Service,
 }
 
 #[derive(clap::Args, Debug)]
@@ -219,7 +176,7 @@ struct ClientFlags {
     proxy: Option<String>,
     /// As a proxy: its limits and its stop.
     #[command(flatten, next_help_heading = "As a proxy (--proxy only)")]
-    service: ServiceFlags,
+    service: Service,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -250,7 +207,7 @@ struct MiddleboxFlags {
     #[arg(long)]
     server_side: bool,
     #[command(flatten, next_help_heading = "Service")]
-    service: ServiceFlags,
+    service: Service,
 }
 
 /// `[mbtls]` in the config file; each table is checked after the flags are merged into it.
@@ -296,7 +253,7 @@ struct ClientSettings {
     timeout_secs: Option<u64>,
     /// As a proxy (`--proxy`) only.
     #[serde(skip)]
-    service: ServiceSettings,
+    service: Service,
 }
 
 #[derive(Debug, Deserialize)]
@@ -316,7 +273,7 @@ struct MiddleboxSettings {
     #[serde(default = "default_side")]
     side: String,
     #[serde(skip)]
-    service: ServiceSettings,
+    service: Service,
 }
 
 #[derive(Debug, Deserialize)]
@@ -345,26 +302,35 @@ struct ServerSettings {
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
     #[serde(skip)]
-    service: ServiceSettings,
+    service: Service,
 }
 
-/// The keys a middlebox, a server and a client proxy share as services. They are taken out of
-/// the merged table before the rest is read (serde's `flatten` and `deny_unknown_fields` do not
-/// work together), so each settings struct holds them once.
-#[derive(Debug, Default, Deserialize)]
+/// What a middlebox, a server and a client proxy share as long-running services: the same
+/// fields are their flags and their config-file keys. The keys are taken out of the merged table
+/// before the rest is read (serde's `flatten` and `deny_unknown_fields` do not work together),
+/// so each settings struct holds them once.
+#[derive(clap::Args, Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ServiceSettings {
-    /// Seconds a connection may take to finish its handshake (default 60).
+struct Service {
+    /// Close a connection whose mbTLS handshake has not finished this many seconds after it
+    /// was accepted (default 60, as nginx's ssl_handshake_timeout).
+    #[arg(long)]
     handshake_timeout_secs: Option<u64>,
-    /// Seconds an established session may carry nothing (default 600; 0: never).
+    /// Close an established session that carried nothing either way for this many seconds
+    /// (default 600, as nginx's stream proxy_timeout; 0: never).
+    #[arg(long)]
     idle_timeout_secs: Option<u64>,
-    /// Connections served at once (default: what the open-files limit allows).
+    /// Serve at most this many connections at once; more wait in the listen queue (default:
+    /// what the open-files limit allows, two descriptors per connection).
+    #[arg(long)]
     max_connections: Option<u64>,
-    /// Seconds open connections get to end after Ctrl-C or SIGTERM (default 10).
+    /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
+    /// end before cutting them (default 10; a second signal stops at once).
+    #[arg(long)]
     drain_secs: Option<u64>,
 }
 
-impl ServiceSettings {
+impl Service {
     const KEYS: [&'static str; 4] = [
         "handshake_timeout_secs",
         "idle_timeout_secs",
@@ -372,15 +338,39 @@ impl ServiceSettings {
         "drain_secs",
     ];
 
-    /// Takes the service keys out of `table` (the config file's, with the flags merged in).
-    fn take_from(table: &mut toml::Table) -> anyhow::Result<ServiceSettings> {
+    /// The values, in the order of [`Self::KEYS`].
+    fn values(&self) -> [Option<u64>; 4] {
+        [
+            self.handshake_timeout_secs,
+            self.idle_timeout_secs,
+            self.max_connections,
+            self.drain_secs,
+        ]
+    }
+
+    /// The first one given, as its flag.
+    fn first_flag_given(&self) -> Option<String> {
+        Self::KEYS
+            .iter()
+            .zip(self.values())
+            .find_map(|(key, v)| v.map(|_| format!("--{}", key.replace('_', "-"))))
+    }
+
+    /// Takes the service keys out of `table` (a config-file section); the flags given win.
+    fn take_from(table: &mut toml::Table, flags: &Service) -> anyhow::Result<Service> {
         let mine: toml::Table = Self::KEYS
             .iter()
             .filter_map(|&key| Some((key.to_string(), table.remove(key)?)))
             .collect();
-        ServiceSettings::deserialize(toml::Value::Table(mine)).context(
+        let file = Service::deserialize(toml::Value::Table(mine)).context(
             "invalid service settings (handshake_timeout_secs, idle_timeout_secs, max_connections, drain_secs)",
-        )
+        )?;
+        Ok(Service {
+            handshake_timeout_secs: flags.handshake_timeout_secs.or(file.handshake_timeout_secs),
+            idle_timeout_secs: flags.idle_timeout_secs.or(file.idle_timeout_secs),
+            max_connections: flags.max_connections.or(file.max_connections),
+            drain_secs: flags.drain_secs.or(file.drain_secs),
+        })
     }
 
     /// The driver's limits (defaults for what was not given).
@@ -468,6 +458,19 @@ fn fp(h: &HopFingerprint) -> String {
         fingerprint_hex(&h.c2s),
         fingerprint_hex(&h.s2c)
     )
+}
+
+/// A session's hops in a report line.
+fn hops_text(hops: &[HopFingerprint]) -> String {
+    hops.iter().map(fp).collect::<Vec<_>>().join(" | ")
+}
+
+/// How a connection ended, as a report line ends.
+fn outcome_text(outcome: &Result<(), String>) -> String {
+    match outcome {
+        Ok(()) => "; closed cleanly".into(),
+        Err(e) => format!("; ended with error: {e}"),
+    }
 }
 
 /// `https://host[:port]/path` → (host, host header, path).
@@ -596,11 +599,10 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
     set_secs(&mut table, "timeout_secs", flags.timeout_secs)?;
     // The config file's service keys serve the proxy and are ignored when fetching (one file
     // may serve both); the flags make no sense without --proxy.
-    if let (None, Some(flag)) = (&flags.proxy, flags.service.first_given()) {
+    if let (None, Some(flag)) = (&flags.proxy, flags.service.first_flag_given()) {
         bail!("{flag} applies to the client as a proxy (--proxy) only");
     }
-    flags.service.merge_into(&mut table)?;
-    let service = ServiceSettings::take_from(&mut table)?;
+    let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = ClientSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
     s.service = service;
@@ -950,8 +952,7 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
-    flags.service.merge_into(&mut table)?;
-    let service = ServiceSettings::take_from(&mut table)?;
+    let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
     s.service = service;
@@ -1029,10 +1030,7 @@ fn print_report(r: &ConnectionReport) {
         "; {} bytes from the client, {} from the server",
         r.bytes_from_client, r.bytes_from_server
     ));
-    match &r.outcome {
-        Ok(()) => line.push_str("; closed cleanly"),
-        Err(e) => line.push_str(&format!("; ended with error: {e}")),
-    }
+    line.push_str(&outcome_text(&r.outcome));
     print_line(&line);
 }
 
@@ -1097,32 +1095,31 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     reload: Option<&dyn Fn() -> anyhow::Result<C>>,
 ) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
+    // SIGHUP and what it runs, only where there is something to reload.
     let mut hangup = match reload {
-        Some(_) => Some(
+        Some(reload) => Some((
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .context("cannot handle SIGHUP")?,
-        ),
+            reload,
+        )),
         None => None,
     };
     loop {
         tokio::select! {
-            Some(()) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => {
-                let Some(reload) = reload else { continue };
-                match reload() {
-                    Ok(cfg) => {
-                        let limits = *cfg.limits();
-                        server.reload(cfg);
-                        print_line(format!(
-                            "{who} reloaded: new {what} get the new configuration; {}",
-                            limits_line(&limits, what)
-                        ));
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
-                        eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
-                    }
+            Some(reload) = async {
+                let (signal, reload) = hangup.as_mut()?;
+                signal.recv().await.map(|()| *reload)
+            }, if hangup.is_some() => match reload() {
+                Ok(cfg) => {
+                    let limits = *cfg.limits();
+                    server.reload(cfg);
+                    print_line(format!(
+                        "{who} reloaded: new {what} get the new configuration; {}",
+                        limits_line(&limits, what)
+                    ));
                 }
-            }
+                Err(e) => crate::subcommand::reload_failed(&e),
+            },
             r = stop.next() => {
                 r?;
                 if stop.count > 1 {
@@ -1192,7 +1189,6 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
-    flags.service.merge_into(&mut table)?;
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
@@ -1214,7 +1210,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
             }
         }
     }
-    let service = ServiceSettings::take_from(&mut table)?;
+    let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = ServerSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS server configuration ([mbtls.server] and flags)")?;
     s.service = service;
@@ -1369,8 +1365,7 @@ fn print_server_report(r: &ServerConnectionReport) {
     let mut line = format!("session {} from {from}: ", r.id);
     if let Some(sum) = &r.summary {
         line.push_str(version_name(sum.version));
-        let hops: Vec<String> = sum.hops.iter().map(fp).collect();
-        line.push_str(&format!("; hops {}", hops.join(" | ")));
+        line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
     }
     match &r.verdict {
         MiddleboxVerdict::Verified(Some(c)) => line.push_str(&format!(
@@ -1386,10 +1381,7 @@ fn print_server_report(r: &ServerConnectionReport) {
         "; {} bytes to the backend, {} back",
         r.bytes_to_backend, r.bytes_from_backend
     ));
-    match &r.outcome {
-        Ok(()) => line.push_str("; closed cleanly"),
-        Err(e) => line.push_str(&format!("; ended with error: {e}")),
-    }
+    line.push_str(&outcome_text(&r.outcome));
     print_line(&line);
 }
 
@@ -1432,19 +1424,19 @@ fn print_proxy_report(r: &ProxyReport) {
         .as_ref()
         .map(|s| match s.hops.as_slice() {
             [] => "kept in OpenSSL".to_string(),
-            hops => hops.iter().map(fp).collect::<Vec<_>>().join(" | "),
+            hops => hops_text(hops),
         })
         .unwrap_or_default();
     let line = match (&r.outcome, r.connected) {
-        (Ok(()), _) => format!(
-            "connection {} from {peer}: {} bytes up, {} down; hops {hops}; closed cleanly",
-            r.id, r.bytes_up, r.bytes_down
-        ),
-        (Err(e), true) => format!(
-            "connection {} from {peer}: hops {hops}; ended with error: {e}",
-            r.id
-        ),
         (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
+        (outcome, _) => {
+            let bytes = match outcome {
+                Ok(()) => format!("{} bytes up, {} down; ", r.bytes_up, r.bytes_down),
+                Err(_) => String::new(),
+            };
+            let end = outcome_text(outcome);
+            format!("connection {} from {peer}: {bytes}hops {hops}{end}", r.id)
+        }
     };
     print_line(&line);
 }

@@ -59,6 +59,13 @@ pub fn exit_quietly_when_stdout_closes() {
 
 /// One line of a long-running command's report on stdout. A closed stdout (its reader went
 /// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
+/// A SIGHUP whose configuration did not build: the running one stays, and the operator is told
+/// why, on standard error and in the log.
+pub fn reload_failed(e: &anyhow::Error) {
+    tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
+    eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
+}
+
 pub fn print_line(line: impl std::fmt::Display) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout().lock(), "{line}");
