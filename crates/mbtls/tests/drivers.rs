@@ -721,16 +721,10 @@ async fn unread_reports_are_bounded_and_counted() {
 
 /// Reads until the peer closes (EOF or reset); fails the test if it never does.
 async fn until_closed(sock: &mut TcpStream) {
-    let mut buf = [0u8; 256];
-    timeout(BOUND, async {
-        while let Ok(n) = sock.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
-    })
-    .await
-    .expect("the middlebox never closed the connection");
+    assert!(
+        mbx_testbed::wait::closed_by_peer(sock, BOUND).await,
+        "the middlebox never closed the connection"
+    );
 }
 
 /// A peer that connects and then sends nothing, or stops in the middle of its ClientHello,

@@ -569,16 +569,10 @@ async fn an_mbtls_server_closes_a_stalled_handshake() {
             .await
             .unwrap();
         peer.write_all(sent).await.unwrap();
-        let mut buf = [0u8; 256];
-        timeout(BOUND, async {
-            while let Ok(n) = peer.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-        })
-        .await
-        .expect("the server never closed the connection");
+        assert!(
+            mbx_testbed::wait::closed_by_peer(&mut peer, BOUND).await,
+            "the server never closed the connection"
+        );
         let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
         let why = report.outcome.clone().unwrap_err();
         assert!(why.contains("did not finish within"), "{report:?}");

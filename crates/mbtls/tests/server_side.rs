@@ -430,36 +430,43 @@ fn client_kept_in_openssl_through_a_server_side_middlebox_both_versions() {
 /// middlebox, whose far hop is then this session.
 #[test]
 fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions() {
-    let s = Setup::new();
+    each_request_to_a_discovering_server(&Setup::new(), |what, behind_mb1, path| {
+        let expected: &[u8] = if behind_mb1 {
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\n\r\n"
+        } else {
+            REQUEST
+        };
+        assert_eq!(path.last().read(), expected, "{what}");
+        path.last().write(b"response");
+        path.pump();
+        path.assert_no_errors();
+        let answer = path.first().read();
+        assert!(answer.eq_ignore_ascii_case(b"response"), "{what}");
+        assert!(server_events(path.server()).contains(&ClientHandshakeEvent::Direct));
+        let summary = path.server().summary().unwrap();
+        assert!(
+            summary.hops.is_empty() && !summary.middlebox_joined,
+            "{what}"
+        );
+    });
+}
+
+/// For each version, from a legacy client and from an mbTLS client through the client-side
+/// middlebox mb1 (`behind_mb1`), to a server that discovers middleboxes (approving any) and to
+/// which none announced itself: `check(what, behind_mb1, path)` once the client's REQUEST is
+/// through, without errors.
+fn each_request_to_a_discovering_server(s: &Setup, mut check: impl FnMut(&str, bool, &mut Path)) {
     let approve: Approver = Arc::new(|_: &[Vec<u8>]| true);
     for version in VERSIONS {
-        for behind_a_client_side_middlebox in [false, true] {
+        for behind_mb1 in [false, true] {
             let server =
                 Node::Server(s.server(version, ServerMiddlebox::Discover(approve.clone())));
-            let mut path =
-                legacy_or_behind_mb1(&s, version, behind_a_client_side_middlebox, server);
+            let mut path = legacy_or_behind_mb1(s, version, behind_mb1, server);
             path.first().write(REQUEST);
             path.pump();
             path.assert_no_errors();
-            let what =
-                format!("{version:?}, client-side middlebox: {behind_a_client_side_middlebox}");
-            let expected: &[u8] = if behind_a_client_side_middlebox {
-                b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\n\r\n"
-            } else {
-                REQUEST
-            };
-            assert_eq!(path.last().read(), expected, "{what}");
-            path.last().write(b"response");
-            path.pump();
-            path.assert_no_errors();
-            let answer = path.first().read();
-            assert!(answer.eq_ignore_ascii_case(b"response"), "{what}");
-            assert!(server_events(path.server()).contains(&ClientHandshakeEvent::Direct));
-            let summary = path.server().summary().unwrap();
-            assert!(
-                summary.hops.is_empty() && !summary.middlebox_joined,
-                "{what}"
-            );
+            let what = format!("{version:?}, client-side middlebox: {behind_mb1}");
+            check(&what, behind_mb1, &mut path);
         }
     }
 }
@@ -1567,54 +1574,41 @@ mod arbitrary_input {
 /// in two with a release between the halves still arrives whole, and the session goes on.
 #[test]
 fn an_idle_release_at_the_server_keeps_an_incomplete_record_both_versions() {
-    let s = Setup::new();
-    let approve: Approver = Arc::new(|_: &[Vec<u8>]| true);
-    for version in VERSIONS {
-        for behind_a_client_side_middlebox in [false, true] {
-            let what =
-                format!("{version:?}, client-side middlebox: {behind_a_client_side_middlebox}");
-            let server =
-                Node::Server(s.server(version, ServerMiddlebox::Discover(approve.clone())));
-            let mut path =
-                legacy_or_behind_mb1(&s, version, behind_a_client_side_middlebox, server);
-            path.first().write(REQUEST);
-            path.pump();
-            path.assert_no_errors();
-            assert!(!path.last().read().is_empty(), "{what}");
-            path.server().release_idle_buffers();
-            // The request crosses every link but the last as usual; the last gets it in two.
-            path.first().write(REQUEST);
-            let last = path.nodes.len() - 1;
-            let mut bytes = Vec::new();
-            for _ in 0..4 {
-                for i in 0..last {
-                    let fwd = path.nodes[i].take_outgoing(Side::Server);
-                    if i + 1 == last {
-                        bytes.extend(fwd);
-                    } else {
-                        path.deliver(i + 1, Side::Client, &fwd);
-                    }
+    each_request_to_a_discovering_server(&Setup::new(), |what, _, path| {
+        assert!(!path.last().read().is_empty(), "{what}");
+        path.server().release_idle_buffers();
+        // The request crosses every link but the last as usual; the last gets it in two.
+        path.first().write(REQUEST);
+        let last = path.nodes.len() - 1;
+        let mut bytes = Vec::new();
+        for _ in 0..4 {
+            for i in 0..last {
+                let fwd = path.nodes[i].take_outgoing(Side::Server);
+                if i + 1 == last {
+                    bytes.extend(fwd);
+                } else {
+                    path.deliver(i + 1, Side::Client, &fwd);
                 }
             }
-            assert!(bytes.len() > 10, "{what}: {} bytes", bytes.len());
-            let (head, tail) = bytes.split_at(bytes.len() / 2);
-            path.deliver(last, Side::Client, head);
-            path.server().release_idle_buffers();
-            path.deliver(last, Side::Client, tail);
-            path.pump();
-            path.assert_no_errors();
-            let got = path.last().read();
-            assert!(
-                got.ends_with(b"\r\n\r\n") && got.starts_with(b"GET / "),
-                "{what}"
-            );
-            path.last().write(b"response");
-            path.pump();
-            path.assert_no_errors();
-            assert!(
-                path.first().read().eq_ignore_ascii_case(b"response"),
-                "{what}"
-            );
         }
-    }
+        assert!(bytes.len() > 10, "{what}: {} bytes", bytes.len());
+        let (head, tail) = bytes.split_at(bytes.len() / 2);
+        path.deliver(last, Side::Client, head);
+        path.server().release_idle_buffers();
+        path.deliver(last, Side::Client, tail);
+        path.pump();
+        path.assert_no_errors();
+        let got = path.last().read();
+        assert!(
+            got.ends_with(b"\r\n\r\n") && got.starts_with(b"GET / "),
+            "{what}"
+        );
+        path.last().write(b"response");
+        path.pump();
+        path.assert_no_errors();
+        assert!(
+            path.first().read().eq_ignore_ascii_case(b"response"),
+            "{what}"
+        );
+    });
 }

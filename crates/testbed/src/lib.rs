@@ -9,6 +9,8 @@
 //! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`) and run
 //!   them as child processes that are killed on drop.
 //!
+//! * [`wait`]: waiting in a test for a peer to close a socket.
+//!
 //! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
 //!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
 //!
@@ -22,6 +24,7 @@ pub mod pki;
 pub mod relay;
 pub mod residue;
 pub mod tcp_table;
+pub mod wait;
 
 pub use netns::{Host, Topology};
 pub use peers::{
