@@ -893,7 +893,7 @@ fn middlebox(
     } = middlebox_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MiddleboxServerConfig> {
         let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
-        warn_if_moved(&s.listen, &setup.s.listen);
+        same_listener(&s.listen, &setup.s.listen)?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
@@ -927,13 +927,13 @@ fn reread(
     }
 }
 
-/// A reload cannot move the listener; say so when the configuration asks for it.
-fn warn_if_moved(listening: &str, asked: &str) {
+/// A reload cannot move the listener: a configuration that asks for it is refused whole, rather
+/// than applied in part.
+fn same_listener(listening: &str, asked: &str) -> anyhow::Result<()> {
     if listening != asked {
-        eprintln!(
-            "mbx: still listening on {listening}: a reload does not move the listener to {asked}"
-        );
+        bail!("a reload cannot move the listener from {listening} to {asked}; restart to move it");
     }
+    Ok(())
 }
 
 fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<MiddleboxSetup> {
@@ -1251,7 +1251,7 @@ fn server(
     let ServerSetup { cfg, s, described } = server_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
         let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
-        warn_if_moved(&s.listen, &setup.s.listen);
+        same_listener(&s.listen, &setup.s.listen)?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;

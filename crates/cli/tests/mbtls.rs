@@ -10,6 +10,13 @@ use mbx_testbed::{LeafSpec, Nginx, PkiFiles, TestPki};
 mod common;
 use common::{mbx, run_ok};
 
+/// Whether one line of nginx's access log `log` is the request for `path` and carries every one
+/// of `fields` (the whole log would also match fields logged for an earlier request).
+fn logged(log: &str, path: &str, fields: &[&str]) -> bool {
+    log.lines()
+        .any(|line| line.contains(path) && fields.iter().all(|f| line.contains(f)))
+}
+
 /// A temporary directory with a test PKI's server (server.test) and middlebox (mb.test) files,
 /// and nginx serving as server.test and logging the X-Mbtls request header.
 struct Setup {
@@ -501,11 +508,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
             "{text}"
         );
         nginx
-            .wait_access_log(|l| {
-                l.contains(path)
-                    && l.contains("x-mb0=\"mb0.test\"")
-                    && l.contains("x-mb1=\"mb1.test\"")
-            })
+            .wait_access_log(|l| logged(l, path, &["x-mb0=\"mb0.test\"", "x-mb1=\"mb1.test\""]))
             .unwrap();
     };
     let platform = dir.path().join("platform.key");
@@ -681,9 +684,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
     nginx
-        .wait_access_log(|l| {
-            l.contains("/nearest-refused") && l.contains("x-mb0=\"-\" x-mb1=\"mb1.test\"")
-        })
+        .wait_access_log(|l| logged(l, "/nearest-refused", &["x-mb0=\"-\" x-mb1=\"mb1.test\""]))
         .unwrap();
 }
 
@@ -924,7 +925,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     };
     fetch("/first");
     nginx
-        .wait_access_log(|l| l.contains("/first") && l.contains("x-mbtls=\"before\""))
+        .wait_access_log(|l| logged(l, "/first", &["x-mbtls=\"before\""]))
         .unwrap();
     assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
 
@@ -938,16 +939,32 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     );
     fetch("/second");
     nginx
-        .wait_access_log(|l| l.contains("/second") && l.contains("x-mbtls=\"after\""))
+        .wait_access_log(|l| logged(l, "/second", &["x-mbtls=\"after\""]))
         .unwrap();
     assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
 
-    // A file that no longer loads: the middlebox keeps serving with what it had.
+    // A file that no longer loads, or one that would move the listener: the middlebox keeps
+    // serving with what it had.
     write_config("no-such-app", "");
     hangup(&mut mb);
     fetch("/third");
     nginx
-        .wait_access_log(|l| l.contains("/third") && l.contains("x-mbtls=\"after\""))
+        .wait_access_log(|l| logged(l, "/third", &["x-mbtls=\"after\""]))
+        .unwrap();
+    let next = lines.next().unwrap().unwrap();
+    assert!(next.starts_with("connection "), "{next}");
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("127.0.0.1:0", "127.0.0.1:1")
+            .replace("no-such-app", "http-header:X-Mbtls:moved"),
+    )
+    .unwrap();
+    hangup(&mut mb);
+    fetch("/moved");
+    nginx
+        .wait_access_log(|l| logged(l, "/moved", &["x-mbtls=\"after\""]))
         .unwrap();
     let next = lines.next().unwrap().unwrap();
     assert!(next.starts_with("connection "), "{next}");
