@@ -680,7 +680,8 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         ),
         middlebox,
         policy,
-        now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
+        // Replaced by the time of each connection (`MbtlsClient::connect`).
+        now_unix: 0,
     };
     if let Some(listen) = flags.proxy {
         return local_proxy(&listen, &first_hop, cfg, &s);

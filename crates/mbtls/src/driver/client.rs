@@ -84,15 +84,20 @@ impl MbtlsClient {
     /// core encrypts as soon as the data phase starts and sends in the same flight as the key
     /// material, so a request costs no round trip of its own. Nothing of it leaves before the
     /// middlebox passed every check.
+    ///
+    /// `cfg.now_unix` is replaced by the current time, as the server driver does for each
+    /// connection: evidence is judged when it is checked, however long ago the configuration
+    /// was built (a proxy reuses one for days).
     pub async fn connect_with_data(
         first_hop: impl ToSocketAddrs,
-        cfg: ClientHandshakeConfig,
+        mut cfg: ClientHandshakeConfig,
         data: &[u8],
     ) -> Result<MbtlsClient, DriverError> {
         let stream = TcpStream::connect(first_hop)
             .await
             .map_err(DriverError::io("cannot connect to the middlebox"))?;
         let _ = stream.set_nodelay(true);
+        cfg.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
         let mut hs = ClientHandshake::new(cfg)?;
         if !data.is_empty() {
             hs.write(data)?;

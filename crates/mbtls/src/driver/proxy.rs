@@ -16,9 +16,8 @@ use crate::handshake::{ClientHandshakeConfig, SessionSummary};
 /// What a client proxy needs.
 #[derive(Clone)]
 pub struct ClientProxyConfig {
-    /// The sessions' configuration. `now_unix` is replaced by the current time for each
-    /// session: a proxy runs for days, and evidence and its collateral are judged at the time
-    /// they are checked, not when the proxy started.
+    /// The sessions' configuration (`now_unix` is replaced by the current time for each session,
+    /// by [`MbtlsClient::connect`]).
     pub handshake: ClientHandshakeConfig,
     /// The first hop (`host:port`): the first middlebox, or the server itself.
     pub first_hop: String,
@@ -98,10 +97,8 @@ async fn serve(
         outcome: Ok(()),
     };
     let _ = local.set_nodelay(true);
-    let mut handshake = cfg.handshake.clone();
-    handshake.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
     let limits = cfg.limits;
-    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), handshake);
+    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), cfg.handshake.clone());
     let session = match tokio::time::timeout(limits.handshake_timeout, connecting).await {
         Ok(Ok(session)) => session,
         Ok(Err(e)) => {
