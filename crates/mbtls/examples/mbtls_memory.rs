@@ -10,11 +10,12 @@
 //! app, simulated evidence) and the baseline relay (`tokio::io::copy_bidirectional`, 32 KiB
 //! buffers each way, what the relay benchmark uses) run on one measured runtime, the mbTLS
 //! server (`MbtlsServer` in front of a plain TCP sink) on another; clients, the TLS server
-//! behind the relays, the sink and the middlebox in front of the mbTLS server run elsewhere. For each, `CONNS` sessions are opened and kept open, and
-//! the live bytes are read at five points: sessions established (one 16 KB record relayed each),
-//! after 3 s idle, right after 1 MiB was sent through every session, after 3 s idle again (the
-//! middlebox gives grown buffers back after 2 s without a read, docs/mbtls.md §7), and after
-//! every session closed.
+//! behind the relays, the sink and the middlebox in front of the mbTLS server run elsewhere.
+//! For each, `CONNS` sessions are opened and kept open, and the live bytes are read at five
+//! points: sessions established (one 16 KB record relayed each), after 3 s idle, right after
+//! 1 MiB was sent through every session, after 3 s idle again (the middlebox and the server
+//! give grown buffers back after 2 s without a read, docs/mbtls.md §4.3), and after every
+//! session closed.
 
 // Shared with the benchmark binary, which uses the parts this one does not.
 #[path = "mbtls_bench/setup.rs"]
@@ -175,7 +176,8 @@ impl Conn {
 }
 
 /// Opens one session of the kind measured.
-type Connect = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Res<Conn>> + Send>> + Sync>;
+type ConnectFn = dyn Fn() -> Pin<Box<dyn Future<Output = Res<Conn>> + Send>> + Sync;
+type Connect = Box<ConnectFn>;
 
 /// mbTLS sessions to `addr` with `cfg`.
 fn mbtls_to(addr: SocketAddr, cfg: ClientHandshakeConfig) -> Connect {
@@ -190,11 +192,7 @@ fn mbtls_to(addr: SocketAddr, cfg: ClientHandshakeConfig) -> Connect {
 }
 
 /// Bytes per connection at each point, for one kind of middlebox.
-fn sample(
-    load: &Runtime,
-    connect: &(dyn Fn() -> Pin<Box<dyn Future<Output = Res<Conn>> + Send>> + Sync),
-    sink: &AtomicU64,
-) -> Res<[f64; 5]> {
+fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<[f64; 5]> {
     load.block_on(async {
         sink.store(0, Ordering::SeqCst);
         let base = settled().await;
