@@ -119,7 +119,7 @@ struct ServerFlags {
     service: Service,
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct ClientFlags {
     /// The URL to fetch (https://host[:port]/path); host is the server name checked in its
     /// certificate. The TCP connection goes to the middlebox, which knows the server's address.
@@ -417,14 +417,15 @@ fn default_attester() -> String {
     "none".into()
 }
 
-/// `config_path`: the `--config` file, read again by a middlebox or server on SIGHUP.
+/// `config_path`: the `--config` file, read again by a middlebox, a server or a client proxy on
+/// SIGHUP.
 pub fn run(
     args: MbtlsArgs,
     config: &MbtlsConfig,
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     match args.command {
-        MbtlsCommand::Client(flags) => client(flags, config),
+        MbtlsCommand::Client(flags) => client(flags, config, config_path),
         MbtlsCommand::Middlebox(flags) => middlebox(flags, config, config_path),
         MbtlsCommand::Server(flags) => server(flags, config, config_path),
         MbtlsCommand::Demo(flags) => {
@@ -549,7 +550,85 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
     Ok(policy)
 }
 
-fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
+/// A client's configuration from its flags over the config file, for one fetch or for every
+/// connection a proxy accepts until a reload.
+struct ClientSetup {
+    cfg: ClientHandshakeConfig,
+    s: ClientSettings,
+    /// Pre-configured middleboxes in path order; empty with discovery or none.
+    names: Vec<String>,
+    first_hop: String,
+    server_name: String,
+    authority: String,
+    path: String,
+}
+
+fn client(
+    flags: ClientFlags,
+    config: &MbtlsConfig,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let proxy = flags.proxy.clone();
+    let setup = client_setup(flags.clone(), config)?;
+    if let Some(listen) = proxy {
+        // The listening address is a flag only, so a reload cannot move it.
+        let reload = || proxy_config(client_setup(flags.clone(), &reread(config, config_path)?)?);
+        let grace = setup.s.service.drain_grace();
+        return local_proxy(&listen, proxy_config(setup)?, grace, &reload);
+    }
+    let ClientSetup {
+        cfg,
+        s,
+        names,
+        first_hop,
+        server_name,
+        authority,
+        path,
+    } = setup;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
+    );
+    let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
+    let middlebox_addr = first_hop;
+    let path_names = if s.no_client_middleboxes {
+        println!("no client-side middleboxes: the session's keys stay inside OpenSSL");
+        Some(Vec::new())
+    } else if names.is_empty() {
+        println!(
+            "discovery: a middlebox on the path may join if its certificate names {}",
+            s.allow_middleboxes.join(" or ")
+        );
+        None
+    } else {
+        Some(names.clone())
+    };
+    runtime()?.block_on(async move {
+        let fetch = async {
+            let mut c =
+                MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes())
+                    .await
+                    // The driver's message names every cause already: no source chain on top.
+                    .map_err(|e| {
+                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
+                    })?;
+            print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
+            let body = c
+                .read_to_end()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the response failed: {e}"))?;
+            // Best effort: the server already ended its direction.
+            let _ = c.close().await;
+            anyhow::Ok(body)
+        };
+        let body = tokio::time::timeout(bound, fetch)
+            .await
+            .with_context(|| format!("no complete response within {} s", bound.as_secs()))??;
+        print_response(&body);
+        Ok(())
+    })
+}
+
+fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<ClientSetup> {
     let mut table = config.client.clone();
     set(&mut table, "middlebox", flags.middlebox);
     match flags.middlebox_names.as_slice() {
@@ -683,49 +762,14 @@ fn client(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<()> {
         // Replaced by the time of each connection (`MbtlsClient::connect`).
         now_unix: 0,
     };
-    if let Some(listen) = flags.proxy {
-        return local_proxy(&listen, &first_hop, cfg, &s);
-    }
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
-    );
-    let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
-    let middlebox_addr = first_hop;
-    let path_names = if s.no_client_middleboxes {
-        println!("no client-side middleboxes: the session's keys stay inside OpenSSL");
-        Some(Vec::new())
-    } else if names.is_empty() {
-        println!(
-            "discovery: a middlebox on the path may join if its certificate names {}",
-            s.allow_middleboxes.join(" or ")
-        );
-        None
-    } else {
-        Some(names.clone())
-    };
-    runtime()?.block_on(async move {
-        let fetch = async {
-            let mut c =
-                MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes())
-                    .await
-                    // The driver's message names every cause already: no source chain on top.
-                    .map_err(|e| {
-                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
-                    })?;
-            print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
-            let body = c
-                .read_to_end()
-                .await
-                .map_err(|e| anyhow::anyhow!("reading the response failed: {e}"))?;
-            // Best effort: the server already ended its direction.
-            let _ = c.close().await;
-            anyhow::Ok(body)
-        };
-        let body = tokio::time::timeout(bound, fetch)
-            .await
-            .with_context(|| format!("no complete response within {} s", bound.as_secs()))??;
-        print_response(&body);
-        Ok(())
+    Ok(ClientSetup {
+        cfg,
+        s,
+        names,
+        first_hop,
+        server_name,
+        authority,
+        path,
     })
 }
 
@@ -913,7 +957,7 @@ fn middlebox(
         println!("{}", limits_line(&limits, "connections"));
         let grace = s.service.drain_grace();
         let names = ("middlebox", "connections");
-        serve_until_stopped(&mut server, grace, names, print_report, Some(&reload)).await
+        serve_until_stopped(&mut server, grace, names, print_report, &reload).await
     })
 }
 
@@ -1085,32 +1129,22 @@ fn raise_open_files_limit() {
 
 /// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
 /// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
-/// second signal. With `reload`, on SIGHUP the `who` (middlebox, server) takes the
-/// configuration it builds for the connections accepted from then on; one that fails to build
-/// changes nothing. (Without, SIGHUP keeps its default: it ends the process.)
+/// second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the configuration
+/// `reload` builds for the connections accepted from then on; one that fails to build changes
+/// nothing.
 async fn serve_until_stopped<R, C: ServiceConfig>(
     server: &mut Listening<R, C>,
     grace: Duration,
     (who, what): (&str, &str),
     print: impl Fn(&R),
-    reload: Option<&dyn Fn() -> anyhow::Result<C>>,
+    reload: &dyn Fn() -> anyhow::Result<C>,
 ) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
-    // SIGHUP and what it runs, only where there is something to reload.
-    let mut hangup = match reload {
-        Some(reload) => Some((
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .context("cannot handle SIGHUP")?,
-            reload,
-        )),
-        None => None,
-    };
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot handle SIGHUP")?;
     loop {
         tokio::select! {
-            Some(reload) = async {
-                let (signal, reload) = hangup.as_mut()?;
-                signal.recv().await.map(|()| *reload)
-            }, if hangup.is_some() => match reload() {
+            Some(()) = hangup.recv() => match reload() {
                 Ok(cfg) => {
                     let limits = *cfg.limits();
                     server.reload(cfg);
@@ -1269,14 +1303,7 @@ fn server(
         println!("{}", limits_line(&limits, "sessions"));
         let grace = s.service.drain_grace();
         let names = ("server", "sessions");
-        serve_until_stopped(
-            &mut server,
-            grace,
-            names,
-            print_server_report,
-            Some(&reload),
-        )
-        .await
+        serve_until_stopped(&mut server, grace, names, print_server_report, &reload).await
     })
 }
 
@@ -1386,22 +1413,28 @@ fn print_server_report(r: &ServerConnectionReport) {
     print_line(&line);
 }
 
-/// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session.
+/// What a client proxy serves its connections with.
+fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
+    Ok(ClientProxyConfig {
+        limits: setup.s.service.limits()?,
+        handshake: setup.cfg,
+        first_hop: setup.first_hop,
+    })
+}
+
+/// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session. On SIGHUP
+/// `reload` gives the configuration for the connections accepted afterwards; `grace` is the
+/// drain's (a reload does not change it, as for the middlebox and the server).
 fn local_proxy(
     listen: &str,
-    first_hop: &str,
-    handshake: ClientHandshakeConfig,
-    s: &ClientSettings,
+    cfg: ClientProxyConfig,
+    grace: Duration,
+    reload: &dyn Fn() -> anyhow::Result<ClientProxyConfig>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
-    let cfg = ClientProxyConfig {
-        handshake,
-        first_hop: first_hop.to_string(),
-        limits: s.service.limits()?,
-    };
     let limits = cfg.limits;
     let server_name = cfg.handshake.server_name.clone();
-    let grace = s.service.drain_grace();
+    let first_hop = cfg.first_hop.clone();
     runtime()?.block_on(async move {
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await
@@ -1412,7 +1445,7 @@ fn local_proxy(
         );
         println!("{}", limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
-        serve_until_stopped(&mut proxy, grace, names, print_proxy_report, None).await
+        serve_until_stopped(&mut proxy, grace, names, print_proxy_report, reload).await
     })
 }
 

@@ -688,18 +688,13 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         .unwrap();
 }
 
-#[test]
-fn client_as_a_local_proxy_carries_curl_over_mbtls() {
+/// A client-side middlebox process (attester none) in front of `nginx` that inserts
+/// `X-Mbtls: value`, and its address.
+fn header_middlebox(nginx: &Nginx, mbox: &PkiFiles, value: &str) -> (ChildGuard, String) {
     use std::ffi::OsStr;
-    let Setup {
-        dir,
-        server,
-        mbox,
-        nginx,
-        ..
-    } = Setup::new("mbx cli mbtls proxy root");
     let next_hop = nginx.addr().to_string();
-    let (_mb, _mb_lines, head) = start(
+    let app = format!("http-header:X-Mbtls:{value}");
+    let (child, _lines, head) = start(
         &[
             OsStr::new("mbtls"),
             OsStr::new("middlebox"),
@@ -712,14 +707,32 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
             OsStr::new("--private-key"),
             mbox.key.as_os_str(),
             OsStr::new("--app"),
-            OsStr::new("http-header:X-Mbtls:via-proxy"),
+            OsStr::new(&app),
         ],
         4,
     );
-    let mb_addr = listening_addr(&head[0]);
-    // No evidence from this middlebox (attester none): the client's policy says so explicitly.
+    (child, listening_addr(&head[0]))
+}
+
+/// A client policy file that expects no evidence, for middleboxes with attester none.
+fn no_evidence_policy(dir: &tempfile::TempDir) -> std::path::PathBuf {
     let policy = dir.path().join("policy.toml");
     std::fs::write(&policy, "[attestation]\nrequired = false\n").unwrap();
+    policy
+}
+
+#[test]
+fn client_as_a_local_proxy_carries_curl_over_mbtls() {
+    use std::ffi::OsStr;
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls proxy root");
+    let (_mb, mb_addr) = header_middlebox(&nginx, &mbox, "via-proxy");
+    let policy = no_evidence_policy(&dir);
     let (_proxy, mut proxy_lines, phead) = start(
         &[
             OsStr::new("mbtls"),
@@ -804,6 +817,89 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
         err.contains("--idle-timeout-secs applies to the client as a proxy (--proxy) only"),
         "{err}"
     );
+}
+
+/// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
+/// their sessions through the middlebox the file names now; a file that no longer builds a
+/// configuration changes nothing.
+#[test]
+fn the_client_proxy_reloads_its_config_file_on_sighup() {
+    use std::ffi::OsStr;
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls proxy reload root");
+    let (_one, one) = header_middlebox(&nginx, &mbox, "one");
+    let (_two, two) = header_middlebox(&nginx, &mbox, "two");
+    let policy = no_evidence_policy(&dir);
+    let config = dir.path().join("mbx.toml");
+    let write_config = |middlebox: &str, extra: &str| {
+        let text = format!(
+            "[mbtls.client]\nmiddlebox = \"{middlebox}\"\nmiddlebox_name = \"mb.test\"\n\
+             server_ca = {:?}\npolicy = {:?}\n{extra}",
+            server.ca, policy,
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write_config(&one, "");
+    let (mut proxy, mut lines, head) = start(
+        &[
+            OsStr::new("--config"),
+            config.as_os_str(),
+            OsStr::new("mbtls"),
+            OsStr::new("client"),
+            OsStr::new("https://server.test/"),
+            OsStr::new("--proxy"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+        2,
+    );
+    let port: u16 = listening_addr(&head[0])
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let header_through_proxy = || {
+        let out = mbx_testbed::Curl::new(&format!("http://127.0.0.1:{port}/headers"))
+            .header("Host: server.test")
+            .run()
+            .unwrap();
+        assert_eq!(out.status, Some(200), "{}", out.verbose);
+        let body = out.body_str().to_owned();
+        body.lines()
+            .find_map(|l| l.strip_prefix("x-mbtls: "))
+            .unwrap_or_else(|| panic!("{body}"))
+            .to_owned()
+    };
+    let hangup = |child: &mut ChildGuard| {
+        let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    };
+    assert_eq!(header_through_proxy(), "one");
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.starts_with("connection "), "{line}");
+
+    write_config(&two, "max_connections = 3\n");
+    hangup(&mut proxy);
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        "proxy reloaded: new connections get the new configuration; \
+         limits: handshake 60s, idle 600s, at most 3 connections at once"
+    );
+    assert_eq!(header_through_proxy(), "two");
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.starts_with("connection "), "{line}");
+
+    // Both a name and a list of names: refused, the proxy keeps going through the second.
+    write_config(&one, "middlebox_names = [\"mb.test\"]\n");
+    hangup(&mut proxy);
+    assert_eq!(header_through_proxy(), "two");
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.starts_with("connection "), "{line}");
 }
 
 /// Started with a low soft limit on open files (as a login shell's 1,024), the middlebox raises
@@ -899,9 +995,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         4,
     );
     let mb_addr = listening_addr(&head[0]);
-    // No evidence from this middlebox (attester none): the client's policy says so explicitly.
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, "[attestation]\nrequired = false\n").unwrap();
+    let policy = no_evidence_policy(&dir);
     let try_fetch = |path: &str| {
         mbx()
             .args(["mbtls", "client", &format!("https://server.test{path}")])
