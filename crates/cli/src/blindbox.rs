@@ -29,6 +29,7 @@ use mbx_engine::{Identity, TlsConfig};
 use mbx_record::TlsVersion;
 
 use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
+use mbx_net::Acceptor;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use zeroize::Zeroizing;
@@ -696,8 +697,10 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
         let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         let mut n = 0u64;
+        // Out of descriptors, accept pauses and tries again instead of ending the listener.
+        let mut acceptor = Acceptor::new(listener);
         while s.connections.is_none_or(|max| n < max) {
-            let (stream, peer) = listener.accept().await.context("accept failed")?;
+            let (stream, peer) = acceptor.accept().await;
             n += 1;
             let (tls, s, out_lock, failed) =
                 (tls.clone(), s.clone(), out_lock.clone(), failed.clone());
@@ -818,8 +821,10 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
         );
         let mut tasks = Vec::new();
         let mut n = 0u64;
+        // Out of descriptors, accept pauses and tries again instead of ending the listener.
+        let mut acceptor = Acceptor::new(listener);
         while s.connections.is_none_or(|max| n < max) {
-            let (stream, peer) = listener.accept().await.context("accept failed")?;
+            let (stream, peer) = acceptor.accept().await;
             n += 1;
             let id = n;
             let book = book.clone();

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mbx_net::Acceptor;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use rustls::server::NoServerSessionStorage;
@@ -74,6 +75,9 @@ pub struct EdgeStats {
     pub handshakes: AtomicU64,
     /// Failed TLS handshakes.
     pub handshake_failures: AtomicU64,
+    /// Failed `accept` calls (out of descriptors and the like; each is followed by a pause,
+    /// `mbx_net::Acceptor`).
+    pub accept_errors: Arc<AtomicU64>,
     /// Requests refused because the Host is not a name of the connection's certificate.
     pub misdirected: AtomicU64,
     /// Responses served from the cache.
@@ -340,15 +344,10 @@ impl Edge {
 
     /// Accepts connections on `listener` forever.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut acceptor =
+            Acceptor::counting_errors_in(listener, Arc::clone(&self.stats.accept_errors));
         loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            };
+            let (tcp, peer) = acceptor.accept().await;
             let this = Arc::clone(&self);
             tokio::spawn(async move { this.connection(tcp, peer).await });
         }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mbx_net::Acceptor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -43,6 +44,9 @@ pub struct ServerStats {
     pub open_connections: AtomicU64,
     /// TLS handshakes that failed (no, expired, unknown-CA or denied certificate, …).
     pub handshake_failures: AtomicU64,
+    /// Failed `accept` calls on the service and metrics listeners (out of descriptors and the
+    /// like; each is followed by a pause, `mbx_net::Acceptor`). Shared with the acceptors.
+    pub accept_errors: Arc<AtomicU64>,
     /// Requests answered (including error answers).
     pub requests: AtomicU64,
     /// Connections closed because a header announced an oversized body.
@@ -63,6 +67,7 @@ impl Default for ServerStats {
             connections: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
             handshake_failures: AtomicU64::new(0),
+            accept_errors: Arc::default(),
             requests: AtomicU64::new(0),
             oversized_closes: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
@@ -170,6 +175,11 @@ impl ServerStats {
             Self::get(&self.handshake_failures),
         );
         counter(
+            "keyless_accept_errors_total",
+            "Failed accepts (out of file descriptors or memory); each is followed by a pause.",
+            Self::get(&self.accept_errors),
+        );
+        counter(
             "keyless_oversized_closes_total",
             "Connections closed for an oversized request header.",
             Self::get(&self.oversized_closes),
@@ -272,11 +282,9 @@ const MAX_HEAD: usize = 8 * 1024;
 /// request per connection; a client that sends more than 8 KiB of head, or nothing for ten
 /// seconds, is dropped.
 pub async fn serve_metrics(listener: TcpListener, stats: Arc<ServerStats>) {
+    let mut acceptor = Acceptor::counting_errors_in(listener, Arc::clone(&stats.accept_errors));
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            tokio::task::yield_now().await;
-            continue;
-        };
+        let (tcp, _) = acceptor.accept().await;
         let stats = Arc::clone(&stats);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(10), answer_scrape(tcp, &stats)).await;

@@ -17,6 +17,7 @@ pub mod metrics;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
+use mbx_net::Acceptor;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -218,16 +219,11 @@ impl KeyServer {
 
     async fn serve_shared(self: Arc<Self>, listener: TcpListener) -> Result<(), ServerError> {
         let this = self;
+        // Out of file descriptors and the like: log, pause, keep serving.
+        let mut acceptor =
+            Acceptor::counting_errors_in(listener, Arc::clone(&this.stats.accept_errors));
         loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: log, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            };
+            let (tcp, peer) = acceptor.accept().await;
             ServerStats::bump(&this.stats.connections);
             let this = Arc::clone(&this);
             tokio::spawn(async move { this.connection(tcp, peer).await });

@@ -1,13 +1,7 @@
 //! The listening side shared by the middlebox, the server and the client proxy ([`Listening`]):
-//! accepting without spinning when `accept` fails, at most so many connections at once, the
-//! reports, and stopping either at once or by draining.
-//!
-//! `accept` fails while the process is out of file descriptors (EMFILE, ENFILE) or memory, and
-//! keeps failing until a descriptor is freed: the pending connection stays in the listen queue.
-//! Retrying at once would spin on the same error, burn a core and write a warning per try while
-//! nothing changes. So after an error the listener waits, 5 ms at first and twice as long after
-//! each further error, up to 1 s (the schedule Go's `net/http` server uses), or until one of its
-//! connections ends and so frees a descriptor, whichever comes first.
+//! accepting without spinning when `accept` fails ([`mbx_net::Acceptor`]: pauses of 5 ms
+//! doubling to 1 s, cut short when one of its connections ends and frees a descriptor), at most
+//! so many connections at once, the reports, and stopping either at once or by draining.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,91 +12,11 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::Instant;
+
+use mbx_net::Acceptor;
 
 use super::reports::{report_queue, ReportReceiver, ReportSender};
 use super::{DriverError, Limits};
-
-/// The first pause after an accept error.
-const FIRST_PAUSE: Duration = Duration::from_millis(5);
-/// The longest pause between two tries.
-const MAX_PAUSE: Duration = Duration::from_secs(1);
-
-/// Pauses after consecutive accept errors: doubling from [`FIRST_PAUSE`] to [`MAX_PAUSE`].
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    fn new() -> Backoff {
-        Backoff { next: FIRST_PAUSE }
-    }
-
-    /// The pause after one more error in a row.
-    fn after_error(&mut self) -> Duration {
-        let pause = self.next;
-        self.next = (self.next * 2).min(MAX_PAUSE);
-        pause
-    }
-
-    /// An accept worked: the next error starts the schedule again.
-    fn reset(&mut self) {
-        self.next = FIRST_PAUSE;
-    }
-}
-
-/// A listener whose [`Acceptor::accept`] pauses after errors instead of retrying at once.
-pub(crate) struct Acceptor {
-    listener: TcpListener,
-    errors: Arc<AtomicU64>,
-    backoff: Backoff,
-    paused_until: Option<Instant>,
-}
-
-impl Acceptor {
-    pub(crate) fn new(listener: TcpListener) -> Acceptor {
-        Acceptor {
-            listener,
-            errors: Arc::new(AtomicU64::new(0)),
-            backoff: Backoff::new(),
-            paused_until: None,
-        }
-    }
-
-    /// The count of failed accepts, shared with the listener's owner.
-    pub(crate) fn error_count(&self) -> Arc<AtomicU64> {
-        self.errors.clone()
-    }
-
-    /// The next connection; errors are logged, counted and followed by a pause. Cancel safe (a
-    /// `select!` branch): a pause being waited out is kept for the next call.
-    pub(crate) async fn accept(&mut self) -> (TcpStream, SocketAddr) {
-        loop {
-            if let Some(until) = self.paused_until {
-                tokio::time::sleep_until(until).await;
-                self.paused_until = None;
-            }
-            match self.listener.accept().await {
-                Ok(accepted) => {
-                    self.backoff.reset();
-                    return accepted;
-                }
-                Err(e) => {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
-                    let pause = self.backoff.after_error();
-                    tracing::warn!(error = %e, ?pause, "accept failed; trying again after a pause");
-                    self.paused_until = Some(Instant::now() + pause);
-                }
-            }
-        }
-    }
-
-    /// One of our connections ended, so a descriptor is free: stop pausing.
-    pub(crate) fn connection_ended(&mut self) {
-        self.paused_until = None;
-    }
-}
 
 /// How a listener stops.
 enum Stop {
@@ -356,19 +270,5 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
             () = config.changed.notified() => {}
             Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pauses_double_up_to_a_second_and_start_again_after_a_success() {
-        let mut b = Backoff::new();
-        let ms: Vec<u128> = (0..10).map(|_| b.after_error().as_millis()).collect();
-        assert_eq!(ms, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
-        b.reset();
-        assert_eq!(b.after_error(), FIRST_PAUSE);
     }
 }

@@ -1,0 +1,7 @@
+//! Pieces shared by the tokio drivers of every system (mbTLS, Keyless SSL, BlindBox). The
+//! protocol cores stay sans-I/O in their own crates; this crate holds socket handling that each
+//! listener would otherwise write again, and get wrong again.
+
+pub mod accept;
+
+pub use accept::Acceptor;
