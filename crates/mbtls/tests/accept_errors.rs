@@ -5,7 +5,6 @@
 //! A test binary of its own: it lowers the whole process's `RLIMIT_NOFILE` for a moment.
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,19 +14,12 @@ use mbx_mbtls::driver::{
     Limits, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, Placement,
 };
 use mbx_mbtls::handshake::{MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox};
+use mbx_testbed::starve::{failures_while_starved, OutOfDescriptors, MOST_TRIES};
 use mbx_testbed::{LeafSpec, TestPki};
-use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 use tokio::net::TcpSocket;
 use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(60);
-
-/// Failed accepts counted while the process stays out of descriptors for this long.
-const STARVED: Duration = Duration::from_millis(600);
-/// With pauses of 5, 10, 20, … ms at most 8 tries fit in [`STARVED`] (plus the one seen before
-/// it starts), on any machine: a slower one only tries less often. A listener that retried at
-/// once fails thousands of times in that window.
-const MOST_TRIES: u64 = 12;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
@@ -80,39 +72,16 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
     // The client sockets exist before the limit drops; connecting needs no new descriptor here,
     // and the kernel queues the connections at the listeners, whose accept then fails.
     let sockets = [TcpSocket::new_v4().unwrap(), TcpSocket::new_v4().unwrap()];
-    let saved = getrlimit(Resource::Nofile);
-    let lowest_free = std::fs::File::open("/dev/null").unwrap().as_raw_fd();
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(lowest_free as u64),
-            maximum: saved.maximum,
-        },
-    )
-    .unwrap();
+    let starved = OutOfDescriptors::new().unwrap();
     let [a, b] = sockets;
     let to_mbox = a.connect(mbox.local_addr()).await;
     let to_server = b.connect(server.local_addr()).await;
-    let first_errors = timeout(BOUND, async {
-        while mbox.accept_errors() == 0 || server.accept_errors() == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        (mbox.accept_errors(), server.accept_errors())
-    })
-    .await
-    .ok();
-    tokio::time::sleep(STARVED).await;
-    let tries = (
-        mbox.accept_errors() - first_errors.map_or(0, |e| e.0),
-        server.accept_errors() - first_errors.map_or(0, |e| e.1),
-    );
-    setrlimit(Resource::Nofile, saved).unwrap();
+    let counts = || [mbox.accept_errors(), server.accept_errors()];
+    let tries = failures_while_starved(counts, BOUND).await;
+    drop(starved);
+    let tries = tries.expect("accept never failed with the descriptors used up");
     assert!(
-        first_errors.is_some(),
-        "accept never failed with the descriptors used up"
-    );
-    assert!(
-        tries.0 <= MOST_TRIES && tries.1 <= MOST_TRIES,
+        tries.iter().all(|&t| t <= MOST_TRIES),
         "failed accepts while starved (middlebox, server): {tries:?}"
     );
 

@@ -11,6 +11,9 @@
 //!
 //! * [`wait`]: waiting in a test for a peer to close a socket.
 //!
+//! * [`starve`]: running the process out of file descriptors for a moment, to see what a
+//!   listener does when `accept` fails.
+//!
 //! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
 //!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
 //!
@@ -23,6 +26,7 @@ pub mod peers;
 pub mod pki;
 pub mod relay;
 pub mod residue;
+pub mod starve;
 pub mod tcp_table;
 pub mod wait;
 
