@@ -4,12 +4,9 @@
 use mbx_attest::Claims;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
-use tokio::time::timeout;
 
-use super::outbox::Outbox;
-use super::quiet::{Activity, Due};
-use super::read_buf::{read_into, ReadBuf};
-use super::{keep_alive, DriverError, CLOSE_GRACE, READ_BUF};
+use super::splice::{splice, Carried, EndpointSession, Sides};
+use super::{keep_alive, DriverError, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, SessionSummary,
@@ -67,6 +64,40 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+/// The client proxy's sockets in errors.
+const SIDES: Sides = Sides {
+    path: "middlebox",
+    reading_path: "reading from the middlebox",
+    writing_path: "writing to the middlebox",
+    reading_plain: "reading from the local connection",
+    writing_plain: "writing to the local connection",
+};
+
+impl EndpointSession for Session {
+    fn receive(&mut self, records: &[u8]) -> Result<(), DriverError> {
+        self.hs.receive(records)?;
+        self.events()
+    }
+    fn write(&mut self, plain: &[u8]) -> Result<(), DriverError> {
+        Ok(self.hs.write(plain)?)
+    }
+    fn close(&mut self) -> Result<(), DriverError> {
+        Ok(self.hs.close()?)
+    }
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        self.hs.take_plaintext()
+    }
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        self.hs.take_outgoing()
+    }
+    fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+    fn release_idle_buffers(&mut self) {
+        self.hs.release_idle_buffers();
     }
 }
 
@@ -204,84 +235,19 @@ impl MbtlsClient {
             buf,
         } = self;
         keep_alive(&stream);
-        let (mut local_r, mut local_w) = local.into_split();
-        let (mut stream_r, mut stream_w) = stream.into_split();
-        // Read buffers sized by the traffic, freed (with the core's) when the session idles.
+        // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
-        let (mut buf, mut local_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
-        let mut activity = Activity::new(idle_timeout);
-        let (mut up, mut down) = (0u64, 0u64);
-        let mut local_open = true;
-        let (mut to_path, mut to_local) = (Outbox::new(), Outbox::new());
-        loop {
-            let data = session.hs.take_plaintext();
-            down += data.len() as u64;
-            to_local.push(data);
-            to_path.push(session.hs.take_outgoing());
-            if session.peer_closed {
-                to_local.finish();
-                if !local_open && !to_local.wants_write() && !to_path.wants_write() {
-                    return Ok((up, down));
-                }
-            }
-            let (want_p, want_l) = (to_path.wants_write(), to_local.wants_write());
-            // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
-            tokio::select! {
-                r = read_into(&mut stream_r, &mut buf), if !session.peer_closed && to_local.has_room() => {
-                    let n = r.map_err(DriverError::io("reading from the middlebox"))?;
-                    if n == 0 {
-                        // After our close_notify a server may just close (nginx does); before
-                        // it this is truncation.
-                        if !local_open {
-                            to_local.finish();
-                            let _ = timeout(CLOSE_GRACE, to_local.flush(&mut local_w)).await;
-                            return Ok((up, down));
-                        }
-                        return Err(DriverError::PeerGone {
-                            peer: "middlebox",
-                            when: "without close_notify (the session may be truncated)",
-                        });
-                    }
-                    let r = session.hs.receive(buf.bytes.get(..n).unwrap_or_default());
-                    buf.after_read(n);
-                    activity.read_now();
-                    // Whatever the core queued (e.g. an alert) goes out before the error.
-                    to_path.push(session.hs.take_outgoing());
-                    if let Err(e) = r.map_err(DriverError::from).and_then(|()| session.events()) {
-                        let _ = timeout(CLOSE_GRACE, to_path.flush(&mut stream_w)).await;
-                        return Err(e);
-                    }
-                }
-                r = read_into(&mut local_r, &mut local_buf), if local_open && to_path.has_room() => {
-                    let n = r.map_err(DriverError::io("reading from the local connection"))?;
-                    if n == 0 {
-                        local_open = false;
-                        session.hs.close()?;
-                    } else {
-                        up += n as u64;
-                        local_buf.seal_read(n, |plain| session.hs.write(plain))?;
-                        activity.read_now();
-                    }
-                }
-                due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
-                    Due::Trim => {
-                        buf.release();
-                        local_buf.release();
-                        session.hs.release_idle_buffers();
-                    }
-                    Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
-                },
-                w = to_path.write_some(&mut stream_w), if want_p => {
-                    w.map_err(DriverError::io("writing to the middlebox"))?;
-                    activity.wrote_now();
-                }
-                w = to_local.write_some(&mut local_w), if want_l => {
-                    w.map_err(DriverError::io("writing to the local connection"))?;
-                    activity.wrote_now();
-                }
-                else => return Err(DriverError::Relay("the proxy has nothing left to wait for".into())),
-            }
-        }
+        let mut carried = Carried::default();
+        splice(
+            &mut session,
+            stream,
+            local,
+            idle_timeout,
+            &SIDES,
+            &mut carried,
+        )
+        .await?;
+        Ok((carried.from_plain, carried.to_plain))
     }
 
     /// One socket read fed to the core; `false` on EOF.

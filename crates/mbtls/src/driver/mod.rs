@@ -28,6 +28,7 @@ mod quiet;
 mod read_buf;
 mod reports;
 pub mod server;
+mod splice;
 
 pub use accept::{Listening, ServiceConfig};
 pub use client::{MbtlsClient, MiddleboxVerdict};

@@ -11,10 +11,8 @@ use tokio::time::timeout;
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
-use super::outbox::Outbox;
-use super::quiet::{Activity, Due};
-use super::read_buf::{read_into, ReadBuf};
-use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
+use super::splice::{splice, Carried, EndpointSession, Sides};
+use super::{DriverError, Limits, READ_BUF};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ServerHandshake, ServerHandshakeConfig, ServerHandshakeEvent, SessionSummary,
@@ -163,92 +161,16 @@ impl Session {
         .map_err(DriverError::io("cannot connect to the backend"))?;
         let _ = backend.set_nodelay(true);
         super::keep_alive(&backend);
-        let (mut backend_r, mut backend_w) = backend.into_split();
-        let (mut stream_r, mut stream_w) = stream.into_split();
-        // The data phase reads into buffers sized by the traffic (up to the 32 KiB the
-        // handshake read with), which an idle session frees.
+        // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
-        let (mut buf, mut backend_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
-        let mut activity = Activity::new(cfg.limits.idle_timeout);
-        let mut backend_open = true;
-        let (mut to_prev, mut to_backend) = (Outbox::new(), Outbox::new());
-        loop {
-            // Plaintext that arrived (possibly with the handshake) goes to the backend first.
-            let plain = hs.take_plaintext();
-            self.report.bytes_to_backend += plain.len() as u64;
-            to_backend.push(plain);
-            to_prev.push(hs.take_outgoing());
-            if self.peer_closed {
-                to_backend.finish();
-                if !backend_open && !to_prev.wants_write() && !to_backend.wants_write() {
-                    return Ok(());
-                }
-            }
-            let (want_p, want_b) = (to_prev.wants_write(), to_backend.wants_write());
-            tokio::select! {
-                // Records from the previous hop become plaintext for the backend.
-                r = read_into(&mut stream_r, &mut buf), if !self.peer_closed && to_backend.has_room() => {
-                    let n = r.map_err(DriverError::io("reading from the previous hop"))?;
-                    if n == 0 {
-                        // After our close_notify (the backend finished its answer) a client
-                        // may just close, as HTTP clients do; before it, this is truncation.
-                        if !backend_open {
-                            let _ = timeout(CLOSE_GRACE, async {
-                                tokio::join!(
-                                    to_prev.flush(&mut stream_w),
-                                    to_backend.flush(&mut backend_w)
-                                )
-                            })
-                            .await;
-                            return Ok(());
-                        }
-                        return Err(DriverError::PeerGone {
-                            peer: "previous hop",
-                            when: "without close_notify (the session may be truncated)",
-                        });
-                    }
-                    let r = hs.receive(buf.bytes.get(..n).unwrap_or_default());
-                    buf.after_read(n);
-                    activity.read_now();
-                    // Whatever the core queued (e.g. an alert) goes out before the error.
-                    to_prev.push(hs.take_outgoing());
-                    if let Err(e) = r.map_err(DriverError::from).and_then(|()| self.events(&mut hs)) {
-                        let _ = timeout(CLOSE_GRACE, to_prev.flush(&mut stream_w)).await;
-                        return Err(e);
-                    }
-                }
-                r = read_into(&mut backend_r, &mut backend_buf), if backend_open && to_prev.has_room() => {
-                    let n = r.map_err(DriverError::io("reading from the backend"))?;
-                    if n == 0 {
-                        backend_open = false;
-                        hs.close()?;
-                    } else {
-                        self.report.bytes_from_backend += n as u64;
-                        backend_buf.seal_read(n, |plain| hs.write(plain))?;
-                        activity.read_now();
-                    }
-                }
-                due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
-                    Due::Trim => {
-                        buf.release();
-                        backend_buf.release();
-                        hs.release_idle_buffers();
-                        self.report.idle_trims += 1;
-                    }
-                    // Closed without close_notify: the backend did not end its stream.
-                    Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
-                },
-                w = to_prev.write_some(&mut stream_w), if want_p => {
-                    w.map_err(DriverError::io("writing to the previous hop"))?;
-                    activity.wrote_now();
-                }
-                w = to_backend.write_some(&mut backend_w), if want_b => {
-                    w.map_err(DriverError::io("writing to the backend"))?;
-                    activity.wrote_now();
-                }
-                else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
-            }
-        }
+        let mut carried = Carried::default();
+        let mut data_phase = DataPhase { hs, session: self };
+        let idle = cfg.limits.idle_timeout;
+        let r = splice(&mut data_phase, stream, backend, idle, &SIDES, &mut carried).await;
+        self.report.bytes_to_backend = carried.to_plain;
+        self.report.bytes_from_backend = carried.from_plain;
+        self.report.idle_trims = carried.idle_trims;
+        r
     }
 
     fn events(&mut self, hs: &mut ServerHandshake) -> Result<(), DriverError> {
@@ -271,6 +193,46 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+/// The server's sockets in errors.
+const SIDES: Sides = Sides {
+    path: "previous hop",
+    reading_path: "reading from the previous hop",
+    writing_path: "writing to the previous hop",
+    reading_plain: "reading from the backend",
+    writing_plain: "writing to the backend",
+};
+
+/// The server's core in its data phase, and the session its events are reported to.
+struct DataPhase<'a> {
+    hs: ServerHandshake,
+    session: &'a mut Session,
+}
+
+impl EndpointSession for DataPhase<'_> {
+    fn receive(&mut self, records: &[u8]) -> Result<(), DriverError> {
+        self.hs.receive(records)?;
+        self.session.events(&mut self.hs)
+    }
+    fn write(&mut self, plain: &[u8]) -> Result<(), DriverError> {
+        Ok(self.hs.write(plain)?)
+    }
+    fn close(&mut self) -> Result<(), DriverError> {
+        Ok(self.hs.close()?)
+    }
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        self.hs.take_plaintext()
+    }
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        self.hs.take_outgoing()
+    }
+    fn peer_closed(&self) -> bool {
+        self.session.peer_closed
+    }
+    fn release_idle_buffers(&mut self) {
+        self.hs.release_idle_buffers();
     }
 }
 

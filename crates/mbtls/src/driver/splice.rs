@@ -1,0 +1,154 @@
+//! An mbTLS endpoint's data phase spliced with a plain TCP connection: the server with its
+//! backend, the client proxy with its local connection. Records from the path become plaintext
+//! for the plain side; what the plain side sends is sealed toward the path; both directions at
+//! once, each with its own back-pressure ([`Outbox`]), read buffers an idle session frees, and
+//! the idle timeout.
+//!
+//! End of stream: the plain side's EOF sends close_notify; the peer's close_notify half-closes
+//! the plain side; the session ends once both happened and everything queued is out. An EOF
+//! from the path before the peer's close_notify is truncation (an error), unless we sent our
+//! close_notify already: HTTP peers then often just close.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use super::outbox::Outbox;
+use super::quiet::{Activity, Due};
+use super::read_buf::{read_into, ReadBuf};
+use super::{DriverError, CLOSE_GRACE, READ_BUF};
+
+/// The endpoint core of a session in its data phase, with the handling of its events.
+pub(crate) trait EndpointSession {
+    /// Feeds records from the path, then handles the events they caused: an alert, a failed
+    /// check or the like is the error that ends the session.
+    fn receive(&mut self, records: &[u8]) -> Result<(), DriverError>;
+    /// Seals plaintext toward the peer.
+    fn write(&mut self, plain: &[u8]) -> Result<(), DriverError>;
+    /// Queues close_notify: nothing more from us.
+    fn close(&mut self) -> Result<(), DriverError>;
+    /// Plaintext received from the peer so far.
+    fn take_plaintext(&mut self) -> Vec<u8>;
+    /// Records queued toward the path.
+    fn take_outgoing(&mut self) -> Vec<u8>;
+    /// Whether the peer's close_notify arrived.
+    fn peer_closed(&self) -> bool;
+    /// Frees buffers an idle session does not need.
+    fn release_idle_buffers(&mut self);
+}
+
+/// The two sockets' names in errors.
+pub(crate) struct Sides {
+    /// The path's neighbour: "previous hop" at the server, "middlebox" at the client.
+    pub path: &'static str,
+    pub reading_path: &'static str,
+    pub writing_path: &'static str,
+    pub reading_plain: &'static str,
+    pub writing_plain: &'static str,
+}
+
+/// What a session carried, kept up to date so that it is known however the session ends.
+#[derive(Debug, Default)]
+pub(crate) struct Carried {
+    /// Plaintext bytes from the peer written toward the plain side.
+    pub to_plain: u64,
+    /// Plaintext bytes read from the plain side and sealed toward the peer.
+    pub from_plain: u64,
+    /// How often the read buffers were freed after two seconds without a read.
+    pub idle_trims: u32,
+}
+
+/// Runs the data phase of `session` between `path` and `plain` until both directions ended
+/// (`Ok`) or something failed; `idle_timeout`: give up once neither side carried a byte for
+/// that long (`None`: never).
+pub(crate) async fn splice<S: EndpointSession>(
+    session: &mut S,
+    path: TcpStream,
+    plain: TcpStream,
+    idle_timeout: Option<Duration>,
+    sides: &Sides,
+    carried: &mut Carried,
+) -> Result<(), DriverError> {
+    let (mut path_r, mut path_w) = path.into_split();
+    let (mut plain_r, mut plain_w) = plain.into_split();
+    // Read buffers sized by the traffic, freed (with the core's) when the session idles.
+    let (mut path_buf, mut plain_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
+    let mut activity = Activity::new(idle_timeout);
+    let mut plain_open = true;
+    let (mut to_path, mut to_plain) = (Outbox::new(), Outbox::new());
+    loop {
+        // Plaintext that arrived (possibly with the handshake) goes to the plain side first.
+        let data = session.take_plaintext();
+        carried.to_plain += data.len() as u64;
+        to_plain.push(data);
+        to_path.push(session.take_outgoing());
+        let peer_closed = session.peer_closed();
+        if peer_closed {
+            to_plain.finish();
+            if !plain_open && !to_path.wants_write() && !to_plain.wants_write() {
+                return Ok(());
+            }
+        }
+        let (want_path, want_plain) = (to_path.wants_write(), to_plain.wants_write());
+        // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
+        tokio::select! {
+            r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
+                let n = r.map_err(DriverError::io(sides.reading_path))?;
+                if n == 0 {
+                    if !plain_open {
+                        to_plain.finish();
+                        let _ = timeout(CLOSE_GRACE, async {
+                            tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut plain_w))
+                        })
+                        .await;
+                        return Ok(());
+                    }
+                    return Err(DriverError::PeerGone {
+                        peer: sides.path,
+                        when: "without close_notify (the session may be truncated)",
+                    });
+                }
+                let r = session.receive(path_buf.bytes.get(..n).unwrap_or_default());
+                path_buf.after_read(n);
+                activity.read_now();
+                // Whatever the core queued (e.g. an alert) goes out before the error.
+                to_path.push(session.take_outgoing());
+                if let Err(e) = r {
+                    let _ = timeout(CLOSE_GRACE, to_path.flush(&mut path_w)).await;
+                    return Err(e);
+                }
+            }
+            r = read_into(&mut plain_r, &mut plain_buf), if plain_open && to_path.has_room() => {
+                let n = r.map_err(DriverError::io(sides.reading_plain))?;
+                if n == 0 {
+                    plain_open = false;
+                    session.close()?;
+                } else {
+                    carried.from_plain += n as u64;
+                    plain_buf.seal_read(n, |plain| session.write(plain))?;
+                    activity.read_now();
+                }
+            }
+            due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
+                Due::Trim => {
+                    path_buf.release();
+                    plain_buf.release();
+                    session.release_idle_buffers();
+                    carried.idle_trims += 1;
+                }
+                // Closed without close_notify: the plain side did not end its stream.
+                Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
+            },
+            w = to_path.write_some(&mut path_w), if want_path => {
+                w.map_err(DriverError::io(sides.writing_path))?;
+                activity.wrote_now();
+            }
+            w = to_plain.write_some(&mut plain_w), if want_plain => {
+                w.map_err(DriverError::io(sides.writing_plain))?;
+                activity.wrote_now();
+            }
+            else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
+        }
+    }
+}
