@@ -164,7 +164,12 @@ impl Session {
         // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
         let mut carried = Carried::default();
-        let mut data_phase = DataPhase { hs, session: self };
+        // The core is borrowed, not moved: a moved core would take its size twice in this
+        // future, which an idle session holds (measured: 2.9 KB more per session).
+        let mut data_phase = DataPhase {
+            hs: &mut hs,
+            session: self,
+        };
         let idle = cfg.limits.idle_timeout;
         let r = splice(&mut data_phase, stream, backend, idle, &SIDES, &mut carried).await;
         self.report.bytes_to_backend = carried.to_plain;
@@ -207,14 +212,14 @@ const SIDES: Sides = Sides {
 
 /// The server's core in its data phase, and the session its events are reported to.
 struct DataPhase<'a> {
-    hs: ServerHandshake,
+    hs: &'a mut ServerHandshake,
     session: &'a mut Session,
 }
 
 impl EndpointSession for DataPhase<'_> {
     fn receive(&mut self, records: &[u8]) -> Result<(), DriverError> {
         self.hs.receive(records)?;
-        self.session.events(&mut self.hs)
+        self.session.events(self.hs)
     }
     fn write(&mut self, plain: &[u8]) -> Result<(), DriverError> {
         Ok(self.hs.write(plain)?)
