@@ -18,7 +18,7 @@ use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
     Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
-    Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
+    NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -185,8 +185,12 @@ struct MiddleboxFlags {
     #[arg(long)]
     listen: Option<String>,
     /// The server (host:port) every accepted connection is relayed to.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "transparent")]
     next_hop: Option<String>,
+    /// On the path instead: relay each connection to where the client was connecting before a
+    /// firewall redirected it here (nftables/iptables `redirect` or `dnat`, Linux).
+    #[arg(long)]
+    transparent: bool,
     /// The middlebox's certificate chain (PEM, leaf first).
     #[arg(long)]
     certificate: Option<PathBuf>,
@@ -261,7 +265,10 @@ struct ClientSettings {
 struct MiddleboxSettings {
     #[serde(default = "default_listen")]
     listen: String,
-    next_hop: String,
+    /// Either a fixed next hop or `transparent`.
+    next_hop: Option<String>,
+    #[serde(default)]
+    transparent: bool,
     certificate: PathBuf,
     private_key: PathBuf,
     #[serde(default = "default_app")]
@@ -942,6 +949,7 @@ fn middlebox(
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
+    let next_hop = cfg.next_hop.clone();
     runtime()?.block_on(async {
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
@@ -949,7 +957,11 @@ fn middlebox(
         println!(
             "mbTLS middlebox listening on {}, next hop {}, {} side",
             server.local_addr(),
-            s.next_hop,
+            match &next_hop {
+                NextHop::Address(a) => a.clone(),
+                NextHop::OriginalDestination =>
+                    "transparent (each connection's original destination)".into(),
+            },
             s.side
         );
         println!("app: {}", s.app);
@@ -984,6 +996,7 @@ fn same_listener(listening: &str, asked: &str) -> anyhow::Result<()> {
 fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<MiddleboxSetup> {
     let mut table = config.middlebox.clone();
     set(&mut table, "listen", flags.listen);
+    let next_hop_flag = flags.next_hop.is_some();
     set(&mut table, "next_hop", flags.next_hop);
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
@@ -996,6 +1009,13 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     );
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
+    }
+    // One way to name the next hop wins over the file's other one.
+    if flags.transparent {
+        table.remove("next_hop");
+        table.insert("transparent".into(), toml::Value::Boolean(true));
+    } else if next_hop_flag {
+        table.remove("transparent");
     }
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = MiddleboxSettings::deserialize(toml::Value::Table(table))
@@ -1031,7 +1051,12 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     let cfg = MiddleboxServerConfig {
         handshake: MiddleboxHandshakeConfig::new(&tls, attester)
             .context("middlebox TLS configuration")?,
-        next_hop: s.next_hop.clone(),
+        next_hop: match (&s.next_hop, s.transparent) {
+            (Some(_), true) => bail!("give next_hop or transparent, not both"),
+            (Some(addr), false) => NextHop::Address(addr.clone()),
+            (None, true) => NextHop::OriginalDestination,
+            (None, false) => bail!("give the next hop (--next-hop) or --transparent"),
+        },
         app,
         placement: match s.side.as_str() {
             "client" => Placement::ClientSide,
@@ -1052,7 +1077,11 @@ fn print_report(r: &ConnectionReport) {
         .client
         .map(|a: SocketAddr| a.to_string())
         .unwrap_or_default();
-    let mut line = format!("connection {} from {from}: ", r.id);
+    let mut line = format!("connection {} from {from}", r.id);
+    if let Some(to) = &r.next_hop {
+        line.push_str(&format!(" to {to}"));
+    }
+    line.push_str(": ");
     if r.keys_installed {
         line.push_str(&format!(
             "joined, {}",

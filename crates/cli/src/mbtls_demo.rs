@@ -112,7 +112,7 @@ fn middlebox(
         .map_err(|e| anyhow::anyhow!("header app: {e}"))?;
     Ok(MiddleboxServerConfig {
         handshake: MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))?,
-        next_hop: next_hop.to_string(),
+        next_hop: next_hop.to_string().into(),
         app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,
         limits: mbx_mbtls::driver::Limits::default(),

@@ -1082,3 +1082,112 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     assert!(err.contains("certificate"), "{err}");
     assert!(!nginx.access_log().contains("/fourth"));
 }
+
+/// A transparent middlebox on the path: client, router and server are network namespaces, and
+/// nftables on the router redirects the client's connection to the server to the middlebox
+/// (`--transparent`), which takes it to its original destination and joins the session the
+/// client, which knows nothing of it, offers discovery on. A connection made to the middlebox's
+/// own address has no other destination and is refused, saying why. Runs only as root with
+/// `ip`; otherwise prints why it is skipped.
+#[test]
+fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
+    if let Some(reason) = mbx_testbed::netns::unavailable_reason() {
+        eprintln!(
+            "SKIPPED a_transparent_middlebox_on_the_router_joins_a_discovering_client: {reason}"
+        );
+        return;
+    }
+    let nft = mbx_testbed::ensure_tool("nft", "nftables").unwrap();
+    let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls transparent root", "mb.test");
+    let topo = mbx_testbed::Topology::namespaces(3).unwrap();
+    let (client_host, router, server_host) = (
+        topo.host(0).unwrap(),
+        topo.host(1).unwrap(),
+        topo.host(2).unwrap(),
+    );
+    let nginx = Nginx::from_files(&server)
+        .log_header("X-Mbtls")
+        .start_on(server_host)
+        .unwrap();
+    let server_addr = nginx.addr();
+    let mb_port = router.port().unwrap();
+    let rules = dir.path().join("transparent.nft");
+    std::fs::write(
+        &rules,
+        format!(
+            "table ip mbx_transparent {{\n  chain prerouting {{\n    \
+             type nat hook prerouting priority dstnat;\n    \
+             ip daddr {} tcp dport {} redirect to :{mb_port}\n  }}\n}}\n",
+            server_addr.ip(),
+            server_addr.port()
+        ),
+    )
+    .unwrap();
+    let out = router.command(&nft).arg("-f").arg(&rules).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mbx_path = mbx().get_program().to_owned();
+    let mb = router
+        .command(&mbx_path)
+        .args(["mbtls", "middlebox", "--transparent", "--listen"])
+        .arg(format!("0.0.0.0:{mb_port}"))
+        .arg("--certificate")
+        .arg(&mbox.chain)
+        .arg("--private-key")
+        .arg(&mbox.key)
+        .args(["--app", "http-header:X-Mbtls:on-the-path"])
+        .env_remove("MBX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut mb = ChildGuard::new(mb);
+    let stdout = mb.child_mut().unwrap().stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let banner: Vec<String> = (0..4).map(|_| lines.next().unwrap().unwrap()).collect();
+    assert!(
+        banner[0].contains("next hop transparent (each connection's original destination)"),
+        "{banner:?}"
+    );
+
+    // The client connects to the server's address and offers discovery; the router's
+    // redirect puts the middlebox in its path.
+    let policy = no_evidence_policy(&dir);
+    let fetch = |to: &str| {
+        client_host
+            .command(&mbx_path)
+            .args(["mbtls", "client", "https://server.test/headers"])
+            .args(["--middlebox", to, "--allow-middlebox", "mb.test"])
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .arg("--policy")
+            .arg(&policy)
+            .env_remove("MBX_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let out = fetch(&server_addr.to_string());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("hop 2: "), "{text}");
+    assert!(text.contains("x-mbtls: on-the-path"), "{text}");
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.contains(&format!(" to {server_addr}: joined")),
+        "{line}"
+    );
+
+    // Straight to the middlebox: not redirected, so nowhere to go.
+    let out = fetch(&router.addr(mb_port).to_string());
+    assert!(!out.status.success());
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.contains("was not redirected"), "{line}");
+}

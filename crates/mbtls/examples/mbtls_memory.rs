@@ -256,7 +256,7 @@ fn main() -> Res<()> {
     let app: AppFactory = Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
     let cfg = MiddleboxServerConfig {
         handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
-        next_hop: server.to_string(),
+        next_hop: server.to_string().into(),
         app,
         placement: Placement::ClientSide,
         limits: Limits::default(),
@@ -299,7 +299,7 @@ fn main() -> Res<()> {
     let mut front = load.block_on(MiddleboxServer::bind(
         "127.0.0.1:0",
         MiddleboxServerConfig {
-            next_hop: server_addr.to_string(),
+            next_hop: server_addr.to_string().into(),
             ..cfg
         },
     ))?;

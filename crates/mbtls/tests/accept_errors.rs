@@ -41,7 +41,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
                 None,
             )
             .unwrap(),
-            next_hop: refused.to_string(),
+            next_hop: refused.to_string().into(),
             app: Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<_>),
             placement: Placement::ClientSide,
             limits: Limits::default(),

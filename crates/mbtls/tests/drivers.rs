@@ -100,7 +100,7 @@ impl World {
                 Some(Arc::new(attester)),
             )
             .unwrap(),
-            next_hop: next_hop.to_string(),
+            next_hop: next_hop.to_string().into(),
             app,
             placement: Placement::ClientSide,
             limits: mbx_mbtls::driver::Limits::default(),
@@ -860,7 +860,7 @@ async fn a_reload_applies_to_the_connections_accepted_after_it() {
     let mut cfg = w.middlebox(second_addr, passthrough());
     cfg.limits.max_connections = Some(2);
     mbox.reload(cfg);
-    assert_eq!(mbox.config().next_hop, second_addr.to_string());
+    assert_eq!(mbox.config().next_hop, second_addr.to_string().into());
     // The next connection goes to the new next hop.
     let _b = TcpStream::connect(mbox.local_addr()).await.unwrap();
     let (_up_b, _) = timeout(BOUND, second.accept()).await.unwrap().unwrap();
@@ -940,7 +940,8 @@ async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish(
 async fn the_middlebox_keeps_both_of_its_sockets_alive() {
     let w = World::new();
     let mut next_hop = String::new();
-    let (mbox, mut client, server) = echo_session(&w, |cfg| next_hop = cfg.next_hop.clone()).await;
+    let (mbox, mut client, server) =
+        echo_session(&w, |cfg| next_hop = cfg.next_hop.to_string()).await;
     echo_through(&mut client, b"then idle").await;
     let mbox_port = mbox.local_addr().port();
     let server_port: u16 = next_hop.rsplit(':').next().unwrap().parse().unwrap();

@@ -95,7 +95,7 @@ impl World {
                 Some(Arc::new(attester)),
             )
             .unwrap(),
-            next_hop: next_hop.to_string(),
+            next_hop: next_hop.to_string().into(),
             app: header_app(name),
             placement,
             limits: mbx_mbtls::driver::Limits::default(),

@@ -275,6 +275,18 @@ pub fn wait_for_port(
     what: &str,
     log: &Path,
 ) -> Result<(), PeerError> {
+    wait_for_listener(addr, child, what, log, true)
+}
+
+/// Polls until `child` listens on `addr`'s port and, if `reachable` from this process (not a
+/// child in a test namespace), `addr` accepts a connection; fails early if `child` exits.
+fn wait_for_listener(
+    addr: SocketAddr,
+    child: &mut ChildGuard,
+    what: &str,
+    log: &Path,
+    reachable: bool,
+) -> Result<(), PeerError> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = child.try_wait() {
@@ -289,7 +301,9 @@ pub fn wait_for_port(
         let ours = child
             .id()
             .is_some_and(|pid| owns_listener(pid, addr.port()));
-        if ours && TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
+        if ours
+            && (!reachable || TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok())
+        {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -306,7 +320,9 @@ pub fn wait_for_port(
 /// Whether process `pid` holds a listening TCP socket, IPv4 or IPv6, on `port` (from
 /// `/proc/net/tcp{,6}` and the process's descriptors). Without procfs, assumes it does.
 fn owns_listener(pid: u32, port: u16) -> bool {
-    let Some(entries) = crate::tcp_table::read() else {
+    // The table of the child's own namespace: a peer started on a test host lists its
+    // listener there only.
+    let Some(entries) = crate::tcp_table::read_of(pid) else {
         return true;
     };
     let sockets = listening_sockets(&entries, port);
@@ -738,7 +754,7 @@ impl NginxBuilder {
         self
     }
 
-    fn config(&self, dir: &Path, port: u16) -> Result<String, PeerError> {
+    fn config(&self, dir: &Path, addr: SocketAddr) -> Result<String, PeerError> {
         let mut vars = Vec::new();
         for h in &self.headers {
             if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
@@ -779,7 +795,7 @@ http {{
     log_format mbx '$remote_addr "$request" $status $ssl_protocol{log_fields}';
     access_log {d}/access.log mbx;
     server {{
-        listen 127.0.0.1:{port} ssl;
+        listen {addr} ssl;
         server_name _;
         ssl_certificate {chain};
         ssl_certificate_key {key};
@@ -800,19 +816,39 @@ http {{
 
     /// Writes the config, starts nginx in the foreground on a free port and waits until it accepts.
     pub fn start(self) -> Result<Nginx, PeerError> {
+        self.launch(None)
+    }
+
+    /// Starts nginx on a test host: in its network namespace, listening on the host's address
+    /// (reached from processes on the topology's hosts, not from the test process). On a
+    /// loopback topology the same as [`start`](Self::start).
+    pub fn start_on(self, host: &crate::netns::Host) -> Result<Nginx, PeerError> {
+        match host.namespace() {
+            Some(_) => self.launch(Some(host)),
+            None => self.start(),
+        }
+    }
+
+    fn launch(self, host: Option<&crate::netns::Host>) -> Result<Nginx, PeerError> {
         let nginx = ensure_tool("nginx", "nginx")?;
         let dir = temp_dir("mbx-nginx")?;
         let mut last = None;
         for attempt in 0..BIND_ATTEMPTS {
-            let port = free_port()?;
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let addr = match host {
+                None => SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?)),
+                Some(h) => h.addr(h.port().map_err(|e| PeerError::Io {
+                    context: "a port on the test host".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })?),
+            };
             let conf_path = dir.path().join("nginx.conf");
-            std::fs::write(&conf_path, self.config(dir.path(), port)?)
+            std::fs::write(&conf_path, self.config(dir.path(), addr)?)
                 .map_err(io_err("writing nginx.conf"))?;
             let log = dir.path().join(format!("stderr.{attempt}.log"));
             let out = log_file(&log)?;
             let err = out.try_clone().map_err(io_err("dup log"))?;
-            let child = Command::new(&nginx)
+            let child = host
+                .map_or_else(|| Command::new(&nginx), |h| h.command(&nginx))
                 .arg("-p")
                 .arg(dir.path())
                 .arg("-e")
@@ -826,7 +862,7 @@ http {{
                 .spawn()
                 .map_err(io_err("spawning nginx"))?;
             let mut child = ChildGuard::new(child);
-            match wait_for_port(addr, &mut child, "nginx", &log) {
+            match wait_for_listener(addr, &mut child, "nginx", &log, host.is_none()) {
                 Ok(()) => return Ok(Nginx { addr, dir, child }),
                 Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
                     last = Some(text);
@@ -883,7 +919,7 @@ impl Nginx {
         Self::builder(&files.chain, &files.key)
     }
 
-    /// Listening address (127.0.0.1).
+    /// Listening address (127.0.0.1, or the test host's).
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

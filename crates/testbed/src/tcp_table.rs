@@ -39,9 +39,19 @@ pub fn parse(table: &str) -> Vec<TcpEntry> {
 
 /// The IPv4 and IPv6 tables together; `None` without procfs.
 pub fn read() -> Option<Vec<TcpEntry>> {
-    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+    read_from("/proc/net")
+}
+
+/// The tables of the network namespace process `pid` is in (e.g. a peer started in a test
+/// namespace); `None` without procfs or without that process.
+pub fn read_of(pid: u32) -> Option<Vec<TcpEntry>> {
+    read_from(&format!("/proc/{pid}/net"))
+}
+
+fn read_from(dir: &str) -> Option<Vec<TcpEntry>> {
+    let tables: Vec<String> = ["tcp", "tcp6"]
         .iter()
-        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .filter_map(|t| std::fs::read_to_string(format!("{dir}/{t}")).ok())
         .collect();
     (!tables.is_empty()).then(|| tables.iter().flat_map(|t| parse(t)).collect())
 }

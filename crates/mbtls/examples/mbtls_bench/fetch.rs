@@ -83,7 +83,7 @@ async fn path(
                 "127.0.0.1:0",
                 MiddleboxServerConfig {
                     handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
-                    next_hop: second.local_addr().to_string(),
+                    next_hop: second.local_addr().to_string().into(),
                     app,
                     placement: Placement::ClientSide,
                     limits: mbx_mbtls::driver::Limits::default(),

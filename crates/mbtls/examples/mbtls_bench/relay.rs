@@ -230,7 +230,7 @@ impl Tcp {
                 Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
             let cfg = MiddleboxServerConfig {
                 handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
-                next_hop: server.to_string(),
+                next_hop: server.to_string().into(),
                 app,
                 placement: Placement::ClientSide,
                 limits: mbx_mbtls::driver::Limits::default(),

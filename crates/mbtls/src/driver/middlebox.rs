@@ -2,6 +2,7 @@
 //! between the two sockets and [`MiddleboxHandshake`] (handshake, then relay), both directions
 //! at once. One report per connection says what happened.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -55,8 +56,10 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 pub struct MiddleboxServerConfig {
     /// Certificate, key and attester for the secondary sessions.
     pub handshake: MiddleboxHandshakeConfig,
-    /// The next hop toward the server (`host:port`), connected once per accepted connection.
-    pub next_hop: String,
+    /// Where each accepted connection is connected to: a fixed `host:port` toward the server,
+    /// or (transparent) the destination the client's connection had before a firewall
+    /// redirected it here.
+    pub next_hop: NextHop,
     /// The middlebox function, one instance per connection.
     pub app: AppFactory,
     /// Which endpoint the middlebox works for.
@@ -64,6 +67,66 @@ pub struct MiddleboxServerConfig {
     /// When a stalled handshake or an idle session is closed (both sockets), and how many
     /// connections are served at once.
     pub limits: Limits,
+}
+
+/// Where a middlebox connects each accepted connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextHop {
+    /// Always this `host:port`: the next middlebox or the server, configured by name or
+    /// address (an explicit middlebox, or one in front of one server).
+    Address(String),
+    /// Transparent, on the path: the connection's original destination, which Linux keeps
+    /// when netfilter (nftables or iptables) redirects it to the middlebox with `redirect` or
+    /// `dnat` (`SO_ORIGINAL_DST`). A connection made to the middlebox itself has no other
+    /// destination and is refused ([`DriverError::NotRedirected`]), so the middlebox never
+    /// connects to itself.
+    OriginalDestination,
+}
+
+impl From<String> for NextHop {
+    fn from(addr: String) -> NextHop {
+        NextHop::Address(addr)
+    }
+}
+
+impl From<&str> for NextHop {
+    fn from(addr: &str) -> NextHop {
+        NextHop::Address(addr.to_owned())
+    }
+}
+
+impl std::fmt::Display for NextHop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NextHop::Address(a) => f.write_str(a),
+            NextHop::OriginalDestination => f.write_str("each connection's original destination"),
+        }
+    }
+}
+
+/// Where `client`'s connection goes next: the configured address (borrowed: nothing per
+/// connection), or its original destination.
+fn next_hop_of<'a>(client: &TcpStream, next_hop: &'a NextHop) -> Result<Cow<'a, str>, DriverError> {
+    match next_hop {
+        NextHop::Address(a) => Ok(Cow::Borrowed(a)),
+        NextHop::OriginalDestination => {
+            let local = client
+                .local_addr()
+                .map_err(DriverError::io("reading the connection's local address"))?;
+            let sock = socket2::SockRef::from(client);
+            let original = if local.is_ipv4() {
+                sock.original_dst_v4()
+            } else {
+                sock.original_dst_v6()
+            };
+            // Without a NAT entry the kernel has no original destination (ENOENT), or gives the
+            // connection's own one: the client connected to us directly.
+            match original.ok().and_then(|a| a.as_socket()) {
+                Some(dst) if dst != local => Ok(Cow::Owned(dst.to_string())),
+                _ => Err(DriverError::NotRedirected(local)),
+            }
+        }
+    }
 }
 
 /// Which side of the path a middlebox is on, i.e. which endpoint gives it its keys.
@@ -84,6 +147,9 @@ pub struct ConnectionReport {
     /// Connection number, from 0 in accept order.
     pub id: u64,
     pub client: Option<SocketAddr>,
+    /// Where the connection went: the configured next hop, or the original destination of a
+    /// redirected one (`None` if it had none).
+    pub next_hop: Option<String>,
     /// Server-side: we sent a MiddleboxAnnouncement.
     pub announced: bool,
     /// Server-side: the session failed and the server never answered our announcement, so it
@@ -116,6 +182,7 @@ impl ConnectionReport {
         ConnectionReport {
             id,
             client,
+            next_hop: None,
             announced: false,
             legacy_server: false,
             joined: false,
@@ -187,7 +254,7 @@ impl LegacyServers {
     }
 }
 
-/// Relays one accepted connection to `cfg.next_hop` until both directions ended or something
+/// Relays one accepted connection to its next hop until both directions ended or something
 /// failed; both sockets are closed when this returns.
 /// A connection served on its own has no memory of legacy servers.
 pub async fn serve_connection(
@@ -207,8 +274,15 @@ async fn serve(
     legacy: &LegacyServers,
 ) -> ConnectionReport {
     let mut report = ConnectionReport::new(id, peer);
-    let announce = !legacy.is_legacy(&cfg.next_hop);
-    if let Err(e) = relay(client, cfg, announce, &mut report).await {
+    let next_hop = match next_hop_of(&client, &cfg.next_hop) {
+        Ok(next_hop) => next_hop,
+        Err(e) => {
+            report.outcome = Err(e.to_string());
+            return report;
+        }
+    };
+    let announce = !legacy.is_legacy(&next_hop);
+    if let Err(e) = relay(client, &next_hop, cfg, announce, &mut report).await {
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement (alert, or a failed session without an answer)
@@ -216,8 +290,9 @@ async fn serve(
     let refused = report.outcome.is_err() || report.passive == Some(ANNOUNCEMENT_REFUSED);
     if report.announced && !report.joined && refused {
         report.legacy_server = true;
-        legacy.remember_legacy(&cfg.next_hop);
+        legacy.remember_legacy(&next_hop);
     }
+    report.next_hop = Some(next_hop.into_owned());
     report
 }
 
@@ -370,12 +445,13 @@ fn side_name(side: Side) -> &'static str {
 
 async fn relay(
     client: TcpStream,
+    next_hop: &str,
     cfg: &MiddleboxServerConfig,
     announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
     let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
-    let server = tokio::time::timeout_at(deadline, TcpStream::connect(cfg.next_hop.as_str()))
+    let server = tokio::time::timeout_at(deadline, TcpStream::connect(next_hop))
         .await
         .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
         .map_err(DriverError::io("cannot connect to the next hop"))?;

@@ -33,7 +33,7 @@ mod splice;
 pub use accept::{Listening, ServiceConfig};
 pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
-    AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, Placement,
+    AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
 pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
 pub use reports::REPORTS_KEPT;
@@ -146,6 +146,10 @@ pub enum DriverError {
     /// The session carried nothing for its idle timeout (`Limits::idle_timeout`) and was closed.
     #[error("the session was idle for {0:?} and was closed")]
     IdleTimeout(std::time::Duration),
+    /// A transparent middlebox (`NextHop::OriginalDestination`) got a connection no firewall
+    /// redirected: it was made to the middlebox's own address, so there is nowhere to take it.
+    #[error("the connection to {0} was not redirected to this transparent middlebox, so it has no other destination (redirect traffic here with nftables or iptables)")]
+    NotRedirected(std::net::SocketAddr),
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),
