@@ -15,6 +15,7 @@ PACKAGES=(
     openssl          # s_server / s_client / verify
     curl             # real TLS client peer
     iproute2         # `ip netns`, veth pairs (crates/testbed netns)
+    nftables         # `nft`: the redirect in front of the transparent mbTLS middlebox (netns test)
     iputils-ping     # ping across namespaces
     pkg-config       # openssl-sys finds libssl through pkg-config
     libssl-dev       # OpenSSL 3 headers and libraries for the openssl crate

@@ -6,6 +6,7 @@ use std::process::Stdio;
 
 use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, Nginx, PkiFiles, TestPki};
+use rustix::process::Signal;
 
 mod common;
 use common::{mbx, run_ok};
@@ -248,6 +249,12 @@ fn start(
     (child, lines, head)
 }
 
+/// Sends `sig` to a child process (SIGHUP: reload; SIGTERM: drain and stop).
+fn signal(child: &mut ChildGuard, sig: Signal) {
+    let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
+}
+
 fn listening_addr(line: &str) -> String {
     line.split("listening on ")
         .nth(1)
@@ -469,8 +476,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         (_mb, mb_lines, "middlebox", "connections"),
         (_srv, srv_lines, "server", "sessions"),
     ] {
-        let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        signal(&mut child, Signal::TERM);
         let rest: Vec<String> = lines.map(Result::unwrap).collect();
         let stopping = format!("{who} stopping: no new {what}");
         assert!(
@@ -721,6 +727,22 @@ fn no_evidence_policy(dir: &tempfile::TempDir) -> std::path::PathBuf {
     policy
 }
 
+/// curl through the client proxy at `proxy_addr` to nginx's `/headers`: the X-Mbtls header
+/// nginx received.
+fn header_through_proxy(proxy_addr: &str) -> String {
+    let out = mbx_testbed::Curl::new(&format!("http://{proxy_addr}/headers"))
+        .header("Host: server.test")
+        .run()
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
+    assert_eq!(out.status, Some(200), "{}", out.verbose);
+    let body = out.body_str().to_owned();
+    body.lines()
+        .find_map(|l| l.strip_prefix("x-mbtls: "))
+        .unwrap_or_else(|| panic!("{body}"))
+        .to_owned()
+}
+
 #[test]
 fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     use std::ffi::OsStr;
@@ -760,18 +782,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
         "{phead:?}"
     );
     let proxy_addr = listening_addr(&phead[0]);
-    let port: u16 = proxy_addr.rsplit(':').next().unwrap().parse().unwrap();
-    let out = mbx_testbed::Curl::new(&format!("http://127.0.0.1:{port}/headers"))
-        .header("Host: server.test")
-        .run()
-        .unwrap();
-    assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
-    assert_eq!(out.status, Some(200));
-    assert!(
-        out.body_str().contains("x-mbtls: via-proxy"),
-        "{}",
-        out.body_str()
-    );
+    assert_eq!(header_through_proxy(&proxy_addr), "via-proxy");
     let line = proxy_lines.next().unwrap().unwrap();
     assert!(
         line.contains("closed cleanly") || line.contains("bytes up"),
@@ -793,8 +804,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     );
     // SIGTERM: the proxy drains (nothing is open) and exits cleanly.
     let mut child = _proxy;
-    let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    signal(&mut child, Signal::TERM);
     let rest: Vec<String> = proxy_lines.map(Result::unwrap).collect();
     assert_eq!(
         rest.last().map(String::as_str),
@@ -857,34 +867,14 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
         ],
         2,
     );
-    let port: u16 = listening_addr(&head[0])
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let header_through_proxy = || {
-        let out = mbx_testbed::Curl::new(&format!("http://127.0.0.1:{port}/headers"))
-            .header("Host: server.test")
-            .run()
-            .unwrap();
-        assert_eq!(out.status, Some(200), "{}", out.verbose);
-        let body = out.body_str().to_owned();
-        body.lines()
-            .find_map(|l| l.strip_prefix("x-mbtls: "))
-            .unwrap_or_else(|| panic!("{body}"))
-            .to_owned()
-    };
-    let hangup = |child: &mut ChildGuard| {
-        let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
-    };
+    let proxy_addr = listening_addr(&head[0]);
+    let header_through_proxy = || header_through_proxy(&proxy_addr);
     assert_eq!(header_through_proxy(), "one");
     let line = lines.next().unwrap().unwrap();
     assert!(line.starts_with("connection "), "{line}");
 
     write_config(&two, "max_connections = 3\n");
-    hangup(&mut proxy);
+    signal(&mut proxy, Signal::HUP);
     assert_eq!(
         lines.next().unwrap().unwrap(),
         "proxy reloaded: new connections get the new configuration; \
@@ -896,7 +886,7 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
 
     // Both a name and a list of names: refused, the proxy keeps going through the second.
     write_config(&one, "middlebox_names = [\"mb.test\"]\n");
-    hangup(&mut proxy);
+    signal(&mut proxy, Signal::HUP);
     assert_eq!(header_through_proxy(), "two");
     let line = lines.next().unwrap().unwrap();
     assert!(line.starts_with("connection "), "{line}");
@@ -1013,10 +1003,6 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{text}");
     };
-    let hangup = |mb: &mut ChildGuard| {
-        let pid = rustix::process::Pid::from_raw(mb.child_mut().unwrap().id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
-    };
     fetch("/first");
     nginx
         .wait_access_log(|l| logged(l, "/first", &["x-mbtls=\"before\""]))
@@ -1024,7 +1010,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
 
     write_config("http-header:X-Mbtls:after", "max_connections = 7\n");
-    hangup(&mut mb);
+    signal(&mut mb, Signal::HUP);
     let reloaded = lines.next().unwrap().unwrap();
     assert_eq!(
         reloaded,
@@ -1040,7 +1026,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     // A file that no longer loads, or one that would move the listener: the middlebox keeps
     // serving with what it had.
     write_config("no-such-app", "");
-    hangup(&mut mb);
+    signal(&mut mb, Signal::HUP);
     fetch("/third");
     nginx
         .wait_access_log(|l| logged(l, "/third", &["x-mbtls=\"after\""]))
@@ -1055,7 +1041,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
             .replace("no-such-app", "http-header:X-Mbtls:moved"),
     )
     .unwrap();
-    hangup(&mut mb);
+    signal(&mut mb, Signal::HUP);
     fetch("/moved");
     nginx
         .wait_access_log(|l| logged(l, "/moved", &["x-mbtls=\"after\""]))
@@ -1070,7 +1056,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         .write_to_named(dir.path(), "mbox")
         .unwrap();
     write_config("http-header:X-Mbtls:after", "");
-    hangup(&mut mb);
+    signal(&mut mb, Signal::HUP);
     assert!(lines
         .next()
         .unwrap()
