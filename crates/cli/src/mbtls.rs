@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +18,8 @@ use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext,
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
-    Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
-    NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
+    ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    MiddleboxServerConfig, NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
@@ -335,23 +336,30 @@ struct Service {
     /// end before cutting them (default 10; a second signal stops at once).
     #[arg(long)]
     drain_secs: Option<u64>,
+    /// Answer Prometheus scrapes (`GET /metrics`, plain HTTP) on this address: connections
+    /// accepted, open, ended cleanly or not, with a middlebox taking part, bytes each way,
+    /// failed accepts, reloads. Counts only; bind it to loopback or a management network.
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 impl Service {
-    const KEYS: [&'static str; 4] = [
+    const KEYS: [&'static str; 5] = [
         "handshake_timeout_secs",
         "idle_timeout_secs",
         "max_connections",
         "drain_secs",
+        "metrics_listen",
     ];
 
-    /// The values, in the order of [`Self::KEYS`].
-    fn values(&self) -> [Option<u64>; 4] {
+    /// Which are given, in the order of [`Self::KEYS`].
+    fn given(&self) -> [bool; 5] {
         [
-            self.handshake_timeout_secs,
-            self.idle_timeout_secs,
-            self.max_connections,
-            self.drain_secs,
+            self.handshake_timeout_secs.is_some(),
+            self.idle_timeout_secs.is_some(),
+            self.max_connections.is_some(),
+            self.drain_secs.is_some(),
+            self.metrics_listen.is_some(),
         ]
     }
 
@@ -359,8 +367,8 @@ impl Service {
     fn first_flag_given(&self) -> Option<String> {
         Self::KEYS
             .iter()
-            .zip(self.values())
-            .find_map(|(key, v)| v.map(|_| format!("--{}", key.replace('_', "-"))))
+            .zip(self.given())
+            .find_map(|(key, given)| given.then(|| format!("--{}", key.replace('_', "-"))))
     }
 
     /// Takes the service keys out of `table` (a config-file section); the flags given win.
@@ -370,13 +378,14 @@ impl Service {
             .filter_map(|&key| Some((key.to_string(), table.remove(key)?)))
             .collect();
         let file = Service::deserialize(toml::Value::Table(mine)).context(
-            "invalid service settings (handshake_timeout_secs, idle_timeout_secs, max_connections, drain_secs)",
+            "invalid service settings (handshake_timeout_secs, idle_timeout_secs, max_connections, drain_secs, metrics_listen)",
         )?;
         Ok(Service {
             handshake_timeout_secs: flags.handshake_timeout_secs.or(file.handshake_timeout_secs),
             idle_timeout_secs: flags.idle_timeout_secs.or(file.idle_timeout_secs),
             max_connections: flags.max_connections.or(file.max_connections),
             drain_secs: flags.drain_secs.or(file.drain_secs),
+            metrics_listen: flags.metrics_listen.clone().or(file.metrics_listen),
         })
     }
 
@@ -578,10 +587,17 @@ fn client(
     let proxy = flags.proxy.clone();
     let setup = client_setup(flags.clone(), config)?;
     if let Some(listen) = proxy {
-        // The listening address is a flag only, so a reload cannot move it.
-        let reload = || proxy_config(client_setup(flags.clone(), &reread(config, config_path)?)?);
+        // The listening address is a flag only, so a reload cannot move it; nor the metrics
+        // listener.
         let grace = setup.s.service.drain_grace();
-        return local_proxy(&listen, proxy_config(setup)?, grace, &reload);
+        let metrics = setup.s.service.metrics_listen.clone();
+        let reload = || {
+            let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
+            same_metrics_listener(metrics.as_deref(), new.s.service.metrics_listen.as_deref())?;
+            proxy_config(new)
+        };
+        let service = (grace, metrics.as_deref());
+        return local_proxy(&listen, proxy_config(setup)?, service, &reload);
     }
     let ClientSetup {
         cfg,
@@ -946,6 +962,10 @@ fn middlebox(
     let reload = || -> anyhow::Result<MiddleboxServerConfig> {
         let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
         same_listener(&s.listen, &setup.s.listen)?;
+        same_metrics_listener(
+            s.service.metrics_listen.as_deref(),
+            setup.s.service.metrics_listen.as_deref(),
+        )?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
@@ -969,7 +989,8 @@ fn middlebox(
         println!("{}", limits_line(&limits, "connections"));
         let grace = s.service.drain_grace();
         let names = ("middlebox", "connections");
-        serve_until_stopped(&mut server, grace, names, print_report, &reload).await
+        let service = (grace, s.service.metrics_listen.as_deref());
+        serve_until_stopped(&mut server, service, names, print_report, &reload).await
     })
 }
 
@@ -989,6 +1010,19 @@ fn reread(
 fn same_listener(listening: &str, asked: &str) -> anyhow::Result<()> {
     if listening != asked {
         bail!("a reload cannot move the listener from {listening} to {asked}; restart to move it");
+    }
+    Ok(())
+}
+
+/// Nor the metrics listener (bound once, at the start).
+fn same_metrics_listener(listening: Option<&str>, asked: Option<&str>) -> anyhow::Result<()> {
+    if listening != asked {
+        let name = |a: Option<&str>| a.unwrap_or("none").to_owned();
+        bail!(
+            "a reload cannot move the metrics listener from {} to {}; restart to move it",
+            name(listening),
+            name(asked)
+        );
     }
     Ok(())
 }
@@ -1160,10 +1194,10 @@ fn raise_open_files_limit() {
 /// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
 /// second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the configuration
 /// `reload` builds for the connections accepted from then on; one that fails to build changes
-/// nothing.
+/// nothing. With `metrics_listen`, answers Prometheus scrapes there.
 async fn serve_until_stopped<R, C: ServiceConfig>(
     server: &mut Listening<R, C>,
-    grace: Duration,
+    (grace, metrics_listen): (Duration, Option<&str>),
     (who, what): (&str, &str),
     print: impl Fn(&R),
     reload: &dyn Fn() -> anyhow::Result<C>,
@@ -1171,18 +1205,30 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     let mut stop = StopSignals::new()?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot handle SIGHUP")?;
+    let reloads = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    // Stopped when this returns.
+    let _metrics = match metrics_listen {
+        Some(addr) => {
+            Some(serve_service_metrics(addr, who, server.stats(), reloads.clone()).await?)
+        }
+        None => None,
+    };
     loop {
         tokio::select! {
             Some(()) = hangup.recv() => match reload() {
                 Ok(cfg) => {
                     let limits = *cfg.limits();
                     server.reload(cfg);
+                    reloads[0].fetch_add(1, Ordering::Relaxed);
                     print_line(format!(
                         "{who} reloaded: new {what} get the new configuration; {}",
                         limits_line(&limits, what)
                     ));
                 }
-                Err(e) => crate::subcommand::reload_failed(&e),
+                Err(e) => {
+                    reloads[1].fetch_add(1, Ordering::Relaxed);
+                    crate::subcommand::reload_failed(&e)
+                }
             },
             r = stop.next() => {
                 r?;
@@ -1206,6 +1252,124 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
             },
         }
     }
+}
+
+/// A task answering Prometheus scrapes on `addr` with the counters of `stats` (`who`: the
+/// metric names' role) and `reloads` (applied, refused); it stops when the guard drops.
+async fn serve_service_metrics(
+    addr: &str,
+    who: &str,
+    stats: ListenerStats,
+    reloads: Arc<[AtomicU64; 2]>,
+) -> anyhow::Result<AbortOnDrop> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    print_line(format!(
+        "metrics: http://{}/metrics",
+        listener.local_addr().context("metrics listener")?
+    ));
+    let errors = Arc::new(AtomicU64::new(0));
+    let prefix = format!("mbtls_{who}");
+    let scrape_errors = errors.clone();
+    let render: mbx_net::metrics::Render = Arc::new(move || {
+        service_metrics_text(
+            &prefix,
+            &stats,
+            &reloads,
+            scrape_errors.load(Ordering::Relaxed),
+        )
+    });
+    let task = tokio::spawn(mbx_net::metrics::serve_metrics(listener, errors, render));
+    Ok(AbortOnDrop(task))
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The Prometheus text of one service's counters.
+fn service_metrics_text(
+    prefix: &str,
+    stats: &ListenerStats,
+    reloads: &[AtomicU64; 2],
+    metrics_accept_errors: u64,
+) -> String {
+    use mbx_net::metrics::{write_labelled, write_metric};
+    let ended = stats.ended();
+    let mut out = String::new();
+    let name = |n: &str| format!("{prefix}_{n}");
+    write_metric(
+        &mut out,
+        "counter",
+        &name("connections_accepted_total"),
+        "Connections accepted.",
+        stats.accepted(),
+    );
+    write_metric(
+        &mut out,
+        "gauge",
+        &name("connections_open"),
+        "Connections being served now.",
+        stats.open_connections() as u64,
+    );
+    write_labelled(
+        &mut out,
+        "counter",
+        &name("connections_ended_total"),
+        "Connections that ended, cleanly or with an error.",
+        "outcome",
+        &[("clean", ended.ended_cleanly), ("failed", ended.failed)],
+    );
+    write_metric(
+        &mut out,
+        "counter",
+        &name("connections_cut_total"),
+        "Connections cut by a stop after the drain's grace period.",
+        stats.connections_cut(),
+    );
+    write_metric(
+        &mut out,
+        "counter",
+        &name("sessions_with_middlebox_total"),
+        "Ended sessions in which a middlebox held keys (at a middlebox: this one).",
+        ended.middlebox_took_part,
+    );
+    write_labelled(
+        &mut out,
+        "counter",
+        &name("bytes_total"),
+        "Bytes carried by ended connections, toward the server (upstream) and back.",
+        "direction",
+        &[
+            ("upstream", ended.upstream_bytes),
+            ("downstream", ended.downstream_bytes),
+        ],
+    );
+    write_metric(
+        &mut out,
+        "counter",
+        &name("accept_errors_total"),
+        "Failed accepts (out of file descriptors or memory), service and metrics listeners.",
+        stats.accept_errors() + metrics_accept_errors,
+    );
+    write_labelled(
+        &mut out,
+        "counter",
+        &name("reloads_total"),
+        "SIGHUP reloads, applied or refused (the configuration stayed).",
+        "result",
+        &[
+            ("applied", reloads[0].load(Ordering::Relaxed)),
+            ("refused", reloads[1].load(Ordering::Relaxed)),
+        ],
+    );
+    out
 }
 
 /// A number from a flag overrides the config file's.
@@ -1316,6 +1480,10 @@ fn server(
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
         let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
         same_listener(&s.listen, &setup.s.listen)?;
+        same_metrics_listener(
+            s.service.metrics_listen.as_deref(),
+            setup.s.service.metrics_listen.as_deref(),
+        )?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
@@ -1332,7 +1500,8 @@ fn server(
         println!("{}", limits_line(&limits, "sessions"));
         let grace = s.service.drain_grace();
         let names = ("server", "sessions");
-        serve_until_stopped(&mut server, grace, names, print_server_report, &reload).await
+        let service = (grace, s.service.metrics_listen.as_deref());
+        serve_until_stopped(&mut server, service, names, print_server_report, &reload).await
     })
 }
 
@@ -1457,7 +1626,7 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 fn local_proxy(
     listen: &str,
     cfg: ClientProxyConfig,
-    grace: Duration,
+    service: (Duration, Option<&str>),
     reload: &dyn Fn() -> anyhow::Result<ClientProxyConfig>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
@@ -1474,7 +1643,7 @@ fn local_proxy(
         );
         println!("{}", limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
-        serve_until_stopped(&mut proxy, grace, names, print_proxy_report, reload).await
+        serve_until_stopped(&mut proxy, service, names, print_proxy_report, reload).await
     })
 }
 

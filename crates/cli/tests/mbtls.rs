@@ -1177,3 +1177,91 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
     let line = lines.next().unwrap().unwrap();
     assert!(line.contains("was not redirected"), "{line}");
 }
+
+/// `--metrics-listen`: the middlebox answers Prometheus scrapes with its counters, which follow
+/// the connections it served (one session it joined, one connection that failed) and its
+/// reloads.
+#[test]
+fn the_middlebox_counts_its_connections_for_prometheus() {
+    use std::ffi::OsStr;
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls metrics root");
+    let next_hop = nginx.addr().to_string();
+    let (mut mb, mut lines, head) = start(
+        &[
+            OsStr::new("mbtls"),
+            OsStr::new("middlebox"),
+            OsStr::new("--listen"),
+            OsStr::new("127.0.0.1:0"),
+            OsStr::new("--next-hop"),
+            OsStr::new(&next_hop),
+            OsStr::new("--certificate"),
+            mbox.chain.as_os_str(),
+            OsStr::new("--private-key"),
+            mbox.key.as_os_str(),
+            OsStr::new("--metrics-listen"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+        5,
+    );
+    let mb_addr = listening_addr(&head[0]);
+    let metrics_url = head[4]
+        .strip_prefix("metrics: ")
+        .unwrap_or_else(|| panic!("{head:?}"))
+        .to_owned();
+    let scrape = || {
+        let out = mbx_testbed::Curl::new(&metrics_url).run().unwrap();
+        assert_eq!(out.status, Some(200), "{}", out.verbose);
+        out.body_str().to_owned()
+    };
+    let policy = no_evidence_policy(&dir);
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/headers"])
+        .args(["--middlebox", &mb_addr, "--middlebox-name", "mb.test"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .arg("--policy")
+        .arg(&policy)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+    // A connection that says nothing and goes: a failed one.
+    drop(std::net::TcpStream::connect(&mb_addr).unwrap());
+    assert!(lines.next().unwrap().unwrap().contains("ended with error"));
+    signal(&mut mb, Signal::HUP);
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("middlebox reloaded"));
+
+    let text = scrape();
+    for expected in [
+        "mbtls_middlebox_connections_accepted_total 2\n",
+        "mbtls_middlebox_connections_open 0\n",
+        "mbtls_middlebox_connections_ended_total{outcome=\"clean\"} 1\n",
+        "mbtls_middlebox_connections_ended_total{outcome=\"failed\"} 1\n",
+        "mbtls_middlebox_sessions_with_middlebox_total 1\n",
+        "mbtls_middlebox_reloads_total{result=\"applied\"} 1\n",
+        "mbtls_middlebox_reloads_total{result=\"refused\"} 0\n",
+        "# TYPE mbtls_middlebox_bytes_total counter\n",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let bytes = |direction: &str| -> u64 {
+        let key = format!("mbtls_middlebox_bytes_total{{direction=\"{direction}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse()
+            .unwrap()
+    };
+    // The request and the response crossed, with the handshakes: some hundreds of bytes.
+    assert!(bytes("upstream") > 300 && bytes("downstream") > 300, "{text}");
+}

@@ -684,6 +684,18 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
             "{report:?}"
         );
     }
+    // The listener's counts (its metrics) agree with the report.
+    let ended = mbox.ended();
+    assert_eq!(
+        ended,
+        mbx_mbtls::driver::EndedConnections {
+            ended_cleanly: 1,
+            failed: 0,
+            middlebox_took_part: 1,
+            upstream_bytes: report.bytes_from_client,
+            downstream_bytes: report.bytes_from_server,
+        }
+    );
     timeout(BOUND, server).await.unwrap().unwrap();
 }
 
@@ -717,6 +729,12 @@ async fn unread_reports_are_bounded_and_counted() {
         assert!(r.outcome.is_err(), "{r:?}");
     }
     assert_eq!(mbox.reports_dropped(), extra);
+    // The counts take every connection, dropped reports included.
+    let all = REPORTS_KEPT as u64 + extra;
+    assert_eq!(mbox.accepted(), all);
+    let ended = mbox.ended();
+    assert_eq!((ended.ended_cleanly, ended.failed), (0, all), "{ended:?}");
+    assert_eq!(ended.middlebox_took_part, 0, "{ended:?}");
 }
 
 /// Reads until the peer closes (EOF or reset); fails the test if it never does.

@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mbx_net::Acceptor;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use crate::server::core::RequestOutcome;
 use crate::wire::{ErrorCode, Opcode};
@@ -159,10 +157,7 @@ impl ServerStats {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
+            mbx_net::metrics::write_metric(&mut out, "counter", name, help, value)
         };
         counter(
             "keyless_connections_total",
@@ -194,11 +189,12 @@ impl ServerStats {
             "Reloads refused; the previous configuration stayed in force.",
             Self::get(&self.reload_failures),
         );
-        let _ = writeln!(
-            out,
-            "# HELP keyless_open_connections Connections open now.\n\
-             # TYPE keyless_open_connections gauge\nkeyless_open_connections {}",
-            Self::get(&self.open_connections)
+        mbx_net::metrics::write_metric(
+            &mut out,
+            "gauge",
+            "keyless_open_connections",
+            "Connections open now.",
+            Self::get(&self.open_connections),
         );
         out.push_str(
             "# HELP keyless_requests_total Requests answered, by opcode.\n\
@@ -275,48 +271,12 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Largest HTTP request head read from a scraper.
-const MAX_HEAD: usize = 8 * 1024;
-
-/// Answers `GET /metrics` (any other path: 404) on `listener` until the task is dropped. One
-/// request per connection; a client that sends more than 8 KiB of head, or nothing for ten
-/// seconds, is dropped.
+/// Answers `GET /metrics` with [`ServerStats::render`] on `listener` until the task is
+/// dropped (`mbx_net::metrics`: one request per connection, heads up to 8 KiB, ten seconds).
 pub async fn serve_metrics(listener: TcpListener, stats: Arc<ServerStats>) {
-    let mut acceptor = Acceptor::counting_errors_in(listener, Arc::clone(&stats.accept_errors));
-    loop {
-        let (tcp, _) = acceptor.accept().await;
-        let stats = Arc::clone(&stats);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), answer_scrape(tcp, &stats)).await;
-        });
-    }
-}
-
-async fn answer_scrape(mut tcp: TcpStream, stats: &ServerStats) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tcp.read(&mut buf).await?;
-        if n == 0 || head.len() + n > MAX_HEAD {
-            return Ok(());
-        }
-        head.extend_from_slice(buf.get(..n).unwrap_or_default());
-    }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = line.split(|&b| b == b' ');
-    let (method, target) = (parts.next(), parts.next());
-    let (status, body) = match (method, target) {
-        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", stats.render()),
-        (Some(b"GET"), _) => ("404 Not Found", "not found\n".to_owned()),
-        _ => ("405 Method Not Allowed", "GET only\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tcp.write_all(response.as_bytes()).await?;
-    tcp.shutdown().await
+    let errors = Arc::clone(&stats.accept_errors);
+    let render: mbx_net::metrics::Render = Arc::new(move || stats.render());
+    mbx_net::metrics::serve_metrics(listener, errors, render).await
 }
 
 #[cfg(test)]

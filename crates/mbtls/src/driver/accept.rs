@@ -15,7 +15,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use mbx_net::Acceptor;
 
-use super::reports::{report_queue, ReportReceiver, ReportSender};
+use super::reports::{report_queue, EndedConnections, ReportReceiver, ReportSender, Tally};
 use super::{DriverError, Limits};
 
 /// How a listener stops.
@@ -70,10 +70,56 @@ pub struct Listening<R, C> {
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<Stop>>,
     reports: ReportReceiver<R>,
+    stats: ListenerStats,
+    config: Arc<ConfigSlot<C>>,
+}
+
+/// A listener's counters, readable from anywhere while it runs (e.g. by a metrics endpoint):
+/// [`Listening::stats`].
+#[derive(Clone, Debug)]
+pub struct ListenerStats {
     accept_errors: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
-    config: Arc<ConfigSlot<C>>,
+    dropped: Arc<AtomicU64>,
+    ended: Arc<Tally>,
+}
+
+impl ListenerStats {
+    /// How often accepting a connection failed (e.g. out of file descriptors). After each
+    /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
+    /// of retrying at once.
+    pub fn accept_errors(&self) -> u64 {
+        self.accept_errors.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far (their ids run from 0 to this, exclusive).
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections being served now (at most the configured `max_connections`).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections that a stop cut ([`Listening::drain`] after its grace period, or
+    /// [`Listening::shutdown`]); they leave no report.
+    pub fn connections_cut(&self) -> u64 {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
+    pub fn reports_dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Counts of the connections that ended so far, whether or not their reports were read:
+    /// cleanly or not, with a middlebox taking part, and the bytes carried each way.
+    pub fn ended(&self) -> EndedConnections {
+        self.ended.snapshot()
+    }
 }
 
 impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
@@ -103,6 +149,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         let (tx, reports) = report_queue();
         let acceptor = Acceptor::new(listener);
         let accept_errors = acceptor.error_count();
+        let accepted = Arc::new(AtomicU64::new(0));
         let cut = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
@@ -110,6 +157,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         let serve_and_report =
             move |id, stream, peer, config| serve(id, stream, peer, config, tx.clone());
         let counts = Counts {
+            accepted: accepted.clone(),
             cut: cut.clone(),
             open: open.clone(),
         };
@@ -120,14 +168,20 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             counts,
             serve_and_report,
         ));
+        let stats = ListenerStats {
+            accept_errors,
+            accepted,
+            cut,
+            open,
+            dropped: reports.dropped_count(),
+            ended: reports.tally(),
+        };
         Ok(Listening {
             local_addr,
             task,
             stop: Some(stop),
             reports,
-            accept_errors,
-            cut,
-            open,
+            stats,
             config,
         })
     }
@@ -158,14 +212,27 @@ impl<R, C> Listening<R, C> {
 
     /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
     pub fn reports_dropped(&self) -> u64 {
-        self.reports.dropped()
+        self.stats.reports_dropped()
     }
 
-    /// How often accepting a connection failed (e.g. out of file descriptors). After each
-    /// failure the listener pauses (5 ms doubling to 1 s, or until a connection ends) instead
-    /// of retrying at once.
+    /// The listener's counters ([`ListenerStats`]), to read from elsewhere while it runs.
+    pub fn stats(&self) -> ListenerStats {
+        self.stats.clone()
+    }
+
+    /// Counts of the connections that ended so far ([`ListenerStats::ended`]).
+    pub fn ended(&self) -> EndedConnections {
+        self.stats.ended()
+    }
+
+    /// Connections accepted so far ([`ListenerStats::accepted`]).
+    pub fn accepted(&self) -> u64 {
+        self.stats.accepted()
+    }
+
+    /// How often accepting a connection failed ([`ListenerStats::accept_errors`]).
     pub fn accept_errors(&self) -> u64 {
-        self.accept_errors.load(Ordering::Relaxed)
+        self.stats.accept_errors()
     }
 
     /// Graceful stop: stops listening at once (new connections are refused) and gives the
@@ -178,15 +245,14 @@ impl<R, C> Listening<R, C> {
         }
     }
 
-    /// Connections being served now (at most the configured `max_connections`).
+    /// Connections being served now ([`ListenerStats::open_connections`]).
     pub fn open_connections(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
+        self.stats.open_connections()
     }
 
-    /// Connections that a stop cut ([`drain`](Self::drain) after its grace period, or
-    /// [`shutdown`](Self::shutdown)); they leave no report.
+    /// Connections that a stop cut ([`ListenerStats::connections_cut`]).
     pub fn connections_cut(&self) -> u64 {
-        self.cut.load(Ordering::Relaxed)
+        self.stats.connections_cut()
     }
 
     /// Stops listening and cuts every connection (as if the process were killed); returns once
@@ -217,6 +283,7 @@ impl<R, C> core::fmt::Debug for Listening<R, C> {
 
 /// What the accept loop counts for its [`Listening`].
 struct Counts {
+    accepted: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
 }
@@ -266,6 +333,7 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 // The configuration as of now: a reload may have come while we waited.
                 conns.spawn(serve(next_id, stream, peer, config.current()));
                 next_id += 1;
+                counts.accepted.store(next_id, Ordering::Relaxed);
             }
             () = config.changed.notified() => {}
             Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),

@@ -204,6 +204,12 @@ impl super::reports::Report for ConnectionReport {
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }
+    fn middlebox_took_part(&self) -> bool {
+        self.keys_installed
+    }
+    fn bytes(&self) -> (u64, u64) {
+        (self.bytes_from_client, self.bytes_from_server)
+    }
 }
 
 impl ServiceConfig for MiddleboxServerConfig {

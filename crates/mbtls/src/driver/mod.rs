@@ -30,13 +30,13 @@ mod reports;
 pub mod server;
 mod splice;
 
-pub use accept::{Listening, ServiceConfig};
+pub use accept::{ListenerStats, Listening, ServiceConfig};
 pub use client::{MbtlsClient, MiddleboxVerdict};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
 pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
-pub use reports::REPORTS_KEPT;
+pub use reports::{EndedConnections, REPORTS_KEPT};
 pub use server::{MbtlsServer, MbtlsServerConfig, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;

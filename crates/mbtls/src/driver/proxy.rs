@@ -50,6 +50,12 @@ impl super::reports::Report for ProxyReport {
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }
+    fn middlebox_took_part(&self) -> bool {
+        matches!(self.verdict, Some(MiddleboxVerdict::Verified(_)))
+    }
+    fn bytes(&self) -> (u64, u64) {
+        (self.bytes_up, self.bytes_down)
+    }
 }
 
 impl ServiceConfig for ClientProxyConfig {

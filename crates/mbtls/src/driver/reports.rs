@@ -13,10 +13,67 @@ use tokio::sync::mpsc;
 /// Reports of ended connections kept unread before newer ones are dropped.
 pub const REPORTS_KEPT: usize = 1024;
 
+/// What a listener counts as its connections end: every connection, whether or not its report
+/// is read (e.g. for a metrics endpoint).
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    ended_cleanly: AtomicU64,
+    failed: AtomicU64,
+    middlebox_took_part: AtomicU64,
+    upstream_bytes: AtomicU64,
+    downstream_bytes: AtomicU64,
+}
+
+/// A listener's counts of ended connections so far ([`Listening::stats`](super::Listening::stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndedConnections {
+    /// Connections that ended cleanly (close_notify both ways, or the relay's equivalent).
+    pub ended_cleanly: u64,
+    /// Connections that ended with an error (handshake failures, timeouts, alerts, peers gone).
+    pub failed: u64,
+    /// Connections in which a middlebox held keys: at a middlebox, this one; at a server, one
+    /// of its side's that passed its checks; at a client proxy, one of the client's.
+    pub middlebox_took_part: u64,
+    /// Bytes carried toward the server (read from the client's side) and back, as each
+    /// driver's report counts them (a middlebox: ciphertext read; a server and a client proxy:
+    /// plaintext exchanged with the backend or the local application).
+    pub upstream_bytes: u64,
+    pub downstream_bytes: u64,
+}
+
+impl Tally {
+    fn add<T: Report>(&self, report: &T) {
+        let ended = if report.outcome().is_ok() {
+            &self.ended_cleanly
+        } else {
+            &self.failed
+        };
+        ended.fetch_add(1, Ordering::Relaxed);
+        if report.middlebox_took_part() {
+            self.middlebox_took_part.fetch_add(1, Ordering::Relaxed);
+        }
+        let (up, down) = report.bytes();
+        self.upstream_bytes.fetch_add(up, Ordering::Relaxed);
+        self.downstream_bytes.fetch_add(down, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> EndedConnections {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EndedConnections {
+            ended_cleanly: get(&self.ended_cleanly),
+            failed: get(&self.failed),
+            middlebox_took_part: get(&self.middlebox_took_part),
+            upstream_bytes: get(&self.upstream_bytes),
+            downstream_bytes: get(&self.downstream_bytes),
+        }
+    }
+}
+
 /// The accept loop's end: cloned into every connection task.
 pub(crate) struct ReportSender<T> {
     tx: mpsc::Sender<T>,
     dropped: Arc<AtomicU64>,
+    tally: Arc<Tally>,
 }
 
 impl<T> Clone for ReportSender<T> {
@@ -24,6 +81,7 @@ impl<T> Clone for ReportSender<T> {
         ReportSender {
             tx: self.tx.clone(),
             dropped: self.dropped.clone(),
+            tally: self.tally.clone(),
         }
     }
 }
@@ -37,16 +95,21 @@ impl<T> ReportSender<T> {
     }
 }
 
-/// A connection's report: how it ended.
+/// A connection's report: how it ended, and what the listener's counts take from it.
 pub(crate) trait Report: core::fmt::Debug {
     /// `Err` with the reason when the connection did not end cleanly.
     fn outcome(&self) -> &Result<(), String>;
+    /// Whether a middlebox held keys in the session (see [`EndedConnections`]).
+    fn middlebox_took_part(&self) -> bool;
+    /// Bytes carried toward the server and back (see [`EndedConnections`]).
+    fn bytes(&self) -> (u64, u64);
 }
 
 impl<T: Report> ReportSender<T> {
-    /// Logs `report` (a warning when its connection failed; `what` names the connection) and
-    /// queues it.
+    /// Counts, logs (a warning when its connection failed; `what` names the connection) and
+    /// queues `report`.
     pub(crate) fn log_and_send(&self, report: T, what: &'static str) {
+        self.tally.add(&report);
         match report.outcome() {
             Ok(()) => tracing::info!(?report, "{what} ended"),
             Err(e) => tracing::warn!(?report, error = %e, "{what} failed"),
@@ -59,6 +122,7 @@ impl<T: Report> ReportSender<T> {
 pub(crate) struct ReportReceiver<T> {
     rx: mpsc::Receiver<T>,
     dropped: Arc<AtomicU64>,
+    tally: Arc<Tally>,
 }
 
 impl<T> ReportReceiver<T> {
@@ -67,20 +131,33 @@ impl<T> ReportReceiver<T> {
     }
 
     /// Reports dropped so far because [`REPORTS_KEPT`] waited unread.
+    #[cfg(test)]
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The count of reports dropped, shared.
+    pub(crate) fn dropped_count(&self) -> Arc<AtomicU64> {
+        self.dropped.clone()
+    }
+
+    /// The counts of every connection that ended, read or not, shared.
+    pub(crate) fn tally(&self) -> Arc<Tally> {
+        self.tally.clone()
     }
 }
 
 pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
     let (tx, rx) = mpsc::channel(REPORTS_KEPT);
     let dropped = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
     (
         ReportSender {
             tx,
             dropped: dropped.clone(),
+            tally: tally.clone(),
         },
-        ReportReceiver { rx, dropped },
+        ReportReceiver { rx, dropped, tally },
     )
 }
 

@@ -53,6 +53,12 @@ impl super::reports::Report for ServerConnectionReport {
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }
+    fn middlebox_took_part(&self) -> bool {
+        matches!(self.verdict, MiddleboxVerdict::Verified(_))
+    }
+    fn bytes(&self) -> (u64, u64) {
+        (self.bytes_to_backend, self.bytes_from_backend)
+    }
 }
 
 impl ServiceConfig for MbtlsServerConfig {

@@ -1,0 +1,138 @@
+//! A minimal Prometheus scrape endpoint: `GET /metrics` answered with the text exposition
+//! (format 0.0.4) a service renders at that moment. One request per connection; a scraper that
+//! sends more than 8 KiB of request head, or nothing for ten seconds, is dropped. Carries
+//! counts only: bind it to loopback or a management network.
+
+use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::Acceptor;
+
+/// Largest HTTP request head read from a scraper.
+const MAX_HEAD: usize = 8 * 1024;
+/// How long a scraper has to send its request and read the answer.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a service renders for a scrape.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Answers scrapes on `listener` until the task is dropped; failed accepts are counted in
+/// `accept_errors` (and paused after, as every listener here does).
+pub async fn serve_metrics(listener: TcpListener, accept_errors: Arc<AtomicU64>, render: Render) {
+    let mut acceptor = Acceptor::counting_errors_in(listener, accept_errors);
+    loop {
+        let (tcp, _) = acceptor.accept().await;
+        let render = Arc::clone(&render);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, answer_scrape(tcp, &*render)).await;
+        });
+    }
+}
+
+async fn answer_scrape(
+    mut tcp: TcpStream,
+    render: &(dyn Fn() -> String + Send + Sync),
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await?;
+        if n == 0 || head.len() + n > MAX_HEAD {
+            return Ok(());
+        }
+        head.extend_from_slice(buf.get(..n).unwrap_or_default());
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, target) = (parts.next(), parts.next());
+    let (status, body) = match (method, target) {
+        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", render()),
+        (Some(b"GET"), _) => ("404 Not Found", "not found\n".to_owned()),
+        _ => ("405 Method Not Allowed", "GET only\n".to_owned()),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(response.as_bytes()).await?;
+    tcp.shutdown().await
+}
+
+/// Appends one metric family with a single unlabelled sample: `kind` is `counter` or `gauge`.
+pub fn write_metric(out: &mut String, kind: &str, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
+
+/// Appends one metric family with one sample per `(label value, value)` under `label`.
+pub fn write_labelled(
+    out: &mut String,
+    kind: &str,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: &[(&str, u64)],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (value_of_label, value) in samples {
+        let _ = writeln!(out, "{name}{{{label}=\"{value_of_label}\"}} {value}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_render_in_the_text_format() {
+        let mut out = String::new();
+        write_metric(&mut out, "gauge", "x_open", "Open now.", 3);
+        write_labelled(
+            &mut out,
+            "counter",
+            "x_total",
+            "Ended.",
+            "outcome",
+            &[("ok", 2), ("error", 1)],
+        );
+        assert_eq!(
+            out,
+            "# HELP x_open Open now.\n# TYPE x_open gauge\nx_open 3\n\
+             # HELP x_total Ended.\n# TYPE x_total counter\n\
+             x_total{outcome=\"ok\"} 2\nx_total{outcome=\"error\"} 1\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_scrape_gets_the_rendered_text_and_other_paths_get_404() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve_metrics(
+            listener,
+            Arc::default(),
+            Arc::new(|| "x_total 7\n".to_owned()),
+        ));
+        let get = |path: &'static str| async move {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut answer = String::new();
+            tcp.read_to_string(&mut answer).await.unwrap();
+            answer
+        };
+        let metrics = get("/metrics").await;
+        assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+        assert!(metrics.ends_with("\r\n\r\nx_total 7\n"), "{metrics}");
+        assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+        task.abort();
+    }
+}
