@@ -274,30 +274,23 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     // its next hop is the server's port, chosen now.
     let server_port = mbx_testbed::peers::free_port().unwrap();
     let server_addr = format!("127.0.0.1:{server_port}");
-    let (_mb, mut mb_lines, mb_head) = start(
+    let platform_path = platform.to_str().unwrap();
+    let (_mb, mut mb_lines, mb_head) = start_middlebox(
+        &server_addr,
+        &mbox,
         &[
-            OsStr::new("mbtls"),
-            OsStr::new("middlebox"),
-            OsStr::new("--server-side"),
-            OsStr::new("--listen"),
-            OsStr::new("127.0.0.1:0"),
-            OsStr::new("--next-hop"),
-            OsStr::new(&server_addr),
-            OsStr::new("--certificate"),
-            mbox.chain.as_os_str(),
-            OsStr::new("--private-key"),
-            mbox.key.as_os_str(),
-            OsStr::new("--app"),
-            OsStr::new("http-header:X-Mbtls:mb2.test"),
-            OsStr::new("--attester"),
-            OsStr::new("sim"),
-            OsStr::new("--sim-platform-key"),
-            platform.as_os_str(),
-            OsStr::new("--handshake-timeout-secs"),
-            OsStr::new("2"),
+            "--server-side",
+            "--app",
+            "http-header:X-Mbtls:mb2.test",
+            "--attester",
+            "sim",
+            "--sim-platform-key",
+            platform_path,
+            "--handshake-timeout-secs",
+            "2",
             // Longer than the handshake timeout, so a silent peer is closed by that one.
-            OsStr::new("--idle-timeout-secs"),
-            OsStr::new("4"),
+            "--idle-timeout-secs",
+            "4",
         ],
         4,
     );
@@ -492,7 +485,6 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
 
 #[test]
 fn client_through_two_middleboxes_and_through_a_discovered_one() {
-    use std::ffi::OsStr;
     let dir = tempfile::tempdir().unwrap();
     let pki = TestPki::new("mbx cli mbtls path root").unwrap();
     let server = pki
@@ -525,27 +517,16 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
             .write_to_named(dir.path(), name)
             .unwrap();
         let app = format!("http-header:{header}:{name}");
-        let (guard, _lines, head) = start(
-            &[
-                OsStr::new("mbtls"),
-                OsStr::new("middlebox"),
-                OsStr::new("--listen"),
-                OsStr::new("127.0.0.1:0"),
-                OsStr::new("--next-hop"),
-                OsStr::new(next_hop),
-                OsStr::new("--certificate"),
-                files.chain.as_os_str(),
-                OsStr::new("--private-key"),
-                files.key.as_os_str(),
-                OsStr::new("--app"),
-                OsStr::new(&app),
-                OsStr::new("--attester"),
-                OsStr::new("sim"),
-                OsStr::new("--sim-platform-key"),
-                platform.as_os_str(),
-            ],
-            4,
-        );
+        let platform = platform.to_str().unwrap();
+        let sim = [
+            "--app",
+            &app,
+            "--attester",
+            "sim",
+            "--sim-platform-key",
+            platform,
+        ];
+        let (guard, _lines, head) = start_middlebox(next_hop, &files, &sim, 4);
         let line = head[2].clone();
         let after = |word: &str| {
             let i = line.find(word).unwrap() + word.len();
@@ -697,27 +678,39 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
 /// A client-side middlebox process (attester none) in front of `nginx` that inserts
 /// `X-Mbtls: value`, and its address.
 fn header_middlebox(nginx: &Nginx, mbox: &PkiFiles, value: &str) -> (ChildGuard, String) {
-    use std::ffi::OsStr;
-    let next_hop = nginx.addr().to_string();
     let app = format!("http-header:X-Mbtls:{value}");
-    let (child, _lines, head) = start(
-        &[
-            OsStr::new("mbtls"),
-            OsStr::new("middlebox"),
-            OsStr::new("--listen"),
-            OsStr::new("127.0.0.1:0"),
-            OsStr::new("--next-hop"),
-            OsStr::new(&next_hop),
-            OsStr::new("--certificate"),
-            mbox.chain.as_os_str(),
-            OsStr::new("--private-key"),
-            mbox.key.as_os_str(),
-            OsStr::new("--app"),
-            OsStr::new(&app),
-        ],
-        4,
-    );
+    let (child, _lines, head) =
+        start_middlebox(&nginx.addr().to_string(), mbox, &["--app", &app], 4);
     (child, listening_addr(&head[0]))
+}
+
+/// `mbx mbtls middlebox` on loopback toward `next_hop` with `mbox`'s certificate and `extra`
+/// flags; its first `banner` lines.
+fn start_middlebox(
+    next_hop: &str,
+    mbox: &PkiFiles,
+    extra: &[&str],
+    banner: usize,
+) -> (
+    ChildGuard,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
+    use std::ffi::OsStr;
+    let mut args = vec![
+        OsStr::new("mbtls"),
+        OsStr::new("middlebox"),
+        OsStr::new("--listen"),
+        OsStr::new("127.0.0.1:0"),
+        OsStr::new("--next-hop"),
+        OsStr::new(next_hop),
+        OsStr::new("--certificate"),
+        mbox.chain.as_os_str(),
+        OsStr::new("--private-key"),
+        mbox.key.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    start(&args, banner)
 }
 
 /// A client policy file that expects no evidence, for middleboxes with attester none.
@@ -1183,7 +1176,6 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
 /// reloads.
 #[test]
 fn the_middlebox_counts_its_connections_for_prometheus() {
-    use std::ffi::OsStr;
     let Setup {
         dir,
         server,
@@ -1192,23 +1184,8 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         ..
     } = Setup::new("mbx cli mbtls metrics root");
     let next_hop = nginx.addr().to_string();
-    let (mut mb, mut lines, head) = start(
-        &[
-            OsStr::new("mbtls"),
-            OsStr::new("middlebox"),
-            OsStr::new("--listen"),
-            OsStr::new("127.0.0.1:0"),
-            OsStr::new("--next-hop"),
-            OsStr::new(&next_hop),
-            OsStr::new("--certificate"),
-            mbox.chain.as_os_str(),
-            OsStr::new("--private-key"),
-            mbox.key.as_os_str(),
-            OsStr::new("--metrics-listen"),
-            OsStr::new("127.0.0.1:0"),
-        ],
-        5,
-    );
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let (mut mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &metrics, 5);
     let mb_addr = listening_addr(&head[0]);
     let metrics_url = head[4]
         .strip_prefix("metrics: ")
@@ -1263,5 +1240,8 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
             .unwrap()
     };
     // The request and the response crossed, with the handshakes: some hundreds of bytes.
-    assert!(bytes("upstream") > 300 && bytes("downstream") > 300, "{text}");
+    assert!(
+        bytes("upstream") > 300 && bytes("downstream") > 300,
+        "{text}"
+    );
 }
