@@ -47,13 +47,10 @@ async fn answer_scrape(
         }
         head.extend_from_slice(buf.get(..n).unwrap_or_default());
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = line.split(|&b| b == b' ');
-    let (method, target) = (parts.next(), parts.next());
-    let (status, body) = match (method, target) {
-        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", render()),
-        (Some(b"GET"), _) => ("404 Not Found", "not found\n".to_owned()),
-        _ => ("405 Method Not Allowed", "GET only\n".to_owned()),
+    let (status, body) = match route(&head) {
+        Route::Metrics => ("200 OK", render()),
+        Route::NotFound => ("404 Not Found", "not found\n".to_owned()),
+        Route::NotGet => ("405 Method Not Allowed", "GET only\n".to_owned()),
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
@@ -62,6 +59,26 @@ async fn answer_scrape(
     );
     tcp.write_all(response.as_bytes()).await?;
     tcp.shutdown().await
+}
+
+/// What a request head asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Metrics,
+    NotFound,
+    NotGet,
+}
+
+/// Reads the request line of `head` (bytes from the network: anything at all; fuzz target
+/// `net_metrics_route`).
+pub fn route(head: &[u8]) -> Route {
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    match (parts.next(), parts.next()) {
+        (Some(b"GET"), Some(b"/metrics")) => Route::Metrics,
+        (Some(b"GET"), _) => Route::NotFound,
+        _ => Route::NotGet,
+    }
 }
 
 /// Appends one metric family with a single unlabelled sample: `kind` is `counter` or `gauge`.
@@ -90,6 +107,25 @@ pub fn write_labelled(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any request head is answered without a panic, and only `GET /metrics` gets them.
+        #[test]
+        fn only_get_metrics_is_served(head in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let r = route(&head);
+            prop_assert_eq!(r == Route::Metrics, head.starts_with(b"GET /metrics")
+                && matches!(head.get(12), None | Some(b' ') | Some(b'\r')));
+        }
+    }
+
+    #[test]
+    fn request_lines_are_routed() {
+        assert_eq!(route(b"GET /metrics HTTP/1.1\r\n\r\n"), Route::Metrics);
+        assert_eq!(route(b"GET /metricsx HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::NotGet);
+        assert_eq!(route(b""), Route::NotGet);
+    }
 
     #[test]
     fn families_render_in_the_text_format() {
