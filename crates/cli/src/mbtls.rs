@@ -1662,10 +1662,7 @@ fn print_proxy_report(r: &ProxyReport) {
     let line = match (&r.outcome, r.connected) {
         (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
         (outcome, _) => {
-            let bytes = match outcome {
-                Ok(()) => format!("{} bytes up, {} down; ", r.bytes_up, r.bytes_down),
-                Err(_) => String::new(),
-            };
+            let bytes = format!("{} bytes up, {} down; ", r.bytes_up, r.bytes_down);
             let end = outcome_text(outcome);
             format!("connection {} from {peer}: {bytes}hops {hops}{end}", r.id)
         }

@@ -787,4 +787,6 @@ async fn a_client_proxy_serves_local_connections_within_its_limits() {
     assert!(report.connected, "{report:?}");
     let why = report.outcome.clone().unwrap_err();
     assert!(why.contains("idle for 1s"), "{report:?}");
+    // What it carried before, counted although it failed.
+    assert_eq!((report.bytes_up, report.bytes_down), (6, 6), "{report:?}");
 }

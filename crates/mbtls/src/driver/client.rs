@@ -229,6 +229,19 @@ impl MbtlsClient {
         local: TcpStream,
         idle_timeout: Option<std::time::Duration>,
     ) -> Result<(u64, u64), DriverError> {
+        let mut carried = Carried::default();
+        self.carry(local, idle_timeout, &mut carried).await?;
+        Ok((carried.from_plain, carried.to_plain))
+    }
+
+    /// [`proxy_until_idle`](Self::proxy_until_idle), counting into `carried` as it goes, so
+    /// that a session that fails still says what it carried (the client proxy's report).
+    pub(crate) async fn carry(
+        self,
+        local: TcpStream,
+        idle_timeout: Option<std::time::Duration>,
+        carried: &mut Carried,
+    ) -> Result<(), DriverError> {
         let MbtlsClient {
             stream,
             mut session,
@@ -237,17 +250,7 @@ impl MbtlsClient {
         keep_alive(&stream);
         // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
-        let mut carried = Carried::default();
-        splice(
-            &mut session,
-            stream,
-            local,
-            idle_timeout,
-            &SIDES,
-            &mut carried,
-        )
-        .await?;
-        Ok((carried.from_plain, carried.to_plain))
+        splice(&mut session, stream, local, idle_timeout, &SIDES, carried).await
     }
 
     /// One socket read fed to the core; `false` on EOF.

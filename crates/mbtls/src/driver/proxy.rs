@@ -10,6 +10,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
+use super::splice::Carried;
 use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
 
@@ -38,8 +39,8 @@ pub struct ProxyReport {
     /// What the client decided about its middleboxes, and the session's hops.
     pub verdict: Option<MiddleboxVerdict>,
     pub summary: Option<SessionSummary>,
-    /// Bytes carried from the local application to the server and back (when it ended
-    /// cleanly).
+    /// Bytes carried from the local application to the server and back, however the session
+    /// ended.
     pub bytes_up: u64,
     pub bytes_down: u64,
     /// `Err` with the reason when the session failed or did not end cleanly.
@@ -120,9 +121,13 @@ async fn serve(
     report.connected = true;
     report.verdict = Some(session.verdict().clone());
     report.summary = session.summary().cloned();
-    match session.proxy_until_idle(local, limits.idle_timeout).await {
-        Ok((up, down)) => (report.bytes_up, report.bytes_down) = (up, down),
-        Err(e) => report.outcome = Err(e.to_string()),
+    let mut carried = Carried::default();
+    let r = session
+        .carry(local, limits.idle_timeout, &mut carried)
+        .await;
+    (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
+    if let Err(e) = r {
+        report.outcome = Err(e.to_string());
     }
     report
 }
