@@ -1062,63 +1062,91 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     assert!(!nginx.access_log().contains("/fourth"));
 }
 
-/// A transparent middlebox on the path: client, router and server are network namespaces, and
-/// nftables on the router redirects the client's connection to the server to the middlebox
-/// (`--transparent`), which takes it to its original destination and joins the session the
-/// client, which knows nothing of it, offers discovery on. A connection made to the middlebox's
-/// own address has no other destination and is refused, saying why. Runs only as root with
-/// `ip`; otherwise prints why it is skipped.
-#[test]
-fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
-    if let Some(reason) = mbx_testbed::netns::unavailable_reason() {
-        eprintln!(
-            "SKIPPED a_transparent_middlebox_on_the_router_joins_a_discovering_client: {reason}"
-        );
-        return;
+/// Client, router and server as network namespaces, `nft` found or installed, and a test PKI's
+/// files (server.test, mb.test).
+struct RouterBed {
+    topo: mbx_testbed::Topology,
+    nft: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    server: PkiFiles,
+    mbox: PkiFiles,
+}
+
+impl RouterBed {
+    /// `None`, after saying why `test` is skipped, where namespaces are unavailable (not root).
+    fn new(test: &str) -> Option<RouterBed> {
+        if let Some(reason) = mbx_testbed::netns::unavailable_reason() {
+            eprintln!("SKIPPED {test}: {reason}");
+            return None;
+        }
+        let nft = mbx_testbed::ensure_tool("nft", "nftables").unwrap();
+        let (dir, _pki, server, mbox) = pki_files(&format!("mbx cli {test} root"), "mb.test");
+        let topo = mbx_testbed::Topology::namespaces(3).unwrap();
+        Some(RouterBed {
+            topo,
+            nft,
+            dir,
+            server,
+            mbox,
+        })
     }
-    let nft = mbx_testbed::ensure_tool("nft", "nftables").unwrap();
-    let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls transparent root", "mb.test");
-    let topo = mbx_testbed::Topology::namespaces(3).unwrap();
-    let (client_host, router, server_host) = (
-        topo.host(0).unwrap(),
-        topo.host(1).unwrap(),
-        topo.host(2).unwrap(),
-    );
-    let nginx = Nginx::from_files(&server)
-        .log_header("X-Mbtls")
-        .start_on(server_host)
-        .unwrap();
-    let server_addr = nginx.addr();
-    let mb_port = router.port().unwrap();
-    let rules = dir.path().join("transparent.nft");
+
+    /// Client, router, server.
+    fn hosts(&self) -> [&mbx_testbed::Host; 3] {
+        [0, 1, 2].map(|i| self.topo.host(i).unwrap())
+    }
+}
+
+/// On the router `router` of a namespace topology: nftables redirects every connection to `to`
+/// to a port of the router, which it returns (for a transparent middlebox to listen on).
+fn redirect_on(
+    router: &mbx_testbed::Host,
+    nft: &std::path::Path,
+    dir: &tempfile::TempDir,
+    to: std::net::SocketAddr,
+) -> u16 {
+    let port = router.port().unwrap();
+    let rules = dir.path().join(format!("redirect-{}.nft", to.port()));
     std::fs::write(
         &rules,
         format!(
-            "table ip mbx_transparent {{\n  chain prerouting {{\n    \
+            "table ip mbx_transparent_{port} {{\n  chain prerouting {{\n    \
              type nat hook prerouting priority dstnat;\n    \
-             ip daddr {} tcp dport {} redirect to :{mb_port}\n  }}\n}}\n",
-            server_addr.ip(),
-            server_addr.port()
+             ip daddr {} tcp dport {} redirect to :{port}\n  }}\n}}\n",
+            to.ip(),
+            to.port()
         ),
     )
     .unwrap();
-    let out = router.command(&nft).arg("-f").arg(&rules).output().unwrap();
+    let out = router.command(nft).arg("-f").arg(&rules).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    port
+}
 
-    let mbx_path = mbx().get_program().to_owned();
+/// `mbx mbtls middlebox --transparent` on `router`, listening on `port` of every address, with
+/// `mbox`'s certificate and `extra` flags; its report lines (after the banner, checked).
+fn transparent_middlebox(
+    router: &mbx_testbed::Host,
+    port: u16,
+    mbox: &PkiFiles,
+    extra: &[&str],
+) -> (
+    ChildGuard,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let mb = router
-        .command(&mbx_path)
+        .command(mbx().get_program())
         .args(["mbtls", "middlebox", "--transparent", "--listen"])
-        .arg(format!("0.0.0.0:{mb_port}"))
+        .arg(format!("0.0.0.0:{port}"))
         .arg("--certificate")
         .arg(&mbox.chain)
         .arg("--private-key")
         .arg(&mbox.key)
-        .args(["--app", "http-header:X-Mbtls:on-the-path"])
+        .args(extra)
         .env_remove("MBX_CONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1132,10 +1160,47 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
         banner[0].contains("next hop transparent (each connection's original destination)"),
         "{banner:?}"
     );
+    (mb, lines)
+}
+
+/// A transparent middlebox on the path: client, router and server are network namespaces, and
+/// nftables on the router redirects the client's connection to the server to the middlebox
+/// (`--transparent`), which takes it to its original destination and joins the session the
+/// client, which knows nothing of it, offers discovery on. A connection made to the middlebox's
+/// own address has no other destination and is refused, saying why. Runs only as root with
+/// `ip`; otherwise prints why it is skipped.
+#[test]
+fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
+    let Some(bed) =
+        RouterBed::new("a_transparent_middlebox_on_the_router_joins_a_discovering_client")
+    else {
+        return;
+    };
+    let RouterBed {
+        nft,
+        dir,
+        server,
+        mbox,
+        ..
+    } = &bed;
+    let [client_host, router, server_host] = bed.hosts();
+    let nginx = Nginx::from_files(server)
+        .log_header("X-Mbtls")
+        .start_on(server_host)
+        .unwrap();
+    let server_addr = nginx.addr();
+    let mb_port = redirect_on(router, nft, dir, server_addr);
+    let mbx_path = mbx().get_program().to_owned();
+    let (_mb, mut lines) = transparent_middlebox(
+        router,
+        mb_port,
+        mbox,
+        &["--app", "http-header:X-Mbtls:on-the-path"],
+    );
 
     // The client connects to the server's address and offers discovery; the router's
     // redirect puts the middlebox in its path.
-    let policy = no_evidence_policy(&dir);
+    let policy = no_evidence_policy(dir);
     let fetch = |to: &str| {
         client_host
             .command(&mbx_path)
@@ -1169,6 +1234,92 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
     assert!(!out.status.success());
     let line = lines.next().unwrap().unwrap();
     assert!(line.contains("was not redirected"), "{line}");
+}
+
+/// The same on the server's side: a legacy client (curl) reaches an mbTLS server whose
+/// connections the router redirects to a transparent server-side middlebox, which announces
+/// itself and is approved by the server; the header it inserts reaches the backend (nginx,
+/// plain HTTP, next to the server). Runs only as root with `ip`.
+#[test]
+fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
+    let Some(bed) =
+        RouterBed::new("a_transparent_server_side_middlebox_on_the_router_announces_itself")
+    else {
+        return;
+    };
+    let RouterBed {
+        nft,
+        dir,
+        server,
+        mbox,
+        ..
+    } = &bed;
+    let [client_host, router, server_host] = bed.hosts();
+    let curl = mbx_testbed::ensure_tool("curl", "curl").unwrap();
+    // The backend: nginx on the server's host, plain HTTP, echoing the inserted header.
+    let backend = server_host.addr(server_host.port().unwrap());
+    let _nginx = Nginx::from_files(server)
+        .extra_http_config(&format!(
+            "server {{ listen {backend}; location / {{ return 200 \"x-mbtls: $http_x_mbtls\\n\"; }} }}"
+        ))
+        .start_on(server_host)
+        .unwrap();
+    let server_addr = server_host.addr(server_host.port().unwrap());
+    let policy = no_evidence_policy(dir);
+    let srv = server_host
+        .command(mbx().get_program())
+        .args(["mbtls", "server", "--listen"])
+        .arg(server_addr.to_string())
+        .arg("--backend")
+        .arg(backend.to_string())
+        .arg("--certificate")
+        .arg(&server.chain)
+        .arg("--private-key")
+        .arg(&server.key)
+        .args(["--allow-middlebox", "mb.test", "--middlebox-ca"])
+        .arg(&server.ca)
+        .arg("--policy")
+        .arg(&policy)
+        .env_remove("MBX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut srv = ChildGuard::new(srv);
+    let stdout = srv.child_mut().unwrap().stdout.take().unwrap();
+    let mut srv_lines = BufReader::new(stdout).lines();
+    let banner: Vec<String> = (0..3).map(|_| srv_lines.next().unwrap().unwrap()).collect();
+    assert!(
+        banner[0].starts_with("mbTLS server listening on"),
+        "{banner:?}"
+    );
+
+    let mb_port = redirect_on(router, nft, dir, server_addr);
+    let app = ["--server-side", "--app", "http-header:X-Mbtls:server-side"];
+    let (_mb, mut mb_lines) = transparent_middlebox(router, mb_port, mbox, &app);
+
+    let resolve = format!("server.test:{}:{}", server_addr.port(), server_addr.ip());
+    let out = client_host
+        .command(&curl)
+        .args(["-sS", "--max-time", "60", "--resolve", &resolve, "--cacert"])
+        .arg(&server.ca)
+        .arg(format!("https://server.test:{}/", server_addr.port()))
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{body}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(body, "x-mbtls: server-side\n");
+    let line = mb_lines.next().unwrap().unwrap();
+    assert!(
+        line.contains(&format!(" to {server_addr}: joined")),
+        "{line}"
+    );
+    let line = srv_lines.next().unwrap().unwrap();
+    assert!(line.contains("middlebox sent no evidence"), "{line}");
 }
 
 /// `--metrics-listen`: the middlebox answers Prometheus scrapes with its counters, which follow
