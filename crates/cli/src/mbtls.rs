@@ -587,13 +587,13 @@ fn client(
     let proxy = flags.proxy.clone();
     let setup = client_setup(flags.clone(), config)?;
     if let Some(listen) = proxy {
-        // The listening address is a flag only, so a reload cannot move it; nor the metrics
-        // listener.
+        // The listening address is a flag only, so a reload cannot move it.
         let grace = setup.s.service.drain_grace();
-        let metrics = setup.s.service.metrics_listen.clone();
+        let running = setup.s.service.clone();
+        let metrics = running.metrics_listen.clone();
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
-            same_metrics_listener(metrics.as_deref(), new.s.service.metrics_listen.as_deref())?;
+            same_listeners((&listen, &running), (&listen, &new.s.service))?;
             proxy_config(new)
         };
         let service = (grace, metrics.as_deref());
@@ -961,11 +961,7 @@ fn middlebox(
     } = middlebox_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MiddleboxServerConfig> {
         let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
-        same_listener(&s.listen, &setup.s.listen)?;
-        same_metrics_listener(
-            s.service.metrics_listen.as_deref(),
-            setup.s.service.metrics_listen.as_deref(),
-        )?;
+        same_listeners((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
@@ -1005,23 +1001,24 @@ fn reread(
     }
 }
 
-/// A reload cannot move the listener: a configuration that asks for it is refused whole, rather
-/// than applied in part.
-fn same_listener(listening: &str, asked: &str) -> anyhow::Result<()> {
-    if listening != asked {
-        bail!("a reload cannot move the listener from {listening} to {asked}; restart to move it");
+/// A reload cannot move the listener or the metrics listener (both bound once, at the start):
+/// a configuration that asks for it is refused whole, rather than applied in part. `running`
+/// and `asked`: the listening address and the service settings, now and in the new
+/// configuration.
+fn same_listeners(running: (&str, &Service), asked: (&str, &Service)) -> anyhow::Result<()> {
+    if running.0 != asked.0 {
+        bail!(
+            "a reload cannot move the listener from {} to {}; restart to move it",
+            running.0,
+            asked.0
+        );
     }
-    Ok(())
-}
-
-/// Nor the metrics listener (bound once, at the start).
-fn same_metrics_listener(listening: Option<&str>, asked: Option<&str>) -> anyhow::Result<()> {
-    if listening != asked {
-        let name = |a: Option<&str>| a.unwrap_or("none").to_owned();
+    let metrics = |s: &Service| s.metrics_listen.clone().unwrap_or_else(|| "none".into());
+    if running.1.metrics_listen != asked.1.metrics_listen {
         bail!(
             "a reload cannot move the metrics listener from {} to {}; restart to move it",
-            name(listening),
-            name(asked)
+            metrics(running.1),
+            metrics(asked.1)
         );
     }
     Ok(())
@@ -1479,11 +1476,7 @@ fn server(
     let ServerSetup { cfg, s, described } = server_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
         let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
-        same_listener(&s.listen, &setup.s.listen)?;
-        same_metrics_listener(
-            s.service.metrics_listen.as_deref(),
-            setup.s.service.metrics_listen.as_deref(),
-        )?;
+        same_listeners((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
