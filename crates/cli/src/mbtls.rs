@@ -973,11 +973,7 @@ fn middlebox(
         println!(
             "mbTLS middlebox listening on {}, next hop {}, {} side",
             server.local_addr(),
-            match &next_hop {
-                NextHop::Address(a) => a.clone(),
-                NextHop::OriginalDestination =>
-                    "transparent (each connection's original destination)".into(),
-            },
+            next_hop,
             s.side
         );
         println!("app: {}", s.app);

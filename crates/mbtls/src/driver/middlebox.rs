@@ -99,7 +99,9 @@ impl std::fmt::Display for NextHop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NextHop::Address(a) => f.write_str(a),
-            NextHop::OriginalDestination => f.write_str("each connection's original destination"),
+            NextHop::OriginalDestination => {
+                f.write_str("transparent (each connection's original destination)")
+            }
         }
     }
 }
