@@ -685,7 +685,7 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
         );
     }
     // The listener's counts (its metrics) agree with the report.
-    let ended = mbox.ended();
+    let ended = mbox.stats().ended();
     assert_eq!(
         ended,
         mbx_mbtls::driver::EndedConnections {
@@ -731,8 +731,8 @@ async fn unread_reports_are_bounded_and_counted() {
     assert_eq!(mbox.reports_dropped(), extra);
     // The counts take every connection, dropped reports included.
     let all = REPORTS_KEPT as u64 + extra;
-    assert_eq!(mbox.accepted(), all);
-    let ended = mbox.ended();
+    assert_eq!(mbox.stats().accepted(), all);
+    let ended = mbox.stats().ended();
     assert_eq!((ended.ended_cleanly, ended.failed), (0, all), "{ended:?}");
     assert_eq!(ended.middlebox_took_part, 0, "{ended:?}");
 }

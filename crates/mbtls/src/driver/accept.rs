@@ -220,16 +220,6 @@ impl<R, C> Listening<R, C> {
         self.stats.clone()
     }
 
-    /// Counts of the connections that ended so far ([`ListenerStats::ended`]).
-    pub fn ended(&self) -> EndedConnections {
-        self.stats.ended()
-    }
-
-    /// Connections accepted so far ([`ListenerStats::accepted`]).
-    pub fn accepted(&self) -> u64 {
-        self.stats.accepted()
-    }
-
     /// How often accepting a connection failed ([`ListenerStats::accept_errors`]).
     pub fn accept_errors(&self) -> u64 {
         self.stats.accept_errors()
