@@ -1317,7 +1317,7 @@ fn service_metrics_text(
         &name("connections_ended_total"),
         "Connections that ended, cleanly or with an error.",
         "outcome",
-        &[("clean", ended.ended_cleanly), ("failed", ended.failed)],
+        [("clean", ended.ended_cleanly), ("failed", ended.failed)],
     );
     write_metric(
         &mut out,
@@ -1339,7 +1339,7 @@ fn service_metrics_text(
         &name("bytes_total"),
         "Bytes carried by ended connections, toward the server (upstream) and back.",
         "direction",
-        &[
+        [
             ("upstream", ended.upstream_bytes),
             ("downstream", ended.downstream_bytes),
         ],
@@ -1357,7 +1357,7 @@ fn service_metrics_text(
         &name("reloads_total"),
         "SIGHUP reloads, applied or refused (the configuration stayed).",
         "result",
-        &[
+        [
             ("applied", reloads[0].load(Ordering::Relaxed)),
             ("refused", reloads[1].load(Ordering::Relaxed)),
         ],

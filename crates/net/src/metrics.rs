@@ -89,14 +89,15 @@ pub fn write_metric(out: &mut String, kind: &str, name: &str, help: &str, value:
     );
 }
 
-/// Appends one metric family with one sample per `(label value, value)` under `label`.
-pub fn write_labelled(
+/// Appends one metric family with one sample per `(label value, value)` under `label` (none:
+/// the family is only declared).
+pub fn write_labelled<L: std::fmt::Display>(
     out: &mut String,
     kind: &str,
     name: &str,
     help: &str,
     label: &str,
-    samples: &[(&str, u64)],
+    samples: impl IntoIterator<Item = (L, u64)>,
 ) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (value_of_label, value) in samples {
@@ -137,7 +138,7 @@ mod tests {
             "x_total",
             "Ended.",
             "outcome",
-            &[("ok", 2), ("error", 1)],
+            [("ok", 2), ("error", 1)],
         );
         assert_eq!(
             out,

@@ -196,30 +196,29 @@ impl ServerStats {
             "Connections open now.",
             Self::get(&self.open_connections),
         );
-        out.push_str(
-            "# HELP keyless_requests_total Requests answered, by opcode.\n\
-             # TYPE keyless_requests_total counter\n",
+        let requests = self.per_op.iter().enumerate();
+        mbx_net::metrics::write_labelled(
+            &mut out,
+            "counter",
+            "keyless_requests_total",
+            "Requests answered, by opcode.",
+            "opcode",
+            requests
+                .map(|(i, op)| (op_label(i), Self::get(&op.count)))
+                .filter(|&(_, n)| n > 0),
         );
-        for (i, op) in self.per_op.iter().enumerate() {
-            let n = Self::get(&op.count);
-            if n > 0 {
-                let _ = writeln!(
-                    out,
-                    "keyless_requests_total{{opcode=\"{}\"}} {n}",
-                    op_label(i)
-                );
-            }
-        }
-        out.push_str(
-            "# HELP keyless_errors_total Error answers, by error code.\n\
-             # TYPE keyless_errors_total counter\n",
+        mbx_net::metrics::write_labelled(
+            &mut out,
+            "counter",
+            "keyless_errors_total",
+            "Error answers, by error code.",
+            "code",
+            ErrorCode::ALL
+                .iter()
+                .zip(&self.per_error)
+                .map(|(code, c)| (format!("{code:?}"), Self::get(c)))
+                .filter(|&(_, n)| n > 0),
         );
-        for (code, c) in ErrorCode::ALL.iter().zip(&self.per_error) {
-            let n = Self::get(c);
-            if n > 0 {
-                let _ = writeln!(out, "keyless_errors_total{{code=\"{code:?}\"}} {n}");
-            }
-        }
         out.push_str(
             "# HELP keyless_request_duration_seconds Time to handle a request, by opcode.\n\
              # TYPE keyless_request_duration_seconds histogram\n",
