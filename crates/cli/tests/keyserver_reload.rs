@@ -12,6 +12,8 @@ use mbx_keyless::{tls, x509, ClientError, ClientOptions, KeyId, KeylessClient};
 use mbx_testbed::pki::{IssuedCert, KeyType, LeafSpec, TestPki};
 use rustls::pki_types::ServerName;
 
+mod common;
+
 struct Killed(Child);
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -32,11 +34,7 @@ fn write_config(path: &Path, hostnames: &[&str]) {
 }
 
 fn hup(pid: u32) {
-    let status = Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    common::signal(pid, rustix::process::Signal::HUP);
 }
 
 async fn signs(edge: &KeylessClient, site: &IssuedCert) -> Result<(), ClientError> {

@@ -251,8 +251,7 @@ fn start(
 
 /// Sends `sig` to a child process (SIGHUP: reload; SIGTERM: drain and stop).
 fn signal(child: &mut ChildGuard, sig: Signal) {
-    let pid = rustix::process::Pid::from_raw(child.child_mut().unwrap().id() as i32).unwrap();
-    rustix::process::kill_process(pid, sig).unwrap();
+    common::signal(child.child_mut().unwrap().id(), sig);
 }
 
 fn listening_addr(line: &str) -> String {

@@ -26,3 +26,10 @@ pub fn succeeded(out: &Output) -> String {
 pub fn run_ok(cmd: &mut Command) -> String {
     succeeded(&cmd.output().unwrap())
 }
+
+/// Sends `sig` to process `pid` (SIGHUP: reload; SIGTERM: drain and stop), without needing a
+/// `kill` binary.
+pub fn signal(pid: u32, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).expect("a child's pid is positive");
+    rustix::process::kill_process(pid, sig).unwrap();
+}
