@@ -1198,7 +1198,7 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     let mut stop = StopSignals::new()?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot handle SIGHUP")?;
-    let reloads = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let reloads = Arc::new(Reloads::default());
     // Stopped when this returns.
     let _metrics = match metrics_listen {
         Some(addr) => {
@@ -1212,14 +1212,14 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 Ok(cfg) => {
                     let limits = *cfg.limits();
                     server.reload(cfg);
-                    reloads[0].fetch_add(1, Ordering::Relaxed);
+                    reloads.applied.fetch_add(1, Ordering::Relaxed);
                     print_line(format!(
                         "{who} reloaded: new {what} get the new configuration; {}",
                         limits_line(&limits, what)
                     ));
                 }
                 Err(e) => {
-                    reloads[1].fetch_add(1, Ordering::Relaxed);
+                    reloads.refused.fetch_add(1, Ordering::Relaxed);
                     crate::subcommand::reload_failed(&e)
                 }
             },
@@ -1248,12 +1248,12 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
 }
 
 /// A task answering Prometheus scrapes on `addr` with the counters of `stats` (`who`: the
-/// metric names' role) and `reloads` (applied, refused); it stops when the guard drops.
+/// metric names' role) and `reloads`; it stops when the guard drops.
 async fn serve_service_metrics(
     addr: &str,
     who: &str,
     stats: ListenerStats,
-    reloads: Arc<[AtomicU64; 2]>,
+    reloads: Arc<Reloads>,
 ) -> anyhow::Result<AbortOnDrop> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -1277,6 +1277,13 @@ async fn serve_service_metrics(
     Ok(AbortOnDrop(task))
 }
 
+/// SIGHUP reloads so far: applied, and refused (the configuration stayed).
+#[derive(Default)]
+struct Reloads {
+    applied: AtomicU64,
+    refused: AtomicU64,
+}
+
 /// Aborts its task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1290,7 +1297,7 @@ impl Drop for AbortOnDrop {
 fn service_metrics_text(
     prefix: &str,
     stats: &ListenerStats,
-    reloads: &[AtomicU64; 2],
+    reloads: &Reloads,
     metrics_accept_errors: u64,
 ) -> String {
     use mbx_net::metrics::{write_labelled, write_metric};
@@ -1358,8 +1365,8 @@ fn service_metrics_text(
         "SIGHUP reloads, applied or refused (the configuration stayed).",
         "result",
         [
-            ("applied", reloads[0].load(Ordering::Relaxed)),
-            ("refused", reloads[1].load(Ordering::Relaxed)),
+            ("applied", reloads.applied.load(Ordering::Relaxed)),
+            ("refused", reloads.refused.load(Ordering::Relaxed)),
         ],
     );
     out
