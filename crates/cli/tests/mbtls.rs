@@ -1040,6 +1040,18 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         .unwrap();
     let next = lines.next().unwrap().unwrap();
     assert!(next.starts_with("connection "), "{next}");
+    // Nor may a reload start (or move) the metrics listener.
+    write_config(
+        "http-header:X-Mbtls:metrics-moved",
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    signal(&mut mb, Signal::HUP);
+    fetch("/metrics-moved");
+    nginx
+        .wait_access_log(|l| logged(l, "/metrics-moved", &["x-mbtls=\"after\""]))
+        .unwrap();
+    let next = lines.next().unwrap().unwrap();
+    assert!(next.starts_with("connection "), "{next}");
 
     // The certificate and key files are read again too: renewed in place with a certificate
     // for another name, the middlebox is refused by a client that wants mb.test.
