@@ -1108,24 +1108,30 @@ impl RouterBed {
     }
 }
 
-/// On the router `router` of a namespace topology: nftables redirects every connection to `to`
-/// to a port of the router, which it returns (for a transparent middlebox to listen on).
+/// On the router `router` of a namespace topology: nftables redirects every connection to one
+/// of `to` (IPv4 or IPv6) to a port of the router, which it returns (for a transparent
+/// middlebox to listen on).
 fn redirect_on(
     router: &mbx_testbed::Host,
     nft: &std::path::Path,
     dir: &tempfile::TempDir,
-    to: std::net::SocketAddr,
+    to: &[std::net::SocketAddr],
 ) -> u16 {
     let port = router.port().unwrap();
-    let rules = dir.path().join(format!("redirect-{}.nft", to.port()));
+    let rules = dir.path().join(format!("redirect-{port}.nft"));
+    let redirects: String = to
+        .iter()
+        .map(|a| {
+            let family = if a.is_ipv4() { "ip" } else { "ip6" };
+            let (ip, dport) = (a.ip(), a.port());
+            format!("    {family} daddr {ip} tcp dport {dport} redirect to :{port}\n")
+        })
+        .collect();
     std::fs::write(
         &rules,
         format!(
-            "table ip mbx_transparent_{port} {{\n  chain prerouting {{\n    \
-             type nat hook prerouting priority dstnat;\n    \
-             ip daddr {} tcp dport {} redirect to :{port}\n  }}\n}}\n",
-            to.ip(),
-            to.port()
+            "table inet mbx_transparent_{port} {{\n  chain prerouting {{\n    \
+             type nat hook prerouting priority dstnat;\n{redirects}  }}\n}}\n"
         ),
     )
     .unwrap();
@@ -1138,7 +1144,8 @@ fn redirect_on(
     port
 }
 
-/// `mbx mbtls middlebox --transparent` on `router`, listening on `port` of every address, with
+/// `mbx mbtls middlebox --transparent` on `router`, listening on `port` of every address (IPv4
+/// and IPv6: `[::]`, which sees IPv4 connections at IPv4-mapped addresses), with
 /// `mbox`'s certificate and `extra` flags; its report lines (after the banner, checked).
 fn transparent_middlebox(
     router: &mbx_testbed::Host,
@@ -1152,7 +1159,7 @@ fn transparent_middlebox(
     let mb = router
         .command(mbx().get_program())
         .args(["mbtls", "middlebox", "--transparent", "--listen"])
-        .arg(format!("0.0.0.0:{port}"))
+        .arg(format!("[::]:{port}"))
         .arg("--certificate")
         .arg(&mbox.chain)
         .arg("--private-key")
@@ -1177,9 +1184,9 @@ fn transparent_middlebox(
 /// A transparent middlebox on the path: client, router and server are network namespaces, and
 /// nftables on the router redirects the client's connection to the server to the middlebox
 /// (`--transparent`), which takes it to its original destination and joins the session the
-/// client, which knows nothing of it, offers discovery on. A connection made to the middlebox's
-/// own address has no other destination and is refused, saying why. Runs only as root with
-/// `ip`; otherwise prints why it is skipped.
+/// client, which knows nothing of it, offers discovery on, over IPv4 and over IPv6. A connection
+/// made to the middlebox's own address has no other destination and is refused, saying why.
+/// Runs only as root with `ip`; otherwise prints why it is skipped.
 #[test]
 fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
     let Some(bed) =
@@ -1197,10 +1204,11 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
     let [client_host, router, server_host] = bed.hosts();
     let nginx = Nginx::from_files(server)
         .log_header("X-Mbtls")
+        .also_ipv6()
         .start_on(server_host)
         .unwrap();
-    let server_addr = nginx.addr();
-    let mb_port = redirect_on(router, nft, dir, server_addr);
+    let (server_addr, server_addr6) = (nginx.addr(), nginx.addr6().unwrap());
+    let mb_port = redirect_on(router, nft, dir, &[server_addr, server_addr6]);
     let mbx_path = mbx().get_program().to_owned();
     let (_mb, mut lines) = transparent_middlebox(
         router,
@@ -1225,20 +1233,29 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
             .output()
             .unwrap()
     };
-    let out = fetch(&server_addr.to_string());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("hop 2: "), "{text}");
-    assert!(text.contains("x-mbtls: on-the-path"), "{text}");
-    let line = lines.next().unwrap().unwrap();
-    assert!(
-        line.contains(&format!(" to {server_addr}: joined")),
-        "{line}"
-    );
+    for to in [server_addr, server_addr6] {
+        let out = fetch(&to.to_string());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("hop 2: "), "{text}");
+        assert!(text.contains("x-mbtls: on-the-path"), "{text}");
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.contains(&format!(" to {to}: joined")), "{line}");
+        // The client as it connected, IPv4 not IPv4-mapped: "from 10.231.0.1:…".
+        let client_ip = match to {
+            std::net::SocketAddr::V4(_) => client_host.ip(),
+            std::net::SocketAddr::V6(_) => client_host.ip6().unwrap().into(),
+        };
+        let from = std::net::SocketAddr::new(client_ip, 0).to_string();
+        assert!(
+            line.contains(&format!(" from {}", &from[..from.len() - 1])),
+            "{line}"
+        );
+    }
 
     // Straight to the middlebox: not redirected, so nowhere to go.
     let out = fetch(&router.addr(mb_port).to_string());
@@ -1305,7 +1322,7 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
         "{banner:?}"
     );
 
-    let mb_port = redirect_on(router, nft, dir, server_addr);
+    let mb_port = redirect_on(router, nft, dir, &[server_addr]);
     let app = ["--server-side", "--app", "http-header:X-Mbtls:server-side"];
     let (_mb, mut mb_lines) = transparent_middlebox(router, mb_port, mbox, &app);
 

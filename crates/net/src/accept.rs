@@ -81,7 +81,9 @@ impl Acceptor {
     }
 
     /// The next connection; errors are logged, counted and followed by a pause. Cancel safe (a
-    /// `select!` branch): a pause being waited out is kept for the next call.
+    /// `select!` branch): a pause being waited out is kept for the next call. The peer's
+    /// address is given as the client would say it: an IPv4 client of a dual-stack (`[::]`)
+    /// listener as IPv4, not IPv4-mapped IPv6.
     pub async fn accept(&mut self) -> (TcpStream, SocketAddr) {
         loop {
             if let Some(until) = self.paused_until {
@@ -89,9 +91,12 @@ impl Acceptor {
                 self.paused_until = None;
             }
             match self.listener.accept().await {
-                Ok(accepted) => {
+                Ok((stream, peer)) => {
                     self.backoff.reset();
-                    return accepted;
+                    return (
+                        stream,
+                        SocketAddr::new(peer.ip().to_canonical(), peer.port()),
+                    );
                 }
                 Err(e) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
@@ -121,5 +126,18 @@ mod tests {
         assert_eq!(ms, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         b.reset();
         assert_eq!(b.after_error(), FIRST_PAUSE);
+    }
+
+    #[tokio::test]
+    async fn an_ipv4_client_of_a_dual_stack_listener_has_an_ipv4_address() {
+        // Where IPv6 is off, there is no dual-stack listener to test.
+        let Ok(listener) = TcpListener::bind("[::]:0").await else {
+            return;
+        };
+        let port = listener.local_addr().unwrap().port();
+        let mut acceptor = Acceptor::new(listener);
+        let client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (_stream, peer) = acceptor.accept().await;
+        assert_eq!(peer, client.local_addr().unwrap());
     }
 }

@@ -1,14 +1,14 @@
 //! Network namespaces linked by veth pairs, and a [`Topology`] that falls back to loopback.
 //!
-//! Namespaces need root and the `ip` tool. Addresses are from `10.231.0.0/16` and exist only inside
-//! namespaces created here, so nothing leaves the machine and parallel tests never collide: each
+//! Namespaces need root and the `ip` tool. Addresses are from `10.231.0.0/16` and, for IPv6,
+//! `fd31:231::/32` (unique local); they exist only inside namespaces created here, so nothing leaves the machine and parallel tests never collide: each
 //! namespace and interface name carries the process id and a per-process counter.
 //!
 //! In-process tokio code always runs in the namespace of the test process; only child processes
 //! (the `mbx` binary, real peers) run inside a namespace, through `ip netns exec`.
 
 use std::ffi::OsStr;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -251,6 +251,7 @@ pub fn link(
 pub struct Host {
     index: usize,
     ip: IpAddr,
+    ip6: Option<Ipv6Addr>,
     ns: Option<Arc<Namespace>>,
     next_port: Arc<AtomicU32>,
 }
@@ -269,6 +270,11 @@ impl Host {
     /// `ip:port` on this host.
     pub fn addr(&self, port: u16) -> SocketAddr {
         SocketAddr::new(self.ip, port)
+    }
+
+    /// The host's IPv6 address, which every namespace host has too (`None` on loopback).
+    pub fn ip6(&self) -> Option<Ipv6Addr> {
+        self.ip6
     }
 
     /// The namespace, when the topology uses namespaces.
@@ -321,9 +327,9 @@ impl Host {
 
 /// A chain of hosts `0 - 1 - ... - n-1`, e.g. client, middleboxes, server.
 ///
-/// With namespaces each host is a namespace; neighbours share a veth link `10.231.k.0/24`
-/// (host k is `.1`, host k+1 is `.2`); hosts forward and route so any host reaches any other at
-/// [`Host::ip`]. On loopback every host is 127.0.0.1 and listeners differ by port.
+/// With namespaces each host is a namespace; neighbours share a veth link `10.231.k.0/24` and
+/// `fd31:231:k::/64` (host k is `.1`/`::1`, host k+1 is `.2`/`::2`); hosts forward and route so
+/// any host reaches any other at [`Host::ip`] and [`Host::ip6`]. On loopback every host is 127.0.0.1 and listeners differ by port.
 #[derive(Debug)]
 pub struct Topology {
     hosts: Vec<Host>,
@@ -338,6 +344,7 @@ impl Topology {
             .map(|index| Host {
                 index,
                 ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                ip6: None,
                 ns: None,
                 next_port: Arc::new(AtomicU32::new(20000)),
             })
@@ -372,43 +379,46 @@ impl Topology {
         let namespaces: Vec<Arc<Namespace>> = (0..n)
             .map(|_| Namespace::create().map(Arc::new))
             .collect::<Result<_, _>>()?;
-        // Link k joins host k (.1) and host k+1 (.2) on 10.231.k.0/24.
+        // Link k joins host k (.1, ::1) and host k+1 (.2, ::2) on 10.231.k.0/24 and
+        // fd31:231:k::/64.
         let link_addr = |k: usize, side: u8| Ipv4Addr::new(10, 231, k as u8, side);
+        let link_addr6 = |k: usize, side: u8| {
+            Ipv6Addr::new(0xfd31, 0x231, k as u16, 0, 0, 0, 0, u16::from(side))
+        };
         for k in 0..n.saturating_sub(1) {
             if let (Some(a), Some(b)) = (namespaces.get(k), namespaces.get(k + 1)) {
-                link(a, link_addr(k, 1), b, link_addr(k, 2), 24)?;
+                let (a_if, b_if) = link(a, link_addr(k, 1), b, link_addr(k, 2), 24)?;
+                // `nodad`: usable at once, not after duplicate address detection.
+                for (ns, ifname, side) in [(a, &a_if, 1), (b, &b_if, 2)] {
+                    let addr = format!("{}/64", link_addr6(k, side));
+                    ns.ip(["-6", "addr", "add", &addr, "dev", ifname, "nodad"])?;
+                }
             }
         }
         for (h, ns) in namespaces.iter().enumerate() {
             if n > 2 {
-                ns.exec("sysctl", ["-q", "-w", "net.ipv4.ip_forward=1"])
-                    .and_then(|out| {
-                        if out.status.success() {
-                            Ok(())
-                        } else {
-                            Err(NetnsError::Command {
-                                command: "sysctl net.ipv4.ip_forward=1".into(),
-                                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                            })
-                        }
-                    })?;
+                for setting in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+                    let out = ns.exec("sysctl", ["-q", "-w", setting])?;
+                    if !out.status.success() {
+                        return Err(NetnsError::Command {
+                            command: format!("sysctl {setting}"),
+                            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                        });
+                    }
+                }
             }
             for k in 0..n.saturating_sub(1) {
                 // Links attached to host h are h-1 and h; others are reached via a neighbour.
-                let via = if k + 1 < h {
-                    link_addr(h - 1, 1) // left neighbour's end of link h-1
+                let (via, via6) = if k + 1 < h {
+                    (link_addr(h - 1, 1), link_addr6(h - 1, 1)) // left neighbour's end of link h-1
                 } else if k > h {
-                    link_addr(h, 2) // right neighbour's end of link h
+                    (link_addr(h, 2), link_addr6(h, 2)) // right neighbour's end of link h
                 } else {
                     continue;
                 };
-                ns.ip([
-                    "route",
-                    "add",
-                    &format!("10.231.{k}.0/24"),
-                    "via",
-                    &via.to_string(),
-                ])?;
+                let (net, net6) = (format!("10.231.{k}.0/24"), format!("fd31:231:{k:x}::/64"));
+                ns.ip(["route", "add", &net, "via", &via.to_string()])?;
+                ns.ip(["-6", "route", "add", &net6, "via", &via6.to_string()])?;
             }
         }
         let hosts = namespaces
@@ -421,6 +431,11 @@ impl Topology {
                     link_addr(0, 1)
                 } else {
                     link_addr(index - 1, 2)
+                }),
+                ip6: Some(if index == 0 {
+                    link_addr6(0, 1)
+                } else {
+                    link_addr6(index - 1, 2)
                 }),
                 ns: Some(ns.clone()),
                 next_port: Arc::new(AtomicU32::new(20000)),

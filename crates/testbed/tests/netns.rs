@@ -2,6 +2,7 @@
 //! skipped and passes.
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use mbx_testbed::netns::{self, Topology};
@@ -80,6 +81,34 @@ fn tcp_echo_across_namespaces() {
             "{}",
             String::from_utf8_lossy(&out.stdout)
         );
+
+        // IPv6 too: every host has an address of its own, routed the same way.
+        let server_addr6 = SocketAddr::new(
+            server_host.ip6().unwrap().into(),
+            server_host.port().unwrap(),
+        );
+        let mut cmd = server_host.command(ECHO);
+        cmd.arg("serve")
+            .arg(server_addr6.to_string())
+            .stdout(Stdio::piped());
+        let mut server6 = server_host.spawn_command(cmd).unwrap();
+        let stdout = server6.child_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), format!("listening {server_addr6}"));
+        let out = topo
+            .host(0)
+            .unwrap()
+            .namespace()
+            .unwrap()
+            .exec(ECHO, ["send", &server_addr6.to_string(), "over IPv6"])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "over IPv6");
 
         // The server is not reachable from the root namespace: the address exists only inside.
         let out = Command::new(ECHO)

@@ -115,6 +115,9 @@ fn next_hop_of<'a>(client: &TcpStream, next_hop: &'a NextHop) -> Result<Cow<'a, 
             let local = client
                 .local_addr()
                 .map_err(DriverError::io("reading the connection's local address"))?;
+            // A dual-stack listener ([::]) sees an IPv4 connection at an IPv4-mapped address;
+            // its NAT entry, and so its original destination, is an IPv4 one.
+            let local = SocketAddr::new(local.ip().to_canonical(), local.port());
             let sock = socket2::SockRef::from(client);
             let original = if local.is_ipv4() {
                 sock.original_dst_v4()
