@@ -796,15 +796,13 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     })
 }
 
-/// `names`: the pre-configured middleboxes in path order; `None` with discovery (they are
-/// counted from the session's hops).
+/// `names`: the pre-configured middleboxes in path order; `None` with discovery (the session
+/// names those that joined, by their certificates).
 fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, server: &str) {
-    let discovered: Vec<String> = match c.summary().map_or(1, |s| s.hops.len().max(2) - 1) {
-        1 => vec!["discovered middlebox".to_string()],
-        n => (1..=n)
-            .map(|i| format!("discovered middlebox {i}"))
-            .collect(),
-    };
+    let discovered = c
+        .summary()
+        .map(|s| s.middleboxes.clone())
+        .unwrap_or_default();
     let names = names.unwrap_or(&discovered);
     let path: Vec<&str> = names.iter().map(String::as_str).collect();
     if path.is_empty() {
@@ -817,7 +815,7 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
     }
     if let Some(sum) = c.summary() {
         println!("{}, {}", version_name(sum.version), sum.suite.name());
-        let labels: Vec<String> = if sum.middlebox_joined {
+        let labels: Vec<String> = if sum.middlebox_joined() {
             let mut nodes = vec!["client".to_string()];
             nodes.extend(names.iter().cloned());
             nodes.push(server.to_string());
@@ -849,29 +847,45 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
         println!("attestation: no middlebox took part");
     }
     for v in c.verdicts() {
-        match v {
-            MiddleboxVerdict::Verified(Some(claims)) => println!(
-                "attestation: {} verified ({} TEE, measurement {}, signer {}, svn {})",
-                if names.len() == 1 {
-                    names[0].as_str()
-                } else {
-                    "middlebox"
-                },
-                claims.tee,
-                hex::encode(&claims.measurement),
-                hex::encode(&claims.signer),
-                claims.svn,
-            ),
-            MiddleboxVerdict::Verified(None) => {
-                println!(
-                    "attestation: a middlebox sent no evidence (the policy does not require it)"
-                )
+        println!("attestation: {}", verdict_text(v, true));
+    }
+}
+
+/// One verdict, for the client's summary (`long`: with the signer and the SVN) and the
+/// services' report lines.
+fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
+    match v {
+        MiddleboxVerdict::Verified {
+            middlebox,
+            claims: Some(c),
+        } => {
+            let mut text = format!(
+                "{middlebox} verified ({} TEE, measurement {}",
+                c.tee,
+                hex::encode(&c.measurement)
+            );
+            if long {
+                text.push_str(&format!(
+                    ", signer {}, svn {}",
+                    hex::encode(&c.signer),
+                    c.svn
+                ));
             }
-            MiddleboxVerdict::Excluded(why) => {
-                println!("attestation: a middlebox was excluded: {why}")
-            }
-            MiddleboxVerdict::Direct => println!("attestation: no middlebox took part"),
+            text + ")"
         }
+        MiddleboxVerdict::Verified {
+            middlebox,
+            claims: None,
+        } => format!("{middlebox} sent no evidence (the policy does not require it)"),
+        MiddleboxVerdict::Excluded {
+            middlebox: Some(m),
+            why,
+        } => format!("{m} was excluded: {why}"),
+        MiddleboxVerdict::Excluded {
+            middlebox: None,
+            why,
+        } => format!("a middlebox was excluded: {why}"),
+        MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
     }
 }
 
@@ -1589,15 +1603,12 @@ fn print_server_report(r: &ServerConnectionReport) {
         line.push_str(version_name(sum.version));
         line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
     }
-    match &r.verdict {
-        MiddleboxVerdict::Verified(Some(c)) => line.push_str(&format!(
-            "; middlebox verified ({} TEE, measurement {})",
-            c.tee,
-            hex::encode(&c.measurement)
-        )),
-        MiddleboxVerdict::Verified(None) => line.push_str("; middlebox sent no evidence"),
-        MiddleboxVerdict::Excluded(why) => line.push_str(&format!("; middlebox excluded: {why}")),
-        MiddleboxVerdict::Direct => line.push_str("; no middlebox"),
+    if r.verdicts.is_empty() {
+        line.push_str("; no middlebox");
+    }
+    for v in &r.verdicts {
+        line.push_str("; middlebox ");
+        line.push_str(&verdict_text(v, false));
     }
     line.push_str(&format!(
         "; {} bytes to the backend, {} back",
@@ -1659,8 +1670,15 @@ fn print_proxy_report(r: &ProxyReport) {
         (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
         (outcome, _) => {
             let bytes = format!("{} bytes up, {} down; ", r.bytes_up, r.bytes_down);
+            let via = match r.summary.as_ref().map(|s| s.middleboxes.join(", ")) {
+                Some(names) if !names.is_empty() => format!("via {names}; "),
+                _ => String::new(),
+            };
             let end = outcome_text(outcome);
-            format!("connection {} from {peer}: {bytes}hops {hops}{end}", r.id)
+            format!(
+                "connection {} from {peer}: {bytes}{via}hops {hops}{end}",
+                r.id
+            )
         }
     };
     print_line(&line);

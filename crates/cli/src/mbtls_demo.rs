@@ -325,27 +325,40 @@ fn report(
 
     let verdicts = client.verdicts();
     ensure!(verdicts.len() == 2, "client verdicts: {verdicts:?}");
+    let mut verified = Vec::new();
     for v in verdicts {
         match v {
-            MiddleboxVerdict::Verified(Some(c)) => println!(
-                "  client verified a middlebox: {} TEE, measurement {}…, before sending key material",
-                c.tee,
-                &hex::encode(&c.measurement)[..16]
-            ),
+            MiddleboxVerdict::Verified {
+                middlebox,
+                claims: Some(c),
+            } => {
+                println!(
+                    "  client verified {middlebox}: {} TEE, measurement {}…, before sending key material",
+                    c.tee,
+                    &hex::encode(&c.measurement)[..16]
+                );
+                verified.push(middlebox.as_str());
+            }
             other => anyhow::bail!("client's verdict on a middlebox: {other:?}"),
         }
     }
-    println!(
-        "  (both {} and {} passed, or the client would have sent no key material at all)",
-        names[0], names[1]
+    verified.sort_unstable();
+    ensure!(
+        verified == names[..2] && cs.middleboxes == names[..2],
+        "the client verified {verified:?} and sent keys to {:?}, not {:?}",
+        cs.middleboxes,
+        &names[..2]
     );
-    match &rs.verdict {
-        MiddleboxVerdict::Verified(Some(c)) => println!(
-            "  server verified {SERVER_MB}: {} TEE, measurement {}…, before sending key material",
+    match rs.verdicts.as_slice() {
+        [MiddleboxVerdict::Verified {
+            middlebox,
+            claims: Some(c),
+        }] if middlebox == SERVER_MB => println!(
+            "  server verified {middlebox}: {} TEE, measurement {}…, before sending key material",
             c.tee,
             &hex::encode(&c.measurement)[..16]
         ),
-        other => anyhow::bail!("server's verdict on {SERVER_MB}: {other:?}"),
+        other => anyhow::bail!("server's verdicts: {other:?}"),
     }
 
     let text = String::from_utf8_lossy(response);

@@ -369,7 +369,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         let srv_report = srv_lines.next().unwrap().unwrap();
         assert!(
             srv_report.contains(&format!(
-                "middlebox verified (sim TEE, measurement {measurement})"
+                "middlebox mb2.test verified (sim TEE, measurement {measurement})"
             )),
             "{srv_report}"
         );
@@ -496,14 +496,13 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         .log_header("X-Mb1")
         .start()
         .unwrap();
-    // Both middleboxes were verified and both apps ran on the request for `path`.
+    // Both middleboxes were verified (each named once) and both apps ran on the request for
+    // `path`.
     let both_verified_and_both_apps_ran = |text: &str, path: &str| {
-        assert_eq!(
-            text.matches("attestation: middlebox verified (sim TEE")
-                .count(),
-            2,
-            "{text}"
-        );
+        for mb in ["mb0.test", "mb1.test"] {
+            let verified = format!("attestation: {mb} verified (sim TEE");
+            assert_eq!(text.matches(&verified).count(), 1, "{text}");
+        }
         nginx
             .wait_access_log(|l| logged(l, path, &["x-mb0=\"mb0.test\"", "x-mb1=\"mb1.test\""]))
             .unwrap();
@@ -593,10 +592,13 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         ),
         "{text}"
     );
-    assert!(
-        text.contains("attestation: discovered middlebox verified (sim TEE"),
-        "{text}"
-    );
+    // The client names it by its certificate.
+    for expected in [
+        "path: client -> mb0.test (",
+        "attestation: mb0.test verified (sim TEE",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
     assert!(
         text.contains("hop 2: ") && !text.contains("hop 3: "),
         "{text}"
@@ -608,7 +610,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     let (ok, text, err) = fetch(&["--allow-middlebox", "someone-else.test"]);
     assert!(ok, "{text}{err}");
     assert!(
-        text.contains("attestation: a middlebox was excluded: not approved"),
+        text.contains("attestation: mb0.test was excluded: not approved"),
         "{text}"
     );
     assert!(
@@ -650,10 +652,12 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         ],
     );
     assert!(ok, "{text}{err}");
-    assert!(
-        text.contains("hop 3: discovered middlebox 2 <-> server.test (primary session keys)"),
-        "{text}"
-    );
+    for expected in [
+        "hop 2: mb1.test <-> mb0.test (fresh keys)",
+        "hop 3: mb0.test <-> server.test (primary session keys)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
     both_verified_and_both_apps_ran(&text, "/two-discovered");
     // ...and when the one nearest the server is refused, the other still joins (and, told
     // that nothing beyond it joined, does not wait for the refused one's switch).
@@ -663,9 +667,9 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     assert!(ok, "{text}{err}");
     for expected in [
-        "attestation: a middlebox was excluded: not approved",
-        "attestation: discovered middlebox verified (sim TEE",
-        "hop 2: discovered middlebox <-> server.test (primary session keys)",
+        "attestation: mb0.test was excluded: not approved",
+        "attestation: mb1.test verified (sim TEE",
+        "hop 2: mb1.test <-> server.test (primary session keys)",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
@@ -777,7 +781,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     assert_eq!(header_through_proxy(&proxy_addr), "via-proxy");
     let line = proxy_lines.next().unwrap().unwrap();
     assert!(
-        line.contains("closed cleanly") || line.contains("bytes up"),
+        line.contains("bytes up") && line.contains("; via mb.test; hops "),
         "{line}"
     );
     // A local connection that sends nothing gets its session, which the proxy closes once it
@@ -1347,7 +1351,10 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
         "{line}"
     );
     let line = srv_lines.next().unwrap().unwrap();
-    assert!(line.contains("middlebox sent no evidence"), "{line}");
+    assert!(
+        line.contains("middlebox mb.test sent no evidence"),
+        "{line}"
+    );
 }
 
 /// `--metrics-listen`: the middlebox answers Prometheus scrapes with its counters, which follow

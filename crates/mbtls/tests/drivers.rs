@@ -170,13 +170,13 @@ async fn inserted_header_reaches_nginx_both_versions() {
         )
         .await;
         assert!(
-            matches!(client.verdict(), MiddleboxVerdict::Verified(Some(c)) if c.measurement == measure(PROGRAM, b"")),
+            matches!(client.verdict(), MiddleboxVerdict::Verified { claims: Some(c), .. } if c.measurement == measure(PROGRAM, b"")),
             "{:?}",
             client.verdict()
         );
         let summary = client.summary().unwrap().clone();
         assert_eq!(summary.version, version);
-        assert!(summary.middlebox_joined);
+        assert!(summary.middlebox_joined());
         assert_eq!(summary.hops.len(), 2);
         assert_ne!(summary.hops[0], summary.hops[1]);
         drop(client);
@@ -492,7 +492,7 @@ async fn p7_round_trips_mbtls_vs_plain_tls_through_the_same_path() {
             "/",
         )
         .await;
-        assert!(client.summary().unwrap().middlebox_joined);
+        assert!(client.summary().unwrap().middlebox_joined());
         drop(client);
         // Connection 1: plain TLS through the same relay and middlebox (which stays passive).
         let plain = timeout(BOUND, plain_fetch(hop1.local_addr(), &w.root_pem, version))

@@ -249,7 +249,10 @@ fn preconfigured_middlebox_joins_and_relays_both_versions() {
         assert!(
             matches!(
                 ce.first(),
-                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+                Some(ClientHandshakeEvent::MiddleboxVerified {
+                    claims: Some(_),
+                    ..
+                })
             ),
             "{ce:?}"
         );
@@ -458,7 +461,10 @@ fn tls13_evidence_rides_the_middleboxs_first_flight() {
     assert!(
         matches!(
             ce.first(),
-            Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+            Some(ClientHandshakeEvent::MiddleboxVerified {
+                claims: Some(_),
+                ..
+            })
         ),
         "{ce:?}"
     );
@@ -583,7 +589,10 @@ fn client_accepts_only_the_evidence_as_half_rtt_data() {
         assert!(
             matches!(
                 ce.first(),
-                Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+                Some(ClientHandshakeEvent::MiddleboxVerified {
+                    claims: Some(_),
+                    ..
+                })
             ),
             "{ce:?}"
         );
@@ -790,7 +799,7 @@ mod discovered {
                 let ce = client_events(&mut net.client);
                 assert!(
                     ce.iter()
-                        .any(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded(_))),
+                        .any(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded { .. })),
                     "{what}: {ce:?}"
                 );
                 assert!(ce.contains(&ClientHandshakeEvent::Direct), "{what}: {ce:?}");
@@ -892,9 +901,10 @@ mod discovered {
             assert!(!net.client.keys_sent() && !net.mbox.keys_installed());
             let ce = client_events(&mut net.client);
             assert!(
-                ce.contains(&ClientHandshakeEvent::MiddleboxExcluded(
-                    "answered after the primary ServerHello"
-                )),
+                ce.contains(&ClientHandshakeEvent::MiddleboxExcluded {
+                    middlebox: Some("mb.test".to_string()),
+                    why: "answered after the primary ServerHello"
+                }),
                 "{version:?}: {ce:?}"
             );
             let me = mbox_events(&mut net.mbox);

@@ -234,7 +234,13 @@ async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions()
         let sreport = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
         assert!(sreport.outcome.is_ok(), "{sreport:?}");
         assert!(
-            matches!(sreport.verdict, MiddleboxVerdict::Verified(Some(_))),
+            matches!(
+                sreport.verdicts.as_slice(),
+                [MiddleboxVerdict::Verified {
+                    claims: Some(_),
+                    ..
+                }]
+            ),
             "{sreport:?}"
         );
         let summary = sreport.summary.unwrap();
@@ -348,7 +354,7 @@ async fn a_client_kept_in_openssl_over_tcp_through_a_server_side_middlebox_both_
             "{version:?}: {body}"
         );
         let csum = client.summary().unwrap().clone();
-        assert!(csum.hops.is_empty() && !csum.middlebox_joined);
+        assert!(csum.hops.is_empty() && !csum.middlebox_joined());
         let _ = client.close().await;
         let r2 = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
         assert!(r2.keys_installed, "{r2:?}");
@@ -441,7 +447,10 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     assert!(report.outcome.is_err(), "{report:?}");
     assert!(
-        matches!(report.verdict, MiddleboxVerdict::Verified(_)),
+        matches!(
+            report.verdicts.as_slice(),
+            [MiddleboxVerdict::Verified { .. }]
+        ),
         "{report:?}"
     );
 }

@@ -369,7 +369,10 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert!(
                 matches!(
                     se.first(),
-                    Some(ClientHandshakeEvent::MiddleboxVerified(Some(_)))
+                    Some(ClientHandshakeEvent::MiddleboxVerified {
+                        claims: Some(_),
+                        ..
+                    })
                 ),
                 "{se:?}"
             );
@@ -382,7 +385,7 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert_eq!(summary.version, version);
             assert_eq!(summary.hops.len(), 2);
             assert_ne!(summary.hops[0], summary.hops[1]);
-            assert!(summary.middlebox_joined);
+            assert!(summary.middlebox_joined());
         }
     }
 }
@@ -421,7 +424,7 @@ fn client_kept_in_openssl_through_a_server_side_middlebox_both_versions() {
             unreachable!()
         };
         let summary = c.summary().unwrap();
-        assert!(summary.hops.is_empty() && !summary.middlebox_joined);
+        assert!(summary.hops.is_empty() && !summary.middlebox_joined());
     }
 }
 
@@ -445,7 +448,7 @@ fn a_server_no_middlebox_announced_to_keeps_the_session_in_openssl_both_versions
         assert!(server_events(path.server()).contains(&ClientHandshakeEvent::Direct));
         let summary = path.server().summary().unwrap();
         assert!(
-            summary.hops.is_empty() && !summary.middlebox_joined,
+            summary.hops.is_empty() && !summary.middlebox_joined(),
             "{what}"
         );
     });
@@ -639,8 +642,12 @@ fn undiscovered_middlebox_not_approved_gets_no_keys_and_the_session_is_direct() 
             assert!(mb.is_passive());
             let se = server_events(path.server());
             assert!(
-                se.contains(&ClientHandshakeEvent::MiddleboxExcluded(
-                    "not approved by the application"
+                se.iter().any(|e| matches!(
+                    e,
+                    ClientHandshakeEvent::MiddleboxExcluded {
+                        middlebox: Some(_),
+                        why: "not approved by the application"
+                    }
                 )),
                 "{se:?}"
             );
@@ -1416,6 +1423,42 @@ mod several_discovered {
         }
     }
 
+    /// An endpoint's events name each middlebox it checked: every joined one verified, the
+    /// refused one (if it was on the path) excluded by its certificate's name.
+    fn assert_named_verdicts(
+        events: &[ClientHandshakeEvent],
+        refused: &str,
+        joined: &[&str],
+        what: &str,
+    ) {
+        let mut verified: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                ClientHandshakeEvent::MiddleboxVerified { middlebox, .. } => {
+                    Some(middlebox.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        verified.sort_unstable();
+        assert_eq!(verified, joined, "{what}: {events:?}");
+        let excluded: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
+                    Some((middlebox.as_deref(), *why))
+                }
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<_> = if joined.len() == 3 {
+            Vec::new()
+        } else {
+            vec![(Some(refused), "not approved by the application")]
+        };
+        assert_eq!(excluded, expected, "{what}");
+    }
+
     /// (refused name, middleboxes that join in path order, nodes that must stay passive), on
     /// a path of three middleboxes mba, mbb, mbc (nodes 1 to 3) between client and server. The
     /// same cases hold for either side: whichever end gives the keys, a middlebox whose only
@@ -1454,11 +1497,10 @@ mod several_discovered {
                     };
                     let ce: Vec<ClientHandshakeEvent> =
                         std::iter::from_fn(|| c.poll_event()).collect();
-                    let excluded = ce
-                        .iter()
-                        .filter(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded(_)));
-                    assert_eq!(excluded.count(), passive.len(), "{what}: {ce:?}");
-                    let hops = c.summary().unwrap().hops.clone();
+                    assert_named_verdicts(&ce, refused, joined, &what);
+                    let summary = c.summary().unwrap();
+                    assert_eq!(summary.middleboxes, joined, "{what}");
+                    let hops = summary.hops.clone();
                     assert_eq!(hops.len(), joined.len() + 1, "{what}");
                     for (i, a) in hops.iter().enumerate() {
                         assert!(hops.iter().skip(i + 1).all(|b| a != b), "{what}");
@@ -1489,8 +1531,11 @@ mod several_discovered {
                     path.pump();
                     exchange(&mut path, joined, &what);
                     assert_passive_exactly(&path, passive, &what);
-                    let hops = path.server().summary().unwrap().hops.clone();
-                    assert_eq!(hops.len(), joined.len() + 1, "{what}");
+                    let se = server_events(path.server());
+                    assert_named_verdicts(&se, refused, joined, &what);
+                    let summary = path.server().summary().unwrap();
+                    assert_eq!(summary.middleboxes, joined, "{what}");
+                    assert_eq!(summary.hops.len(), joined.len() + 1, "{what}");
                 }
             }
         }

@@ -15,10 +15,19 @@ use crate::handshake::{
 /// What the client decided about the middlebox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MiddleboxVerdict {
-    /// Certificate and evidence passed; `None` = no evidence, and the policy does not require it.
-    Verified(Option<Claims>),
-    /// A discovered middlebox failed a check and got no key material.
-    Excluded(&'static str),
+    /// Certificate, approval and evidence passed (`claims`: `None` = no evidence, and the
+    /// policy does not require it). `middlebox`: the name it was configured under or,
+    /// discovered, the first DNS name of its certificate.
+    Verified {
+        middlebox: String,
+        claims: Option<Claims>,
+    },
+    /// A discovered middlebox failed a check and got no key material (`middlebox`: its name
+    /// when its certificate verified; `None` when its secondary handshake failed first).
+    Excluded {
+        middlebox: Option<String>,
+        why: &'static str,
+    },
     /// No middlebox took part.
     Direct,
 }
@@ -44,12 +53,12 @@ impl Session {
     fn events(&mut self) -> Result<(), DriverError> {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
-                ClientHandshakeEvent::MiddleboxVerified(claims) => {
-                    self.verdict = MiddleboxVerdict::Verified(claims);
+                ClientHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
+                    self.verdict = MiddleboxVerdict::Verified { middlebox, claims };
                     self.verdicts.push(self.verdict.clone());
                 }
-                ClientHandshakeEvent::MiddleboxExcluded(why) => {
-                    self.verdict = MiddleboxVerdict::Excluded(why);
+                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
+                    self.verdict = MiddleboxVerdict::Excluded { middlebox, why };
                     self.verdicts.push(self.verdict.clone());
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,

@@ -36,8 +36,9 @@ pub struct ProxyReport {
     pub local_peer: Option<SocketAddr>,
     /// The mbTLS session came up (its handshake finished).
     pub connected: bool,
-    /// What the client decided about its middleboxes, and the session's hops.
-    pub verdict: Option<MiddleboxVerdict>,
+    /// What the client decided about each middlebox that spoke, in the order they were
+    /// checked (empty: none did), and the session's hops.
+    pub verdicts: Vec<MiddleboxVerdict>,
     pub summary: Option<SessionSummary>,
     /// Bytes carried from the local application to the server and back, however the session
     /// ended.
@@ -52,7 +53,9 @@ impl super::reports::Report for ProxyReport {
         &self.outcome
     }
     fn middlebox_took_part(&self) -> bool {
-        matches!(self.verdict, Some(MiddleboxVerdict::Verified(_)))
+        self.summary
+            .as_ref()
+            .is_some_and(SessionSummary::middlebox_joined)
     }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_up, self.bytes_down)
@@ -97,7 +100,7 @@ async fn serve(
         id,
         local_peer,
         connected: false,
-        verdict: None,
+        verdicts: Vec::new(),
         summary: None,
         bytes_up: 0,
         bytes_down: 0,
@@ -119,7 +122,7 @@ async fn serve(
         }
     };
     report.connected = true;
-    report.verdict = Some(session.verdict().clone());
+    report.verdicts = session.verdicts().to_vec();
     report.summary = session.summary().cloned();
     let mut carried = Carried::default();
     let r = session

@@ -36,8 +36,9 @@ pub struct MbtlsServerConfig {
 pub struct ServerConnectionReport {
     pub id: u64,
     pub peer: Option<SocketAddr>,
-    /// What the server decided about the middlebox on its side.
-    pub verdict: MiddleboxVerdict,
+    /// What the server decided about each middlebox that announced itself, in the order they
+    /// were checked (empty: none did).
+    pub verdicts: Vec<MiddleboxVerdict>,
     pub summary: Option<SessionSummary>,
     /// Plaintext bytes passed to the backend and back.
     pub bytes_to_backend: u64,
@@ -54,7 +55,9 @@ impl super::reports::Report for ServerConnectionReport {
         &self.outcome
     }
     fn middlebox_took_part(&self) -> bool {
-        matches!(self.verdict, MiddleboxVerdict::Verified(_))
+        self.summary
+            .as_ref()
+            .is_some_and(SessionSummary::middlebox_joined)
     }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_to_backend, self.bytes_from_backend)
@@ -99,7 +102,7 @@ pub async fn serve_session(
         report: ServerConnectionReport {
             id,
             peer,
-            verdict: MiddleboxVerdict::Direct,
+            verdicts: Vec::new(),
             summary: None,
             bytes_to_backend: 0,
             bytes_from_backend: 0,
@@ -187,11 +190,13 @@ impl Session {
     fn events(&mut self, hs: &mut ServerHandshake) -> Result<(), DriverError> {
         while let Some(ev) = hs.poll_event() {
             match ev {
-                ServerHandshakeEvent::MiddleboxVerified(claims) => {
-                    self.report.verdict = MiddleboxVerdict::Verified(claims)
+                ServerHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
+                    let v = MiddleboxVerdict::Verified { middlebox, claims };
+                    self.report.verdicts.push(v);
                 }
-                ServerHandshakeEvent::MiddleboxExcluded(why) => {
-                    self.report.verdict = MiddleboxVerdict::Excluded(why)
+                ServerHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
+                    let v = MiddleboxVerdict::Excluded { middlebox, why };
+                    self.report.verdicts.push(v);
                 }
                 ServerHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ServerHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {

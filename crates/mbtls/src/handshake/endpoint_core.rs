@@ -29,11 +29,20 @@ pub type Approver = std::sync::Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
 /// Progress reports of an endpoint (client or server).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientHandshakeEvent {
-    /// The middlebox's evidence passed the policy (`None`: no evidence, and none required).
-    MiddleboxVerified(Option<Claims>),
+    /// A middlebox's certificate, approval and evidence passed (`claims`: `None` = no
+    /// evidence, and the policy does not require it). `middlebox`: its name, the one it was
+    /// configured under or, discovered, the first DNS name of its certificate.
+    MiddleboxVerified {
+        middlebox: String,
+        claims: Option<Claims>,
+    },
     /// A discovered middlebox was excluded (not approved, bad certificate, evidence refused);
-    /// it never receives key material.
-    MiddleboxExcluded(&'static str),
+    /// it never receives key material. `middlebox`: its name as in `MiddleboxVerified`, when
+    /// its certificate verified (`None`: its secondary handshake failed before that).
+    MiddleboxExcluded {
+        middlebox: Option<String>,
+        why: &'static str,
+    },
     /// Key material was sent; data may be written.
     KeysSent,
     /// No middlebox takes part: the session runs on the primary keys.
@@ -76,8 +85,36 @@ pub struct SessionSummary {
     /// without one, only the bridge. Empty when the session was never exported (no middlebox
     /// could join, docs/mbtls.md §6): its keys then never leave OpenSSL.
     pub hops: Vec<HopFingerprint>,
-    /// True when a middlebox received key material.
-    pub middlebox_joined: bool,
+    /// The name of each middlebox on this endpoint's side that received key material, in path
+    /// order from the client (as in [`ClientHandshakeEvent::MiddleboxVerified`]).
+    pub middleboxes: Vec<String>,
+}
+
+impl SessionSummary {
+    /// True when a middlebox of this endpoint's side received key material.
+    pub fn middlebox_joined(&self) -> bool {
+        !self.middleboxes.is_empty()
+    }
+}
+
+/// How a discovered middlebox is named in reports: the first DNS subjectAltName of its
+/// (verified) certificate, else its subject common name.
+fn certificate_name(cert_der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let dns = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .and_then(|san| {
+            san.value.general_names.iter().find_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+        });
+    dns.or_else(|| {
+        let cn = cert.subject().iter_common_name().next()?;
+        cn.as_str().ok().map(str::to_string)
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,16 +198,24 @@ pub(super) struct Slot {
     /// Client: discovery settled without it (at the primary ServerHello); if it speaks after
     /// all, it is shut out at the end of its handshake.
     late: bool,
+    /// The name it was configured under, or (discovered) its certificate's once that verified.
+    name: Option<String>,
 }
 
 impl Slot {
-    pub(super) fn new(subchannel: u8, engine: Box<dyn TlsEngine + Send>) -> Self {
+    /// `name`: the pre-configured middlebox's name (its certificate is checked for it).
+    pub(super) fn new(
+        subchannel: u8,
+        engine: Box<dyn TlsEngine + Send>,
+        name: Option<&str>,
+    ) -> Self {
         Slot {
             subchannel,
             engine,
             state: Secondary::Waiting,
             rx: SecondaryReader::new(),
             late: false,
+            name: name.map(str::to_string),
         }
     }
 
@@ -408,9 +453,10 @@ impl EndpointCore {
         // Best effort: a failed engine may have queued an alert instead of a close_notify.
         let _ = slot.engine.close();
         slot.state = Secondary::Excluded;
+        let middlebox = slot.name.clone();
         self.flush_secondary(subchannel)?;
         self.events
-            .push_back(ClientHandshakeEvent::MiddleboxExcluded(why));
+            .push_back(ClientHandshakeEvent::MiddleboxExcluded { middlebox, why });
         Ok(())
     }
 
@@ -438,6 +484,15 @@ impl EndpointCore {
             slot.late,
             slot.engine.peer_certificates(),
         );
+        if slot.name.is_none() {
+            // The engine verified the chain: its leaf names the middlebox.
+            slot.name = Some(
+                chain
+                    .first()
+                    .and_then(|c| certificate_name(c))
+                    .unwrap_or_else(|| "(certificate without a name)".to_string()),
+            );
+        }
         if running && late {
             return self.exclude(
                 id,
@@ -503,8 +558,9 @@ impl EndpointCore {
             Some(verify_bytes(evidence, &expected, &policy, now)?)
         };
         slot.state = Secondary::Verified;
+        let middlebox = slot.name.clone().unwrap_or_default();
         self.events
-            .push_back(ClientHandshakeEvent::MiddleboxVerified(claims));
+            .push_back(ClientHandshakeEvent::MiddleboxVerified { middlebox, claims });
         Ok(())
     }
 
@@ -591,7 +647,13 @@ impl EndpointCore {
             version: session.version,
             suite: session.suite,
             hops,
-            middlebox_joined: true,
+            middleboxes: joined
+                .iter()
+                .map(|id| {
+                    let slot = self.slots.iter().find(|s| s.subchannel == *id);
+                    slot.and_then(|s| s.name.clone()).unwrap_or_default()
+                })
+                .collect(),
         });
         // Farthest first: a middlebox switches at its own key material, after which it takes
         // every record from our side as data; the others' key material must be past it by then.
@@ -652,7 +714,7 @@ impl EndpointCore {
             version: session.version,
             suite: session.suite,
             hops: vec![HopFingerprint::of(&bridge)],
-            middlebox_joined: false,
+            middleboxes: Vec::new(),
         });
         let mut data = EndpointDataPhase::new(self.role, session.version, bridge);
         data.receive(&unprocessed_incoming);
@@ -675,7 +737,7 @@ impl EndpointCore {
             version,
             suite,
             hops: Vec::new(),
-            middlebox_joined: false,
+            middleboxes: Vec::new(),
         });
         self.start_direct(DataPhase::Direct(DirectDataPhase::new(primary)))
     }

@@ -248,7 +248,7 @@ fn announced(
         .secondary
         .client_engine(name, Some(crate::wire::MAX_INNER_PLAINTEXT_LEN))?;
     engine.process()?;
-    let mut slot = Slot::new(subchannel, engine);
+    let mut slot = Slot::new(subchannel, engine, name);
     slot.start();
     core.slots.push(slot);
     core.flush_secondary(subchannel)
