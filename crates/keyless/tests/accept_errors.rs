@@ -1,8 +1,10 @@
 //! Out of file descriptors, the key server's `accept` fails until one is freed. It then pauses
 //! between tries (5 ms doubling to 1 s, `mbx_net::Acceptor`) instead of retrying at once,
 //! counts the failures in its metrics, and serves the waiting edge once a descriptor is free.
+//! The edge's listener does the same for its clients.
 //!
-//! A test binary of its own: it lowers the whole process's `RLIMIT_NOFILE` for a moment.
+//! A test binary of its own: it lowers the whole process's `RLIMIT_NOFILE` for a moment, so
+//! its tests take turns (`STARVING`).
 //! Time is never asserted; `tokio::time::timeout` only bounds waits so a hang fails the test.
 
 mod common;
@@ -17,8 +19,12 @@ use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(60);
 
+/// One test at a time runs the process out of descriptors.
+static STARVING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_the_key_server_pauses_and_then_serves_again() {
+    let _turn = STARVING.lock().await;
     let bed = Bed::new();
     let server = bed.start().await;
     let stats = server.stats();
@@ -56,4 +62,61 @@ async fn out_of_descriptors_the_key_server_pauses_and_then_serves_again() {
     edge.sign(&site, mbx_keyless::wire::Opcode::EcdsaSignSha256, &digest)
         .await
         .unwrap();
+}
+
+/// An edge with one site (p256.example) whose key server group points at a closed port: the
+/// listener is what is tested, not signing.
+async fn edge_on_loopback(bed: &Bed, dir: &std::path::Path) -> mbx_keyless::edge::RunningEdge {
+    let edge_files = bed.edge_cert("edge-a").write_to_named(dir, "edge").unwrap();
+    std::fs::write(dir.join("keyserver-ca.pem"), bed.server_pki.root_pem()).unwrap();
+    std::fs::write(dir.join("origin.ticket"), "11".repeat(32)).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n\
+         [key_servers.a]\naddresses = [\"127.0.0.1:1\"]\nserver_name = \"keyserver.test\"\n\
+         ca = {:?}\ncertificate = {:?}\nprivate_key = {:?}\n\
+         [origins.o]\naddress = \"127.0.0.1:1\"\nticket_key_file = {:?}\n\
+         [sites.\"p256.example\"]\ncertificate = {:?}\nkey_server = \"a\"\norigin = \"o\"\n",
+        dir.join("keyserver-ca.pem"),
+        edge_files.chain,
+        edge_files.key,
+        dir.join("origin.ticket"),
+        bed.key_dir.path().join("p256.example.crt"),
+    );
+    let config = mbx_keyless::edge::EdgeConfig::from_toml(&text).unwrap();
+    mbx_keyless::edge::Edge::from_config(&config)
+        .unwrap()
+        .bind(config.listen)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_edge_pauses_and_then_serves_again() {
+    let _turn = STARVING.lock().await;
+    let bed = Bed::new();
+    let dir = tempfile::tempdir().unwrap();
+    let edge = edge_on_loopback(&bed, dir.path()).await;
+    let stats = std::sync::Arc::clone(edge.edge().stats());
+
+    let socket = TcpSocket::new_v4().unwrap();
+    let starved = OutOfDescriptors::new().unwrap();
+    let waiting = socket.connect(edge.local_addr()).await;
+    let errors = || stats.accept_errors.load(Ordering::Relaxed);
+    let tries = failures_while_starved(|| [errors()], BOUND).await;
+    drop(starved);
+    let [tries] = tries.expect("accept never failed with the descriptors used up");
+    assert!(tries <= MOST_TRIES, "failed accepts while starved: {tries}");
+
+    // A descriptor is free again: the waiting client is accepted and its (not TLS) bytes fail
+    // a handshake, which only an accepted connection can.
+    let mut waiting = waiting.unwrap();
+    use tokio::io::AsyncWriteExt;
+    waiting.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    timeout(BOUND, async {
+        while stats.handshake_failures.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap();
 }
