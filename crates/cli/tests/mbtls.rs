@@ -994,16 +994,23 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
             .output()
             .unwrap()
     };
-    let fetch = |path: &str| {
+    // Fetches `path`: nginx logs it with the header `X-Mbtls: {value}`, and the middlebox
+    // reports the connection closed cleanly.
+    let fetched_with = |path: &str, value: &str, lines: &mut std::io::Lines<_>| {
         let out = try_fetch(path);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{text}");
+        let header = format!("x-mbtls=\"{value}\"");
+        nginx
+            .wait_access_log(|l| logged(l, path, &[header.as_str()]))
+            .unwrap();
+        let next: String = lines.next().unwrap().unwrap();
+        assert!(
+            next.starts_with("connection ") && next.contains("closed cleanly"),
+            "{next}"
+        );
     };
-    fetch("/first");
-    nginx
-        .wait_access_log(|l| logged(l, "/first", &["x-mbtls=\"before\""]))
-        .unwrap();
-    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+    fetched_with("/first", "before", &mut lines);
 
     write_config("http-header:X-Mbtls:after", "max_connections = 7\n");
     signal(&mut mb, Signal::HUP);
@@ -1013,22 +1020,13 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         "middlebox reloaded: new connections get the new configuration; \
          limits: handshake 60s, idle 600s, at most 7 connections at once"
     );
-    fetch("/second");
-    nginx
-        .wait_access_log(|l| logged(l, "/second", &["x-mbtls=\"after\""]))
-        .unwrap();
-    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+    fetched_with("/second", "after", &mut lines);
 
     // A file that no longer loads, or one that would move the listener: the middlebox keeps
     // serving with what it had.
     write_config("no-such-app", "");
     signal(&mut mb, Signal::HUP);
-    fetch("/third");
-    nginx
-        .wait_access_log(|l| logged(l, "/third", &["x-mbtls=\"after\""]))
-        .unwrap();
-    let next = lines.next().unwrap().unwrap();
-    assert!(next.starts_with("connection "), "{next}");
+    fetched_with("/third", "after", &mut lines);
     std::fs::write(
         &config,
         std::fs::read_to_string(&config)
@@ -1038,24 +1036,14 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     )
     .unwrap();
     signal(&mut mb, Signal::HUP);
-    fetch("/moved");
-    nginx
-        .wait_access_log(|l| logged(l, "/moved", &["x-mbtls=\"after\""]))
-        .unwrap();
-    let next = lines.next().unwrap().unwrap();
-    assert!(next.starts_with("connection "), "{next}");
+    fetched_with("/moved", "after", &mut lines);
     // Nor may a reload start (or move) the metrics listener.
     write_config(
         "http-header:X-Mbtls:metrics-moved",
         "metrics_listen = \"127.0.0.1:0\"\n",
     );
     signal(&mut mb, Signal::HUP);
-    fetch("/metrics-moved");
-    nginx
-        .wait_access_log(|l| logged(l, "/metrics-moved", &["x-mbtls=\"after\""]))
-        .unwrap();
-    let next = lines.next().unwrap().unwrap();
-    assert!(next.starts_with("connection "), "{next}");
+    fetched_with("/metrics-moved", "after", &mut lines);
 
     // The certificate and key files are read again too: renewed in place with a certificate
     // for another name, the middlebox is refused by a client that wants mb.test.

@@ -14,13 +14,41 @@ use std::time::Duration;
 
 use common::Bed;
 use mbx_testbed::starve::{failures_while_starved, OutOfDescriptors, MOST_TRIES};
-use tokio::net::TcpSocket;
+use std::net::SocketAddr;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(60);
 
 /// One test at a time runs the process out of descriptors.
 static STARVING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Connects to `listener` while the process is out of descriptors and checks that its failed
+/// accepts (`errors`) came with pauses; returns the connection, accepted or about to be now
+/// that descriptors are free again.
+async fn connect_while_starved(listener: SocketAddr, errors: impl Fn() -> u64) -> TcpStream {
+    // The client socket exists before the limit drops; connecting needs no new descriptor here,
+    // and the kernel queues the connection at the listener, whose accept then fails.
+    let socket = TcpSocket::new_v4().unwrap();
+    let starved = OutOfDescriptors::new().unwrap();
+    let waiting = socket.connect(listener).await;
+    let tries = failures_while_starved(|| [errors()], BOUND).await;
+    drop(starved);
+    let [tries] = tries.expect("accept never failed with the descriptors used up");
+    assert!(tries <= MOST_TRIES, "failed accepts while starved: {tries}");
+    waiting.unwrap()
+}
+
+/// Polls `done` until it holds (a hang fails the test after `BOUND`).
+async fn wait_until(done: impl Fn() -> bool) {
+    timeout(BOUND, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap();
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_the_key_server_pauses_and_then_serves_again() {
@@ -29,16 +57,8 @@ async fn out_of_descriptors_the_key_server_pauses_and_then_serves_again() {
     let server = bed.start().await;
     let stats = server.stats();
 
-    // The client socket exists before the limit drops; connecting needs no new descriptor here,
-    // and the kernel queues the connection at the listener, whose accept then fails.
-    let socket = TcpSocket::new_v4().unwrap();
-    let starved = OutOfDescriptors::new().unwrap();
-    let waiting = socket.connect(server.local_addr()).await;
     let errors = || stats.accept_errors.load(Ordering::Relaxed);
-    let tries = failures_while_starved(|| [errors()], BOUND).await;
-    drop(starved);
-    let [tries] = tries.expect("accept never failed with the descriptors used up");
-    assert!(tries <= MOST_TRIES, "failed accepts while starved: {tries}");
+    let waiting = connect_while_starved(server.local_addr(), errors).await;
     assert!(
         stats
             .render()
@@ -48,14 +68,8 @@ async fn out_of_descriptors_the_key_server_pauses_and_then_serves_again() {
     );
 
     // A descriptor is free again: the waiting connection is accepted, and an edge is served.
-    let _waiting = waiting.unwrap();
-    timeout(BOUND, async {
-        while stats.connections.load(Ordering::Relaxed) == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .unwrap();
+    let _waiting = waiting;
+    wait_until(|| stats.connections.load(Ordering::Relaxed) > 0).await;
     let edge = bed.edge(&server, "edge-a").await;
     let digest = openssl::sha::sha256(b"after the starvation");
     let site = common::key(&bed.p256);
@@ -98,25 +112,12 @@ async fn out_of_descriptors_the_edge_pauses_and_then_serves_again() {
     let edge = edge_on_loopback(&bed, dir.path()).await;
     let stats = std::sync::Arc::clone(edge.edge().stats());
 
-    let socket = TcpSocket::new_v4().unwrap();
-    let starved = OutOfDescriptors::new().unwrap();
-    let waiting = socket.connect(edge.local_addr()).await;
     let errors = || stats.accept_errors.load(Ordering::Relaxed);
-    let tries = failures_while_starved(|| [errors()], BOUND).await;
-    drop(starved);
-    let [tries] = tries.expect("accept never failed with the descriptors used up");
-    assert!(tries <= MOST_TRIES, "failed accepts while starved: {tries}");
+    let mut waiting = connect_while_starved(edge.local_addr(), errors).await;
 
     // A descriptor is free again: the waiting client is accepted and its (not TLS) bytes fail
     // a handshake, which only an accepted connection can.
-    let mut waiting = waiting.unwrap();
     use tokio::io::AsyncWriteExt;
     waiting.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-    timeout(BOUND, async {
-        while stats.handshake_failures.load(Ordering::Relaxed) == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .unwrap();
+    wait_until(|| stats.handshake_failures.load(Ordering::Relaxed) > 0).await;
 }

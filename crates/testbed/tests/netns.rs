@@ -17,6 +17,21 @@ fn netns_list() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The echo server on `host`, listening on `addr` once this returns (it prints one line once
+/// bound); killed when the guard drops.
+fn echo_server(host: &netns::Host, addr: SocketAddr) -> mbx_testbed::peers::ChildGuard {
+    let mut cmd = host.command(ECHO);
+    cmd.arg("serve")
+        .arg(addr.to_string())
+        .stdout(Stdio::piped());
+    let mut server = host.spawn_command(cmd).unwrap();
+    let stdout = server.child_mut().unwrap().stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), format!("listening {addr}"));
+    server
+}
+
 #[test]
 fn tcp_echo_across_namespaces() {
     if let Some(reason) = netns::unavailable_reason() {
@@ -39,16 +54,7 @@ fn tcp_echo_across_namespaces() {
         let server_host = topo.host(2).unwrap();
         let port = server_host.port().unwrap();
         let server_addr = server_host.addr(port);
-        let mut cmd = server_host.command(ECHO);
-        cmd.arg("serve")
-            .arg(server_addr.to_string())
-            .stdout(Stdio::piped());
-        let mut server = server_host.spawn_command(cmd).unwrap();
-        // Readiness: the server prints one line once bound.
-        let stdout = server.child_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), format!("listening {server_addr}"));
+        let _server = echo_server(server_host, server_addr);
 
         // Neighbour (host 1) and two hops away (host 0, routed through host 1).
         for client in [1, 0] {
@@ -87,15 +93,7 @@ fn tcp_echo_across_namespaces() {
             server_host.ip6().unwrap().into(),
             server_host.port().unwrap(),
         );
-        let mut cmd = server_host.command(ECHO);
-        cmd.arg("serve")
-            .arg(server_addr6.to_string())
-            .stdout(Stdio::piped());
-        let mut server6 = server_host.spawn_command(cmd).unwrap();
-        let stdout = server6.child_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), format!("listening {server_addr6}"));
+        let _server6 = echo_server(server_host, server_addr6);
         let out = topo
             .host(0)
             .unwrap()
@@ -135,14 +133,7 @@ fn loopback_topology_spawns_on_localhost() {
     let port = host.port().unwrap();
     let addr = host.addr(port);
     assert!(addr.ip().is_loopback());
-    let mut cmd = host.command(ECHO);
-    cmd.arg("serve")
-        .arg(addr.to_string())
-        .stdout(Stdio::piped());
-    let mut server = host.spawn_command(cmd).unwrap();
-    let stdout = server.child_mut().unwrap().stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let _server = echo_server(host, addr);
     let out = topo
         .host(0)
         .unwrap()
