@@ -98,7 +98,8 @@ impl SessionSummary {
 }
 
 /// How a discovered middlebox is named in reports: the first DNS subjectAltName of its
-/// (verified) certificate, else its subject common name.
+/// (verified) certificate, else its subject common name. Control characters become `?`, so
+/// that a name printed to a terminal or a log line cannot steer either.
 fn certificate_name(cert_der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
     let dns = cert
@@ -107,14 +108,19 @@ fn certificate_name(cert_der: &[u8]) -> Option<String> {
         .flatten()
         .and_then(|san| {
             san.value.general_names.iter().find_map(|n| match n {
-                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(*d),
                 _ => None,
             })
         });
-    dns.or_else(|| {
-        let cn = cert.subject().iter_common_name().next()?;
-        cn.as_str().ok().map(str::to_string)
-    })
+    let name = match dns {
+        Some(d) => d,
+        None => cert.subject().iter_common_name().next()?.as_str().ok()?,
+    };
+    Some(
+        name.chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect(),
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -840,4 +846,35 @@ fn split_records(stream: &[u8]) -> Vec<&[u8]> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::certificate_name;
+    use mbx_testbed::pki::{LeafSpec, TestPki};
+
+    fn der(spec: &LeafSpec) -> Vec<u8> {
+        let pki = TestPki::new("names").unwrap();
+        pki.issue(spec).unwrap().cert_der().to_vec()
+    }
+
+    #[test]
+    fn a_middlebox_is_named_by_its_first_dns_name_else_its_common_name() {
+        let spec = LeafSpec::middlebox("mb.test").dns("other.test");
+        assert_eq!(certificate_name(&der(&spec)).as_deref(), Some("mb.test"));
+        let mut cn_only = LeafSpec::middlebox("cn.test");
+        cn_only.dns_names.clear();
+        assert_eq!(certificate_name(&der(&cn_only)).as_deref(), Some("cn.test"));
+        assert_eq!(certificate_name(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn control_characters_in_a_name_are_not_printed() {
+        let mut spec = LeafSpec::middlebox("mb.test");
+        spec.dns_names = vec!["mb\u{1b}[2J.test\n".to_string()];
+        assert_eq!(
+            certificate_name(&der(&spec)).as_deref(),
+            Some("mb?[2J.test?")
+        );
+    }
 }
