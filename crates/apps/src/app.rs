@@ -57,6 +57,24 @@ pub trait MiddleboxApp {
         let _ = (dir, out);
         Verdict::Continue
     }
+
+    /// True for an app that only looks at the stream (an IDS, a logger): its `on_data` appends
+    /// exactly the bytes it was given and `on_end` nothing. A core may then call
+    /// [`inspect`](MiddleboxApp::inspect) instead of `on_data` and pass the bytes on itself,
+    /// without copying them (the mbTLS relay re-encrypts such records where they were
+    /// decrypted). The default, false, is right for any app.
+    fn read_only(&self) -> bool {
+        false
+    }
+
+    /// A read-only app's look at plaintext of direction `dir`. `Continue`: the core passes
+    /// `data` on unchanged. `Close`: the core does not pass `data` on and ends the session
+    /// with that alert (close_notify: in an orderly way), so an app can stop what it
+    /// detected. The default runs `on_data` into a scratch buffer.
+    fn inspect(&mut self, dir: Direction, data: &[u8]) -> Verdict {
+        let mut out = Vec::new();
+        self.on_data(dir, data, &mut out)
+    }
 }
 
 impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
@@ -66,5 +84,13 @@ impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
 
     fn on_end(&mut self, dir: Direction, out: &mut Vec<u8>) -> Verdict {
         (**self).on_end(dir, out)
+    }
+
+    fn read_only(&self) -> bool {
+        (**self).read_only()
+    }
+
+    fn inspect(&mut self, dir: Direction, data: &[u8]) -> Verdict {
+        (**self).inspect(dir, data)
     }
 }

@@ -11,6 +11,14 @@ impl MiddleboxApp for PassThrough {
         out.extend_from_slice(data);
         Verdict::Continue
     }
+
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    fn inspect(&mut self, _dir: Direction, _data: &[u8]) -> Verdict {
+        Verdict::Continue
+    }
 }
 
 #[cfg(test)]

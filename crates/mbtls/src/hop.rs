@@ -195,6 +195,18 @@ impl Hop {
         self.sealer.seal_in_place(ct, buf, start)
     }
 
+    /// Seal the plaintext at `record[seal_prefix_len()..][..plain_len]` where it lies, the
+    /// record's other bytes being room (a record just opened in place): the new record's
+    /// length (`record[..len]`). On error the plaintext is wiped.
+    pub(crate) fn seal_record_in_place(
+        &mut self,
+        ct: ContentType,
+        record: &mut [u8],
+        plain_len: usize,
+    ) -> Result<usize, RecordError> {
+        self.sealer.seal_record_in_place(ct, record, plain_len)
+    }
+
     /// Seal `data` as records of at most 2^14 bytes of plaintext each. Nothing for empty data.
     pub(crate) fn seal_data(
         &mut self,
@@ -257,19 +269,19 @@ fn missing(cfg: &DeframerConfig, pending: &[u8]) -> Result<usize, WireError> {
 fn each_record(
     cfg: &DeframerConfig,
     buf: &mut [u8],
-    f: &mut impl FnMut(Result<&mut [u8], WireError>) -> bool,
+    f: &mut impl FnMut(Result<&mut [u8], WireError>, usize) -> bool,
 ) -> Option<usize> {
     let mut pos = 0;
     loop {
         let rest = buf.get_mut(pos..).unwrap_or_default();
         match frame(cfg, rest) {
             Err(e) => {
-                f(Err(e));
+                f(Err(e), pos);
                 return None;
             }
             Ok(None) => return Some(pos),
             Ok(Some(total)) => {
-                if !f(Ok(rest.get_mut(..total).unwrap_or_default())) {
+                if !f(Ok(rest.get_mut(..total).unwrap_or_default()), pos) {
                     return None;
                 }
                 pos += total;
@@ -291,14 +303,27 @@ pub(crate) fn for_each_record(
     input: Input<'_>,
     mut f: impl FnMut(Result<&mut [u8], WireError>) -> bool,
 ) {
+    for_each_record_at(version, pending, input, |record, _| f(record));
+}
+
+/// [`for_each_record`], telling for each record where it starts in lent input (`None`: it
+/// was completed in `pending`, or the input was borrowed).
+pub(crate) fn for_each_record_at(
+    version: TlsVersion,
+    pending: &mut Vec<u8>,
+    input: Input<'_>,
+    mut f: impl FnMut(Result<&mut [u8], WireError>, Option<usize>) -> bool,
+) {
     let cfg = deframer_config(version);
     let mut input = input;
+    // Where the rest of `input` starts in what was lent.
+    let mut base = 0;
     if !pending.is_empty() {
         loop {
             match missing(&cfg, pending) {
                 Err(e) => {
                     pending.clear();
-                    f(Err(e));
+                    f(Err(e), None);
                     return;
                 }
                 Ok(0) => break,
@@ -306,13 +331,14 @@ pub(crate) fn for_each_record(
                     let take = need.min(input.len());
                     pending.extend_from_slice(input.bytes().get(..take).unwrap_or_default());
                     input = input.advance(take);
+                    base += take;
                     if take < need {
                         return;
                     }
                 }
             }
         }
-        let go_on = f(Ok(pending.as_mut_slice()));
+        let go_on = f(Ok(pending.as_mut_slice()), None);
         pending.clear();
         if !go_on {
             return;
@@ -320,13 +346,13 @@ pub(crate) fn for_each_record(
     }
     match input {
         Input::Lent(buf) => {
-            if let Some(tail) = each_record(&cfg, buf, &mut f) {
+            if let Some(tail) = each_record(&cfg, buf, &mut |r, at| f(r, Some(base + at))) {
                 pending.extend_from_slice(buf.get(tail..).unwrap_or_default());
             }
         }
         Input::Borrowed(bytes) => {
             pending.extend_from_slice(bytes);
-            match each_record(&cfg, pending, &mut f) {
+            match each_record(&cfg, pending, &mut |r, _| f(r, None)) {
                 Some(tail) => {
                     pending.drain(..tail);
                 }

@@ -8,6 +8,7 @@
 //! has flushed it), a fatal alert ends the session.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use mbx_apps::{CloseAlert, Direction, MiddleboxApp, Verdict};
 use mbx_engine::AlertDescription;
@@ -16,7 +17,7 @@ use mbx_record::{ContentType, RecordError, TlsVersion};
 use mbx_wire::record::MAX_PLAINTEXT_LEN;
 
 use crate::error::MbtlsError;
-use crate::hop::{for_each_record, Alert, Hop, Input, Side};
+use crate::hop::{for_each_record_at, Alert, Hop, Input, Side};
 use crate::wire::KeyMaterial;
 
 /// Why the session ended abnormally.
@@ -170,13 +171,47 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.receive_input(from, Input::Lent(bytes));
     }
 
-    pub(crate) fn receive_input(&mut self, from: Side, input: Input<'_>) {
-        if self.failed || self.ended(from) {
-            return;
+    /// Like [`receive_in_place`](Self::receive_in_place), and with a read-only app
+    /// ([`MiddleboxApp::read_only`]) the application data records that lie whole in `bytes`
+    /// are shown to [`MiddleboxApp::inspect`] and sealed again for the other hop where they
+    /// were opened, not copied: the returned range of `bytes` is then output toward
+    /// `from.other()`, to be sent right after what
+    /// [`append_outgoing`](Self::append_outgoing) gives for that side now (a driver sends
+    /// that buffer instead of copying it). `bytes` holds no plaintext afterwards.
+    pub fn receive_lending(&mut self, from: Side, bytes: &mut [u8]) -> Option<Range<usize>> {
+        let to = from.other();
+        let lent = self.receive_records(from, Input::Lent(&mut *bytes), true)?;
+        let (range, mark) = lent;
+        if self.out(to).len() == mark {
+            return Some(range);
         }
+        // Output for that side followed the records (e.g. an alert): they go first.
+        let piece = bytes.get(range).unwrap_or_default();
+        self.out(to).splice(mark..mark, piece.iter().copied());
+        None
+    }
+
+    pub(crate) fn receive_input(&mut self, from: Side, input: Input<'_>) {
+        self.receive_records(from, input, false);
+    }
+
+    /// Opens every complete record from `from` and handles it. `lend`: pass a read-only app's
+    /// data records on where they lie in lent input; returns where those records are in it and
+    /// how long the output toward the other side was when they started.
+    fn receive_records(
+        &mut self,
+        from: Side,
+        input: Input<'_>,
+        lend: bool,
+    ) -> Option<(Range<usize>, usize)> {
+        if self.failed || self.ended(from) {
+            return None;
+        }
+        let lend = lend && self.app.read_only();
         let version = self.version;
+        let mut lent: Option<(Range<usize>, usize)> = None;
         let mut pending = self.hop(from).take_pending();
-        for_each_record(version, &mut pending, input, |record| {
+        for_each_record_at(version, &mut pending, input, |record, at| {
             let Ok(record) = record else {
                 self.bad_record(from);
                 return false;
@@ -188,9 +223,16 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                     return false;
                 }
             };
-            if let Some(plaintext) = record.get_mut(opened.range) {
-                self.handle(from, opened.content_type, plaintext);
-                wipe(plaintext);
+            match at {
+                Some(at) if lend && opened.content_type == ContentType::APPLICATION_DATA => {
+                    self.pass_on_in_place(from, record, opened.range, at, &mut lent);
+                }
+                _ => {
+                    if let Some(plaintext) = record.get_mut(opened.range) {
+                        self.handle(from, opened.content_type, plaintext);
+                        wipe(plaintext);
+                    }
+                }
             }
             !self.failed && !self.ended(from)
         });
@@ -198,11 +240,72 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
             pending.clear();
         }
         self.hop(from).restore_pending(pending);
+        lent
+    }
+
+    /// A read-only app's data record, opened in place at `at` of the lent input: the app
+    /// inspects it, and unless it closes the session the record is sealed again for the other
+    /// hop where it lies. It extends `lent` when it follows on directly (same length, nothing
+    /// queued for that side since); otherwise its bytes are queued as usual.
+    fn pass_on_in_place(
+        &mut self,
+        from: Side,
+        record: &mut [u8],
+        plaintext: Range<usize>,
+        at: usize,
+        lent: &mut Option<(Range<usize>, usize)>,
+    ) {
+        let to = from.other();
+        let plain_len = plaintext.len();
+        let verdict = match record.get_mut(plaintext) {
+            Some(p) => {
+                let v = self.app.inspect(direction(from), p);
+                if v != Verdict::Continue {
+                    wipe(p);
+                }
+                v
+            }
+            None => Verdict::Close(CloseAlert(AlertDescription::INTERNAL_ERROR.0)),
+        };
+        if verdict != Verdict::Continue {
+            // Not passed on: the app stopped it.
+            self.apply(verdict);
+            return;
+        }
+        let sealed = {
+            let (hop, _) = self.hop_and_out(to);
+            hop.seal_record_in_place(ContentType::APPLICATION_DATA, record, plain_len)
+        };
+        let Ok(len) = sealed else {
+            self.local_failure();
+            return;
+        };
+        // A padded record leaves bytes behind: its padding (zeros) and old tag.
+        let whole = len == record.len();
+        if let Some(rest) = record.get_mut(len..) {
+            wipe(rest);
+        }
+        // Contiguous records only: any record handled otherwise in between (and queued, if
+        // it produced output) breaks the run, so nothing queued can belong inside it.
+        match lent {
+            Some((range, _)) if whole && range.end == at => range.end += len,
+            None if whole => *lent = Some((at..at + len, self.out(to).len())),
+            _ => self
+                .out(to)
+                .extend_from_slice(record.get(..len).unwrap_or_default()),
+        }
     }
 
     fn handle(&mut self, from: Side, ct: ContentType, plaintext: &[u8]) {
         let dir = direction(from);
         match ct {
+            // A read-only app looks; what it lets through is passed on as it came.
+            ContentType::APPLICATION_DATA if self.app.read_only() => {
+                match self.app.inspect(dir, plaintext) {
+                    Verdict::Continue => self.forward_data(from.other(), plaintext),
+                    stop => self.apply(stop),
+                }
+            }
             ContentType::APPLICATION_DATA => {
                 let (hop, out) = match from.other() {
                     Side::Client => (&mut self.client, &mut self.out_client),

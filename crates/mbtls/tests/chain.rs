@@ -38,8 +38,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Random data in both directions through 0..4 pass-through middleboxes (split between the
-    /// client side and the server side), delivered in random chunks, arrives byte for byte,
-    /// also when the middleboxes give their idle buffers back after every delivery.
+    /// client side and the server side), delivered in random chunks (copied, lent, or lent and
+    /// passed on where they lie), arrives byte for byte, also when the middleboxes give their
+    /// idle buffers back after every delivery.
     #[test]
     fn data_survives_any_chain(
         suite_idx in 0..SUITES.len(),
@@ -48,14 +49,15 @@ proptest! {
         c2s in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
         s2c in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..5),
         chunking in proptest::collection::vec(1usize..700, 0..6),
-        in_place in any::<bool>(),
+        input_mode in 0u8..3,
         release_idle in any::<bool>(),
     ) {
         let n_server = n_server_raw.min(4 - n_client);
         let (v, s) = SUITES[suite_idx];
         let mut chain = Chain::new(v, s, pass(n_client), pass(n_server));
         chain.chunking = chunking;
-        chain.in_place = in_place;
+        chain.in_place = input_mode > 0;
+        chain.lending = input_mode == 2;
         chain.release_idle = release_idle;
         for (i, w) in c2s.iter().enumerate() {
             chain.client().write(w).unwrap();
@@ -471,10 +473,14 @@ fn lent_buffers_keep_no_plaintext() {
     let marker = b"PLAINTEXT-MARKER".to_vec();
     let data: Vec<u8> = marker.iter().copied().cycle().take(40_000).collect();
     for &(v, s) in SUITES {
-        for chunking in [vec![], vec![1], vec![7, 300], vec![16_000, 5]] {
+        for (chunking, lending) in [vec![], vec![1], vec![7, 300], vec![16_000, 5]]
+            .into_iter()
+            .flat_map(|c| [(c.clone(), false), (c, true)])
+        {
             let mut chain = Chain::new(v, s, pass(2), pass(1));
             chain.chunking = chunking.clone();
             chain.in_place = true;
+            chain.lending = lending;
             chain.marker = Some(marker.clone());
             chain.client().write(&data).unwrap();
             chain.server().write(&data[..1000]).unwrap();
@@ -486,6 +492,24 @@ fn lent_buffers_keep_no_plaintext() {
             for i in 0..3 {
                 assert!(chain.mbox(i).is_closed() && !chain.mbox(i).is_failed());
             }
+        }
+    }
+}
+
+/// A read-only app's records passed on where they lie: those before a modified record go out
+/// first, then the alert; the record and everything after it do not.
+#[test]
+fn p2_modified_record_is_fatal_when_records_are_passed_on_in_place() {
+    for &(v, s) in SUITES {
+        let (_, a, b) = two_undelivered_records(v, s);
+        for i in [0, 3, 5, b.len() - 1] {
+            let (mut chain, a2, mut b2) = two_undelivered_records(v, s);
+            assert_eq!((a2.len(), b2.len()), (a.len(), b.len()));
+            b2[i] ^= 0x01;
+            let mut lent = [a2, b2, vec![0u8; 300]].concat();
+            // The alert came after the good record: that one is queued, nothing is lent.
+            assert_eq!(chain.mbox(0).receive_lending(Side::Client, &mut lent), None);
+            assert_fail_closed(&mut chain, b"first");
         }
     }
 }
@@ -566,4 +590,54 @@ fn an_idle_relay_gives_its_buffers_back_and_keeps_an_incomplete_record() {
     }
     chain.server().receive(&sent);
     assert_eq!(chain.server().take_plaintext(), data);
+}
+
+/// With records passed on where they lie, output for the other side keeps the stream's order:
+/// a TLS 1.3 handshake record (a NewSessionTicket, forwarded re-protected) between two data
+/// records in one lent buffer goes out between them, not before the first.
+#[test]
+fn records_passed_on_in_place_keep_their_order_around_other_records() {
+    use mbx_mbtls::{client_side_keys, HopKeys, KeyMaterial, MiddleboxRelay};
+    use mbx_record::{ContentType, RecordOpener, RecordSealer};
+    let (v, s) = tls13();
+    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
+    let keys = client_side_keys(v, s, bridge, 1).unwrap();
+    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
+    let mut relay = MiddleboxRelay::new(km.clone(), Box::new(PassThrough) as App).unwrap();
+    let c2s = &keys.endpoint.c2s;
+    let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
+    let mut lent = Vec::new();
+    let ticket = ContentType::HANDSHAKE;
+    for (ct, body) in [
+        (ContentType::APPLICATION_DATA, &b"one"[..]),
+        (ticket, b"\x04\x00\x00\x01\x00"),
+        (ContentType::APPLICATION_DATA, b"two"),
+        (ContentType::APPLICATION_DATA, b"three"),
+    ] {
+        client.seal(ct, body, &mut lent).unwrap();
+    }
+    let range = relay.receive_lending(Side::Client, &mut lent);
+    let mut wire = relay.take_outgoing(Side::Server);
+    if let Some(r) = range {
+        wire.extend_from_slice(&lent[r]);
+    }
+    let toward_server = &km.toward_server.c2s;
+    let mut server = RecordOpener::new(v, toward_server.keys.clone(), toward_server.next_seq);
+    let got: Vec<(ContentType, Vec<u8>)> = records(&wire)
+        .iter()
+        .map(|r| {
+            let o = server.open(r).unwrap();
+            (o.content_type, o.plaintext.to_vec())
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ContentType::APPLICATION_DATA, b"one".to_vec()),
+            (ticket, b"\x04\x00\x00\x01\x00".to_vec()),
+            (ContentType::APPLICATION_DATA, b"two".to_vec()),
+            (ContentType::APPLICATION_DATA, b"three".to_vec()),
+        ]
+    );
+    assert!(!relay.is_failed());
 }

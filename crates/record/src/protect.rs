@@ -245,7 +245,7 @@ impl RecordSealer {
         out.reserve(prefix + plaintext.len() + 1 + padding_room + tag_len);
         out.resize(start + prefix, 0);
         out.extend_from_slice(plaintext);
-        self.seal_in_place_padded(content_type, out, start, padding)
+        self.seal_vec_in_place(content_type, out, start, padding)
     }
 
     /// Bytes [`seal_in_place`](Self::seal_in_place) needs in front of the plaintext: the
@@ -282,40 +282,97 @@ impl RecordSealer {
         buf: &mut Vec<u8>,
         start: usize,
     ) -> Result<(), RecordError> {
-        self.seal_in_place_padded(content_type, buf, start, 0)
+        self.seal_vec_in_place(content_type, buf, start, 0)
     }
 
-    fn seal_in_place_padded(
+    /// `buf[start..]`: room, then the plaintext; sealed with `padding`. On error `buf` is
+    /// truncated to `start` and the bytes after it are wiped.
+    fn seal_vec_in_place(
         &mut self,
         content_type: ContentType,
         buf: &mut Vec<u8>,
         start: usize,
         padding: usize,
     ) -> Result<(), RecordError> {
-        let result = self.try_seal_in_place(content_type, buf, start, padding);
-        match result {
-            Ok(()) => {
-                self.seq += 1;
-                self.sealed_any = true;
+        let result = self.try_seal_vec(content_type, buf, start, padding);
+        if result.is_err() {
+            // Do not leave plaintext behind in the caller's buffer.
+            if let Some(tail) = buf.get_mut(start..) {
+                wipe(tail);
             }
-            Err(_) => {
-                // Do not leave plaintext behind in the caller's buffer.
-                if let Some(tail) = buf.get_mut(start..) {
-                    wipe(tail);
-                }
-                buf.truncate(start);
-            }
+            buf.truncate(start);
         }
         result
     }
 
-    fn try_seal_in_place(
-        &self,
+    fn try_seal_vec(
+        &mut self,
         content_type: ContentType,
         buf: &mut Vec<u8>,
         start: usize,
         padding: usize,
     ) -> Result<(), RecordError> {
+        let plain_len = buf
+            .len()
+            .checked_sub(start + self.seal_prefix_len())
+            .ok_or(RecordError::EncryptFailed)?;
+        // Checked before the buffer grows for it.
+        if padding > MAX_PLAINTEXT_LEN + 1 {
+            return Err(RecordError::RecordOverflow);
+        }
+        let suffix = self.seal_suffix_len() + padding;
+        reserve(buf, suffix);
+        buf.resize(buf.len() + suffix, 0);
+        let record = buf.get_mut(start..).ok_or(RecordError::EncryptFailed)?;
+        let len = self.seal_record(content_type, record, plain_len, padding)?;
+        buf.truncate(start + len);
+        Ok(())
+    }
+
+    /// Seals, where it lies, the plaintext of a record buffer: `record` is
+    /// [`seal_prefix_len`](Self::seal_prefix_len) bytes of room, `plain_len` bytes of plaintext
+    /// (≤ 2^14), and at least [`seal_suffix_len`](Self::seal_suffix_len) more bytes of any
+    /// value. Returns the protected record's length: it is `record[..len]`, as
+    /// [`seal`](Self::seal) would have appended it (e.g. a record just opened in place, sealed
+    /// again for another hop without moving its bytes). On error the plaintext is wiped.
+    pub fn seal_record_in_place(
+        &mut self,
+        content_type: ContentType,
+        record: &mut [u8],
+        plain_len: usize,
+    ) -> Result<usize, RecordError> {
+        self.seal_record(content_type, record, plain_len, 0)
+    }
+
+    fn seal_record(
+        &mut self,
+        content_type: ContentType,
+        record: &mut [u8],
+        plain_len: usize,
+        padding: usize,
+    ) -> Result<usize, RecordError> {
+        let result = self.try_seal_record(content_type, record, plain_len, padding);
+        match result {
+            Ok(_) => {
+                self.seq += 1;
+                self.sealed_any = true;
+            }
+            Err(_) => {
+                let at = self.seal_prefix_len();
+                let plain = record.get_mut(at..at.saturating_add(plain_len));
+                wipe(plain.unwrap_or_default());
+            }
+        }
+        result
+    }
+
+    fn try_seal_record(
+        &self,
+        content_type: ContentType,
+        record: &mut [u8],
+        plain_len: usize,
+        padding: usize,
+    ) -> Result<usize, RecordError> {
         let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
         if cipher.version == TlsVersion::Tls12 && padding > 0 {
             return Err(RecordError::PaddingNotAllowed);
@@ -324,11 +381,7 @@ impl RecordSealer {
             return Err(RecordError::UnexpectedContentType);
         }
         let explicit = cipher.explicit_len();
-        let body_at = start
-            .checked_add(HEADER_LEN + explicit)
-            .filter(|b| *b <= buf.len())
-            .ok_or(RecordError::EncryptFailed)?;
-        let plain_len = buf.len() - body_at;
+        let body_at = HEADER_LEN + explicit;
         if plain_len == 0 && !content_type.may_be_empty() {
             return Err(RecordError::EmptyFragment);
         }
@@ -344,7 +397,7 @@ impl RecordSealer {
             return Err(RecordError::KeyUsageLimit);
         }
         let tag_len = cipher.aead.tag_len();
-        let (header, aad) = match cipher.version {
+        let (header, aad, body_len) = match cipher.version {
             TlsVersion::Tls13 => {
                 // TLSInnerPlaintext must not exceed 2^14 + 1 bytes (RFC 8446 §5.4).
                 let inner = plain_len
@@ -353,24 +406,33 @@ impl RecordSealer {
                     .filter(|n| *n <= MAX_PLAINTEXT_LEN + 1)
                     .ok_or(RecordError::RecordOverflow)?;
                 let header = header_bytes(ContentType::APPLICATION_DATA, inner + tag_len)?;
-                reserve(buf, 1 + padding + tag_len);
-                buf.push(content_type.0);
-                buf.resize(buf.len() + padding, 0);
-                (header, AadBytes::Header(header))
+                let trailer = record
+                    .get_mut(body_at + plain_len..body_at + inner)
+                    .ok_or(RecordError::EncryptFailed)?;
+                trailer.fill(0);
+                if let Some(ct) = trailer.first_mut() {
+                    *ct = content_type.0;
+                }
+                (header, AadBytes::Header(header), inner)
             }
             TlsVersion::Tls12 => {
                 let header = header_bytes(content_type, explicit + plain_len + tag_len)?;
                 let aad = tls12_aad(self.seq, content_type, RECORD_VERSION, plain_len)?;
-                reserve(buf, tag_len);
-                (header, AadBytes::Tls12(aad))
+                (header, AadBytes::Tls12(aad), plain_len)
             }
         };
+        let len = body_at + body_len + tag_len;
+        if record.len() < len {
+            return Err(RecordError::EncryptFailed);
+        }
         let explicit_nonce = self.explicit_nonce().to_be_bytes();
-        buf.get_mut(start..start + HEADER_LEN)
+        record
+            .get_mut(..HEADER_LEN)
             .ok_or(RecordError::EncryptFailed)?
             .copy_from_slice(&header);
         if explicit == 8 {
-            buf.get_mut(start + HEADER_LEN..body_at)
+            record
+                .get_mut(HEADER_LEN..body_at)
                 .ok_or(RecordError::EncryptFailed)?
                 .copy_from_slice(&explicit_nonce);
         }
@@ -379,13 +441,18 @@ impl RecordSealer {
             _ => cipher.nonce(self.seq, None),
         };
         let aad = aad.as_aad();
-        let body = buf.get_mut(body_at..).ok_or(RecordError::EncryptFailed)?;
+        let body = record
+            .get_mut(body_at..body_at + body_len)
+            .ok_or(RecordError::EncryptFailed)?;
         let tag = cipher
             .key
             .seal_in_place_separate_tag(nonce, aad, body)
             .map_err(|_| RecordError::EncryptFailed)?;
-        buf.extend_from_slice(tag.as_ref());
-        Ok(())
+        record
+            .get_mut(body_at + body_len..len)
+            .ok_or(RecordError::EncryptFailed)?
+            .copy_from_slice(tag.as_ref());
+        Ok(len)
     }
 }
 

@@ -821,3 +821,59 @@ fn seal_in_place_matches_seal() {
         assert_eq!(short, [1]);
     });
 }
+
+/// A record opened in place and sealed again where it lies (a middlebox passing a record on
+/// under the next hop's keys) is exactly what `seal` appends for the same plaintext, and
+/// shorter when the record it replaced was padded; a record without room for the trailer is
+/// refused with its plaintext wiped.
+#[test]
+fn seal_record_in_place_reseals_an_opened_record_where_it_lies() {
+    each(|v, a| {
+        let (mut in_sealer, mut opener) = pair(v, a);
+        let mut out_sealer = RecordSealer::new(v, keys(v, a, 0x77), 0);
+        let mut reference = RecordSealer::new(v, keys(v, a, 0x77), 0);
+        let padding: &[usize] = if v == TlsVersion::Tls13 {
+            &[0, 5]
+        } else {
+            &[0]
+        };
+        for (i, pt) in [&b"abc"[..], &[9u8; MAX_PLAINTEXT_LEN][..]]
+            .iter()
+            .enumerate()
+        {
+            // A full record has no room for padding.
+            for &pad in padding
+                .iter()
+                .filter(|p| pt.len() + **p <= MAX_PLAINTEXT_LEN)
+            {
+                let mut record = Vec::new();
+                in_sealer
+                    .seal_padded(ContentType::APPLICATION_DATA, pt, pad, &mut record)
+                    .unwrap();
+                let opened = opener.open_in_place(&mut record).unwrap();
+                assert_eq!(opened.range.start, out_sealer.seal_prefix_len());
+                let len = out_sealer
+                    .seal_record_in_place(
+                        ContentType::APPLICATION_DATA,
+                        &mut record,
+                        opened.range.len(),
+                    )
+                    .unwrap();
+                let want = seal(&mut reference, ContentType::APPLICATION_DATA, pt);
+                assert_eq!(&record[..len], &want[..], "{v:?} {a:?} {i} pad {pad}");
+                assert_eq!(record.len() - len, pad, "{v:?} {a:?}");
+            }
+        }
+        // No room for the trailer: refused, the plaintext wiped, the sequence number kept.
+        let seq = out_sealer.next_seq();
+        let prefix = out_sealer.seal_prefix_len();
+        let mut short = vec![0u8; prefix];
+        short.extend_from_slice(b"secret");
+        assert_eq!(
+            out_sealer.seal_record_in_place(ContentType::APPLICATION_DATA, &mut short, 6),
+            Err(RecordError::EncryptFailed)
+        );
+        assert!(short[prefix..].iter().all(|b| *b == 0));
+        assert_eq!(out_sealer.next_seq(), seq);
+    });
+}

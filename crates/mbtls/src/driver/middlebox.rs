@@ -314,11 +314,17 @@ enum Core {
 }
 
 impl Core {
-    /// `bytes` is the read buffer: in the data phase records are opened in it.
-    fn receive(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
+    /// `bytes` is the read buffer: in the data phase records are opened in it, and a
+    /// read-only app's may be passed on in it (the range returned, to be sent toward
+    /// `from.other()` after that side's queued output).
+    fn receive(
+        &mut self,
+        from: Side,
+        bytes: &mut [u8],
+    ) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
         match self {
-            Core::ClientSide(c) => c.receive_in_place(from, bytes),
-            Core::ServerSide(c) => c.receive_in_place(from, bytes),
+            Core::ClientSide(c) => c.receive_lending(from, bytes),
+            Core::ServerSide(c) => c.receive_lending(from, bytes),
         }
     }
 
@@ -580,15 +586,21 @@ async fn relay(
         } else {
             &mut buf_s
         };
+        // Alerts the core queued go out even when it failed, and before records it passed
+        // on in the read buffer, which then goes out itself (no copy) and is replaced.
+        conn.events(report);
+        conn.push();
+        if let Ok(Some(range)) = &received {
+            let to = conn.outbox(from.other());
+            let spare = to.take_read_buffer();
+            to.push_lent(buf.lend(spare), range.clone());
+        }
         if buf.after_read(n) {
             // The direction that grew it is quiet again: so are the chunks it kept.
             conn.outbox(from.other()).trim_spares();
         }
         // Each read puts the idle trim and the idle timeout off.
         activity.read_now();
-        conn.events(report);
-        // Alerts the core queued go out even when it failed.
-        conn.push();
         received?;
         if prepare_at.is_none() && conn.hs.wants_prepare() {
             prepare_at = Some(tokio::time::Instant::now() + PREPARE_DELAY);

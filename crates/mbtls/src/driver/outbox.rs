@@ -27,13 +27,26 @@ const SLICES: usize = 8;
 /// What is queued toward one socket, and whether it is to be shut down (FIN) after that.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
-    chunks: VecDeque<Vec<u8>>,
-    /// Bytes of the front chunk already written.
-    written: usize,
+    chunks: VecDeque<Chunk>,
     fin: Fin,
     /// Emptied buffers kept for [`take_buffer`](Self::take_buffer); `None`: not recycled.
     spare: Option<Vec<Vec<u8>>>,
+    /// Read buffers lent to the outbox ([`push_lent`](Self::push_lent)) and written, kept at
+    /// their length for [`take_read_buffer`](Self::take_read_buffer).
+    spare_reads: Vec<Vec<u8>>,
 }
+
+/// One queued buffer: `bytes[from..]` is still to be written.
+#[derive(Debug)]
+struct Chunk {
+    bytes: Vec<u8>,
+    from: usize,
+    /// A read buffer lent by the driver: it goes back to the read buffers once written.
+    lent: bool,
+}
+
+/// Lent read buffers kept for reuse: one per direction in flight, and one being read into.
+const SPARE_READS: usize = 2;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 enum Fin {
@@ -66,7 +79,39 @@ impl Outbox {
             self.recycle(data);
             return;
         }
-        self.chunks.push_back(data);
+        self.chunks.push_back(Chunk {
+            bytes: data,
+            from: 0,
+            lent: false,
+        });
+    }
+
+    /// Queues `range` of a read buffer (records a relay passed on where they lay), the buffer
+    /// itself and not a copy; once written, the buffer is kept for
+    /// [`take_read_buffer`](Self::take_read_buffer). It holds no plaintext.
+    pub(crate) fn push_lent(&mut self, mut buf: Vec<u8>, range: std::ops::Range<usize>) {
+        if range.is_empty() || range.end > buf.len() || self.fin != Fin::No {
+            self.keep_read_buffer(buf);
+            return;
+        }
+        buf.truncate(range.end);
+        self.chunks.push_back(Chunk {
+            bytes: buf,
+            from: range.start,
+            lent: true,
+        });
+    }
+
+    /// A read buffer lent earlier and written since, at its length as lent (its bytes are
+    /// ciphertext and may be read over), or `None`.
+    pub(crate) fn take_read_buffer(&mut self) -> Option<Vec<u8>> {
+        self.spare_reads.pop()
+    }
+
+    fn keep_read_buffer(&mut self, buf: Vec<u8>) {
+        if self.spare.is_some() && self.spare_reads.len() < SPARE_READS {
+            self.spare_reads.push(buf);
+        }
     }
 
     /// Shut the socket's write side down once everything queued is written.
@@ -110,11 +155,12 @@ impl Outbox {
         if let Some(spare) = self.spare.as_mut() {
             *spare = Vec::new();
         }
+        self.spare_reads = Vec::new();
     }
 
     /// Whether emptied buffers are kept.
     pub(crate) fn holds_spares(&self) -> bool {
-        self.spare.as_ref().is_some_and(|s| !s.is_empty())
+        self.spare.as_ref().is_some_and(|s| !s.is_empty()) || !self.spare_reads.is_empty()
     }
 
     /// One vectored write of the queued chunks, or the shutdown once they are out. Cancel
@@ -132,9 +178,8 @@ impl Outbox {
         }
         let mut slices = [IoSlice::new(&[]); SLICES];
         let mut count = 0;
-        for (i, (slot, chunk)) in slices.iter_mut().zip(&self.chunks).enumerate() {
-            let from = if i == 0 { self.written } else { 0 };
-            *slot = IoSlice::new(chunk.get(from..).unwrap_or_default());
+        for (slot, chunk) in slices.iter_mut().zip(&self.chunks) {
+            *slot = IoSlice::new(chunk.bytes.get(chunk.from..).unwrap_or_default());
             count += 1;
         }
         let mut n = w
@@ -144,18 +189,21 @@ impl Outbox {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         while n > 0 {
-            let Some(front) = self.chunks.front() else {
+            let Some(front) = self.chunks.front_mut() else {
                 break;
             };
-            let left = front.len() - self.written;
+            let left = front.bytes.len() - front.from;
             if n < left {
-                self.written += n;
+                front.from += n;
                 break;
             }
             n -= left;
-            self.written = 0;
             if let Some(done) = self.chunks.pop_front() {
-                self.recycle(done);
+                if done.lent {
+                    self.keep_read_buffer(done.bytes);
+                } else {
+                    self.recycle(done.bytes);
+                }
             }
         }
         Ok(())
@@ -257,6 +305,42 @@ mod tests {
             assert!(w.shut);
             assert!(!out.wants_write());
         }
+    }
+
+    #[test]
+    fn a_lent_read_buffer_goes_out_from_its_range_and_comes_back_at_its_length() {
+        for max in [1, 5, 1 << 20] {
+            let mut out = Outbox::recycling();
+            let mut w = Trickle {
+                max,
+                ..Trickle::default()
+            };
+            out.push(b"queued ".to_vec());
+            let mut lent = b"xxrecordsyy".to_vec();
+            lent.resize(64, b'z');
+            out.push_lent(lent, 2..9);
+            out.push(b" after".to_vec());
+            run(out.flush(&mut w)).unwrap();
+            assert_eq!(w.got, b"queued records after", "max {max}");
+            let back = out.take_read_buffer().expect("kept once written");
+            assert_eq!(back.len(), 9, "cut at its range's end, not cleared");
+            assert!(out.take_read_buffer().is_none());
+        }
+        // An empty or impossible range sends nothing; after the shutdown nothing is queued.
+        let mut out = Outbox::recycling();
+        out.push_lent(vec![1; 8], 3..3);
+        out.push_lent(vec![1; 8], 2..20);
+        assert!(!out.wants_write());
+        out.finish();
+        out.push_lent(vec![1; 8], 0..8);
+        assert!(out.wants_write(), "the shutdown only");
+        // Kept buffers are bounded, and trimmed with the rest.
+        for _ in 0..5 {
+            out.keep_read_buffer(vec![0; 4]);
+        }
+        assert_eq!(out.spare_reads.len(), SPARE_READS);
+        out.trim_spares();
+        assert!(!out.holds_spares());
     }
 
     #[test]

@@ -80,6 +80,18 @@ impl ReadBuf {
         sealed
     }
 
+    /// Gives the buffer away (its records go out as they are, [`Outbox::push_lent`]) and reads
+    /// into `replacement` from now on, at the same size (a buffer lent earlier and written
+    /// since, or a new one). Neither holds plaintext.
+    ///
+    /// [`Outbox::push_lent`]: super::outbox::Outbox::push_lent
+    pub(crate) fn lend(&mut self, replacement: Option<Vec<u8>>) -> Vec<u8> {
+        let len = self.bytes.len();
+        let mut next = replacement.unwrap_or_default();
+        next.resize(len, 0);
+        core::mem::replace(&mut self.bytes, next)
+    }
+
     /// Holds an allocation (the idle trim would free it).
     pub(crate) fn is_allocated(&self) -> bool {
         self.bytes.capacity() > 0

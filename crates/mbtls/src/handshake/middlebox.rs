@@ -185,6 +185,19 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         wires::receive(self, from, Input::Lent(bytes))
     }
 
+    /// Like [`receive_in_place`](Self::receive_in_place), and in the data phase a read-only
+    /// app's records may be passed on where they lie
+    /// ([`MiddleboxRelay::receive_lending`](crate::MiddleboxRelay::receive_lending)): the
+    /// returned range of `bytes` is to be sent toward `from.other()` right after what
+    /// [`append_outgoing`](Self::append_outgoing) gives for that side now.
+    pub fn receive_lending(
+        &mut self,
+        from: Side,
+        bytes: &mut [u8],
+    ) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
+        wires::receive_lending(self, from, bytes)
+    }
+
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
         match piece {
             Piece::Sub { enc, .. }

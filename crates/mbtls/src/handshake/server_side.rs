@@ -125,6 +125,15 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         wires::receive(self, from, Input::Lent(bytes))
     }
 
+    /// See [`MiddleboxHandshake::receive_lending`](super::MiddleboxHandshake::receive_lending).
+    pub fn receive_lending(
+        &mut self,
+        from: Side,
+        bytes: &mut [u8],
+    ) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
+        wires::receive_lending(self, from, bytes)
+    }
+
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
         match piece {
             Piece::Sub { enc, raw } => {

@@ -71,6 +71,26 @@ pub(super) fn receive<A: MiddleboxApp>(
     r
 }
 
+/// [`receive`] of lent bytes whose records a read-only app's relay may pass on where they
+/// lie ([`MiddleboxRelay::receive_lending`]): the range of `bytes` to send toward
+/// `from.other()` after that side's queued output.
+pub(super) fn receive_lending<A: MiddleboxApp>(
+    core: &mut impl Core<A>,
+    from: Side,
+    bytes: &mut [u8],
+) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
+    let w = core.wires();
+    if !w.failed && w.direct_to_relay(from) {
+        let lent = w
+            .relay
+            .as_mut()
+            .and_then(|relay| relay.receive_lending(from, bytes));
+        w.drain_relay();
+        return Ok(lent);
+    }
+    receive(core, from, Input::Lent(bytes)).map(|()| None)
+}
+
 fn receive_pieces<A: MiddleboxApp>(
     core: &mut impl Core<A>,
     from: Side,

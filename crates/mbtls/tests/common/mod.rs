@@ -68,6 +68,11 @@ pub struct Chain {
     pub chunking: Vec<usize>,
     /// Deliver with `receive_in_place` (lending the buffer) instead of `receive`.
     pub in_place: bool,
+    /// With `in_place`: deliver to middleboxes with `receive_lending`, and send the range it
+    /// returns after the middlebox's queued output, as a driver does.
+    pub lending: bool,
+    /// Per node, output a lent buffer put behind what was queued, per side (client, server).
+    held: Vec<[Vec<u8>; 2]>,
     /// With `in_place`: bytes that must not be found in a lent buffer after it was used (a
     /// plaintext marker: no plaintext may be left behind).
     pub marker: Option<Vec<u8>>,
@@ -129,6 +134,8 @@ impl Chain {
             tap_s2c: vec![Vec::new(); links],
             chunking: Vec::new(),
             in_place: false,
+            lending: false,
+            held: vec![[Vec::new(), Vec::new()]; links + 1],
             marker: None,
             release_idle: false,
         }
@@ -175,7 +182,17 @@ impl Chain {
             return;
         }
         let mut lent = bytes.to_vec();
-        self.nodes[node].receive_in_place(from, &mut lent);
+        match &mut self.nodes[node] {
+            Node::Mbox(m) if self.lending => {
+                if let Some(range) = m.receive_lending(from, &mut lent) {
+                    let to = from.other();
+                    let held = &mut self.held[node][usize::from(to == Side::Server)];
+                    held.extend_from_slice(&m.take_outgoing(to));
+                    held.extend_from_slice(&lent[range]);
+                }
+            }
+            n => n.receive_in_place(from, &mut lent),
+        }
         if let Some(m) = &self.marker {
             assert!(
                 !lent.windows(m.len()).any(|w| w == &m[..]),
@@ -184,18 +201,25 @@ impl Chain {
         }
     }
 
+    /// What node `i` sends toward `to`: output held behind a lent buffer first.
+    fn take_out(&mut self, i: usize, to: Side) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.held[i][usize::from(to == Side::Server)]);
+        out.extend_from_slice(&self.nodes[i].take_out(to));
+        out
+    }
+
     /// Move bytes along every link until nothing moves.
     pub fn pump(&mut self) {
         loop {
             let mut moved = false;
             for i in 0..self.nodes.len() - 1 {
-                let fwd = self.nodes[i].take_out(Side::Server);
+                let fwd = self.take_out(i, Side::Server);
                 if !fwd.is_empty() {
                     moved = true;
                     self.tap_c2s[i].extend_from_slice(&fwd);
                     self.deliver(i + 1, Side::Client, &fwd);
                 }
-                let back = self.nodes[i + 1].take_out(Side::Client);
+                let back = self.take_out(i + 1, Side::Client);
                 if !back.is_empty() {
                     moved = true;
                     self.tap_s2c[i].extend_from_slice(&back);
