@@ -128,7 +128,12 @@ fuzz_target!(|data: &[u8]| {
                 let _ = m.receive(Side::Client, &s.hello);
             }
             for chunk in rest.chunks(97) {
-                let _ = m.receive(side, chunk);
+                // Lent, as the driver lends its read buffer, or copied.
+                if selector & 128 != 0 {
+                    let _ = m.receive_lending(side, &mut chunk.to_vec());
+                } else {
+                    let _ = m.receive(side, chunk);
+                }
                 // An idle trim between any two reads must lose nothing and never panic.
                 if selector & 64 != 0 {
                     m.release_idle_buffers();
@@ -141,7 +146,11 @@ fuzz_target!(|data: &[u8]| {
                 let _ = m.receive(Side::Client, &s.hello);
             }
             for chunk in rest.chunks(97) {
-                let _ = m.receive(side, chunk);
+                if selector & 128 != 0 {
+                    let _ = m.receive_lending(side, &mut chunk.to_vec());
+                } else {
+                    let _ = m.receive(side, chunk);
+                }
                 // An idle trim between any two reads must lose nothing and never panic.
                 if selector & 64 != 0 {
                     m.release_idle_buffers();
