@@ -245,8 +245,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
 
     /// A read-only app's data record, opened in place at `at` of the lent input: the app
     /// inspects it, and unless it closes the session the record is sealed again for the other
-    /// hop where it lies. It extends `lent` when it follows on directly (same length, nothing
-    /// queued for that side since); otherwise its bytes are queued as usual.
+    /// hop where it lies. It extends `lent` when it follows the run directly and kept its
+    /// length (TLS 1.3 padding is dropped); otherwise its bytes are queued as usual.
     fn pass_on_in_place(
         &mut self,
         from: Side,
