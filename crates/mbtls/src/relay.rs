@@ -245,8 +245,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
 
     /// A read-only app's data record, opened in place at `at` of the lent input: the app
     /// inspects it, and unless it closes the session the record is sealed again for the other
-    /// hop where it lies. It extends `lent` when it follows the run directly and kept its
-    /// length (TLS 1.3 padding is dropped); otherwise its bytes are queued as usual.
+    /// hop where it lies. It extends `lent` when it follows the run directly; otherwise its
+    /// bytes are queued as usual.
     fn pass_on_in_place(
         &mut self,
         from: Side,
@@ -280,17 +280,17 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
             self.local_failure();
             return;
         };
-        // A padded record leaves bytes behind: its padding (zeros) and old tag.
-        let whole = len == record.len();
+        // A padded TLS 1.3 record comes out shorter and leaves bytes behind (its padding and
+        // old tag), which then separate it from the next record: a run has no gaps.
         if let Some(rest) = record.get_mut(len..) {
             wipe(rest);
         }
         // Contiguous records only: any record handled otherwise in between (and queued, if
         // it produced output) breaks the run, so nothing queued can belong inside it.
         match lent {
-            Some((range, _)) if whole && range.end == at => range.end += len,
-            None if whole => *lent = Some((at..at + len, self.out(to).len())),
-            _ => self
+            Some((range, _)) if range.end == at => range.end += len,
+            None => *lent = Some((at..at + len, self.out(to).len())),
+            Some(_) => self
                 .out(to)
                 .extend_from_slice(record.get(..len).unwrap_or_default()),
         }

@@ -594,7 +594,8 @@ fn an_idle_relay_gives_its_buffers_back_and_keeps_an_incomplete_record() {
 
 /// With records passed on where they lie, output for the other side keeps the stream's order:
 /// a TLS 1.3 handshake record (a NewSessionTicket, forwarded re-protected) between two data
-/// records in one lent buffer goes out between them, not before the first.
+/// records in one lent buffer goes out between them, not before the first; a padded data
+/// record (re-sealed shorter, so the run ends with it) keeps its place too.
 #[test]
 fn records_passed_on_in_place_keep_their_order_around_other_records() {
     use mbx_mbtls::{client_side_keys, HopKeys, KeyMaterial, MiddleboxRelay};
@@ -608,13 +609,15 @@ fn records_passed_on_in_place_keep_their_order_around_other_records() {
     let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
     let mut lent = Vec::new();
     let ticket = ContentType::HANDSHAKE;
-    for (ct, body) in [
-        (ContentType::APPLICATION_DATA, &b"one"[..]),
-        (ticket, b"\x04\x00\x00\x01\x00"),
-        (ContentType::APPLICATION_DATA, b"two"),
-        (ContentType::APPLICATION_DATA, b"three"),
+    for (ct, body, padding) in [
+        (ContentType::APPLICATION_DATA, &b"one"[..], 0),
+        (ContentType::APPLICATION_DATA, b"padded", 40),
+        (ContentType::APPLICATION_DATA, b"two", 0),
+        (ticket, b"\x04\x00\x00\x01\x00", 0),
+        (ContentType::APPLICATION_DATA, b"three", 0),
+        (ContentType::APPLICATION_DATA, b"four", 0),
     ] {
-        client.seal(ct, body, &mut lent).unwrap();
+        client.seal_padded(ct, body, padding, &mut lent).unwrap();
     }
     let range = relay.receive_lending(Side::Client, &mut lent);
     let mut wire = relay.take_outgoing(Side::Server);
@@ -634,9 +637,11 @@ fn records_passed_on_in_place_keep_their_order_around_other_records() {
         got,
         vec![
             (ContentType::APPLICATION_DATA, b"one".to_vec()),
-            (ticket, b"\x04\x00\x00\x01\x00".to_vec()),
+            (ContentType::APPLICATION_DATA, b"padded".to_vec()),
             (ContentType::APPLICATION_DATA, b"two".to_vec()),
+            (ticket, b"\x04\x00\x00\x01\x00".to_vec()),
             (ContentType::APPLICATION_DATA, b"three".to_vec()),
+            (ContentType::APPLICATION_DATA, b"four".to_vec()),
         ]
     );
     assert!(!relay.is_failed());
