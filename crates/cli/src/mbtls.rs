@@ -588,16 +588,13 @@ fn client(
     let setup = client_setup(flags.clone(), config)?;
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
-        let grace = setup.s.service.drain_grace();
         let running = setup.s.service.clone();
-        let metrics = running.metrics_listen.clone();
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             same_listeners((&listen, &running), (&listen, &new.s.service))?;
             proxy_config(new)
         };
-        let service = (grace, metrics.as_deref());
-        return local_proxy(&listen, proxy_config(setup)?, service, &reload);
+        return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
     }
     let ClientSetup {
         cfg,
@@ -993,10 +990,8 @@ fn middlebox(
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
         println!("{}", limits_line(&limits, "connections"));
-        let grace = s.service.drain_grace();
         let names = ("middlebox", "connections");
-        let service = (grace, s.service.metrics_listen.as_deref());
-        serve_until_stopped(&mut server, service, names, print_report, &reload).await
+        serve_until_stopped(&mut server, &s.service, names, print_report, &reload).await
     })
 }
 
@@ -1198,13 +1193,13 @@ fn raise_open_files_limit() {
 }
 
 /// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
-/// and gives the open `what` (connections, sessions) `grace` to end, and stops at once on a
-/// second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the configuration
-/// `reload` builds for the connections accepted from then on; one that fails to build changes
-/// nothing. With `metrics_listen`, answers Prometheus scrapes there.
+/// and gives the open `what` (connections, sessions) the service's drain time to end, and stops
+/// at once on a second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the
+/// configuration `reload` builds for the connections accepted from then on; one that fails to
+/// build changes nothing. With the service's `metrics_listen`, answers Prometheus scrapes there.
 async fn serve_until_stopped<R, C: ServiceConfig>(
     server: &mut Listening<R, C>,
-    (grace, metrics_listen): (Duration, Option<&str>),
+    service: &Service,
     (who, what): (&str, &str),
     print: impl Fn(&R),
     reload: &dyn Fn() -> anyhow::Result<C>,
@@ -1213,8 +1208,9 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot handle SIGHUP")?;
     let reloads = Arc::new(Reloads::default());
+    let grace = service.drain_grace();
     // Stopped when this returns.
-    let _metrics = match metrics_listen {
+    let _metrics = match service.metrics_listen.as_deref() {
         Some(addr) => {
             Some(serve_service_metrics(addr, who, server.stats(), reloads.clone()).await?)
         }
@@ -1508,10 +1504,8 @@ fn server(
         );
         println!("server-side middlebox: {described}");
         println!("{}", limits_line(&limits, "sessions"));
-        let grace = s.service.drain_grace();
         let names = ("server", "sessions");
-        let service = (grace, s.service.metrics_listen.as_deref());
-        serve_until_stopped(&mut server, service, names, print_server_report, &reload).await
+        serve_until_stopped(&mut server, &s.service, names, print_server_report, &reload).await
     })
 }
 
@@ -1633,7 +1627,7 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 fn local_proxy(
     listen: &str,
     cfg: ClientProxyConfig,
-    service: (Duration, Option<&str>),
+    service: &Service,
     reload: &dyn Fn() -> anyhow::Result<ClientProxyConfig>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
