@@ -43,7 +43,6 @@ pub struct MbtlsClient {
 /// split while events are handled).
 struct Session {
     hs: ClientHandshake,
-    verdict: MiddleboxVerdict,
     /// Every verdict, in the order the middleboxes' evidence was checked.
     verdicts: Vec<MiddleboxVerdict>,
     peer_closed: bool,
@@ -54,12 +53,12 @@ impl Session {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
                 ClientHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
-                    self.verdict = MiddleboxVerdict::Verified { middlebox, claims };
-                    self.verdicts.push(self.verdict.clone());
+                    self.verdicts
+                        .push(MiddleboxVerdict::Verified { middlebox, claims });
                 }
                 ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
-                    self.verdict = MiddleboxVerdict::Excluded { middlebox, why };
-                    self.verdicts.push(self.verdict.clone());
+                    self.verdicts
+                        .push(MiddleboxVerdict::Excluded { middlebox, why });
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
@@ -146,7 +145,6 @@ impl MbtlsClient {
             stream,
             session: Session {
                 hs,
-                verdict: MiddleboxVerdict::Direct,
                 verdicts: Vec::new(),
                 peer_closed: false,
             },
@@ -172,7 +170,8 @@ impl MbtlsClient {
     /// The attestation/approval verdict on the middlebox (the last one checked, when there
     /// are several).
     pub fn verdict(&self) -> &MiddleboxVerdict {
-        &self.session.verdict
+        static DIRECT: MiddleboxVerdict = MiddleboxVerdict::Direct;
+        self.session.verdicts.last().unwrap_or(&DIRECT)
     }
 
     /// The verdict on each middlebox that spoke, in the order they were checked (empty for a
@@ -299,7 +298,7 @@ impl MbtlsClient {
 impl core::fmt::Debug for MbtlsClient {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("MbtlsClient")
-            .field("verdict", &self.session.verdict)
+            .field("verdicts", &self.session.verdicts)
             .field("summary", &self.session.hs.summary())
             .finish_non_exhaustive()
     }
