@@ -1094,6 +1094,11 @@ impl RouterBed {
         })
     }
 
+    /// The `nft` tool, the directory for rule files, and the server's and middlebox's PKI files.
+    fn parts(&self) -> (&std::path::Path, &tempfile::TempDir, &PkiFiles, &PkiFiles) {
+        (&self.nft, &self.dir, &self.server, &self.mbox)
+    }
+
     /// Client, router, server.
     fn hosts(&self) -> [&mbx_testbed::Host; 3] {
         [0, 1, 2].map(|i| self.topo.host(i).unwrap())
@@ -1186,13 +1191,7 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
     else {
         return;
     };
-    let RouterBed {
-        nft,
-        dir,
-        server,
-        mbox,
-        ..
-    } = &bed;
+    let (nft, dir, server, mbox) = bed.parts();
     let [client_host, router, server_host] = bed.hosts();
     let nginx = Nginx::from_files(server)
         .log_header("X-Mbtls")
@@ -1267,13 +1266,7 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
     else {
         return;
     };
-    let RouterBed {
-        nft,
-        dir,
-        server,
-        mbox,
-        ..
-    } = &bed;
+    let (nft, dir, server, mbox) = bed.parts();
     let [client_host, router, server_host] = bed.hosts();
     let curl = mbx_testbed::ensure_tool("curl", "curl").unwrap();
     // The backend: nginx on the server's host, plain HTTP, echoing the inserted header.
