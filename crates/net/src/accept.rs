@@ -132,6 +132,7 @@ mod tests {
     async fn an_ipv4_client_of_a_dual_stack_listener_has_an_ipv4_address() {
         // Where IPv6 is off, there is no dual-stack listener to test.
         let Ok(listener) = TcpListener::bind("[::]:0").await else {
+            eprintln!("SKIPPED: no IPv6 here, so no dual-stack listener");
             return;
         };
         let port = listener.local_addr().unwrap().port();
