@@ -73,33 +73,25 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         ..
     } = Setup::new("mbx cli mbtls root");
 
-    let child = mbx()
-        .args([
-            "mbtls",
-            "middlebox",
-            "--listen",
-            "127.0.0.1:0",
-            "--next-hop",
-        ])
-        .arg(nginx.addr().to_string())
-        .arg("--certificate")
-        .arg(&mbox.chain)
-        .arg("--private-key")
-        .arg(&mbox.key)
-        .args(["--app", "http-header:X-Mbtls:mb.test", "--attester", "sim"])
-        .arg("--sim-platform-key")
-        .arg(dir.path().join("platform.key"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let stdout = child.child_mut().unwrap().stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let mut header = Vec::new();
-    for _ in 0..4 {
-        header.push(lines.next().unwrap().unwrap());
-    }
+    let (mut child, mut lines, header) = start_command(
+        mbx()
+            .args([
+                "mbtls",
+                "middlebox",
+                "--listen",
+                "127.0.0.1:0",
+                "--next-hop",
+            ])
+            .arg(nginx.addr().to_string())
+            .arg("--certificate")
+            .arg(&mbox.chain)
+            .arg("--private-key")
+            .arg(&mbox.key)
+            .args(["--app", "http-header:X-Mbtls:mb.test", "--attester", "sim"])
+            .arg("--sim-platform-key")
+            .arg(dir.path().join("platform.key")),
+        4,
+    );
     let addr = header[0]
         .strip_prefix("mbTLS middlebox listening on ")
         .and_then(|r| r.split(',').next())
@@ -236,8 +228,19 @@ fn start(
     std::io::Lines<BufReader<std::process::ChildStdout>>,
     Vec<String>,
 ) {
-    let child = mbx()
-        .args(args)
+    start_command(mbx().args(args), n)
+}
+
+/// [`start`] for a prepared command (in a namespace, through a shell, with more arguments).
+fn start_command(
+    cmd: &mut std::process::Command,
+    n: usize,
+) -> (
+    ChildGuard,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -900,31 +903,24 @@ fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
         .write_to_named(dir.path(), "mbox")
         .unwrap();
     let mbx_path = mbx().get_program().to_owned();
-    let child = std::process::Command::new("sh")
-        .arg("-c")
-        // A hard limit of its own (lowering one is always allowed), so that the test checks the
-        // raise on every machine instead of skipping where the inherited hard limit is odd.
-        .arg("ulimit -S -n 256 && ulimit -H -n 1024 && exec \"$0\" \"$@\"")
-        .arg(mbx_path)
-        .args(["mbtls", "middlebox", "--listen", "127.0.0.1:0"])
-        .args(["--next-hop", "127.0.0.1:9"])
-        .arg("--certificate")
-        .arg(&mbox.chain)
-        .arg("--private-key")
-        .arg(&mbox.key)
-        .env_remove("MBX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
+    let (mut child, _, banner) = start_command(
+        std::process::Command::new("sh")
+            .arg("-c")
+            // A hard limit of its own (lowering one is always allowed), so that the test checks
+            // the raise on every machine instead of skipping where the inherited hard limit is
+            // odd.
+            .arg("ulimit -S -n 256 && ulimit -H -n 1024 && exec \"$0\" \"$@\"")
+            .arg(mbx_path)
+            .args(["mbtls", "middlebox", "--listen", "127.0.0.1:0"])
+            .args(["--next-hop", "127.0.0.1:9"])
+            .arg("--certificate")
+            .arg(&mbox.chain)
+            .arg("--private-key")
+            .arg(&mbox.key)
+            .env_remove("MBX_CONFIG"),
+        4,
+    );
     let pid = child.child_mut().unwrap().id();
-    let stdout = child.child_mut().unwrap().stdout.take().unwrap();
-    let banner: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .take(4)
-        .map(Result::unwrap)
-        .collect();
     assert!(
         banner[0].starts_with("mbTLS middlebox listening on"),
         "{banner:?}"
@@ -1153,24 +1149,19 @@ fn transparent_middlebox(
     ChildGuard,
     std::io::Lines<BufReader<std::process::ChildStdout>>,
 ) {
-    let mb = router
-        .command(mbx().get_program())
-        .args(["mbtls", "middlebox", "--transparent", "--listen"])
-        .arg(format!("[::]:{port}"))
-        .arg("--certificate")
-        .arg(&mbox.chain)
-        .arg("--private-key")
-        .arg(&mbox.key)
-        .args(extra)
-        .env_remove("MBX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut mb = ChildGuard::new(mb);
-    let stdout = mb.child_mut().unwrap().stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let banner: Vec<String> = (0..4).map(|_| lines.next().unwrap().unwrap()).collect();
+    let (mb, lines, banner) = start_command(
+        router
+            .command(mbx().get_program())
+            .args(["mbtls", "middlebox", "--transparent", "--listen"])
+            .arg(format!("[::]:{port}"))
+            .arg("--certificate")
+            .arg(&mbox.chain)
+            .arg("--private-key")
+            .arg(&mbox.key)
+            .args(extra)
+            .env_remove("MBX_CONFIG"),
+        4,
+    );
     assert!(
         banner[0].contains("next hop transparent (each connection's original destination)"),
         "{banner:?}"
@@ -1279,29 +1270,24 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
         .unwrap();
     let server_addr = server_host.addr(server_host.port().unwrap());
     let policy = no_evidence_policy(dir);
-    let srv = server_host
-        .command(mbx().get_program())
-        .args(["mbtls", "server", "--listen"])
-        .arg(server_addr.to_string())
-        .arg("--backend")
-        .arg(backend.to_string())
-        .arg("--certificate")
-        .arg(&server.chain)
-        .arg("--private-key")
-        .arg(&server.key)
-        .args(["--allow-middlebox", "mb.test", "--middlebox-ca"])
-        .arg(&server.ca)
-        .arg("--policy")
-        .arg(&policy)
-        .env_remove("MBX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut srv = ChildGuard::new(srv);
-    let stdout = srv.child_mut().unwrap().stdout.take().unwrap();
-    let mut srv_lines = BufReader::new(stdout).lines();
-    let banner: Vec<String> = (0..3).map(|_| srv_lines.next().unwrap().unwrap()).collect();
+    let (_srv, mut srv_lines, banner) = start_command(
+        server_host
+            .command(mbx().get_program())
+            .args(["mbtls", "server", "--listen"])
+            .arg(server_addr.to_string())
+            .arg("--backend")
+            .arg(backend.to_string())
+            .arg("--certificate")
+            .arg(&server.chain)
+            .arg("--private-key")
+            .arg(&server.key)
+            .args(["--allow-middlebox", "mb.test", "--middlebox-ca"])
+            .arg(&server.ca)
+            .arg("--policy")
+            .arg(&policy)
+            .env_remove("MBX_CONFIG"),
+        3,
+    );
     assert!(
         banner[0].starts_with("mbTLS server listening on"),
         "{banner:?}"
