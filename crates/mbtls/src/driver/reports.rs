@@ -31,8 +31,8 @@ pub struct EndedConnections {
     pub ended_cleanly: u64,
     /// Connections that ended with an error (handshake failures, timeouts, alerts, peers gone).
     pub failed: u64,
-    /// Connections in which a middlebox held keys: at a middlebox, this one; at a server, one
-    /// of its side's that passed its checks; at a client proxy, one of the client's.
+    /// Connections in which a middlebox held keys: at a middlebox, this one; at a server or a
+    /// client proxy, one of its side's that received key material.
     pub middlebox_took_part: u64,
     /// Bytes carried toward the server (read from the client's side) and back, as each
     /// driver's report counts them (a middlebox: ciphertext read; a server and a client proxy:
