@@ -243,6 +243,9 @@ async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions()
             ),
             "{sreport:?}"
         );
+        // The server's counts (its metrics) take the middlebox that received keys.
+        let ended = server.stats().ended();
+        assert_eq!((ended.ended_cleanly, ended.middlebox_took_part), (1, 1));
         let summary = sreport.summary.unwrap();
         assert_eq!(summary.version, version);
         // The server's hops are the middlebox's, seen from the other end.
@@ -784,6 +787,8 @@ async fn a_client_proxy_serves_local_connections_within_its_limits() {
     assert!(report.connected && report.outcome.is_ok(), "{report:?}");
     assert_eq!((report.bytes_up, report.bytes_down), (5, 5), "{report:?}");
     assert!(report.summary.is_some_and(|s| s.hops.len() == 2));
+    // The proxy's counts (its metrics) take the middlebox that received keys.
+    assert_eq!(proxy.stats().ended().middlebox_took_part, 1);
     timeout(BOUND, second.read_exact(&mut got))
         .await
         .unwrap()
