@@ -58,22 +58,21 @@ pub trait MiddleboxApp {
         Verdict::Continue
     }
 
-    /// True for an app that only looks at the stream (an IDS, a logger): its `on_data` appends
-    /// exactly the bytes it was given and `on_end` nothing. A core may then call
-    /// [`inspect`](MiddleboxApp::inspect) instead of `on_data` and pass the bytes on itself,
-    /// without copying them (the mbTLS relay re-encrypts such records where they were
-    /// decrypted). The default, false, is right for any app.
-    fn read_only(&self) -> bool {
-        false
-    }
-
-    /// A read-only app's look at plaintext of direction `dir`. `Continue`: the core passes
-    /// `data` on unchanged. `Close`: the core does not pass `data` on and ends the session
-    /// with that alert (close_notify: in an orderly way), so an app can stop what it
-    /// detected. The default runs `on_data` into a scratch buffer.
-    fn inspect(&mut self, dir: Direction, data: &[u8]) -> Verdict {
-        let mut out = Vec::new();
-        self.on_data(dir, data, &mut out)
+    /// Offers `data` to be passed on unchanged, before [`on_data`](MiddleboxApp::on_data)
+    /// would see it. An app that would forward exactly these bytes now, with nothing of `dir`
+    /// held back from earlier calls, may take them here: it updates its state as `on_data`
+    /// would and returns `Some`. The core then passes `data` on itself without copying it (the
+    /// mbTLS relay re-encrypts such a record where it was decrypted). `Some(Continue)`: pass
+    /// `data` on. `Some(Close)`: do not pass `data` on, and end the session with that alert
+    /// (close_notify: in an orderly way), so an app can stop what it detected. `None`: the
+    /// app did not take the bytes; the core gives them to `on_data`.
+    ///
+    /// An app that only looks at the stream (an IDS, a logger) answers `Some` always; one that
+    /// rewrites parts of it answers `Some` where it knows no rewrite can fall (a body it only
+    /// counts, a direction it never changes). The default, `None`, is right for any app.
+    fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
+        let _ = (dir, data);
+        None
     }
 }
 
@@ -86,11 +85,7 @@ impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
         (**self).on_end(dir, out)
     }
 
-    fn read_only(&self) -> bool {
-        (**self).read_only()
-    }
-
-    fn inspect(&mut self, dir: Direction, data: &[u8]) -> Verdict {
-        (**self).inspect(dir, data)
+    fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
+        (**self).pass_unchanged(dir, data)
     }
 }

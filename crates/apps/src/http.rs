@@ -393,6 +393,29 @@ impl MiddleboxApp for HttpHeaderInsert {
         }
     }
 
+    /// Responses, and request bytes that lie wholly inside a body the parser only counts (a
+    /// Content-Length body, chunk data) or after a switch away from HTTP/1.1, pass unchanged;
+    /// anything that may hold a request head, a chunk-size line or a trailer goes to `on_data`.
+    fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
+        if dir == Direction::ServerToClient {
+            return Some(Verdict::Continue);
+        }
+        let len = u64::try_from(data.len()).ok()?;
+        self.state = match self.state {
+            State::Opaque => State::Opaque,
+            State::Body { remaining } if len <= remaining => match remaining - len {
+                0 => self.next_request(),
+                remaining => State::Body { remaining },
+            },
+            State::ChunkData { remaining } if len <= remaining => match remaining - len {
+                0 => State::ChunkDataEnd { cr: false },
+                remaining => State::ChunkData { remaining },
+            },
+            _ => return None,
+        };
+        Some(Verdict::Continue)
+    }
+
     fn on_end(&mut self, dir: Direction, out: &mut Vec<u8>) -> Verdict {
         // An unfinished head is not a request: forward it as it is (the server will see a
         // truncated request and reject it); there is nothing to insert into.
@@ -605,6 +628,28 @@ mod tests {
         assert!(out.is_empty());
         app.on_end(Direction::ClientToServer, &mut out);
         assert_eq!(out, b"GET / HT");
+    }
+
+    /// Request bodies and responses are let through unchanged; heads are not.
+    #[test]
+    fn bodies_and_responses_pass_unchanged_heads_do_not() {
+        let mut app = proxy();
+        let c2s = Direction::ClientToServer;
+        assert_eq!(
+            app.pass_unchanged(Direction::ServerToClient, b"HTTP/1.1 200 OK\r\n"),
+            Some(Verdict::Continue)
+        );
+        assert_eq!(app.pass_unchanged(c2s, b"POST / HTTP/1.1\r\n"), None);
+        let (_, v) = run(
+            &mut app,
+            &[b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n"],
+        );
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(app.pass_unchanged(c2s, b"0123456"), Some(Verdict::Continue));
+        // Longer than what is left of the body: the next head may start inside.
+        assert_eq!(app.pass_unchanged(c2s, b"789GET"), None);
+        assert_eq!(app.pass_unchanged(c2s, b"789"), Some(Verdict::Continue));
+        assert_eq!(app.pass_unchanged(c2s, b"GET / HTTP/1.1\r\n\r\n"), None);
     }
 
     #[test]

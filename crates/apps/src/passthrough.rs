@@ -12,12 +12,8 @@ impl MiddleboxApp for PassThrough {
         Verdict::Continue
     }
 
-    fn read_only(&self) -> bool {
-        true
-    }
-
-    fn inspect(&mut self, _dir: Direction, _data: &[u8]) -> Verdict {
-        Verdict::Continue
+    fn pass_unchanged(&mut self, _dir: Direction, _data: &[u8]) -> Option<Verdict> {
+        Some(Verdict::Continue)
     }
 }
 

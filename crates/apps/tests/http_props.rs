@@ -1,4 +1,5 @@
-//! Header insertion inserts exactly once per request, however the stream is split.
+//! Header insertion inserts exactly once per request, however the stream is split, and letting
+//! bytes through unchanged where the app takes them changes nothing.
 
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
 use proptest::prelude::*;
@@ -116,6 +117,52 @@ proptest! {
             prop_assert_eq!(app.on_data(Direction::ClientToServer, &[*b], &mut out), Verdict::Continue);
         }
         prop_assert_eq!(out, expected);
+    }
+
+    /// What the app lets through unchanged (`pass_unchanged`; the core then forwards those
+    /// bytes itself) plus what `on_data` forwards is exactly what `on_data` alone forwards,
+    /// with the same verdicts and request count: for request streams (an upgrade among them
+    /// makes the requests after it opaque, so they must get no header), followed by garbage,
+    /// cut anywhere, and for responses.
+    #[test]
+    fn bytes_passed_unchanged_are_what_on_data_would_forward(
+        reqs in proptest::collection::vec(request(), 0..6),
+        upgrade_at in proptest::option::of(0usize..6),
+        tail in proptest::collection::vec(any::<u8>(), 0..64),
+        cuts in proptest::collection::vec(any::<usize>(), 0..40),
+        responses in any::<bool>(),
+    ) {
+        let mut sent = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            if upgrade_at == Some(i) {
+                sent.extend_from_slice(b"GET /ws HTTP/1.1\r\nUpgrade: x\r\n\r\n");
+            }
+            sent.extend_from_slice(&r.sent);
+        }
+        sent.extend_from_slice(&tail);
+        let dir = if responses { Direction::ServerToClient } else { Direction::ClientToServer };
+        let new = || HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
+        let (mut offered, mut plain) = (new(), new());
+        let (mut out_offered, mut out_plain) = (Vec::new(), Vec::new());
+        for piece in split(&sent, &cuts) {
+            let v_offered = match offered.pass_unchanged(dir, &piece) {
+                Some(v) => {
+                    if v == Verdict::Continue {
+                        out_offered.extend_from_slice(&piece);
+                    }
+                    v
+                }
+                None => offered.on_data(dir, &piece, &mut out_offered),
+            };
+            let v_plain = plain.on_data(dir, &piece, &mut out_plain);
+            prop_assert_eq!(v_offered, v_plain);
+            if v_plain != Verdict::Continue {
+                break;
+            }
+        }
+        prop_assert_eq!(offered.on_end(dir, &mut out_offered), plain.on_end(dir, &mut out_plain));
+        prop_assert_eq!(out_offered, out_plain);
+        prop_assert_eq!(offered.requests(), plain.requests());
     }
 
     #[test]

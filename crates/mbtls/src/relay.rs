@@ -171,9 +171,9 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.receive_input(from, Input::Lent(bytes));
     }
 
-    /// Like [`receive_in_place`](Self::receive_in_place), and with a read-only app
-    /// ([`MiddleboxApp::read_only`]) the application data records that lie whole in `bytes`
-    /// are shown to [`MiddleboxApp::inspect`] and sealed again for the other hop where they
+    /// Like [`receive_in_place`](Self::receive_in_place), and the application data records
+    /// that lie whole in `bytes` and that the app lets through unchanged
+    /// ([`MiddleboxApp::pass_unchanged`]) are sealed again for the other hop where they
     /// were opened, not copied: the returned range of `bytes` is then output toward
     /// `from.other()`, to be sent right after what
     /// [`append_outgoing`](Self::append_outgoing) gives for that side now (a driver sends
@@ -195,9 +195,9 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.receive_records(from, input, false);
     }
 
-    /// Opens every complete record from `from` and handles it. `lend`: pass a read-only app's
-    /// data records on where they lie in lent input; returns where those records are in it and
-    /// how long the output toward the other side was when they started.
+    /// Opens every complete record from `from` and handles it. `lend`: pass the data records the
+    /// app lets through unchanged on where they lie in lent input; returns where those records
+    /// are in it and how long the output toward the other side was when they started.
     fn receive_records(
         &mut self,
         from: Side,
@@ -207,7 +207,6 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         if self.failed || self.ended(from) {
             return None;
         }
-        let lend = lend && self.app.read_only();
         let version = self.version;
         let mut lent: Option<(Range<usize>, usize)> = None;
         let mut pending = self.hop(from).take_pending();
@@ -243,10 +242,10 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         lent
     }
 
-    /// A read-only app's data record, opened in place at `at` of the lent input: the app
-    /// inspects it, and unless it closes the session the record is sealed again for the other
-    /// hop where it lies. It extends `lent` when it follows the run directly; otherwise its
-    /// bytes are queued as usual.
+    /// A data record opened in place at `at` of the lent input. When the app lets it through
+    /// unchanged, it is sealed again for the other hop where it lies, and extends `lent` when
+    /// it follows the run directly (otherwise its bytes are queued as usual); when the app
+    /// stops it, nothing is passed on; otherwise the app's `on_data` runs on it.
     fn pass_on_in_place(
         &mut self,
         from: Side,
@@ -257,17 +256,16 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
     ) {
         let to = from.other();
         let plain_len = plaintext.len();
-        let verdict = match record.get_mut(plaintext) {
-            Some(p) => {
-                let v = self.app.inspect(direction(from), p);
-                if v != Verdict::Continue {
-                    wipe(p);
-                }
-                v
-            }
-            None => Verdict::Close(CloseAlert(AlertDescription::INTERNAL_ERROR.0)),
+        let Some(p) = record.get_mut(plaintext) else {
+            return self.local_failure();
+        };
+        let Some(verdict) = self.app.pass_unchanged(direction(from), p) else {
+            // Changed, or held back: the app's output is queued, sealed as usual.
+            self.app_output(from, p);
+            return wipe(p);
         };
         if verdict != Verdict::Continue {
+            wipe(p);
             // Not passed on: the app stopped it.
             self.apply(verdict);
             return;
@@ -299,25 +297,12 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
     fn handle(&mut self, from: Side, ct: ContentType, plaintext: &[u8]) {
         let dir = direction(from);
         match ct {
-            // A read-only app looks; what it lets through is passed on as it came.
-            ContentType::APPLICATION_DATA if self.app.read_only() => {
-                match self.app.inspect(dir, plaintext) {
-                    Verdict::Continue => self.forward_data(from.other(), plaintext),
-                    stop => self.apply(stop),
-                }
-            }
-            ContentType::APPLICATION_DATA => {
-                let (hop, out) = match from.other() {
-                    Side::Client => (&mut self.client, &mut self.out_client),
-                    Side::Server => (&mut self.server, &mut self.out_server),
-                };
-                let (verdict, sealed) =
-                    app_data(&mut self.app, dir, plaintext, hop, out, &mut self.scratch);
-                if sealed.is_err() {
-                    self.local_failure();
-                }
-                self.apply(verdict);
-            }
+            // What the app lets through unchanged is passed on as it came.
+            ContentType::APPLICATION_DATA => match self.app.pass_unchanged(dir, plaintext) {
+                Some(Verdict::Continue) => self.forward_data(from.other(), plaintext),
+                Some(stop) => self.apply(stop),
+                None => self.app_output(from, plaintext),
+            },
             ContentType::ALERT => match Alert::parse(plaintext) {
                 None => self.fail_both(
                     FailCause::Protocol {
@@ -371,6 +356,27 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                 Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE),
             ),
         }
+    }
+
+    /// Runs the app's `on_data` on `plaintext` from `from` and seals its output for the other
+    /// side.
+    fn app_output(&mut self, from: Side, plaintext: &[u8]) {
+        let (hop, out) = match from.other() {
+            Side::Client => (&mut self.client, &mut self.out_client),
+            Side::Server => (&mut self.server, &mut self.out_server),
+        };
+        let (verdict, sealed) = app_data(
+            &mut self.app,
+            direction(from),
+            plaintext,
+            hop,
+            out,
+            &mut self.scratch,
+        );
+        if sealed.is_err() {
+            self.local_failure();
+        }
+        self.apply(verdict);
     }
 
     /// Act on what the app decided after its output was forwarded.

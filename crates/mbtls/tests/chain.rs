@@ -439,31 +439,116 @@ fn app_can_close_the_session() {
 
 #[test]
 fn header_insertion_in_the_chain_inserts_once_per_request() {
+    let big: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
     for &(v, s) in SUITES {
-        let http: App = Box::new(HttpHeaderInsert::new("X-Mbtls", "mb1").unwrap());
-        let mut chain = Chain::new(v, s, vec![Box::new(PassThrough), http], pass(1));
-        chain.chunking = vec![7, 1, 300];
-        let reqs = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n\
-            POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello\
-            POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
-        // Written in awkward pieces, so requests straddle records.
-        for piece in reqs.chunks(11) {
-            chain.client().write(piece).unwrap();
+        // Copied, lent, and lent with records passed on where they lie.
+        for mode in 0..3 {
+            let http: App = Box::new(HttpHeaderInsert::new("X-Mbtls", "mb1").unwrap());
+            let mut chain = Chain::new(v, s, vec![Box::new(PassThrough), http], pass(1));
+            chain.chunking = vec![7, 1, 300, 20_000];
+            chain.in_place = mode > 0;
+            chain.lending = mode == 2;
+            let reqs = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n\
+                POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello\
+                POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+            // Written in awkward pieces, so requests straddle records.
+            for piece in reqs.chunks(11) {
+                chain.client().write(piece).unwrap();
+            }
+            // A body of several records, passed on unchanged, then one more request.
+            chain
+                .client()
+                .write(b"PUT /d HTTP/1.1\r\nContent-Length: 40000\r\n\r\n")
+                .unwrap();
+            chain.client().write(&big).unwrap();
+            chain.client().write(b"GET /e HTTP/1.1\r\n\r\n").unwrap();
+            chain.pump();
+            let got = chain.server().take_plaintext();
+            let want = [
+                &b"GET /a HTTP/1.1\r\nHost: h\r\nX-Mbtls: mb1\r\n\r\n\
+                   POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nX-Mbtls: mb1\r\n\r\nhello\
+                   POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX-Mbtls: mb1\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
+                   PUT /d HTTP/1.1\r\nContent-Length: 40000\r\nX-Mbtls: mb1\r\n\r\n"[..],
+                &big,
+                b"GET /e HTTP/1.1\r\nX-Mbtls: mb1\r\n\r\n",
+            ]
+            .concat();
+            assert!(got == want, "{v:?} mode {mode}");
+            // Responses pass unchanged.
+            chain.server().write(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+            chain.server().write(&big).unwrap();
+            chain.pump();
+            let want = [&b"HTTP/1.1 200 OK\r\n\r\n"[..], &big].concat();
+            assert!(chain.client().take_plaintext() == want, "{v:?} mode {mode}");
         }
-        chain.pump();
-        let got = String::from_utf8(chain.server().take_plaintext()).unwrap();
-        assert_eq!(got.matches("X-Mbtls: mb1\r\n").count(), 3, "{got}");
-        assert_eq!(
-            got,
-            "GET /a HTTP/1.1\r\nHost: h\r\nX-Mbtls: mb1\r\n\r\n\
-             POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nX-Mbtls: mb1\r\n\r\nhello\
-             POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX-Mbtls: mb1\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
-        );
-        // Responses pass unchanged.
-        chain.server().write(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
-        chain.pump();
-        assert_eq!(chain.client().take_plaintext(), b"HTTP/1.1 200 OK\r\n\r\n");
     }
+}
+
+/// The header-inserting proxy's records that it lets through unchanged (a request body, a
+/// response) are passed on where they lie; a record with a request head is not (the header
+/// goes into it), and what it returns is queued ahead of the run that follows it.
+#[test]
+fn header_insertion_passes_bodies_and_responses_on_in_place() {
+    use mbx_mbtls::{client_side_keys, HopKeys, KeyMaterial, MiddleboxRelay};
+    use mbx_record::{ContentType, RecordOpener, RecordSealer};
+    let (v, s) = tls13();
+    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
+    let keys = client_side_keys(v, s, bridge, 1).unwrap();
+    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
+    let app: App = Box::new(HttpHeaderInsert::new("X-Mbtls", "mb1").unwrap());
+    let mut relay = MiddleboxRelay::new(km.clone(), app).unwrap();
+    let data = ContentType::APPLICATION_DATA;
+    let (c2s, s2c) = (&keys.endpoint.c2s, &km.toward_server.s2c);
+    let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
+    let mut server = RecordSealer::new(v, s2c.keys.clone(), s2c.next_seq);
+    let mut at_server = RecordOpener::new(
+        v,
+        km.toward_server.c2s.keys.clone(),
+        km.toward_server.c2s.next_seq,
+    );
+    let mut at_client = RecordOpener::new(
+        v,
+        keys.endpoint.s2c.keys.clone(),
+        keys.endpoint.s2c.next_seq,
+    );
+    let opened = |opener: &mut RecordOpener, wire: &[u8]| -> Vec<u8> {
+        records(wire)
+            .iter()
+            .flat_map(|r| opener.open(r).unwrap().plaintext.to_vec())
+            .collect()
+    };
+    // A head, then two body records: the head's record is queued with the header, the body's
+    // are passed on in place behind it.
+    let mut lent = Vec::new();
+    client
+        .seal_padded(
+            data,
+            b"POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\n",
+            0,
+            &mut lent,
+        )
+        .unwrap();
+    let head_len = lent.len();
+    client.seal_padded(data, b"body ", 0, &mut lent).unwrap();
+    client.seal_padded(data, b"body", 0, &mut lent).unwrap();
+    let range = relay.receive_lending(Side::Client, &mut lent);
+    assert_eq!(range, Some(head_len..lent.len()));
+    let mut wire = relay.take_outgoing(Side::Server);
+    wire.extend_from_slice(&lent[range.unwrap()]);
+    assert_eq!(
+        opened(&mut at_server, &wire),
+        b"POST / HTTP/1.1\r\nContent-Length: 9\r\nX-Mbtls: mb1\r\n\r\nbody body"
+    );
+    // A response record is passed on in place.
+    let mut lent = Vec::new();
+    server
+        .seal_padded(data, b"HTTP/1.1 200 OK\r\n\r\n", 0, &mut lent)
+        .unwrap();
+    let range = relay.receive_lending(Side::Server, &mut lent);
+    assert_eq!(range, Some(0..lent.len()));
+    assert!(relay.take_outgoing(Side::Client).is_empty());
+    assert_eq!(opened(&mut at_client, &lent), b"HTTP/1.1 200 OK\r\n\r\n");
+    assert!(!relay.is_failed());
 }
 
 /// Buffers lent to `receive_in_place` (middleboxes and endpoints) hold no plaintext afterwards,

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mbx_apps::{MiddleboxApp, PassThrough};
+use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_engine::Role;
 use mbx_mbtls::driver::{
     AppFactory, MbtlsClient, MiddleboxServer, MiddleboxServerConfig, Placement,
@@ -85,23 +85,76 @@ fn ring_speed() -> Res<f64> {
 
 type Relay = MiddleboxRelay<Box<dyn MiddleboxApp>>;
 
-/// Relays and the pre-encrypted client→server byte stream of each.
-fn relays() -> Res<Vec<(Relay, Vec<u8>)>> {
+/// What the in-process relays carry: the app, the direction, and what the sender writes
+/// before its 16 KB records.
+struct Traffic {
+    app: fn() -> Box<dyn MiddleboxApp>,
+    from: Side,
+    head: &'static [u8],
+}
+
+impl Traffic {
+    const PASS_THROUGH: Traffic = Traffic {
+        app: || Box::new(PassThrough),
+        from: Side::Client,
+        head: b"",
+    };
+    /// The paper's header-inserting proxy, one request whose body is the records.
+    const HTTP_UPLOAD: Traffic = Traffic {
+        app: http_app,
+        from: Side::Client,
+        head: b"PUT /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 25165824\r\n\r\n",
+    };
+    /// The same proxy, a response whose body is the records.
+    const HTTP_DOWNLOAD: Traffic = Traffic {
+        app: http_app,
+        from: Side::Server,
+        head: b"HTTP/1.1 200 OK\r\nContent-Length: 25165824\r\n\r\n",
+    };
+}
+
+// The Content-Length of the HTTP traffic above: its body is exactly the records.
+const _: () = assert!(IN_PROCESS_BYTES == 25_165_824);
+
+/// Bytes per CPU-second passed on as the driver does ([`Feed::PassedOn`]): pass-through, and
+/// the header-inserting proxy uploading and downloading.
+fn passed_on_rates() -> Res<[f64; 3]> {
+    let plaintext = (CONNS * IN_PROCESS_BYTES) as f64;
+    Ok([
+        plaintext / relay_pass(&Traffic::PASS_THROUGH, Feed::PassedOn)?,
+        plaintext / relay_pass(&Traffic::HTTP_UPLOAD, Feed::PassedOn)?,
+        plaintext / relay_pass(&Traffic::HTTP_DOWNLOAD, Feed::PassedOn)?,
+    ])
+}
+
+fn http_app() -> Box<dyn MiddleboxApp> {
+    Box::new(HttpHeaderInsert::new("X-Mbtls", "mb.test").expect("valid header"))
+}
+
+/// Relays and the pre-encrypted byte stream each receives from `traffic.from`.
+fn relays_with(traffic: &Traffic) -> Res<Vec<(Relay, Vec<u8>)>> {
     let (version, suite) = (TlsVersion::Tls13, CipherSuite::TLS13_AES_256_GCM_SHA384);
     let record = vec![0x5au8; RECORD];
     let mut out = Vec::new();
     for _ in 0..CONNS {
         let bridge = HopKeys::generate(version, &suite, 3, 5)?;
-        let mut side = client_side_keys(version, suite, bridge, 1)?;
+        let mut side = client_side_keys(version, suite, bridge.clone(), 1)?;
         let km = side.middleboxes.pop().ok_or("no key material")?;
-        let mut client = EndpointDataPhase::new(Role::Client, version, side.endpoint);
+        // With one client-side middlebox the server's hop runs on the bridge keys.
+        let mut sender = match traffic.from {
+            Side::Client => EndpointDataPhase::new(Role::Client, version, side.endpoint),
+            Side::Server => EndpointDataPhase::new(Role::Server, version, bridge),
+        };
         let mut stream = Vec::with_capacity(IN_PROCESS_BYTES + IN_PROCESS_BYTES / 500);
-        for _ in 0..IN_PROCESS_BYTES / RECORD {
-            client.write(&record)?;
-            stream.extend(client.take_outgoing());
+        if !traffic.head.is_empty() {
+            sender.write(traffic.head)?;
+            stream.extend(sender.take_outgoing());
         }
-        let relay = MiddleboxRelay::new(km, Box::new(PassThrough) as Box<dyn MiddleboxApp>)?;
-        out.push((relay, stream));
+        for _ in 0..IN_PROCESS_BYTES / RECORD {
+            sender.write(&record)?;
+            stream.extend(sender.take_outgoing());
+        }
+        out.push((MiddleboxRelay::new(km, (traffic.app)())?, stream));
     }
     Ok(out)
 }
@@ -111,9 +164,9 @@ fn relays() -> Res<Vec<(Relay, Vec<u8>)>> {
 /// relay's buffer first); and through a copy (forward-only). The output goes to one reused
 /// buffer per connection, as the driver's writers hand theirs back.
 fn in_process() -> Res<(f64, f64, f64)> {
-    let dec_enc = relay_pass(true)?;
-    let dec_enc_copy = relay_pass(false)?;
-    let rs = relays()?;
+    let dec_enc = relay_pass(&Traffic::PASS_THROUGH, Feed::Lent)?;
+    let dec_enc_copy = relay_pass(&Traffic::PASS_THROUGH, Feed::Copied)?;
+    let rs = relays_with(&Traffic::PASS_THROUGH)?;
     let chunks = chunk_count(&rs);
     let t = thread_ns();
     let mut copied = 0usize;
@@ -141,13 +194,26 @@ fn chunk_count(rs: &[(Relay, Vec<u8>)]) -> usize {
         .unwrap_or(0)
 }
 
-/// CPU seconds for the relays to process their streams, in place or not.
-fn relay_pass(in_place: bool) -> Res<f64> {
-    let mut rs = relays()?;
+/// How the relays get their input.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Feed {
+    /// Borrowed (`receive`): copied into the relay's buffer first.
+    Copied,
+    /// Lent mutably (`receive_in_place`): records opened where they lie.
+    Lent,
+    /// Lent as the middlebox driver lends its read buffer (`receive_lending`): records the app
+    /// lets through unchanged are sealed again where they lie and sent from there.
+    PassedOn,
+}
+
+/// CPU seconds for the relays to process their streams of `traffic`, fed as `feed` says.
+fn relay_pass(traffic: &Traffic, feed: Feed) -> Res<f64> {
+    let mut rs = relays_with(traffic)?;
     let total: usize = rs.iter().map(|(_, s)| s.len()).sum();
     // Connections interleaved chunk by chunk, as a middlebox serving them at once would.
     let chunks = chunk_count(&rs);
     let mut outs: Vec<Vec<u8>> = vec![Vec::new(); rs.len()];
+    let (from, to) = (traffic.from, traffic.from.other());
     let t = thread_ns();
     let mut relayed = 0usize;
     for k in 0..chunks {
@@ -155,18 +221,33 @@ fn relay_pass(in_place: bool) -> Res<f64> {
             let Some(chunk) = stream.chunks_mut(CHUNK).nth(k) else {
                 continue;
             };
-            if in_place {
-                relay.receive_in_place(Side::Client, chunk);
-            } else {
-                relay.receive(Side::Client, chunk);
-            }
-            relay.append_outgoing(Side::Server, out);
+            let range = match feed {
+                Feed::Copied => {
+                    relay.receive(from, chunk);
+                    None
+                }
+                Feed::Lent => {
+                    relay.receive_in_place(from, chunk);
+                    None
+                }
+                Feed::PassedOn => relay.receive_lending(from, chunk),
+            };
+            relay.append_outgoing(to, out);
             relayed += std::hint::black_box(&out).len();
             out.clear();
+            if let Some(r) = range {
+                relayed += std::hint::black_box(chunk.get(r).unwrap_or_default()).len();
+            }
         }
     }
     let secs = (thread_ns() - t) as f64 / 1e9;
-    if rs.iter().any(|(r, _)| r.is_failed()) || relayed != total {
+    // Records keep their size, except that an upload's head gains the inserted header.
+    let short = if traffic.head.is_empty() {
+        relayed != total
+    } else {
+        relayed < total
+    };
+    if rs.iter().any(|(r, _)| r.is_failed()) || short {
         return Err(format!("relay failed: {relayed} of {total} bytes").into());
     }
     Ok(secs)
@@ -176,10 +257,14 @@ fn relay_pass(in_place: bool) -> Res<f64> {
 pub fn in_process_only(n: usize) -> Res<()> {
     for _ in 0..n {
         let (dec_enc, dec_enc_copy, fwd) = in_process()?;
+        let [lent, up, down] = passed_on_rates()?;
         println!(
-            "in-process dec+enc {:.0} MB/CPU-s (copied in: {:.0}), forward {:.0}, ring seal {:.0}",
+            "in-process dec+enc {:.0} MB/CPU-s (copied in: {:.0}; passed on: {:.0}, http-header upload {:.0}, download {:.0}), forward {:.0}, ring seal {:.0}",
             dec_enc / 1e6,
             dec_enc_copy / 1e6,
+            lent / 1e6,
+            up / 1e6,
+            down / 1e6,
             fwd / 1e6,
             ring_speed()? / 1e6
         );
@@ -368,6 +453,9 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         "in_process_dec_enc",
         "in_process_dec_enc_copied_in",
         "in_process_forward",
+        "in_process_passed_on",
+        "in_process_http_upload_passed_on",
+        "in_process_http_download_passed_on",
         "tcp_dec_enc",
         "tcp_forward",
         "tcp_dec_enc_mbox_bound",
@@ -382,6 +470,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         let speed = openssl_speed()?;
         let ring = ring_speed()?;
         let (dec_enc, dec_enc_copy, fwd) = in_process()?;
+        let [lent, up, down] = passed_on_rates()?;
         let tcp_dec_enc = tcp.sample(true, SinkKind::Decrypt)?.per_cpu_s;
         let tcp_fwd = tcp.sample(false, SinkKind::Decrypt)?.per_cpu_s;
         let bound = tcp.sample(true, SinkKind::Discard)?;
@@ -397,6 +486,9 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             dec_enc,
             dec_enc_copy,
             fwd,
+            lent,
+            up,
+            down,
             tcp_dec_enc,
             tcp_fwd,
             tcp_dec_enc_bound,
@@ -408,12 +500,15 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         ratio_tcp.push(tcp_dec_enc / speed);
         ratio_tcp_bound.push(tcp_dec_enc_bound / speed);
         println!(
-            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0} | middlebox-bound: dec+enc {:.0} ({:.2}), forward {:.0}",
+            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}; passed on {:.0}, http-header upload {:.0}, download {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0} | middlebox-bound: dec+enc {:.0} ({:.2}), forward {:.0}",
             speed / 1e6,
             ring / 1e6,
             dec_enc / 1e6,
             dec_enc / speed,
             dec_enc_copy / 1e6,
+            lent / 1e6,
+            up / 1e6,
+            down / 1e6,
             fwd / 1e6,
             tcp_dec_enc / 1e6,
             tcp_dec_enc / speed,
@@ -452,7 +547,8 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             "version": "TLS 1.3", "suite": "TLS_AES_256_GCM_SHA384", "record_bytes": RECORD,
             "connections": CONNS, "in_process_bytes_per_conn": IN_PROCESS_BYTES,
             "tcp_bytes_per_conn": TCP_BYTES, "chunk_bytes": CHUNK, "app": "PassThrough",
-            "in_process_input": "chunks lent mutably (receive_in_place); copied_in: borrowed (receive)",
+            "in_process_input": "chunks lent mutably (receive_in_place); copied_in: borrowed (receive); passed_on: lent with receive_lending, records the app lets through unchanged sealed again where they lie (what the driver does)",
+            "in_process_http": "HttpHeaderInsert (X-Mbtls: mb.test): upload = one PUT whose Content-Length body is the records (client to server), download = one response whose body is the records (server to client)",
             "direction": "client to server",
             "sinks": "tcp_*: the sink decrypts (OpenSSL); *_mbox_bound: the sink skips records by their headers, so the middlebox is the bottleneck",
         }),

@@ -314,9 +314,9 @@ enum Core {
 }
 
 impl Core {
-    /// `bytes` is the read buffer: in the data phase records are opened in it, and a
-    /// read-only app's may be passed on in it (the range returned, to be sent toward
-    /// `from.other()` after that side's queued output).
+    /// `bytes` is the read buffer: in the data phase records are opened in it, and those the
+    /// app lets through unchanged may be passed on in it (the range returned, to be sent
+    /// toward `from.other()` after that side's queued output).
     fn receive(
         &mut self,
         from: Side,

@@ -185,8 +185,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         wires::receive(self, from, Input::Lent(bytes))
     }
 
-    /// Like [`receive_in_place`](Self::receive_in_place), and in the data phase a read-only
-    /// app's records may be passed on where they lie
+    /// Like [`receive_in_place`](Self::receive_in_place), and in the data phase the records
+    /// the app lets through unchanged may be passed on where they lie
     /// ([`MiddleboxRelay::receive_lending`](crate::MiddleboxRelay::receive_lending)): the
     /// returned range of `bytes` is to be sent toward `from.other()` right after what
     /// [`append_outgoing`](Self::append_outgoing) gives for that side now.

@@ -71,8 +71,8 @@ pub(super) fn receive<A: MiddleboxApp>(
     r
 }
 
-/// [`receive`] of lent bytes whose records a read-only app's relay may pass on where they
-/// lie ([`MiddleboxRelay::receive_lending`]): the range of `bytes` to send toward
+/// [`receive`] of lent bytes whose records the relay may pass on where they lie when its app
+/// lets them through unchanged ([`MiddleboxRelay::receive_lending`]): the range of `bytes` to send toward
 /// `from.other()` after that side's queued output.
 pub(super) fn receive_lending<A: MiddleboxApp>(
     core: &mut impl Core<A>,
