@@ -1129,6 +1129,9 @@ fn print_report(r: &ConnectionReport) {
         if let Some(h) = &r.server_hop {
             line.push_str(&format!("; server hop {}", fp(h)));
         }
+        if r.key_updates > 0 {
+            line.push_str(&format!("; {} KeyUpdates followed", r.key_updates));
+        }
     } else if r.legacy_server {
         line.push_str("the server did not answer our announcement: remembered as legacy, not announced to again");
     } else if let Some(why) = r.passive {

@@ -10,11 +10,11 @@ use std::collections::VecDeque;
 use mbx_engine::{AlertDescription, Role};
 use mbx_record::wipe::{self, wipe};
 use mbx_record::{ContentType, TlsVersion};
-use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
-use mbx_wire::{HandshakeDeframer, HandshakeType};
+use mbx_wire::HandshakeType;
 
 use crate::error::MbtlsError;
 use crate::hop::{for_each_record, Alert, Hop, Input};
+use crate::key_update::{key_update_message, PostHandshake, Violation};
 use crate::keys::HopKeys;
 
 /// What happened on an endpoint's connection.
@@ -28,6 +28,9 @@ pub enum EndpointEvent {
     PeerAlert(Alert),
     /// A TLS 1.3 NewSessionTicket arrived and was ignored (resumption through mbTLS is not built).
     SessionTicketIgnored,
+    /// The peer updated its keys (TLS 1.3 KeyUpdate); `requested`: it asked us to update ours,
+    /// which we did.
+    PeerUpdatedKeys { requested: bool },
     /// We ended the session: `alert` was sent to the neighbour.
     Failed { alert: Alert, what: &'static str },
 }
@@ -37,13 +40,24 @@ pub enum EndpointEvent {
 pub struct EndpointDataPhase {
     role: Role,
     hop: Hop,
-    handshake: HandshakeDeframer,
+    post_handshake: PostHandshake,
     outgoing: Vec<u8>,
     plaintext: Vec<u8>,
     peer_closed: bool,
     we_closed: bool,
     failed: Option<Alert>,
     events: VecDeque<EndpointEvent>,
+    /// The AEAD's confidentiality limit in records per key (`u64::MAX`: none).
+    key_limit: u64,
+    /// We asked the peer to update its keys and it has not yet.
+    asked_peer: bool,
+}
+
+/// Records under one key after which a TLS 1.3 endpoint updates its keys (and asks its peer to
+/// update theirs): three quarters of the AEAD's confidentiality limit (AES-GCM: 2^24.5 records,
+/// RFC 8446 §5.5), so middleboxes whose apps add records still have room on their hops.
+fn worn_after(limit: u64) -> u64 {
+    limit - limit / 4
 }
 
 impl Drop for EndpointDataPhase {
@@ -62,6 +76,8 @@ impl EndpointDataPhase {
 
     /// `keys` are the hop to the endpoint's neighbour; a client writes `c2s`, a server `s2c`.
     pub fn new(role: Role, version: TlsVersion, keys: HopKeys) -> Self {
+        // Both directions of a hop use the same AEAD.
+        let key_limit = keys.c2s.keys.aead().confidentiality_limit();
         let HopKeys { c2s, s2c } = keys;
         let hop = match role {
             Role::Client => Hop::new(version, s2c, c2s),
@@ -70,13 +86,15 @@ impl EndpointDataPhase {
         EndpointDataPhase {
             role,
             hop,
-            handshake: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            post_handshake: PostHandshake::new(),
             outgoing: Vec::new(),
             plaintext: Vec::new(),
             peer_closed: false,
             we_closed: false,
             failed: None,
             events: VecDeque::new(),
+            key_limit,
+            asked_peer: false,
         }
     }
 
@@ -92,6 +110,7 @@ impl EndpointDataPhase {
         if self.we_closed {
             return Err(MbtlsError::Closed);
         }
+        self.update_worn_keys();
         let r = self
             .hop
             .seal_data(ContentType::APPLICATION_DATA, data, &mut self.outgoing);
@@ -100,6 +119,59 @@ impl EndpointDataPhase {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// TLS 1.3: sends a KeyUpdate, after which our records are under the next generation of
+    /// our keys on every hop to the peer; `request_peer`: the peer is asked to update its keys
+    /// too (it answers with a KeyUpdate of its own). TLS 1.2 has no KeyUpdate: an error.
+    pub fn update_keys(&mut self, request_peer: bool) -> Result<(), MbtlsError> {
+        if let Some(a) = self.failed {
+            return Err(MbtlsError::Failed(a));
+        }
+        if self.we_closed {
+            return Err(MbtlsError::Closed);
+        }
+        if self.hop.version() != TlsVersion::Tls13 {
+            return Err(MbtlsError::KeyMaterial("KeyUpdate needs TLS 1.3"));
+        }
+        self.asked_peer |= request_peer;
+        self.send_key_update(request_peer);
+        match self.failed {
+            Some(a) => Err(MbtlsError::Failed(a)),
+            None => Ok(()),
+        }
+    }
+
+    /// TLS 1.3: keys that carried three quarters of their limit are updated before they reach
+    /// it, ours directly, the peer's by asking it (once, until it did). TLS 1.2 cannot: its
+    /// hops end the session at the limit.
+    fn update_worn_keys(&mut self) {
+        if self.hop.version() != TlsVersion::Tls13 || self.we_closed || self.failed.is_some() {
+            return;
+        }
+        let worn = worn_after(self.key_limit);
+        let (read, write) = self.hop.seqs();
+        let ask = read >= worn && !self.asked_peer && !self.peer_closed;
+        if write >= worn || ask {
+            self.asked_peer |= ask;
+            self.send_key_update(ask);
+        }
+    }
+
+    /// Seals a KeyUpdate under the current keys, then moves to the next ones.
+    fn send_key_update(&mut self, request_peer: bool) {
+        let msg = key_update_message(request_peer);
+        let sent = self
+            .hop
+            .seal_data(ContentType::HANDSHAKE, &msg, &mut self.outgoing)
+            .map_err(MbtlsError::from)
+            .and_then(|()| self.hop.update_write_keys());
+        if sent.is_err() {
+            self.fail(
+                AlertDescription::INTERNAL_ERROR,
+                "KeyUpdate could not be sent",
+            );
+        }
     }
 
     /// Send close_notify: no more data from us.
@@ -154,6 +226,7 @@ impl EndpointDataPhase {
             pending.clear();
         }
         self.hop.restore_pending(pending);
+        self.update_worn_keys();
     }
 
     fn handle(&mut self, ct: ContentType, pt: &[u8]) {
@@ -176,8 +249,7 @@ impl EndpointDataPhase {
                 Some(a) => self.events.push_back(EndpointEvent::PeerWarning(a)),
             },
             ContentType::HANDSHAKE if self.hop.version() == TlsVersion::Tls13 => {
-                self.handshake.push(pt);
-                self.post_handshake_messages();
+                self.post_handshake_record(pt)
             }
             _ => self.fail(
                 AlertDescription::UNEXPECTED_MESSAGE,
@@ -186,23 +258,39 @@ impl EndpointDataPhase {
         }
     }
 
-    fn post_handshake_messages(&mut self) {
-        loop {
-            match self.handshake.next_message() {
-                Ok(None) => return,
-                Ok(Some(m)) if m.typ() == HandshakeType::NEW_SESSION_TICKET => {
-                    self.events.push_back(EndpointEvent::SessionTicketIgnored)
-                }
-                Ok(Some(_)) => {
-                    return self.fail(
-                        AlertDescription::UNEXPECTED_MESSAGE,
-                        "post-handshake message not supported through mbTLS",
-                    )
-                }
-                Err(_) => {
-                    return self.fail(AlertDescription::DECODE_ERROR, "bad handshake framing")
-                }
+    /// One TLS 1.3 post-handshake record: tickets are ignored, a KeyUpdate is followed (and
+    /// answered when the peer asks), anything else ends the session.
+    fn post_handshake_record(&mut self, pt: &[u8]) {
+        let events = &mut self.events;
+        let update = self.post_handshake.record(pt, |typ| {
+            if typ == HandshakeType::NEW_SESSION_TICKET {
+                events.push_back(EndpointEvent::SessionTicketIgnored);
+                Ok(())
+            } else {
+                Err(Violation {
+                    alert: AlertDescription::UNEXPECTED_MESSAGE,
+                    what: "post-handshake message not supported through mbTLS",
+                })
             }
+        });
+        let requested = match update {
+            Ok(None) => return,
+            Ok(Some(requested)) => requested,
+            Err(v) => return self.fail(v.alert, v.what),
+        };
+        if self.hop.update_read_keys().is_err() {
+            return self.fail(
+                AlertDescription::INTERNAL_ERROR,
+                "cannot follow a KeyUpdate",
+            );
+        }
+        self.asked_peer = false;
+        self.events
+            .push_back(EndpointEvent::PeerUpdatedKeys { requested });
+        // Answered before any more data of ours (RFC 8446 §4.6.3); after our close_notify
+        // nothing more is sent, so nothing is answered.
+        if requested && !self.we_closed {
+            self.send_key_update(false);
         }
     }
 

@@ -10,7 +10,8 @@ use mbx_record::{ContentType, OpenedInPlace, RecordError, RecordOpener, RecordSe
 use mbx_wire::record::{HEADER_LEN, MAX_PLAINTEXT_LEN};
 use mbx_wire::{DeframerConfig, RecordHeader, WireError};
 
-use crate::keys::DirectionKeys;
+use crate::error::MbtlsError;
+use crate::keys::{DirectionKeys, TrafficSecret};
 
 /// A node's neighbours: the one toward the client and the one toward the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,6 +101,9 @@ pub(crate) struct Hop {
     pending: Vec<u8>,
     opener: RecordOpener,
     sealer: RecordSealer,
+    /// TLS 1.3: the traffic secrets of the current read and write keys, for KeyUpdates.
+    read_secret: Option<TrafficSecret>,
+    write_secret: Option<TrafficSecret>,
 }
 
 /// Bytes from a neighbour: borrowed (copied before opening) or lent mutably (opened in place;
@@ -139,7 +143,32 @@ impl Hop {
             pending: Vec::new(),
             opener: RecordOpener::new(version, read.keys, read.next_seq),
             sealer: RecordSealer::new(version, write.keys, write.next_seq),
+            read_secret: read.secret,
+            write_secret: write.secret,
         }
+    }
+
+    /// Sequence numbers of the next record to open and to seal under the current keys.
+    pub(crate) fn seqs(&self) -> (u64, u64) {
+        (self.opener.next_seq(), self.sealer.next_seq())
+    }
+
+    /// After a KeyUpdate from the neighbour: its next records are under the next generation of
+    /// its keys, from sequence number 0.
+    pub(crate) fn update_read_keys(&mut self) -> Result<(), MbtlsError> {
+        let next = next_generation(self.read_secret.as_ref())?;
+        self.opener = RecordOpener::new(self.version, next.keys, 0);
+        self.read_secret = next.secret;
+        Ok(())
+    }
+
+    /// After sending a KeyUpdate to the neighbour: what follows is under the next generation
+    /// of our keys, from sequence number 0.
+    pub(crate) fn update_write_keys(&mut self) -> Result<(), MbtlsError> {
+        let next = next_generation(self.write_secret.as_ref())?;
+        self.sealer = RecordSealer::new(self.version, next.keys, 0);
+        self.write_secret = next.secret;
+        Ok(())
     }
 
     pub(crate) fn version(&self) -> TlsVersion {
@@ -232,6 +261,14 @@ impl Hop {
     pub(crate) fn fingerprints(&self) -> (Option<[u8; 8]>, Option<[u8; 8]>) {
         (self.opener.key_fingerprint(), self.sealer.key_fingerprint())
     }
+}
+
+/// The keys after a KeyUpdate, or why there are none (no traffic secret: TLS 1.2).
+fn next_generation(secret: Option<&TrafficSecret>) -> Result<DirectionKeys, MbtlsError> {
+    let secret = secret.ok_or(MbtlsError::KeyMaterial(
+        "this hop has no traffic secret (TLS 1.2): it cannot update its keys",
+    ))?;
+    DirectionKeys::from_secret(secret.next()?, 0)
 }
 
 fn deframer_config(version: TlsVersion) -> DeframerConfig {

@@ -7,12 +7,65 @@
 //! both nodes.
 
 use mbx_engine::{ExportedSession, Role};
-use mbx_record::{CipherSuite, TlsVersion, TrafficKeys};
+use mbx_record::{tls13, CipherSuite, TlsVersion, TrafficKeys};
 use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::Zeroizing;
 
 use crate::error::MbtlsError;
 use crate::wire::KeyMaterial;
+
+/// A TLS 1.3 application traffic secret of one direction of one hop (zeroized on drop): its
+/// record key and IV derive from it, and so does the next generation after a KeyUpdate
+/// (RFC 8446 §7.2), which both ends of the hop derive alike.
+#[derive(Clone)]
+pub struct TrafficSecret {
+    suite: CipherSuite,
+    secret: Zeroizing<Vec<u8>>,
+}
+
+impl TrafficSecret {
+    /// `secret` must be as long as the suite's hash, and the suite a TLS 1.3 one.
+    pub fn new(suite: CipherSuite, secret: &[u8]) -> Result<TrafficSecret, MbtlsError> {
+        if suite.version != TlsVersion::Tls13 || secret.len() != suite.hash.output_len() {
+            return Err(MbtlsError::KeyMaterial(
+                "a traffic secret needs a TLS 1.3 suite and the length of its hash",
+            ));
+        }
+        Ok(TrafficSecret {
+            suite,
+            secret: Zeroizing::new(secret.to_vec()),
+        })
+    }
+
+    pub fn suite(&self) -> CipherSuite {
+        self.suite
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.secret
+    }
+
+    /// The record key and IV of this secret.
+    pub fn keys(&self) -> Result<TrafficKeys, MbtlsError> {
+        Ok(tls13::traffic_keys(&self.suite, &self.secret)?)
+    }
+
+    /// The secret of the next generation, after a KeyUpdate.
+    pub fn next(&self) -> Result<TrafficSecret, MbtlsError> {
+        Ok(TrafficSecret {
+            suite: self.suite,
+            secret: tls13::next_traffic_secret(self.suite.hash, &self.secret)?,
+        })
+    }
+}
+
+impl core::fmt::Debug for TrafficSecret {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TrafficSecret")
+            .field("suite", &self.suite.id)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Keys of one direction of one hop, and the sequence number of the next record on it.
 #[derive(Debug, Clone)]
@@ -20,6 +73,29 @@ pub struct DirectionKeys {
     /// AEAD key and IV (zeroized on drop).
     pub keys: TrafficKeys,
     pub next_seq: u64,
+    /// TLS 1.3: the traffic secret `keys` derive from, so that the hop can follow a KeyUpdate.
+    /// TLS 1.2 has none (and no KeyUpdate).
+    pub secret: Option<TrafficSecret>,
+}
+
+impl DirectionKeys {
+    /// TLS 1.2 keys (or TLS 1.3 keys whose hop cannot update them).
+    pub fn without_secret(keys: TrafficKeys, next_seq: u64) -> DirectionKeys {
+        DirectionKeys {
+            keys,
+            next_seq,
+            secret: None,
+        }
+    }
+
+    /// TLS 1.3: the key and IV of `secret`.
+    pub fn from_secret(secret: TrafficSecret, next_seq: u64) -> Result<DirectionKeys, MbtlsError> {
+        Ok(DirectionKeys {
+            keys: secret.keys()?,
+            next_seq,
+            secret: Some(secret),
+        })
+    }
 }
 
 /// Both directions of one hop.
@@ -37,20 +113,26 @@ pub(crate) fn iv_len(version: TlsVersion, suite: &CipherSuite) -> usize {
     }
 }
 
+/// TLS 1.3: a random traffic secret and its key and IV; TLS 1.2: a random key and IV.
 fn fresh_direction(
     rng: &SystemRandom,
     version: TlsVersion,
     suite: &CipherSuite,
     next_seq: u64,
 ) -> Result<DirectionKeys, MbtlsError> {
+    if version == TlsVersion::Tls13 {
+        let mut secret = Zeroizing::new(vec![0u8; suite.hash.output_len()]);
+        rng.fill(&mut secret).map_err(|_| MbtlsError::Random)?;
+        return DirectionKeys::from_secret(TrafficSecret::new(*suite, &secret)?, next_seq);
+    }
     let mut key = Zeroizing::new(vec![0u8; suite.aead.key_len()]);
     let mut iv = Zeroizing::new(vec![0u8; iv_len(version, suite)]);
     rng.fill(&mut key).map_err(|_| MbtlsError::Random)?;
     rng.fill(&mut iv).map_err(|_| MbtlsError::Random)?;
-    Ok(DirectionKeys {
-        keys: TrafficKeys::new(suite.aead, &key, &iv)?,
+    Ok(DirectionKeys::without_secret(
+        TrafficKeys::new(suite.aead, &key, &iv)?,
         next_seq,
-    })
+    ))
 }
 
 impl HopKeys {
@@ -77,20 +159,25 @@ impl HopKeys {
     }
 
     /// The bridge hop: the primary session as exported by an endpoint's engine (`role` is that
-    /// endpoint's role), with its exact next sequence numbers.
-    pub fn from_export(role: Role, session: &ExportedSession) -> HopKeys {
-        let tx = DirectionKeys {
-            keys: session.tx.keys.clone(),
-            next_seq: session.tx.next_seq,
+    /// endpoint's role), with its exact next sequence numbers and, for TLS 1.3, its traffic
+    /// secrets (so the bridge follows a KeyUpdate of a legacy peer).
+    pub fn from_export(role: Role, session: &ExportedSession) -> Result<HopKeys, MbtlsError> {
+        let direction = |d: &mbx_engine::DirectionState| -> Result<DirectionKeys, MbtlsError> {
+            let secret = match (&d.traffic_secret, session.version) {
+                (Some(s), TlsVersion::Tls13) => Some(TrafficSecret::new(session.suite, s)?),
+                _ => None,
+            };
+            Ok(DirectionKeys {
+                keys: d.keys.clone(),
+                next_seq: d.next_seq,
+                secret,
+            })
         };
-        let rx = DirectionKeys {
-            keys: session.rx.keys.clone(),
-            next_seq: session.rx.next_seq,
-        };
-        match role {
+        let (tx, rx) = (direction(&session.tx)?, direction(&session.rx)?);
+        Ok(match role {
             Role::Client => HopKeys { c2s: tx, s2c: rx },
             Role::Server => HopKeys { c2s: rx, s2c: tx },
-        }
+        })
     }
 }
 
@@ -181,9 +268,15 @@ mod tests {
         assert_ne!(a.c2s.keys.key(), a.s2c.keys.key());
         assert_eq!(a.c2s.keys.key().len(), 32);
         assert_eq!(a.c2s.keys.iv().len(), 12);
+        // TLS 1.3: the key and IV of a fresh traffic secret of the suite's hash length.
+        let secret = a.c2s.secret.as_ref().unwrap();
+        assert_eq!(secret.as_bytes().len(), 48);
+        assert_eq!(secret.keys().unwrap().key(), a.c2s.keys.key());
+        assert_eq!(secret.keys().unwrap().iv(), a.c2s.keys.iv());
         let g = CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256;
         let h = HopKeys::generate(TlsVersion::Tls12, &g, 5, 6).unwrap();
         assert_eq!(h.c2s.keys.iv().len(), 4);
+        assert!(h.c2s.secret.is_none());
         assert_eq!((h.c2s.next_seq, h.s2c.next_seq), (5, 6));
         assert!(HopKeys::generate(TlsVersion::Tls12, &s, 0, 0).is_err());
     }

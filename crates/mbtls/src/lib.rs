@@ -31,6 +31,7 @@ pub mod endpoint;
 pub mod error;
 pub mod handshake;
 pub mod hop;
+mod key_update;
 pub mod keys;
 pub mod relay;
 pub mod wire;
@@ -38,7 +39,9 @@ pub mod wire;
 pub use endpoint::{EndpointDataPhase, EndpointEvent};
 pub use error::MbtlsError;
 pub use hop::{Alert, Side};
-pub use keys::{client_side_keys, server_side_keys, DirectionKeys, HopKeys, SideKeys};
+pub use keys::{
+    client_side_keys, server_side_keys, DirectionKeys, HopKeys, SideKeys, TrafficSecret,
+};
 pub use relay::{FailCause, MiddleboxRelay, RelayEvent};
 pub use wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, CT_ENCAPSULATED, CT_KEY_MATERIAL,

@@ -18,6 +18,7 @@ use mbx_wire::record::MAX_PLAINTEXT_LEN;
 
 use crate::error::MbtlsError;
 use crate::hop::{for_each_record_at, Alert, Hop, Input, Side};
+use crate::key_update::PostHandshake;
 use crate::wire::KeyMaterial;
 
 /// Why the session ended abnormally.
@@ -42,6 +43,9 @@ pub enum RelayEvent {
     DirectionClosed { from: Side },
     /// A non-fatal alert from `from` was forwarded.
     AlertForwarded { from: Side, alert: Alert },
+    /// `from` sent a KeyUpdate (TLS 1.3): it was forwarded, and both hops of that direction
+    /// moved to their next keys.
+    KeysUpdated { from: Side },
     /// The app ended the session in an orderly way; close_notify was sent to both sides.
     AppClosed,
     /// The session ended with `alert` (sent to both sides, or forwarded).
@@ -62,6 +66,9 @@ pub struct MiddleboxRelay<A: MiddleboxApp> {
     failed: bool,
     events: VecDeque<RelayEvent>,
     scratch: Vec<u8>,
+    /// Post-handshake messages from each side (TLS 1.3), watched for KeyUpdates.
+    post_handshake_from_client: PostHandshake,
+    post_handshake_from_server: PostHandshake,
 }
 
 impl<A: MiddleboxApp> MiddleboxRelay<A> {
@@ -90,6 +97,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
             failed: false,
             events: VecDeque::new(),
             scratch: Vec::new(),
+            post_handshake_from_client: PostHandshake::new(),
+            post_handshake_from_server: PostHandshake::new(),
         })
     }
 
@@ -335,17 +344,35 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                         .push_back(RelayEvent::AlertForwarded { from, alert: a });
                 }
             },
-            // TLS 1.3 post-handshake messages (NewSessionTicket) belong to the endpoints: pass
-            // them on re-protected. A KeyUpdate cannot be followed (no traffic secrets are
-            // distributed); the sender's next record then fails to open, which is fatal.
+            // TLS 1.3 post-handshake messages (NewSessionTicket, KeyUpdate) belong to the
+            // endpoints: pass them on re-protected. After a KeyUpdate, both hops of its
+            // direction move to their next keys (see `key_update`).
             ContentType::HANDSHAKE if self.version == TlsVersion::Tls13 => {
+                let update = match self.post_handshake(from).record(plaintext, |_| Ok(())) {
+                    Ok(update) => update,
+                    Err(v) => {
+                        let what = v.what;
+                        return self
+                            .fail_both(FailCause::Protocol { from, what }, Alert::fatal(v.alert));
+                    }
+                };
                 let to = from.other();
                 let r = {
                     let (hop, out) = self.hop_and_out(to);
                     hop.seal_data(ContentType::HANDSHAKE, plaintext, out)
                 };
                 if r.is_err() {
-                    self.local_failure();
+                    return self.local_failure();
+                }
+                if update.is_some() {
+                    let updated = self
+                        .hop(to)
+                        .update_write_keys()
+                        .and_then(|()| self.hop(from).update_read_keys());
+                    if updated.is_err() {
+                        return self.local_failure();
+                    }
+                    self.events.push_back(RelayEvent::KeysUpdated { from });
                 }
             }
             _ => self.fail_both(
@@ -461,6 +488,13 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         match side {
             Side::Client => &mut self.client,
             Side::Server => &mut self.server,
+        }
+    }
+
+    fn post_handshake(&mut self, from: Side) -> &mut PostHandshake {
+        match from {
+            Side::Client => &mut self.post_handshake_from_client,
+            Side::Server => &mut self.post_handshake_from_server,
         }
     }
 

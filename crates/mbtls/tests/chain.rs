@@ -40,7 +40,8 @@ proptest! {
     /// Random data in both directions through 0..4 pass-through middleboxes (split between the
     /// client side and the server side), delivered in random chunks (copied, lent, or lent and
     /// passed on where they lie), arrives byte for byte, also when the middleboxes give their
-    /// idle buffers back after every delivery.
+    /// idle buffers back after every delivery, and (TLS 1.3) when the endpoints update their
+    /// keys in between, asking the peer to as well or not.
     #[test]
     fn data_survives_any_chain(
         suite_idx in 0..SUITES.len(),
@@ -51,6 +52,9 @@ proptest! {
         chunking in proptest::collection::vec(1usize..700, 0..6),
         input_mode in 0u8..3,
         release_idle in any::<bool>(),
+        // Per write: 0 nothing, 1/2 the client updates its keys (2: asking the server to),
+        // 3/4 the server does.
+        updates in proptest::collection::vec(0u8..5, 0..5),
     ) {
         let n_server = n_server_raw.min(4 - n_client);
         let (v, s) = SUITES[suite_idx];
@@ -63,6 +67,13 @@ proptest! {
             chain.client().write(w).unwrap();
             if let Some(r) = s2c.get(i) {
                 chain.server().write(r).unwrap();
+            }
+            if v == TlsVersion::Tls13 {
+                match updates.get(i).copied().unwrap_or(0) {
+                    1 | 2 => chain.client().update_keys(updates[i] == 2).unwrap(),
+                    3 | 4 => chain.server().update_keys(updates[i] == 4).unwrap(),
+                    _ => {}
+                }
             }
             chain.pump();
         }
@@ -116,17 +127,18 @@ fn p1c_same_plaintext_differs_on_every_hop() {
     }
 }
 
-/// A hop cannot update its keys, so a key that reaches its AEAD's confidentiality limit (AES-GCM:
-/// 2^24.5 records, RFC 8446 §5.5) seals nothing more but the alert that ends the session. The
-/// client's own first hop continues the bridge's sequence numbers, so a client writing at the
-/// limit gets an error and the server the client's internal_error alert through the middlebox;
-/// a middlebox whose app turns one record into two reaches the limit first and fails the session
-/// at both endpoints without forwarding the record over the limit. ChaCha20-Poly1305 hops at the
-/// same count carry on.
+/// TLS 1.2 hops cannot update their keys, so a key that reaches its AEAD's confidentiality
+/// limit (AES-GCM: 2^24.5 records, RFC 8446 §5.5) seals nothing more but the alert that ends
+/// the session. The client's own first hop continues the bridge's sequence numbers, so a client
+/// writing at the limit gets an error and the server the client's internal_error alert through
+/// the middlebox; a middlebox whose app turns one record into two reaches the limit first and
+/// fails the session at both endpoints without forwarding the record over the limit.
+/// ChaCha20-Poly1305 hops at the same count carry on. (TLS 1.3 endpoints update their keys
+/// before the limit: `tls13_endpoints_update_worn_keys_before_the_limit`.)
 #[test]
-fn a_hop_at_its_keys_confidentiality_limit_ends_the_session_at_both_endpoints() {
+fn a_tls12_hop_at_its_keys_confidentiality_limit_ends_the_session_at_both_endpoints() {
     let internal = Alert::fatal(AlertDescription::INTERNAL_ERROR);
-    for &(v, suite) in SUITES {
+    for &(v, suite) in SUITES.iter().filter(|(v, _)| *v == TlsVersion::Tls12) {
         let limit = suite.aead.confidentiality_limit();
         let start = limit.min(1 << 30) - 1;
         // The client at its limit.
@@ -166,6 +178,101 @@ fn a_hop_at_its_keys_confidentiality_limit_ends_the_session_at_both_endpoints() 
         assert!(events_of_server(&mut chain).contains(&EndpointEvent::PeerAlert(internal)));
         assert!(events_of_client(&mut chain).contains(&EndpointEvent::PeerAlert(internal)));
     }
+}
+
+/// TLS 1.3 AES-GCM: an endpoint whose keys carried three quarters of their confidentiality
+/// limit updates them before its next record, and every hop of that direction follows, so a
+/// session started just below the limit goes on past it. ChaCha20-Poly1305 never needs to.
+#[test]
+fn tls13_endpoints_update_worn_keys_before_the_limit() {
+    for &(v, suite) in SUITES.iter().filter(|(v, _)| *v == TlsVersion::Tls13) {
+        let limit = suite.aead.confidentiality_limit();
+        let start = limit.min(1 << 30) - 1;
+        let mut chain = Chain::with_bridge_at(v, suite, pass(1), pass(1), start, start);
+        chain.client().write(b"last").unwrap();
+        chain.client().write(b"one more").unwrap();
+        chain.server().write(b"and back").unwrap();
+        chain.pump();
+        assert_eq!(
+            chain.server().take_plaintext(),
+            b"lastone more",
+            "{suite:?}"
+        );
+        assert_eq!(chain.client().take_plaintext(), b"and back", "{suite:?}");
+        let updated = |events: Vec<EndpointEvent>| {
+            events
+                .iter()
+                .any(|e| matches!(e, EndpointEvent::PeerUpdatedKeys { .. }))
+        };
+        let (at_server, at_client) = (
+            updated(events_of_server(&mut chain)),
+            updated(events_of_client(&mut chain)),
+        );
+        // Each endpoint updated its own keys (and, reading worn keys, asked the other to).
+        assert_eq!(
+            (at_server, at_client),
+            (limit != u64::MAX, limit != u64::MAX)
+        );
+        for i in 0..2 {
+            assert!(!chain.mbox(i).is_failed(), "{suite:?}");
+        }
+    }
+}
+
+/// A TLS 1.3 endpoint reading records under worn keys asks the peer to update them (once):
+/// a peer that does not update on its own, as a legacy one may not, still moves before the
+/// limit.
+#[test]
+fn a_tls13_endpoint_reading_worn_keys_asks_its_peer_to_update() {
+    use mbx_mbtls::{DirectionKeys, EndpointDataPhase, HopKeys};
+    use mbx_record::{ContentType, RecordOpener, RecordSealer};
+    let suite = CipherSuite::TLS13_AES_128_GCM_SHA256;
+    let v = TlsVersion::Tls13;
+    let worn = suite.aead.confidentiality_limit() / 4 * 3 + 1;
+    let hop = HopKeys::generate(v, &suite, 0, worn).unwrap();
+    // The peer: a bare sealer that never updates by itself, and an opener for what we send.
+    let mut peer = RecordSealer::new(v, hop.s2c.keys.clone(), worn);
+    let mut at_peer = RecordOpener::new(v, hop.c2s.keys.clone(), 0);
+    let next_s2c = {
+        let secret = hop.s2c.secret.as_ref().unwrap().next().unwrap();
+        DirectionKeys::from_secret(secret, 0).unwrap()
+    };
+    let mut client = EndpointDataPhase::new(mbx_engine::Role::Client, v, hop);
+    let mut sent_by_client = |client: &mut EndpointDataPhase| -> Vec<(ContentType, Vec<u8>)> {
+        records(&client.take_outgoing())
+            .iter()
+            .map(|r| {
+                let o = at_peer.open(r).unwrap();
+                (o.content_type, o.plaintext.to_vec())
+            })
+            .collect()
+    };
+    let ask = (ContentType::HANDSHAKE, vec![24, 0, 0, 1, 1]);
+    for round in 0..2 {
+        let mut wire = Vec::new();
+        peer.seal(ContentType::APPLICATION_DATA, b"x", &mut wire)
+            .unwrap();
+        client.receive(&wire);
+        assert_eq!(client.take_plaintext(), b"x");
+        // Asked once, not again while the peer has not updated.
+        let want = if round == 0 {
+            vec![ask.clone()]
+        } else {
+            vec![]
+        };
+        assert_eq!(sent_by_client(&mut client), want, "round {round}");
+    }
+    // The peer updates: the client follows, and reads the next generation.
+    let mut wire = Vec::new();
+    peer.seal(ContentType::HANDSHAKE, &[24, 0, 0, 1, 0], &mut wire)
+        .unwrap();
+    peer = RecordSealer::new(v, next_s2c.keys, 0);
+    peer.seal(ContentType::APPLICATION_DATA, b"fresh", &mut wire)
+        .unwrap();
+    client.receive(&wire);
+    assert_eq!(client.take_plaintext(), b"fresh");
+    assert!(sent_by_client(&mut client).is_empty());
+    assert_eq!(client.failure(), None);
 }
 
 /// Sets up client → M0 → M1 → server with one record of "first" and one of "second" written

@@ -23,7 +23,8 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
 use mbx_testbed::relay::{DelayRelay, Direction, FlightCounter, Tap};
-use mbx_testbed::{LeafSpec, Nginx, OpensslServer, PkiFiles, TestPki};
+use mbx_testbed::wait::printed;
+use mbx_testbed::{LeafSpec, Nginx, OpensslServer, PkiFiles, ServerMode, TestPki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -238,6 +239,50 @@ async fn openssl_s_server_www_through_the_middlebox_both_versions() {
         assert!(response.contains(proto), "{version:?}: {response}");
         assert_eq!(client.summary().unwrap().version, version);
     }
+}
+
+/// Waits (bounded) until `server` printed `text` `times` times.
+async fn wait_for_output(server: &OpensslServer, text: &str, times: usize) {
+    printed(|| server.log(), text, times, BOUND).await.unwrap();
+}
+
+/// A legacy server's KeyUpdates (`openssl s_server`'s `k` and `K` commands, TLS 1.3) are
+/// followed across the middlebox: the server's data after each arrives, and when asked (`K`)
+/// the client updates its keys too, so what it sends next still reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
+    let w = World::new();
+    let mut server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls13))
+        .mode(ServerMode::Interactive)
+        .start()
+        .unwrap();
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
+        .await
+        .unwrap();
+    let mut client = connect(&mbox, w.client(TlsVersion::Tls13, measure(PROGRAM, b""))).await;
+    client.write_all(b"hello\n").await.unwrap();
+    wait_for_output(&server, "hello", 1).await;
+    for (n, command) in ["k", "K", "K"].into_iter().enumerate() {
+        server.send_line(command).unwrap();
+        // The command read on its own (s_server reads stdin in chunks), then the data.
+        wait_for_output(&server, "SSL_do_handshake -> 1", n + 1).await;
+        let line = format!("server data after {command}");
+        server.send_line(&line).unwrap();
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(&line) {
+            let piece = timeout(BOUND, client.read()).await.unwrap().unwrap();
+            got.extend(piece.expect("the server closed early"));
+        }
+        let answer = format!("client data after {command}");
+        let answer_line = format!("{answer}\n");
+        client.write_all(answer_line.as_bytes()).await.unwrap();
+        wait_for_output(&server, &answer, 1).await;
+    }
+    drop(client);
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    // The server's three, and the client's answers to the two that asked.
+    assert_eq!(report.key_updates, 5, "{report:?}");
 }
 
 /// Application-data records (type 23) in one direction of a captured hop.

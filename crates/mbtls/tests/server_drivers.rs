@@ -27,7 +27,9 @@ use mbx_mbtls::handshake::{
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
-use mbx_testbed::{Curl, LeafSpec, OpensslClient, OpensslServer, PkiFiles, TestPki};
+use mbx_testbed::{
+    Curl, InteractiveClient, LeafSpec, OpensslClient, OpensslServer, PkiFiles, TestPki,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::timeout;
@@ -283,6 +285,53 @@ async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
         let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
         assert!(report.keys_installed, "{report:?}");
     }
+}
+
+/// Waits (bounded) until `s_client` printed `text` `times` times.
+async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: usize) {
+    mbx_testbed::wait::printed(|| client.log(), text, times, BOUND)
+        .await
+        .unwrap();
+}
+
+/// A legacy client's KeyUpdates (`openssl s_client`'s `k` and `K` commands, TLS 1.3) are
+/// followed across the server-side middlebox by the middlebox and the mbTLS server, which
+/// answers the one that asks (`K`): the echo of what the client sends after each still comes
+/// back. The HTTP app lets the lines through after an upgrade request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middlebox() {
+    let w = World::new();
+    let backend = stream_echo_backend().await;
+    let (_server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
+    let mut client = OpensslClient::new(mb2.local_addr())
+        .servername("server.test")
+        .cafile(&w.server_files.ca)
+        .version(tb(TlsVersion::Tls13))
+        // s_client takes commands only without -ign_eof.
+        .ign_eof(false)
+        .start_interactive()
+        .unwrap();
+    for line in [
+        "GET /chat HTTP/1.1",
+        "Host: server.test",
+        "Upgrade: lines",
+        "",
+    ] {
+        client.send_line(line).unwrap();
+    }
+    wait_for_client_output(&client, "X-Mbtls: mb2.test", 1).await;
+    for (n, command) in ["k", "K"].into_iter().enumerate() {
+        client.send_line(command).unwrap();
+        // The command read on its own (s_client reads stdin in chunks), then the data.
+        wait_for_client_output(&client, "KEYUPDATE", n + 1).await;
+        let line = format!("echoed after {command}");
+        client.send_line(&line).unwrap();
+        wait_for_client_output(&client, &line, 1).await;
+    }
+    drop(client);
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    // The client's two, and the server's answer to the one that asked.
+    assert_eq!(report.key_updates, 3, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

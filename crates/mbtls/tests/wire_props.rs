@@ -4,7 +4,7 @@ use mbx_mbtls::wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
     MAX_INNER_PAYLOAD_LEN,
 };
-use mbx_mbtls::{DirectionKeys, HopKeys};
+use mbx_mbtls::{DirectionKeys, HopKeys, TrafficSecret};
 use mbx_record::{CipherSuite, TlsVersion, TrafficKeys};
 use mbx_wire::record::encode_record;
 use mbx_wire::{ContentType, Record};
@@ -15,23 +15,22 @@ fn suite() -> impl Strategy<Value = CipherSuite> {
 }
 
 fn direction(s: CipherSuite, seq: u64) -> impl Strategy<Value = DirectionKeys> {
-    let iv_len = match s.version {
-        TlsVersion::Tls12 => s.aead.tls12_fixed_iv_len(),
-        TlsVersion::Tls13 => 12,
-    };
     (
         proptest::collection::vec(any::<u8>(), s.aead.key_len()),
-        proptest::collection::vec(any::<u8>(), iv_len),
+        proptest::collection::vec(any::<u8>(), s.aead.tls12_fixed_iv_len()),
+        proptest::collection::vec(any::<u8>(), s.hash.output_len()),
         any::<u64>(),
     )
-        .prop_map(move |(k, iv, own_seq)| DirectionKeys {
-            keys: TrafficKeys::new(s.aead, &k, &iv).unwrap(),
-            // TLS 1.2 carries one sequence number per direction for all hops.
-            next_seq: if s.version == TlsVersion::Tls12 {
-                seq
-            } else {
-                own_seq
-            },
+        .prop_map(move |(k, iv, secret, own_seq)| match s.version {
+            // TLS 1.2 carries one sequence number per direction for all hops, and no secret.
+            TlsVersion::Tls12 => {
+                DirectionKeys::without_secret(TrafficKeys::new(s.aead, &k, &iv).unwrap(), seq)
+            }
+            // TLS 1.3: the key and IV of a traffic secret.
+            TlsVersion::Tls13 => {
+                DirectionKeys::from_secret(TrafficSecret::new(s, &secret).unwrap(), own_seq)
+                    .unwrap()
+            }
         })
 }
 

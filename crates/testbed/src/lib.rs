@@ -9,7 +9,7 @@
 //! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`) and run
 //!   them as child processes that are killed on drop.
 //!
-//! * [`wait`]: waiting in a test for a peer to close a socket.
+//! * [`wait`]: waiting in a test for a peer to close a socket or a process to print something.
 //!
 //! * [`starve`]: running the process out of file descriptors for a moment, to see what a
 //!   listener does when `accept` fails.
@@ -32,7 +32,8 @@ pub mod wait;
 
 pub use netns::{Host, Topology};
 pub use peers::{
-    ensure_tool, free_port, Curl, Nginx, OpensslClient, OpensslServer, ServerMode, TlsVersion,
+    ensure_tool, free_port, Curl, InteractiveClient, Nginx, OpensslClient, OpensslServer,
+    ServerMode, TlsVersion,
 };
 pub use pki::{IssuedCert, KeyType, LeafSpec, PkiFiles, Role, TestPki, Validity};
 pub use relay::{DelayRelay, Direction, FlightCounter, Tap};

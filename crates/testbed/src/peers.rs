@@ -441,6 +441,33 @@ fn log_file(path: &Path) -> Result<std::fs::File, PeerError> {
     std::fs::File::create(path).map_err(io_err(format!("creating {}", path.display())))
 }
 
+/// Lines for a peer's standard input: what the interactive `s_server` and `s_client` send
+/// (or, for `k` / `K` on a line of their own, a TLS 1.3 KeyUpdate).
+#[derive(Debug)]
+struct StdinLines(Option<std::process::ChildStdin>);
+
+impl StdinLines {
+    fn send_line(&mut self, line: &str) -> Result<(), PeerError> {
+        use std::io::Write;
+        let stdin = self.0.as_mut().ok_or_else(|| PeerError::Io {
+            context: "peer stdin (not started interactive, or closed)".into(),
+            source: std::io::ErrorKind::NotConnected.into(),
+        })?;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(io_err("writing to the peer's stdin"))
+    }
+}
+
+/// `openssl` under `stdbuf -oL` (coreutils): its stdio output line-buffered, so that a log
+/// file shows each line as it is printed (interactive peers report commands that way).
+fn line_buffered_openssl(openssl: &Path) -> Command {
+    let mut c = Command::new("stdbuf");
+    c.arg("-oL").arg(openssl);
+    c
+}
+
 // ---------------------------------------------------------------------------------------------
 // openssl s_server
 
@@ -451,6 +478,11 @@ pub enum ServerMode {
     Www,
     /// `-rev`: echoes each received line reversed; a line `CLOSE` closes the connection.
     Reverse,
+    /// Neither: prints what it receives, and sends each line written with
+    /// [`OpensslServer::send_line`]; the lines `k` and `K` send a TLS 1.3 KeyUpdate instead
+    /// (`K`: asking the client to update too) and print `SSL_do_handshake -> 1`, when
+    /// s_server reads them on their own (it reads its input in chunks).
+    Interactive,
 }
 
 /// Builder for [`OpensslServer`].
@@ -498,7 +530,12 @@ impl OpensslServerBuilder {
             let port = free_port()?;
             let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
             let log = dir.path().join(format!("s_server.{attempt}.log"));
-            let mut cmd = Command::new(&openssl);
+            // Interactive: s_server reports commands through stdio, line-buffered by `stdbuf`
+            // (coreutils) so that its log shows each as it happens.
+            let mut cmd = match self.mode {
+                ServerMode::Interactive => line_buffered_openssl(&openssl),
+                _ => Command::new(&openssl),
+            };
             cmd.arg("s_server")
                 .arg("-accept")
                 .arg(format!("127.0.0.1:{port}"))
@@ -512,25 +549,33 @@ impl OpensslServerBuilder {
             if let Some(v) = self.version {
                 cmd.arg(v.openssl_flag());
             }
-            cmd.arg(match self.mode {
-                ServerMode::Www => "-www",
-                ServerMode::Reverse => "-rev",
-            });
+            let mode = match self.mode {
+                ServerMode::Www => Some("-www"),
+                ServerMode::Reverse => Some("-rev"),
+                ServerMode::Interactive => None,
+            };
+            cmd.args(mode);
             cmd.args(&self.args);
             let out = log_file(&log)?;
             let err = out.try_clone().map_err(io_err("dup log"))?;
-            let child = cmd
-                .stdin(Stdio::null())
+            let stdin = match self.mode {
+                ServerMode::Interactive => Stdio::piped(),
+                _ => Stdio::null(),
+            };
+            let mut child = cmd
+                .stdin(stdin)
                 .stdout(out)
                 .stderr(err)
                 .spawn()
                 .map_err(io_err("spawning openssl s_server"))?;
+            let stdin = child.stdin.take();
             let mut child = ChildGuard::new(child);
             match wait_for_port(addr, &mut child, "openssl s_server", &log) {
                 Ok(()) => {
                     return Ok(OpensslServer {
                         addr,
                         log,
+                        stdin: StdinLines(stdin),
                         child,
                         _dir: dir,
                     })
@@ -554,6 +599,8 @@ impl OpensslServerBuilder {
 pub struct OpensslServer {
     addr: SocketAddr,
     log: PathBuf,
+    /// [`ServerMode::Interactive`]: what the server sends.
+    stdin: StdinLines,
     child: ChildGuard,
     _dir: tempfile::TempDir,
 }
@@ -597,6 +644,12 @@ impl OpensslServer {
     /// Everything s_server printed so far (stdout and stderr).
     pub fn log(&self) -> String {
         read_lossy(&self.log)
+    }
+
+    /// [`ServerMode::Interactive`]: has the server send `line` and a newline to its client
+    /// (or, for `k` / `K`, a KeyUpdate).
+    pub fn send_line(&mut self, line: &str) -> Result<(), PeerError> {
+        self.stdin.send_line(line)
     }
 
     /// Process id.
@@ -691,6 +744,37 @@ impl OpensslClient {
     pub fn run(&self) -> Result<ProcessOutput, PeerError> {
         let openssl = ensure_tool("openssl", "openssl")?;
         let mut cmd = Command::new(openssl);
+        self.add_args(&mut cmd);
+        run_with_timeout(cmd, &self.input, self.timeout)
+    }
+
+    /// Starts s_client and leaves it running: each line given to
+    /// [`InteractiveClient::send_line`] is sent to the server (`k` / `K` on their own send a
+    /// TLS 1.3 KeyUpdate and print `KEYUPDATE`); what it prints is in its log. The input set
+    /// with [`input`](Self::input) and the timeout are not used.
+    pub fn start_interactive(&self) -> Result<InteractiveClient, PeerError> {
+        let openssl = ensure_tool("openssl", "openssl")?;
+        let dir = temp_dir("mbx-s_client")?;
+        let log = dir.path().join("s_client.log");
+        let mut cmd = line_buffered_openssl(&openssl);
+        self.add_args(&mut cmd);
+        let out = log_file(&log)?;
+        let err = out.try_clone().map_err(io_err("dup log"))?;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io_err("spawning openssl s_client"))?;
+        Ok(InteractiveClient {
+            stdin: StdinLines(child.stdin.take()),
+            log,
+            _child: ChildGuard::new(child),
+            _dir: dir,
+        })
+    }
+
+    fn add_args(&self, cmd: &mut Command) {
         cmd.args(["s_client", "-connect", &self.connect]);
         if let Some(name) = &self.servername {
             cmd.args(["-servername", name, "-verify_hostname", name]);
@@ -708,7 +792,27 @@ impl OpensslClient {
             cmd.arg("-ign_eof");
         }
         cmd.args(&self.args);
-        run_with_timeout(cmd, &self.input, self.timeout)
+    }
+}
+
+/// A running `openssl s_client` ([`OpensslClient::start_interactive`]), killed on drop.
+#[derive(Debug)]
+pub struct InteractiveClient {
+    stdin: StdinLines,
+    log: PathBuf,
+    _child: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+impl InteractiveClient {
+    /// Sends `line` and a newline to the server (or, for `k` / `K`, a KeyUpdate).
+    pub fn send_line(&mut self, line: &str) -> Result<(), PeerError> {
+        self.stdin.send_line(line)
+    }
+
+    /// Everything s_client printed so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        read_lossy(&self.log)
     }
 }
 

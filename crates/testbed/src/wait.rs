@@ -1,4 +1,4 @@
-//! Waiting on a socket in a test.
+//! Waiting in a test: for a peer to close a socket, for a process to print something.
 
 use std::time::Duration;
 
@@ -20,6 +20,23 @@ pub async fn closed_by_peer(sock: &mut TcpStream, bound: Duration) -> bool {
     .is_ok()
 }
 
+/// Polls `log` (e.g. [`OpensslServer::log`](crate::OpensslServer::log)) every 20 ms until it
+/// holds `text` at least `times` times; `Err` with the last log if it does not within `bound`.
+pub async fn printed(
+    log: impl Fn() -> String,
+    text: &str,
+    times: usize,
+    bound: Duration,
+) -> Result<(), String> {
+    let seen = tokio::time::timeout(bound, async {
+        while log().matches(text).count() < times {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    seen.map_err(|_| format!("never printed {text:?} {times}×: {}", log()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +53,13 @@ mod tests {
         assert!(!closed_by_peer(&mut ours, bound).await, "the peer is open");
         drop(peer);
         assert!(closed_by_peer(&mut ours, Duration::from_secs(10)).await);
+    }
+
+    #[tokio::test]
+    async fn printed_counts_occurrences() {
+        let log = || "a b a".to_string();
+        let bound = Duration::from_millis(100);
+        assert_eq!(printed(log, "a", 2, bound).await, Ok(()));
+        assert!(printed(log, "a", 3, bound).await.is_err());
     }
 }

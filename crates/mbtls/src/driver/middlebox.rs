@@ -178,6 +178,8 @@ pub struct ConnectionReport {
     /// How often the connection gave its grown buffers back after `IDLE_TRIM_AFTER` (2 s)
     /// without a read.
     pub idle_trims: u32,
+    /// TLS 1.3 KeyUpdates passed on (from either side), each followed on both hops.
+    pub key_updates: u32,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -200,6 +202,7 @@ impl ConnectionReport {
             bytes_from_client: 0,
             bytes_from_server: 0,
             idle_trims: 0,
+            key_updates: 0,
             outcome: Ok(()),
         }
     }
@@ -434,6 +437,10 @@ impl Conn {
                     self.failure.get_or_insert_with(|| {
                         format!("relay failed ({cause:?}), alert {}", alert.description.0)
                     });
+                }
+                MiddleboxHandshakeEvent::Relay(RelayEvent::KeysUpdated { from }) => {
+                    report.key_updates += 1;
+                    tracing::debug!(?from, "mbtls relay: keys updated");
                 }
                 MiddleboxHandshakeEvent::Relay(ev) => tracing::debug!(?ev, "mbtls relay"),
             }

@@ -630,7 +630,7 @@ impl EndpointCore {
         for rec in split_records(&handoff.unprocessed_incoming) {
             self.drop_authenticated(rec)?;
         }
-        let bridge = HopKeys::from_export(self.role, &session);
+        let bridge = HopKeys::from_export(self.role, &session)?;
         let n = joined.len();
         let side = match self.role {
             Role::Client => client_side_keys(session.version, session.suite, bridge, n)?,
@@ -715,7 +715,7 @@ impl EndpointCore {
             pending_plaintext,
             ..
         } = handoff;
-        let bridge = HopKeys::from_export(self.role, &session);
+        let bridge = HopKeys::from_export(self.role, &session)?;
         self.summary = Some(SessionSummary {
             version: session.version,
             suite: session.suite,

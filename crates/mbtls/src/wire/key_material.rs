@@ -20,18 +20,21 @@
 //! ```
 //! One sequence number per direction: all hops of a direction must start at the same number.
 //!
-//! TLS 1.3 (ours; the same fields, with a sequence number per direction of each hop):
+//! TLS 1.3 (ours; the same fields, with a sequence number per direction of each hop, and the
+//! traffic secret each key and IV derive from):
 //! ```text
 //! uint16 version = 0x0304
 //! uint16 cipher_suite                  /* 0x1301 | 0x1302 | 0x1303 */
 //! uint32 key_len                       /* = the suite's AEAD key length */
 //! uint32 iv_len                        /* = 12 */
-//! { opaque key[key_len]; opaque iv[iv_len]; uint64 next_sequence; }
+//! uint32 secret_len                    /* = the suite's hash length (32 or 48) */
+//! { opaque key[key_len]; opaque iv[iv_len]; uint64 next_sequence;
+//!   opaque traffic_secret[secret_len]; }
 //!     client_write, client_read, server_write, server_read   /* in this order */
 //! ```
-//! Keys and IVs are the record-layer key and IV (for TLS 1.3, what HKDF-Expand-Label "key"/"iv"
-//! of a traffic secret would give); no traffic secrets are sent, so a middlebox cannot follow
-//! a KeyUpdate. Unknown versions, suites that do not match the version, wrong lengths and
+//! Keys and IVs are the record-layer key and IV, HKDF-Expand-Label "key"/"iv" of the traffic
+//! secret beside them (RFC 8446 §7.3): with the secrets, both ends of every hop follow a
+//! KeyUpdate (§7.2). Unknown versions, suites that do not match the version, wrong lengths and
 //! trailing bytes are rejected.
 
 use mbx_record::{CipherSuite, TlsVersion, TrafficKeys};
@@ -39,10 +42,11 @@ use mbx_wire::{version, Reader, WireError, Writer};
 use zeroize::Zeroizing;
 
 use super::malformed;
-use crate::keys::{iv_len, DirectionKeys, HopKeys};
+use crate::keys::{iv_len, DirectionKeys, HopKeys, TrafficSecret};
 
-/// Upper bound of an encoded key material message (TLS 1.3, 32-byte keys: 220 bytes).
-pub const MAX_KEY_MATERIAL_LEN: usize = 256;
+/// Upper bound of an encoded key material message (TLS 1.3, 32-byte keys and 48-byte secrets:
+/// 416 bytes).
+pub const MAX_KEY_MATERIAL_LEN: usize = 512;
 
 /// The keys a middlebox needs to join the session.
 #[derive(Debug, Clone)]
@@ -80,6 +84,16 @@ impl KeyMaterial {
             {
                 return Err(malformed("key or IV does not fit the cipher suite"));
             }
+            let secret_fits = match (&d.secret, self.version) {
+                (Some(s), TlsVersion::Tls13) => s.suite() == self.suite,
+                (None, TlsVersion::Tls12) => true,
+                _ => false,
+            };
+            if !secret_fits {
+                return Err(malformed(
+                    "TLS 1.3 key material has a traffic secret of its suite per direction, TLS 1.2 none",
+                ));
+            }
         }
         let mut buf = Zeroizing::new(Vec::with_capacity(MAX_KEY_MATERIAL_LEN));
         let mut w = Writer::new(&mut buf);
@@ -109,10 +123,12 @@ impl KeyMaterial {
                 w.u16(self.suite.id);
                 w.u32(key_len as u32);
                 w.u32(iv_len as u32);
+                w.u32(self.suite.hash.output_len() as u32);
                 for d in self.wire_order() {
                     w.bytes(d.keys.key());
                     w.bytes(d.keys.iv());
                     w.u64(d.next_seq);
+                    w.bytes(d.secret.as_ref().map(|s| s.as_bytes()).unwrap_or_default());
                 }
             }
         }
@@ -140,6 +156,13 @@ impl KeyMaterial {
         if iv_len_wire != iv_len(version, &suite) {
             return Err(malformed("iv_len does not match the cipher suite"));
         }
+        let secret_len = match version {
+            TlsVersion::Tls12 => 0,
+            TlsVersion::Tls13 => r.u32()? as usize,
+        };
+        if version == TlsVersion::Tls13 && secret_len != suite.hash.output_len() {
+            return Err(malformed("secret_len does not match the cipher suite"));
+        }
         let mut dirs = Vec::with_capacity(4);
         for _ in 0..4 {
             let key = r.take(key_len)?;
@@ -150,7 +173,22 @@ impl KeyMaterial {
             };
             let keys =
                 TrafficKeys::new(suite.aead, key, iv).map_err(|_| malformed("key or IV length"))?;
-            dirs.push(DirectionKeys { keys, next_seq });
+            let secret = match version {
+                TlsVersion::Tls12 => None,
+                // Kept for the next generation; the current key and IV are taken as sent
+                // (deriving them again would cost 8 HMACs per handshake to check the endpoint
+                // that chose both; a pair that does not match fails closed at the first
+                // KeyUpdate).
+                TlsVersion::Tls13 => Some(
+                    TrafficSecret::new(suite, r.take(secret_len)?)
+                        .map_err(|_| malformed("traffic secret length"))?,
+                ),
+            };
+            dirs.push(DirectionKeys {
+                keys,
+                next_seq,
+                secret,
+            });
         }
         r.finish()?;
         let mut it = dirs.into_iter();
@@ -179,10 +217,16 @@ mod tests {
     use super::*;
 
     fn dir(aead: mbx_record::Aead, fill: u8, iv_len: usize, seq: u64) -> DirectionKeys {
-        DirectionKeys {
-            keys: TrafficKeys::new(aead, &vec![fill; aead.key_len()], &vec![fill; iv_len]).unwrap(),
-            next_seq: seq,
-        }
+        DirectionKeys::without_secret(
+            TrafficKeys::new(aead, &vec![fill; aead.key_len()], &vec![fill; iv_len]).unwrap(),
+            seq,
+        )
+    }
+
+    /// TLS 1.3: keys derived from a secret of `fill` bytes.
+    fn dir13(s: CipherSuite, fill: u8, seq: u64) -> DirectionKeys {
+        let secret = TrafficSecret::new(s, &vec![fill; s.hash.output_len()]).unwrap();
+        DirectionKeys::from_secret(secret, seq).unwrap()
     }
 
     /// The paper's layout, checked byte by byte.
@@ -221,54 +265,90 @@ mod tests {
         assert_eq!(back.toward_server.s2c.next_seq, 9);
     }
 
-    #[test]
-    fn tls13_layout() {
-        let s = CipherSuite::TLS13_AES_128_GCM_SHA256;
-        let a = s.aead;
-        let km = KeyMaterial {
+    fn km13(s: CipherSuite, seqs: [u64; 4]) -> KeyMaterial {
+        KeyMaterial {
             version: TlsVersion::Tls13,
             suite: s,
             toward_client: HopKeys {
-                c2s: dir(a, 2, 12, 20),
-                s2c: dir(a, 1, 12, 10),
+                c2s: dir13(s, 2, seqs[1]),
+                s2c: dir13(s, 1, seqs[0]),
             },
             toward_server: HopKeys {
-                c2s: dir(a, 3, 12, 30),
-                s2c: dir(a, 4, 12, 40),
+                c2s: dir13(s, 3, seqs[2]),
+                s2c: dir13(s, 4, seqs[3]),
+            },
+        }
+    }
+
+    #[test]
+    fn tls13_layout() {
+        for s in [
+            CipherSuite::TLS13_AES_128_GCM_SHA256,
+            CipherSuite::TLS13_AES_256_GCM_SHA384,
+        ] {
+            let km = km13(s, [10, 20, 30, 40]);
+            let enc = km.encode().unwrap();
+            let (key_len, secret_len) = (s.aead.key_len(), s.hash.output_len());
+            let mut want = vec![3, 4, 0x13, s.id as u8];
+            want.extend((key_len as u32).to_be_bytes());
+            want.extend(12u32.to_be_bytes());
+            want.extend((secret_len as u32).to_be_bytes());
+            for (f, seq) in [(1u8, 10u64), (2, 20), (3, 30), (4, 40)] {
+                // The key and IV are those of the secret (RFC 8446 §7.3).
+                let keys = mbx_record::tls13::traffic_keys(&s, &vec![f; secret_len]).unwrap();
+                want.extend(keys.key());
+                want.extend(keys.iv());
+                want.extend(seq.to_be_bytes());
+                want.extend(vec![f; secret_len]);
+            }
+            assert_eq!(&enc[..], &want[..]);
+            let back = KeyMaterial::decode(&enc).unwrap();
+            assert_eq!(&back.encode().unwrap()[..], &want[..]);
+            let secret = back.toward_server.s2c.secret.as_ref().unwrap();
+            assert_eq!(secret.as_bytes(), &vec![4u8; secret_len][..]);
+        }
+    }
+
+    #[test]
+    fn tls13_keys_must_come_with_their_secret() {
+        let s = CipherSuite::TLS13_AES_128_GCM_SHA256;
+        let mut km = km13(s, [0; 4]);
+        // Encoding: a direction without a secret, or with another suite's.
+        km.toward_client.c2s.secret = None;
+        assert!(km.encode().is_err());
+        let other = CipherSuite::TLS13_CHACHA20_POLY1305_SHA256;
+        km.toward_client.c2s.secret = Some(TrafficSecret::new(other, &[2; 32]).unwrap());
+        assert!(km.encode().is_err());
+        // Decoding: the secret of every direction is kept.
+        let enc = km13(s, [0; 4]).encode().unwrap().to_vec();
+        let back = KeyMaterial::decode(&enc).unwrap();
+        for d in back.wire_order() {
+            let secret = d.secret.as_ref().unwrap();
+            assert_eq!(secret.keys().unwrap().key(), d.keys.key());
+        }
+        // A TLS 1.2 direction with a secret cannot be encoded.
+        let g = CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256;
+        let mut d = dir(g.aead, 1, 4, 0);
+        d.secret = Some(TrafficSecret::new(s, &[1; 32]).unwrap());
+        let km12 = KeyMaterial {
+            version: TlsVersion::Tls12,
+            suite: g,
+            toward_client: HopKeys {
+                c2s: d,
+                s2c: dir(g.aead, 1, 4, 0),
+            },
+            toward_server: HopKeys {
+                c2s: dir(g.aead, 1, 4, 0),
+                s2c: dir(g.aead, 1, 4, 0),
             },
         };
-        let enc = km.encode().unwrap();
-        let mut want = vec![3, 4, 0x13, 0x01];
-        want.extend(16u32.to_be_bytes());
-        want.extend(12u32.to_be_bytes());
-        for (f, seq) in [(1u8, 10u64), (2, 20), (3, 30), (4, 40)] {
-            want.extend(vec![f; 16]);
-            want.extend(vec![f; 12]);
-            want.extend(seq.to_be_bytes());
-        }
-        assert_eq!(&enc[..], &want[..]);
-        assert_eq!(
-            &KeyMaterial::decode(&enc).unwrap().encode().unwrap()[..],
-            &want[..]
-        );
+        assert!(km12.encode().is_err());
     }
 
     #[test]
     fn rejects_inconsistent_input() {
         let s = CipherSuite::TLS13_AES_128_GCM_SHA256;
-        let a = s.aead;
-        let good = KeyMaterial {
-            version: TlsVersion::Tls13,
-            suite: s,
-            toward_client: HopKeys {
-                c2s: dir(a, 2, 12, 0),
-                s2c: dir(a, 1, 12, 0),
-            },
-            toward_server: HopKeys {
-                c2s: dir(a, 3, 12, 0),
-                s2c: dir(a, 4, 12, 0),
-            },
-        };
+        let good = km13(s, [0; 4]);
         let enc = good.encode().unwrap().to_vec();
         // trailing byte, truncation, wrong version, TLS 1.2 suite under 1.3, wrong lengths
         let mut t = enc.clone();
@@ -287,6 +367,9 @@ mod tests {
         let mut i = enc.clone();
         i[11] = 4;
         assert!(KeyMaterial::decode(&i).is_err());
+        let mut l = enc.clone();
+        l[15] = 48;
+        assert!(KeyMaterial::decode(&l).is_err());
         // TLS 1.2 with different sequence numbers on the two hops cannot be encoded
         let g = CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256;
         let bad12 = KeyMaterial {

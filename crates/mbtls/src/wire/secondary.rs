@@ -242,7 +242,7 @@ mod tests {
         r.push(&[17, 0, 0, 0]);
         assert!(r.next_message().is_err());
         let mut r = SecondaryReader::new();
-        r.push(&[31, 0, 1, 1]);
+        r.push(&[31, 0, 2, 1]);
         assert!(matches!(r.next_message(), Err(WireError::TooLong { .. })));
         let mut r = SecondaryReader::new();
         r.push(&[31, 0, 0, 1, 0]);

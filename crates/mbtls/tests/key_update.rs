@@ -1,0 +1,174 @@
+//! TLS 1.3 KeyUpdate across hops, in memory: an endpoint's KeyUpdate crosses every middlebox,
+//! each hop of its direction moves to its next keys, and data keeps flowing; a peer asked to
+//! update answers; a KeyUpdate that breaks the rules ends the session on every hop.
+
+mod common;
+
+use common::{App, Chain, SUITES};
+use mbx_apps::PassThrough;
+use mbx_engine::AlertDescription;
+use mbx_mbtls::relay::FailCause;
+use mbx_mbtls::{client_side_keys, Alert, EndpointEvent, HopKeys, KeyMaterial};
+use mbx_mbtls::{MbtlsError, MiddleboxRelay, RelayEvent, Side};
+use mbx_record::{ContentType, RecordSealer, TlsVersion};
+
+fn pass(n: usize) -> Vec<App> {
+    (0..n).map(|_| Box::new(PassThrough) as App).collect()
+}
+
+fn tls13_suites() -> impl Iterator<Item = (TlsVersion, mbx_record::CipherSuite)> {
+    SUITES
+        .iter()
+        .copied()
+        .filter(|(v, _)| *v == TlsVersion::Tls13)
+}
+
+fn relay_events(chain: &mut Chain, i: usize) -> Vec<RelayEvent> {
+    std::iter::from_fn(|| chain.mbox(i).poll_event()).collect()
+}
+
+/// Data in both directions, a KeyUpdate from each endpoint (the server's asks the client to
+/// update too, which it does), three generations in all, through 0 to 4 middleboxes and
+/// whichever way records are delivered (copied, lent, passed on in place).
+#[test]
+fn key_updates_cross_every_hop_and_data_keeps_flowing() {
+    for (v, s) in tls13_suites() {
+        for (n_client, n_server) in [(0, 0), (1, 0), (0, 1), (2, 2)] {
+            for mode in 0..3 {
+                let mut chain = Chain::new(v, s, pass(n_client), pass(n_server));
+                chain.chunking = vec![100, 7, 20_000];
+                chain.in_place = mode > 0;
+                chain.lending = mode == 2;
+                let n = n_client + n_server;
+                let before: Vec<_> = (0..n)
+                    .map(|i| chain.mbox(i).key_fingerprints(Side::Client))
+                    .collect();
+                let mut sent_c2s = Vec::new();
+                let mut sent_s2c = Vec::new();
+                for round in 0..3u8 {
+                    let c2s = vec![round; 20_000];
+                    let s2c = vec![round + 100; 300];
+                    chain.client().write(&c2s).unwrap();
+                    chain.server().write(&s2c).unwrap();
+                    match round {
+                        0 => chain.client().update_keys(false).unwrap(),
+                        1 => chain.server().update_keys(true).unwrap(),
+                        _ => chain.client().update_keys(false).unwrap(),
+                    }
+                    // Data right behind the KeyUpdate, under the new keys.
+                    chain.client().write(&c2s).unwrap();
+                    chain.server().write(&s2c).unwrap();
+                    chain.pump();
+                    sent_c2s.extend([c2s.clone(), c2s].concat());
+                    sent_s2c.extend([s2c.clone(), s2c].concat());
+                }
+                let what = format!("{s:?} {n_client}+{n_server} mode {mode}");
+                assert_eq!(chain.server().take_plaintext(), sent_c2s, "{what}");
+                assert_eq!(chain.client().take_plaintext(), sent_s2c, "{what}");
+                let updates = |events: Vec<EndpointEvent>| -> Vec<bool> {
+                    events
+                        .into_iter()
+                        .filter_map(|e| match e {
+                            EndpointEvent::PeerUpdatedKeys { requested } => Some(requested),
+                            EndpointEvent::Failed { what, .. } => panic!("{what}"),
+                            _ => None,
+                        })
+                        .collect()
+                };
+                // The server saw the client's two and the client's answer to its request.
+                let server_saw =
+                    updates(std::iter::from_fn(|| chain.server().poll_event()).collect());
+                assert_eq!(server_saw, vec![false, false, false], "{what}");
+                let client_saw =
+                    updates(std::iter::from_fn(|| chain.client().poll_event()).collect());
+                assert_eq!(client_saw, vec![true], "{what}");
+                for (i, was) in before.iter().enumerate() {
+                    let followed = relay_events(&mut chain, i)
+                        .into_iter()
+                        .filter(|e| matches!(e, RelayEvent::KeysUpdated { .. }))
+                        .count();
+                    assert_eq!(followed, 4, "{what} middlebox {i}");
+                    assert!(!chain.mbox(i).is_failed());
+                    // Both directions of its client-side hop have new keys.
+                    let now = chain.mbox(i).key_fingerprints(Side::Client);
+                    assert!(now.0 != was.0 && now.1 != was.1, "{what}");
+                }
+                chain.client().close().unwrap();
+                chain.server().close().unwrap();
+                chain.pump();
+                assert!(chain.server().peer_closed() && chain.client().peer_closed());
+            }
+        }
+    }
+}
+
+/// TLS 1.2 has no KeyUpdate: asking for one is an error, and the session goes on.
+#[test]
+fn tls12_refuses_to_update_keys() {
+    for &(v, s) in SUITES.iter().filter(|(v, _)| *v == TlsVersion::Tls12) {
+        let mut chain = Chain::new(v, s, pass(1), pass(1));
+        assert!(matches!(
+            chain.client().update_keys(true),
+            Err(MbtlsError::KeyMaterial(_))
+        ));
+        chain.client().write(b"still fine").unwrap();
+        chain.pump();
+        assert_eq!(chain.server().take_plaintext(), b"still fine");
+    }
+}
+
+/// A record from the client with the given handshake bytes, sealed for a relay under fresh key
+/// material; returns the relay after it received the record.
+fn relay_after_handshake_record(body: &[u8]) -> MiddleboxRelay<App> {
+    let (v, s) = (
+        TlsVersion::Tls13,
+        mbx_record::CipherSuite::TLS13_AES_128_GCM_SHA256,
+    );
+    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
+    let keys = client_side_keys(v, s, bridge, 1).unwrap();
+    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
+    let mut relay = MiddleboxRelay::new(km, Box::new(PassThrough) as App).unwrap();
+    let c2s = &keys.endpoint.c2s;
+    let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
+    let mut wire = Vec::new();
+    client
+        .seal(ContentType::HANDSHAKE, body, &mut wire)
+        .unwrap();
+    relay.receive(Side::Client, &wire);
+    relay
+}
+
+/// A KeyUpdate must end its record and carry 0 or 1: otherwise the middlebox ends the session
+/// toward both sides and forwards nothing of it.
+#[test]
+fn a_key_update_that_breaks_the_rules_ends_the_session() {
+    let ticket = [4u8, 0, 0, 1, 0];
+    for (body, alert) in [
+        (
+            [&[24u8, 0, 0, 1, 0][..], &ticket].concat(),
+            AlertDescription::UNEXPECTED_MESSAGE,
+        ),
+        (
+            vec![24, 0, 0, 1, 0, 4, 0],
+            AlertDescription::UNEXPECTED_MESSAGE,
+        ),
+        (vec![24, 0, 0, 1, 7], AlertDescription::ILLEGAL_PARAMETER),
+    ] {
+        let mut relay = relay_after_handshake_record(&body);
+        assert!(relay.is_failed(), "{body:?}");
+        let events: Vec<_> = std::iter::from_fn(|| relay.poll_event()).collect();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [RelayEvent::Failed { cause: FailCause::Protocol { from: Side::Client, .. }, alert: a }]
+                    if *a == Alert::fatal(alert)
+            ),
+            "{body:?}: {events:?}"
+        );
+        // Toward the server: the alert only (one short record), not the handshake record.
+        assert_eq!(common::records(&relay.take_outgoing(Side::Server)).len(), 1);
+    }
+    // The same bytes split well are fine: a ticket, then a KeyUpdate ending its record.
+    let relay = relay_after_handshake_record(&[&ticket[..], &[24, 0, 0, 1, 1]].concat());
+    assert!(!relay.is_failed());
+}
