@@ -295,6 +295,8 @@ struct Tcp {
     _mbox_rt: Runtime,
     decrypt: Path,
     discard: Path,
+    /// The middlebox runs the header-inserting HTTP app; the sink decrypts.
+    http: Path,
     setup_client: mbx_mbtls::handshake::ClientHandshakeConfig,
     tls_client: Arc<mbx_engine::OpenSslContext>,
 }
@@ -304,15 +306,21 @@ impl Tcp {
         let version = TlsVersion::Tls13;
         let load = rt("load", 1)?;
         let mbox_rt = rt("mbox-rt", 1)?;
-        let path = |kind: SinkKind| -> Res<Path> {
+        let path = |kind: SinkKind, http: bool| -> Res<Path> {
             let sink = Arc::new(AtomicU64::new(0));
             let serve = match kind {
                 SinkKind::Decrypt => Serve::Sink(sink.clone()),
                 SinkKind::Discard => Serve::Discard(sink.clone()),
             };
             let server = load.block_on(tls_server(setup.tls_server(version)?, serve))?;
-            let app: AppFactory =
-                Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>);
+            let app: AppFactory = if http {
+                Arc::new(|| {
+                    Box::new(HttpHeaderInsert::new("X-Mbtls", "mb.test").expect("valid header"))
+                        as Box<dyn MiddleboxApp + Send>
+                })
+            } else {
+                Arc::new(|| Box::new(PassThrough) as Box<dyn MiddleboxApp + Send>)
+            };
             let cfg = MiddleboxServerConfig {
                 handshake: setup.middlebox(CLIENT_SIDE[0], true)?,
                 next_hop: server.to_string().into(),
@@ -330,8 +338,9 @@ impl Tcp {
             })
         };
         Ok(Tcp {
-            decrypt: path(SinkKind::Decrypt)?,
-            discard: path(SinkKind::Discard)?,
+            decrypt: path(SinkKind::Decrypt, false)?,
+            discard: path(SinkKind::Discard, false)?,
+            http: path(SinkKind::Decrypt, true)?,
             setup_client: setup.mbtls_client(
                 version,
                 ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()),
@@ -350,8 +359,26 @@ impl Tcp {
             SinkKind::Decrypt => &self.decrypt,
             SinkKind::Discard => &self.discard,
         };
+        self.sample_on(path, mbtls, b"")
+    }
+
+    /// The same through the middlebox running the HTTP app: each connection is one PUT whose
+    /// Content-Length body is its records (the app inserts its header into the head, which is
+    /// sent before the CPU window, and lets the body through unchanged).
+    fn sample_http(&self) -> Res<Sample> {
+        self.sample_on(&self.http, true, HTTP_UPLOAD_HEAD)
+    }
+
+    fn sample_on(&self, path: &Path, mbtls: bool, head: &[u8]) -> Res<Sample> {
         let record = vec![0x5au8; RECORD];
-        let warm = RECORD as u64;
+        // What the sink receives before the window: the head (with the inserted header) and
+        // one record per connection.
+        let inserted = if head.is_empty() {
+            0
+        } else {
+            HTTP_INSERTED.len()
+        };
+        let warm = (head.len() + inserted + RECORD) as u64;
         path.sink.store(0, Ordering::Relaxed);
         self.load.block_on(async {
             // Connect and push one record each, so every handshake (and key installation at
@@ -361,6 +388,9 @@ impl Tcp {
                 if mbtls {
                     let mut c =
                         MbtlsClient::connect(path.mbox_addr, self.setup_client.clone()).await?;
+                    if !head.is_empty() {
+                        c.write_all(head).await?;
+                    }
                     c.write_all(&record).await?;
                     writers.push(Box::new(c));
                 } else {
@@ -396,6 +426,13 @@ impl Tcp {
         })
     }
 }
+
+/// The HTTP path's request head: its body is the warm-up record and the sample's records.
+const HTTP_UPLOAD_HEAD: &[u8] =
+    b"PUT /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 16793600\r\n\r\n";
+/// What the HTTP app inserts into it.
+const HTTP_INSERTED: &[u8] = b"X-Mbtls: mb.test\r\n";
+const _: () = assert!(RECORD + TCP_BYTES == 16_793_600);
 
 /// One TCP sample.
 struct Sample {
@@ -457,6 +494,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         "in_process_http_upload_passed_on",
         "in_process_http_download_passed_on",
         "tcp_dec_enc",
+        "tcp_http_upload_dec_enc",
         "tcp_forward",
         "tcp_dec_enc_mbox_bound",
         "tcp_forward_mbox_bound",
@@ -472,6 +510,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         let (dec_enc, dec_enc_copy, fwd) = in_process()?;
         let [lent, up, down] = passed_on_rates()?;
         let tcp_dec_enc = tcp.sample(true, SinkKind::Decrypt)?.per_cpu_s;
+        let tcp_http = tcp.sample_http()?.per_cpu_s;
         let tcp_fwd = tcp.sample(false, SinkKind::Decrypt)?.per_cpu_s;
         let bound = tcp.sample(true, SinkKind::Discard)?;
         let tcp_dec_enc_bound = bound.per_cpu_s;
@@ -490,6 +529,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             up,
             down,
             tcp_dec_enc,
+            tcp_http,
             tcp_fwd,
             tcp_dec_enc_bound,
             tcp_fwd_bound,
@@ -500,7 +540,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
         ratio_tcp.push(tcp_dec_enc / speed);
         ratio_tcp_bound.push(tcp_dec_enc_bound / speed);
         println!(
-            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}; passed on {:.0}, http-header upload {:.0}, download {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), forward {:.0} | middlebox-bound: dec+enc {:.0} ({:.2}), forward {:.0}",
+            "relay rep {rep}: openssl {:.0} MB/s, ring {:.0} MB/s | in-process dec+enc {:.0} MB/CPU-s ({:.2} of openssl; copied in {:.0}; passed on {:.0}, http-header upload {:.0}, download {:.0}), forward {:.0} | TCP dec+enc {:.0} ({:.2}), http-header upload {:.0}, forward {:.0} | middlebox-bound: dec+enc {:.0} ({:.2}), forward {:.0}",
             speed / 1e6,
             ring / 1e6,
             dec_enc / 1e6,
@@ -512,6 +552,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             fwd / 1e6,
             tcp_dec_enc / 1e6,
             tcp_dec_enc / speed,
+            tcp_http / 1e6,
             tcp_fwd / 1e6,
             tcp_dec_enc_bound / 1e6,
             tcp_dec_enc_bound / speed,
@@ -549,6 +590,7 @@ pub fn run(setup: &Setup, reps: usize) -> Res<Value> {
             "tcp_bytes_per_conn": TCP_BYTES, "chunk_bytes": CHUNK, "app": "PassThrough",
             "in_process_input": "chunks lent mutably (receive_in_place); copied_in: borrowed (receive); passed_on: lent with receive_lending, records the app lets through unchanged sealed again where they lie (what the driver does)",
             "in_process_http": "HttpHeaderInsert (X-Mbtls: mb.test): upload = one PUT whose Content-Length body is the records (client to server), download = one response whose body is the records (server to client)",
+            "tcp_http_upload": "the TCP sample through a middlebox running HttpHeaderInsert: each connection is one PUT whose Content-Length body is its records (the head is sent before the CPU window); the sink decrypts",
             "direction": "client to server",
             "sinks": "tcp_*: the sink decrypts (OpenSSL); *_mbox_bound: the sink skips records by their headers, so the middlebox is the bottleneck",
         }),
