@@ -71,6 +71,7 @@ impl EndpointDataPhase {
     /// shrunk to its bytes, the (ciphertext) output buffer freed if empty.
     pub fn release_idle_buffers(&mut self) {
         self.hop.release_idle_buffer();
+        self.post_handshake.release_idle_buffer();
         self.outgoing.shrink_to_fit();
     }
 

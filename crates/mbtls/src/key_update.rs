@@ -39,6 +39,19 @@ impl PostHandshake {
         }
     }
 
+    /// Bytes of buffer capacity the reassembly holds.
+    pub(crate) fn held_capacity(&self) -> usize {
+        self.deframer.capacity()
+    }
+
+    /// Gives back the reassembly buffer's memory when it holds no partial message (a driver
+    /// calls it on an idle connection).
+    pub(crate) fn release_idle_buffer(&mut self) {
+        if self.deframer.buffered() == 0 {
+            self.deframer = HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN);
+        }
+    }
+
     /// The plaintext of one handshake record. Every complete message other than a KeyUpdate
     /// goes to `other`, which may refuse it. `Some(requested)` when the record ends with a
     /// KeyUpdate: the sender's next record is under its next keys. A KeyUpdate must end its

@@ -141,16 +141,21 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.scratch.shrink_to_fit();
         self.client.release_idle_buffer();
         self.server.release_idle_buffer();
+        self.post_handshake_from_client.release_idle_buffer();
+        self.post_handshake_from_server.release_idle_buffer();
     }
 
-    /// Bytes of buffer capacity the relay holds (output, scratch, incomplete records): what
-    /// [`release_idle_buffers`](Self::release_idle_buffers) can give back, and what it keeps.
+    /// Bytes of buffer capacity the relay holds (output, scratch, incomplete records and
+    /// post-handshake messages): what [`release_idle_buffers`](Self::release_idle_buffers) can
+    /// give back, and what it keeps.
     pub fn held_capacity(&self) -> usize {
         self.out_client.capacity()
             + self.out_server.capacity()
             + self.scratch.capacity()
             + self.client.pending_capacity()
             + self.server.pending_capacity()
+            + self.post_handshake_from_client.held_capacity()
+            + self.post_handshake_from_server.held_capacity()
     }
 
     /// Ciphertext to send to the neighbour on `to`.

@@ -117,9 +117,8 @@ fn tls12_refuses_to_update_keys() {
     }
 }
 
-/// A record from the client with the given handshake bytes, sealed for a relay under fresh key
-/// material; returns the relay after it received the record.
-fn relay_after_handshake_record(body: &[u8]) -> MiddleboxRelay<App> {
+/// A relay under fresh key material (TLS 1.3) and a sealer for what its client sends.
+fn relay_and_client() -> (MiddleboxRelay<App>, RecordSealer) {
     let (v, s) = (
         TlsVersion::Tls13,
         mbx_record::CipherSuite::TLS13_AES_128_GCM_SHA256,
@@ -127,9 +126,15 @@ fn relay_after_handshake_record(body: &[u8]) -> MiddleboxRelay<App> {
     let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
     let keys = client_side_keys(v, s, bridge, 1).unwrap();
     let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
-    let mut relay = MiddleboxRelay::new(km, Box::new(PassThrough) as App).unwrap();
+    let relay = MiddleboxRelay::new(km, Box::new(PassThrough) as App).unwrap();
     let c2s = &keys.endpoint.c2s;
-    let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
+    (relay, RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq))
+}
+
+/// A record from the client with the given handshake bytes, sealed for a relay under fresh key
+/// material; returns the relay after it received the record.
+fn relay_after_handshake_record(body: &[u8]) -> MiddleboxRelay<App> {
+    let (mut relay, mut client) = relay_and_client();
     let mut wire = Vec::new();
     client
         .seal(ContentType::HANDSHAKE, body, &mut wire)
@@ -170,5 +175,25 @@ fn a_key_update_that_breaks_the_rules_ends_the_session() {
     }
     // The same bytes split well are fine: a ticket, then a KeyUpdate ending its record.
     let relay = relay_after_handshake_record(&[&ticket[..], &[24, 0, 0, 1, 1]].concat());
+    assert!(!relay.is_failed());
+}
+
+/// An idle relay gives back the buffer in which it reassembled post-handshake messages, once it
+/// holds no partial one; a partial one is kept.
+#[test]
+fn an_idle_relay_gives_back_its_post_handshake_buffer() {
+    let ticket = [4u8, 0, 0, 3, 7, 7, 7];
+    let (mut relay, mut client) = relay_and_client();
+    for (piece, partial) in [(&ticket[..3], true), (&ticket[3..], false)] {
+        let mut wire = Vec::new();
+        client
+            .seal(ContentType::HANDSHAKE, piece, &mut wire)
+            .unwrap();
+        relay.receive(Side::Client, &wire);
+        relay.take_outgoing(Side::Server);
+        assert!(relay.held_capacity() > 0);
+        relay.release_idle_buffers();
+        assert_eq!(relay.held_capacity() > 0, partial, "{piece:?}");
+    }
     assert!(!relay.is_failed());
 }

@@ -158,6 +158,11 @@ impl HandshakeDeframer {
         self.buf.len()
     }
 
+    /// Bytes of buffer capacity held (reassembly keeps its allocation between messages).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// The next complete message; `Ok(None)` means more bytes are needed.
     pub fn next_message(&mut self) -> Result<Option<HandshakeMessage>, WireError> {
         if let Some(e) = &self.failed {
