@@ -596,14 +596,10 @@ fn header_insertion_in_the_chain_inserts_once_per_request() {
 /// goes into it), and what it returns is queued ahead of the run that follows it.
 #[test]
 fn header_insertion_passes_bodies_and_responses_on_in_place() {
-    use mbx_mbtls::{client_side_keys, HopKeys, KeyMaterial, MiddleboxRelay};
     use mbx_record::{ContentType, RecordOpener, RecordSealer};
-    let (v, s) = tls13();
-    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
-    let keys = client_side_keys(v, s, bridge, 1).unwrap();
-    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
+    let v = TlsVersion::Tls13;
     let app: App = Box::new(HttpHeaderInsert::new("X-Mbtls", "mb1").unwrap());
-    let mut relay = MiddleboxRelay::new(km.clone(), app).unwrap();
+    let (mut relay, keys, km) = common::lone_relay(app);
     let data = ContentType::APPLICATION_DATA;
     let (c2s, s2c) = (&keys.endpoint.c2s, &km.toward_server.s2c);
     let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
@@ -790,13 +786,9 @@ fn an_idle_relay_gives_its_buffers_back_and_keeps_an_incomplete_record() {
 /// record (re-sealed shorter, so the run ends with it) keeps its place too.
 #[test]
 fn records_passed_on_in_place_keep_their_order_around_other_records() {
-    use mbx_mbtls::{client_side_keys, HopKeys, KeyMaterial, MiddleboxRelay};
     use mbx_record::{ContentType, RecordOpener, RecordSealer};
-    let (v, s) = tls13();
-    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
-    let keys = client_side_keys(v, s, bridge, 1).unwrap();
-    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
-    let mut relay = MiddleboxRelay::new(km.clone(), Box::new(PassThrough) as App).unwrap();
+    let v = TlsVersion::Tls13;
+    let (mut relay, keys, km) = common::lone_relay(Box::new(PassThrough));
     let c2s = &keys.endpoint.c2s;
     let mut client = RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq);
     let mut lent = Vec::new();

@@ -8,7 +8,7 @@ use common::{App, Chain, SUITES};
 use mbx_apps::PassThrough;
 use mbx_engine::AlertDescription;
 use mbx_mbtls::relay::FailCause;
-use mbx_mbtls::{client_side_keys, Alert, EndpointEvent, HopKeys, KeyMaterial};
+use mbx_mbtls::{Alert, EndpointEvent};
 use mbx_mbtls::{MbtlsError, MiddleboxRelay, RelayEvent, Side};
 use mbx_record::{ContentType, RecordSealer, TlsVersion};
 
@@ -119,16 +119,10 @@ fn tls12_refuses_to_update_keys() {
 
 /// A relay under fresh key material (TLS 1.3) and a sealer for what its client sends.
 fn relay_and_client() -> (MiddleboxRelay<App>, RecordSealer) {
-    let (v, s) = (
-        TlsVersion::Tls13,
-        mbx_record::CipherSuite::TLS13_AES_128_GCM_SHA256,
-    );
-    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
-    let keys = client_side_keys(v, s, bridge, 1).unwrap();
-    let km = KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
-    let relay = MiddleboxRelay::new(km, Box::new(PassThrough) as App).unwrap();
+    let (relay, keys, _) = common::lone_relay(Box::new(PassThrough));
     let c2s = &keys.endpoint.c2s;
-    (relay, RecordSealer::new(v, c2s.keys.clone(), c2s.next_seq))
+    let client = RecordSealer::new(TlsVersion::Tls13, c2s.keys.clone(), c2s.next_seq);
+    (relay, client)
 }
 
 /// A record from the client with the given handshake bytes, sealed for a relay under fresh key

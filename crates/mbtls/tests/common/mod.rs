@@ -233,6 +233,23 @@ impl Chain {
     }
 }
 
+/// One middlebox's relay running `app` under fresh TLS 1.3 key material (AES-128-GCM), decoded
+/// from its wire encoding as a middlebox receives it; with the client side's keys (the client's
+/// hop is `.endpoint`) and the key material.
+pub fn lone_relay(
+    app: App,
+) -> (
+    MiddleboxRelay<App>,
+    mbx_mbtls::SideKeys,
+    mbx_mbtls::KeyMaterial,
+) {
+    let (v, s) = (TlsVersion::Tls13, CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let bridge = HopKeys::generate(v, &s, 0, 0).unwrap();
+    let keys = client_side_keys(v, s, bridge, 1).unwrap();
+    let km = mbx_mbtls::KeyMaterial::decode(&keys.middleboxes[0].encode().unwrap()).unwrap();
+    (MiddleboxRelay::new(km.clone(), app).unwrap(), keys, km)
+}
+
 /// Split a captured link stream into whole records.
 pub fn records(stream: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
