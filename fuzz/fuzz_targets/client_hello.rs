@@ -5,14 +5,13 @@ use libfuzzer_sys::fuzz_target;
 use mbx_wire::ClientHello;
 
 fuzz_target!(|data: &[u8]| {
-    for parsed in [ClientHello::parse(data), ClientHello::parse_message(data)] {
-        if let Ok(ch) = parsed {
-            let _ = ch.server_name();
-            let _ = ch.supported_versions();
-            let _ = ch.alpn_protocols();
-            for e in &ch.extensions {
-                assert_eq!(ch.extension(e.typ), Some(e.data));
-            }
+    let parsed = [ClientHello::parse(data), ClientHello::parse_message(data)];
+    for ch in parsed.into_iter().flatten() {
+        let _ = ch.server_name();
+        let _ = ch.supported_versions();
+        let _ = ch.alpn_protocols();
+        for e in &ch.extensions {
+            assert_eq!(ch.extension(e.typ), Some(e.data));
         }
     }
 });

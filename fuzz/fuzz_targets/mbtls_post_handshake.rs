@@ -12,7 +12,11 @@ use mbx_record::{CipherSuite, ContentType, RecordOpener, RecordSealer, TlsVersio
 const V: TlsVersion = TlsVersion::Tls13;
 
 fn next(d: &DirectionKeys) -> DirectionKeys {
-    let secret = d.secret.as_ref().expect("TLS 1.3 hops carry secrets").next();
+    let secret = d
+        .secret
+        .as_ref()
+        .expect("TLS 1.3 hops carry secrets")
+        .next();
     DirectionKeys::from_secret(secret.expect("next secret"), 0).expect("next keys")
 }
 
@@ -55,7 +59,9 @@ fuzz_target!(|data: &[u8]| {
         relay.receive(Side::Client, &wire);
         let out = relay.take_outgoing(Side::Server);
         for rec in split_records(&out) {
-            opener.open(rec).expect("the relay's output opens under the hop's keys");
+            opener
+                .open(rec)
+                .expect("the relay's output opens under the hop's keys");
         }
         while let Some(ev) = relay.poll_event() {
             if ev == (RelayEvent::KeysUpdated { from: Side::Client }) {
