@@ -1353,6 +1353,13 @@ fn service_metrics_text(
         "Ended sessions in which a middlebox held keys (at a middlebox: this one).",
         ended.middlebox_took_part,
     );
+    write_metric(
+        &mut out,
+        "counter",
+        &name("key_updates_total"),
+        "TLS 1.3 KeyUpdates followed by ended sessions (at a middlebox: passed on; at a server or client proxy: the peer's).",
+        ended.key_updates,
+    );
     write_labelled(
         &mut out,
         "counter",

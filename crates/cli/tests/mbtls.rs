@@ -1378,6 +1378,7 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         "mbtls_middlebox_connections_ended_total{outcome=\"clean\"} 1\n",
         "mbtls_middlebox_connections_ended_total{outcome=\"failed\"} 1\n",
         "mbtls_middlebox_sessions_with_middlebox_total 1\n",
+        "# TYPE mbtls_middlebox_key_updates_total counter\nmbtls_middlebox_key_updates_total 0\n",
         "mbtls_middlebox_reloads_total{result=\"applied\"} 1\n",
         "mbtls_middlebox_reloads_total{result=\"refused\"} 0\n",
         "# TYPE mbtls_middlebox_bytes_total counter\n",

@@ -279,10 +279,12 @@ async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
         client.write_all(answer_line.as_bytes()).await.unwrap();
         wait_for_output(&server, &answer, 1).await;
     }
+    assert_eq!(client.peer_key_updates(), 3);
     drop(client);
     let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
     // The server's three, and the client's answers to the two that asked.
     assert_eq!(report.key_updates, 5, "{report:?}");
+    assert_eq!(mbox.stats().ended().key_updates, 5);
 }
 
 /// Application-data records (type 23) in one direction of a captured hop.
@@ -737,6 +739,7 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
             ended_cleanly: 1,
             failed: 0,
             middlebox_took_part: 1,
+            key_updates: 0,
             upstream_bytes: report.bytes_from_client,
             downstream_bytes: report.bytes_from_server,
         }

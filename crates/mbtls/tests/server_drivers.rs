@@ -302,7 +302,7 @@ async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: u
 async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middlebox() {
     let w = World::new();
     let backend = stream_echo_backend().await;
-    let (_server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
+    let (mut server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
     let mut client = OpensslClient::new(mb2.local_addr())
         .servername("server.test")
         .cafile(&w.server_files.ca)
@@ -332,6 +332,10 @@ async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middle
     let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
     // The client's two, and the server's answer to the one that asked.
     assert_eq!(report.key_updates, 3, "{report:?}");
+    assert_eq!(mb2.stats().ended().key_updates, 3);
+    let served = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    assert_eq!(served.key_updates, 2, "{served:?}");
+    assert_eq!(server.stats().ended().key_updates, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

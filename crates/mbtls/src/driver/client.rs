@@ -46,6 +46,8 @@ struct Session {
     /// Every verdict, in the order the middleboxes' evidence was checked.
     verdicts: Vec<MiddleboxVerdict>,
     peer_closed: bool,
+    /// TLS 1.3 KeyUpdates the server sent, followed.
+    peer_key_updates: u32,
 }
 
 impl Session {
@@ -61,6 +63,9 @@ impl Session {
                         .push(MiddleboxVerdict::Excluded { middlebox, why });
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ClientHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {
+                    self.peer_key_updates += 1
+                }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
                     return Err(DriverError::alert(a, "received from the path"))
                 }
@@ -107,6 +112,9 @@ impl EndpointSession for Session {
     fn release_idle_buffers(&mut self) {
         self.hs.release_idle_buffers();
     }
+    fn peer_key_updates(&self) -> u32 {
+        self.peer_key_updates
+    }
 }
 
 impl MbtlsClient {
@@ -147,6 +155,7 @@ impl MbtlsClient {
                 hs,
                 verdicts: Vec::new(),
                 peer_closed: false,
+                peer_key_updates: 0,
             },
             buf: vec![0u8; READ_BUF],
         };
@@ -178,6 +187,11 @@ impl MbtlsClient {
     /// direct session).
     pub fn verdicts(&self) -> &[MiddleboxVerdict] {
         &self.session.verdicts
+    }
+
+    /// TLS 1.3 KeyUpdates the server sent so far, each followed (and answered when it asked).
+    pub fn peer_key_updates(&self) -> u32 {
+        self.session.peer_key_updates
     }
 
     /// Encrypts and sends `data` to the server (through the middlebox).

@@ -215,6 +215,9 @@ impl super::reports::Report for ConnectionReport {
     fn middlebox_took_part(&self) -> bool {
         self.keys_installed
     }
+    fn key_updates(&self) -> u64 {
+        u64::from(self.key_updates)
+    }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_from_client, self.bytes_from_server)
     }

@@ -44,6 +44,8 @@ pub struct ProxyReport {
     /// ended.
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// TLS 1.3 KeyUpdates the server sent, followed (and answered when it asked).
+    pub key_updates: u32,
     /// `Err` with the reason when the session failed or did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -59,6 +61,9 @@ impl super::reports::Report for ProxyReport {
     }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_up, self.bytes_down)
+    }
+    fn key_updates(&self) -> u64 {
+        u64::from(self.key_updates)
     }
 }
 
@@ -104,6 +109,7 @@ async fn serve(
         summary: None,
         bytes_up: 0,
         bytes_down: 0,
+        key_updates: 0,
         outcome: Ok(()),
     };
     let _ = local.set_nodelay(true);
@@ -129,6 +135,7 @@ async fn serve(
         .carry(local, limits.idle_timeout, &mut carried)
         .await;
     (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
+    report.key_updates = carried.peer_key_updates;
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
     }

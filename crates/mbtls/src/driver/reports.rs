@@ -20,6 +20,7 @@ pub(crate) struct Tally {
     ended_cleanly: AtomicU64,
     failed: AtomicU64,
     middlebox_took_part: AtomicU64,
+    key_updates: AtomicU64,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
 }
@@ -34,6 +35,9 @@ pub struct EndedConnections {
     /// Connections in which a middlebox held keys: at a middlebox, this one; at a server or a
     /// client proxy, one of its side's that received key material.
     pub middlebox_took_part: u64,
+    /// TLS 1.3 KeyUpdates followed: at a middlebox, those it passed on (from either side); at
+    /// a server or a client proxy, those its peer sent.
+    pub key_updates: u64,
     /// Bytes carried toward the server (read from the client's side) and back, as each
     /// driver's report counts them (a middlebox: ciphertext read; a server and a client proxy:
     /// plaintext exchanged with the backend or the local application).
@@ -52,6 +56,8 @@ impl Tally {
         if report.middlebox_took_part() {
             self.middlebox_took_part.fetch_add(1, Ordering::Relaxed);
         }
+        self.key_updates
+            .fetch_add(report.key_updates(), Ordering::Relaxed);
         let (up, down) = report.bytes();
         self.upstream_bytes.fetch_add(up, Ordering::Relaxed);
         self.downstream_bytes.fetch_add(down, Ordering::Relaxed);
@@ -63,6 +69,7 @@ impl Tally {
             ended_cleanly: get(&self.ended_cleanly),
             failed: get(&self.failed),
             middlebox_took_part: get(&self.middlebox_took_part),
+            key_updates: get(&self.key_updates),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
         }
@@ -103,6 +110,8 @@ pub(crate) trait Report: core::fmt::Debug {
     fn middlebox_took_part(&self) -> bool;
     /// Bytes carried toward the server and back (see [`EndedConnections`]).
     fn bytes(&self) -> (u64, u64);
+    /// TLS 1.3 KeyUpdates followed (see [`EndedConnections`]).
+    fn key_updates(&self) -> u64;
 }
 
 impl<T: Report> ReportSender<T> {

@@ -46,6 +46,8 @@ pub struct ServerConnectionReport {
     /// How often the session's read buffers were freed after `IDLE_TRIM_AFTER` (2 s) without a
     /// read (they are allocated again when a socket becomes readable).
     pub idle_trims: u32,
+    /// TLS 1.3 KeyUpdates the client sent, followed (and answered when it asked).
+    pub key_updates: u32,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -61,6 +63,9 @@ impl super::reports::Report for ServerConnectionReport {
     }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_to_backend, self.bytes_from_backend)
+    }
+    fn key_updates(&self) -> u64 {
+        u64::from(self.key_updates)
     }
 }
 
@@ -107,9 +112,11 @@ pub async fn serve_session(
             bytes_to_backend: 0,
             bytes_from_backend: 0,
             idle_trims: 0,
+            key_updates: 0,
             outcome: Ok(()),
         },
         peer_closed: false,
+        peer_key_updates: 0,
     };
     if let Err(e) = session.run(stream, cfg).await {
         session.report.outcome = Err(e.to_string());
@@ -120,6 +127,7 @@ pub async fn serve_session(
 struct Session {
     report: ServerConnectionReport,
     peer_closed: bool,
+    peer_key_updates: u32,
 }
 
 impl Session {
@@ -184,6 +192,7 @@ impl Session {
         self.report.bytes_to_backend = carried.to_plain;
         self.report.bytes_from_backend = carried.from_plain;
         self.report.idle_trims = carried.idle_trims;
+        self.report.key_updates = carried.peer_key_updates;
         r
     }
 
@@ -199,6 +208,9 @@ impl Session {
                     self.report.verdicts.push(v);
                 }
                 ServerHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ServerHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {
+                    self.peer_key_updates += 1
+                }
                 ServerHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
                     return Err(DriverError::alert(a, "received from the path"))
                 }
@@ -249,6 +261,9 @@ impl EndpointSession for DataPhase<'_> {
     }
     fn release_idle_buffers(&mut self) {
         self.hs.release_idle_buffers();
+    }
+    fn peer_key_updates(&self) -> u32 {
+        self.session.peer_key_updates
     }
 }
 

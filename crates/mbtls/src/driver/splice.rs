@@ -36,6 +36,8 @@ pub(crate) trait EndpointSession {
     fn peer_closed(&self) -> bool;
     /// Frees buffers an idle session does not need.
     fn release_idle_buffers(&mut self);
+    /// TLS 1.3 KeyUpdates the peer sent, followed so far.
+    fn peer_key_updates(&self) -> u32;
 }
 
 /// The two sockets' names in errors.
@@ -57,6 +59,8 @@ pub(crate) struct Carried {
     pub from_plain: u64,
     /// How often the read buffers were freed after two seconds without a read.
     pub idle_trims: u32,
+    /// TLS 1.3 KeyUpdates the peer sent, followed.
+    pub peer_key_updates: u32,
 }
 
 /// Runs the data phase of `session` between `path` and `plain` until both directions ended
@@ -110,6 +114,7 @@ pub(crate) async fn splice<S: EndpointSession>(
                     });
                 }
                 let r = session.receive(path_buf.bytes.get(..n).unwrap_or_default());
+                carried.peer_key_updates = session.peer_key_updates();
                 path_buf.after_read(n);
                 activity.read_now();
                 // Whatever the core queued (e.g. an alert) goes out before the error.
