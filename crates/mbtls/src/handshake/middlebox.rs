@@ -179,14 +179,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     }
 
     /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
-    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
-    /// are unspecified.
-    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        wires::receive(self, from, Input::Lent(bytes))
-    }
-
-    /// Like [`receive_in_place`](Self::receive_in_place), and in the data phase the records
-    /// the app lets through unchanged may be passed on where they lie
+    /// they lie in `bytes` (no copy; afterwards `bytes` holds no plaintext and its contents are
+    /// unspecified), and those the app lets through unchanged may be passed on where they lie
     /// ([`MiddleboxRelay::receive_lending`](crate::MiddleboxRelay::receive_lending)): the
     /// returned range of `bytes` is to be sent toward `from.other()` right after what
     /// [`append_outgoing`](Self::append_outgoing) gives for that side now.

@@ -118,13 +118,6 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         wires::receive(self, from, Input::Borrowed(bytes))
     }
 
-    /// Like [`receive`](Self::receive), but in the data phase the records are decrypted where
-    /// they lie in `bytes` (no copy); afterwards `bytes` holds no plaintext and its contents
-    /// are unspecified.
-    pub fn receive_in_place(&mut self, from: Side, bytes: &mut [u8]) -> Result<(), HandshakeError> {
-        wires::receive(self, from, Input::Lent(bytes))
-    }
-
     /// See [`MiddleboxHandshake::receive_lending`](super::MiddleboxHandshake::receive_lending).
     pub fn receive_lending(
         &mut self,
