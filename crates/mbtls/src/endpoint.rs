@@ -47,17 +47,8 @@ pub struct EndpointDataPhase {
     we_closed: bool,
     failed: Option<Alert>,
     events: VecDeque<EndpointEvent>,
-    /// The AEAD's confidentiality limit in records per key (`u64::MAX`: none).
-    key_limit: u64,
     /// We asked the peer to update its keys and it has not yet.
     asked_peer: bool,
-}
-
-/// Records under one key after which a TLS 1.3 endpoint updates its keys (and asks its peer to
-/// update theirs): three quarters of the AEAD's confidentiality limit (AES-GCM: 2^24.5 records,
-/// RFC 8446 §5.5), so middleboxes whose apps add records still have room on their hops.
-fn worn_after(limit: u64) -> u64 {
-    limit - limit / 4
 }
 
 impl Drop for EndpointDataPhase {
@@ -77,8 +68,6 @@ impl EndpointDataPhase {
 
     /// `keys` are the hop to the endpoint's neighbour; a client writes `c2s`, a server `s2c`.
     pub fn new(role: Role, version: TlsVersion, keys: HopKeys) -> Self {
-        // Both directions of a hop use the same AEAD.
-        let key_limit = keys.c2s.keys.aead().confidentiality_limit();
         let HopKeys { c2s, s2c } = keys;
         let hop = match role {
             Role::Client => Hop::new(version, s2c, c2s),
@@ -94,7 +83,6 @@ impl EndpointDataPhase {
             we_closed: false,
             failed: None,
             events: VecDeque::new(),
-            key_limit,
             asked_peer: false,
         }
     }
@@ -143,17 +131,16 @@ impl EndpointDataPhase {
         }
     }
 
-    /// TLS 1.3: keys that carried three quarters of their limit are updated before they reach
-    /// it, ours directly, the peer's by asking it (once, until it did). TLS 1.2 cannot: its
-    /// hops end the session at the limit.
+    /// TLS 1.3: worn keys ([`Hop::worn`]) are updated before they reach their limit, ours
+    /// directly, the peer's by asking it (once, until it did). TLS 1.2 cannot: its hops end the
+    /// session at the limit.
     fn update_worn_keys(&mut self) {
-        if self.hop.version() != TlsVersion::Tls13 || self.we_closed || self.failed.is_some() {
+        if self.we_closed || self.failed.is_some() {
             return;
         }
-        let worn = worn_after(self.key_limit);
-        let (read, write) = self.hop.seqs();
-        let ask = read >= worn && !self.asked_peer && !self.peer_closed;
-        if write >= worn || ask {
+        let (read, write) = self.hop.worn();
+        let ask = read && !self.asked_peer && !self.peer_closed;
+        if write || ask {
             self.asked_peer |= ask;
             self.send_key_update(ask);
         }

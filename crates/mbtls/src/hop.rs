@@ -148,9 +148,21 @@ impl Hop {
         }
     }
 
-    /// Sequence numbers of the next record to open and to seal under the current keys.
-    pub(crate) fn seqs(&self) -> (u64, u64) {
-        (self.opener.next_seq(), self.sealer.next_seq())
+    /// Whether the read keys and the write keys have carried three quarters of their AEAD's
+    /// confidentiality limit (AES-GCM: 2^24.5 records, RFC 8446 §5.5), so that an endpoint
+    /// updates them before the limit, leaving room on hops whose middlebox app adds records.
+    /// Only keys that can be updated (TLS 1.3, with a traffic secret) are ever worn.
+    pub(crate) fn worn(&self) -> (bool, bool) {
+        let worn = |secret: &Option<TrafficSecret>, seq: u64| {
+            secret.as_ref().is_some_and(|s| {
+                let limit = s.suite().aead.confidentiality_limit();
+                seq >= limit - limit / 4
+            })
+        };
+        (
+            worn(&self.read_secret, self.opener.next_seq()),
+            worn(&self.write_secret, self.sealer.next_seq()),
+        )
     }
 
     /// After a KeyUpdate from the neighbour: its next records are under the next generation of
