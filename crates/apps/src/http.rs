@@ -153,6 +153,22 @@ impl HttpHeaderInsert {
         Verdict::Close(CloseAlert::ACCESS_DENIED)
     }
 
+    /// In a counted body (Content-Length, or a chunk's data) with at least `n` bytes left: the
+    /// state after `n` more of them, which are forwarded as they are. `None` in any other state.
+    fn after_counted(&mut self, n: u64) -> Option<State> {
+        Some(match self.state {
+            State::Body { remaining } if n <= remaining => match remaining - n {
+                0 => self.next_request(),
+                remaining => State::Body { remaining },
+            },
+            State::ChunkData { remaining } if n <= remaining => match remaining - n {
+                0 => State::ChunkDataEnd { cr: false },
+                remaining => State::ChunkData { remaining },
+            },
+            _ => return None,
+        })
+    }
+
     /// The state after a request's body ended.
     fn next_request(&mut self) -> State {
         if self.opaque_after {
@@ -211,19 +227,16 @@ impl HttpHeaderInsert {
                         }
                     }
                 }
-                State::Body { remaining } => {
+                State::Body { remaining } | State::ChunkData { remaining } => {
                     let n = usize::try_from(remaining)
                         .unwrap_or(usize::MAX)
                         .min(data.len());
                     let (body, rest) = data.split_at(n);
                     out.extend_from_slice(body);
                     data = rest;
-                    let remaining = remaining.saturating_sub(n as u64);
-                    self.state = if remaining == 0 {
-                        self.next_request()
-                    } else {
-                        State::Body { remaining }
-                    };
+                    if let Some(next) = self.after_counted(n as u64) {
+                        self.state = next;
+                    }
                 }
                 State::ChunkSize => {
                     let Some((&b, rest)) = data.split_first() else {
@@ -248,20 +261,6 @@ impl HttpHeaderInsert {
                         }
                         self.buf.push(b);
                     }
-                }
-                State::ChunkData { remaining } => {
-                    let n = usize::try_from(remaining)
-                        .unwrap_or(usize::MAX)
-                        .min(data.len());
-                    let (body, rest) = data.split_at(n);
-                    out.extend_from_slice(body);
-                    data = rest;
-                    let remaining = remaining.saturating_sub(n as u64);
-                    self.state = if remaining == 0 {
-                        State::ChunkDataEnd { cr: false }
-                    } else {
-                        State::ChunkData { remaining }
-                    };
                 }
                 State::ChunkDataEnd { cr } => {
                     let Some((&b, rest)) = data.split_first() else {
@@ -400,19 +399,9 @@ impl MiddleboxApp for HttpHeaderInsert {
         if dir == Direction::ServerToClient {
             return Some(Verdict::Continue);
         }
-        let len = u64::try_from(data.len()).ok()?;
-        self.state = match self.state {
-            State::Opaque => State::Opaque,
-            State::Body { remaining } if len <= remaining => match remaining - len {
-                0 => self.next_request(),
-                remaining => State::Body { remaining },
-            },
-            State::ChunkData { remaining } if len <= remaining => match remaining - len {
-                0 => State::ChunkDataEnd { cr: false },
-                remaining => State::ChunkData { remaining },
-            },
-            _ => return None,
-        };
+        if self.state != State::Opaque {
+            self.state = self.after_counted(u64::try_from(data.len()).ok()?)?;
+        }
         Some(Verdict::Continue)
     }
 
