@@ -148,18 +148,19 @@ impl EndpointDataPhase {
 
     /// Seals a KeyUpdate under the current keys, then moves to the next ones.
     fn send_key_update(&mut self, request_peer: bool) {
-        let msg = key_update_message(request_peer);
-        let sent = self
-            .hop
-            .seal_data(ContentType::HANDSHAKE, &msg, &mut self.outgoing)
-            .map_err(MbtlsError::from)
-            .and_then(|()| self.hop.update_write_keys());
-        if sent.is_err() {
+        if self.try_send_key_update(request_peer).is_err() {
             self.fail(
                 AlertDescription::INTERNAL_ERROR,
                 "KeyUpdate could not be sent",
             );
         }
+    }
+
+    fn try_send_key_update(&mut self, request_peer: bool) -> Result<(), MbtlsError> {
+        let msg = key_update_message(request_peer)?;
+        self.hop
+            .seal_data(ContentType::HANDSHAKE, &msg, &mut self.outgoing)?;
+        self.hop.update_write_keys()
     }
 
     /// Send close_notify: no more data from us.

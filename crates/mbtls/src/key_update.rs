@@ -11,11 +11,12 @@
 
 use mbx_engine::AlertDescription;
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
-use mbx_wire::{HandshakeDeframer, HandshakeType};
+use mbx_wire::{HandshakeDeframer, HandshakeMessage, HandshakeType, WireError};
 
 /// `KeyUpdate` with `request_update` = `update_requested` (1) or `update_not_requested` (0).
-pub(crate) fn key_update_message(request_peer: bool) -> [u8; 5] {
-    [HandshakeType::KEY_UPDATE.0, 0, 0, 1, u8::from(request_peer)]
+pub(crate) fn key_update_message(request_peer: bool) -> Result<Vec<u8>, WireError> {
+    let body = [u8::from(request_peer)];
+    HandshakeMessage::new(HandshakeType::KEY_UPDATE, &body).map(HandshakeMessage::into_bytes)
 }
 
 /// Why a post-handshake record ends the session.
@@ -116,22 +117,26 @@ mod tests {
     fn finds_a_key_update_at_the_end_of_a_record_only() {
         let none = |_| Ok(());
         let mut p = PostHandshake::new();
-        assert_eq!(p.record(&key_update_message(true), none), Ok(Some(true)));
+        let (ask, ku) = (
+            key_update_message(true).unwrap(),
+            key_update_message(false).unwrap(),
+        );
         assert_eq!(
-            p.record(
-                &[ticket(), key_update_message(false).to_vec()].concat(),
-                none
-            ),
+            (&ask[..], &ku[..]),
+            (&[24, 0, 0, 1, 1][..], &[24, 0, 0, 1, 0][..])
+        );
+        assert_eq!(p.record(&ask, none), Ok(Some(true)));
+        assert_eq!(
+            p.record(&[ticket(), ku.clone()].concat(), none),
             Ok(Some(false))
         );
         // Split across records: found with its last byte.
-        let ku = key_update_message(false);
         assert_eq!(p.record(&ku[..2], none), Ok(None));
         assert_eq!(p.record(&ku[2..], none), Ok(Some(false)));
         // Followed by a message, or by the start of one, in the same record.
         for tail in [ticket(), ticket()[..2].to_vec()] {
             let mut p = PostHandshake::new();
-            let rec = [key_update_message(false).to_vec(), tail].concat();
+            let rec = [ku.clone(), tail].concat();
             assert_eq!(p.record(&rec, none), Err(NOT_AT_RECORD_END));
         }
         // request_update other than 0 or 1, or a longer body.
