@@ -116,7 +116,6 @@ pub async fn serve_session(
             outcome: Ok(()),
         },
         peer_closed: false,
-        peer_key_updates: 0,
     };
     if let Err(e) = session.run(stream, cfg).await {
         session.report.outcome = Err(e.to_string());
@@ -127,7 +126,6 @@ pub async fn serve_session(
 struct Session {
     report: ServerConnectionReport,
     peer_closed: bool,
-    peer_key_updates: u32,
 }
 
 impl Session {
@@ -192,7 +190,6 @@ impl Session {
         self.report.bytes_to_backend = carried.to_plain;
         self.report.bytes_from_backend = carried.from_plain;
         self.report.idle_trims = carried.idle_trims;
-        self.report.key_updates = carried.peer_key_updates;
         r
     }
 
@@ -209,7 +206,7 @@ impl Session {
                 }
                 ServerHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ServerHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {
-                    self.peer_key_updates += 1
+                    self.report.key_updates += 1
                 }
                 ServerHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
                     return Err(DriverError::alert(a, "received from the path"))
@@ -263,7 +260,7 @@ impl EndpointSession for DataPhase<'_> {
         self.hs.release_idle_buffers();
     }
     fn peer_key_updates(&self) -> u32 {
-        self.session.peer_key_updates
+        self.session.report.key_updates
     }
 }
 
