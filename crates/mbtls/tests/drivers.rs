@@ -287,6 +287,52 @@ async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
     assert_eq!(mbox.stats().ended().key_updates, 5);
 }
 
+/// The same through the client proxy: the legacy server's KeyUpdate asking for one back is
+/// followed and answered by the proxy's session, and counted in its report and its metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_proxy_follows_and_counts_a_legacy_servers_key_update() {
+    use mbx_mbtls::driver::{ClientProxy, ClientProxyConfig, Limits};
+    let w = World::new();
+    let mut server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls13))
+        .mode(ServerMode::Interactive)
+        .start()
+        .unwrap();
+    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
+        .await
+        .unwrap();
+    let config = ClientProxyConfig {
+        handshake: w.client(TlsVersion::Tls13, measure(PROGRAM, b"")),
+        first_hop: mbox.local_addr().to_string(),
+        // Ends the session after the test, whether or not s_server answers its close_notify.
+        limits: Limits {
+            idle_timeout: Some(Duration::from_secs(2)),
+            ..Limits::default()
+        },
+    };
+    let mut proxy = ClientProxy::bind("127.0.0.1:0", config).await.unwrap();
+    let mut local = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    local.write_all(b"hello\n").await.unwrap();
+    wait_for_output(&server, "hello", 1).await;
+    server.send_line("K").unwrap();
+    wait_for_output(&server, "SSL_do_handshake -> 1", 1).await;
+    server.send_line("server data after K").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("server data after K") {
+        let n = timeout(BOUND, local.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "the proxy closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The proxy's answering KeyUpdate went first: what follows still reaches the server.
+    local.write_all(b"client data after K\n").await.unwrap();
+    wait_for_output(&server, "client data after K", 1).await;
+    drop(local);
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert_eq!(report.key_updates, 1, "{report:?}");
+    assert_eq!(proxy.stats().ended().key_updates, 1);
+}
+
 /// Application-data records (type 23) in one direction of a captured hop.
 fn app_records(stream: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
