@@ -246,20 +246,27 @@ async fn wait_for_output(server: &OpensslServer, text: &str, times: usize) {
     printed(|| server.log(), text, times, BOUND).await.unwrap();
 }
 
+/// An interactive TLS 1.3 `s_server` (it sends the lines and KeyUpdates it is given) behind a
+/// pass-through client-side middlebox.
+async fn interactive_server_behind_a_middlebox(w: &World) -> (OpensslServer, MiddleboxServer) {
+    let server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls13))
+        .mode(ServerMode::Interactive)
+        .start()
+        .unwrap();
+    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
+        .await
+        .unwrap();
+    (server, mbox)
+}
+
 /// A legacy server's KeyUpdates (`openssl s_server`'s `k` and `K` commands, TLS 1.3) are
 /// followed across the middlebox: the server's data after each arrives, and when asked (`K`)
 /// the client updates its keys too, so what it sends next still reaches the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
     let w = World::new();
-    let mut server = OpensslServer::from_files(&w.server_files)
-        .version(tb(TlsVersion::Tls13))
-        .mode(ServerMode::Interactive)
-        .start()
-        .unwrap();
-    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
-        .await
-        .unwrap();
+    let (mut server, mut mbox) = interactive_server_behind_a_middlebox(&w).await;
     let mut client = connect(&mbox, w.client(TlsVersion::Tls13, measure(PROGRAM, b""))).await;
     client.write_all(b"hello\n").await.unwrap();
     wait_for_output(&server, "hello", 1).await;
@@ -293,14 +300,7 @@ async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
 async fn a_client_proxy_follows_and_counts_a_legacy_servers_key_update() {
     use mbx_mbtls::driver::{ClientProxy, ClientProxyConfig, Limits};
     let w = World::new();
-    let mut server = OpensslServer::from_files(&w.server_files)
-        .version(tb(TlsVersion::Tls13))
-        .mode(ServerMode::Interactive)
-        .start()
-        .unwrap();
-    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
-        .await
-        .unwrap();
+    let (mut server, mbox) = interactive_server_behind_a_middlebox(&w).await;
     let config = ClientProxyConfig {
         handshake: w.client(TlsVersion::Tls13, measure(PROGRAM, b"")),
         first_hop: mbox.local_addr().to_string(),
