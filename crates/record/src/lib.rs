@@ -6,8 +6,10 @@
 //! TLS 1.2 PRF / TLS 1.3 HKDF-Expand-Label key derivations. It is sans-I/O: callers feed whole
 //! records (see `mbx_wire::RecordReader`) and get plaintext back, or the reverse.
 //!
-//! Cryptography is `ring`'s. Key material and plaintext we hold are zeroized on drop (plaintext
-//! word-wise, see [`wipe`]); `ring`'s own expanded key schedules are outside our control.
+//! The record AEAD is `aws-lc-rs`'s (faster AES-GCM than `ring`'s on VAES/AVX-512 CPUs); key
+//! schedules and hashes are `ring`'s. Key material and plaintext we hold are zeroized on drop
+//! (plaintext word-wise, see [`wipe`]); AWS-LC clears its expanded AEAD key when the key is
+//! dropped (`OPENSSL_free` cleanses), while `ring`'s HKDF/HMAC state is outside our control.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(

@@ -17,11 +17,11 @@
 use core::fmt;
 use core::ops::Range;
 
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
 use mbx_wire::record::{
     HEADER_LEN, MAX_CIPHERTEXT_LEN_TLS12, MAX_CIPHERTEXT_LEN_TLS13, MAX_PLAINTEXT_LEN,
 };
 use mbx_wire::{version, ContentType, RecordHeader, WireError};
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::error::RecordError;
@@ -74,7 +74,7 @@ impl Cipher {
             .ok_or(RecordError::BadIvLength)?
             .copy_from_slice(keys.iv());
         let unbound =
-            UnboundKey::new(aead.ring_alg(), keys.key()).map_err(|_| RecordError::BadKeyLength)?;
+            UnboundKey::new(aead.algorithm(), keys.key()).map_err(|_| RecordError::BadKeyLength)?;
         Ok(Cipher {
             version,
             aead,
@@ -653,12 +653,15 @@ impl RecordOpener {
         let cipher = self.cipher.as_ref().map_err(Clone::clone)?;
         let nonce = cipher.nonce(self.seq, p.explicit.as_ref());
         let aad = p.aad.as_aad();
-        // ring zeroes the output itself when the tag does not match.
-        let plain_len = cipher
-            .key
-            .open_in_place(nonce, aad, sealed)
-            .map_err(|_| RecordError::BadRecordMac)?
-            .len();
+        let plain_len = match cipher.key.open_in_place(nonce, aad, sealed) {
+            Ok(plain) => plain.len(),
+            Err(_) => {
+                // AWS-LC clears the output itself on a bad tag; wiping here keeps that true
+                // whatever library runs below.
+                wipe(sealed);
+                return Err(RecordError::BadRecordMac);
+            }
+        };
         let checked = self.check_plaintext(cipher.version, p.outer_type, sealed.get(..plain_len));
         if checked.is_err() {
             wipe(sealed);

@@ -72,11 +72,11 @@ impl Aead {
         }
     }
 
-    pub(crate) fn ring_alg(self) -> &'static ring::aead::Algorithm {
+    pub(crate) fn algorithm(self) -> &'static aws_lc_rs::aead::Algorithm {
         match self {
-            Aead::Aes128Gcm => &ring::aead::AES_128_GCM,
-            Aead::Aes256Gcm => &ring::aead::AES_256_GCM,
-            Aead::ChaCha20Poly1305 => &ring::aead::CHACHA20_POLY1305,
+            Aead::Aes128Gcm => &aws_lc_rs::aead::AES_128_GCM,
+            Aead::Aes256Gcm => &aws_lc_rs::aead::AES_256_GCM,
+            Aead::ChaCha20Poly1305 => &aws_lc_rs::aead::CHACHA20_POLY1305,
         }
     }
 }

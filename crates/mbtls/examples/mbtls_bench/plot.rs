@@ -41,7 +41,7 @@ pub fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
     let relay = &report["relay"];
     let rl: Vec<Row> = [
         ("openssl speed AES-256-GCM (1 pass)", "openssl_speed"),
-        ("ring AES-256-GCM seal (1 pass)", "ring_seal"),
+        ("aws-lc-rs AES-256-GCM seal (1 pass)", "aead_seal"),
         ("in-process relay decrypt+re-encrypt", "in_process_dec_enc"),
         ("in-process forward-only (copy)", "in_process_forward"),
         ("TCP middlebox decrypt+re-encrypt", "tcp_dec_enc"),
@@ -116,7 +116,7 @@ where
             "plain TLS",
             "split",
             "openssl",
-            "ring",
+            "aws-lc-rs",
             "forward",
         ];
         let color = if baseline.iter().any(|b| r.0.contains(b)) {
