@@ -68,6 +68,22 @@ impl DirectDataPhase {
         Ok(())
     }
 
+    /// TLS 1.3: sends a KeyUpdate through OpenSSL (`request_peer`: asking for the peer's).
+    /// TLS 1.2 (or closed): an error that leaves the session as it was.
+    pub(crate) fn update_keys(&mut self, request_peer: bool) -> Result<(), MbtlsError> {
+        self.usable()?;
+        if self.we_closed {
+            return Err(MbtlsError::Closed);
+        }
+        match self.engine.update_keys(request_peer) {
+            Ok(()) => Ok(()),
+            Err(EngineError::Unsupported(_)) => {
+                Err(MbtlsError::KeyMaterial("KeyUpdate needs TLS 1.3"))
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
     /// Ciphertext from the neighbour, split anywhere.
     pub(crate) fn receive(&mut self, bytes: &[u8]) {
         if self.failed.is_some() || self.engine.peer_closed() {
@@ -82,6 +98,10 @@ impl DirectDataPhase {
         if let Err(e) = self.engine.process() {
             self.fail(e);
             return;
+        }
+        for requested in self.engine.take_peer_key_updates() {
+            self.events
+                .push_back(EndpointEvent::PeerUpdatedKeys { requested });
         }
         if self.engine.peer_closed() && !was_closed {
             self.events.push_back(EndpointEvent::PeerClosed);

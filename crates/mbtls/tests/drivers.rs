@@ -333,6 +333,74 @@ async fn a_client_proxy_follows_and_counts_a_legacy_servers_key_update() {
     assert_eq!(proxy.stats().ended().key_updates, 1);
 }
 
+/// The client's own KeyUpdate (`MbtlsClient::update_keys`), asking for the server's: what the
+/// client sends next reaches the legacy server, and the server's answer is followed and
+/// counted. `server` has already printed `hello` from this client.
+async fn update_keys_and_exchange(server: &mut OpensslServer, client: &mut MbtlsClient) {
+    client.update_keys(true).await.unwrap();
+    client
+        .write_all(b"client data after update\n")
+        .await
+        .unwrap();
+    wait_for_output(server, "client data after update", 1).await;
+    server.send_line("server data after update").unwrap();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("server data after update") {
+        let piece = timeout(BOUND, client.read()).await.unwrap().unwrap();
+        got.extend(piece.expect("the server closed early"));
+    }
+    // s_server answers a KeyUpdate that asks for one before its data.
+    assert_eq!(client.peer_key_updates(), 1);
+}
+
+/// A client updates its keys when its application asks: through a middlebox (our record
+/// layer; the middlebox follows both KeyUpdates) and on a session OpenSSL kept (no middlebox).
+/// TLS 1.2 has no KeyUpdate: the call fails and the session carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_updates_its_keys_when_asked_with_and_without_a_middlebox() {
+    let w = World::new();
+    let accepted = measure(PROGRAM, b"");
+    // Through the middlebox.
+    let (mut server, mut mbox) = interactive_server_behind_a_middlebox(&w).await;
+    let mut client = connect(&mbox, w.client(TlsVersion::Tls13, accepted)).await;
+    client.write_all(b"hello\n").await.unwrap();
+    wait_for_output(&server, "hello", 1).await;
+    update_keys_and_exchange(&mut server, &mut client).await;
+    drop(client);
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    // The client's, and the server's answer.
+    assert_eq!(report.key_updates, 2, "{report:?}");
+
+    // Directly to the server, each version, the session kept by OpenSSL.
+    for version in [TlsVersion::Tls13, TlsVersion::Tls12] {
+        let mut server = OpensslServer::from_files(&w.server_files)
+            .version(tb(version))
+            .mode(ServerMode::Interactive)
+            .start()
+            .unwrap();
+        // Discovering, and no middlebox answered: the session stays in OpenSSL.
+        let mut cfg = w.client(version, accepted);
+        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true));
+        let mut client = timeout(BOUND, MbtlsClient::connect(server.addr(), cfg))
+            .await
+            .unwrap()
+            .unwrap();
+        let summary = client.summary().unwrap();
+        assert_eq!(summary.version, version);
+        assert!(summary.hops.is_empty(), "not kept by OpenSSL: {summary:?}");
+        client.write_all(b"hello\n").await.unwrap();
+        wait_for_output(&server, "hello", 1).await;
+        match version {
+            TlsVersion::Tls13 => update_keys_and_exchange(&mut server, &mut client).await,
+            TlsVersion::Tls12 => {
+                assert!(client.update_keys(false).await.is_err());
+                client.write_all(b"still carried\n").await.unwrap();
+                wait_for_output(&server, "still carried", 1).await;
+            }
+        }
+    }
+}
+
 /// Application-data records (type 23) in one direction of a captured hop.
 fn app_records(stream: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

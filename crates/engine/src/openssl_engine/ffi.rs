@@ -8,6 +8,7 @@
 //!   this connection sends.
 //! * `SSL_set_SSL_CTX` — moves a connection to another context (the `openssl` crate wraps it on
 //!   `&mut SslRef`, which an `SslStream` does not hand out).
+//! * `SSL_key_update` — schedules a TLS 1.3 KeyUpdate (not bound by `openssl-sys`).
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -48,8 +49,26 @@ type MsgCallback = unsafe extern "C" fn(
 );
 
 extern "C" {
-    // Not bound by openssl-sys; a real function in libssl 3 (ssl.h), linked through openssl-sys.
+    // Not bound by openssl-sys; real functions in libssl 3 (ssl.h), linked through openssl-sys.
     fn SSL_set_msg_callback(ssl: *mut sys::SSL, cb: Option<MsgCallback>);
+    fn SSL_key_update(ssl: *mut sys::SSL, updatetype: c_int) -> c_int;
+}
+
+/// `SSL_KEY_UPDATE_NOT_REQUESTED` / `SSL_KEY_UPDATE_REQUESTED` (`ssl.h`).
+const KEY_UPDATE_NOT_REQUESTED: c_int = 0;
+const KEY_UPDATE_REQUESTED: c_int = 1;
+
+/// Schedules a TLS 1.3 KeyUpdate (`request_peer`: with update_requested), sent by the next
+/// `SSL_do_handshake` or write. False if OpenSSL refused (not TLS 1.3, handshake not done).
+pub(super) fn key_update(ssl: &SslRef, request_peer: bool) -> bool {
+    let kind = if request_peer {
+        KEY_UPDATE_REQUESTED
+    } else {
+        KEY_UPDATE_NOT_REQUESTED
+    };
+    // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
+    // `&mut self` (as for `set_max_send_fragment`); the call takes no pointer besides it.
+    unsafe { SSL_key_update(ssl.as_ptr(), kind) == 1 }
 }
 
 /// Registers extension `ext_type` on the context with our add/free/parse callbacks.

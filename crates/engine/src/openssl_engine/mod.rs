@@ -115,6 +115,8 @@ struct ConnState {
     ext_reply: BTreeMap<u16, Vec<u8>>,
     ext_received: BTreeMap<u16, Vec<u8>>,
     handlers: BTreeMap<u16, ExtensionHandler>,
+    /// TLS 1.3 KeyUpdates received and not yet taken: whether each asked for ours.
+    peer_key_updates: Vec<bool>,
 }
 
 type SharedState = Arc<Mutex<ConnState>>;
@@ -178,7 +180,13 @@ fn on_message(ssl: &SslRef, write: bool, content_type: i32, data: &[u8]) {
     let dir = if write { &mut st.tx } else { &mut st.rx };
     match (content_type, data.first()) {
         (ffi::RT_HEADER, Some(&outer)) => dir.on_header(outer),
-        (ct, Some(&msg_type)) if ct == i32::from(CT_HANDSHAKE) => dir.on_handshake(msg_type),
+        (ct, Some(&msg_type)) if ct == i32::from(CT_HANDSHAKE) => {
+            dir.on_handshake(msg_type);
+            if msg_type == HS_KEY_UPDATE && !write {
+                // type(1) length(3) request_update(1): OpenSSL already checked the body.
+                st.peer_key_updates.push(data.get(4) == Some(&1));
+            }
+        }
         (ct, Some(&level)) if ct == i32::from(CT_ALERT) => {
             if let Some(&desc) = data.get(1) {
                 let alert = Some((level, AlertDescription(desc)));
@@ -775,6 +783,36 @@ impl OpenSslEngine {
     pub fn resume_after_pause(&mut self) {
         self.pause_after_handshake = false;
         self.stream.get_mut().frozen = false;
+    }
+
+    /// TLS 1.3: sends a KeyUpdate now (OpenSSL then protects our records under the next
+    /// generation of its keys); `request_peer`: asks the peer to update its keys too. Refused
+    /// before the end of the handshake and for TLS 1.2, without failing the session.
+    pub fn update_keys(&mut self, request_peer: bool) -> Result<(), EngineError> {
+        self.check_usable()?;
+        if !self.handshake_done {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        if self.stream.ssl().version2() != Some(SslVersion::TLS1_3) {
+            return Err(EngineError::Unsupported("KeyUpdate needs TLS 1.3"));
+        }
+        if !ffi::key_update(self.stream.ssl(), request_peer) {
+            return Err(EngineError::State(
+                "OpenSSL refused to schedule a KeyUpdate",
+            ));
+        }
+        // `SSL_do_handshake` on an established connection sends what is scheduled.
+        match self.stream.do_handshake() {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// TLS 1.3 KeyUpdates received (and followed by OpenSSL) since the last call, in order:
+    /// whether each asked for ours (OpenSSL answers those itself).
+    pub fn take_peer_key_updates(&mut self) -> Vec<bool> {
+        std::mem::take(&mut lock(&self.state).peer_key_updates)
     }
 
     /// The underlying OpenSSL connection, for read-only queries the trait does not cover.

@@ -200,6 +200,16 @@ impl MbtlsClient {
         self.flush().await
     }
 
+    /// TLS 1.3: sends a KeyUpdate now; our later records travel under the next generation of
+    /// our keys on every hop, each middlebox following. `request_peer`: the server is asked to
+    /// update its keys too (its answer shows in [`peer_key_updates`](Self::peer_key_updates)
+    /// once read). Keys near their AEAD limit are updated without this call. TLS 1.2 has no
+    /// KeyUpdate: an error that leaves the session usable.
+    pub async fn update_keys(&mut self, request_peer: bool) -> Result<(), DriverError> {
+        self.session.hs.update_keys(request_peer)?;
+        self.flush().await
+    }
+
     /// Sends close_notify: no more data from us. Reading stays possible.
     pub async fn close(&mut self) -> Result<(), DriverError> {
         self.session.hs.close()?;

@@ -174,6 +174,14 @@ impl ClientHandshake {
         self.core.close()
     }
 
+    /// TLS 1.3, data phase: sends a KeyUpdate, after which our records travel under the next
+    /// generation of our keys on every hop (each middlebox follows); `request_peer`: the
+    /// server is asked to update its keys too. TLS 1.2 has no KeyUpdate: an error that leaves
+    /// the session as it was.
+    pub fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {
+        self.core.update_keys(request_peer)
+    }
+
     /// Version, suite and hop key fingerprints, once the data phase started.
     pub fn summary(&self) -> Option<&SessionSummary> {
         self.core.summary()

@@ -166,6 +166,13 @@ impl DataPhase {
         }
     }
 
+    fn update_keys(&mut self, request_peer: bool) -> Result<(), MbtlsError> {
+        match self {
+            DataPhase::Exported(d) => d.update_keys(request_peer),
+            DataPhase::Direct(d) => d.update_keys(request_peer),
+        }
+    }
+
     fn take_outgoing(&mut self) -> Vec<u8> {
         match self {
             DataPhase::Exported(d) => d.take_outgoing(),
@@ -780,6 +787,13 @@ impl EndpointCore {
         match self.data.as_mut() {
             Some(d) => Ok(d.close()?),
             None => Err(HandshakeError::Protocol("close before the data phase")),
+        }
+    }
+
+    pub(super) fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {
+        match self.data.as_mut() {
+            Some(d) => Ok(d.update_keys(request_peer)?),
+            None => Err(HandshakeError::Protocol("KeyUpdate before the data phase")),
         }
     }
 
