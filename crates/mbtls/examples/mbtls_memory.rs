@@ -16,6 +16,12 @@
 //! 1 MiB was sent through every session, after 3 s idle again (the middlebox and the server
 //! give grown buffers back after 2 s without a read, docs/mbtls.md §4.3), and after every
 //! session closed.
+//!
+//! Since the fifteenth round the C libraries' heap counts too: OpenSSL's and AWS-LC's
+//! allocators are routed through the same tagging allocator (`CRYPTO_set_mem_functions`, set
+//! before either allocates), so OpenSSL's sessions and the record layer's AEAD keys are in the
+//! totals; their share is reported on its own as well ("C heap"), and the Rust heap alone is the
+//! total minus it (what the rounds before measured).
 
 // Shared with the benchmark binary, which uses the parts this one does not.
 #[path = "mbtls_bench/setup.rs"]
@@ -27,6 +33,7 @@ mod tls_io;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_void};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -115,6 +122,117 @@ fn live() -> i64 {
     MEASURED_LIVE.load(Ordering::SeqCst)
 }
 
+// ---- the C libraries' allocations, through the same allocator --------------------------------
+
+/// Live bytes of C blocks (OpenSSL, AWS-LC) allocated on a measured thread; also in
+/// [`MEASURED_LIVE`].
+static MEASURED_C_LIVE: AtomicI64 = AtomicI64::new(0);
+
+fn c_live() -> i64 {
+    MEASURED_C_LIVE.load(Ordering::SeqCst)
+}
+
+/// In front of each C block: its size (the C free functions are not told it).
+const C_HEADER: usize = 16;
+
+fn c_layout(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.checked_add(C_HEADER)?, C_HEADER).ok()
+}
+
+/// Whether the tagging allocator counted the block at `base`.
+///
+/// # Safety
+/// `base` is a live block from [`Tagging::alloc`].
+unsafe fn counted(base: *mut u8) -> bool {
+    unsafe { base.cast::<u64>().sub(1).read() == 1 }
+}
+
+unsafe extern "C" fn c_malloc(size: usize, _file: *const c_char, _line: c_int) -> *mut c_void {
+    let Some(layout) = c_layout(size) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a non-zero layout (the header), freed by `c_free` with the same layout.
+    unsafe {
+        let base = ALLOCATOR.alloc(layout);
+        if base.is_null() {
+            return std::ptr::null_mut();
+        }
+        base.cast::<usize>().write(size);
+        if counted(base) {
+            MEASURED_C_LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        base.add(C_HEADER).cast()
+    }
+}
+
+unsafe extern "C" fn c_free(ptr: *mut c_void, _file: *const c_char, _line: c_int) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: `ptr` came from `c_malloc`: its size is in the header in front of it.
+    unsafe {
+        let base = ptr.cast::<u8>().sub(C_HEADER);
+        let size = base.cast::<usize>().read();
+        let Some(layout) = c_layout(size) else { return };
+        if counted(base) {
+            MEASURED_C_LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        }
+        ALLOCATOR.dealloc(base, layout);
+    }
+}
+
+unsafe extern "C" fn c_realloc(
+    ptr: *mut c_void,
+    size: usize,
+    file: *const c_char,
+    line: c_int,
+) -> *mut c_void {
+    // SAFETY: `ptr` is null or came from `c_malloc`; the copy stays within both blocks.
+    unsafe {
+        if ptr.is_null() {
+            return c_malloc(size, file, line);
+        }
+        if size == 0 {
+            c_free(ptr, file, line);
+            return std::ptr::null_mut();
+        }
+        let new = c_malloc(size, file, line);
+        if !new.is_null() {
+            let old = ptr.cast::<u8>().sub(C_HEADER).cast::<usize>().read();
+            std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), new.cast::<u8>(), old.min(size));
+            c_free(ptr, file, line);
+        }
+        new
+    }
+}
+
+type CMalloc = unsafe extern "C" fn(usize, *const c_char, c_int) -> *mut c_void;
+type CRealloc = unsafe extern "C" fn(*mut c_void, usize, *const c_char, c_int) -> *mut c_void;
+type CFree = unsafe extern "C" fn(*mut c_void, *const c_char, c_int);
+
+extern "C" {
+    // OpenSSL 3 (crypto.h), not bound by openssl-sys; linked through it.
+    fn CRYPTO_set_mem_functions(m: CMalloc, r: CRealloc, f: CFree) -> c_int;
+}
+
+/// Routes OpenSSL's and AWS-LC's allocations through the tagging allocator. Must run before
+/// either library allocates (both refuse afterwards).
+fn count_c_heaps() -> Res<()> {
+    // SAFETY: the three functions form one allocator (blocks from `c_malloc` are only resized
+    // and freed by the other two) and stay valid for the whole process.
+    let openssl = unsafe { CRYPTO_set_mem_functions(c_malloc, c_realloc, c_free) };
+    let aws_lc = unsafe {
+        aws_lc_sys::CRYPTO_set_mem_functions(Some(c_malloc), Some(c_realloc), Some(c_free))
+    };
+    if openssl != 1 || aws_lc != 1 {
+        return Err(format!(
+            "could not route the C allocators (OpenSSL {openssl}, AWS-LC {aws_lc}): one allocated first"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 // ---- the measurement ------------------------------------------------------------------------
 
 fn runtime(name: &str, tagged: bool) -> Res<Runtime> {
@@ -191,11 +309,14 @@ fn mbtls_to(addr: SocketAddr, cfg: ClientHandshakeConfig) -> Connect {
     })
 }
 
-/// Bytes per connection at each point, for one kind of middlebox.
-fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<[f64; 5]> {
+/// Bytes per connection at each point, for one kind of middlebox: all heap, and the C
+/// libraries' part of it.
+fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<([f64; 5], [f64; 5])> {
     load.block_on(async {
         sink.store(0, Ordering::SeqCst);
-        let base = settled().await;
+        let base = (settled().await, c_live());
+        // Live bytes (all, C) since `base`, read once the total settled.
+        let at = |total: i64| (total - base.0, c_live() - base.1);
         let record = vec![0x5au8; RECORD];
         let mut conns = Vec::with_capacity(CONNS);
         for _ in 0..CONNS {
@@ -204,18 +325,18 @@ fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<[f64; 5]
             conns.push(c);
         }
         wait_for(sink, (RECORD * CONNS) as u64).await?;
-        let established = settled().await - base;
+        let established = at(settled().await);
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let quiet = settled().await - base;
+        let quiet = at(settled().await);
         for c in conns.iter_mut() {
             for _ in 0..BULK / RECORD {
                 c.send(&record).await?;
             }
         }
         wait_for(sink, ((RECORD + BULK) * CONNS) as u64).await?;
-        let bulk = live() - base;
+        let bulk = at(live());
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let idle = settled().await - base;
+        let idle = at(settled().await);
         for c in conns.iter_mut() {
             if let Conn::Mbtls(m) = c {
                 m.close().await?;
@@ -223,15 +344,10 @@ fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<[f64; 5]
         }
         drop(conns);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let closed = settled().await - base;
+        let closed = at(settled().await);
+        let points = [established, quiet, bulk, idle, closed];
         let per = |b: i64| b as f64 / CONNS as f64;
-        Ok([
-            per(established),
-            per(quiet),
-            per(bulk),
-            per(idle),
-            per(closed),
-        ])
+        Ok((points.map(|p| per(p.0)), points.map(|p| per(p.1))))
     })
 }
 
@@ -244,6 +360,7 @@ const POINTS: [&str; 5] = [
 ];
 
 fn main() -> Res<()> {
+    count_c_heaps()?;
     let setup = Setup::new(mbx_testbed::pki::KeyType::EcdsaP256)?;
     let version = TlsVersion::Tls13;
     let load = runtime("load", false)?;
@@ -311,46 +428,58 @@ fn main() -> Res<()> {
     );
     let via = mbtls_to(front_addr, client_cfg);
 
+    // Per kind: JSON key, and every repetition's (all heap, C heap).
+    let kinds: [(&str, &ConnectFn, &AtomicU64); 4] = [
+        ("mbtls_middlebox", &*mbtls, &*sink),
+        ("tcp_relay", &*tls, &*sink),
+        ("mbtls_server_direct", &*direct, &*backend_sink),
+        ("mbtls_server_via_middlebox", &*via, &*backend_sink),
+    ];
     // Warm-up: one round of each (first-use allocations of the runtime and the libraries).
-    sample(&load, &*mbtls, &sink)?;
-    sample(&load, &*tls, &sink)?;
-    sample(&load, &*direct, &backend_sink)?;
-    sample(&load, &*via, &backend_sink)?;
-    let mut mb: Vec<[f64; 5]> = Vec::new();
-    let mut relay: Vec<[f64; 5]> = Vec::new();
-    let mut srv_direct: Vec<[f64; 5]> = Vec::new();
-    let mut srv_via: Vec<[f64; 5]> = Vec::new();
-    for rep in 0..REPS {
-        let m = sample(&load, &*mbtls, &sink)?;
-        let r = sample(&load, &*tls, &sink)?;
-        let d = sample(&load, &*direct, &backend_sink)?;
-        let v = sample(&load, &*via, &backend_sink)?;
-        println!(
-            "rep {}: bytes per connection ({}): mbTLS middlebox {:?} | TCP relay {:?} | mbTLS server, direct {:?} | mbTLS server, through a middlebox {:?}",
-            rep + 1,
-            POINTS.join(", "),
-            m.map(|x| x.round()),
-            r.map(|x| x.round()),
-            d.map(|x| x.round()),
-            v.map(|x| x.round()),
-        );
-        mb.push(m);
-        relay.push(r);
-        srv_direct.push(d);
-        srv_via.push(v);
+    for (_, connect, sink) in &kinds {
+        sample(&load, *connect, sink)?;
     }
-    let column = |v: &[[f64; 5]], i: usize| v.iter().map(|s| s[i]).collect::<Vec<_>>();
-    let report = json!({
+    let mut samples: Vec<Vec<([f64; 5], [f64; 5])>> = vec![Vec::new(); kinds.len()];
+    for rep in 0..REPS {
+        let mut line = format!(
+            "rep {}: bytes per connection ({}), all heap / C heap:",
+            rep + 1,
+            POINTS.join(", ")
+        );
+        for ((who, connect, sink), out) in kinds.iter().zip(samples.iter_mut()) {
+            let (all, c) = sample(&load, *connect, sink)?;
+            line += &format!(
+                " | {who} {:?} / {:?}",
+                all.map(|x| x.round()),
+                c.map(|x| x.round())
+            );
+            out.push((all, c));
+        }
+        println!("{line}");
+    }
+    let column = |v: &[([f64; 5], [f64; 5])], i: usize, c: bool| {
+        v.iter()
+            .map(|s| if c { s.1[i] } else { s.0[i] })
+            .collect::<Vec<_>>()
+    };
+    let by_point = |v: &[([f64; 5], [f64; 5])], c: bool| {
+        POINTS
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), stats(&column(v, i, c))))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let mut report = json!({
         "machine": "2 shared cores; one runtime thread for the middlebox",
         "connections": CONNS,
         "repetitions": REPS,
-        "unit": "heap bytes per connection held by the measured runtime (the middlebox's or relay's; the mbTLS server's)",
+        "unit": "heap bytes per connection held by the measured runtime (the middlebox's or relay's; the mbTLS server's): Rust's heap and the C libraries' (OpenSSL, AWS-LC) together; `<kind>_c_heap` is the C part",
         "points": POINTS,
-        "mbtls_middlebox": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&mb, i)))).collect::<serde_json::Map<_, _>>(),
-        "tcp_relay": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&relay, i)))).collect::<serde_json::Map<_, _>>(),
-        "mbtls_server_direct": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&srv_direct, i)))).collect::<serde_json::Map<_, _>>(),
-        "mbtls_server_via_middlebox": POINTS.iter().enumerate().map(|(i, p)| (p.to_string(), stats(&column(&srv_via, i)))).collect::<serde_json::Map<_, _>>(),
     });
+    for ((who, _, _), v) in kinds.iter().zip(&samples) {
+        report[*who] = Value::Object(by_point(v, false));
+        report[format!("{who}_c_heap")] = Value::Object(by_point(v, true));
+    }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
     std::fs::write(
         dir.join("mbtls-memory.json"),
@@ -396,7 +525,7 @@ fn plot(report: &Value, path: &std::path::Path) -> Res<()> {
     }
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Heap per connection ({CONNS} connections, TLS 1.3)"),
+            format!("Heap per connection, Rust and C ({CONNS} connections, TLS 1.3)"),
             ("sans-serif", 22),
         )
         .margin(12)

@@ -9,6 +9,7 @@
 //! * `SSL_set_SSL_CTX` — moves a connection to another context (the `openssl` crate wraps it on
 //!   `&mut SslRef`, which an `SslStream` does not hand out).
 //! * `SSL_key_update` — schedules a TLS 1.3 KeyUpdate (not bound by `openssl-sys`).
+//! * `SSL_free_buffers` — gives an idle connection's record buffers back (not bound either).
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -52,6 +53,15 @@ extern "C" {
     // Not bound by openssl-sys; real functions in libssl 3 (ssl.h), linked through openssl-sys.
     fn SSL_set_msg_callback(ssl: *mut sys::SSL, cb: Option<MsgCallback>);
     fn SSL_key_update(ssl: *mut sys::SSL, updatetype: c_int) -> c_int;
+    fn SSL_free_buffers(ssl: *mut sys::SSL) -> c_int;
+}
+
+/// Frees the connection's read and write buffers if they hold nothing (OpenSSL allocates them
+/// again when needed). False if they were in use and kept.
+pub(super) fn free_buffers(ssl: &SslRef) -> bool {
+    // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
+    // `&mut self` (as for `set_max_send_fragment`); OpenSSL keeps buffers that hold data.
+    unsafe { SSL_free_buffers(ssl.as_ptr()) == 1 }
 }
 
 /// `SSL_KEY_UPDATE_NOT_REQUESTED` / `SSL_KEY_UPDATE_REQUESTED` (`ssl.h`).
