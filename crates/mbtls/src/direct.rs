@@ -99,7 +99,11 @@ impl DirectDataPhase {
             self.fail(e);
             return;
         }
-        for requested in self.engine.take_peer_key_updates() {
+        // OpenSSL followed (and answered) them already; which of several in one call asked is
+        // not kept, only how many.
+        let (all, asked) = self.engine.take_peer_key_updates();
+        for n in 0..all {
+            let requested = n < asked;
             self.events
                 .push_back(EndpointEvent::PeerUpdatedKeys { requested });
         }

@@ -115,8 +115,9 @@ struct ConnState {
     ext_reply: BTreeMap<u16, Vec<u8>>,
     ext_received: BTreeMap<u16, Vec<u8>>,
     handlers: BTreeMap<u16, ExtensionHandler>,
-    /// TLS 1.3 KeyUpdates received and not yet taken: whether each asked for ours.
-    peer_key_updates: Vec<bool>,
+    /// TLS 1.3 KeyUpdates received and not yet taken, and how many of them asked for ours
+    /// (counts, so that a session nobody asks stays bounded).
+    peer_key_updates: (u32, u32),
 }
 
 type SharedState = Arc<Mutex<ConnState>>;
@@ -184,7 +185,11 @@ fn on_message(ssl: &SslRef, write: bool, content_type: i32, data: &[u8]) {
             dir.on_handshake(msg_type);
             if msg_type == HS_KEY_UPDATE && !write {
                 // type(1) length(3) request_update(1): OpenSSL already checked the body.
-                st.peer_key_updates.push(data.get(4) == Some(&1));
+                let (all, requested) = &mut st.peer_key_updates;
+                *all = all.saturating_add(1);
+                if data.get(4) == Some(&1) {
+                    *requested = requested.saturating_add(1);
+                }
             }
         }
         (ct, Some(&level)) if ct == i32::from(CT_ALERT) => {
@@ -814,9 +819,9 @@ impl OpenSslEngine {
         }
     }
 
-    /// TLS 1.3 KeyUpdates received (and followed by OpenSSL) since the last call, in order:
-    /// whether each asked for ours (OpenSSL answers those itself).
-    pub fn take_peer_key_updates(&mut self) -> Vec<bool> {
+    /// TLS 1.3 KeyUpdates received (and followed by OpenSSL) since the last call, and how
+    /// many of them asked for ours (OpenSSL answers those itself).
+    pub fn take_peer_key_updates(&mut self) -> (u32, u32) {
         std::mem::take(&mut lock(&self.state).peer_key_updates)
     }
 
