@@ -1538,7 +1538,8 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         primary = primary.only(v);
     }
     primary.pause_after_handshake = true;
-    // Resumption through middleboxes is not supported: full handshakes only.
+    // No tickets: an mbTLS client never uses them. TLS 1.2 clients can still resume by
+    // session ID (OpenSSL's server cache), through server-side middleboxes too (docs §7).
     primary.session_tickets = false;
     let names = s.middlebox_names.clone();
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {

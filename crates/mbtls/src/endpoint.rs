@@ -26,7 +26,7 @@ pub enum EndpointEvent {
     PeerWarning(Alert),
     /// The peer (or a middlebox) ended the session with this alert.
     PeerAlert(Alert),
-    /// A TLS 1.3 NewSessionTicket arrived and was ignored (resumption through mbTLS is not built).
+    /// A TLS 1.3 NewSessionTicket arrived and was ignored (an mbTLS client does not resume).
     SessionTicketIgnored,
     /// The peer updated its keys (TLS 1.3 KeyUpdate); `requested`: it asked us to update ours,
     /// which we did.

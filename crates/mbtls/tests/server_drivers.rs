@@ -857,3 +857,74 @@ async fn a_client_proxy_serves_local_connections_within_its_limits() {
     // What it carried before, counted although it failed.
     assert_eq!((report.bytes_up, report.bytes_down), (6, 6), "{report:?}");
 }
+
+/// `openssl s_client` to `addr` sending one request, with `args`; its stdout.
+async fn s_client_request(
+    w: &World,
+    addr: SocketAddr,
+    version: TlsVersion,
+    args: Vec<String>,
+) -> String {
+    let ca = w.server_files.ca.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut c = OpensslClient::new(addr)
+            .servername("server.test")
+            .cafile(ca)
+            .version(tb(version))
+            .input(&b"GET /resumed HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n"[..]);
+        for a in args {
+            c = c.arg(a);
+        }
+        c.run().unwrap()
+    })
+    .await
+    .unwrap();
+    out.stdout_str().to_string()
+}
+
+/// Legacy clients resume their sessions with the mbTLS server (its tickets, TLS 1.2 and 1.3),
+/// directly and through a server-side middlebox, which on a resumed session still gets its
+/// keys (a fresh secondary session and evidence) and sees the request. TLS 1.2: `s_client
+/// -reconnect` makes one full handshake and five abbreviated ones and sends its request on the
+/// last. TLS 1.3: one `s_client` keeps its session (`-sess_out`), a second resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_clients_resume_directly_and_through_a_server_side_middlebox() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    for version in VERSIONS {
+        let (_server, mb2) = w.server_behind_mb2(version, backend).await;
+        // A second server that takes sessions without a middlebox (it requires none).
+        let mut alone = w.server(version, backend);
+        alone.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let alone = MbtlsServer::bind("127.0.0.1:0", alone).await.unwrap();
+        for (addr, through_mb2) in [(alone.local_addr(), false), (mb2.local_addr(), true)] {
+            let count = |out: &str, what: &str| out.lines().filter(|l| l.starts_with(what)).count();
+            let outputs = match version {
+                TlsVersion::Tls12 => {
+                    let out = s_client_request(&w, addr, version, vec!["-reconnect".into()]).await;
+                    assert_eq!(count(&out, "New, TLSv1.2"), 1, "{out}");
+                    assert_eq!(count(&out, "Reused, TLSv1.2"), 5, "{out}");
+                    vec![out]
+                }
+                TlsVersion::Tls13 => {
+                    let sess = dir.path().join(format!("{through_mb2}.pem"));
+                    let sess = sess.to_str().unwrap().to_string();
+                    let first =
+                        s_client_request(&w, addr, version, vec!["-sess_out".into(), sess.clone()])
+                            .await;
+                    let second =
+                        s_client_request(&w, addr, version, vec!["-sess_in".into(), sess]).await;
+                    assert_eq!(count(&first, "New, TLSv1.3"), 1, "{first}");
+                    assert_eq!(count(&second, "Reused, TLSv1.3"), 1, "{second}");
+                    vec![first, second]
+                }
+            };
+            for out in outputs {
+                assert!(out.contains("HTTP/1.1 200 OK"), "{version:?}: {out}");
+                assert!(out.contains("GET /resumed"), "{out}");
+                assert_eq!(out.contains("X-Mbtls: mb2.test"), through_mb2, "{out}");
+            }
+        }
+    }
+}
