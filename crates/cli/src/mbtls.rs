@@ -116,6 +116,11 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
+    /// Issue session tickets, so that legacy TLS 1.3 clients (and TLS 1.2 ones with tickets)
+    /// can resume, through server-side middleboxes too. Off by default: an mbTLS client never
+    /// uses them (TLS 1.2 clients resume by session ID either way).
+    #[arg(long)]
+    session_tickets: bool,
     #[command(flatten, next_help_heading = "Service")]
     service: Service,
 }
@@ -309,6 +314,9 @@ struct ServerSettings {
     #[serde(default)]
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
+    /// Issue session tickets (`--session-tickets`).
+    #[serde(default)]
+    session_tickets: bool,
     #[serde(skip)]
     service: Service,
 }
@@ -1440,6 +1448,9 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     if flags.allow_simulated {
         table.insert("allow_simulated".into(), toml::Value::Boolean(true));
     }
+    if flags.session_tickets {
+        table.insert("session_tickets".into(), toml::Value::Boolean(true));
+    }
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
@@ -1538,9 +1549,9 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         primary = primary.only(v);
     }
     primary.pause_after_handshake = true;
-    // No tickets: an mbTLS client never uses them. TLS 1.2 clients can still resume by
-    // session ID (OpenSSL's server cache), through server-side middleboxes too (docs §7).
-    primary.session_tickets = false;
+    // Tickets only when asked: an mbTLS client never uses them. TLS 1.2 clients can resume by
+    // session ID (OpenSSL's server cache) either way, through server-side middleboxes too.
+    primary.session_tickets = s.session_tickets;
     let names = s.middlebox_names.clone();
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
         ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),

@@ -182,6 +182,63 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     child.kill();
 }
 
+/// `--session-tickets`: a legacy TLS 1.3 client resumes its session with the mbTLS server
+/// process (one `s_client` saves the session, a second resumes it); without the flag the server
+/// issues no tickets, so there is no session to save and nothing is resumed.
+#[test]
+fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
+    use std::ffi::OsStr;
+    let (dir, _pki, server, _mbox) = pki_files("mbx cli session tickets root", "mb2.test");
+    let backend = echo_backend().to_string();
+    for tickets in [true, false] {
+        let mut args = vec![
+            OsStr::new("mbtls"),
+            OsStr::new("server"),
+            OsStr::new("--listen"),
+            OsStr::new("127.0.0.1:0"),
+            OsStr::new("--backend"),
+            OsStr::new(&backend),
+            OsStr::new("--certificate"),
+            server.chain.as_os_str(),
+            OsStr::new("--private-key"),
+            server.key.as_os_str(),
+            OsStr::new("--tls"),
+            OsStr::new("1.3"),
+        ];
+        if tickets {
+            args.push(OsStr::new("--session-tickets"));
+        }
+        let (_srv, _lines, head) = start(&args, 1);
+        let addr = listening_addr(&head[0]);
+        let session = dir.path().join(format!("session-{tickets}.pem"));
+        let fetch = |flag: &str| {
+            mbx_testbed::OpensslClient::new(addr.parse().unwrap())
+                .servername("server.test")
+                .cafile(&server.ca)
+                .version(mbx_testbed::TlsVersion::Tls13)
+                .arg(flag)
+                .arg(session.to_str().unwrap())
+                .input(
+                    &b"GET /again HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n"[..],
+                )
+                .run()
+                .unwrap()
+                .stdout_str()
+                .to_string()
+        };
+        let first = fetch("-sess_out");
+        assert!(first.contains("New, TLSv1.3"), "{first}");
+        assert!(first.contains("GET /again"), "{first}");
+        let second = fetch("-sess_in");
+        if tickets {
+            assert!(second.contains("Reused, TLSv1.3"), "{second}");
+            assert!(second.contains("GET /again"), "{second}");
+        } else {
+            assert!(!second.contains("Reused"), "{second}");
+        }
+    }
+}
+
 #[test]
 fn mbtls_server_without_a_backend_is_one_clear_error() {
     let out = mbx().args(["mbtls", "server"]).output().unwrap();
