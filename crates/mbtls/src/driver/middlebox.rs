@@ -581,7 +581,9 @@ async fn relay(
                 when: if conn.hs.keys_installed() {
                     "mid-session, without close_notify"
                 } else {
-                    "during the handshake"
+                    // Its own TLS handshake may be over (a legacy client that leaves at once):
+                    // what this middlebox knows is that its keys had not come yet.
+                    "during the handshake (before this middlebox received its keys)"
                 },
             });
         }
