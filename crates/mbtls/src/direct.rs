@@ -24,6 +24,8 @@ pub(crate) struct DirectDataPhase {
     we_closed: bool,
     failed: Option<Alert>,
     events: VecDeque<EndpointEvent>,
+    /// The engine's KeyUpdate counts (received, of which asking) already reported as events.
+    reported: (u32, u32),
 }
 
 impl DirectDataPhase {
@@ -41,6 +43,7 @@ impl DirectDataPhase {
             we_closed: false,
             failed: None,
             events: VecDeque::new(),
+            reported: (0, 0),
         };
         phase.pump();
         phase
@@ -99,11 +102,13 @@ impl DirectDataPhase {
             self.fail(e);
             return;
         }
-        // OpenSSL followed (and answered) them already; which of several in one call asked is
-        // not kept, only how many.
-        let (all, asked) = self.engine.take_peer_key_updates();
-        for n in 0..all {
-            let requested = n < asked;
+        // OpenSSL followed (and answered) them already; which of several since the last pump
+        // asked is not kept, only how many.
+        let (all, asked) = self.engine.peer_key_updates();
+        let (new, new_asked) = (all - self.reported.0, asked - self.reported.1);
+        self.reported = (all, asked);
+        for n in 0..new {
+            let requested = n < new_asked;
             self.events
                 .push_back(EndpointEvent::PeerUpdatedKeys { requested });
         }

@@ -115,9 +115,8 @@ struct ConnState {
     ext_reply: BTreeMap<u16, Vec<u8>>,
     ext_received: BTreeMap<u16, Vec<u8>>,
     handlers: BTreeMap<u16, ExtensionHandler>,
-    /// TLS 1.3 KeyUpdates received and not yet taken, and how many of them asked for ours
-    /// (counts, so that a session nobody asks stays bounded).
-    peer_key_updates: (u32, u32),
+    /// TLS 1.3 KeyUpdates received that asked for ours (all received: `rx.key_updates`).
+    key_updates_requested: u32,
 }
 
 type SharedState = Arc<Mutex<ConnState>>;
@@ -183,13 +182,9 @@ fn on_message(ssl: &SslRef, write: bool, content_type: i32, data: &[u8]) {
         (ffi::RT_HEADER, Some(&outer)) => dir.on_header(outer),
         (ct, Some(&msg_type)) if ct == i32::from(CT_HANDSHAKE) => {
             dir.on_handshake(msg_type);
-            if msg_type == HS_KEY_UPDATE && !write {
-                // type(1) length(3) request_update(1): OpenSSL already checked the body.
-                let (all, requested) = &mut st.peer_key_updates;
-                *all = all.saturating_add(1);
-                if data.get(4) == Some(&1) {
-                    *requested = requested.saturating_add(1);
-                }
+            // type(1) length(3) request_update(1): OpenSSL already checked the body.
+            if msg_type == HS_KEY_UPDATE && !write && data.get(4) == Some(&1) {
+                st.key_updates_requested = st.key_updates_requested.saturating_add(1);
             }
         }
         (ct, Some(&level)) if ct == i32::from(CT_ALERT) => {
@@ -819,10 +814,11 @@ impl OpenSslEngine {
         }
     }
 
-    /// TLS 1.3 KeyUpdates received (and followed by OpenSSL) since the last call, and how
-    /// many of them asked for ours (OpenSSL answers those itself).
-    pub fn take_peer_key_updates(&mut self) -> (u32, u32) {
-        std::mem::take(&mut lock(&self.state).peer_key_updates)
+    /// TLS 1.3 KeyUpdates received so far (each followed by OpenSSL), and how many of them
+    /// asked for ours (OpenSSL answers those itself).
+    pub fn peer_key_updates(&self) -> (u32, u32) {
+        let st = lock(&self.state);
+        (st.rx.key_updates, st.key_updates_requested)
     }
 
     /// The underlying OpenSSL connection, for read-only queries the trait does not cover.
