@@ -37,23 +37,6 @@ fn transfer(a: &mut dyn TlsEngine, b: &mut dyn TlsEngine, msg: &[u8]) {
     assert_eq!(b.take_plaintext(), msg);
 }
 
-/// An idle session gives its buffers back, OpenSSL's record buffers included, and carries on
-/// both ways afterwards (OpenSSL allocates them again), both versions.
-#[test]
-fn released_buffers_come_back_for_the_next_records() {
-    let pki = Pki::new();
-    for version in [V12, V13] {
-        let (mut c, mut s) = pair(&pki, version, None);
-        pump(&mut c, &mut s).unwrap();
-        transfer(&mut c, &mut s, &[1; 40_000]);
-        transfer(&mut s, &mut c, b"reply");
-        assert!(c.release_idle_buffers(), "{version:?}");
-        assert!(s.release_idle_buffers(), "{version:?}");
-        transfer(&mut c, &mut s, &[2; 40_000]);
-        transfer(&mut s, &mut c, &[3; 40_000]);
-    }
-}
-
 #[test]
 fn openssl_pair_all_suites() {
     let pki = Pki::new();

@@ -18,8 +18,8 @@
 //! session closed.
 //!
 //! Since the fifteenth round the C libraries' heap counts too: OpenSSL's and AWS-LC's
-//! allocators are routed through the same tagging allocator (`CRYPTO_set_mem_functions`, set
-//! before either allocates), so OpenSSL's sessions and the record layer's AEAD keys are in the
+//! allocations made on a measured thread are counted by `mbx_testbed::c_heap` (routed before
+//! either library allocates), so OpenSSL's sessions and the record layer's AEAD keys are in the
 //! totals; their share is reported on its own as well ("C heap"), and the Rust heap alone is the
 //! total minus it (what the rounds before measured).
 
@@ -33,7 +33,6 @@ mod tls_io;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::ffi::{c_char, c_int, c_void};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -52,6 +51,7 @@ use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
 use mbx_testbed::bench::{med, stats};
+use mbx_testbed::c_heap;
 use setup::{Setup, CLIENT_SIDE};
 use tls_io::{tcp_relay, tls_server, wait_for, Serve, TlsClient};
 
@@ -118,119 +118,9 @@ unsafe impl GlobalAlloc for Tagging {
 #[global_allocator]
 static ALLOCATOR: Tagging = Tagging;
 
+/// Live bytes of blocks allocated on a measured thread: Rust's and the C libraries'.
 fn live() -> i64 {
-    MEASURED_LIVE.load(Ordering::SeqCst)
-}
-
-// ---- the C libraries' allocations, through the same allocator --------------------------------
-
-/// Live bytes of C blocks (OpenSSL, AWS-LC) allocated on a measured thread; also in
-/// [`MEASURED_LIVE`].
-static MEASURED_C_LIVE: AtomicI64 = AtomicI64::new(0);
-
-fn c_live() -> i64 {
-    MEASURED_C_LIVE.load(Ordering::SeqCst)
-}
-
-/// In front of each C block: its size (the C free functions are not told it).
-const C_HEADER: usize = 16;
-
-fn c_layout(size: usize) -> Option<Layout> {
-    Layout::from_size_align(size.checked_add(C_HEADER)?, C_HEADER).ok()
-}
-
-/// Whether the tagging allocator counted the block at `base`.
-///
-/// # Safety
-/// `base` is a live block from [`Tagging::alloc`].
-unsafe fn counted(base: *mut u8) -> bool {
-    unsafe { base.cast::<u64>().sub(1).read() == 1 }
-}
-
-unsafe extern "C" fn c_malloc(size: usize, _file: *const c_char, _line: c_int) -> *mut c_void {
-    let Some(layout) = c_layout(size) else {
-        return std::ptr::null_mut();
-    };
-    // SAFETY: a non-zero layout (the header), freed by `c_free` with the same layout.
-    unsafe {
-        let base = ALLOCATOR.alloc(layout);
-        if base.is_null() {
-            return std::ptr::null_mut();
-        }
-        base.cast::<usize>().write(size);
-        if counted(base) {
-            MEASURED_C_LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        }
-        base.add(C_HEADER).cast()
-    }
-}
-
-unsafe extern "C" fn c_free(ptr: *mut c_void, _file: *const c_char, _line: c_int) {
-    if ptr.is_null() {
-        return;
-    }
-    // SAFETY: `ptr` came from `c_malloc`: its size is in the header in front of it.
-    unsafe {
-        let base = ptr.cast::<u8>().sub(C_HEADER);
-        let size = base.cast::<usize>().read();
-        let Some(layout) = c_layout(size) else { return };
-        if counted(base) {
-            MEASURED_C_LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        }
-        ALLOCATOR.dealloc(base, layout);
-    }
-}
-
-unsafe extern "C" fn c_realloc(
-    ptr: *mut c_void,
-    size: usize,
-    file: *const c_char,
-    line: c_int,
-) -> *mut c_void {
-    // SAFETY: `ptr` is null or came from `c_malloc`; the copy stays within both blocks.
-    unsafe {
-        if ptr.is_null() {
-            return c_malloc(size, file, line);
-        }
-        if size == 0 {
-            c_free(ptr, file, line);
-            return std::ptr::null_mut();
-        }
-        let new = c_malloc(size, file, line);
-        if !new.is_null() {
-            let old = ptr.cast::<u8>().sub(C_HEADER).cast::<usize>().read();
-            std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), new.cast::<u8>(), old.min(size));
-            c_free(ptr, file, line);
-        }
-        new
-    }
-}
-
-type CMalloc = unsafe extern "C" fn(usize, *const c_char, c_int) -> *mut c_void;
-type CRealloc = unsafe extern "C" fn(*mut c_void, usize, *const c_char, c_int) -> *mut c_void;
-type CFree = unsafe extern "C" fn(*mut c_void, *const c_char, c_int);
-
-extern "C" {
-    // OpenSSL 3 (crypto.h), not bound by openssl-sys; linked through it.
-    fn CRYPTO_set_mem_functions(m: CMalloc, r: CRealloc, f: CFree) -> c_int;
-}
-
-/// Routes OpenSSL's and AWS-LC's allocations through the tagging allocator. Must run before
-/// either library allocates (both refuse afterwards).
-fn count_c_heaps() -> Res<()> {
-    // SAFETY: the three functions form one allocator (blocks from `c_malloc` are only resized
-    // and freed by the other two) and stay valid for the whole process.
-    let openssl = unsafe { CRYPTO_set_mem_functions(c_malloc, c_realloc, c_free) };
-    let aws_lc = unsafe {
-        aws_lc_sys::CRYPTO_set_mem_functions(Some(c_malloc), Some(c_realloc), Some(c_free))
-    };
-    if openssl != 1 || aws_lc != 1 {
-        return Err(format!(
-            "could not route the C allocators (OpenSSL {openssl}, AWS-LC {aws_lc}): one allocated first"
-        )
-        .into());
-    }
-    Ok(())
+    MEASURED_LIVE.load(Ordering::SeqCst) + c_heap::live()
 }
 
 // ---- the measurement ------------------------------------------------------------------------
@@ -314,9 +204,9 @@ fn mbtls_to(addr: SocketAddr, cfg: ClientHandshakeConfig) -> Connect {
 fn sample(load: &Runtime, connect: &ConnectFn, sink: &AtomicU64) -> Res<([f64; 5], [f64; 5])> {
     load.block_on(async {
         sink.store(0, Ordering::SeqCst);
-        let base = (settled().await, c_live());
+        let base = (settled().await, c_heap::live());
         // Live bytes (all, C) since `base`, read once the total settled.
-        let at = |total: i64| (total - base.0, c_live() - base.1);
+        let at = |total: i64| (total - base.0, c_heap::live() - base.1);
         let record = vec![0x5au8; RECORD];
         let mut conns = Vec::with_capacity(CONNS);
         for _ in 0..CONNS {
@@ -360,7 +250,7 @@ const POINTS: [&str; 5] = [
 ];
 
 fn main() -> Res<()> {
-    count_c_heaps()?;
+    c_heap::route(|| ON_MEASURED.with(|t| t.get()))?;
     let setup = Setup::new(mbx_testbed::pki::KeyType::EcdsaP256)?;
     let version = TlsVersion::Tls13;
     let load = runtime("load", false)?;

@@ -14,6 +14,8 @@
 //! * [`starve`]: running the process out of file descriptors for a moment, to see what a
 //!   listener does when `accept` fails.
 //!
+//! * [`c_heap`]: OpenSSL's and AWS-LC's allocations counted, for memory tests and benchmarks.
+//!
 //! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
 //!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
 //!
@@ -21,6 +23,7 @@
 //! the benchmarks share one implementation.
 
 pub mod bench;
+pub mod c_heap;
 pub mod netns;
 pub mod peers;
 pub mod pki;
