@@ -191,20 +191,8 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
     let (dir, _pki, server, _mbox) = pki_files("mbx cli session tickets root", "mb2.test");
     let backend = echo_backend().to_string();
     for tickets in [true, false] {
-        let mut args = vec![
-            OsStr::new("mbtls"),
-            OsStr::new("server"),
-            OsStr::new("--listen"),
-            OsStr::new("127.0.0.1:0"),
-            OsStr::new("--backend"),
-            OsStr::new(&backend),
-            OsStr::new("--certificate"),
-            server.chain.as_os_str(),
-            OsStr::new("--private-key"),
-            server.key.as_os_str(),
-            OsStr::new("--tls"),
-            OsStr::new("1.3"),
-        ];
+        let mut args = mbtls_server_args("127.0.0.1:0", &backend, &server);
+        args.extend([OsStr::new("--tls"), OsStr::new("1.3")]);
         if tickets {
             args.push(OsStr::new("--session-tickets"));
         }
@@ -274,6 +262,28 @@ fn echo_backend() -> std::net::SocketAddr {
         }
     });
     addr
+}
+
+/// `mbx mbtls server` listening on `listen` in front of `backend`, with the certificate and key
+/// of `server`; more flags are appended by the caller.
+fn mbtls_server_args<'a>(
+    listen: &'a str,
+    backend: &'a str,
+    server: &'a PkiFiles,
+) -> Vec<&'a std::ffi::OsStr> {
+    use std::ffi::OsStr;
+    vec![
+        OsStr::new("mbtls"),
+        OsStr::new("server"),
+        OsStr::new("--listen"),
+        OsStr::new(listen),
+        OsStr::new("--backend"),
+        OsStr::new(backend),
+        OsStr::new("--certificate"),
+        server.chain.as_os_str(),
+        OsStr::new("--private-key"),
+        server.key.as_os_str(),
+    ]
 }
 
 /// Starts `mbx` with `args`, returns the process and its stdout lines after reading `n` of them.
@@ -367,35 +377,24 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     let platform_key = word_after("platform key ");
     let measurement = word_after("measurement ");
 
-    let (_srv, mut srv_lines, srv_head) = start(
-        &[
-            OsStr::new("mbtls"),
-            OsStr::new("server"),
-            OsStr::new("--listen"),
-            OsStr::new(&server_addr),
-            OsStr::new("--backend"),
-            OsStr::new(&backend),
-            OsStr::new("--certificate"),
-            server.chain.as_os_str(),
-            OsStr::new("--private-key"),
-            server.key.as_os_str(),
-            OsStr::new("--middlebox-name"),
-            OsStr::new("mb2.test"),
-            OsStr::new("--middlebox-ca"),
-            server.ca.as_os_str(),
-            OsStr::new("--allow-simulated"),
-            OsStr::new("--measurement"),
-            OsStr::new(&measurement),
-            OsStr::new("--sim-platform-key"),
-            OsStr::new(&platform_key),
-            // Longer than the middlebox's: it closes its connection to us first.
-            OsStr::new("--handshake-timeout-secs"),
-            OsStr::new("6"),
-            OsStr::new("--max-connections"),
-            OsStr::new("8"),
-        ],
-        3,
-    );
+    let mut server_args = mbtls_server_args(&server_addr, &backend, &server);
+    server_args.extend([
+        OsStr::new("--middlebox-name"),
+        OsStr::new("mb2.test"),
+        OsStr::new("--middlebox-ca"),
+        server.ca.as_os_str(),
+        OsStr::new("--allow-simulated"),
+        OsStr::new("--measurement"),
+        OsStr::new(&measurement),
+        OsStr::new("--sim-platform-key"),
+        OsStr::new(&platform_key),
+        // Longer than the middlebox's: it closes its connection to us first.
+        OsStr::new("--handshake-timeout-secs"),
+        OsStr::new("6"),
+        OsStr::new("--max-connections"),
+        OsStr::new("8"),
+    ]);
+    let (_srv, mut srv_lines, srv_head) = start(&server_args, 3);
     assert_eq!(listening_addr(&srv_head[0]), server_addr, "{srv_head:?}");
     assert!(
         srv_head[1].contains("pre-configured mb2.test"),
