@@ -241,6 +241,16 @@ async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     }
 }
 
+/// Reads (bounded) from `client` until what arrived contains `text`; the peer must not close
+/// before.
+async fn read_until(client: &mut MbtlsClient, text: &str) {
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains(text) {
+        let piece = timeout(BOUND, client.read()).await.unwrap().unwrap();
+        got.extend(piece.expect("the peer closed early"));
+    }
+}
+
 /// Waits (bounded) until `server` printed `text` `times` times.
 async fn wait_for_output(server: &OpensslServer, text: &str, times: usize) {
     printed(|| server.log(), text, times, BOUND).await.unwrap();
@@ -276,11 +286,7 @@ async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
         wait_for_output(&server, "SSL_do_handshake -> 1", n + 1).await;
         let line = format!("server data after {command}");
         server.send_line(&line).unwrap();
-        let mut got = Vec::new();
-        while !String::from_utf8_lossy(&got).contains(&line) {
-            let piece = timeout(BOUND, client.read()).await.unwrap().unwrap();
-            got.extend(piece.expect("the server closed early"));
-        }
+        read_until(&mut client, &line).await;
         let answer = format!("client data after {command}");
         let answer_line = format!("{answer}\n");
         client.write_all(answer_line.as_bytes()).await.unwrap();
@@ -344,11 +350,7 @@ async fn update_keys_and_exchange(server: &mut OpensslServer, client: &mut Mbtls
         .unwrap();
     wait_for_output(server, "client data after update", 1).await;
     server.send_line("server data after update").unwrap();
-    let mut got = Vec::new();
-    while !String::from_utf8_lossy(&got).contains("server data after update") {
-        let piece = timeout(BOUND, client.read()).await.unwrap().unwrap();
-        got.extend(piece.expect("the server closed early"));
-    }
+    read_until(client, "server data after update").await;
     // s_server answers a KeyUpdate that asks for one before its data.
     assert_eq!(client.peer_key_updates(), 1);
 }
@@ -490,15 +492,7 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
             .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
             .await
             .unwrap();
-        let mut got = Vec::new();
-        while !String::from_utf8_lossy(&got).contains("mbx nginx ok") {
-            let chunk = timeout(BOUND, client.read())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            got.extend_from_slice(&chunk);
-        }
+        read_until(&mut client, "mbx nginx ok").await;
         mbox.shutdown().await;
         // Writing may still succeed (the kernel buffers it); reading must fail, not hang.
         let _ = client
