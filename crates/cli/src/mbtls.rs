@@ -116,9 +116,10 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
-    /// Issue session tickets, so that legacy TLS 1.3 clients (and TLS 1.2 ones with tickets)
-    /// can resume, through server-side middleboxes too. Off by default: an mbTLS client never
-    /// uses them (TLS 1.2 clients resume by session ID either way).
+    /// Issue session tickets, so that TLS 1.3 clients (and TLS 1.2 ones with tickets) can
+    /// resume, through server-side middleboxes too: legacy clients, and mbTLS clients whose
+    /// session stays in OpenSSL (e.g. `mbx mbtls client --proxy` without client-side
+    /// middleboxes). Off by default (TLS 1.2 clients resume by session ID either way).
     #[arg(long)]
     session_tickets: bool,
     #[command(flatten, next_help_heading = "Service")]
@@ -180,6 +181,10 @@ struct ClientFlags {
     /// (e.g. `curl http://127.0.0.1:8080/` then reaches the server through the middleboxes).
     #[arg(long)]
     proxy: Option<String>,
+    /// As a proxy: run a full handshake with the server for every connection instead of
+    /// resuming the last session (TLS 1.2 session ID or ticket, TLS 1.3 ticket).
+    #[arg(long)]
+    no_resume: bool,
     /// As a proxy: its limits and its stop.
     #[command(flatten, next_help_heading = "As a proxy (--proxy only)")]
     service: Service,
@@ -261,6 +266,8 @@ struct ClientSettings {
     sim_platform_keys: Vec<String>,
     tls: Option<String>,
     timeout_secs: Option<u64>,
+    /// As a proxy: resume sessions with the server (default true; `--no-resume`).
+    resume: Option<bool>,
     /// As a proxy (`--proxy`) only.
     #[serde(skip)]
     service: Service,
@@ -686,6 +693,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.no_client_middleboxes {
         table.insert("no_client_middleboxes".into(), toml::Value::Boolean(true));
     }
+    if flags.no_resume {
+        table.insert("resume".into(), toml::Value::Boolean(false));
+    }
     for (key, list) in [
         ("allow_middleboxes", flags.allow_middleboxes),
         ("measurements", flags.measurements),
@@ -708,6 +718,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     // may serve both); the flags make no sense without --proxy.
     if let (None, Some(flag)) = (&flags.proxy, flags.service.first_flag_given()) {
         bail!("{flag} applies to the client as a proxy (--proxy) only");
+    }
+    if flags.proxy.is_none() && flags.no_resume {
+        bail!("--no-resume applies to the client as a proxy (--proxy) only");
     }
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = ClientSettings::deserialize(toml::Value::Table(table))
@@ -768,6 +781,11 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     // Without client-side middleboxes nothing is exported: OpenSSL keeps the session and skips
     // its key log (docs/mbtls.md §6).
     primary.exportable = !s.no_client_middleboxes;
+    // A proxy meets the same server on every connection: it resumes the last session (one
+    // name; see docs/mbtls.md §4.6). A fetch makes one connection and has nothing to resume.
+    if flags.proxy.is_some() && s.resume.unwrap_or(true) {
+        primary.resume_sessions = 1;
+    }
     let secondary =
         secondary_client_config(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
     let middlebox = match names.as_slice() {
@@ -1690,9 +1708,13 @@ fn print_proxy_report(r: &ProxyReport) {
                 Some(names) if !names.is_empty() => format!("via {names}; "),
                 _ => String::new(),
             };
+            let resumed = match r.summary.as_ref() {
+                Some(s) if s.resumed => "session resumed; ",
+                _ => "",
+            };
             let end = outcome_text(outcome);
             format!(
-                "connection {} from {peer}: {bytes}{via}hops {hops}{end}",
+                "connection {} from {peer}: {bytes}{via}{resumed}hops {hops}{end}",
                 r.id
             )
         }

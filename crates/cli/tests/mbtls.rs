@@ -782,16 +782,21 @@ fn no_evidence_policy(dir: &tempfile::TempDir) -> std::path::PathBuf {
     policy
 }
 
-/// curl through the client proxy at `proxy_addr` to nginx's `/headers`: the X-Mbtls header
-/// nginx received.
-fn header_through_proxy(proxy_addr: &str) -> String {
+/// curl through the client proxy at `proxy_addr` to nginx's `/headers`: the headers nginx
+/// received, as it echoes them.
+fn headers_through_proxy(proxy_addr: &str) -> String {
     let out = mbx_testbed::Curl::new(&format!("http://{proxy_addr}/headers"))
         .header("Host: server.test")
         .run()
         .unwrap();
     assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
     assert_eq!(out.status, Some(200), "{}", out.verbose);
-    let body = out.body_str().to_owned();
+    out.body_str().to_owned()
+}
+
+/// [`headers_through_proxy`]: the X-Mbtls header nginx received.
+fn header_through_proxy(proxy_addr: &str) -> String {
+    let body = headers_through_proxy(proxy_addr);
     body.lines()
         .find_map(|l| l.strip_prefix("x-mbtls: "))
         .unwrap_or_else(|| panic!("{body}"))
@@ -880,6 +885,73 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("--idle-timeout-secs applies to the client as a proxy (--proxy) only"),
+        "{err}"
+    );
+}
+
+/// The client proxy resumes its session with the server on later connections: TLS 1.2
+/// through a middlebox (which joins every session), and TLS 1.3 without client-side
+/// middleboxes (a session whose keys stay in OpenSSL receives the server's tickets); with
+/// --no-resume every connection is a full handshake.
+#[test]
+fn the_client_proxy_resumes_sessions_unless_told_not_to() {
+    use std::ffi::OsStr;
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls resume root");
+    let (_mb, mb_addr) = header_middlebox(&nginx, &mbox, "resuming");
+    let policy = no_evidence_policy(&dir);
+    let nginx_addr = nginx.addr().to_string();
+    let via_mb = ["--middlebox", &mb_addr, "--middlebox-name", "mb.test"];
+    let direct = ["--middlebox", &nginx_addr, "--no-client-middleboxes"];
+    let cases: [(&[&str], &[&str], [bool; 2]); 3] = [
+        (&via_mb, &["--tls", "1.2"], [false, true]),
+        (&direct, &["--tls", "1.3"], [false, true]),
+        (&via_mb, &["--tls", "1.2", "--no-resume"], [false, false]),
+    ];
+    for (path, extra, expected) in cases {
+        let mut args: Vec<&OsStr> = ["mbtls", "client", "https://server.test/"]
+            .iter()
+            .chain(path)
+            .chain(extra)
+            .map(OsStr::new)
+            .collect();
+        args.extend([
+            OsStr::new("--server-ca"),
+            server.ca.as_os_str(),
+            OsStr::new("--policy"),
+            policy.as_os_str(),
+            OsStr::new("--proxy"),
+            OsStr::new("127.0.0.1:0"),
+        ]);
+        let (_proxy, mut lines, head) = start(&args, 2);
+        let proxy_addr = listening_addr(&head[0]);
+        let mut resumed = Vec::new();
+        for _ in 0..2 {
+            let headers = headers_through_proxy(&proxy_addr);
+            let via = path == via_mb;
+            assert_eq!(headers.contains("x-mbtls: resuming"), via, "{headers}");
+            let line = lines.next().unwrap().unwrap();
+            assert!(line.contains("bytes up"), "{line}");
+            resumed.push(line.contains("session resumed; "));
+        }
+        assert_eq!(resumed, expected, "{path:?} {extra:?}");
+    }
+    // A fetch makes one connection: nothing to resume, and it says so.
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/", "--no-resume"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--no-resume applies to the client as a proxy (--proxy) only"),
         "{err}"
     );
 }

@@ -3,11 +3,8 @@
 
 mod common;
 
-use common::{open_and_reseal, pump, split_records, Pki, V12, V13};
-use mbx_engine::{
-    EngineError, Handoff, OpenSslContext, OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine,
-};
-use mbx_record::{ContentType, RecordOpener, RecordSealer};
+use common::{check_exact, pump, Pki, V12, V13};
+use mbx_engine::{EngineError, OpenSslContext, OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine};
 
 const LABEL: &str = "EXPORTER-test-half-rtt";
 
@@ -16,27 +13,6 @@ fn ossl(cfg: &TlsConfig) -> OpenSslEngine {
         .expect("context")
         .engine()
         .expect("engine")
-}
-
-/// Seals one record with each side's exported `tx` and opens it with the other's `rx` (and
-/// checks one sequence number later would not open): the numbers are exact.
-fn check_exact(c: &Handoff, s: &Handoff) {
-    let v = c.session.version;
-    for (tx, rx) in [
-        (&c.session.tx, &s.session.rx),
-        (&s.session.tx, &c.session.rx),
-    ] {
-        assert_eq!(tx.next_seq, rx.next_seq);
-        let mut rec = Vec::new();
-        RecordSealer::new(v, tx.keys.clone(), tx.next_seq)
-            .seal(ContentType::APPLICATION_DATA, b"after export", &mut rec)
-            .unwrap();
-        let mut opener = RecordOpener::new(v, rx.keys.clone(), rx.next_seq);
-        let opened = open_and_reseal(v, &rx.keys, &mut opener, &split_records(&rec));
-        assert_eq!(common::app_data(&opened), b"after export");
-        let mut late = RecordOpener::new(v, rx.keys.clone(), rx.next_seq + 1);
-        assert!(late.open(&rec).is_err());
-    }
 }
 
 #[test]

@@ -26,7 +26,8 @@ pub enum EndpointEvent {
     PeerWarning(Alert),
     /// The peer (or a middlebox) ended the session with this alert.
     PeerAlert(Alert),
-    /// A TLS 1.3 NewSessionTicket arrived and was ignored (an mbTLS client does not resume).
+    /// A TLS 1.3 NewSessionTicket arrived and was ignored: the session's keys left OpenSSL,
+    /// which alone could make it resumable (docs/mbtls.md §4.6).
     SessionTicketIgnored,
     /// The peer updated its keys (TLS 1.3 KeyUpdate); `requested`: it asked us to update ours,
     /// which we did.

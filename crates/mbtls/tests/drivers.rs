@@ -70,7 +70,19 @@ impl World {
 
     /// A client whose policy accepts `accepted` as the middlebox's measurement.
     fn client(&self, version: TlsVersion, accepted: [u8; 32]) -> ClientHandshakeConfig {
+        self.client_resuming(version, accepted, 0)
+    }
+
+    /// [`client`](Self::client) whose primary context resumes sessions for up to `names`
+    /// server names (`TlsConfig::resume_sessions`).
+    fn client_resuming(
+        &self,
+        version: TlsVersion,
+        accepted: [u8; 32],
+        names: usize,
+    ) -> ClientHandshakeConfig {
         let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
+        primary.resume_sessions = names;
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
         let secondary = TlsConfig::client("mb.test", self.root_pem.clone());
@@ -400,6 +412,65 @@ async fn a_client_updates_its_keys_when_asked_with_and_without_a_middlebox() {
                 wait_for_output(&server, "still carried", 1).await;
             }
         }
+    }
+}
+
+/// An mbTLS client resumes its session with a legacy server (nginx, tickets), both versions:
+/// directly, where OpenSSL keeps the session, then through a client-side middlebox, which
+/// joins the resumed session (TLS 1.2: the server's Finished comes first) and inserts its
+/// header. Secondary sessions are never resumed: the middlebox is checked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mbtls_client_resumes_with_nginx_directly_and_through_a_middlebox() {
+    let w = World::new();
+    let accepted = measure(PROGRAM, b"");
+    for version in VERSIONS {
+        let nginx = Nginx::from_files(&w.server_files)
+            .protocols(&[tb(version)])
+            .log_header("X-Mbtls")
+            .start()
+            .unwrap();
+        let mut mbox =
+            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
+                .await
+                .unwrap();
+        let mut direct = w.client_resuming(version, accepted, 8);
+        direct.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true));
+        let mut resumed = Vec::new();
+        for _ in 0..2 {
+            let (client, response) = fetch(nginx.addr(), direct.clone(), "/headers").await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            let summary = client.summary().unwrap();
+            assert!(summary.hops.is_empty(), "kept by OpenSSL: {summary:?}");
+            resumed.push(summary.resumed);
+        }
+        assert_eq!(resumed, [false, true], "{version:?}");
+
+        let mut through = direct.clone();
+        through.middlebox = ClientMiddlebox::Preconfigured("mb.test".into());
+        let (client, response) = fetch(mbox.local_addr(), through, "/headers").await;
+        let summary = client.summary().unwrap().clone();
+        assert!(
+            summary.resumed && summary.middlebox_joined() && summary.version == version,
+            "{version:?}: {summary:?}"
+        );
+        assert!(
+            matches!(
+                client.verdict(),
+                MiddleboxVerdict::Verified {
+                    claims: Some(_),
+                    ..
+                }
+            ),
+            "{:?}",
+            client.verdict()
+        );
+        assert!(
+            response.contains("x-mbtls: mb.test"),
+            "{version:?}: {response}"
+        );
+        drop(client);
+        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        assert!(report.outcome.is_ok(), "{report:?}");
     }
 }
 

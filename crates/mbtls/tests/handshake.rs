@@ -1048,3 +1048,45 @@ mod discovered {
         }
     }
 }
+
+/// TLS 1.2 through a middlebox with a primary context that resumes sessions: the second
+/// session resumes the first (its keys left OpenSSL, which does not end it), the middlebox
+/// joins it as any other; once a resumed session fails (a record tampered with between server
+/// and middlebox), the client forgets it and the next session is a full handshake.
+#[test]
+fn a_failed_session_through_a_middlebox_is_not_resumed() {
+    let mut s = setup(TlsVersion::Tls12, "mb.test", measure(PROGRAM, b""));
+    let mut primary = s.client_primary.clone();
+    primary.resume_sessions = 4;
+    s.client_cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    let session = |s: &Setup| {
+        let mut net = Net::new(s, tagger());
+        net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        net.pump(&mut None);
+        assert!(net.client.is_ready(), "{:?}", net.client_err);
+        assert!(net.client.keys_sent());
+        net
+    };
+    let resumed = |net: &Net<Tagger>| net.client.summary().unwrap().resumed;
+    assert!(!resumed(&session(&s)));
+    let mut net = session(&s);
+    assert!(resumed(&net));
+    assert!(net.server.session_reused());
+
+    net.server.write_plaintext(b"response").unwrap();
+    let mut rec = net.server.take_outgoing();
+    *rec.last_mut().unwrap() ^= 1;
+    // The middlebox refuses it and sends bad_record_mac both ways.
+    let _ = net.mbox.receive(Side::Server, &rec);
+    net.client
+        .receive(&net.mbox.take_outgoing(Side::Client))
+        .unwrap();
+    let ce = client_events(&mut net.client);
+    assert!(
+        ce.iter()
+            .any(|e| matches!(e, ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(_)))),
+        "{ce:?}"
+    );
+    assert!(!resumed(&session(&s)));
+    assert!(resumed(&session(&s)));
+}

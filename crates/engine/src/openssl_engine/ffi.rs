@@ -23,7 +23,8 @@ use std::ptr;
 
 use foreign_types::ForeignTypeRef;
 use libc::size_t;
-use openssl::ssl::{SslContextBuilder, SslContextRef, SslRef};
+use openssl::error::ErrorStack;
+use openssl::ssl::{SslContextBuilder, SslContextRef, SslRef, SslSessionRef};
 use openssl_sys as sys;
 
 use crate::AlertDescription;
@@ -62,6 +63,20 @@ pub(super) fn free_buffers(ssl: &SslRef) -> bool {
     // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
     // `&mut self` (as for `set_max_send_fragment`); OpenSSL keeps buffers that hold data.
     unsafe { SSL_free_buffers(ssl.as_ptr()) == 1 }
+}
+
+/// Marks the connection as closed both ways (`SSL_set_shutdown`), without sending anything,
+/// so that freeing it does not make its session unresumable.
+pub(super) fn mark_closed(ssl: &SslRef) {
+    // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
+    // `self` as it gives the connection up (as for `set_max_send_fragment`); the call only
+    // sets flags.
+    unsafe {
+        sys::SSL_set_shutdown(
+            ssl.as_ptr(),
+            sys::SSL_SENT_SHUTDOWN | sys::SSL_RECEIVED_SHUTDOWN,
+        )
+    }
 }
 
 /// `SSL_KEY_UPDATE_NOT_REQUESTED` / `SSL_KEY_UPDATE_REQUESTED` (`ssl.h`).
@@ -128,6 +143,16 @@ pub(super) fn set_max_send_fragment(ssl: &SslRef, len: u16) -> bool {
         )
     };
     rc == 1
+}
+
+/// Offers `session` for resumption (`SSL_set_session`).
+pub(super) fn set_session(ssl: &mut SslRef, session: &SslSessionRef) -> Result<(), ErrorStack> {
+    // SAFETY: the `openssl` crate asks that the session come from the connection's own
+    // context because it looks up its callbacks and session ex_data per context. Sessions
+    // reach here only from the store of the `OpenSslContext` that makes this connection, filled
+    // by that context's new-session callback or its twin's, which is built from the same
+    // configuration with the same callback and store; no session ex_data is used.
+    unsafe { ssl.set_session(session) }
 }
 
 /// Moves the connection to `ctx` (`SSL_set_SSL_CTX`). False if OpenSSL refused.

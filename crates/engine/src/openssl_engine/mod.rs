@@ -2,6 +2,7 @@
 
 #[allow(unsafe_code)]
 mod ffi;
+mod sessions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
@@ -12,7 +13,7 @@ use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{
     AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslContextRef, SslMethod, SslOptions,
-    SslRef, SslStream, SslVerifyMode, SslVersion,
+    SslRef, SslSessionCacheMode, SslStream, SslVerifyMode, SslVersion,
 };
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::X509;
@@ -24,6 +25,7 @@ use crate::{
     AlertDescription, EngineError, ExtensionHandler, ExtensionResponse, Handoff, Role, TlsConfig,
     TlsEngine,
 };
+use sessions::ClientSessions;
 
 const HS_FINISHED: u8 = 20;
 const HS_KEY_UPDATE: u8 = 24;
@@ -117,6 +119,8 @@ struct ConnState {
     handlers: BTreeMap<u16, ExtensionHandler>,
     /// TLS 1.3 KeyUpdates received that asked for ours (all received: `rx.key_updates`).
     key_updates_requested: u32,
+    /// Client with resumption: the server name the sessions it is given are kept under.
+    resumption_name: Option<String>,
 }
 
 type SharedState = Arc<Mutex<ConnState>>;
@@ -296,6 +300,8 @@ pub struct OpenSslContext {
     /// builds `quiet`, the same context without it, on first use.
     quiet_config: Option<Box<TlsConfig>>,
     quiet: OnceLock<SslContext>,
+    /// Client with [`TlsConfig::resume_sessions`]: the sessions to offer, shared with `quiet`.
+    sessions: Option<Arc<ClientSessions>>,
     role: Role,
     server_name: Option<String>,
     verify_peer: bool,
@@ -329,7 +335,9 @@ impl crate::ClientContext for OpenSslContext {
 
 impl OpenSslContext {
     pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
-        let mut context = Self::build(config)?;
+        let sessions = (config.role == Role::Client && config.resume_sessions > 0)
+            .then(|| Arc::new(ClientSessions::new(config.resume_sessions)));
+        let mut context = Self::build(config, sessions)?;
         if Self::has_key_log(config) {
             context.quiet_config = Some(Box::new(config.clone()));
         }
@@ -342,7 +350,10 @@ impl OpenSslContext {
         config.exportable && config.max_version == TlsVersion::Tls13
     }
 
-    fn build(config: &TlsConfig) -> Result<Self, EngineError> {
+    fn build(
+        config: &TlsConfig,
+        sessions: Option<Arc<ClientSessions>>,
+    ) -> Result<Self, EngineError> {
         let mut b = SslContextBuilder::new(SslMethod::tls())?;
         b.set_min_proto_version(Some(ssl_version(config.min_version)))?;
         b.set_max_proto_version(Some(ssl_version(config.max_version)))?;
@@ -420,6 +431,21 @@ impl OpenSslContext {
             });
         }
 
+        if let Some(store) = &sessions {
+            // OpenSSL calls back with every session a server gives (TLS 1.2: at the end of
+            // the handshake; TLS 1.3: each ticket, after it); it keeps none itself.
+            b.set_session_cache_mode(
+                SslSessionCacheMode::CLIENT | SslSessionCacheMode::NO_INTERNAL_STORE,
+            );
+            let store = store.clone();
+            b.set_new_session_callback(move |ssl, session| {
+                let name = state_of(ssl).and_then(|st| lock(st).resumption_name.clone());
+                if let Some(name) = name {
+                    store.put(&name, session);
+                }
+            });
+        }
+
         let mut registered = BTreeSet::new();
         let mut ext_send = BTreeMap::new();
         let mut handlers = BTreeMap::new();
@@ -445,6 +471,7 @@ impl OpenSslContext {
             ctx: b.build(),
             quiet_config: None,
             quiet: OnceLock::new(),
+            sessions,
             role: config.role,
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
@@ -482,6 +509,20 @@ impl OpenSslContext {
     /// identity.
     pub fn certificate_der(&self) -> Option<&[u8]> {
         self.certificate_der.as_deref()
+    }
+
+    /// Whether this client context resumes sessions ([`TlsConfig::resume_sessions`]).
+    pub fn resumes_sessions(&self) -> bool {
+        self.sessions.is_some()
+    }
+
+    /// Drops every session kept for `server_name`: for a connection that failed after its
+    /// keys left OpenSSL, whose session must not be resumed (RFC 5246 §7.2.2; OpenSSL sees to
+    /// this itself for the connections it keeps).
+    pub fn forget_sessions(&self, server_name: &str) {
+        if let Some(store) = &self.sessions {
+            store.forget(server_name);
+        }
     }
 
     /// Whether engines of this context can be exported ([`TlsConfig::exportable`]).
@@ -556,7 +597,10 @@ impl OpenSslContext {
             return Ok(&self.ctx);
         };
         if self.quiet.get().is_none() {
-            let quiet = Self::build(&config.as_ref().clone().without_export())?;
+            let quiet = Self::build(
+                &config.as_ref().clone().without_export(),
+                self.sessions.clone(),
+            )?;
             // Another thread may have won the race: its context is the same.
             let _ = self.quiet.set(quiet.ctx);
         }
@@ -594,9 +638,19 @@ impl OpenSslContext {
             }
             Role::Server => ssl.set_accept_state(),
         }
+        let resumption_name = match (&self.sessions, server_name) {
+            (Some(store), Some(name)) => {
+                if let Some(session) = store.offer(name) {
+                    ffi::set_session(&mut ssl, &session)?;
+                }
+                Some(name.to_owned())
+            }
+            _ => None,
+        };
         let state = Arc::new(Mutex::new(ConnState {
             ext_send: self.ext_send.clone(),
             handlers: self.handlers.clone(),
+            resumption_name,
             ..ConnState::default()
         }));
         ssl.set_ex_data(state_index()?, state.clone());
@@ -816,6 +870,12 @@ impl OpenSslEngine {
 
     /// TLS 1.3 KeyUpdates received so far (each followed by OpenSSL), and how many of them
     /// asked for ours (OpenSSL answers those itself).
+    /// Whether this connection resumed a session (TLS 1.2 session ID or ticket, TLS 1.3
+    /// ticket) instead of running a full handshake.
+    pub fn session_reused(&self) -> bool {
+        self.ssl().session_reused()
+    }
+
     pub fn peer_key_updates(&self) -> (u32, u32) {
         let st = lock(&self.state);
         (st.rx.key_updates, st.key_updates_requested)
@@ -1106,6 +1166,13 @@ impl TlsEngine for OpenSslEngine {
                 rx_seq: st.rx.next_seq(version)?,
             })?
         };
+        // OpenSSL takes a connection freed before its close_notify for one that ended badly
+        // and never resumes its session. An exported one has not ended: it goes on in the
+        // caller's record layer, whose owner forgets the session if it fails
+        // (`OpenSslContext::forget_sessions`).
+        if lock(&self.state).resumption_name.is_some() {
+            ffi::mark_closed(self.stream.ssl());
+        }
         let io = self.stream.get_mut();
         Ok(Handoff {
             session,

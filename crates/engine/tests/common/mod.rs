@@ -1,7 +1,7 @@
 //! Shared test helpers: PKI from mbx-testbed, in-memory pumping, record splitting.
 #![allow(dead_code)]
 
-use mbx_engine::{EngineError, Identity, TlsConfig, TlsEngine};
+use mbx_engine::{EngineError, Handoff, Identity, TlsConfig, TlsEngine};
 use mbx_record::{Aead, ContentType, RecordOpener, RecordSealer, TlsVersion};
 use mbx_testbed::pki::{IssuedCert, KeyType, LeafSpec, TestPki};
 
@@ -167,3 +167,24 @@ pub const SUITES: [(TlsVersion, u16); 6] = [
     (V13, 0x1302),
     (V13, 0x1303),
 ];
+
+/// Seals one record with each side's exported `tx` and opens it with the other's `rx` (and
+/// checks one sequence number later would not open): the numbers are exact.
+pub fn check_exact(c: &Handoff, s: &Handoff) {
+    let v = c.session.version;
+    for (tx, rx) in [
+        (&c.session.tx, &s.session.rx),
+        (&s.session.tx, &c.session.rx),
+    ] {
+        assert_eq!(tx.next_seq, rx.next_seq);
+        let mut rec = Vec::new();
+        RecordSealer::new(v, tx.keys.clone(), tx.next_seq)
+            .seal(ContentType::APPLICATION_DATA, b"after export", &mut rec)
+            .unwrap();
+        let mut opener = RecordOpener::new(v, rx.keys.clone(), rx.next_seq);
+        let opened = open_and_reseal(v, &rx.keys, &mut opener, &split_records(&rec));
+        assert_eq!(app_data(&opened), b"after export");
+        let mut late = RecordOpener::new(v, rx.keys.clone(), rx.next_seq + 1);
+        assert!(late.open(&rec).is_err());
+    }
+}

@@ -176,6 +176,26 @@ impl Node {
         }
     }
 
+    /// Client: whether its session was resumed.
+    fn resumed(&self) -> bool {
+        match self {
+            Node::TlsClient(e, _) => e.session_reused(),
+            Node::Client(c) => c.summary().is_some_and(|s| s.resumed),
+            _ => false,
+        }
+    }
+
+    /// Client: ends its direction with close_notify, so that OpenSSL may resume its session
+    /// (it does not resume one whose connection it freed before sending one).
+    fn close(&mut self) -> Res<()> {
+        match self {
+            Node::TlsClient(e, _) => e.close()?,
+            Node::Client(c) => c.close()?,
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn response(&mut self) -> Vec<u8> {
         match self {
             Node::TlsClient(e, _) => e.take_plaintext(),
@@ -185,8 +205,9 @@ impl Node {
     }
 }
 
-/// One handshake over the path; adds each node's CPU time (ns) to `cpu`.
-fn once(specs: &[Spec], cpu: &mut [u64]) -> Res<()> {
+/// One handshake over the path; adds each node's CPU time (ns) to `cpu`. `resumed`: the
+/// client must have resumed its session.
+fn once(specs: &[Spec], cpu: &mut [u64], resumed: bool) -> Res<()> {
     let mut nodes = Vec::with_capacity(specs.len());
     for (i, s) in specs.iter().enumerate() {
         let t = thread_ns();
@@ -225,15 +246,22 @@ fn once(specs: &[Spec], cpu: &mut [u64]) -> Res<()> {
             break;
         }
     }
-    let got = nodes.first_mut().map(Node::response).unwrap_or_default();
+    let client = nodes.first_mut().ok_or("no node")?;
+    let got = client.response();
     if got != RESPONSE {
         return Err(format!("handshake did not complete: client got {} bytes", got.len()).into());
     }
-    Ok(())
+    if resumed && !client.resumed() {
+        return Err("the session was not resumed".into());
+    }
+    // Not timed: the rows without resumption drop their sessions unclosed, as before.
+    client.close()
 }
 
 struct Config {
     name: String,
+    /// After the warm-up, every handshake resumes a session.
+    resumed: bool,
     /// Role label per node.
     roles: Vec<String>,
     specs: Vec<Spec>,
@@ -246,6 +274,7 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
     let mut out = vec![
         Config {
             name: "plain TLS".into(),
+            resumed: false,
             roles: vec!["client".into(), "server".into()],
             specs: vec![
                 Spec::TlsClient(setup.tls_client(version)?),
@@ -254,6 +283,7 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
         },
         Config {
             name: "split TLS".into(),
+            resumed: false,
             roles: vec!["client".into(), "middlebox".into(), "server".into()],
             specs: vec![
                 Spec::TlsClient(setup.tls_client(version)?),
@@ -304,6 +334,7 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
                 "mbTLS {c}+{s}{}",
                 if attest { "" } else { " (no evidence)" }
             ),
+            resumed: false,
             roles,
             specs,
         });
@@ -312,6 +343,7 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
     // its MiddleboxSupport extension carries no optimistic ClientHello.
     out.push(Config {
         name: "mbTLS 0+0 (discovery off)".into(),
+        resumed: false,
         roles: vec!["client".into(), "server".into()],
         specs: vec![
             Spec::Client(setup.mbtls_client(version, ClientMiddlebox::Disabled, true)?),
@@ -322,6 +354,70 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
             )?),
         ],
     });
+    out.extend(resumed_configs(setup, version)?);
+    Ok(out)
+}
+
+/// Resumed sessions (endpoints keep sessions and issue tickets): plain TLS; an mbTLS client
+/// whose session stays in OpenSSL (discovering with nothing on the path, or no client-side
+/// middleboxes), alone or with a server-side middlebox; and, TLS 1.2 only, with a client-side
+/// middlebox (an exported TLS 1.3 session never receives the server's tickets: docs/mbtls.md
+/// §4.6).
+fn resumed_configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
+    let r = setup.resuming();
+    let any: Approver = Arc::new(|_: &[Vec<u8>]| true);
+    let refuse = || ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+    let client = |mb: ClientMiddlebox| r.mbtls_client(version, mb, true).map(Spec::Client);
+    let server = |mb: ServerMiddlebox| r.mbtls_server(version, mb, true).map(Spec::Server);
+    let roles = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let mut out = vec![
+        Config {
+            name: "plain TLS resumed".into(),
+            resumed: true,
+            roles: roles(&["client", "server"]),
+            specs: vec![
+                Spec::TlsClient(r.tls_client(version)?),
+                Spec::TlsServer(r.tls_server(version)?),
+            ],
+        },
+        Config {
+            name: "mbTLS 0+0 resumed".into(),
+            resumed: true,
+            roles: roles(&["client", "server"]),
+            specs: vec![
+                client(ClientMiddlebox::Discover(any.clone()))?,
+                server(refuse())?,
+            ],
+        },
+        Config {
+            name: "mbTLS 0+0 resumed (discovery off)".into(),
+            resumed: true,
+            roles: roles(&["client", "server"]),
+            specs: vec![client(ClientMiddlebox::Disabled)?, server(refuse())?],
+        },
+        Config {
+            name: "mbTLS 0+1 resumed".into(),
+            resumed: true,
+            roles: roles(&["client", "server-side middlebox 1", "server"]),
+            specs: vec![
+                client(ClientMiddlebox::Disabled)?,
+                Spec::ServerMb(r.middlebox(SERVER_SIDE[0], true)?),
+                server(ServerMiddlebox::Preconfigured(SERVER_SIDE[0].into()))?,
+            ],
+        },
+    ];
+    if version == TlsVersion::Tls12 {
+        out.push(Config {
+            name: "mbTLS 1+0 resumed".into(),
+            resumed: true,
+            roles: roles(&["client", "client-side middlebox 1", "server"]),
+            specs: vec![
+                client(ClientMiddlebox::Preconfigured(CLIENT_SIDE[0].into()))?,
+                Spec::ClientMb(r.middlebox(CLIENT_SIDE[0], true)?),
+                server(refuse())?,
+            ],
+        });
+    }
     Ok(out)
 }
 
@@ -349,7 +445,9 @@ pub fn run(
         let count = if rep == 0 { n.div_ceil(4) } else { n };
         for _ in 0..count {
             for (c, cpu) in configs.iter().zip(cpu.iter_mut()) {
-                once(&c.specs, cpu).map_err(|e| format!("{}: {e}", c.name))?;
+                // The first handshake of the warm-up makes the session later ones resume.
+                once(&c.specs, cpu, c.resumed && rep > 0)
+                    .map_err(|e| format!("{}: {e}", c.name))?;
             }
         }
         if rep > 0 {

@@ -211,6 +211,20 @@ fn handshake_targets(hs: &Value) -> Value {
                 "target_max": 0.6,
             },
         });
+        if !r("plain TLS resumed", "client").is_empty() {
+            // Resumed sessions: mbTLS against plain TLS, and against a full mbTLS handshake.
+            let mb = |role: &str| r("mbTLS 0+0 resumed", role);
+            t["resumed"] = json!({
+                "client_over_plain_resumed": over(mb("client"), &r("plain TLS resumed", "client")),
+                "client_discovery_off_over_plain_resumed": over(
+                    r("mbTLS 0+0 resumed (discovery off)", "client"),
+                    &r("plain TLS resumed", "client"),
+                ),
+                "server_over_plain_resumed": over(mb("server"), &r("plain TLS resumed", "server")),
+                "client_resumed_over_full": over(mb("client"), &r("mbTLS 0+0", "client")),
+                "server_resumed_over_full": over(mb("server"), &s0),
+            });
+        }
         if !r("mbTLS 1+1 (no evidence)", "client").is_empty() {
             t["middlebox_over_split"]["client_side_no_evidence"] = over(
                 r("mbTLS 1+1 (no evidence)", "client-side middlebox 1"),

@@ -1,6 +1,7 @@
 //! One test PKI (ECDSA P-256 everywhere) and the contexts every configuration is built from.
 //! Session tickets are off on every server (plain, split and mbTLS alike), so no handshake
-//! pays for issuing tickets nobody uses.
+//! pays for issuing tickets nobody uses; except in [`Setup::resuming`]'s, for the rows that
+//! measure resumed sessions.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,7 +27,10 @@ pub const SERVER: &str = "server.test";
 pub const CLIENT_SIDE: [&str; 2] = ["mb1.test", "mb0.test"];
 pub const SERVER_SIDE: [&str; 2] = ["mb2.test", "mb3.test"];
 
+#[derive(Clone)]
 pub struct Setup {
+    /// Endpoints resume: clients keep the server's sessions, servers issue tickets.
+    resume: bool,
     root: Vec<u8>,
     server_id: Identity,
     platform: Arc<SimulatedPlatform>,
@@ -58,11 +62,34 @@ impl Setup {
             middleboxes.insert(name, identity(&pki, &spec)?);
         }
         Ok(Setup {
+            resume: false,
             root: pki.root_pem().into_bytes(),
             server_id,
             platform: Arc::new(SimulatedPlatform::generate()?),
             middleboxes,
         })
+    }
+
+    /// The same PKI with endpoints that resume sessions: every client context keeps the
+    /// server's sessions (`resume_sessions`), every endpoint server issues tickets. Middleboxes
+    /// are unchanged (secondary sessions never resume).
+    pub fn resuming(&self) -> Setup {
+        Setup {
+            resume: true,
+            ..self.clone()
+        }
+    }
+
+    /// Servers' tickets: off, unless this setup resumes.
+    fn tickets(&self, mut cfg: TlsConfig) -> TlsConfig {
+        cfg.session_tickets = self.resume;
+        cfg
+    }
+
+    /// Clients' sessions: kept for the one server, if this setup resumes.
+    fn sessions(&self, mut cfg: TlsConfig) -> TlsConfig {
+        cfg.resume_sessions = usize::from(self.resume);
+        cfg
     }
 
     /// The endpoints' attestation policy: evidence from the simulated platform required, or
@@ -101,7 +128,7 @@ impl Setup {
         middlebox: ClientMiddlebox,
         attest: bool,
     ) -> Res<ClientHandshakeConfig> {
-        let mut primary = TlsConfig::client(SERVER, self.root.clone()).only(version);
+        let mut primary = self.sessions(TlsConfig::client(SERVER, self.root.clone()).only(version));
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
         // A client that can have no middlebox on its side keeps its session in OpenSSL.
@@ -123,7 +150,7 @@ impl Setup {
         middlebox: ServerMiddlebox,
         attest: bool,
     ) -> Res<ServerHandshakeConfig> {
-        let mut primary = no_tickets(TlsConfig::server(self.server_id.clone()).only(version));
+        let mut primary = self.tickets(TlsConfig::server(self.server_id.clone()).only(version));
         primary.pause_after_handshake = true;
         let secondary = secondary_client_config(SERVER_SIDE[0], self.root.clone());
         Ok(ServerHandshakeConfig {
@@ -137,15 +164,17 @@ impl Setup {
 
     /// A plain TLS client of the server (OpenSSL engine).
     pub fn tls_client(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = TlsConfig::client(SERVER, self.root.clone())
-            .only(version)
-            .without_export();
+        let cfg = self.sessions(
+            TlsConfig::client(SERVER, self.root.clone())
+                .only(version)
+                .without_export(),
+        );
         Ok(Arc::new(OpenSslContext::new(&cfg)?))
     }
 
     /// A plain TLS server (OpenSSL engine) with the server's certificate.
     pub fn tls_server(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = no_tickets(
+        let cfg = self.tickets(
             TlsConfig::server(self.server_id.clone())
                 .only(version)
                 .without_export(),

@@ -88,6 +88,10 @@ pub struct SessionSummary {
     /// The name of each middlebox on this endpoint's side that received key material, in path
     /// order from the client (as in [`ClientHandshakeEvent::MiddleboxVerified`]).
     pub middleboxes: Vec<String>,
+    /// The primary session was resumed (TLS 1.2 session ID or ticket, TLS 1.3 ticket) rather
+    /// than a full handshake: the server's certificate was checked when it was first made.
+    /// Secondary sessions never resume, so every middlebox is checked each time.
+    pub resumed: bool,
 }
 
 impl SessionSummary {
@@ -612,6 +616,7 @@ impl EndpointCore {
             .take()
             .ok_or(HandshakeError::Protocol("primary engine gone"))?;
         let joined = self.joined_in_path_order();
+        let resumed = primary.session_reused();
         if !primary.exportable() {
             if !joined.is_empty() {
                 return Err(HandshakeError::Protocol(
@@ -623,7 +628,7 @@ impl EndpointCore {
         let handoff = primary.export_session()?;
         self.out.extend_from_slice(&handoff.pending_outgoing);
         if joined.is_empty() {
-            return self.direct(handoff);
+            return self.direct(handoff, resumed);
         }
         // Records the engine did not process are application epoch under the primary keys: the
         // middlebox re-sends them through its app after the marker, so they are dropped here,
@@ -667,6 +672,7 @@ impl EndpointCore {
                     slot.and_then(|s| s.name.clone()).unwrap_or_default()
                 })
                 .collect(),
+            resumed,
         });
         // Farthest first: a middlebox switches at its own key material, after which it takes
         // every record from our side as data; the others' key material must be past it by then.
@@ -715,7 +721,7 @@ impl EndpointCore {
 
     /// No middlebox: the primary session's keys protect the endpoint's hop; records the engine
     /// left unprocessed are the first data.
-    fn direct(&mut self, handoff: Handoff) -> Result<(), HandshakeError> {
+    fn direct(&mut self, handoff: Handoff, resumed: bool) -> Result<(), HandshakeError> {
         let Handoff {
             session,
             unprocessed_incoming,
@@ -728,6 +734,7 @@ impl EndpointCore {
             suite: session.suite,
             hops: vec![HopFingerprint::of(&bridge)],
             middleboxes: Vec::new(),
+            resumed,
         });
         let mut data = EndpointDataPhase::new(self.role, session.version, bridge);
         data.receive(&unprocessed_incoming);
@@ -751,6 +758,7 @@ impl EndpointCore {
             suite,
             hops: Vec::new(),
             middleboxes: Vec::new(),
+            resumed: primary.session_reused(),
         });
         self.start_direct(DataPhase::Direct(DirectDataPhase::new(primary)))
     }

@@ -1,0 +1,195 @@
+//! Client session resumption in the OpenSSL engine (`TlsConfig::resume_sessions`): what is
+//! kept, for which name, how often a TLS 1.3 ticket is offered, and that a resumed session
+//! exports exact keys like a full one.
+
+mod common;
+
+use common::{check_exact, pump, Pki, HOST, V12, V13};
+use mbx_engine::{OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
+use mbx_record::TlsVersion;
+use mbx_testbed::pki::LeafSpec;
+
+const OTHER: &str = "other.mbx.test";
+
+fn contexts(pki: &Pki, v: TlsVersion, names: usize) -> (OpenSslContext, OpenSslContext) {
+    let mut c = pki.client_config().only(v);
+    c.resume_sessions = names;
+    let s = pki.server_config().only(v);
+    (
+        OpenSslContext::new(&c).expect("client context"),
+        OpenSslContext::new(&s).expect("server context"),
+    )
+}
+
+/// One connection with `name`, closed by both sides; returns (client resumed, server
+/// resumed). The pump runs until both are quiet, so TLS 1.3 tickets sent after the handshake
+/// have reached the client.
+fn connect(client: &OpenSslContext, server: &OpenSslContext, name: &str) -> (bool, bool) {
+    let (mut c, mut s) = engines(client, server, name);
+    pump(&mut c, &mut s).expect("handshake");
+    close(&mut c, &mut s);
+    (c.session_reused(), s.session_reused())
+}
+
+/// close_notify both ways: OpenSSL does not resume a session whose connection it freed
+/// without having sent one (RFC 5246 §7.2.2's rule, which it applies to every version).
+fn close(c: &mut OpenSslEngine, s: &mut OpenSslEngine) {
+    c.close().expect("client close");
+    s.feed(&c.take_outgoing());
+    s.process().expect("server reads close_notify");
+    s.close().expect("server close");
+    c.feed(&s.take_outgoing());
+    c.process().expect("client reads close_notify");
+}
+
+fn engines(
+    client: &OpenSslContext,
+    server: &OpenSslContext,
+    name: &str,
+) -> (OpenSslEngine, OpenSslEngine) {
+    (
+        client.engine_for(Some(name)).expect("client engine"),
+        server.engine().expect("server engine"),
+    )
+}
+
+#[test]
+fn a_client_resumes_with_the_same_server_both_versions() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 8);
+        assert_eq!(connect(&client, &server, HOST), (false, false), "{v:?}");
+        assert_eq!(connect(&client, &server, HOST), (true, true), "{v:?}");
+        assert_eq!(connect(&client, &server, HOST), (true, true), "{v:?}");
+    }
+    // TLS 1.2 without tickets: the server's session ID.
+    let mut c = pki.client_config().only(V12);
+    c.resume_sessions = 8;
+    let mut s = pki.server_config().only(V12);
+    s.session_tickets = false;
+    let (client, server) = (
+        OpenSslContext::new(&c).unwrap(),
+        OpenSslContext::new(&s).unwrap(),
+    );
+    assert_eq!(connect(&client, &server, HOST), (false, false));
+    assert_eq!(connect(&client, &server, HOST), (true, true));
+}
+
+#[test]
+fn without_resume_sessions_every_handshake_is_full() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 0);
+        for _ in 0..2 {
+            assert_eq!(connect(&client, &server, HOST), (false, false), "{v:?}");
+        }
+    }
+}
+
+#[test]
+fn a_tls13_ticket_is_offered_once() {
+    let pki = Pki::new();
+    let (client, server) = contexts(&pki, V13, 8);
+    // OpenSSL servers send two tickets after a full handshake.
+    connect(&client, &server, HOST);
+    // Three connections made before any of them runs: two tickets, two resumptions.
+    let mut pairs: Vec<_> = (0..3).map(|_| engines(&client, &server, HOST)).collect();
+    let reused: Vec<bool> = pairs
+        .iter_mut()
+        .map(|(c, s)| {
+            pump(c, s).expect("handshake");
+            close(c, s);
+            c.session_reused()
+        })
+        .collect();
+    assert_eq!(reused, [true, true, false]);
+}
+
+#[test]
+fn sessions_are_kept_per_name_and_the_oldest_name_goes_first() {
+    let mut pki = Pki::new();
+    pki.server = pki
+        .ca
+        .issue(&LeafSpec::server(HOST).dns(OTHER))
+        .expect("server cert with two names");
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 1);
+        connect(&client, &server, HOST);
+        // A session is offered only to the name it was made with.
+        assert!(!connect(&client, &server, OTHER).0, "{v:?}");
+        // One name kept: OTHER's session pushed HOST's out.
+        assert!(!connect(&client, &server, HOST).0, "{v:?}");
+        assert!(connect(&client, &server, HOST).0, "{v:?}");
+    }
+}
+
+#[test]
+fn a_resumed_session_exports_exact_keys_both_versions() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 8);
+        connect(&client, &server, HOST);
+        let (mut c, mut s) = engines(&client, &server, HOST);
+        pump(&mut c, &mut s).expect("resumed handshake");
+        assert!(c.session_reused() && s.session_reused(), "{v:?}");
+        s.write_plaintext(b"resumed").unwrap();
+        c.feed(&s.take_outgoing());
+        c.process().unwrap();
+        assert_eq!(c.take_plaintext(), b"resumed");
+        let (ch, sh) = (c.export_session().unwrap(), s.export_session().unwrap());
+        check_exact(&ch, &sh);
+    }
+}
+
+#[test]
+fn a_server_that_refuses_the_session_gets_a_full_handshake() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 8);
+        connect(&client, &server, HOST);
+        // Another server with the same certificate but its own ticket keys and cache.
+        let other_server = OpenSslContext::new(&pki.server_config().only(v)).unwrap();
+        assert_eq!(
+            connect(&client, &other_server, HOST),
+            (false, false),
+            "{v:?}"
+        );
+        // Its session replaced the refused one.
+        assert_eq!(connect(&client, &other_server, HOST), (true, true), "{v:?}");
+    }
+}
+
+#[test]
+fn server_contexts_ignore_resume_sessions() {
+    let pki = Pki::new();
+    let mut s: TlsConfig = pki.server_config();
+    s.resume_sessions = 8;
+    let server = OpenSslContext::new(&s).unwrap();
+    let client = OpenSslContext::new(&pki.client_config()).unwrap();
+    assert_eq!(connect(&client, &server, HOST), (false, false));
+    assert_eq!(connect(&client, &server, HOST), (false, false));
+}
+
+/// TLS 1.2: a connection OpenSSL frees before its close_notify leaves a session it will not
+/// resume, but an exported one has not ended (its keys went on elsewhere): its session stays
+/// until the owner of those keys forgets it.
+#[test]
+fn an_exported_tls12_session_is_resumed_until_forgotten() {
+    let pki = Pki::new();
+    let (client, server) = contexts(&pki, V12, 8);
+    // Dropped without close_notify: not resumable.
+    let (mut c, mut s) = engines(&client, &server, HOST);
+    pump(&mut c, &mut s).unwrap();
+    drop((c, s));
+    assert!(!connect(&client, &server, HOST).0);
+    // Exported, then dropped: resumable.
+    let (mut c, mut s) = engines(&client, &server, HOST);
+    pump(&mut c, &mut s).unwrap();
+    assert!(c.session_reused(), "the closed connection's session");
+    c.export_session().unwrap();
+    assert_eq!(connect(&client, &server, HOST), (true, true));
+    // Forgotten (the exported session failed): a full handshake.
+    client.forget_sessions(HOST);
+    assert!(!connect(&client, &server, HOST).0);
+    assert!(connect(&client, &server, HOST).0);
+}
