@@ -874,19 +874,26 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     let status = child.wait_timeout(std::time::Duration::from_secs(60));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     // Without --proxy the service flags make no sense, and say so.
+    refused_without_proxy(&server, &["--idle-timeout-secs", "5"]);
+}
+
+/// `mbx mbtls client` fetching once with `flag` (and its value) fails, saying that the flag
+/// is for the proxy.
+fn refused_without_proxy(server: &PkiFiles, flag: &[&str]) {
     let out = mbx()
         .args(["mbtls", "client", "https://server.test/"])
-        .args(["--idle-timeout-secs", "5"])
+        .args(flag)
         .arg("--server-ca")
         .arg(&server.ca)
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--idle-timeout-secs applies to the client as a proxy (--proxy) only"),
-        "{err}"
+    let expected = format!(
+        "{} applies to the client as a proxy (--proxy) only",
+        flag[0]
     );
+    assert!(err.contains(&expected), "{err}");
 }
 
 /// The client proxy resumes its session with the server on later connections: TLS 1.2
@@ -942,18 +949,7 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
         assert_eq!(resumed, expected, "{path:?} {extra:?}");
     }
     // A fetch makes one connection: nothing to resume, and it says so.
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/", "--no-resume"])
-        .arg("--server-ca")
-        .arg(&server.ca)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--no-resume applies to the client as a proxy (--proxy) only"),
-        "{err}"
-    );
+    refused_without_proxy(&server, &["--no-resume"]);
 }
 
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get

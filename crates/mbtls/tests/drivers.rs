@@ -163,19 +163,28 @@ async fn fetch(
     (client, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// nginx (`version` only, logging the X-Mbtls header) behind a client-side middlebox that
+/// inserts that header.
+async fn nginx_behind_a_header_middlebox(
+    w: &World,
+    version: TlsVersion,
+) -> (Nginx, MiddleboxServer) {
+    let nginx = Nginx::from_files(&w.server_files)
+        .protocols(&[tb(version)])
+        .log_header("X-Mbtls")
+        .start()
+        .unwrap();
+    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
+        .await
+        .unwrap();
+    (nginx, mbox)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserted_header_reaches_nginx_both_versions() {
     let w = World::new();
     for version in VERSIONS {
-        let nginx = Nginx::from_files(&w.server_files)
-            .protocols(&[tb(version)])
-            .log_header("X-Mbtls")
-            .start()
-            .unwrap();
-        let mut mbox =
-            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
-                .await
-                .unwrap();
+        let (nginx, mut mbox) = nginx_behind_a_header_middlebox(&w, version).await;
         let (client, response) = fetch(
             mbox.local_addr(),
             w.client(version, measure(PROGRAM, b"")),
@@ -424,15 +433,7 @@ async fn an_mbtls_client_resumes_with_nginx_directly_and_through_a_middlebox() {
     let w = World::new();
     let accepted = measure(PROGRAM, b"");
     for version in VERSIONS {
-        let nginx = Nginx::from_files(&w.server_files)
-            .protocols(&[tb(version)])
-            .log_header("X-Mbtls")
-            .start()
-            .unwrap();
-        let mut mbox =
-            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
-                .await
-                .unwrap();
+        let (nginx, mut mbox) = nginx_behind_a_header_middlebox(&w, version).await;
         let mut direct = w.client_resuming(version, accepted, 8);
         direct.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| true));
         let mut resumed = Vec::new();
