@@ -868,14 +868,14 @@ impl OpenSslEngine {
         }
     }
 
-    /// TLS 1.3 KeyUpdates received so far (each followed by OpenSSL), and how many of them
-    /// asked for ours (OpenSSL answers those itself).
     /// Whether this connection resumed a session (TLS 1.2 session ID or ticket, TLS 1.3
     /// ticket) instead of running a full handshake.
     pub fn session_reused(&self) -> bool {
         self.ssl().session_reused()
     }
 
+    /// TLS 1.3 KeyUpdates received so far (each followed by OpenSSL), and how many of them
+    /// asked for ours (OpenSSL answers those itself).
     pub fn peer_key_updates(&self) -> (u32, u32) {
         let st = lock(&self.state);
         (st.rx.key_updates, st.key_updates_requested)
