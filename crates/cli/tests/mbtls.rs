@@ -896,10 +896,9 @@ fn refused_without_proxy(server: &PkiFiles, flag: &[&str]) {
     assert!(err.contains(&expected), "{err}");
 }
 
-/// The client proxy resumes its session with the server on later connections: TLS 1.2
-/// through a middlebox (which joins every session), and TLS 1.3 without client-side
-/// middleboxes (a session whose keys stay in OpenSSL receives the server's tickets); with
-/// --no-resume every connection is a full handshake.
+/// The client proxy resumes its session with the server on later connections: through a
+/// middlebox (which joins every session), both versions, and without client-side middleboxes;
+/// with --no-resume every connection is a full handshake.
 #[test]
 fn the_client_proxy_resumes_sessions_unless_told_not_to() {
     use std::ffi::OsStr;
@@ -915,8 +914,9 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
     let nginx_addr = nginx.addr().to_string();
     let via_mb = ["--middlebox", &mb_addr, "--middlebox-name", "mb.test"];
     let direct = ["--middlebox", &nginx_addr, "--no-client-middleboxes"];
-    let cases: [(&[&str], &[&str], [bool; 2]); 3] = [
+    let cases: [(&[&str], &[&str], [bool; 2]); 4] = [
         (&via_mb, &["--tls", "1.2"], [false, true]),
+        (&via_mb, &["--tls", "1.3"], [false, true]),
         (&direct, &["--tls", "1.3"], [false, true]),
         (&via_mb, &["--tls", "1.2", "--no-resume"], [false, false]),
     ];

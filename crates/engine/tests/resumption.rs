@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{check_exact, pump, Pki, HOST, V12, V13};
+use common::{check_exact, pump, split_records, Pki, HOST, V12, V13};
 use mbx_engine::{OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
-use mbx_record::TlsVersion;
+use mbx_record::{ContentType, RecordOpener, TlsVersion};
 use mbx_testbed::pki::LeafSpec;
 
 const OTHER: &str = "other.mbx.test";
@@ -192,4 +192,64 @@ fn an_exported_tls12_session_is_resumed_until_forgotten() {
     client.forget_sessions(HOST);
     assert!(!connect(&client, &server, HOST).0);
     assert!(connect(&client, &server, HOST).0);
+}
+
+/// The handshake messages in `plaintext` (whole messages; 4-byte headers).
+fn messages(mut plaintext: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while plaintext.len() >= 4 {
+        let len = 4
+            + (usize::from(plaintext[1]) << 16 | usize::from(plaintext[2]) << 8)
+            + usize::from(plaintext[3]);
+        out.push(plaintext[..len].to_vec());
+        plaintext = &plaintext[len..];
+    }
+    assert!(plaintext.is_empty());
+    out
+}
+
+/// TLS 1.3: the server's tickets arrive after a client exported its session (an mbTLS client
+/// whose keys went to its record layer). Opened by that record layer and given to the export's
+/// ticket sink, they become sessions the next connection resumes; without the sink they are
+/// lost. A message that is not a ticket is refused.
+#[test]
+fn tickets_that_arrive_after_the_export_become_sessions_through_the_sink() {
+    let pki = Pki::new();
+    let mut c = pki.client_config().only(V13);
+    c.resume_sessions = 8;
+    c.pause_after_handshake = true;
+    let client = OpenSslContext::new(&c).unwrap();
+    let server = OpenSslContext::new(&pki.server_config().only(V13)).unwrap();
+    for keep in [false, true] {
+        let (mut c, mut s) = engines(&client, &server, HOST);
+        c.process().unwrap();
+        s.feed(&c.take_outgoing());
+        s.process().unwrap();
+        c.feed(&s.take_outgoing());
+        c.process().unwrap();
+        assert!(!c.is_handshaking());
+        // The client's Finished leaves with the export; the server answers it with tickets.
+        let (handoff, sink) = c.export_with_ticket_sink().unwrap();
+        assert!(handoff.unprocessed_incoming.is_empty());
+        s.feed(&handoff.pending_outgoing);
+        s.process().unwrap();
+        let rx = &handoff.session.rx;
+        let mut opener = RecordOpener::new(V13, rx.keys.clone(), rx.next_seq);
+        let mut tickets = Vec::new();
+        for rec in split_records(&s.take_outgoing()) {
+            let opened = opener.open(&rec).unwrap();
+            assert_eq!(opened.content_type, ContentType::HANDSHAKE);
+            tickets.extend(messages(&opened.plaintext));
+        }
+        assert_eq!(tickets.len(), 2, "OpenSSL's two tickets");
+        let mut sink = sink.expect("a sink for a resuming TLS 1.3 client");
+        assert!(sink.take(b"\x18\x00\x00\x01\x00").is_err(), "a KeyUpdate");
+        if keep {
+            for t in &tickets {
+                sink.take(t).unwrap();
+            }
+        }
+        drop(sink);
+        assert_eq!(connect(&client, &server, HOST).0, keep);
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use mbx_engine::{AlertDescription, Role};
+use mbx_engine::{AlertDescription, Role, TicketSink};
 use mbx_record::wipe::{self, wipe};
 use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::HandshakeType;
@@ -26,9 +26,12 @@ pub enum EndpointEvent {
     PeerWarning(Alert),
     /// The peer (or a middlebox) ended the session with this alert.
     PeerAlert(Alert),
-    /// A TLS 1.3 NewSessionTicket arrived and was ignored: the session's keys left OpenSSL,
-    /// which alone could make it resumable (docs/mbtls.md §4.6).
+    /// A TLS 1.3 NewSessionTicket arrived and was ignored (the client's context does not
+    /// resume sessions, or the message was refused; at a server, always).
     SessionTicketIgnored,
+    /// A TLS 1.3 NewSessionTicket arrived and went to the primary context's session store
+    /// through the export's ticket sink (docs/mbtls.md §4.6).
+    SessionTicketKept,
     /// The peer updated its keys (TLS 1.3 KeyUpdate); `requested`: it asked us to update ours,
     /// which we did.
     PeerUpdatedKeys { requested: bool },
@@ -50,6 +53,9 @@ pub struct EndpointDataPhase {
     events: VecDeque<EndpointEvent>,
     /// We asked the peer to update its keys and it has not yet.
     asked_peer: bool,
+    /// Client that resumes sessions: where the server's tickets go, until its first data,
+    /// a KeyUpdate or an idle trim.
+    tickets: Option<TicketSink>,
 }
 
 impl Drop for EndpointDataPhase {
@@ -65,6 +71,14 @@ impl EndpointDataPhase {
         self.hop.release_idle_buffer();
         self.post_handshake.release_idle_buffer();
         self.outgoing.shrink_to_fit();
+        // A session that went idle without tickets gets none worth waiting for.
+        self.tickets = None;
+    }
+
+    /// The primary engine's ticket sink (a client whose context resumes sessions): TLS 1.3
+    /// tickets that arrive from now on become sessions of that context.
+    pub fn keep_tickets(&mut self, sink: TicketSink) {
+        self.tickets = Some(sink);
     }
 
     /// `keys` are the hop to the endpoint's neighbour; a client writes `c2s`, a server `s2c`.
@@ -85,6 +99,7 @@ impl EndpointDataPhase {
             failed: None,
             events: VecDeque::new(),
             asked_peer: false,
+            tickets: None,
         }
     }
 
@@ -222,6 +237,8 @@ impl EndpointDataPhase {
     fn handle(&mut self, ct: ContentType, pt: &[u8]) {
         match ct {
             ContentType::APPLICATION_DATA => {
+                // Servers send their tickets before any data.
+                self.tickets = None;
                 // Grow without leaving a copy of earlier plaintext in freed memory.
                 wipe::reserve(&mut self.plaintext, pt.len());
                 self.plaintext.extend_from_slice(pt)
@@ -248,13 +265,27 @@ impl EndpointDataPhase {
         }
     }
 
-    /// One TLS 1.3 post-handshake record: tickets are ignored, a KeyUpdate is followed (and
-    /// answered when the peer asks), anything else ends the session.
+    /// One TLS 1.3 post-handshake record: tickets go to the ticket sink if there is one and
+    /// are ignored otherwise, a KeyUpdate is followed (and answered when the peer asks),
+    /// anything else ends the session.
     fn post_handshake_record(&mut self, pt: &[u8]) {
-        let events = &mut self.events;
-        let update = self.post_handshake.record(pt, |typ| {
+        let (events, tickets) = (&mut self.events, &mut self.tickets);
+        let update = self.post_handshake.record(pt, |typ, msg| {
             if typ == HandshakeType::NEW_SESSION_TICKET {
-                events.push_back(EndpointEvent::SessionTicketIgnored);
+                let kept = match tickets.as_mut().map(|sink| sink.take(msg)) {
+                    Some(Ok(())) => true,
+                    Some(Err(e)) => {
+                        tracing::debug!(%e, "session ticket refused");
+                        *tickets = None;
+                        false
+                    }
+                    None => false,
+                };
+                events.push_back(if kept {
+                    EndpointEvent::SessionTicketKept
+                } else {
+                    EndpointEvent::SessionTicketIgnored
+                });
                 Ok(())
             } else {
                 Err(Violation {
@@ -268,6 +299,8 @@ impl EndpointDataPhase {
             Ok(Some(requested)) => requested,
             Err(v) => return self.fail(v.alert, v.what),
         };
+        // The sink seals under the keys the peer just left.
+        self.tickets = None;
         if self.hop.update_read_keys().is_err() {
             return self.fail(
                 AlertDescription::INTERNAL_ERROR,

@@ -426,8 +426,11 @@ async fn a_client_updates_its_keys_when_asked_with_and_without_a_middlebox() {
 
 /// An mbTLS client resumes its session with a legacy server (nginx, tickets), both versions:
 /// directly, where OpenSSL keeps the session, then through a client-side middlebox, which
-/// joins the resumed session (TLS 1.2: the server's Finished comes first) and inserts its
-/// header. Secondary sessions are never resumed: the middlebox is checked again.
+/// joins every resumed session (TLS 1.2: the server's Finished comes first) and inserts its
+/// header. Six sessions in a row through the middlebox all resume: more than the four TLS 1.3
+/// tickets a name keeps, so with TLS 1.3 the tickets that came through the middlebox after
+/// each export must have been kept. Secondary sessions are never resumed: the middlebox is
+/// checked every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mbtls_client_resumes_with_nginx_directly_and_through_a_middlebox() {
     let w = World::new();
@@ -448,30 +451,32 @@ async fn an_mbtls_client_resumes_with_nginx_directly_and_through_a_middlebox() {
 
         let mut through = direct.clone();
         through.middlebox = ClientMiddlebox::Preconfigured("mb.test".into());
-        let (client, response) = fetch(mbox.local_addr(), through, "/headers").await;
-        let summary = client.summary().unwrap().clone();
-        assert!(
-            summary.resumed && summary.middlebox_joined() && summary.version == version,
-            "{version:?}: {summary:?}"
-        );
-        assert!(
-            matches!(
-                client.verdict(),
-                MiddleboxVerdict::Verified {
-                    claims: Some(_),
-                    ..
-                }
-            ),
-            "{:?}",
-            client.verdict()
-        );
-        assert!(
-            response.contains("x-mbtls: mb.test"),
-            "{version:?}: {response}"
-        );
-        drop(client);
-        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
-        assert!(report.outcome.is_ok(), "{report:?}");
+        for session in 0..6 {
+            let (client, response) = fetch(mbox.local_addr(), through.clone(), "/headers").await;
+            let summary = client.summary().unwrap().clone();
+            assert!(
+                summary.resumed && summary.middlebox_joined() && summary.version == version,
+                "{version:?}, session {session} through the middlebox: {summary:?}"
+            );
+            assert!(
+                matches!(
+                    client.verdict(),
+                    MiddleboxVerdict::Verified {
+                        claims: Some(_),
+                        ..
+                    }
+                ),
+                "{:?}",
+                client.verdict()
+            );
+            assert!(
+                response.contains("x-mbtls: mb.test"),
+                "{version:?}: {response}"
+            );
+            drop(client);
+            let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+            assert!(report.outcome.is_ok(), "{report:?}");
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use mbx_record::{wipe, TlsVersion};
+use mbx_record::{wipe, ContentType, RecordSealer, TlsVersion};
 use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{
@@ -29,6 +29,7 @@ use sessions::ClientSessions;
 
 const HS_FINISHED: u8 = 20;
 const HS_KEY_UPDATE: u8 = 24;
+const HS_NEW_SESSION_TICKET: u8 = 4;
 
 /// Record counts of one direction, driven by the message callback.
 ///
@@ -1108,6 +1109,19 @@ impl TlsEngine for OpenSslEngine {
     }
 
     fn export_session(mut self) -> Result<Handoff, EngineError> {
+        let handoff = self.export_in_place()?;
+        self.mark_closed_if_resuming();
+        Ok(handoff)
+    }
+
+    fn export_session_boxed(self: Box<Self>) -> Result<Handoff, EngineError> {
+        (*self).export_session()
+    }
+}
+
+impl OpenSslEngine {
+    /// The export itself; the connection is left frozen, for the caller to drop or keep.
+    fn export_in_place(&mut self) -> Result<Handoff, EngineError> {
         self.check_usable()?;
         if !self.exportable {
             return Err(EngineError::Unsupported(
@@ -1166,14 +1180,8 @@ impl TlsEngine for OpenSslEngine {
                 rx_seq: st.rx.next_seq(version)?,
             })?
         };
-        // OpenSSL takes a connection freed before its close_notify for one that ended badly
-        // and never resumes its session. An exported one has not ended: it goes on in the
-        // caller's record layer, whose owner forgets the session if it fails
-        // (`OpenSslContext::forget_sessions`).
-        if lock(&self.state).resumption_name.is_some() {
-            ffi::mark_closed(self.stream.ssl());
-        }
         let io = self.stream.get_mut();
+        io.readable = 0;
         Ok(Handoff {
             session,
             unprocessed_incoming: std::mem::take(&mut io.incoming),
@@ -1182,7 +1190,83 @@ impl TlsEngine for OpenSslEngine {
         })
     }
 
-    fn export_session_boxed(self: Box<Self>) -> Result<Handoff, EngineError> {
-        (*self).export_session()
+    /// OpenSSL takes a connection freed before its close_notify for one that ended badly and
+    /// never resumes its session. An exported one has not ended: it goes on in the caller's
+    /// record layer, whose owner forgets the session if it fails
+    /// (`OpenSslContext::forget_sessions`).
+    fn mark_closed_if_resuming(&self) {
+        if lock(&self.state).resumption_name.is_some() {
+            ffi::mark_closed(self.stream.ssl());
+        }
+    }
+
+    /// [`TlsEngine::export_session`], plus, for a TLS 1.3 client whose context resumes
+    /// sessions ([`TlsConfig::resume_sessions`]), a [`TicketSink`] for the server's tickets,
+    /// which arrive after the export (`None` otherwise).
+    pub fn export_with_ticket_sink(mut self) -> Result<(Handoff, Option<TicketSink>), EngineError> {
+        let handoff = self.export_in_place()?;
+        let wants_tickets = self.role == Role::Client
+            && handoff.session.version == TlsVersion::Tls13
+            && lock(&self.state).resumption_name.is_some();
+        if !wants_tickets {
+            self.mark_closed_if_resuming();
+            return Ok((handoff, None));
+        }
+        let rx = &handoff.session.rx;
+        let sealer = RecordSealer::new(TlsVersion::Tls13, rx.keys.clone(), rx.next_seq);
+        // The traffic secrets went out with the export; the sink needs none of them.
+        lock(&self.state).secrets = KeyLogSecrets::default();
+        self.pause_after_handshake = false;
+        self.stream.get_mut().frozen = false;
+        self.release_idle_buffers();
+        Ok((
+            handoff,
+            Some(TicketSink {
+                engine: self,
+                sealer,
+            }),
+        ))
+    }
+}
+
+/// What is left of an exported TLS 1.3 client connection whose context resumes sessions
+/// ([`OpenSslEngine::export_with_ticket_sink`]). The server's NewSessionTicket messages reach
+/// the caller's record layer after the export; given to [`take`](Self::take), each is sealed
+/// again under the keys OpenSSL reads with, at the sequence number it expects, and fed to it,
+/// so that OpenSSL makes a session of it for the context's store as if it had come before.
+/// Nothing it writes leaves it. Dropped, it lets its connection go without making the last
+/// session unresumable.
+pub struct TicketSink {
+    engine: OpenSslEngine,
+    sealer: RecordSealer,
+}
+
+impl TicketSink {
+    /// One NewSessionTicket message, handshake header included, as the server sent it. An
+    /// error (not a ticket, too large for one record, refused by OpenSSL) keeps nothing; the
+    /// sink is then of no further use.
+    pub fn take(&mut self, message: &[u8]) -> Result<(), EngineError> {
+        if message.first() != Some(&HS_NEW_SESSION_TICKET) {
+            return Err(EngineError::State(
+                "a ticket sink takes NewSessionTicket only",
+            ));
+        }
+        let mut record = Vec::new();
+        self.sealer
+            .seal(ContentType::HANDSHAKE, message, &mut record)?;
+        self.engine.feed(&record);
+        let processed = self.engine.process();
+        // Under the primary session's keys, which our record layer now uses: an alert
+        // OpenSSL wrote after a bad ticket must not leave.
+        drop(self.engine.take_outgoing());
+        wipe::wipe_vec(&mut self.engine.plaintext);
+        self.engine.release_idle_buffers();
+        processed
+    }
+}
+
+impl Drop for TicketSink {
+    fn drop(&mut self) {
+        ffi::mark_closed(self.engine.stream.ssl());
     }
 }

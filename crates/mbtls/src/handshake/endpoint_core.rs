@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use mbx_attest::{
     report_data, spki_from_certificate, verify_bytes, Claims, Policy, EXPORTER_LABEL, EXPORTER_LEN,
 };
-use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TlsEngine};
+use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine};
 use mbx_wire::{version, Record};
 use zeroize::Zeroizing;
 
@@ -625,10 +625,12 @@ impl EndpointCore {
             }
             return self.direct_in_openssl(primary);
         }
-        let handoff = primary.export_session()?;
+        // A client that resumes sessions keeps, with TLS 1.3, what turns the tickets the server
+        // sends after this point into sessions (docs/mbtls.md §4.6).
+        let (handoff, tickets) = primary.export_with_ticket_sink()?;
         self.out.extend_from_slice(&handoff.pending_outgoing);
         if joined.is_empty() {
-            return self.direct(handoff, resumed);
+            return self.direct(handoff, resumed, tickets);
         }
         // Records the engine did not process are application epoch under the primary keys: the
         // middlebox re-sends them through its app after the marker, so they are dropped here,
@@ -710,18 +712,23 @@ impl EndpointCore {
             self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }
-        self.start_data(DataPhase::Exported(EndpointDataPhase::new(
-            self.role,
-            session.version,
-            side.endpoint,
-        )))?;
+        let mut data = EndpointDataPhase::new(self.role, session.version, side.endpoint);
+        if let Some(sink) = tickets {
+            data.keep_tickets(sink);
+        }
+        self.start_data(DataPhase::Exported(data))?;
         self.events.push_back(ClientHandshakeEvent::KeysSent);
         Ok(())
     }
 
     /// No middlebox: the primary session's keys protect the endpoint's hop; records the engine
     /// left unprocessed are the first data.
-    fn direct(&mut self, handoff: Handoff, resumed: bool) -> Result<(), HandshakeError> {
+    fn direct(
+        &mut self,
+        handoff: Handoff,
+        resumed: bool,
+        tickets: Option<TicketSink>,
+    ) -> Result<(), HandshakeError> {
         let Handoff {
             session,
             unprocessed_incoming,
@@ -737,6 +744,9 @@ impl EndpointCore {
             resumed,
         });
         let mut data = EndpointDataPhase::new(self.role, session.version, bridge);
+        if let Some(sink) = tickets {
+            data.keep_tickets(sink);
+        }
         data.receive(&unprocessed_incoming);
         data.inject_plaintext(&pending_plaintext);
         self.start_direct(DataPhase::Exported(data))
