@@ -117,9 +117,9 @@ struct ServerFlags {
     #[arg(long)]
     tls: Option<String>,
     /// Issue session tickets, so that TLS 1.3 clients (and TLS 1.2 ones with tickets) can
-    /// resume, through server-side middleboxes too: legacy clients, and mbTLS clients whose
-    /// session stays in OpenSSL (e.g. `mbx mbtls client --proxy` without client-side
-    /// middleboxes). Off by default (TLS 1.2 clients resume by session ID either way).
+    /// resume, through server-side middleboxes too: legacy clients and mbTLS clients (e.g.
+    /// `mbx mbtls client --proxy`). Off by default (TLS 1.2 clients resume by session ID
+    /// either way).
     #[arg(long)]
     session_tickets: bool,
     #[command(flatten, next_help_heading = "Service")]

@@ -803,18 +803,21 @@ fn header_through_proxy(proxy_addr: &str) -> String {
         .to_owned()
 }
 
+/// Where the client proxy tests start: the test PKI's files and nginx, a middlebox in front of
+/// nginx that inserts `X-Mbtls: value` (its process and address), and a policy that asks for
+/// no evidence. The files live as long as the returned `Setup`.
+fn proxy_setup(root: &str, value: &str) -> (Setup, ChildGuard, String, std::path::PathBuf) {
+    let setup = Setup::new(root);
+    let (mb, mb_addr) = header_middlebox(&setup.nginx, &setup.mbox, value);
+    let policy = no_evidence_policy(&setup.dir);
+    (setup, mb, mb_addr, policy)
+}
+
 #[test]
 fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     use std::ffi::OsStr;
-    let Setup {
-        dir,
-        server,
-        mbox,
-        nginx,
-        ..
-    } = Setup::new("mbx cli mbtls proxy root");
-    let (_mb, mb_addr) = header_middlebox(&nginx, &mbox, "via-proxy");
-    let policy = no_evidence_policy(&dir);
+    let (setup, _mb, mb_addr, policy) = proxy_setup("mbx cli mbtls proxy root", "via-proxy");
+    let server = &setup.server;
     let (_proxy, mut proxy_lines, phead) = start(
         &[
             OsStr::new("mbtls"),
@@ -874,7 +877,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     let status = child.wait_timeout(std::time::Duration::from_secs(60));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     // Without --proxy the service flags make no sense, and say so.
-    refused_without_proxy(&server, &["--idle-timeout-secs", "5"]);
+    refused_without_proxy(server, &["--idle-timeout-secs", "5"]);
 }
 
 /// `mbx mbtls client` fetching once with `flag` (and its value) fails, saying that the flag
@@ -902,16 +905,9 @@ fn refused_without_proxy(server: &PkiFiles, flag: &[&str]) {
 #[test]
 fn the_client_proxy_resumes_sessions_unless_told_not_to() {
     use std::ffi::OsStr;
-    let Setup {
-        dir,
-        server,
-        mbox,
-        nginx,
-        ..
-    } = Setup::new("mbx cli mbtls resume root");
-    let (_mb, mb_addr) = header_middlebox(&nginx, &mbox, "resuming");
-    let policy = no_evidence_policy(&dir);
-    let nginx_addr = nginx.addr().to_string();
+    let (setup, _mb, mb_addr, policy) = proxy_setup("mbx cli mbtls resume root", "resuming");
+    let server = &setup.server;
+    let nginx_addr = setup.nginx.addr().to_string();
     let via_mb = ["--middlebox", &mb_addr, "--middlebox-name", "mb.test"];
     let direct = ["--middlebox", &nginx_addr, "--no-client-middleboxes"];
     let cases: [(&[&str], &[&str], [bool; 2]); 4] = [
@@ -949,7 +945,7 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
         assert_eq!(resumed, expected, "{path:?} {extra:?}");
     }
     // A fetch makes one connection: nothing to resume, and it says so.
-    refused_without_proxy(&server, &["--no-resume"]);
+    refused_without_proxy(server, &["--no-resume"]);
 }
 
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
