@@ -57,8 +57,8 @@ fn handshake(c: &Contexts) -> (OpenSslEngine, OpenSslEngine) {
 fuzz_target!(|data: &[u8]| {
     let c = contexts();
     let (client, _server) = handshake(c);
-    let (_handoff, sink) = client.export_with_ticket_sink().expect("export");
-    let mut sink = sink.expect("a resuming TLS 1.3 client has a sink");
+    let (_handoff, after) = client.export_for_resumption().expect("export");
+    let mut sink = after.tickets.expect("a resuming TLS 1.3 client has a sink");
     // Pieces separated by 0xff: a first byte 0 makes the rest a NewSessionTicket body (header
     // added), any other first byte passes the rest as it is.
     for piece in data.split(|b| *b == 0xff).take(16) {

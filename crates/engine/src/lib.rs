@@ -43,7 +43,7 @@ pub use config::{
     TlsConfig,
 };
 pub use error::{AlertDescription, EngineError};
-pub use openssl_engine::{OpenSslContext, OpenSslEngine, TicketSink};
+pub use openssl_engine::{AfterExport, CachedSession, OpenSslContext, OpenSslEngine, TicketSink};
 pub use rustls_engine::{RustlsClientContext, RustlsEngine};
 pub use session::{DirectionState, ExportedSession, Handoff};
 

@@ -229,7 +229,8 @@ fn tickets_that_arrive_after_the_export_become_sessions_through_the_sink() {
         c.process().unwrap();
         assert!(!c.is_handshaking());
         // The client's Finished leaves with the export; the server answers it with tickets.
-        let (handoff, sink) = c.export_with_ticket_sink().unwrap();
+        let (handoff, after) = c.export_for_resumption().unwrap();
+        let sink = after.tickets;
         assert!(handoff.unprocessed_incoming.is_empty());
         s.feed(&handoff.pending_outgoing);
         s.process().unwrap();
@@ -251,5 +252,34 @@ fn tickets_that_arrive_after_the_export_become_sessions_through_the_sink() {
         }
         drop(sink);
         assert_eq!(connect(&client, &server, HOST).0, keep);
+    }
+}
+
+/// A connection whose peer closed it with close_notify keeps its session when we only mark it
+/// (`keep_session`), without a close_notify of ours; dropped unmarked, OpenSSL drops it.
+#[test]
+fn a_session_the_peer_closed_is_kept_when_marked() {
+    let pki = Pki::new();
+    let mut c = pki.client_config().only(V12);
+    c.resume_sessions = 8;
+    let mut s = pki.server_config().only(V12);
+    s.session_tickets = false;
+    let (client, server) = (
+        OpenSslContext::new(&c).unwrap(),
+        OpenSslContext::new(&s).unwrap(),
+    );
+    for keep in [false, true] {
+        let (mut c, mut s) = engines(&client, &server, HOST);
+        pump(&mut c, &mut s).unwrap();
+        s.close().unwrap();
+        c.feed(&s.take_outgoing());
+        c.process().unwrap();
+        assert!(c.peer_closed());
+        if keep {
+            c.keep_session();
+        }
+        drop((c, s));
+        assert_eq!(connect(&client, &server, HOST).0, keep, "keep {keep}");
+        client.forget_sessions(HOST);
     }
 }

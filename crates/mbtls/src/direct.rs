@@ -167,5 +167,11 @@ impl DirectDataPhase {
 impl Drop for DirectDataPhase {
     fn drop(&mut self) {
         wipe::wipe_vec(&mut self.engine.take_plaintext());
+        // The peer ended the session with close_notify: it stays resumable even if ours was
+        // never sent (the peer may have closed its socket right after, as `s_client
+        // -reconnect` does). After a failure OpenSSL has already made it unresumable.
+        if self.failed.is_none() && self.engine.peer_closed() {
+            self.engine.keep_session();
+        }
     }
 }

@@ -29,6 +29,8 @@ struct Setup {
     client_primary: TlsConfig,
     mbox_cfg: MiddleboxHandshakeConfig,
     server_ctx: OpenSslContext,
+    /// What `server_ctx` was built from.
+    server_tls: TlsConfig,
     /// The middlebox's secondary context limited to TLS 1.2 (no 0.5-RTT data possible).
     mbox_tls12: Arc<OpenSslContext>,
 }
@@ -65,6 +67,7 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
         sim_platform_keys: vec![HexBytes(platform.public_key().to_vec())],
         ..Policy::default()
     };
+    let server_tls = TlsConfig::server(server_id).only(version);
     Setup {
         client_primary: primary.clone(),
         client_cfg: ClientHandshakeConfig {
@@ -85,7 +88,8 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
         )
         .unwrap(),
         // A legacy server: plain OpenSSL, knows nothing about mbTLS.
-        server_ctx: OpenSslContext::new(&TlsConfig::server(server_id).only(version)).unwrap(),
+        server_ctx: OpenSslContext::new(&server_tls).unwrap(),
+        server_tls,
     }
 }
 
@@ -1103,4 +1107,44 @@ fn sessions_through_a_middlebox_resume_until_one_fails_with(version: TlsVersion)
     );
     assert!(!resumed(&session(&s)), "{version:?}");
     assert!(resumed(&session(&s)), "{version:?}");
+}
+
+/// A session OpenSSL keeps (no client-side middlebox) that the server ended with close_notify
+/// stays resumable when the client drops it without closing its own direction; one the server
+/// did not close does not (OpenSSL's rule). TLS 1.2, session IDs.
+#[test]
+fn a_direct_session_the_server_closed_stays_resumable() {
+    let s = setup(TlsVersion::Tls12, "mb.test", measure(PROGRAM, b""));
+    let mut primary = s.client_primary.clone().without_export();
+    primary.resume_sessions = 4;
+    let mut cfg = s.client_cfg.clone();
+    cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    cfg.middlebox = ClientMiddlebox::Disabled;
+    let mut server_tls = s.server_tls.clone();
+    server_tls.session_tickets = false;
+    let server_ctx = OpenSslContext::new(&server_tls).unwrap();
+    let session = |server_closes: bool| {
+        let mut client = ClientHandshake::new(cfg.clone()).unwrap();
+        let mut server = server_ctx.engine().unwrap();
+        for _ in 0..8 {
+            server.feed(&client.take_outgoing());
+            server.process().unwrap();
+            client.receive(&server.take_outgoing()).unwrap();
+        }
+        assert!(client.data_phase_started());
+        assert!(client.summary().unwrap().hops.is_empty(), "kept by OpenSSL");
+        let resumed = client.summary().unwrap().resumed;
+        if server_closes {
+            server.close().unwrap();
+            client.receive(&server.take_outgoing()).unwrap();
+            assert!(client_events(&mut client)
+                .contains(&ClientHandshakeEvent::Data(EndpointEvent::PeerClosed)));
+        }
+        resumed
+    };
+    assert!(!session(false));
+    assert!(!session(true), "the unclosed session was dropped");
+    assert!(session(true));
+    assert!(session(false));
+    assert!(!session(false), "the unclosed resumed session was dropped");
 }

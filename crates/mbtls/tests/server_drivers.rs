@@ -105,8 +105,20 @@ impl World {
     }
 
     fn server(&self, version: TlsVersion, backend: SocketAddr) -> MbtlsServerConfig {
+        self.server_with_tickets(version, backend, true)
+    }
+
+    /// [`server`](Self::server); `tickets: false`: no session tickets (TLS 1.2 clients then
+    /// resume by session ID, from OpenSSL's server cache).
+    fn server_with_tickets(
+        &self,
+        version: TlsVersion,
+        backend: SocketAddr,
+        tickets: bool,
+    ) -> MbtlsServerConfig {
         let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
         primary.pause_after_handshake = true;
+        primary.session_tickets = tickets;
         let secondary = TlsConfig::client("mb2.test", self.root_pem.clone());
         MbtlsServerConfig {
             handshake: ServerHandshakeConfig {
@@ -127,9 +139,16 @@ impl World {
         version: TlsVersion,
         backend: SocketAddr,
     ) -> (MbtlsServer, MiddleboxServer) {
-        let server = MbtlsServer::bind("127.0.0.1:0", self.server(version, backend))
+        self.server_behind_mb2_with(self.server(version, backend))
             .await
-            .unwrap();
+    }
+
+    /// An mbTLS server of configuration `cfg` with the server-side middlebox mb2 in front of it.
+    async fn server_behind_mb2_with(
+        &self,
+        cfg: MbtlsServerConfig,
+    ) -> (MbtlsServer, MiddleboxServer) {
+        let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
         let mb2 = MiddleboxServer::bind(
             "127.0.0.1:0",
             self.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
@@ -882,20 +901,30 @@ async fn s_client_request(
     out.stdout_str().to_string()
 }
 
-/// Legacy clients resume their sessions with the mbTLS server (its tickets, TLS 1.2 and 1.3),
-/// directly and through a server-side middlebox, which on a resumed session still gets its
-/// keys (a fresh secondary session and evidence) and sees the request. TLS 1.2: `s_client
-/// -reconnect` makes one full handshake and five abbreviated ones and sends its request on the
-/// last. TLS 1.3: one `s_client` keeps its session (`-sess_out`), a second resumes it.
+/// Legacy clients resume their sessions with the mbTLS server (its tickets, TLS 1.2 and 1.3;
+/// and TLS 1.2 session IDs from its cache, tickets off), directly and through a server-side
+/// middlebox, which on a resumed session still gets its keys (a fresh secondary session and
+/// evidence) and sees the request. TLS 1.2: `s_client -reconnect` makes one full handshake and
+/// five abbreviated ones and sends its request on the last; it closes each connection right
+/// after its close_notify, before the server's, so the session IDs are resumed only because a
+/// session the client closed cleanly stays in the cache, whether it stayed in OpenSSL
+/// (directly) or was exported (through the middlebox). TLS 1.3: one `s_client` keeps its
+/// session (`-sess_out`), a second resumes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_clients_resume_directly_and_through_a_server_side_middlebox() {
     let w = World::new();
     let backend = echo_backend().await;
     let dir = tempfile::tempdir().unwrap();
-    for version in VERSIONS {
-        let (_server, mb2) = w.server_behind_mb2(version, backend).await;
+    let cases = [
+        (TlsVersion::Tls12, true),
+        (TlsVersion::Tls12, false),
+        (TlsVersion::Tls13, true),
+    ];
+    for (version, tickets) in cases {
+        let cfg = w.server_with_tickets(version, backend, tickets);
+        let (_server, mb2) = w.server_behind_mb2_with(cfg).await;
         // A second server that takes sessions without a middlebox (it requires none).
-        let mut alone = w.server(version, backend);
+        let mut alone = w.server_with_tickets(version, backend, tickets);
         alone.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
         let alone = MbtlsServer::bind("127.0.0.1:0", alone).await.unwrap();
         for (addr, through_mb2) in [(alone.local_addr(), false), (mb2.local_addr(), true)] {
@@ -903,8 +932,9 @@ async fn legacy_clients_resume_directly_and_through_a_server_side_middlebox() {
             let outputs = match version {
                 TlsVersion::Tls12 => {
                     let out = s_client_request(&w, addr, version, vec!["-reconnect".into()]).await;
-                    assert_eq!(count(&out, "New, TLSv1.2"), 1, "{out}");
-                    assert_eq!(count(&out, "Reused, TLSv1.2"), 5, "{out}");
+                    let what = format!("tickets {tickets}, through mb2 {through_mb2}: {out}");
+                    assert_eq!(count(&out, "New, TLSv1.2"), 1, "{what}");
+                    assert_eq!(count(&out, "Reused, TLSv1.2"), 5, "{what}");
                     vec![out]
                 }
                 TlsVersion::Tls13 => {

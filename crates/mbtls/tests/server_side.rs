@@ -22,7 +22,7 @@ use mbx_mbtls::handshake::{
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
 use mbx_mbtls::wire::MAX_INNER_PAYLOAD_LEN;
-use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
+use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki};
 
@@ -107,15 +107,25 @@ impl Setup {
         let mut primary = TlsConfig::server(self.server_id.clone()).only(version);
         primary.pause_after_handshake = true;
         primary.groups = self.server_groups.clone();
+        ServerHandshake::new(self.server_config(primary, middlebox, default_name)).unwrap()
+    }
+
+    /// A server configuration on `primary`, whose context (and session cache) every server
+    /// made from it shares.
+    fn server_config(
+        &self,
+        primary: TlsConfig,
+        middlebox: ServerMiddlebox,
+        default_name: &str,
+    ) -> ServerHandshakeConfig {
         let secondary = TlsConfig::client(default_name, self.root.clone());
-        ServerHandshake::new(ServerHandshakeConfig {
+        ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             secondary: self.secondary(&secondary),
             middlebox,
             policy: self.policy.clone(),
             now_unix: 1_800_000_000,
-        })
-        .unwrap()
+        }
     }
 
     fn legacy_client(&self, version: TlsVersion) -> OpenSslEngine {
@@ -388,6 +398,64 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
             assert!(summary.middlebox_joined());
         }
     }
+}
+
+/// A legacy client resumes its TLS 1.2 session by session ID (no tickets) through a
+/// server-side middlebox: the server's session was exported, yet stays in its cache, and the
+/// middlebox joins the resumed session with fresh keys. Once a resumed session fails at the
+/// server (a forged record), the server drops it from its cache: the next session is a full
+/// handshake.
+#[test]
+fn a_legacy_client_resumes_by_session_id_through_a_server_side_middlebox_until_a_failure() {
+    let s = Setup::new();
+    let version = TlsVersion::Tls12;
+    let mut primary = TlsConfig::server(s.server_id.clone()).only(version);
+    primary.pause_after_handshake = true;
+    primary.session_tickets = false;
+    let server = s.server_config(
+        primary,
+        ServerMiddlebox::Preconfigured("mb2.test".into()),
+        "mb2.test",
+    );
+    let mut client = TlsConfig::client("server.test", s.root.clone()).only(version);
+    client.resume_sessions = 4;
+    let client = OpenSslContext::new(&client).unwrap();
+    let session = |forge: bool| {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(client.engine().unwrap()),
+            server_side_mb(&s, tagger("mb2.test")),
+            Node::Server(ServerHandshake::new(server.clone()).unwrap()),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        assert!(path.server_side_mb(1).keys_installed());
+        let summary = path.server().summary().unwrap().clone();
+        assert!(summary.middlebox_joined() && summary.hops.len() == 2);
+        if forge {
+            let forged = [&[23u8, 3, 3, 0, 40][..], &[7u8; 40][..]].concat();
+            assert!(path.server().receive(&forged).is_ok());
+            let se = server_events(path.server());
+            assert!(
+                se.iter()
+                    .any(|e| matches!(e, ClientHandshakeEvent::Data(EndpointEvent::Failed { .. }))),
+                "{se:?}"
+            );
+        }
+        // The client ends its side cleanly (it keeps its session only then): whether the next
+        // session resumes is the server's decision.
+        if let Node::LegacyClient(e) = path.first() {
+            e.close().unwrap();
+        }
+        summary.resumed
+    };
+    assert!(!session(false));
+    assert!(session(false));
+    assert!(session(true));
+    assert!(!session(false), "the failed session was resumed");
+    assert!(session(false));
 }
 
 /// The request reached the server with mb2's header (its app ran once), and the server's

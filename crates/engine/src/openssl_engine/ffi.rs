@@ -155,6 +155,15 @@ pub(super) fn set_session(ssl: &mut SslRef, session: &SslSessionRef) -> Result<(
     unsafe { ssl.set_session(session) }
 }
 
+/// Removes `session` from `ctx`'s server cache and marks it unresumable
+/// (`SSL_CTX_remove_session`). False if it was not cached.
+pub(super) fn remove_session(ctx: &SslContextRef, session: &SslSessionRef) -> bool {
+    // SAFETY: the `openssl` crate asks that the session belong to `ctx`: both were taken from
+    // the same server connection when it was exported (`ssl.ssl_context()`, `ssl.session()`;
+    // servers never change context), and each is kept alive by its own reference.
+    unsafe { ctx.remove_session(session) }
+}
+
 /// Moves the connection to `ctx` (`SSL_set_SSL_CTX`). False if OpenSSL refused.
 pub(super) fn set_context(ssl: &SslRef, ctx: &SslContextRef) -> bool {
     // SAFETY: both pointers are live objects: `ssl` is owned by the engine, which calls this

@@ -13,7 +13,7 @@ use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{
     AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslContextRef, SslMethod, SslOptions,
-    SslRef, SslSessionCacheMode, SslStream, SslVerifyMode, SslVersion,
+    SslRef, SslSession, SslSessionCacheMode, SslStream, SslVerifyMode, SslVersion,
 };
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::X509;
@@ -869,6 +869,13 @@ impl OpenSslEngine {
         }
     }
 
+    /// The connection ended cleanly (the peer's close_notify arrived): freeing it leaves its
+    /// session resumable, whether or not we sent a close_notify of our own (OpenSSL would
+    /// drop a session whose connection it freed before sending one). Sends nothing.
+    pub fn keep_session(&self) {
+        ffi::mark_closed(self.stream.ssl());
+    }
+
     /// Whether this connection resumed a session (TLS 1.2 session ID or ticket, TLS 1.3
     /// ticket) instead of running a full handshake.
     pub fn session_reused(&self) -> bool {
@@ -1200,17 +1207,32 @@ impl OpenSslEngine {
         }
     }
 
-    /// [`TlsEngine::export_session`], plus, for a TLS 1.3 client whose context resumes
-    /// sessions ([`TlsConfig::resume_sessions`]), a [`TicketSink`] for the server's tickets,
-    /// which arrive after the export (`None` otherwise).
-    pub fn export_with_ticket_sink(mut self) -> Result<(Handoff, Option<TicketSink>), EngineError> {
+    /// [`TlsEngine::export_session`], plus what resumption needs of the connection once its
+    /// records are the caller's ([`AfterExport`]).
+    pub fn export_for_resumption(mut self) -> Result<(Handoff, AfterExport), EngineError> {
         let handoff = self.export_in_place()?;
-        let wants_tickets = self.role == Role::Client
-            && handoff.session.version == TlsVersion::Tls13
+        if self.role == Role::Server {
+            // The session stays in the server's cache (OpenSSL would drop it when the
+            // connection is freed); the caller forgets it if the exported connection fails.
+            ffi::mark_closed(self.stream.ssl());
+            let ssl = self.stream.ssl();
+            let cached = ssl.session().map(|session| CachedSession {
+                ctx: ssl.ssl_context().to_owned(),
+                session: session.to_owned(),
+            });
+            return Ok((
+                handoff,
+                AfterExport {
+                    tickets: None,
+                    cached,
+                },
+            ));
+        }
+        let wants_tickets = handoff.session.version == TlsVersion::Tls13
             && lock(&self.state).resumption_name.is_some();
         if !wants_tickets {
             self.mark_closed_if_resuming();
-            return Ok((handoff, None));
+            return Ok((handoff, AfterExport::default()));
         }
         let rx = &handoff.session.rx;
         let sealer = RecordSealer::new(TlsVersion::Tls13, rx.keys.clone(), rx.next_seq);
@@ -1219,18 +1241,47 @@ impl OpenSslEngine {
         self.pause_after_handshake = false;
         self.stream.get_mut().frozen = false;
         self.release_idle_buffers();
+        let tickets = Some(TicketSink {
+            engine: self,
+            sealer,
+        });
         Ok((
             handoff,
-            Some(TicketSink {
-                engine: self,
-                sealer,
-            }),
+            AfterExport {
+                tickets,
+                cached: None,
+            },
         ))
     }
 }
 
+/// What an exported connection leaves for session resumption
+/// ([`OpenSslEngine::export_for_resumption`]).
+#[derive(Default)]
+pub struct AfterExport {
+    /// A TLS 1.3 client whose context resumes sessions: where the server's tickets go.
+    pub tickets: Option<TicketSink>,
+    /// A server: its session, kept in its context's cache although OpenSSL let the connection
+    /// go; to be forgotten if the exported connection fails.
+    pub cached: Option<CachedSession>,
+}
+
+/// A server session in its context's cache whose connection was exported.
+pub struct CachedSession {
+    ctx: SslContext,
+    session: SslSession,
+}
+
+impl CachedSession {
+    /// The exported connection failed: the session leaves the cache and is never resumed
+    /// (RFC 5246 §7.2.2), as OpenSSL does for the connections it keeps.
+    pub fn forget(self) {
+        ffi::remove_session(&self.ctx, &self.session);
+    }
+}
+
 /// What is left of an exported TLS 1.3 client connection whose context resumes sessions
-/// ([`OpenSslEngine::export_with_ticket_sink`]). The server's NewSessionTicket messages reach
+/// ([`OpenSslEngine::export_for_resumption`]). The server's NewSessionTicket messages reach
 /// the caller's record layer after the export; given to [`take`](Self::take), each is sealed
 /// again under the keys OpenSSL reads with, at the sequence number it expects, and fed to it,
 /// so that OpenSSL makes a session of it for the context's store as if it had come before.

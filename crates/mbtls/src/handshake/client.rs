@@ -20,7 +20,6 @@ use mbx_wire::{HandshakeDeframer, HandshakeType, Record, ServerHello};
 use super::demux::{Demux, Piece};
 use super::endpoint_core::{Approver, ClientHandshakeEvent, EndpointCore, SessionSummary, Slot};
 use super::HandshakeError;
-use crate::endpoint::EndpointEvent;
 use crate::wire::{MiddleboxSupport, MAX_INNER_PLAINTEXT_LEN, MIDDLEBOX_SUPPORT_EXTENSION};
 
 /// Which middleboxes the client expects.
@@ -79,9 +78,6 @@ pub struct ClientHandshake {
     /// Discovery: the primary context, kept until the primary ServerHello shows whether a
     /// middlebox answered; if none did, the session gives up its export there.
     discovering: Option<Arc<OpenSslContext>>,
-    /// A primary context that resumes sessions, and the server's name: a session that fails
-    /// is forgotten there, as OpenSSL does for those it keeps (RFC 5246 §7.2.2).
-    resumption: Option<(Arc<OpenSslContext>, String)>,
 }
 
 impl ClientHandshake {
@@ -129,10 +125,6 @@ impl ClientHandshake {
         let out = primary.take_outgoing();
         let required = if approver.is_none() { names.len() } else { 0 };
         let discovering = approver.is_some().then(|| cfg.primary.clone());
-        let resumption = cfg
-            .primary
-            .resumes_sessions()
-            .then(|| (cfg.primary.clone(), cfg.server_name.clone()));
         let mut core = EndpointCore::new(
             Role::Client,
             cfg.policy,
@@ -143,9 +135,12 @@ impl ClientHandshake {
         );
         core.slots = slots;
         core.out = out;
+        if cfg.primary.resumes_sessions() {
+            let (ctx, name) = (cfg.primary.clone(), cfg.server_name.clone());
+            core.forget_on_failure(Box::new(move || ctx.forget_sessions(&name)));
+        }
         Ok(ClientHandshake {
             discovering,
-            resumption,
             core,
             demux: Demux::new(),
         })
@@ -155,7 +150,7 @@ impl ClientHandshake {
     pub fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError> {
         self.demux.push(bytes);
         let (demux, discovering) = (&mut self.demux, &mut self.discovering);
-        let r = self.core.guarded(|core| {
+        self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
                     Piece::Sub { enc, .. } => core.secondary_in(&enc)?,
@@ -170,18 +165,7 @@ impl ClientHandshake {
                 }
             }
             Ok(())
-        });
-        if r.is_err() {
-            self.forget_session();
-        }
-        r
-    }
-
-    /// The session failed: it must not be resumed.
-    fn forget_session(&mut self) {
-        if let Some((ctx, name)) = self.resumption.take() {
-            ctx.forget_sessions(&name);
-        }
+        })
     }
 
     /// Application data for the server; held until the data phase starts.
@@ -218,14 +202,7 @@ impl ClientHandshake {
     }
 
     pub fn poll_event(&mut self) -> Option<ClientHandshakeEvent> {
-        let ev = self.core.poll_event();
-        if let Some(ClientHandshakeEvent::Data(
-            EndpointEvent::Failed { .. } | EndpointEvent::PeerAlert(_),
-        )) = ev
-        {
-            self.forget_session();
-        }
-        ev
+        self.core.poll_event()
     }
 
     /// True once key material was sent to the middleboxes.

@@ -273,6 +273,8 @@ pub(super) struct EndpointCore {
     failed: bool,
     summary: Option<SessionSummary>,
     pub(super) events: VecDeque<ClientHandshakeEvent>,
+    /// Run once if the session fails ([`Self::forget_on_failure`]).
+    forget: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl EndpointCore {
@@ -302,6 +304,7 @@ impl EndpointCore {
             failed: false,
             summary: None,
             events: VecDeque::new(),
+            forget: None,
         }
     }
 
@@ -350,8 +353,22 @@ impl EndpointCore {
         let r = f(self);
         if r.is_err() {
             self.failed = true;
+            self.forget_session();
         }
         r
+    }
+
+    /// What makes the primary session unresumable if this session fails: a client's stored
+    /// sessions for the server, a server's cached session (RFC 5246 §7.2.2; OpenSSL sees to
+    /// it for the sessions it keeps).
+    pub(super) fn forget_on_failure(&mut self, forget: Box<dyn FnOnce() + Send>) {
+        self.forget = Some(forget);
+    }
+
+    fn forget_session(&mut self) {
+        if let Some(forget) = self.forget.take() {
+            forget();
+        }
     }
 
     /// Drops one raw primary-key record that arrived before the middlebox's switch marker, after
@@ -626,8 +643,13 @@ impl EndpointCore {
             return self.direct_in_openssl(primary);
         }
         // A client that resumes sessions keeps, with TLS 1.3, what turns the tickets the server
-        // sends after this point into sessions (docs/mbtls.md §4.6).
-        let (handoff, tickets) = primary.export_with_ticket_sink()?;
+        // sends after this point into sessions; a server, its session in its cache, forgotten
+        // if the session fails (docs/mbtls.md §4.6).
+        let (handoff, after) = primary.export_for_resumption()?;
+        let tickets = after.tickets;
+        if let Some(cached) = after.cached {
+            self.forget_on_failure(Box::new(move || cached.forget()));
+        }
         self.out.extend_from_slice(&handoff.pending_outgoing);
         if joined.is_empty() {
             return self.direct(handoff, resumed, tickets);
@@ -843,7 +865,14 @@ impl EndpointCore {
     }
 
     pub(super) fn poll_event(&mut self) -> Option<ClientHandshakeEvent> {
-        self.events.pop_front()
+        let ev = self.events.pop_front();
+        if let Some(ClientHandshakeEvent::Data(
+            EndpointEvent::Failed { .. } | EndpointEvent::PeerAlert(_),
+        )) = ev
+        {
+            self.forget_session();
+        }
+        ev
     }
 
     pub(super) fn keys_sent(&self) -> bool {
