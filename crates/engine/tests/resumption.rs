@@ -12,9 +12,20 @@ use mbx_testbed::pki::LeafSpec;
 const OTHER: &str = "other.mbx.test";
 
 fn contexts(pki: &Pki, v: TlsVersion, names: usize) -> (OpenSslContext, OpenSslContext) {
+    contexts_with(pki, v, names, true)
+}
+
+/// [`contexts`]; `tickets: false`: the server issues none (TLS 1.2 resumes by session ID).
+fn contexts_with(
+    pki: &Pki,
+    v: TlsVersion,
+    names: usize,
+    tickets: bool,
+) -> (OpenSslContext, OpenSslContext) {
     let mut c = pki.client_config().only(v);
     c.resume_sessions = names;
-    let s = pki.server_config().only(v);
+    let mut s = pki.server_config().only(v);
+    s.session_tickets = tickets;
     (
         OpenSslContext::new(&c).expect("client context"),
         OpenSslContext::new(&s).expect("server context"),
@@ -63,14 +74,7 @@ fn a_client_resumes_with_the_same_server_both_versions() {
         assert_eq!(connect(&client, &server, HOST), (true, true), "{v:?}");
     }
     // TLS 1.2 without tickets: the server's session ID.
-    let mut c = pki.client_config().only(V12);
-    c.resume_sessions = 8;
-    let mut s = pki.server_config().only(V12);
-    s.session_tickets = false;
-    let (client, server) = (
-        OpenSslContext::new(&c).unwrap(),
-        OpenSslContext::new(&s).unwrap(),
-    );
+    let (client, server) = contexts_with(&pki, V12, 8, false);
     assert_eq!(connect(&client, &server, HOST), (false, false));
     assert_eq!(connect(&client, &server, HOST), (true, true));
 }
@@ -260,14 +264,7 @@ fn tickets_that_arrive_after_the_export_become_sessions_through_the_sink() {
 #[test]
 fn a_session_the_peer_closed_is_kept_when_marked() {
     let pki = Pki::new();
-    let mut c = pki.client_config().only(V12);
-    c.resume_sessions = 8;
-    let mut s = pki.server_config().only(V12);
-    s.session_tickets = false;
-    let (client, server) = (
-        OpenSslContext::new(&c).unwrap(),
-        OpenSslContext::new(&s).unwrap(),
-    );
+    let (client, server) = contexts_with(&pki, V12, 8, false);
     for keep in [false, true] {
         let (mut c, mut s) = engines(&client, &server, HOST);
         pump(&mut c, &mut s).unwrap();
