@@ -1294,8 +1294,9 @@ pub struct TicketSink {
 
 impl TicketSink {
     /// One NewSessionTicket message, handshake header included, as the server sent it. An
-    /// error (not a ticket, too large for one record, refused by OpenSSL) keeps nothing; the
-    /// sink is then of no further use.
+    /// error keeps nothing: a message that is not a ticket or does not fit one record is
+    /// refused before OpenSSL sees it; after a ticket OpenSSL refused, the sink is of no
+    /// further use.
     pub fn take(&mut self, message: &[u8]) -> Result<(), EngineError> {
         if message.first() != Some(&HS_NEW_SESSION_TICKET) {
             return Err(EngineError::State(
