@@ -1,6 +1,6 @@
 //! A client context's resumable sessions, by server name ([`crate::TlsConfig::resume_sessions`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use openssl::ssl::{SslSession, SslVersion};
@@ -14,14 +14,9 @@ const TLS13_TICKETS_PER_NAME: usize = 4;
 /// context twin without the key log (see `OpenSslContext::forgo_export`) must share these.
 pub(super) struct ClientSessions {
     names: usize,
-    inner: Mutex<Entries>,
-}
-
-#[derive(Default)]
-struct Entries {
-    by_name: HashMap<String, VecDeque<SslSession>>,
-    /// Names, least recently given a session first.
-    order: VecDeque<String>,
+    /// Per name, its sessions (newest last); names least recently given a session first. A
+    /// context meets few names, so a list searched in order is all the index it needs.
+    kept: Mutex<VecDeque<(String, VecDeque<SslSession>)>>,
 }
 
 impl ClientSessions {
@@ -29,61 +24,57 @@ impl ClientSessions {
     pub(super) fn new(names: usize) -> Self {
         ClientSessions {
             names: names.max(1),
-            inner: Mutex::new(Entries::default()),
+            kept: Mutex::new(VecDeque::new()),
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
+    fn kept(&self) -> std::sync::MutexGuard<'_, VecDeque<(String, VecDeque<SslSession>)>> {
         // Nothing here can panic half-way through an update; a poisoned lock is still sound.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A session the server of `name` gave us. A TLS 1.2 session replaces what was kept for
     /// the name; TLS 1.3 tickets queue up, newest last, the oldest dropped beyond the limit.
     pub(super) fn put(&self, name: &str, session: SslSession) {
-        let mut e = self.entries();
-        if let Some(at) = e.order.iter().position(|n| n == name) {
-            e.order.remove(at);
-        }
-        e.order.push_back(name.to_owned());
-        let kept = e.by_name.entry(name.to_owned()).or_default();
+        let mut kept = self.kept();
+        let mut sessions = match kept.iter().position(|(n, _)| n == name) {
+            Some(at) => kept.remove(at).map(|(_, s)| s).unwrap_or_default(),
+            None => VecDeque::new(),
+        };
         if session.protocol_version() == SslVersion::TLS1_3 {
-            kept.retain(|s| s.protocol_version() == SslVersion::TLS1_3);
-            if kept.len() == TLS13_TICKETS_PER_NAME {
-                kept.pop_front();
+            sessions.retain(|s| s.protocol_version() == SslVersion::TLS1_3);
+            if sessions.len() == TLS13_TICKETS_PER_NAME {
+                sessions.pop_front();
             }
         } else {
-            kept.clear();
+            sessions.clear();
         }
-        kept.push_back(session);
-        while e.order.len() > self.names {
-            if let Some(old) = e.order.pop_front() {
-                e.by_name.remove(&old);
-            }
+        sessions.push_back(session);
+        kept.push_back((name.to_owned(), sessions));
+        while kept.len() > self.names {
+            kept.pop_front();
         }
     }
 
     /// The session to offer to `name`: the newest TLS 1.3 ticket, which is given out only
     /// once, or the TLS 1.2 session, which stays for later connections.
     pub(super) fn offer(&self, name: &str) -> Option<SslSession> {
-        let mut e = self.entries();
-        let kept = e.by_name.get_mut(name)?;
-        let newest = kept.back()?;
+        let mut kept = self.kept();
+        let at = kept.iter().position(|(n, _)| n == name)?;
+        let sessions = &mut kept.get_mut(at)?.1;
+        let newest = sessions.back()?;
         if newest.protocol_version() != SslVersion::TLS1_3 {
             return Some(newest.clone());
         }
-        let ticket = kept.pop_back();
-        if kept.is_empty() {
-            e.by_name.remove(name);
-            e.order.retain(|n| n != name);
+        let ticket = sessions.pop_back();
+        if sessions.is_empty() {
+            kept.remove(at);
         }
         ticket
     }
 
     /// Drops what is kept for `name`.
     pub(super) fn forget(&self, name: &str) {
-        let mut e = self.entries();
-        e.by_name.remove(name);
-        e.order.retain(|n| n != name);
+        self.kept().retain(|(n, _)| n != name);
     }
 }
