@@ -433,11 +433,22 @@ impl EndpointCore {
         Ok(())
     }
 
+    /// Moves the data phase's events to ours; a failure among them makes the session
+    /// unresumable, whether or not the caller ever reads the events.
     fn data_events(&mut self) {
-        if let Some(data) = self.data.as_mut() {
-            while let Some(ev) = data.poll_event() {
-                self.events.push_back(ClientHandshakeEvent::Data(ev));
-            }
+        let Some(data) = self.data.as_mut() else {
+            return;
+        };
+        let mut failed = false;
+        while let Some(ev) = data.poll_event() {
+            failed |= matches!(
+                ev,
+                EndpointEvent::Failed { .. } | EndpointEvent::PeerAlert(_)
+            );
+            self.events.push_back(ClientHandshakeEvent::Data(ev));
+        }
+        if failed {
+            self.forget_session();
         }
     }
 
@@ -865,14 +876,7 @@ impl EndpointCore {
     }
 
     pub(super) fn poll_event(&mut self) -> Option<ClientHandshakeEvent> {
-        let ev = self.events.pop_front();
-        if let Some(ClientHandshakeEvent::Data(
-            EndpointEvent::Failed { .. } | EndpointEvent::PeerAlert(_),
-        )) = ev
-        {
-            self.forget_session();
-        }
-        ev
+        self.events.pop_front()
     }
 
     pub(super) fn keys_sent(&self) -> bool {
