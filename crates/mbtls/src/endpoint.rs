@@ -270,9 +270,9 @@ impl EndpointDataPhase {
     /// anything else ends the session.
     fn post_handshake_record(&mut self, pt: &[u8]) {
         let (events, tickets) = (&mut self.events, &mut self.tickets);
-        let update = self.post_handshake.record(pt, |typ, msg| {
-            if typ == HandshakeType::NEW_SESSION_TICKET {
-                let kept = match tickets.as_mut().map(|sink| sink.take(msg)) {
+        let update = self.post_handshake.record(pt, |msg| {
+            if msg.typ() == HandshakeType::NEW_SESSION_TICKET {
+                let kept = match tickets.as_mut().map(|sink| sink.take(msg.as_bytes())) {
                     Some(Ok(())) => true,
                     Some(Err(e)) => {
                         tracing::debug!(%e, "session ticket refused");

@@ -54,13 +54,13 @@ impl PostHandshake {
     }
 
     /// The plaintext of one handshake record. Every complete message other than a KeyUpdate
-    /// goes to `other` (its type, and the message with its header), which may refuse it. `Some(requested)` when the record ends with a
+    /// goes to `other`, which may refuse it. `Some(requested)` when the record ends with a
     /// KeyUpdate: the sender's next record is under its next keys. A KeyUpdate must end its
     /// record (a key change, RFC 8446 §5.1) and carry 0 or 1.
     pub(crate) fn record(
         &mut self,
         plaintext: &[u8],
-        mut other: impl FnMut(HandshakeType, &[u8]) -> Result<(), Violation>,
+        mut other: impl FnMut(&HandshakeMessage) -> Result<(), Violation>,
     ) -> Result<Option<bool>, Violation> {
         self.deframer.push(plaintext);
         let mut update = None;
@@ -79,7 +79,7 @@ impl PostHandshake {
                 return Err(NOT_AT_RECORD_END);
             }
             if msg.typ() != HandshakeType::KEY_UPDATE {
-                other(msg.typ(), msg.as_bytes())?;
+                other(&msg)?;
                 continue;
             }
             update = Some(match msg.body() {
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn finds_a_key_update_at_the_end_of_a_record_only() {
-        let none = |_, _: &[u8]| Ok(());
+        let none = |_: &HandshakeMessage| Ok(());
         let mut p = PostHandshake::new();
         let (ask, ku) = (
             key_update_message(true).unwrap(),
@@ -153,8 +153,8 @@ mod tests {
     fn other_messages_go_to_the_callback_which_may_refuse_them() {
         let mut seen = Vec::new();
         let mut p = PostHandshake::new();
-        let r = p.record(&ticket(), |t, msg| {
-            seen.push((t, msg.to_vec()));
+        let r = p.record(&ticket(), |msg| {
+            seen.push((msg.typ(), msg.as_bytes().to_vec()));
             Ok(())
         });
         assert_eq!(
@@ -168,6 +168,6 @@ mod tests {
             alert: AlertDescription::UNEXPECTED_MESSAGE,
             what: "no",
         };
-        assert_eq!(p.record(&ticket(), |_, _| Err(refuse)), Err(refuse));
+        assert_eq!(p.record(&ticket(), |_| Err(refuse)), Err(refuse));
     }
 }

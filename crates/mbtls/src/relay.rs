@@ -353,7 +353,7 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
             // endpoints: pass them on re-protected. After a KeyUpdate, both hops of its
             // direction move to their next keys (see `key_update`).
             ContentType::HANDSHAKE if self.version == TlsVersion::Tls13 => {
-                let update = match self.post_handshake(from).record(plaintext, |_, _| Ok(())) {
+                let update = match self.post_handshake(from).record(plaintext, |_| Ok(())) {
                     Ok(update) => update,
                     Err(v) => {
                         let what = v.what;
