@@ -1567,8 +1567,9 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         primary = primary.only(v);
     }
     primary.pause_after_handshake = true;
-    // Tickets only when asked: an mbTLS client never uses them. TLS 1.2 clients can resume by
-    // session ID (OpenSSL's server cache) either way, through server-side middleboxes too.
+    // Tickets only when asked (each costs the server some work per handshake). TLS 1.2
+    // clients can resume by session ID (OpenSSL's server cache) either way, through
+    // server-side middleboxes too.
     primary.session_tickets = s.session_tickets;
     let names = s.middlebox_names.clone();
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
