@@ -271,18 +271,29 @@ fn mbtls_server_args<'a>(
     backend: &'a str,
     server: &'a PkiFiles,
 ) -> Vec<&'a std::ffi::OsStr> {
+    service_args("server", listen, ("--backend", backend), server)
+}
+
+/// `mbx mbtls <role> --listen <listen> <next flag> <next> --certificate … --private-key …`:
+/// a service of the TLS path with `files`' certificate and key.
+fn service_args<'a>(
+    role: &'a str,
+    listen: &'a str,
+    (next_flag, next): (&'a str, &'a str),
+    files: &'a PkiFiles,
+) -> Vec<&'a std::ffi::OsStr> {
     use std::ffi::OsStr;
     vec![
         OsStr::new("mbtls"),
-        OsStr::new("server"),
+        OsStr::new(role),
         OsStr::new("--listen"),
         OsStr::new(listen),
-        OsStr::new("--backend"),
-        OsStr::new(backend),
+        OsStr::new(next_flag),
+        OsStr::new(next),
         OsStr::new("--certificate"),
-        server.chain.as_os_str(),
+        files.chain.as_os_str(),
         OsStr::new("--private-key"),
-        server.key.as_os_str(),
+        files.key.as_os_str(),
     ]
 }
 
@@ -758,20 +769,8 @@ fn start_middlebox(
     std::io::Lines<BufReader<std::process::ChildStdout>>,
     Vec<String>,
 ) {
-    use std::ffi::OsStr;
-    let mut args = vec![
-        OsStr::new("mbtls"),
-        OsStr::new("middlebox"),
-        OsStr::new("--listen"),
-        OsStr::new("127.0.0.1:0"),
-        OsStr::new("--next-hop"),
-        OsStr::new(next_hop),
-        OsStr::new("--certificate"),
-        mbox.chain.as_os_str(),
-        OsStr::new("--private-key"),
-        mbox.key.as_os_str(),
-    ];
-    args.extend(extra.iter().map(OsStr::new));
+    let mut args = service_args("middlebox", "127.0.0.1:0", ("--next-hop", next_hop), mbox);
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     start(&args, banner)
 }
 
@@ -813,32 +812,51 @@ fn proxy_setup(root: &str, value: &str) -> (Setup, ChildGuard, String, std::path
     (setup, mb, mb_addr, policy)
 }
 
+/// `mbx mbtls client https://server.test/` as a proxy on loopback, trusting `server`'s CA, with
+/// `policy` and `flags`; its first two lines.
+fn start_proxy(
+    server: &PkiFiles,
+    policy: &std::path::Path,
+    flags: &[&str],
+) -> (
+    ChildGuard,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
+    use std::ffi::OsStr;
+    let mut args: Vec<&OsStr> = ["mbtls", "client", "https://server.test/"]
+        .iter()
+        .chain(flags)
+        .map(OsStr::new)
+        .collect();
+    args.extend([
+        OsStr::new("--server-ca"),
+        server.ca.as_os_str(),
+        OsStr::new("--policy"),
+        policy.as_os_str(),
+        OsStr::new("--proxy"),
+        OsStr::new("127.0.0.1:0"),
+    ]);
+    start(&args, 2)
+}
+
 #[test]
 fn client_as_a_local_proxy_carries_curl_over_mbtls() {
-    use std::ffi::OsStr;
     let (setup, _mb, mb_addr, policy) = proxy_setup("mbx cli mbtls proxy root", "via-proxy");
     let server = &setup.server;
-    let (_proxy, mut proxy_lines, phead) = start(
+    let (_proxy, mut proxy_lines, phead) = start_proxy(
+        server,
+        &policy,
         &[
-            OsStr::new("mbtls"),
-            OsStr::new("client"),
-            OsStr::new("https://server.test/"),
-            OsStr::new("--middlebox"),
-            OsStr::new(&mb_addr),
-            OsStr::new("--middlebox-name"),
-            OsStr::new("mb.test"),
-            OsStr::new("--server-ca"),
-            server.ca.as_os_str(),
-            OsStr::new("--policy"),
-            policy.as_os_str(),
-            OsStr::new("--proxy"),
-            OsStr::new("127.0.0.1:0"),
-            OsStr::new("--idle-timeout-secs"),
-            OsStr::new("2"),
-            OsStr::new("--max-connections"),
-            OsStr::new("4"),
+            "--middlebox",
+            &mb_addr,
+            "--middlebox-name",
+            "mb.test",
+            "--idle-timeout-secs",
+            "2",
+            "--max-connections",
+            "4",
         ],
-        2,
     );
     assert_eq!(
         phead[1], "limits: handshake 60s, idle 2s, at most 4 connections at once",
@@ -904,7 +922,6 @@ fn refused_without_proxy(server: &PkiFiles, flag: &[&str]) {
 /// with --no-resume every connection is a full handshake.
 #[test]
 fn the_client_proxy_resumes_sessions_unless_told_not_to() {
-    use std::ffi::OsStr;
     let (setup, _mb, mb_addr, policy) = proxy_setup("mbx cli mbtls resume root", "resuming");
     let server = &setup.server;
     let nginx_addr = setup.nginx.addr().to_string();
@@ -917,21 +934,8 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
         (&via_mb, &["--tls", "1.2", "--no-resume"], [false, false]),
     ];
     for (path, extra, expected) in cases {
-        let mut args: Vec<&OsStr> = ["mbtls", "client", "https://server.test/"]
-            .iter()
-            .chain(path)
-            .chain(extra)
-            .map(OsStr::new)
-            .collect();
-        args.extend([
-            OsStr::new("--server-ca"),
-            server.ca.as_os_str(),
-            OsStr::new("--policy"),
-            policy.as_os_str(),
-            OsStr::new("--proxy"),
-            OsStr::new("127.0.0.1:0"),
-        ]);
-        let (_proxy, mut lines, head) = start(&args, 2);
+        let flags = [path, extra].concat();
+        let (_proxy, mut lines, head) = start_proxy(server, &policy, &flags);
         let proxy_addr = listening_addr(&head[0]);
         let mut resumed = Vec::new();
         for _ in 0..2 {
