@@ -825,27 +825,36 @@ impl EndpointCore {
     }
 
     pub(super) fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError> {
-        match self.data.as_mut() {
-            Some(d) => Ok(d.write(data)?),
-            None => {
-                self.pending_writes.extend_from_slice(data);
-                Ok(())
-            }
+        if self.data.is_none() {
+            self.pending_writes.extend_from_slice(data);
+            return Ok(());
         }
+        self.sending("write before the data phase", |d| d.write(data))
     }
 
     pub(super) fn close(&mut self) -> Result<(), HandshakeError> {
-        match self.data.as_mut() {
-            Some(d) => Ok(d.close()?),
-            None => Err(HandshakeError::Protocol("close before the data phase")),
-        }
+        self.sending("close before the data phase", DataPhase::close)
     }
 
     pub(super) fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {
-        match self.data.as_mut() {
-            Some(d) => Ok(d.update_keys(request_peer)?),
-            None => Err(HandshakeError::Protocol("KeyUpdate before the data phase")),
-        }
+        self.sending("KeyUpdate before the data phase", |d| {
+            d.update_keys(request_peer)
+        })
+    }
+
+    /// Something we send in the data phase. A failure on our side (a key at its limit, OpenSSL
+    /// refusing to seal) makes the session unresumable now, not at the next receive.
+    fn sending(
+        &mut self,
+        too_early: &'static str,
+        f: impl FnOnce(&mut DataPhase) -> Result<(), MbtlsError>,
+    ) -> Result<(), HandshakeError> {
+        let r = match self.data.as_mut() {
+            Some(d) => f(d),
+            None => return Err(HandshakeError::Protocol(too_early)),
+        };
+        self.data_events();
+        Ok(r?)
     }
 
     pub(super) fn summary(&self) -> Option<&SessionSummary> {
@@ -915,8 +924,64 @@ fn split_records(stream: &[u8]) -> Vec<&[u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::certificate_name;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::{certificate_name, DataPhase, EndpointCore, EndpointDataPhase, HopKeys};
+    use mbx_attest::Policy;
+    use mbx_engine::Role;
+    use mbx_record::{CipherSuite, TlsVersion};
     use mbx_testbed::pki::{LeafSpec, TestPki};
+
+    /// A client core in its data phase on a TLS 1.2 hop whose key has room for one more
+    /// record, and whether its session was forgotten.
+    fn client_at_its_key_limit() -> (EndpointCore, Arc<AtomicBool>) {
+        let (v, suite) = (
+            TlsVersion::Tls12,
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        );
+        let last = suite.aead.confidentiality_limit() - 1;
+        let keys = HopKeys::generate(v, &suite, last, 0).unwrap();
+        let mut core = EndpointCore::new(Role::Client, Policy::default(), 0, None, 0, None);
+        core.data = Some(DataPhase::Exported(EndpointDataPhase::new(
+            Role::Client,
+            v,
+            keys,
+        )));
+        let forgotten = Arc::new(AtomicBool::new(false));
+        let flag = forgotten.clone();
+        core.forget_on_failure(Box::new(move || flag.store(true, Ordering::SeqCst)));
+        (core, forgotten)
+    }
+
+    /// A session that fails while we send (here: the key reached its limit, which a TLS 1.2 hop
+    /// cannot update) is forgotten at once, before anything more is received.
+    #[test]
+    fn a_failure_on_our_side_forgets_the_session_at_once() {
+        let (mut core, forgotten) = client_at_its_key_limit();
+        core.write(b"last").unwrap();
+        assert!(!forgotten.load(Ordering::SeqCst));
+        assert!(core.write(b"one more").is_err());
+        assert!(forgotten.load(Ordering::SeqCst));
+        // The failure is among the core's events too.
+        let failed = std::iter::from_fn(|| core.poll_event()).any(|e| {
+            matches!(
+                e,
+                super::ClientHandshakeEvent::Data(super::EndpointEvent::Failed { .. })
+            )
+        });
+        assert!(failed);
+    }
+
+    /// An error that does not fail the session (a KeyUpdate asked of a TLS 1.2 session) leaves
+    /// it resumable.
+    #[test]
+    fn an_error_that_leaves_the_session_usable_forgets_nothing() {
+        let (mut core, forgotten) = client_at_its_key_limit();
+        assert!(core.update_keys(false).is_err());
+        core.write(b"last").unwrap();
+        assert!(!forgotten.load(Ordering::SeqCst));
+    }
 
     fn der(spec: &LeafSpec) -> Vec<u8> {
         let pki = TestPki::new("names").unwrap();
