@@ -585,6 +585,8 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
 /// connection a proxy accepts until a reload.
 struct ClientSetup {
     cfg: ClientHandshakeConfig,
+    /// What `cfg.primary` was built from (a reload compares it with the running one's).
+    primary_tls: TlsConfig,
     s: ClientSettings,
     /// Pre-configured middleboxes in path order; empty with discovery or none.
     names: Vec<String>,
@@ -604,10 +606,15 @@ fn client(
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
         let running = setup.s.service.clone();
+        let primary = (setup.primary_tls.clone(), setup.cfg.primary.clone());
+        let running_primary = std::sync::Mutex::new(primary);
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             same_listeners((&listen, &running), (&listen, &new.s.service))?;
-            proxy_config(new)
+            let tls = new.primary_tls.clone();
+            let mut cfg = proxy_config(new)?;
+            keep_sessions(&running_primary, tls, &mut cfg.handshake.primary);
+            Ok(cfg)
         };
         return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
     }
@@ -619,6 +626,7 @@ fn client(
         server_name,
         authority,
         path,
+        ..
     } = setup;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
@@ -810,6 +818,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     };
     Ok(ClientSetup {
         cfg,
+        primary_tls: primary,
         s,
         names,
         first_hop,
@@ -1660,6 +1669,25 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
         handshake: setup.cfg,
         first_hop: setup.first_hop,
     })
+}
+
+/// A proxy reloaded without a change to its TLS configuration toward the server keeps the
+/// running primary context, and with it the sessions it resumes (docs/mbtls.md §4.6); any
+/// change (the server's name, its CA, versions, `resume`) starts with the new context's empty
+/// store, since a session is resumed without the checks the new settings would make.
+fn keep_sessions(
+    running: &std::sync::Mutex<(TlsConfig, Arc<OpenSslContext>)>,
+    new_tls: TlsConfig,
+    new_primary: &mut Arc<OpenSslContext>,
+) {
+    let mut running = running
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if running.0.same_settings(&new_tls) {
+        *new_primary = running.1.clone();
+    } else {
+        *running = (new_tls, new_primary.clone());
+    }
 }
 
 /// `mbx mbtls client --proxy`: every local connection gets its own mbTLS session. On SIGHUP

@@ -954,7 +954,9 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
 
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
 /// their sessions through the middlebox the file names now; a file that no longer builds a
-/// configuration changes nothing.
+/// configuration changes nothing. The session with the server is resumed across reloads that
+/// leave the TLS configuration toward the server as it was, and made afresh after one that
+/// changed it.
 #[test]
 fn the_client_proxy_reloads_its_config_file_on_sighup() {
     use std::ffi::OsStr;
@@ -992,9 +994,14 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
     );
     let proxy_addr = listening_addr(&head[0]);
     let header_through_proxy = || header_through_proxy(&proxy_addr);
-    assert_eq!(header_through_proxy(), "one");
-    let line = lines.next().unwrap().unwrap();
-    assert!(line.starts_with("connection "), "{line}");
+    // The header the middlebox inserted, and whether the session was resumed.
+    let next_connection = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| {
+        let header = header_through_proxy();
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.starts_with("connection "), "{line}");
+        (header, line.contains("session resumed; "))
+    };
+    assert_eq!(next_connection(&mut lines), ("one".to_string(), false));
 
     write_config(&two, "max_connections = 3\n");
     signal(&mut proxy, Signal::HUP);
@@ -1003,16 +1010,21 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
         "proxy reloaded: new connections get the new configuration; \
          limits: handshake 60s, idle 600s, at most 3 connections at once"
     );
-    assert_eq!(header_through_proxy(), "two");
-    let line = lines.next().unwrap().unwrap();
-    assert!(line.starts_with("connection "), "{line}");
+    // Another middlebox, the same TLS toward the server: the session resumes through it.
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
 
     // Both a name and a list of names: refused, the proxy keeps going through the second.
     write_config(&one, "middlebox_names = [\"mb.test\"]\n");
     signal(&mut proxy, Signal::HUP);
-    assert_eq!(header_through_proxy(), "two");
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
+
+    // Only TLS 1.3 now: a new context, whose first session is a full one.
+    write_config(&two, "tls = \"1.3\"\n");
+    signal(&mut proxy, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
-    assert!(line.starts_with("connection "), "{line}");
+    assert!(line.starts_with("proxy reloaded"), "{line}");
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), false));
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
 }
 
 /// Started with a low soft limit on open files (as a login shell's 1,024), the middlebox raises

@@ -211,6 +211,69 @@ impl TlsConfig {
         self
     }
 
+    /// Whether a context built from `other` would act as one built from `self`: every setting
+    /// equal (the private key compared in constant time). A custom extension with a handler
+    /// never compares equal (closures cannot be compared). A reload that changed nothing can
+    /// then keep its running context, and with it the sessions that context would resume.
+    pub fn same_settings(&self, other: &TlsConfig) -> bool {
+        // Destructured, so that a new field cannot be left out of the comparison.
+        let TlsConfig {
+            role,
+            identity,
+            trust_roots_pem,
+            verify_peer,
+            server_name,
+            alpn,
+            min_version,
+            max_version,
+            cipher_suites,
+            session_tickets,
+            groups,
+            custom_extensions,
+            pause_after_handshake,
+            exportable,
+            verified_chain_cache,
+            resume_sessions,
+        } = self;
+        let same_identity = match (identity, &other.identity) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.cert_chain_pem == b.cert_chain_pem
+                    && bool::from(subtle::ConstantTimeEq::ct_eq(
+                        a.key_pem.as_slice(),
+                        b.key_pem.as_slice(),
+                    ))
+            }
+            _ => false,
+        };
+        let same_extension = |a: &CustomExtension, b: &CustomExtension| {
+            a.ext_type == b.ext_type
+                && a.client_payload == b.client_payload
+                && a.handler.is_none()
+                && b.handler.is_none()
+        };
+        same_identity
+            && *role == other.role
+            && *trust_roots_pem == other.trust_roots_pem
+            && *verify_peer == other.verify_peer
+            && *server_name == other.server_name
+            && *alpn == other.alpn
+            && *min_version == other.min_version
+            && *max_version == other.max_version
+            && *cipher_suites == other.cipher_suites
+            && *session_tickets == other.session_tickets
+            && *groups == other.groups
+            && custom_extensions.len() == other.custom_extensions.len()
+            && custom_extensions
+                .iter()
+                .zip(&other.custom_extensions)
+                .all(|(a, b)| same_extension(a, b))
+            && *pause_after_handshake == other.pause_after_handshake
+            && *exportable == other.exportable
+            && *verified_chain_cache == other.verified_chain_cache
+            && *resume_sessions == other.resume_sessions
+    }
+
     /// ALPN protocols in the wire format (length-prefixed list).
     pub(crate) fn alpn_wire(&self) -> Result<Vec<u8>, crate::EngineError> {
         let mut out = Vec::new();
@@ -257,4 +320,42 @@ pub(crate) fn trust_roots(pem: &[u8]) -> Result<Vec<openssl::x509::X509>, crate:
         ));
     }
     Ok(roots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> TlsConfig {
+        TlsConfig::server(Identity::from_pem(b"chain".to_vec(), b"key".to_vec()))
+    }
+
+    #[test]
+    fn equal_settings_are_the_same_and_any_change_is_not() {
+        let client = TlsConfig::client("server.test", b"roots".to_vec());
+        assert!(client.same_settings(&client.clone()));
+        assert!(server().same_settings(&server()));
+        let changes: [fn(&mut TlsConfig); 8] = [
+            |c| c.trust_roots_pem = Some(b"other roots".to_vec()),
+            |c| c.server_name = Some("other.test".into()),
+            |c| c.min_version = TlsVersion::Tls13,
+            |c| c.resume_sessions = 1,
+            |c| c.exportable = false,
+            |c| c.groups = vec!["P-256".into()],
+            |c| c.identity = Some(Identity::from_pem(b"chain".to_vec(), b"other".to_vec())),
+            |c| c.custom_extensions = vec![CustomExtension::new(0xff00)],
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut other = server();
+            change(&mut other);
+            assert!(!server().same_settings(&other), "change {i}");
+            assert!(!other.same_settings(&server()), "change {i}");
+        }
+        let mut with_ext = client.clone();
+        with_ext.custom_extensions = vec![CustomExtension::new(0xff00)];
+        assert!(with_ext.same_settings(&with_ext.clone()));
+        // A handler is a closure: never the same as anything.
+        with_ext.custom_extensions[0].handler = Some(Arc::new(|_| ExtensionResponse::Accept));
+        assert!(!with_ext.same_settings(&with_ext.clone()));
+    }
 }
