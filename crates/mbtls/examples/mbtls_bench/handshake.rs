@@ -420,7 +420,10 @@ fn resumed_configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
 
 /// Mean CPU µs per handshake of each role, `reps` times (`n` handshakes of each
 /// configuration, interleaved one by one so that every configuration sees the same machine
-/// load and per-repetition ratios are paired), after a short warm-up round.
+/// load and per-repetition ratios are paired), after a short warm-up round. Each round of
+/// interleaving visits the configurations in a new (seeded, reproducible) order: in a fixed
+/// order each configuration always followed the same one, whose footprint in the CPU caches
+/// moved its cost by up to 10% (docs/mbtls.md §9, seventeenth round).
 pub fn run(
     setup: &Setup,
     version: TlsVersion,
@@ -437,11 +440,15 @@ pub fn run(
         .iter()
         .map(|c| vec![Vec::new(); c.roles.len()])
         .collect();
+    let mut order: Vec<usize> = (0..configs.len()).collect();
+    let mut rng = Shuffler(0x6d62_746c_735f_6273);
     for rep in 0..=reps {
         let mut cpu: Vec<Vec<u64>> = configs.iter().map(|c| vec![0u64; c.specs.len()]).collect();
         let count = if rep == 0 { n.div_ceil(4) } else { n };
         for _ in 0..count {
-            for (c, cpu) in configs.iter().zip(cpu.iter_mut()) {
+            rng.shuffle(&mut order);
+            for &ci in &order {
+                let (c, cpu) = (&configs[ci], &mut cpu[ci]);
                 // The first handshake of the warm-up makes the session later ones resume.
                 once(&c.specs, cpu, c.resumed && rep > 0)
                     .map_err(|e| format!("{}: {e}", c.name))?;
@@ -481,4 +488,25 @@ pub fn run(
         rows.push(json!({"config": c.name, "roles": roles}));
     }
     Ok(Value::Array(rows))
+}
+
+/// A seeded xorshift64 generator for the order of configurations: reproducible, and no
+/// dependency for a shuffle that needs no cryptographic quality.
+struct Shuffler(u64);
+
+impl Shuffler {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Fisher–Yates.
+    fn shuffle(&mut self, items: &mut [usize]) {
+        for i in (1..items.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
 }
