@@ -15,6 +15,9 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::Side;
 use mbx_record::TlsVersion;
 use mbx_testbed::bench::stats;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde_json::{json, Value};
 
 use crate::cpu::thread_ns;
@@ -441,12 +444,13 @@ pub fn run(
         .map(|c| vec![Vec::new(); c.roles.len()])
         .collect();
     let mut order: Vec<usize> = (0..configs.len()).collect();
-    let mut rng = Shuffler(0x6d62_746c_735f_6273);
+    // Seeded: a run's order can be repeated.
+    let mut rng = StdRng::seed_from_u64(0x6d62_746c_735f_6273);
     for rep in 0..=reps {
         let mut cpu: Vec<Vec<u64>> = configs.iter().map(|c| vec![0u64; c.specs.len()]).collect();
         let count = if rep == 0 { n.div_ceil(4) } else { n };
         for _ in 0..count {
-            rng.shuffle(&mut order);
+            order.shuffle(&mut rng);
             for &ci in &order {
                 let (c, cpu) = (&configs[ci], &mut cpu[ci]);
                 // The first handshake of the warm-up makes the session later ones resume.
@@ -488,25 +492,4 @@ pub fn run(
         rows.push(json!({"config": c.name, "roles": roles}));
     }
     Ok(Value::Array(rows))
-}
-
-/// A seeded xorshift64 generator for the order of configurations: reproducible, and no
-/// dependency for a shuffle that needs no cryptographic quality.
-struct Shuffler(u64);
-
-impl Shuffler {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Fisher–Yates.
-    fn shuffle(&mut self, items: &mut [usize]) {
-        for i in (1..items.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            items.swap(i, j);
-        }
-    }
 }
