@@ -10,16 +10,17 @@ use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, Verdict};
 use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{
-    AlertDescription, CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig,
-    TlsEngine,
+    AlertDescription, CustomExtension, Identity, OpenSslContext, OpenSslEngine,
+    RustlsClientContext, TlsConfig, TlsEngine,
 };
 use mbx_mbtls::handshake::{
-    ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox, HandshakeError,
-    MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+    secondary_client_config, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent,
+    ClientMiddlebox, HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig,
+    MiddleboxHandshakeEvent,
 };
 use mbx_mbtls::{EndpointEvent, Side, CT_ENCAPSULATED, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
-use mbx_testbed::pki::{LeafSpec, TestPki};
+use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 
 const PROGRAM: &str = "mbx-test-middlebox";
 
@@ -43,12 +44,32 @@ fn setup(version: TlsVersion, mbox_name: &str, accepted: [u8; 32]) -> Setup {
 
 /// `rogue_ca`: the middlebox certificate comes from a CA the client does not trust.
 fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca: bool) -> Setup {
+    let mbox = LeafSpec::middlebox(mbox_name);
+    setup_full(version, mbox, accepted, rogue_ca, ClientSecondary::OpenSsl)
+}
+
+/// The engine of the client's secondary session.
+#[derive(Clone, Copy, Debug)]
+enum ClientSecondary {
+    OpenSsl,
+    /// What the CLI uses, configured as the CLI does.
+    Rustls,
+}
+
+/// `mbox`: the middlebox's certificate.
+fn setup_full(
+    version: TlsVersion,
+    mbox: LeafSpec,
+    accepted: [u8; 32],
+    rogue_ca: bool,
+    client_secondary: ClientSecondary,
+) -> Setup {
     let pki = TestPki::new("mbtls test root").unwrap();
     let root = pki.root_pem().into_bytes();
     let (server_id, _) = identity(&pki, &LeafSpec::server("server.test"));
     let rogue = TestPki::new("rogue root").unwrap();
     let mbox_ca = if rogue_ca { &rogue } else { &pki };
-    let (mbox_id, _) = identity(mbox_ca, &LeafSpec::middlebox(mbox_name));
+    let (mbox_id, _) = identity(mbox_ca, &mbox);
 
     let mut primary = TlsConfig::client("server.test", root.clone()).only(version);
     primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
@@ -73,7 +94,16 @@ fn setup_with(version: TlsVersion, mbox_name: &str, accepted: [u8; 32], rogue_ca
         client_cfg: ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
             server_name: "server.test".into(),
-            secondary: Arc::new(OpenSslContext::new(&secondary).unwrap()),
+            secondary: match client_secondary {
+                ClientSecondary::OpenSsl => Arc::new(OpenSslContext::new(&secondary).unwrap()),
+                ClientSecondary::Rustls => {
+                    let cli = secondary_client_config(
+                        "mb.test",
+                        secondary.trust_roots_pem.clone().unwrap(),
+                    );
+                    Arc::new(RustlsClientContext::new(&cli).unwrap())
+                }
+            },
             middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
             policy,
             now_unix: 1_800_000_000,
@@ -298,6 +328,50 @@ fn preconfigured_middlebox_joins_and_relays_both_versions() {
             relay.key_fingerprints(Side::Client).0,
             relay.key_fingerprints(Side::Server).1
         );
+    }
+}
+
+/// The middlebox's certificate key is the operator's choice: with each key type a TLS server
+/// may hold (ECDSA P-256 and P-384, RSA-2048, Ed25519), both versions and both engines of the
+/// client's secondary session, the middlebox is verified, gets its keys and relays.
+#[test]
+fn middleboxes_with_every_certificate_key_type_join() {
+    let key_types = [
+        KeyType::EcdsaP256,
+        KeyType::EcdsaP384,
+        KeyType::Rsa2048,
+        KeyType::Ed25519,
+    ];
+    for key_type in key_types {
+        for engine in [ClientSecondary::OpenSsl, ClientSecondary::Rustls] {
+            for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+                let mbox = LeafSpec::middlebox("mb.test").key_type(key_type);
+                let s = setup_full(version, mbox, measure(PROGRAM, b""), false, engine);
+                let mut net = Net::new(&s, tagger());
+                net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+                net.pump(&mut None);
+                let case = format!("{key_type:?} {engine:?} {version:?}");
+                assert!(net.client_err.is_none(), "{case}: {:?}", net.client_err);
+                assert!(net.mbox_err.is_none(), "{case}: {:?}", net.mbox_err);
+                let ce = client_events(&mut net.client);
+                let verified = ce.iter().any(|e| {
+                    matches!(
+                        e,
+                        ClientHandshakeEvent::MiddleboxVerified {
+                            claims: Some(_),
+                            ..
+                        }
+                    )
+                });
+                assert!(verified, "{case}: {ce:?}");
+                assert!(net.client.is_ready(), "{case}");
+                assert_eq!(
+                    net.server.take_plaintext(),
+                    b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n",
+                    "{case}"
+                );
+            }
+        }
     }
 }
 

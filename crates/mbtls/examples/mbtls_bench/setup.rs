@@ -52,13 +52,21 @@ fn no_tickets(mut cfg: TlsConfig) -> TlsConfig {
 }
 
 impl Setup {
-    /// `key_type` for the root and every leaf (server, middleboxes).
+    /// `key_type` for the root and every leaf (server, middleboxes). For profiling,
+    /// `MBTLS_BENCH_MIDDLEBOX_KEYS=ed25519` (or `ecdsa`, `rsa`) gives the middleboxes' leaves
+    /// another key type: what the endpoints' secondary sessions check is the operator's choice.
     pub fn new(key_type: KeyType) -> Res<Setup> {
         let pki = TestPki::with_key_type("mbx bench root", key_type)?;
         let server_id = identity(&pki, &LeafSpec::server(SERVER).key_type(key_type))?;
+        let middlebox_keys = match std::env::var("MBTLS_BENCH_MIDDLEBOX_KEYS").as_deref() {
+            Ok("ed25519") => KeyType::Ed25519,
+            Ok("ecdsa") => KeyType::EcdsaP256,
+            Ok("rsa") => KeyType::Rsa2048,
+            _ => key_type,
+        };
         let mut middleboxes = HashMap::new();
         for name in CLIENT_SIDE.into_iter().chain(SERVER_SIDE) {
-            let spec = LeafSpec::middlebox(name).key_type(key_type);
+            let spec = LeafSpec::middlebox(name).key_type(middlebox_keys);
             middleboxes.insert(name, identity(&pki, &spec)?);
         }
         Ok(Setup {
