@@ -19,7 +19,8 @@ use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
     AppFactory, ClientProxy, ClientProxyConfig, Limits, MbtlsClient, MbtlsServer,
-    MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement,
+    MbtlsServerConfig, MbtlsServerConnection, MiddleboxServer, MiddleboxServerConfig,
+    MiddleboxVerdict, Placement,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
@@ -164,6 +165,13 @@ impl World {
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
         primary
+    }
+
+    /// An mbTLS client through the client-side middlebox mb1 at `mb1`, its request sent with
+    /// the key material.
+    async fn connect(&self, mb1: SocketAddr, version: TlsVersion, request: &[u8]) -> MbtlsClient {
+        let connecting = MbtlsClient::connect_with_data(mb1, self.client(version), request);
+        timeout(BOUND, connecting).await.unwrap().unwrap()
     }
 
     fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
@@ -370,13 +378,7 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
         .await
         .unwrap();
         let request = b"GET /both HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
-        let mut client = timeout(
-            BOUND,
-            MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), request),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let mut client = w.connect(mb1.local_addr(), version, request).await;
         let body = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
         let body = String::from_utf8_lossy(&body).into_owned();
         assert!(
@@ -397,6 +399,79 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
         assert_eq!(csum.hops[1], ssum.hops[0]);
         assert_eq!(r2.server_hop, Some(ssum.hops[1]));
         assert_ne!(csum.hops[0], ssum.hops[1]);
+    }
+}
+
+/// An application serving mbTLS itself (no backend): it accepts a connection as an
+/// `MbtlsServerConnection` behind a server-side middlebox, with an mbTLS client on the other
+/// side of a client-side one, both versions. Data goes both ways through both middleboxes'
+/// apps; with TLS 1.3 the server updates its keys and asks the client to, and each side
+/// follows the other's KeyUpdate; with TLS 1.2 asking is an error that leaves the session
+/// usable. Both ends close cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_serves_mbtls_itself_and_updates_its_keys() {
+    let w = World::new();
+    for version in VERSIONS {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let placement = Placement::ServerSide;
+        let mb2_cfg = w.middlebox("mb2.test", listener.local_addr().unwrap(), placement);
+        let mut mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
+        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
+        let mut mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        // The server's handshake configuration, as the service's.
+        let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
+        let app = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut s = MbtlsServerConnection::accept(stream, cfg).await.unwrap();
+            let verified = matches!(s.verdict(), MiddleboxVerdict::Verified { middlebox, .. } if middlebox == "mb2.test");
+            let request = s.read().await.unwrap().unwrap();
+            let updated = s.update_keys(true).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            // The client's answer to our KeyUpdate, then its close_notify.
+            let rest = s.read_to_end().await.unwrap();
+            s.close().await.unwrap();
+            (
+                verified,
+                request,
+                updated.is_ok(),
+                rest,
+                s.peer_key_updates(),
+            )
+        });
+        let request = b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n";
+        let mut client = w.connect(mb1.local_addr(), version, request).await;
+        let response = timeout(BOUND, client.read())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(response.ends_with(b"ok"), "{version:?}");
+        client.close().await.unwrap();
+        let tail = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+        assert!(tail.is_empty(), "{version:?}");
+        let (verified, got, updated, rest, server_saw) =
+            timeout(BOUND, app).await.unwrap().unwrap();
+        assert!(verified, "{version:?}");
+        // Both middleboxes' apps handled the request on its way.
+        let got = String::from_utf8_lossy(&got).into_owned();
+        assert!(
+            got.contains("X-Mbtls: mb1.test\r\nX-Mbtls: mb2.test\r\n"),
+            "{version:?}: {got}"
+        );
+        assert!(rest.is_empty(), "{version:?}");
+        let tls13 = version == TlsVersion::Tls13;
+        assert_eq!(updated, tls13, "{version:?}");
+        // The client followed the server's KeyUpdate and answered it, which the server followed.
+        assert_eq!(client.peer_key_updates(), u32::from(tls13), "{version:?}");
+        assert_eq!(server_saw, u32::from(tls13), "{version:?}");
+        for report in [
+            timeout(BOUND, mb1.next_report()).await.unwrap().unwrap(),
+            timeout(BOUND, mb2.next_report()).await.unwrap().unwrap(),
+        ] {
+            assert!(report.outcome.is_ok(), "{version:?}: {:?}", report.outcome);
+        }
     }
 }
 

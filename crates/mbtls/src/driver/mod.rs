@@ -7,7 +7,9 @@
 //!   [`MiddleboxHandshake`] (client side) or [`ServerSideMiddlebox`] (server side) and the relay,
 //!   both directions at once.
 //! - [`server`]: accept connections, run [`ServerHandshake`], pass the plaintext to a TCP
-//!   backend and its answers back.
+//!   backend and its answers back; or, for an application that serves mbTLS itself, one
+//!   accepted connection as an [`MbtlsServerConnection`] ([`connection`]: the session type
+//!   both endpoints share).
 //! - [`proxy`]: the client as a local proxy: accept local plain-TCP connections and carry each
 //!   over its own mbTLS session.
 //!
@@ -21,6 +23,7 @@
 
 mod accept;
 pub mod client;
+pub mod connection;
 pub mod middlebox;
 mod outbox;
 pub mod proxy;
@@ -32,12 +35,13 @@ mod splice;
 
 pub use accept::{ListenerStats, Listening, ServiceConfig};
 pub use client::{MbtlsClient, MiddleboxVerdict};
+pub use connection::{Connection, EndpointHandshake};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
 pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
 pub use reports::{EndedConnections, REPORTS_KEPT};
-pub use server::{MbtlsServer, MbtlsServerConfig, ServerConnectionReport};
+pub use server::{MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;
 use crate::hop::Alert;

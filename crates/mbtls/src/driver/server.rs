@@ -11,6 +11,7 @@ use tokio::time::timeout;
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
+use super::connection::Connection;
 use super::splice::{splice, Carried, EndpointSession, Sides};
 use super::{DriverError, Limits, READ_BUF};
 use crate::endpoint::EndpointEvent;
@@ -93,6 +94,27 @@ impl Listening<ServerConnectionReport, MbtlsServerConfig> {
             },
         )
         .await
+    }
+}
+
+/// An mbTLS server session over one accepted TCP connection, after its handshake, for an
+/// application that serves mbTLS itself instead of passing the plaintext to a TCP backend
+/// ([`MbtlsServer`]): it reads and writes application data, closes, and updates its keys
+/// ([`Connection`]'s methods).
+pub type MbtlsServerConnection = Connection<ServerHandshake>;
+
+impl Connection<ServerHandshake> {
+    /// Runs the server's handshake on an accepted connection until the data phase starts (the
+    /// server-side middleboxes verified and given their keys, or a session without them).
+    /// `cfg.now_unix` is replaced by the current time. There is no timeout here: bound it as
+    /// the service does ([`Limits::handshake_timeout`](super::Limits::handshake_timeout)).
+    pub async fn accept(
+        stream: TcpStream,
+        mut cfg: ServerHandshakeConfig,
+    ) -> Result<MbtlsServerConnection, DriverError> {
+        cfg.now_unix = mbx_attest::unix_seconds(SystemTime::now());
+        let hs = ServerHandshake::new(cfg)?;
+        Connection::handshake(stream, hs).await
     }
 }
 

@@ -1,0 +1,307 @@
+//! One endpoint's mbTLS session over one TCP connection, for either role: the handshake until
+//! the data phase, then application data both ways. [`MbtlsClient`](super::MbtlsClient) is
+//! this with a client core (it connects), [`MbtlsServerConnection`](super::MbtlsServerConnection)
+//! with a server core (it takes an accepted connection), for applications that serve mbTLS
+//! themselves instead of passing the plaintext to a TCP backend ([`super::MbtlsServer`]).
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::client::MiddleboxVerdict;
+use super::splice::EndpointSession;
+use super::{DriverError, READ_BUF};
+use crate::endpoint::EndpointEvent;
+use crate::handshake::{
+    ClientHandshake, ClientHandshakeEvent, HandshakeError, ServerHandshake, SessionSummary,
+};
+
+/// What a connection needs of its handshake core: the core's methods of the same names.
+/// [`ClientHandshake`] and [`ServerHandshake`] have it; sealed, since the drivers' error wording
+/// depends on the role.
+pub trait EndpointHandshake: sealed::Sealed + Send {
+    /// The neighbour at the other end of the socket, in errors.
+    const NEIGHBOUR: &'static str;
+    /// "reading from" and "writing to" that neighbour, in errors.
+    const READING: &'static str;
+    const WRITING: &'static str;
+    fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError>;
+    fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError>;
+    fn close(&mut self) -> Result<(), HandshakeError>;
+    fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError>;
+    fn summary(&self) -> Option<&SessionSummary>;
+    fn take_outgoing(&mut self) -> Vec<u8>;
+    fn take_plaintext(&mut self) -> Vec<u8>;
+    fn poll_event(&mut self) -> Option<ClientHandshakeEvent>;
+    fn data_phase_started(&self) -> bool;
+    fn release_idle_buffers(&mut self);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::handshake::ClientHandshake {}
+    impl Sealed for crate::handshake::ServerHandshake {}
+}
+
+/// The same methods, by the same names, on both cores.
+macro_rules! endpoint_handshake {
+    ($core:ty, $neighbour:literal) => {
+        impl EndpointHandshake for $core {
+            const NEIGHBOUR: &'static str = $neighbour;
+            const READING: &'static str = concat!("reading from the ", $neighbour);
+            const WRITING: &'static str = concat!("writing to the ", $neighbour);
+            fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError> {
+                <$core>::receive(self, bytes)
+            }
+            fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError> {
+                <$core>::write(self, data)
+            }
+            fn close(&mut self) -> Result<(), HandshakeError> {
+                <$core>::close(self)
+            }
+            fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {
+                <$core>::update_keys(self, request_peer)
+            }
+            fn summary(&self) -> Option<&SessionSummary> {
+                <$core>::summary(self)
+            }
+            fn take_outgoing(&mut self) -> Vec<u8> {
+                <$core>::take_outgoing(self)
+            }
+            fn take_plaintext(&mut self) -> Vec<u8> {
+                <$core>::take_plaintext(self)
+            }
+            fn poll_event(&mut self) -> Option<ClientHandshakeEvent> {
+                <$core>::poll_event(self)
+            }
+            fn data_phase_started(&self) -> bool {
+                <$core>::data_phase_started(self)
+            }
+            fn release_idle_buffers(&mut self) {
+                <$core>::release_idle_buffers(self)
+            }
+        }
+    };
+}
+
+endpoint_handshake!(ClientHandshake, "middlebox");
+endpoint_handshake!(ServerHandshake, "previous hop");
+
+/// An mbTLS endpoint's session over TCP, after its handshake.
+pub struct Connection<H> {
+    pub(super) stream: TcpStream,
+    pub(super) session: Session<H>,
+    pub(super) buf: Vec<u8>,
+}
+
+/// The core and what its events told so far (apart from the socket, so that the socket can be
+/// split while events are handled).
+pub(super) struct Session<H> {
+    pub(super) hs: H,
+    /// Every verdict, in the order the middleboxes' evidence was checked.
+    verdicts: Vec<MiddleboxVerdict>,
+    peer_closed: bool,
+    /// TLS 1.3 KeyUpdates the peer sent, followed.
+    peer_key_updates: u32,
+}
+
+impl<H: EndpointHandshake> Session<H> {
+    fn events(&mut self) -> Result<(), DriverError> {
+        while let Some(ev) = self.hs.poll_event() {
+            match ev {
+                ClientHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
+                    self.verdicts
+                        .push(MiddleboxVerdict::Verified { middlebox, claims });
+                }
+                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
+                    self.verdicts
+                        .push(MiddleboxVerdict::Excluded { middlebox, why });
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
+                ClientHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {
+                    self.peer_key_updates += 1
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
+                    return Err(DriverError::alert(a, "received from the path"))
+                }
+                ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
+                    return Err(DriverError::alert(alert, what))
+                }
+                ev => tracing::debug!(?ev, "mbtls endpoint"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<H: EndpointHandshake> EndpointSession for Session<H> {
+    fn receive(&mut self, records: &[u8]) -> Result<(), DriverError> {
+        self.hs.receive(records)?;
+        self.events()
+    }
+    fn write(&mut self, plain: &[u8]) -> Result<(), DriverError> {
+        Ok(self.hs.write(plain)?)
+    }
+    fn close(&mut self) -> Result<(), DriverError> {
+        Ok(self.hs.close()?)
+    }
+    fn take_plaintext(&mut self) -> Vec<u8> {
+        self.hs.take_plaintext()
+    }
+    fn take_outgoing(&mut self) -> Vec<u8> {
+        self.hs.take_outgoing()
+    }
+    fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+    fn release_idle_buffers(&mut self) {
+        self.hs.release_idle_buffers();
+    }
+    fn peer_key_updates(&self) -> u32 {
+        self.peer_key_updates
+    }
+}
+
+impl<H: EndpointHandshake> Connection<H> {
+    /// Sends the core's first flight (a client's ClientHello; nothing for a server) and runs
+    /// the handshake until the data phase starts. Any failure drops the connection.
+    pub(super) async fn handshake(stream: TcpStream, hs: H) -> Result<Self, DriverError> {
+        let _ = stream.set_nodelay(true);
+        let mut c = Connection {
+            stream,
+            session: Session {
+                hs,
+                verdicts: Vec::new(),
+                peer_closed: false,
+                peer_key_updates: 0,
+            },
+            buf: vec![0u8; READ_BUF],
+        };
+        c.flush().await?;
+        while !c.session.hs.data_phase_started() {
+            if !c.read_some().await? {
+                return Err(DriverError::PeerGone {
+                    peer: H::NEIGHBOUR,
+                    when: "during the handshake",
+                });
+            }
+        }
+        Ok(c)
+    }
+
+    /// Version, suite and the key fingerprint of every hop this endpoint generated or bridged.
+    pub fn summary(&self) -> Option<&SessionSummary> {
+        self.session.hs.summary()
+    }
+
+    /// The attestation/approval verdict on our middlebox (the last one checked, when there
+    /// are several).
+    pub fn verdict(&self) -> &MiddleboxVerdict {
+        static DIRECT: MiddleboxVerdict = MiddleboxVerdict::Direct;
+        self.session.verdicts.last().unwrap_or(&DIRECT)
+    }
+
+    /// The verdict on each of our middleboxes that spoke, in the order they were checked
+    /// (empty when none of our side took part).
+    pub fn verdicts(&self) -> &[MiddleboxVerdict] {
+        &self.session.verdicts
+    }
+
+    /// TLS 1.3 KeyUpdates the peer sent so far, each followed (and answered when it asked).
+    pub fn peer_key_updates(&self) -> u32 {
+        self.session.peer_key_updates
+    }
+
+    /// Encrypts and sends `data` to the peer (through the middleboxes).
+    pub async fn write_all(&mut self, data: &[u8]) -> Result<(), DriverError> {
+        self.session.hs.write(data)?;
+        self.flush().await
+    }
+
+    /// TLS 1.3: sends a KeyUpdate now; our later records travel under the next generation of
+    /// our keys on every hop, each middlebox following. `request_peer`: the peer is asked to
+    /// update its keys too (its answer shows in [`peer_key_updates`](Self::peer_key_updates)
+    /// once read). Keys near their AEAD limit are updated without this call. TLS 1.2 has no
+    /// KeyUpdate: an error that leaves the session usable.
+    pub async fn update_keys(&mut self, request_peer: bool) -> Result<(), DriverError> {
+        self.session.hs.update_keys(request_peer)?;
+        self.flush().await
+    }
+
+    /// Sends close_notify: no more data from us. Reading stays possible.
+    pub async fn close(&mut self) -> Result<(), DriverError> {
+        self.session.hs.close()?;
+        self.flush().await
+    }
+
+    /// The next piece of application data; `None` once the peer sent close_notify. A connection
+    /// that ends without close_notify is an error (truncation), as is any alert.
+    pub async fn read(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
+        loop {
+            let data = self.session.hs.take_plaintext();
+            if !data.is_empty() {
+                return Ok(Some(data));
+            }
+            if self.session.peer_closed {
+                return Ok(None);
+            }
+            if !self.read_some().await? {
+                return Err(DriverError::PeerGone {
+                    peer: H::NEIGHBOUR,
+                    when: "without close_notify (the session may be truncated)",
+                });
+            }
+        }
+    }
+
+    /// Reads until the peer's close_notify.
+    pub async fn read_to_end(&mut self) -> Result<Vec<u8>, DriverError> {
+        let mut all = Vec::new();
+        while let Some(d) = self.read().await? {
+            all.extend_from_slice(&d);
+        }
+        Ok(all)
+    }
+
+    /// One socket read fed to the core; `false` on EOF.
+    async fn read_some(&mut self) -> Result<bool, DriverError> {
+        let n = self
+            .stream
+            .read(&mut self.buf)
+            .await
+            .map_err(DriverError::io(H::READING))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let r = self
+            .session
+            .hs
+            .receive(self.buf.get(..n).unwrap_or_default());
+        // Whatever the core queued (e.g. an alert) goes out before we report the error.
+        let flushed = self.flush().await;
+        r?;
+        self.session.events()?;
+        flushed?;
+        Ok(true)
+    }
+
+    async fn flush(&mut self) -> Result<(), DriverError> {
+        let out = self.session.hs.take_outgoing();
+        if !out.is_empty() {
+            self.stream
+                .write_all(&out)
+                .await
+                .map_err(DriverError::io(H::WRITING))?;
+        }
+        Ok(())
+    }
+}
+
+impl<H: EndpointHandshake> core::fmt::Debug for Connection<H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &H::NEIGHBOUR)
+            .field("verdicts", &self.session.verdicts)
+            .field("summary", &self.session.hs.summary())
+            .finish_non_exhaustive()
+    }
+}
