@@ -105,7 +105,23 @@ pub(super) struct Session<H> {
 }
 
 impl<H: EndpointHandshake> Session<H> {
-    fn events(&mut self) -> Result<(), DriverError> {
+    pub(super) fn new(hs: H) -> Self {
+        Session {
+            hs,
+            verdicts: Vec::new(),
+            peer_closed: false,
+            peer_key_updates: 0,
+        }
+    }
+
+    /// The verdicts so far, in the order the middleboxes were checked.
+    pub(super) fn take_verdicts(&mut self) -> Vec<MiddleboxVerdict> {
+        core::mem::take(&mut self.verdicts)
+    }
+
+    /// Moves the core's events into what the session tells: verdicts, the peer's close and
+    /// KeyUpdates; a failure or an alert is the session's error.
+    pub(super) fn events(&mut self) -> Result<(), DriverError> {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
                 ClientHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
@@ -168,12 +184,7 @@ impl<H: EndpointHandshake> Connection<H> {
         let _ = stream.set_nodelay(true);
         let mut c = Connection {
             stream,
-            session: Session {
-                hs,
-                verdicts: Vec::new(),
-                peer_closed: false,
-                peer_key_updates: 0,
-            },
+            session: Session::new(hs),
             buf: vec![0u8; READ_BUF],
         };
         c.flush().await?;
