@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{check_exact, pump, Pki, V12, V13};
+use common::{check_exact, pump, server_data_reaches_client, Pki, V12, V13};
 use mbx_engine::{EngineError, OpenSslContext, OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine};
 
 const LABEL: &str = "EXPORTER-test-half-rtt";
@@ -54,10 +54,7 @@ fn half_rtt_data_leaves_with_the_server_finished_and_counts_in_the_application_e
         ));
         // Ordinary data afterwards, then export: the 0.5-RTT record is number 0 of the
         // application epoch, so the server has sent (tickets +) 2 records in it.
-        s.write_plaintext(b"normal data").unwrap();
-        c.feed(&s.take_outgoing());
-        c.process().unwrap();
-        assert_eq!(c.take_plaintext(), b"normal data");
+        server_data_reaches_client(&mut s, &mut c, b"normal data");
         let ch = c.export_session().unwrap();
         let sh = s.export_session().unwrap();
         let tickets_sent = if tickets { 2 } else { 0 };
@@ -117,10 +114,7 @@ fn tls12_handshake_is_unchanged_and_refuses_half_rtt_data() {
     pump(&mut c, &mut s).unwrap();
     assert!(!s.can_write_half_rtt());
     assert!(matches!(s.write_half_rtt(b"x"), Err(EngineError::State(_))));
-    s.write_plaintext(b"data").unwrap();
-    c.feed(&s.take_outgoing());
-    c.process().unwrap();
-    assert_eq!(c.take_plaintext(), b"data");
+    server_data_reaches_client(&mut s, &mut c, b"data");
     let (ch, sh) = (c.export_session().unwrap(), s.export_session().unwrap());
     check_exact(&ch, &sh);
 }

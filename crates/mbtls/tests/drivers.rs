@@ -101,6 +101,17 @@ impl World {
         }
     }
 
+    /// A client-side middlebox toward `next_hop`, running `app`, listening on loopback.
+    async fn start_middlebox(
+        &self,
+        next_hop: std::net::SocketAddr,
+        app: AppFactory,
+    ) -> MiddleboxServer {
+        MiddleboxServer::bind("127.0.0.1:0", self.middlebox(next_hop, app))
+            .await
+            .unwrap()
+    }
+
     fn middlebox(&self, next_hop: std::net::SocketAddr, app: AppFactory) -> MiddleboxServerConfig {
         let attester = SimulatedAttester::new(
             self.platform.clone(),
@@ -174,9 +185,7 @@ async fn nginx_behind_a_header_middlebox(
         .log_header("X-Mbtls")
         .start()
         .unwrap();
-    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), header_app()))
-        .await
-        .unwrap();
+    let mbox = w.start_middlebox(nginx.addr(), header_app()).await;
     (nginx, mbox)
 }
 
@@ -239,9 +248,7 @@ async fn openssl_s_server_www_through_the_middlebox_both_versions() {
             .version(tb(version))
             .start()
             .unwrap();
-        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), header_app()))
-            .await
-            .unwrap();
+        let mbox = w.start_middlebox(server.addr(), header_app()).await;
         let (client, response) = fetch(
             mbox.local_addr(),
             w.client(version, measure(PROGRAM, b"")),
@@ -285,9 +292,7 @@ async fn interactive_server_behind_a_middlebox(w: &World) -> (OpensslServer, Mid
         .mode(ServerMode::Interactive)
         .start()
         .unwrap();
-    let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
-        .await
-        .unwrap();
+    let mbox = w.start_middlebox(server.addr(), passthrough()).await;
     (server, mbox)
 }
 
@@ -509,10 +514,7 @@ async fn p1c_same_request_crosses_the_two_hops_as_different_ciphertexts() {
             .start()
             .await
             .unwrap();
-        let mbox =
-            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(hop2.local_addr(), passthrough()))
-                .await
-                .unwrap();
+        let mbox = w.start_middlebox(hop2.local_addr(), passthrough()).await;
         let hop1 = DelayRelay::builder(mbox.local_addr())
             .tap(tap1.clone())
             .start()
@@ -560,9 +562,7 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
             .protocols(&[tb(version)])
             .start()
             .unwrap();
-        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(nginx.addr(), passthrough()))
-            .await
-            .unwrap();
+        let mbox = w.start_middlebox(nginx.addr(), passthrough()).await;
         let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
         // Mid-session: one request answered (keep-alive), then the middlebox dies.
         client
@@ -633,10 +633,7 @@ async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server_addr = listener.local_addr().unwrap();
         let server = tokio::spawn(in_process_server(listener, ctx, false));
-        let mut mbox =
-            MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
-                .await
-                .unwrap();
+        let mut mbox = w.start_middlebox(server_addr, passthrough()).await;
         // The client accepts another measurement than the one the middlebox runs.
         let cfg = w.client(version, measure("some-other-program", b""));
         let r = timeout(BOUND, MbtlsClient::connect(mbox.local_addr(), cfg))
@@ -708,9 +705,7 @@ async fn p7_round_trips_mbtls_vs_plain_tls_through_the_same_path() {
             .version(tb(version))
             .start()
             .unwrap();
-        let mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server.addr(), passthrough()))
-            .await
-            .unwrap();
+        let mbox = w.start_middlebox(server.addr(), passthrough()).await;
         let flights = FlightCounter::new();
         let hop1 = DelayRelay::builder(mbox.local_addr())
             .flights(flights.clone())
@@ -794,10 +789,7 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let server_addr = listener.local_addr().unwrap();
             let server = tokio::spawn(misbehaving_server(listener, ctx, how));
-            let mut mbox =
-                MiddleboxServer::bind("127.0.0.1:0", w.middlebox(server_addr, passthrough()))
-                    .await
-                    .unwrap();
+            let mut mbox = w.start_middlebox(server_addr, passthrough()).await;
             let mut client = timeout(
                 BOUND,
                 MbtlsClient::connect_with_data(
@@ -942,9 +934,7 @@ async fn unread_reports_are_bounded_and_counted() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", w.middlebox(refused, passthrough()))
-        .await
-        .unwrap();
+    let mut mbox = w.start_middlebox(refused, passthrough()).await;
     let extra = 3u64;
     for _ in 0..REPORTS_KEPT as u64 + extra {
         let c = TcpStream::connect(mbox.local_addr()).await.unwrap();

@@ -168,6 +168,14 @@ pub const SUITES: [(TlsVersion, u16); 6] = [
     (V13, 0x1303),
 ];
 
+/// The server `s` writes `data` and the client `c` reads exactly it.
+pub fn server_data_reaches_client(s: &mut dyn TlsEngine, c: &mut dyn TlsEngine, data: &[u8]) {
+    s.write_plaintext(data).unwrap();
+    c.feed(&s.take_outgoing());
+    c.process().unwrap();
+    assert_eq!(c.take_plaintext(), data);
+}
+
 /// Seals one record with each side's exported `tx` and opens it with the other's `rx` (and
 /// checks one sequence number later would not open): the numbers are exact.
 pub fn check_exact(c: &Handoff, s: &Handoff) {
