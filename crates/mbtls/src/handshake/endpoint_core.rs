@@ -745,10 +745,7 @@ impl EndpointCore {
             self.slot_mut(id)?.engine.write_plaintext(&msg)?;
             self.flush_secondary(id)?;
         }
-        let mut data = EndpointDataPhase::new(self.role, session.version, side.endpoint);
-        if let Some(sink) = tickets {
-            data.keep_tickets(sink);
-        }
+        let data = data_phase(self.role, session.version, side.endpoint, tickets);
         self.start_data(DataPhase::Exported(data))?;
         self.events.push_back(ClientHandshakeEvent::KeysSent);
         Ok(())
@@ -776,10 +773,7 @@ impl EndpointCore {
             middleboxes: Vec::new(),
             resumed,
         });
-        let mut data = EndpointDataPhase::new(self.role, session.version, bridge);
-        if let Some(sink) = tickets {
-            data.keep_tickets(sink);
-        }
+        let mut data = data_phase(self.role, session.version, bridge, tickets);
         data.receive(&unprocessed_incoming);
         data.inject_plaintext(&pending_plaintext);
         self.start_direct(DataPhase::Exported(data))
@@ -903,6 +897,21 @@ impl EndpointCore {
     pub(super) fn is_ready(&self) -> bool {
         self.marker_seen
     }
+}
+
+/// The endpoint's data phase on our record layer, with the primary engine's ticket sink if
+/// there is one (a TLS 1.3 client that resumes sessions).
+fn data_phase(
+    role: Role,
+    version: mbx_record::TlsVersion,
+    keys: HopKeys,
+    tickets: Option<TicketSink>,
+) -> EndpointDataPhase {
+    let mut data = EndpointDataPhase::new(role, version, keys);
+    if let Some(sink) = tickets {
+        data.keep_tickets(sink);
+    }
+    data
 }
 
 /// The whole records at the start of `stream` (the engine hands back whole records only).
