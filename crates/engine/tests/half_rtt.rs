@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{check_exact, pump, server_data_reaches_client, Pki, V12, V13};
+use common::{check_exact, pump, transfer, Pki, V12, V13};
 use mbx_engine::{EngineError, OpenSslContext, OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine};
 
 const LABEL: &str = "EXPORTER-test-half-rtt";
@@ -54,7 +54,7 @@ fn half_rtt_data_leaves_with_the_server_finished_and_counts_in_the_application_e
         ));
         // Ordinary data afterwards, then export: the 0.5-RTT record is number 0 of the
         // application epoch, so the server has sent (tickets +) 2 records in it.
-        server_data_reaches_client(&mut s, &mut c, b"normal data");
+        transfer(&mut s, &mut c, b"normal data");
         let ch = c.export_session().unwrap();
         let sh = s.export_session().unwrap();
         let tickets_sent = if tickets { 2 } else { 0 };
@@ -114,7 +114,7 @@ fn tls12_handshake_is_unchanged_and_refuses_half_rtt_data() {
     pump(&mut c, &mut s).unwrap();
     assert!(!s.can_write_half_rtt());
     assert!(matches!(s.write_half_rtt(b"x"), Err(EngineError::State(_))));
-    server_data_reaches_client(&mut s, &mut c, b"data");
+    transfer(&mut s, &mut c, b"data");
     let (ch, sh) = (c.export_session().unwrap(), s.export_session().unwrap());
     check_exact(&ch, &sh);
 }

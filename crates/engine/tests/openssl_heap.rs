@@ -3,17 +3,9 @@
 
 mod common;
 
-use common::{pump, Pki, V12, V13};
-use mbx_engine::{OpenSslContext, OpenSslEngine, TlsEngine};
+use common::{pump, transfer, Pki, V12, V13};
+use mbx_engine::OpenSslContext;
 use mbx_testbed::c_heap;
-
-/// Sends `msg` from `a` to `b` and checks it arrives.
-fn transfer(a: &mut OpenSslEngine, b: &mut OpenSslEngine, msg: &[u8]) {
-    a.write_plaintext(msg).unwrap();
-    b.feed(&a.take_outgoing());
-    b.process().unwrap();
-    assert_eq!(b.take_plaintext(), msg);
-}
 
 /// An idle session gives OpenSSL's record buffers back (a read and a write buffer of about
 /// 16.7 KB each per engine) and carries on both ways afterwards (OpenSSL allocates them

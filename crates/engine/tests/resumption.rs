@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{check_exact, pump, server_data_reaches_client, split_records, Pki, HOST, V12, V13};
+use common::{check_exact, pump, split_records, transfer, Pki, HOST, V12, V13};
 use mbx_engine::{OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
 use mbx_record::{ContentType, RecordOpener, TlsVersion};
 use mbx_testbed::pki::LeafSpec;
@@ -136,7 +136,7 @@ fn a_resumed_session_exports_exact_keys_both_versions() {
         let (mut c, mut s) = engines(&client, &server, HOST);
         pump(&mut c, &mut s).expect("resumed handshake");
         assert!(c.session_reused() && s.session_reused(), "{v:?}");
-        server_data_reaches_client(&mut s, &mut c, b"resumed");
+        transfer(&mut s, &mut c, b"resumed");
         let (ch, sh) = (c.export_session().unwrap(), s.export_session().unwrap());
         check_exact(&ch, &sh);
     }

@@ -168,12 +168,12 @@ pub const SUITES: [(TlsVersion, u16); 6] = [
     (V13, 0x1303),
 ];
 
-/// The server `s` writes `data` and the client `c` reads exactly it.
-pub fn server_data_reaches_client(s: &mut dyn TlsEngine, c: &mut dyn TlsEngine, data: &[u8]) {
-    s.write_plaintext(data).unwrap();
-    c.feed(&s.take_outgoing());
-    c.process().unwrap();
-    assert_eq!(c.take_plaintext(), data);
+/// `from` sends `msg` and `to` reads exactly it.
+pub fn transfer(from: &mut dyn TlsEngine, to: &mut dyn TlsEngine, msg: &[u8]) {
+    from.write_plaintext(msg).unwrap();
+    to.feed(&from.take_outgoing());
+    to.process().unwrap();
+    assert_eq!(to.take_plaintext(), msg);
 }
 
 /// Seals one record with each side's exported `tx` and opens it with the other's `rx` (and
