@@ -13,6 +13,7 @@ use dcap_qvl::QuoteCollateralV3;
 
 use crate::binding::{report_data_eq, REPORT_DATA_LEN};
 use crate::claims::{Claims, TcbStatus, TeeKind};
+use crate::dcap_cache::{DcapVerifier, ParsedQuote};
 use crate::error::AttestError;
 use crate::evidence::{DcapEvidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
 use crate::policy::Policy;
@@ -43,7 +44,10 @@ pub fn verify_dcap(
 /// `expected_report_data`, and apply `policy`.
 ///
 /// Lower-level than [`verify_dcap`] so that a quote whose report_data is not one of our bindings
-/// (such as Intel sample quotes) can be checked.
+/// (such as Intel sample quotes) can be checked. Through the process-wide
+/// [`DcapVerifier::shared`]: a quote of a platform verified in full less than
+/// [`SHARED_WINDOW_SECS`](crate::dcap_cache::SHARED_WINDOW_SECS) ago, with the same collateral,
+/// is checked by its own signature alone ([`crate::dcap_cache`]).
 pub fn verify_dcap_quote(
     quote: &[u8],
     collateral_json: &[u8],
@@ -51,66 +55,86 @@ pub fn verify_dcap_quote(
     policy: &Policy,
     now_unix: u64,
 ) -> Result<Claims, AttestError> {
-    policy.validate()?;
-    if quote.len() > MAX_QUOTE_LEN {
-        return Err(AttestError::TooLarge {
-            what: "quote",
-            len: quote.len(),
-            max: MAX_QUOTE_LEN,
-        });
+    DcapVerifier::shared().verify_quote(
+        quote,
+        collateral_json,
+        expected_report_data,
+        policy,
+        now_unix,
+    )
+}
+
+impl DcapVerifier {
+    /// [`verify_dcap_quote`] with this verifier's memory of platforms.
+    pub fn verify_quote(
+        &self,
+        quote: &[u8],
+        collateral_json: &[u8],
+        expected_report_data: &[u8; REPORT_DATA_LEN],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<Claims, AttestError> {
+        policy.validate()?;
+        if quote.len() > MAX_QUOTE_LEN {
+            return Err(AttestError::TooLarge {
+                what: "quote",
+                len: quote.len(),
+                max: MAX_QUOTE_LEN,
+            });
+        }
+        if collateral_json.len() > MAX_COLLATERAL_LEN {
+            return Err(AttestError::TooLarge {
+                what: "collateral",
+                len: collateral_json.len(),
+                max: MAX_COLLATERAL_LEN,
+            });
+        }
+        let parsed = ParsedQuote::parse(quote)?;
+        let claims = self.claims(&parsed, collateral_json, now_unix, |at| {
+            full_check(quote, collateral_json, at)
+        })?;
+        if !report_data_eq(&parsed.report_data(), expected_report_data) {
+            return Err(AttestError::ReportDataMismatch);
+        }
+        policy.check_claims(&claims)?;
+        Ok(claims)
     }
-    if collateral_json.len() > MAX_COLLATERAL_LEN {
-        return Err(AttestError::TooLarge {
-            what: "collateral",
-            len: collateral_json.len(),
-            max: MAX_COLLATERAL_LEN,
-        });
-    }
+}
+
+/// Everything `dcap-qvl` checks (collateral, chains, CRLs, QE, signatures, TCB) at `now_unix`: the
+/// quote's claims, before the binding and any policy.
+fn full_check(quote: &[u8], collateral_json: &[u8], now_unix: u64) -> Result<Claims, AttestError> {
     let collateral: QuoteCollateralV3 = serde_json::from_slice(collateral_json)
         .map_err(|e| AttestError::Collateral(e.to_string()))?;
-
     let verified = QuoteVerifier::new_prod()
         .allow_debug(true)
         .verify(quote, &collateral, now_unix)
         .map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
-
     let tcb_status: TcbStatus = verified
         .status
         .parse()
         .map_err(|e: String| AttestError::Dcap(e))?;
-    let (claims, report_data) = match &verified.report {
-        Report::SgxEnclave(r) => (
-            Claims {
-                tee: TeeKind::Sgx,
-                measurement: r.mr_enclave.to_vec(),
-                signer: r.mr_signer.to_vec(),
-                product_id: r.isv_prod_id,
-                svn: r.isv_svn,
-                debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
-                tcb_status: Some(tcb_status),
-                advisory_ids: verified.advisory_ids.clone(),
-            },
-            r.report_data,
-        ),
+    Ok(match &verified.report {
+        Report::SgxEnclave(r) => Claims {
+            tee: TeeKind::Sgx,
+            measurement: r.mr_enclave.to_vec(),
+            signer: r.mr_signer.to_vec(),
+            product_id: r.isv_prod_id,
+            svn: r.isv_svn,
+            debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
+            tcb_status: Some(tcb_status),
+            advisory_ids: verified.advisory_ids.clone(),
+        },
         Report::TD10(r) => tdx_claims(r, tcb_status, &verified.advisory_ids),
         Report::TD15(r) => tdx_claims(&r.base, tcb_status, &verified.advisory_ids),
         Report::TD15Ex(r) => tdx_claims(&r.base.base, tcb_status, &verified.advisory_ids),
-    };
-    if !report_data_eq(&report_data, expected_report_data) {
-        return Err(AttestError::ReportDataMismatch);
-    }
-    policy.check_claims(&claims)?;
-    Ok(claims)
+    })
 }
 
 /// Claims of a TD. TDX has no workload signer or ISV SVN: they are reported empty/0 and policy decides
 /// (a non-empty `signers` list or `min_svn > 0` refuses TDX evidence).
-fn tdx_claims(
-    r: &TDReport10,
-    tcb_status: TcbStatus,
-    advisory_ids: &[String],
-) -> (Claims, [u8; REPORT_DATA_LEN]) {
-    let claims = Claims {
+fn tdx_claims(r: &TDReport10, tcb_status: TcbStatus, advisory_ids: &[String]) -> Claims {
+    Claims {
         tee: TeeKind::Tdx,
         measurement: r.mr_td.to_vec(),
         signer: Vec::new(),
@@ -119,8 +143,7 @@ fn tdx_claims(
         debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
         tcb_status: Some(tcb_status),
         advisory_ids: advisory_ids.to_vec(),
-    };
-    (claims, r.report_data)
+    }
 }
 
 /// The report_data field of a quote, read **without verifying anything**.

@@ -6,7 +6,8 @@
 //! - [`evidence`]: the versioned, kind-tagged wire encoding; decoding untrusted bytes never panics.
 //! - [`sim`]: a software platform key standing in for hardware; refused unless the policy sets
 //!   `allow_simulated = true`, and every acceptance logs a warning.
-//! - [`dcap`]: offline Intel SGX/TDX quote verification with `dcap-qvl` (quote + collateral).
+//! - [`dcap`]: offline Intel SGX/TDX quote verification with `dcap-qvl` (quote + collateral);
+//!   [`dcap_cache`]: a platform verified in full has its later quotes checked by their signature.
 //! - [`gramine`]: quote generation inside a Gramine enclave (needs hardware; not testable here).
 //! - [`policy`]: the `[attestation]` table of the configuration.
 //!
@@ -23,6 +24,7 @@
 pub mod binding;
 pub mod claims;
 pub mod dcap;
+pub mod dcap_cache;
 pub mod error;
 pub mod evidence;
 pub mod gramine;
@@ -36,6 +38,7 @@ pub use binding::{
 };
 pub use claims::{Claims, TcbStatus, TeeKind};
 pub use dcap::{quote_report_data_unverified, verify_dcap, verify_dcap_quote};
+pub use dcap_cache::{DcapCounts, DcapVerifier};
 pub use error::AttestError;
 pub use evidence::{DcapEvidence, Evidence, EvidenceKind, SimEvidence};
 pub use gramine::GramineAttester;

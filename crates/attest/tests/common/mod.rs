@@ -195,3 +195,56 @@ pub fn validity_window(s: &Sample) -> Window {
         json_next_update,
     }
 }
+
+/// A sample as "a platform": its bytes, the report_data it is bound to, a policy accepting exactly
+/// its measurement whatever its TCB status, a time in the middle of its validity window.
+pub struct Platform {
+    pub quote: Vec<u8>,
+    pub collateral: Vec<u8>,
+    pub report_data: [u8; 64],
+    pub policy: mbx_attest::Policy,
+    pub now: u64,
+    pub not_after: u64,
+}
+
+pub fn platform(s: Sample) -> Platform {
+    use dcap_qvl::quote::{Quote, Report};
+    use mbx_attest::{HexBytes, Policy, TcbStatus};
+    let q = Quote::parse(&s.quote).expect("sample parses");
+    let (report_data, measurement, debug) = match &q.report {
+        Report::SgxEnclave(r) => (
+            r.report_data,
+            r.mr_enclave.to_vec(),
+            r.attributes[0] & 2 != 0,
+        ),
+        Report::TD10(r) => (r.report_data, r.mr_td.to_vec(), r.td_attributes[0] != 0),
+        other => panic!("unexpected sample body {other:?}"),
+    };
+    let w = validity_window(&s);
+    let policy = Policy {
+        measurements: vec![HexBytes(measurement)],
+        allow_debug: debug,
+        accepted_tcb_statuses: vec![
+            TcbStatus::UpToDate,
+            TcbStatus::SWHardeningNeeded,
+            TcbStatus::ConfigurationNeeded,
+            TcbStatus::ConfigurationAndSWHardeningNeeded,
+            TcbStatus::OutOfDate,
+            TcbStatus::OutOfDateConfigurationNeeded,
+        ],
+        ..Policy::default()
+    };
+    Platform {
+        quote: s.quote,
+        collateral: s.collateral_json,
+        report_data,
+        policy,
+        now: w.not_before + (w.not_after - w.not_before) / 2,
+        not_after: w.not_after,
+    }
+}
+
+/// The SGX and the TDX sample as platforms.
+pub fn platforms() -> [Platform; 2] {
+    [platform(sgx()), platform(tdx())]
+}
