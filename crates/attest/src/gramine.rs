@@ -6,17 +6,26 @@
 //! enclave without network access, so it is read from a file that the operator keeps fresh (e.g. a
 //! periodic PCCS fetch by a helper outside the middlebox).
 //!
-//! This path needs SGX hardware and Gramine; it **cannot be exercised on our machines**. Only the
-//! failure outside Gramine is tested.
+//! `user_report_data` is one value for the whole enclave, so the write and the read of `quote` are
+//! done under one process-wide lock: two sessions quoting at once would otherwise each get a quote
+//! for whichever report_data was written last, and one of them would be refused by its endpoint.
+//!
+//! This path needs SGX hardware and Gramine; it **cannot be exercised on our machines**. The
+//! failures outside Gramine are tested, and the locking against a stand-in `/dev/attestation`
+//! (FIFOs served by threads) that quotes the report_data written last.
 
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use crate::binding::REPORT_DATA_LEN;
 use crate::error::AttestError;
 use crate::evidence::{DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
 use crate::verify::Attester;
+
+/// Held from writing `user_report_data` until `quote` is read (process-wide, as Gramine's state is).
+static QUOTING: Mutex<()> = Mutex::new(());
 
 /// Where Gramine mounts its attestation pseudo-files.
 pub const GRAMINE_ATTESTATION_DIR: &str = "/dev/attestation";
@@ -85,17 +94,21 @@ impl Attester for GramineAttester {
             ));
         }
 
-        // The pseudo-file exists inside Gramine; never create a regular file in its place.
-        let urd_path = self.dir.join("user_report_data");
-        let mut urd = fs::OpenOptions::new()
-            .write(true)
-            .open(&urd_path)
-            .map_err(|e| io_err(&urd_path, e))?;
-        urd.write_all(report_data)
-            .map_err(|e| io_err(&urd_path, e))?;
-        drop(urd);
-
-        let quote = read_limited(&self.dir.join("quote"), "quote", MAX_QUOTE_LEN)?;
+        let quote = {
+            // `user_report_data` is one value for the whole enclave: between our write and our
+            // read of `quote`, no other session of this process may write its own.
+            let _one_at_a_time = QUOTING.lock().unwrap_or_else(PoisonError::into_inner);
+            // The pseudo-file exists inside Gramine; never create a regular file in its place.
+            let urd_path = self.dir.join("user_report_data");
+            let mut urd = fs::OpenOptions::new()
+                .write(true)
+                .open(&urd_path)
+                .map_err(|e| io_err(&urd_path, e))?;
+            urd.write_all(report_data)
+                .map_err(|e| io_err(&urd_path, e))?;
+            drop(urd);
+            read_limited(&self.dir.join("quote"), "quote", MAX_QUOTE_LEN)?
+        };
         let collateral = read_limited(&self.collateral_path, "collateral", MAX_COLLATERAL_LEN)?;
         Ok(Evidence::Dcap(DcapEvidence::new(quote, collateral)?))
     }

@@ -1,4 +1,5 @@
-//! Gramine quote generation cannot run without SGX; only its behaviour outside Gramine is tested.
+//! Gramine quote generation cannot run without SGX: its behaviour outside Gramine is tested, and
+//! its locking against a stand-in for `/dev/attestation`.
 
 use mbx_attest::{AttestError, Attester, GramineAttester};
 
@@ -44,4 +45,89 @@ fn non_dcap_attestation_type_is_refused() {
         matches!(&err, AttestError::UnsupportedAttestationType(t) if t == "none"),
         "{err:?}"
     );
+}
+
+/// A stand-in for Gramine's `/dev/attestation` with its one property that matters here: the quote
+/// is made for the report_data written *last*, whoever wrote it. `user_report_data` and `quote`
+/// are FIFOs served by two threads; a quote waits (up to a bound) for a second write, so two
+/// sessions quoting at the same time would get each other's report_data unless the attester
+/// lets only one at a time between its write and its read.
+fn fake_gramine(dir: &std::path::Path) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    std::fs::write(dir.join("attestation_type"), "dcap\n").unwrap();
+    for fifo in ["user_report_data", "quote"] {
+        let ok = std::process::Command::new("mkfifo")
+            .arg(dir.join(fifo))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    // Every report_data written so far, in order.
+    let written = Arc::new((Mutex::new(Vec::<Vec<u8>>::new()), Condvar::new()));
+    let (w, urd) = (written.clone(), dir.join("user_report_data"));
+    std::thread::spawn(move || loop {
+        let mut rd = Vec::new();
+        std::fs::File::open(&urd)
+            .unwrap()
+            .read_to_end(&mut rd)
+            .unwrap();
+        w.0.lock().unwrap().push(rd);
+        w.1.notify_all();
+    });
+    let quote = dir.join("quote");
+    std::thread::spawn(move || {
+        let (lock, cv) = &*written;
+        let until = |n: usize| {
+            let seen = lock.lock().unwrap();
+            let bound = Duration::from_millis(500);
+            let seen = cv
+                .wait_timeout_while(seen, bound, |v| v.len() < n)
+                .unwrap()
+                .0;
+            seen.last().cloned().unwrap_or_default()
+        };
+        for served in 0.. {
+            // A quote is asked for after a write: the reader of the previous one is gone by
+            // then (or a second writer would join its stream).
+            until(served + 1);
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&quote)
+                .unwrap();
+            let last = until(served + 2);
+            let _ = out.write_all(&[b"quote for ".as_slice(), &last].concat());
+        }
+    });
+}
+
+#[test]
+fn concurrent_sessions_each_get_a_quote_for_their_own_report_data() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_gramine(dir.path());
+    std::fs::write(dir.path().join("collateral.json"), "{}").unwrap();
+    let attester =
+        GramineAttester::new(dir.path().join("collateral.json")).with_attestation_dir(dir.path());
+    let quotes: Vec<(u8, Vec<u8>)> = std::thread::scope(|s| {
+        let sessions: Vec<_> = [1u8, 2]
+            .into_iter()
+            .map(|n| {
+                let a = &attester;
+                s.spawn(move || match a.evidence(&[n; 64]).unwrap() {
+                    mbx_attest::Evidence::Dcap(d) => (n, d.quote().to_vec()),
+                    other => panic!("{other:?}"),
+                })
+            })
+            .collect();
+        sessions.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (n, quote) in quotes {
+        assert_eq!(
+            quote,
+            [b"quote for ".as_slice(), &[n; 64]].concat(),
+            "session {n}"
+        );
+    }
 }
