@@ -158,3 +158,15 @@ pub fn quote_report_data_unverified(quote: &[u8]) -> Result<[u8; REPORT_DATA_LEN
         Report::TD15Ex(r) => Ok(r.base.base.report_data),
     }
 }
+
+/// The code measurement of a quote (SGX MRENCLAVE, TDX MRTD), read **without verifying
+/// anything**: for a middlebox to show what it runs, never a basis for trust.
+pub fn quote_measurement_unverified(quote: &[u8]) -> Result<Vec<u8>, AttestError> {
+    let q = Quote::parse(quote).map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
+    Ok(match &q.report {
+        Report::SgxEnclave(r) => r.mr_enclave.to_vec(),
+        Report::TD10(r) => r.mr_td.to_vec(),
+        Report::TD15(r) => r.base.mr_td.to_vec(),
+        Report::TD15Ex(r) => r.base.base.mr_td.to_vec(),
+    })
+}

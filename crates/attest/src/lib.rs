@@ -37,7 +37,9 @@ pub use binding::{
     EXPORTER_LEN, REPORT_DATA_LEN,
 };
 pub use claims::{Claims, TcbStatus, TeeKind};
-pub use dcap::{quote_report_data_unverified, verify_dcap, verify_dcap_quote};
+pub use dcap::{
+    quote_measurement_unverified, quote_report_data_unverified, verify_dcap, verify_dcap_quote,
+};
 pub use dcap_cache::{DcapCounts, DcapVerifier};
 pub use error::AttestError;
 pub use evidence::{DcapEvidence, Evidence, EvidenceKind, SimEvidence};

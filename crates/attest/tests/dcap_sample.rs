@@ -7,8 +7,8 @@ mod common;
 
 use dcap_qvl::quote::{Quote, Report};
 use mbx_attest::{
-    quote_report_data_unverified, verify, verify_bytes, verify_dcap_quote, AttestError,
-    DcapEvidence, Evidence, HexBytes, Policy, TcbStatus, TeeKind,
+    quote_measurement_unverified, quote_report_data_unverified, verify, verify_bytes,
+    verify_dcap_quote, AttestError, DcapEvidence, Evidence, HexBytes, Policy, TcbStatus, TeeKind,
 };
 
 struct SgxFacts {
@@ -86,6 +86,10 @@ fn sgx_sample_accepted_at_a_valid_time() {
     assert_eq!(
         quote_report_data_unverified(&s.quote).unwrap(),
         f.report_data
+    );
+    assert_eq!(
+        quote_measurement_unverified(&s.quote).unwrap(),
+        f.mr_enclave
     );
 }
 
@@ -285,6 +289,7 @@ fn tdx_sample_accepted_and_mapped() {
     assert_eq!(claims.tee, TeeKind::Tdx);
     assert_eq!(claims.measurement.len(), 48);
     assert_eq!(claims.measurement, td.mr_td);
+    assert_eq!(quote_measurement_unverified(&s.quote).unwrap(), td.mr_td);
     assert!(claims.signer.is_empty());
 
     // TDX has no signer: a policy that requires one refuses it.

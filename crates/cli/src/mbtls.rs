@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
-use mbx_attest::{sim, Attester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_attest::{
+    quote_measurement_unverified, sim, Attester, Evidence, GramineAttester, HexBytes, Policy,
+    SimulatedAttester, SimulatedPlatform, REPORT_DATA_LEN,
+};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
@@ -211,12 +214,21 @@ struct MiddleboxFlags {
     /// `passthrough` or `http-header:NAME:VALUE` (insert a request header).
     #[arg(long)]
     app: Option<String>,
-    /// `none` (send no evidence) or `sim` (simulated TEE, for demos).
+    /// `none` (send no evidence), `sim` (simulated TEE, for demos) or `gramine` (Intel SGX
+    /// DCAP quotes, running inside Gramine).
     #[arg(long)]
     attester: Option<String>,
     /// Simulated platform key (PKCS#8 DER file); created if missing.
     #[arg(long)]
     sim_platform_key: Option<PathBuf>,
+    /// With `--attester gramine`: the platform's DCAP collateral (PCCS JSON), sent with every
+    /// quote; read again for each quote, so a helper can keep it fresh.
+    #[arg(long)]
+    gramine_collateral: Option<PathBuf>,
+    /// With `--attester gramine`: where Gramine's attestation files are (default
+    /// /dev/attestation).
+    #[arg(long)]
+    gramine_attestation_dir: Option<PathBuf>,
     /// Work for the server: announce ourselves to it (it must run mbTLS, e.g. `mbx mbtls
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
@@ -289,6 +301,8 @@ struct MiddleboxSettings {
     #[serde(default = "default_attester")]
     attester: String,
     sim_platform_key: Option<PathBuf>,
+    gramine_collateral: Option<PathBuf>,
+    gramine_attestation_dir: Option<PathBuf>,
     /// `client` (default) or `server`.
     #[serde(default = "default_side")]
     side: String,
@@ -1078,6 +1092,16 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
         "sim_platform_key",
         path_str(flags.sim_platform_key),
     );
+    set(
+        &mut table,
+        "gramine_collateral",
+        path_str(flags.gramine_collateral),
+    );
+    set(
+        &mut table,
+        "gramine_attestation_dir",
+        path_str(flags.gramine_attestation_dir),
+    );
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
@@ -1117,7 +1141,11 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
                     SimulatedAttester::new(Arc::new(platform), measurement, sim::signer_id("mbx"));
                 (Some(Arc::new(a)), line)
             }
-            other => bail!("unknown attester {other:?} (use none or sim)"),
+            "gramine" => {
+                let (a, line) = gramine_attester(&s)?;
+                (Some(Arc::new(a)), line)
+            }
+            other => bail!("unknown attester {other:?} (use none, sim or gramine)"),
         };
     let cfg = MiddleboxServerConfig {
         handshake: MiddleboxHandshakeConfig::new(&tls, attester)
@@ -1141,6 +1169,34 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
         s,
         attestation_line,
     })
+}
+
+/// `attester = "gramine"`: quotes one report_data at start-up, so that a middlebox that cannot
+/// quote (not inside Gramine, no collateral) fails now rather than on every session.
+fn gramine_attester(s: &MiddleboxSettings) -> anyhow::Result<(GramineAttester, String)> {
+    let collateral = s
+        .gramine_collateral
+        .as_ref()
+        .context("attester gramine needs the platform's collateral (--gramine-collateral)")?;
+    let mut a = GramineAttester::new(collateral);
+    if let Some(dir) = &s.gramine_attestation_dir {
+        a = a.with_attestation_dir(dir);
+    }
+    let quote = match a
+        .evidence(&[0; REPORT_DATA_LEN])
+        .context("attester gramine cannot quote")?
+    {
+        Evidence::Dcap(d) => d.quote().to_vec(),
+        other => bail!("attester gramine made {:?} evidence", other.kind()),
+    };
+    let measurement =
+        quote_measurement_unverified(&quote).context("attester gramine: its quote")?;
+    let line = format!(
+        "Intel SGX (DCAP) in Gramine: collateral {}, measurement {}",
+        collateral.display(),
+        hex::encode(measurement)
+    );
+    Ok((a, line))
 }
 
 fn print_report(r: &ConnectionReport) {

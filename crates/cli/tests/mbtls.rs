@@ -11,6 +11,10 @@ use rustix::process::Signal;
 mod common;
 use common::{mbx, run_ok};
 
+// Locates Intel's DCAP sample quotes in the `dcap-qvl` package (as the attestation tests do).
+#[path = "../../attest/tests/common/mod.rs"]
+mod dcap_samples;
+
 /// Whether one line of nginx's access log `log` is the request for `path` and carries every one
 /// of `fields` (the whole log would also match fields logged for an earlier request).
 fn logged(log: &str, path: &str, fields: &[&str]) -> bool {
@@ -107,17 +111,8 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
 
     // The client through this middlebox, trusting its simulated platform, from flags.
     let client = || {
-        let mut cmd = mbx();
-        cmd.args([
-            "mbtls",
-            "client",
-            "https://server.test/headers",
-            "--middlebox",
-        ])
-        .arg(&addr)
-        .args(["--middlebox-name", "mb.test", "--server-ca"])
-        .arg(&server.ca)
-        .args(["--allow-simulated", "--sim-platform-key", &platform_key]);
+        let mut cmd = client_through(&addr, &server);
+        cmd.args(["--allow-simulated", "--sim-platform-key", &platform_key]);
         cmd
     };
 
@@ -169,6 +164,103 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .args(["--measurement", &"00".repeat(32)])
         .output()
         .unwrap();
+    refused_attestation(&out, &mut lines, "is not accepted by policy");
+    child.kill();
+}
+
+/// `--attester gramine` against a stand-in for Gramine's `/dev/attestation` that answers every
+/// report_data with Intel's SGX sample quote (shipped in the `dcap-qvl` package): the middlebox
+/// starts (it quotes once to check it can), names the quoted measurement, and sends the quote
+/// with its collateral on every session; the client checks it with `dcap-qvl` and refuses it
+/// (the sample is bound to another report_data, and its collateral's window is in the past),
+/// and the middlebox receives no key material. Without collateral or outside Gramine the
+/// middlebox does not start.
+#[test]
+fn a_gramine_middlebox_sends_dcap_quotes_that_the_client_checks() {
+    use std::ffi::OsStr;
+    use std::path::Path;
+    let Setup {
+        dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls gramine root");
+    let samples = dcap_samples::sample_dir();
+    let quote = std::fs::read(samples.join("sgx_quote")).unwrap();
+    let measurement = hex::encode(mbx_attest::quote_measurement_unverified(&quote).unwrap());
+    let fake = dir.path().join("attestation");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("attestation_type"), "dcap\n").unwrap();
+    std::fs::write(fake.join("user_report_data"), []).unwrap();
+    std::fs::write(fake.join("quote"), &quote).unwrap();
+    let collateral = samples.join("sgx_quote_collateral.json");
+
+    let next_hop = nginx.addr().to_string();
+    fn gramine<'a>(
+        next_hop: &'a str,
+        mbox: &'a PkiFiles,
+        collateral: Option<&'a Path>,
+        attestation: &'a Path,
+    ) -> Vec<&'a OsStr> {
+        let mut args = service_args("middlebox", "127.0.0.1:0", ("--next-hop", next_hop), mbox);
+        args.extend(["--attester", "gramine", "--gramine-attestation-dir"].map(OsStr::new));
+        args.push(attestation.as_os_str());
+        if let Some(c) = collateral {
+            args.extend([OsStr::new("--gramine-collateral"), c.as_os_str()]);
+        }
+        args
+    }
+    let gramine = |collateral, attestation| gramine(&next_hop, &mbox, collateral, attestation);
+    // Without collateral, and outside Gramine: one clear error each, at start-up.
+    let outside = dir.path().join("no-such-dir");
+    for (args, expected) in [
+        (gramine(None, &fake), "needs the platform's collateral"),
+        (gramine(Some(&collateral), &outside), "not inside Gramine"),
+    ] {
+        let out = mbx().args(args).stdin(Stdio::null()).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{err}");
+    }
+
+    let (mut child, mut lines, header) = start(&gramine(Some(&collateral), &fake), 4);
+    let addr = listening_addr(&header[0]);
+    assert!(
+        header[2].contains("Intel SGX (DCAP) in Gramine")
+            && header[2].contains(&format!("measurement {measurement}")),
+        "{header:?}"
+    );
+    let out = client_through(&addr, &server)
+        .args(["--measurement", &measurement])
+        .output()
+        .unwrap();
+    refused_attestation(&out, &mut lines, "DCAP quote verification failed");
+    child.kill();
+}
+
+/// `mbx mbtls client` fetching server.test's `/headers` through the middlebox mb.test at `addr`.
+fn client_through(addr: &str, server: &PkiFiles) -> std::process::Command {
+    let mut cmd = mbx();
+    cmd.args([
+        "mbtls",
+        "client",
+        "https://server.test/headers",
+        "--middlebox",
+        addr,
+    ])
+    .args(["--middlebox-name", "mb.test", "--server-ca"])
+    .arg(&server.ca);
+    cmd
+}
+
+/// The client's run `out` failed on its middlebox's attestation (`why` in its error, nothing on
+/// stdout), and the middlebox's next report (`lines`) says it received no key material.
+fn refused_attestation(
+    out: &std::process::Output,
+    lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
+    why: &str,
+) {
     assert_eq!(out.status.code(), Some(1));
     assert!(
         out.stdout.is_empty(),
@@ -176,10 +268,9 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         String::from_utf8_lossy(&out.stdout)
     );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("is not accepted by policy"), "{err}");
+    assert!(err.contains(why), "{err}");
     let report = lines.next().unwrap().unwrap();
     assert!(report.contains("no key material received"), "{report}");
-    child.kill();
 }
 
 /// `--session-tickets`: a legacy TLS 1.3 client resumes its session with the mbTLS server
