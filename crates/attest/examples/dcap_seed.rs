@@ -1,0 +1,23 @@
+//! Writes Intel's SGX and TDX sample quotes (from the `dcap-qvl` package), encoded as our DCAP
+//! evidence, into the directory given: the seed corpus of the `attest_evidence` fuzz target.
+//!
+//! `cargo run -p mbx-attest --example dcap_seed -- fuzz/corpus/attest_evidence`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use mbx_attest::{DcapEvidence, Evidence};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::env::args_os()
+        .nth(1)
+        .ok_or("usage: dcap_seed <corpus directory>")?;
+    let dir = std::path::Path::new(&dir);
+    std::fs::create_dir_all(dir)?;
+    for (name, s) in [("sgx", common::sgx()), ("tdx", common::tdx())] {
+        let ev = Evidence::Dcap(DcapEvidence::new(s.quote, s.collateral_json)?);
+        std::fs::write(dir.join(format!("dcap-{name}")), ev.to_bytes())?;
+    }
+    println!("wrote dcap-sgx and dcap-tdx to {}", dir.display());
+    Ok(())
+}
