@@ -1,7 +1,9 @@
 //! What checking one piece of evidence costs an endpoint, per kind: simulated evidence (what the
 //! mbTLS benchmarks use), an Intel DCAP quote checked in full by `dcap-qvl` (the baseline), and a
 //! quote of a platform the verifier already checked in full (`mbx_attest::dcap_cache`: its
-//! signature alone), beside one bare ECDSA P-256 verification (the floor of any quote check).
+//! signature alone), beside one bare ECDSA P-256 verification (the floor of any quote check);
+//! each DCAP check with the collateral as JSON (evidence kind 2) and compressed (kind 3), and
+//! what compressing it costs the middlebox.
 //!
 //! `cargo run --release -p mbx-attest --example attest_bench` (≈ 2 s). CPU time of this thread
 //! per check, 5 repetitions after a warm-up, checks interleaved; median (min–max); ratios per
@@ -16,8 +18,8 @@ use std::sync::Arc;
 use aws_lc_rs::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
 use dcap_qvl::quote::{AuthData, Quote};
 use mbx_attest::{
-    report_data, sim, verify_bytes, Attester, DcapEvidence, DcapVerifier, Evidence, HexBytes,
-    Policy, SimulatedAttester, SimulatedPlatform,
+    report_data, sim, verify_bytes, Attester, Collateral, DcapEvidence, DcapVerifier, Evidence,
+    HexBytes, Policy, SimulatedAttester, SimulatedPlatform,
 };
 use mbx_testbed::bench::{self, med, stats};
 use plotters::prelude::*;
@@ -48,26 +50,35 @@ fn dcap_cases(name: &'static str, s: common::Sample, cases: &mut Vec<Case>) -> R
     let p = common::platform(s);
     let q = Quote::parse(&p.quote)?;
     let (rd, now, policy) = (p.report_data, p.now, p.policy.clone());
-    let bytes =
-        Evidence::Dcap(DcapEvidence::new(p.quote.clone(), p.collateral.clone())?).to_bytes();
+    let plain = DcapEvidence::new(p.quote.clone(), p.collateral.clone())?;
+    let bytes = Evidence::Dcap(plain.clone()).to_bytes();
     let size = bytes.len();
-    for (label, remembered) in [
-        ("full check (dcap-qvl)", false),
-        ("platform remembered", true),
-    ] {
-        // Capacity 0: every quote in full, once; otherwise the platform is checked in full
-        // at the warm-up and remembered for the hour.
-        let v = DcapVerifier::new(usize::from(remembered), 3600);
-        let (quote, collateral, policy) = (p.quote.clone(), p.collateral.clone(), policy.clone());
-        cases.push(Case {
-            name: Box::leak(format!("{name}, {label}").into_boxed_str()),
-            evidence_bytes: size,
-            run: Box::new(move || {
-                v.verify_quote(&quote, &collateral, &rd, &policy, now)
-                    .is_ok()
-            }),
-        });
+    let deflated = Collateral::deflate(&p.collateral)?;
+    let compressed = DcapEvidence::with_collateral(p.quote.clone(), deflated)?;
+    for (form, ev) in [("", plain), ("compressed, ", compressed)] {
+        let size = Evidence::Dcap(ev.clone()).to_bytes().len();
+        for (label, remembered) in [
+            ("full check (dcap-qvl)", false),
+            ("platform remembered", true),
+        ] {
+            // Capacity 0: every quote in full, once; otherwise the platform is checked in
+            // full at the warm-up and remembered for the hour.
+            let v = DcapVerifier::new(usize::from(remembered), 3600);
+            let (ev, policy) = (ev.clone(), policy.clone());
+            cases.push(Case {
+                name: Box::leak(format!("{name}, {form}{label}").into_boxed_str()),
+                evidence_bytes: size,
+                run: Box::new(move || v.verify_evidence(&ev, &rd, &policy, now).is_ok()),
+            });
+        }
     }
+    // What a middlebox spends compressing its platform's collateral (once per platform).
+    let collateral = p.collateral.clone();
+    cases.push(Case {
+        name: Box::leak(format!("{name}, compressing the collateral").into_boxed_str()),
+        evidence_bytes: 0,
+        run: Box::new(move || Collateral::deflate(&collateral).is_ok()),
+    });
     // The shared verifier behind verify_bytes (what an mbTLS endpoint calls) remembers too.
     let policy2 = policy.clone();
     cases.push(Case {
@@ -160,6 +171,14 @@ fn main() -> Res<()> {
             format!("{tee}: simulated / full"),
             ratio("simulated (Ed25519 platform key)", &full),
         );
+        ratios.insert(
+            format!("{tee}: compressed full / full"),
+            ratio(&format!("{tee}, compressed, full check (dcap-qvl)"), &full),
+        );
+        ratios.insert(
+            format!("{tee}: compressed remembered / full"),
+            ratio(&format!("{tee}, compressed, platform remembered"), &full),
+        );
     }
     let report = json!({
         "cpu": bench::cpu_name(),
@@ -196,7 +215,7 @@ fn main() -> Res<()> {
 
 /// One bar per check: median µs per check, whisker min-max.
 fn plot(rows: &[Value], path: &Path) -> Res<()> {
-    let root = BitMapBackend::new(path, (1000, 520)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
     root.fill(&WHITE)?;
     if let Some(font) = bench::sans_font() {
         plotters::style::register_font("sans-serif", FontStyle::Normal, font)

@@ -7,15 +7,18 @@
 //! [`Policy`]. Debug enclaves are let through `dcap-qvl` on purpose so that our policy's
 //! `allow_debug` (with its own error) decides.
 
+use std::borrow::Cow;
+use std::cell::OnceCell;
+
 use dcap_qvl::quote::{Quote, Report, TDReport10};
 use dcap_qvl::verify::QuoteVerifier;
 use dcap_qvl::QuoteCollateralV3;
 
 use crate::binding::{report_data_eq, REPORT_DATA_LEN};
 use crate::claims::{Claims, TcbStatus, TeeKind};
-use crate::dcap_cache::{DcapVerifier, ParsedQuote};
+use crate::dcap_cache::{CollateralRef, DcapVerifier, ParsedQuote};
 use crate::error::AttestError;
-use crate::evidence::{DcapEvidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::evidence::{Collateral, DcapEvidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
 use crate::policy::Policy;
 
 /// SGX `ATTRIBUTES.DEBUG` (bit 1 of the first attribute byte).
@@ -31,13 +34,7 @@ pub fn verify_dcap(
     policy: &Policy,
     now_unix: u64,
 ) -> Result<Claims, AttestError> {
-    verify_dcap_quote(
-        ev.quote(),
-        ev.collateral_json(),
-        expected_report_data,
-        policy,
-        now_unix,
-    )
+    DcapVerifier::shared().verify_evidence(ev, expected_report_data, policy, now_unix)
 }
 
 /// Verify a raw quote with its collateral JSON, check its report_data against
@@ -74,6 +71,41 @@ impl DcapVerifier {
         policy: &Policy,
         now_unix: u64,
     ) -> Result<Claims, AttestError> {
+        let collateral = CollateralRef::Json(collateral_json);
+        self.verify_parts(quote, collateral, expected_report_data, policy, now_unix)
+    }
+
+    /// [`verify_dcap`] with this verifier's memory of platforms. A compressed collateral is
+    /// inflated only for a full check: a remembered platform is recognised by the bytes that
+    /// travelled.
+    pub fn verify_evidence(
+        &self,
+        ev: &DcapEvidence,
+        expected_report_data: &[u8; REPORT_DATA_LEN],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<Claims, AttestError> {
+        let collateral = match ev.collateral() {
+            Collateral::Json(j) => CollateralRef::Json(j),
+            Collateral::Deflated(z) => CollateralRef::Deflated(z),
+        };
+        self.verify_parts(
+            ev.quote(),
+            collateral,
+            expected_report_data,
+            policy,
+            now_unix,
+        )
+    }
+
+    fn verify_parts(
+        &self,
+        quote: &[u8],
+        collateral: CollateralRef<'_>,
+        expected_report_data: &[u8; REPORT_DATA_LEN],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<Claims, AttestError> {
         policy.validate()?;
         if quote.len() > MAX_QUOTE_LEN {
             return Err(AttestError::TooLarge {
@@ -82,16 +114,26 @@ impl DcapVerifier {
                 max: MAX_QUOTE_LEN,
             });
         }
-        if collateral_json.len() > MAX_COLLATERAL_LEN {
+        let wire = collateral.wire_bytes();
+        if wire.len() > MAX_COLLATERAL_LEN {
             return Err(AttestError::TooLarge {
                 what: "collateral",
-                len: collateral_json.len(),
+                len: wire.len(),
                 max: MAX_COLLATERAL_LEN,
             });
         }
         let parsed = ParsedQuote::parse(quote)?;
-        let claims = self.claims(&parsed, collateral_json, now_unix, |at| {
-            full_check(quote, collateral_json, at)
+        // Inflated at most once, and only if a full check runs.
+        let json: OnceCell<Cow<'_, [u8]>> = OnceCell::new();
+        let claims = self.claims(&parsed, collateral, now_unix, |at| {
+            let json = match json.get() {
+                Some(j) => j,
+                None => {
+                    let inflated = collateral.json()?;
+                    json.get_or_init(|| inflated)
+                }
+            };
+            full_check(quote, json, at)
         })?;
         if !report_data_eq(&parsed.report_data(), expected_report_data) {
             return Err(AttestError::ReportDataMismatch);

@@ -16,6 +16,7 @@
 //! window` with the same verdict, and used only between the two. New collateral (a fresher CRL)
 //! is a new template. Quotes whose encoding is not the canonical one are always checked in full.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -26,6 +27,7 @@ use sha2::{Digest, Sha256};
 
 use crate::claims::Claims;
 use crate::error::AttestError;
+use crate::evidence::inflate;
 
 /// Domain separation of the template hash.
 const TEMPLATE_CONTEXT: &[u8] = b"mbx dcap platform template v1";
@@ -68,6 +70,36 @@ struct Platform {
     claims: Claims,
 }
 
+/// A collateral as it travelled, borrowed.
+#[derive(Clone, Copy)]
+pub(crate) enum CollateralRef<'a> {
+    Json(&'a [u8]),
+    Deflated(&'a [u8]),
+}
+
+impl<'a> CollateralRef<'a> {
+    fn tag(self) -> u8 {
+        match self {
+            CollateralRef::Json(_) => 2,
+            CollateralRef::Deflated(_) => 3,
+        }
+    }
+
+    pub(crate) fn wire_bytes(&self) -> &[u8] {
+        match self {
+            CollateralRef::Json(b) | CollateralRef::Deflated(b) => b,
+        }
+    }
+
+    /// The JSON, inflated (bounded) if it travelled compressed.
+    pub(crate) fn json(self) -> Result<Cow<'a, [u8]>, AttestError> {
+        match self {
+            CollateralRef::Json(b) => Ok(Cow::Borrowed(b)),
+            CollateralRef::Deflated(z) => Ok(Cow::Owned(inflate(z)?)),
+        }
+    }
+}
+
 /// A quote, parsed, with what the check needs of it.
 pub(crate) struct ParsedQuote<'a> {
     raw: &'a [u8],
@@ -87,7 +119,7 @@ impl<'a> ParsedQuote<'a> {
     /// The hash of the template and the collateral; `None` if the quote is not in its canonical
     /// encoding (then the template would not describe its bytes). Bytes after the quote (TDX
     /// quotes often come padded with zeros; `dcap-qvl` ignores them) are part of the template.
-    fn template(&self, collateral_json: &[u8]) -> Option<[u8; 32]> {
+    fn template(&self, collateral: CollateralRef<'_>) -> Option<[u8; 32]> {
         let encoded = self.quote.encode();
         let trailing = self.raw.strip_prefix(encoded.as_slice())?;
         let mut t = self.quote.clone();
@@ -103,7 +135,9 @@ impl<'a> ParsedQuote<'a> {
         h.update(&template);
         h.update((trailing.len() as u64).to_be_bytes());
         h.update(trailing);
-        h.update(collateral_json);
+        // The collateral as it travelled: JSON, or its DEFLATE stream (tagged apart).
+        h.update([collateral.tag()]);
+        h.update(collateral.wire_bytes());
         Some(h.finalize().into())
     }
 
@@ -169,11 +203,11 @@ impl DcapVerifier {
     pub(crate) fn claims(
         &self,
         quote: &ParsedQuote<'_>,
-        collateral_json: &[u8],
+        collateral: CollateralRef<'_>,
         now: u64,
         full_check: impl Fn(u64) -> Result<Claims, AttestError>,
     ) -> Result<Claims, AttestError> {
-        let template = quote.template(collateral_json);
+        let template = quote.template(collateral);
         if let Some(t) = &template {
             if let Some(claims) = self.remembered(t, now) {
                 quote.check_signature()?;

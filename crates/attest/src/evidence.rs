@@ -10,9 +10,18 @@
 //!                    report_data[64] platform_key[32] signature[64]
 //!                    (Ed25519 signature over every preceding byte, magic included)
 //! kind 2, DCAP:      quote_len u32 | quote | collateral_len u32 | collateral (JSON, PCCS format)
+//! kind 3, DCAP with compressed collateral:
+//!                    quote_len u32 | quote | deflated_len u32 | collateral, raw DEFLATE (RFC 1951)
 //! ```
 //!
+//! Kind 3 exists because the collateral is most of a DCAP evidence (14–16 KB of Intel's 19–21 KB
+//! samples) and compresses to a quarter (PEM chains and hex CRLs); less than TCP's initial window
+//! is left for the rest of the middlebox's first flight (docs/mbtls.md §2, "Evidence size").
+//! Inflating is bounded by [`MAX_COLLATERAL_LEN`].
+//!
 //! The decoder requires the input to end exactly where the body ends.
+
+use std::borrow::Cow;
 
 use crate::binding::REPORT_DATA_LEN;
 use crate::error::AttestError;
@@ -36,6 +45,8 @@ pub enum EvidenceKind {
     Simulated = 1,
     /// Intel SGX/TDX DCAP quote plus collateral.
     Dcap = 2,
+    /// Intel SGX/TDX DCAP quote plus DEFLATE-compressed collateral.
+    DcapDeflated = 3,
 }
 
 impl EvidenceKind {
@@ -43,6 +54,7 @@ impl EvidenceKind {
         match v {
             1 => Ok(EvidenceKind::Simulated),
             2 => Ok(EvidenceKind::Dcap),
+            3 => Ok(EvidenceKind::DcapDeflated),
             other => Err(AttestError::UnknownKind(other)),
         }
     }
@@ -94,18 +106,68 @@ impl SimEvidence {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DcapEvidence {
     quote: Vec<u8>,
-    collateral_json: Vec<u8>,
+    collateral: Collateral,
+}
+
+/// The collateral of a DCAP evidence as it travels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Collateral {
+    /// The PCCS JSON as it is (evidence kind 2).
+    Json(Vec<u8>),
+    /// The PCCS JSON compressed with raw DEFLATE (evidence kind 3).
+    Deflated(Vec<u8>),
+}
+
+impl Collateral {
+    /// `json` compressed (DEFLATE level 6, a few hundred µs for Intel's 14–16 KB; an attester
+    /// compresses each platform's collateral once).
+    pub fn deflate(json: &[u8]) -> Result<Self, AttestError> {
+        check_len("collateral", json.len(), MAX_COLLATERAL_LEN)?;
+        let deflated = miniz_oxide::deflate::compress_to_vec(json, 6);
+        check_len("compressed collateral", deflated.len(), MAX_COLLATERAL_LEN)?;
+        Ok(Collateral::Deflated(deflated))
+    }
+
+    /// The bytes that travel (JSON, or its DEFLATE stream).
+    pub fn wire_bytes(&self) -> &[u8] {
+        match self {
+            Collateral::Json(b) | Collateral::Deflated(b) => b,
+        }
+    }
+
+    /// The PCCS JSON, inflated if it travels compressed: never more than
+    /// [`MAX_COLLATERAL_LEN`] bytes are produced, whatever the stream claims.
+    pub fn json(&self) -> Result<Cow<'_, [u8]>, AttestError> {
+        match self {
+            Collateral::Json(b) => Ok(Cow::Borrowed(b)),
+            Collateral::Deflated(z) => inflate(z).map(Cow::Owned),
+        }
+    }
+}
+
+/// A DEFLATE stream inflated to at most [`MAX_COLLATERAL_LEN`] bytes.
+pub(crate) fn inflate(deflated: &[u8]) -> Result<Vec<u8>, AttestError> {
+    miniz_oxide::inflate::decompress_to_vec_with_limit(deflated, MAX_COLLATERAL_LEN).map_err(|_| {
+        AttestError::Malformed("compressed collateral is not DEFLATE or inflates beyond its limit")
+    })
 }
 
 impl DcapEvidence {
     /// Wrap a quote and its collateral (PCCS JSON, as `dcap-qvl`'s `QuoteCollateralV3` serializes).
     pub fn new(quote: Vec<u8>, collateral_json: Vec<u8>) -> Result<Self, AttestError> {
-        check_len("quote", quote.len(), MAX_QUOTE_LEN)?;
         check_len("collateral", collateral_json.len(), MAX_COLLATERAL_LEN)?;
-        Ok(DcapEvidence {
-            quote,
-            collateral_json,
-        })
+        Self::with_collateral(quote, Collateral::Json(collateral_json))
+    }
+
+    /// A quote with its collateral as given (e.g. compressed once by [`Collateral::deflate`]).
+    pub fn with_collateral(quote: Vec<u8>, collateral: Collateral) -> Result<Self, AttestError> {
+        check_len("quote", quote.len(), MAX_QUOTE_LEN)?;
+        check_len(
+            "collateral",
+            collateral.wire_bytes().len(),
+            MAX_COLLATERAL_LEN,
+        )?;
+        Ok(DcapEvidence { quote, collateral })
     }
 
     /// The raw SGX/TDX quote.
@@ -113,9 +175,14 @@ impl DcapEvidence {
         &self.quote
     }
 
-    /// The collateral JSON.
-    pub fn collateral_json(&self) -> &[u8] {
-        &self.collateral_json
+    /// The collateral as it travels.
+    pub fn collateral(&self) -> &Collateral {
+        &self.collateral
+    }
+
+    /// The collateral JSON (inflated if it travels compressed).
+    pub fn collateral_json(&self) -> Result<Cow<'_, [u8]>, AttestError> {
+        self.collateral.json()
     }
 }
 
@@ -190,7 +257,10 @@ impl Evidence {
     pub fn kind(&self) -> EvidenceKind {
         match self {
             Evidence::Simulated(_) => EvidenceKind::Simulated,
-            Evidence::Dcap(_) => EvidenceKind::Dcap,
+            Evidence::Dcap(d) => match d.collateral {
+                Collateral::Json(_) => EvidenceKind::Dcap,
+                Collateral::Deflated(_) => EvidenceKind::DcapDeflated,
+            },
         }
     }
 
@@ -203,15 +273,16 @@ impl Evidence {
                 out
             }
             Evidence::Dcap(d) => {
-                let mut out = Vec::with_capacity(14 + d.quote.len() + d.collateral_json.len());
+                let collateral = d.collateral.wire_bytes();
+                let mut out = Vec::with_capacity(14 + d.quote.len() + collateral.len());
                 out.extend_from_slice(&MAGIC);
                 out.push(VERSION);
-                out.push(EvidenceKind::Dcap as u8);
-                // Lengths fit: `DcapEvidence::new` bounds them far below u32::MAX.
+                out.push(self.kind() as u8);
+                // Lengths fit: `DcapEvidence` bounds them far below u32::MAX.
                 out.extend_from_slice(&(d.quote.len() as u32).to_be_bytes());
                 out.extend_from_slice(&d.quote);
-                out.extend_from_slice(&(d.collateral_json.len() as u32).to_be_bytes());
-                out.extend_from_slice(&d.collateral_json);
+                out.extend_from_slice(&(collateral.len() as u32).to_be_bytes());
+                out.extend_from_slice(collateral);
                 out
             }
         }
@@ -250,13 +321,15 @@ impl Evidence {
                     signature: r.array()?,
                 })
             }
-            EvidenceKind::Dcap => {
+            kind @ (EvidenceKind::Dcap | EvidenceKind::DcapDeflated) => {
                 let quote = r.vec32("quote", MAX_QUOTE_LEN)?;
-                let collateral_json = r.vec32("collateral", MAX_COLLATERAL_LEN)?;
-                Evidence::Dcap(DcapEvidence {
-                    quote,
-                    collateral_json,
-                })
+                let bytes = r.vec32("collateral", MAX_COLLATERAL_LEN)?;
+                // A compressed collateral is inflated (bounded) only when it is checked.
+                let collateral = match kind {
+                    EvidenceKind::Dcap => Collateral::Json(bytes),
+                    _ => Collateral::Deflated(bytes),
+                };
+                Evidence::Dcap(DcapEvidence { quote, collateral })
             }
         };
         r.finish()?;
@@ -327,6 +400,42 @@ mod tests {
         let d = Evidence::Dcap(DcapEvidence::new(vec![1, 2, 3], b"{}".to_vec()).unwrap());
         assert_eq!(Evidence::from_bytes(&d.to_bytes()).unwrap(), d);
         assert_eq!(d.kind(), EvidenceKind::Dcap);
+
+        let json = br#"{"tcbInfo": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
+        let z = Collateral::deflate(json).unwrap();
+        let c = DcapEvidence::with_collateral(vec![1, 2, 3], z).unwrap();
+        assert_eq!(c.collateral_json().unwrap().as_ref(), json);
+        let c = Evidence::Dcap(c);
+        assert_eq!(c.kind(), EvidenceKind::DcapDeflated);
+        let bytes = c.to_bytes();
+        assert_eq!(bytes[5], 3);
+        assert!(
+            bytes.len()
+                < Evidence::Dcap(DcapEvidence::new(vec![1, 2, 3], json.to_vec()).unwrap())
+                    .to_bytes()
+                    .len()
+        );
+        assert_eq!(Evidence::from_bytes(&bytes).unwrap(), c);
+    }
+
+    #[test]
+    fn compressed_collateral_inflates_to_its_limit_and_no_further() {
+        // A stream inflating to one byte more than the limit: refused, with no more than the
+        // limit ever produced (miniz_oxide stops there).
+        let bomb = miniz_oxide::deflate::compress_to_vec(&vec![0; MAX_COLLATERAL_LEN + 1], 9);
+        assert!(bomb.len() < 1024);
+        let c = Collateral::Deflated(bomb);
+        assert!(matches!(c.json(), Err(AttestError::Malformed(_))));
+        let at_limit = miniz_oxide::deflate::compress_to_vec(&vec![0; MAX_COLLATERAL_LEN], 9);
+        assert_eq!(
+            Collateral::Deflated(at_limit).json().unwrap().len(),
+            MAX_COLLATERAL_LEN
+        );
+        // Not DEFLATE at all.
+        let c = Collateral::Deflated(vec![0xff; 64]);
+        assert!(matches!(c.json(), Err(AttestError::Malformed(_))));
+        // Too much to compress is refused before compressing.
+        assert!(Collateral::deflate(&vec![0; MAX_COLLATERAL_LEN + 1]).is_err());
     }
 
     #[test]

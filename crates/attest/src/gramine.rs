@@ -17,11 +17,11 @@
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::binding::REPORT_DATA_LEN;
 use crate::error::AttestError;
-use crate::evidence::{DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::evidence::{Collateral, DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
 use crate::verify::Attester;
 
 /// Held from writing `user_report_data` until `quote` is read (process-wide, as Gramine's state is).
@@ -30,12 +30,18 @@ static QUOTING: Mutex<()> = Mutex::new(());
 /// Where Gramine mounts its attestation pseudo-files.
 pub const GRAMINE_ATTESTATION_DIR: &str = "/dev/attestation";
 
-/// Attester for a middlebox running in a Gramine SGX enclave with DCAP.
+/// Attester for a middlebox running in a Gramine SGX enclave with DCAP. Its evidence carries the
+/// collateral compressed (evidence kind 3), compressed once for as long as the file's bytes stay
+/// the same.
 #[derive(Clone, Debug)]
 pub struct GramineAttester {
     dir: PathBuf,
     collateral_path: PathBuf,
+    compressed: Arc<Mutex<Option<Compressed>>>,
 }
+
+/// The collateral file's bytes last read, and their compressed form.
+type Compressed = (Vec<u8>, Collateral);
 
 impl GramineAttester {
     /// Use `/dev/attestation` and the collateral JSON at `collateral_path`.
@@ -43,6 +49,24 @@ impl GramineAttester {
         GramineAttester {
             dir: PathBuf::from(GRAMINE_ATTESTATION_DIR),
             collateral_path: collateral_path.into(),
+            compressed: Arc::default(),
+        }
+    }
+
+    /// The collateral file, compressed (again only if its bytes changed).
+    fn collateral(&self) -> Result<Collateral, AttestError> {
+        let json = read_limited(&self.collateral_path, "collateral", MAX_COLLATERAL_LEN)?;
+        let mut cached = self
+            .compressed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*cached {
+            Some((raw, c)) if *raw == json => Ok(c.clone()),
+            _ => {
+                let c = Collateral::deflate(&json)?;
+                *cached = Some((json, c.clone()));
+                Ok(c)
+            }
         }
     }
 
@@ -109,7 +133,9 @@ impl Attester for GramineAttester {
             drop(urd);
             read_limited(&self.dir.join("quote"), "quote", MAX_QUOTE_LEN)?
         };
-        let collateral = read_limited(&self.collateral_path, "collateral", MAX_COLLATERAL_LEN)?;
-        Ok(Evidence::Dcap(DcapEvidence::new(quote, collateral)?))
+        Ok(Evidence::Dcap(DcapEvidence::with_collateral(
+            quote,
+            self.collateral()?,
+        )?))
     }
 }

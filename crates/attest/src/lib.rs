@@ -42,7 +42,7 @@ pub use dcap::{
 };
 pub use dcap_cache::{DcapCounts, DcapVerifier};
 pub use error::AttestError;
-pub use evidence::{DcapEvidence, Evidence, EvidenceKind, SimEvidence};
+pub use evidence::{Collateral, DcapEvidence, Evidence, EvidenceKind, SimEvidence};
 pub use gramine::GramineAttester;
 pub use policy::{HexBytes, Policy};
 pub use sim::{verify_simulated, SimulatedAttester, SimulatedPlatform};

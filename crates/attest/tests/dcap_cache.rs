@@ -8,7 +8,9 @@
 mod common;
 
 use dcap_qvl::quote::{Quote, Report};
-use mbx_attest::{AttestError, DcapCounts, DcapVerifier, HexBytes, Policy};
+use mbx_attest::{
+    AttestError, Collateral, DcapCounts, DcapEvidence, DcapVerifier, HexBytes, Policy,
+};
 use parity_scale_codec::Encode;
 
 use common::{platforms, Platform};
@@ -268,5 +270,59 @@ mod untrusted {
                 prop_assert_eq!(v.counts().signature_only, 0);
             }
         }
+    }
+}
+
+/// The platform's evidence with its collateral compressed (evidence kind 3) at `level`.
+fn deflated(p: &Platform, level: u8) -> DcapEvidence {
+    let z = miniz_oxide::deflate::compress_to_vec(&p.collateral, level);
+    DcapEvidence::with_collateral(p.quote.clone(), Collateral::Deflated(z)).expect("evidence")
+}
+
+#[test]
+fn compressed_collateral_is_checked_and_remembered_by_the_bytes_that_travelled() {
+    for p in platforms() {
+        let v = DcapVerifier::new(4, WINDOW);
+        let ev = deflated(&p, 6);
+        // Intel's collateral compresses to under a third.
+        assert!(3 * ev.collateral().wire_bytes().len() < p.collateral.len());
+        let check =
+            |ev: &DcapEvidence, rd: &[u8; 64]| v.verify_evidence(ev, rd, &p.policy, p.now + 1);
+        let claims = check(&ev, &p.report_data).expect("accepted compressed");
+        assert_eq!(v.counts(), counts(2, 0));
+        check(&ev, &p.report_data).expect("accepted again");
+        assert_eq!(v.counts(), counts(2, 1));
+        // The same JSON uncompressed, or compressed otherwise, is another template.
+        let plain = v.verify_quote(
+            &p.quote,
+            &p.collateral,
+            &p.report_data,
+            &p.policy,
+            p.now + 1,
+        );
+        assert_eq!(plain.expect("accepted"), claims);
+        assert_eq!(v.counts(), counts(4, 1));
+        check(&deflated(&p, 1), &p.report_data).expect("accepted");
+        assert_eq!(v.counts(), counts(6, 1));
+        // Another report_data on the remembered compressed template: the signature refuses it.
+        let mut other = p.report_data;
+        other[3] ^= 1;
+        let tampered =
+            DcapEvidence::with_collateral(p.with_report_data(other), ev.collateral().clone())
+                .expect("evidence");
+        let r = check(&tampered, &other);
+        assert!(
+            matches!(&r, Err(AttestError::Dcap(m)) if m.contains("signature")),
+            "{r:?}"
+        );
+        assert_eq!(v.counts(), counts(6, 1));
+        // A damaged stream: checked in full (another template), and refused.
+        let mut z = ev.collateral().wire_bytes().to_vec();
+        let mid = z.len() / 2;
+        z[mid] ^= 0x55;
+        let damaged =
+            DcapEvidence::with_collateral(p.quote.clone(), Collateral::Deflated(z)).expect("ok");
+        assert!(check(&damaged, &p.report_data).is_err());
+        assert_eq!(v.counts().signature_only, 1);
     }
 }

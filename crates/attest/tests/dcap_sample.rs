@@ -8,7 +8,8 @@ mod common;
 use dcap_qvl::quote::{Quote, Report};
 use mbx_attest::{
     quote_measurement_unverified, quote_report_data_unverified, verify, verify_bytes,
-    verify_dcap_quote, AttestError, DcapEvidence, Evidence, HexBytes, Policy, TcbStatus, TeeKind,
+    verify_dcap_quote, AttestError, Collateral, DcapEvidence, Evidence, EvidenceKind, HexBytes,
+    Policy, TcbStatus, TeeKind,
 };
 
 struct SgxFacts {
@@ -79,6 +80,14 @@ fn sgx_sample_accepted_at_a_valid_time() {
 
     // The same through the evidence encoding and the dispatching entry point.
     let ev = Evidence::Dcap(DcapEvidence::new(s.quote.clone(), s.collateral_json.clone()).unwrap());
+    assert_eq!(
+        verify_bytes(&ev.to_bytes(), &f.report_data, &sgx_policy(&f), now).unwrap(),
+        claims
+    );
+    // And with the collateral compressed (evidence kind 3), as a Gramine middlebox sends it.
+    let z = Collateral::deflate(&s.collateral_json).unwrap();
+    let ev = Evidence::Dcap(DcapEvidence::with_collateral(s.quote.clone(), z).unwrap());
+    assert_eq!(ev.kind(), EvidenceKind::DcapDeflated);
     assert_eq!(
         verify_bytes(&ev.to_bytes(), &f.report_data, &sgx_policy(&f), now).unwrap(),
         claims

@@ -131,3 +131,35 @@ fn concurrent_sessions_each_get_a_quote_for_their_own_report_data() {
         );
     }
 }
+
+#[test]
+fn the_collateral_travels_compressed_and_follows_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // Plain files: the quote is whatever the file holds.
+    std::fs::write(dir.path().join("attestation_type"), "dcap\n").unwrap();
+    std::fs::write(dir.path().join("user_report_data"), []).unwrap();
+    std::fs::write(dir.path().join("quote"), b"quote").unwrap();
+    let path = dir.path().join("collateral.json");
+    let first = format!("{{\"tcbInfo\": \"{}\"}}", "ab".repeat(2000));
+    std::fs::write(&path, &first).unwrap();
+    let attester = GramineAttester::new(&path).with_attestation_dir(dir.path());
+    let dcap = |a: &GramineAttester| match a.evidence(&[0; 64]).unwrap() {
+        mbx_attest::Evidence::Dcap(d) => d,
+        other => panic!("{other:?}"),
+    };
+    let ev = dcap(&attester);
+    assert!(
+        matches!(ev.collateral(), mbx_attest::Collateral::Deflated(z) if 10 * z.len() < first.len()),
+        "{:?}",
+        ev.collateral()
+    );
+    assert_eq!(ev.collateral_json().unwrap().as_ref(), first.as_bytes());
+    assert_eq!(dcap(&attester.clone()).collateral(), ev.collateral());
+    // A helper refreshed the file: the next evidence carries the new collateral.
+    let second = first.replace("ab", "cd");
+    std::fs::write(&path, &second).unwrap();
+    assert_eq!(
+        dcap(&attester).collateral_json().unwrap().as_ref(),
+        second.as_bytes()
+    );
+}
