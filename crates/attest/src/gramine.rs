@@ -102,6 +102,11 @@ fn read_limited(path: &Path, what: &'static str, max: usize) -> Result<Vec<u8>, 
 }
 
 impl Attester for GramineAttester {
+    /// Gramine's quote comes from Intel's quoting enclave, and sessions quote one at a time.
+    fn blocks(&self) -> bool {
+        true
+    }
+
     fn evidence(&self, report_data: &[u8; REPORT_DATA_LEN]) -> Result<Evidence, AttestError> {
         let type_path = self.dir.join("attestation_type");
         let attestation_type = match fs::read_to_string(&type_path) {

@@ -12,6 +12,13 @@ use crate::sim::verify_simulated;
 pub trait Attester: Send + Sync {
     /// Evidence whose report_data field is exactly `report_data`.
     fn evidence(&self, report_data: &[u8; REPORT_DATA_LEN]) -> Result<Evidence, AttestError>;
+
+    /// Whether [`Self::evidence`] waits on something outside this process (a quoting enclave
+    /// takes milliseconds): an async driver then runs the handshake step that asks for evidence
+    /// where blocking is allowed, so that its other connections go on meanwhile.
+    fn blocks(&self) -> bool {
+        false
+    }
 }
 
 /// Checks evidence against the session binding and a policy.

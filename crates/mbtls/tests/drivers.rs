@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_attest::sim::{measure, signer_id};
-use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_attest::{
+    AttestError, Attester, Evidence, HexBytes, Policy, SimulatedAttester, SimulatedPlatform,
+};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig, TlsEngine};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
@@ -592,7 +594,12 @@ async fn in_process_server(
     ctx: OpenSslContext,
     echo: bool,
 ) -> (bool, Vec<u8>) {
-    let (mut sock, _) = listener.accept().await.unwrap();
+    let (sock, _) = listener.accept().await.unwrap();
+    serve_socket(sock, &ctx, echo).await
+}
+
+/// [`in_process_server`] on one accepted connection.
+async fn serve_socket(mut sock: TcpStream, ctx: &OpenSslContext, echo: bool) -> (bool, Vec<u8>) {
     let mut engine = ctx.engine().unwrap();
     let mut plaintext = Vec::new();
     let mut buf = vec![0u8; 65536];
@@ -863,6 +870,94 @@ async fn echo_session(
     let mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
     let client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
     (mbox, client, server)
+}
+
+/// The simulator's evidence, but its call number `hold` (from 0) first waits for `go`, as a
+/// quoting enclave keeps a middlebox waiting; it says it blocks ([`Attester::blocks`]).
+struct HeldAttester {
+    inner: SimulatedAttester,
+    calls: std::sync::atomic::AtomicUsize,
+    hold: usize,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Attester for HeldAttester {
+    fn evidence(&self, report_data: &[u8; 64]) -> Result<Evidence, AttestError> {
+        use std::sync::atomic::Ordering;
+        if self.calls.fetch_add(1, Ordering::SeqCst) == self.hold {
+            // `go` comes only once the middlebox relayed another connection meanwhile; if it
+            // could not (its runtime stalled here), this evidence fails, and so does the test.
+            if self.go.lock().unwrap().recv_timeout(BOUND).is_err() {
+                return Err(AttestError::Malformed(
+                    "no other connection was relayed meanwhile",
+                ));
+            }
+        }
+        self.inner.evidence(report_data)
+    }
+
+    fn blocks(&self) -> bool {
+        true
+    }
+}
+
+/// A middlebox whose attester blocks (a quoting enclave) keeps relaying its other connections
+/// while one connection waits for its evidence, even on a runtime with one worker: the
+/// handshake step that makes evidence runs where blocking is allowed (`block_in_place`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_middlebox_waiting_for_a_quote_keeps_relaying_its_other_connections() {
+    use std::sync::atomic::Ordering;
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let server_leaf = Identity::from_pem(
+        std::fs::read(&w.server_files.chain).unwrap(),
+        std::fs::read(&w.server_files.key).unwrap(),
+    );
+    let ctx = Arc::new(OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = listener.accept().await.unwrap();
+            let ctx = ctx.clone();
+            tokio::spawn(async move { serve_socket(sock, &ctx, true).await });
+        }
+    });
+    let (go, wait) = std::sync::mpsc::channel();
+    let attester = Arc::new(HeldAttester {
+        inner: SimulatedAttester::new(
+            w.platform.clone(),
+            measure(PROGRAM, b""),
+            signer_id("mbx tests"),
+        ),
+        calls: Default::default(),
+        hold: 1,
+        go: std::sync::Mutex::new(wait),
+    });
+    let mut cfg = w.middlebox(server_addr, passthrough());
+    cfg.handshake.attester = Some(attester.clone());
+    let mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let accepted = measure(PROGRAM, b"");
+    let mut first = connect(&mbox, w.client(version, accepted)).await;
+    echo_through(&mut first, b"before").await;
+
+    // The second connection's evidence is held.
+    let addr = mbox.local_addr();
+    let cfg = w.client(version, accepted);
+    let second = tokio::spawn(async move { MbtlsClient::connect(addr, cfg).await });
+    let entered = async {
+        while attester.calls.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(BOUND, entered).await.unwrap();
+    // Meanwhile the first connection is relayed both ways.
+    echo_through(&mut first, b"while the middlebox waits for a quote").await;
+    go.send(()).unwrap();
+    let mut second = timeout(BOUND, second).await.unwrap().unwrap().unwrap();
+    echo_through(&mut second, b"after").await;
+    close_and_read_to_end(&mut first).await;
+    close_and_read_to_end(&mut second).await;
 }
 
 /// Ends the session from the client (close_notify) and reads until the server's close.

@@ -313,6 +313,17 @@ async fn serve(
     report
 }
 
+/// Runs `f`, which may block, where that is allowed: on a multi-thread runtime the worker
+/// hands its other tasks over first (`block_in_place`); a current-thread runtime has no
+/// other worker to hand them to, so `f` just runs.
+fn blocking_allowed<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The handshake core of either placement.
 enum Core {
     ClientSide(MiddleboxHandshake<App>),
@@ -496,6 +507,7 @@ async fn relay(
             announce,
         )?),
     };
+    let attester_blocks = cfg.handshake.attester_blocks();
     let (mut client_r, mut client_w) = client.into_split();
     let (mut server_r, mut server_w) = server.into_split();
     let mut conn = Conn {
@@ -592,7 +604,13 @@ async fn relay(
             Side::Client => &mut report.bytes_from_client,
             Side::Server => &mut report.bytes_from_server,
         } += n as u64;
-        let received = conn.hs.receive(from, bytes);
+        let received = if attester_blocks && !conn.hs.keys_installed() {
+            // This step may make evidence (a quote, milliseconds): the runtime's other
+            // connections go on while it waits.
+            blocking_allowed(|| conn.hs.receive(from, bytes))
+        } else {
+            conn.hs.receive(from, bytes)
+        };
         let buf = if from == Side::Client {
             &mut buf_c
         } else {

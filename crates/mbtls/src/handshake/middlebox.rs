@@ -40,6 +40,11 @@ pub struct MiddleboxHandshakeConfig {
 }
 
 impl MiddleboxHandshakeConfig {
+    /// Whether making evidence blocks ([`Attester::blocks`]).
+    pub fn attester_blocks(&self) -> bool {
+        self.attester.as_ref().is_some_and(|a| a.blocks())
+    }
+
     /// `tls`: a server configuration with the middlebox's certificate and key; the context is
     /// built from it without export (a middlebox never exports its sessions: no OpenSSL key
     /// log), and a certificate that does not parse is refused here. `attester`: produces
