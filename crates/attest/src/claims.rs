@@ -117,6 +117,10 @@ pub struct Claims {
     pub tcb_status: Option<TcbStatus>,
     /// Intel security advisories that apply to the platform's TCB level (DCAP only).
     pub advisory_ids: Vec<String>,
+    /// The lower of the collateral's TCB info and QE identity `tcbEvaluationDataNumber` (DCAP
+    /// only): which of Intel's TCB appraisals `tcb_status` comes from; it grows with every TCB
+    /// recovery, so a minimum refuses collateral from before one.
+    pub tcb_evaluation_data_number: Option<u32>,
 }
 
 impl fmt::Display for Claims {
@@ -141,6 +145,9 @@ impl fmt::Display for Claims {
         match self.tcb_status {
             Some(s) => write!(f, "{s}")?,
             None => f.write_str("n/a")?,
+        }
+        if let Some(n) = self.tcb_evaluation_data_number {
+            write!(f, " tcb_evaluation={n}")?;
         }
         if !self.advisory_ids.is_empty() {
             write!(f, " advisories={}", self.advisory_ids.join(","))?;
@@ -182,10 +189,11 @@ mod tests {
             debug: false,
             tcb_status: Some(TcbStatus::UpToDate),
             advisory_ids: vec!["INTEL-SA-1".into()],
+            tcb_evaluation_data_number: Some(17),
         };
         assert_eq!(
             c.to_string(),
-            "tee=tdx measurement=abab signer=- product_id=0 svn=0 debug=false tcb=UpToDate advisories=INTEL-SA-1"
+            "tee=tdx measurement=abab signer=- product_id=0 svn=0 debug=false tcb=UpToDate tcb_evaluation=17 advisories=INTEL-SA-1"
         );
     }
 }

@@ -7,12 +7,9 @@
 //! [`Policy`]. Debug enclaves are let through `dcap-qvl` on purpose so that our policy's
 //! `allow_debug` (with its own error) decides.
 
-use std::borrow::Cow;
-use std::cell::OnceCell;
-
 use dcap_qvl::quote::{Quote, Report, TDReport10};
 use dcap_qvl::verify::QuoteVerifier;
-use dcap_qvl::QuoteCollateralV3;
+use dcap_qvl::{QuoteCollateralV3, QuotePolicy};
 
 use crate::binding::{report_data_eq, REPORT_DATA_LEN};
 use crate::claims::{Claims, TcbStatus, TeeKind};
@@ -123,17 +120,9 @@ impl DcapVerifier {
             });
         }
         let parsed = ParsedQuote::parse(quote)?;
-        // Inflated at most once, and only if a full check runs.
-        let json: OnceCell<Cow<'_, [u8]>> = OnceCell::new();
+        // Inflated only if a full check runs.
         let claims = self.claims(&parsed, collateral, now_unix, |at| {
-            let json = match json.get() {
-                Some(j) => j,
-                None => {
-                    let inflated = collateral.json()?;
-                    json.get_or_init(|| inflated)
-                }
-            };
-            full_check(quote, json, at)
+            full_check(quote, &collateral.json()?, at)
         })?;
         if !report_data_eq(&parsed.report_data(), expected_report_data) {
             return Err(AttestError::ReportDataMismatch);
@@ -144,19 +133,38 @@ impl DcapVerifier {
 }
 
 /// Everything `dcap-qvl` checks (collateral, chains, CRLs, QE, signatures, TCB) at `now_unix`: the
-/// quote's claims, before the binding and any policy.
-fn full_check(quote: &[u8], collateral_json: &[u8], now_unix: u64) -> Result<Claims, AttestError> {
+/// quote's claims, before the binding and any policy, and the last second its collateral is
+/// valid (the earliest `nextUpdate`/`notAfter` of all of it: every check `dcap-qvl` makes with
+/// the time is a window, so all of them hold from `now_unix` to then).
+fn full_check(
+    quote: &[u8],
+    collateral_json: &[u8],
+    now_unix: u64,
+) -> Result<(Claims, u64), AttestError> {
     let collateral: QuoteCollateralV3 = serde_json::from_slice(collateral_json)
         .map_err(|e| AttestError::Collateral(e.to_string()))?;
+    // `claims_only`: dcap-qvl verifies everything and appraises nothing; our policy decides.
     let verified = QuoteVerifier::new_prod()
         .allow_debug(true)
-        .verify(quote, &collateral, now_unix)
+        .verify_with_policy(
+            quote,
+            collateral,
+            now_unix,
+            &QuotePolicy::claims_only(now_unix),
+        )
         .map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
     let tcb_status: TcbStatus = verified
+        .tcb
         .status
+        .to_string()
         .parse()
         .map_err(|e: String| AttestError::Dcap(e))?;
-    Ok(match &verified.report {
+    let tcb = (
+        tcb_status,
+        verified.tcb.advisory_ids.as_slice(),
+        verified.tcb.eval_data_number,
+    );
+    let claims = match &verified.report {
         Report::SgxEnclave(r) => Claims {
             tee: TeeKind::Sgx,
             measurement: r.mr_enclave.to_vec(),
@@ -165,17 +173,22 @@ fn full_check(quote: &[u8], collateral_json: &[u8], now_unix: u64) -> Result<Cla
             svn: r.isv_svn,
             debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
             tcb_status: Some(tcb_status),
-            advisory_ids: verified.advisory_ids.clone(),
+            advisory_ids: verified.tcb.advisory_ids.clone(),
+            tcb_evaluation_data_number: Some(verified.tcb.eval_data_number),
         },
-        Report::TD10(r) => tdx_claims(r, tcb_status, &verified.advisory_ids),
-        Report::TD15(r) => tdx_claims(&r.base, tcb_status, &verified.advisory_ids),
-        Report::TD15Ex(r) => tdx_claims(&r.base.base, tcb_status, &verified.advisory_ids),
-    })
+        Report::TD10(r) => tdx_claims(r, tcb),
+        Report::TD15(r) => tdx_claims(&r.base, tcb),
+        Report::TD15Ex(r) => tdx_claims(&r.base.base, tcb),
+    };
+    Ok((claims, verified.earliest_expiration_date))
 }
 
 /// Claims of a TD. TDX has no workload signer or ISV SVN: they are reported empty/0 and policy decides
 /// (a non-empty `signers` list or `min_svn > 0` refuses TDX evidence).
-fn tdx_claims(r: &TDReport10, tcb_status: TcbStatus, advisory_ids: &[String]) -> Claims {
+fn tdx_claims(
+    r: &TDReport10,
+    (tcb_status, advisory_ids, evaluation): (TcbStatus, &[String], u32),
+) -> Claims {
     Claims {
         tee: TeeKind::Tdx,
         measurement: r.mr_td.to_vec(),
@@ -185,6 +198,7 @@ fn tdx_claims(r: &TDReport10, tcb_status: TcbStatus, advisory_ids: &[String]) ->
         debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
         tcb_status: Some(tcb_status),
         advisory_ids: advisory_ids.to_vec(),
+        tcb_evaluation_data_number: Some(evaluation),
     }
 }
 

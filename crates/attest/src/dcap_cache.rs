@@ -11,10 +11,10 @@
 //! whose collateral bytes are exactly those of a quote that passed the full check is checked by
 //! that signature alone, with the attestation key of the template, which the full check tied to
 //! the PCK chain. Everything else `dcap-qvl` looked at is the same bytes; its only other input is
-//! the time, and every time check is a window (certificates, CRLs, TCB info, QE identity). A
-//! template is therefore remembered only after the full check passed both at `now` and at `now +
-//! window` with the same verdict, and used only between the two. New collateral (a fresher CRL)
-//! is a new template. Quotes whose encoding is not the canonical one are always checked in full.
+//! the time, and every time check is a window (certificates, CRLs, TCB info, QE identity): a
+//! template that passed at `now` is used from `now` until the window ends or the earliest
+//! expiry of its collateral (which `dcap-qvl` reports), whichever comes first. New collateral (a
+//! fresher CRL) is a new template. Quotes whose encoding is not the canonical one are always checked in full.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -41,7 +41,7 @@ pub const SHARED_WINDOW_SECS: u64 = 3600;
 /// How many quotes a [`DcapVerifier`] checked each way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DcapCounts {
-    /// Checked in full by `dcap-qvl` (a template's second check at `now + window` included).
+    /// Checked in full by `dcap-qvl`.
     pub full: u64,
     /// Checked by their signature alone, on a remembered template.
     pub signature_only: u64,
@@ -63,7 +63,7 @@ struct State {
 
 struct Platform {
     template: [u8; 32],
-    /// Verified at `from` and at `until`.
+    /// Used from `from` (its full check) to `until` (window or collateral expiry), inclusive.
     from: u64,
     until: u64,
     /// What the full check found, before any policy.
@@ -171,8 +171,8 @@ fn report_data_mut(report: &mut Report) -> &mut [u8; 64] {
 
 impl DcapVerifier {
     /// Remembers up to `capacity` platforms (the least recently used goes first), each for
-    /// `window_secs` after its full check. With `capacity` 0 every quote is checked in full,
-    /// once.
+    /// `window_secs` after its full check at most. With `capacity` 0 every quote is checked in
+    /// full.
     pub fn new(capacity: usize, window_secs: u64) -> Self {
         DcapVerifier {
             capacity,
@@ -205,7 +205,7 @@ impl DcapVerifier {
         quote: &ParsedQuote<'_>,
         collateral: CollateralRef<'_>,
         now: u64,
-        full_check: impl Fn(u64) -> Result<Claims, AttestError>,
+        full_check: impl FnOnce(u64) -> Result<(Claims, u64), AttestError>,
     ) -> Result<Claims, AttestError> {
         let template = quote.template(collateral);
         if let Some(t) = &template {
@@ -215,29 +215,20 @@ impl DcapVerifier {
                 return Ok(claims);
             }
         }
-        let claims = self.counted(&full_check, now)?;
-        let until = now.checked_add(self.window_secs);
-        if let (Some(template), Some(until), true) = (template, until, self.capacity > 0) {
-            // Only what holds over the whole window is remembered.
-            if self.counted(&full_check, until).ok().as_ref() == Some(&claims) {
-                self.remember(Platform {
-                    template,
-                    from: now,
-                    until,
-                    claims: claims.clone(),
-                });
-            }
+        self.lock().counts.full += 1;
+        let (claims, expires) = full_check(now)?;
+        if let (Some(template), true) = (template, self.capacity > 0) {
+            // Used from now until the window ends or the collateral expires, whichever is
+            // first: every check in between would have passed as this one did.
+            let until = now.saturating_add(self.window_secs).min(expires);
+            self.remember(Platform {
+                template,
+                from: now,
+                until,
+                claims: claims.clone(),
+            });
         }
         Ok(claims)
-    }
-
-    fn counted(
-        &self,
-        full_check: &impl Fn(u64) -> Result<Claims, AttestError>,
-        at: u64,
-    ) -> Result<Claims, AttestError> {
-        self.lock().counts.full += 1;
-        full_check(at)
     }
 
     fn remembered(&self, template: &[u8; 32], now: u64) -> Option<Claims> {

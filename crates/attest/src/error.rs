@@ -71,6 +71,14 @@ pub enum AttestError {
     /// The platform's TCB status is not in the policy's accepted list.
     #[error("TCB status {0} is not accepted by policy")]
     TcbStatusNotAllowed(TcbStatus),
+    /// The collateral's TCB evaluation is older than the policy's minimum.
+    #[error("TCB evaluation data number {number} is below the policy's minimum {min}")]
+    TcbEvaluationTooOld {
+        /// The collateral's number.
+        number: u32,
+        /// The policy's minimum.
+        min: u32,
+    },
     /// DCAP quote or collateral verification failed (signature chain, expiry, revocation, parse).
     #[error("DCAP quote verification failed: {0}")]
     Dcap(String),

@@ -111,6 +111,11 @@ pub struct Policy {
     pub accepted_tcb_statuses: Vec<TcbStatus>,
     /// Ed25519 public keys (32 bytes, hex) of the simulated platforms whose evidence is trusted.
     pub sim_platform_keys: Vec<HexBytes>,
+    /// DCAP: the lowest `tcbEvaluationDataNumber` accepted (default 0, any). Collateral stays
+    /// valid for weeks, so without it a platform left unpatched after a TCB recovery can still
+    /// present the collateral from before it, which calls its TCB `UpToDate`; Intel publishes
+    /// the current numbers (PCS `tcbevaluationdatanumbers`).
+    pub min_tcb_evaluation_data_number: u32,
 }
 
 impl Default for Policy {
@@ -125,6 +130,7 @@ impl Default for Policy {
             allow_debug: false,
             accepted_tcb_statuses: vec![TcbStatus::UpToDate],
             sim_platform_keys: Vec::new(),
+            min_tcb_evaluation_data_number: 0,
         }
     }
 }
@@ -226,6 +232,14 @@ impl Policy {
                 return Err(AttestError::TcbStatusNotAllowed(status));
             }
         }
+        if let Some(number) = claims.tcb_evaluation_data_number {
+            if number < self.min_tcb_evaluation_data_number {
+                return Err(AttestError::TcbEvaluationTooOld {
+                    number,
+                    min: self.min_tcb_evaluation_data_number,
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -245,6 +259,7 @@ mod tests {
             debug: false,
             tcb_status: Some(TcbStatus::UpToDate),
             advisory_ids: vec![],
+            tcb_evaluation_data_number: Some(17),
         }
     }
 
@@ -278,10 +293,11 @@ mod tests {
         // The bare table works too, and extensions parse.
         let p = Policy::from_toml_str(&format!(
             "measurements = [\"{m}\"]\naccepted_tcb_statuses = [\"UpToDate\", \"SWHardeningNeeded\"]\n\
-             allow_simulated = true\nsim_platform_keys = [\"{s}\"]"
+             allow_simulated = true\nsim_platform_keys = [\"{s}\"]\nmin_tcb_evaluation_data_number = 17"
         ))
         .unwrap();
         assert!(p.allow_simulated);
+        assert_eq!(p.min_tcb_evaluation_data_number, 17);
         assert_eq!(
             p.accepted_tcb_statuses,
             [TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded]
@@ -369,6 +385,27 @@ mod tests {
             p.check_claims(&c),
             Err(AttestError::TcbStatusNotAllowed(TcbStatus::Revoked))
         ));
+        // TCB evaluation: at the minimum passes, below it does not; simulated claims (none)
+        // are not held to it.
+        let p = Policy {
+            min_tcb_evaluation_data_number: 17,
+            ..accepting()
+        };
+        assert!(p.check_claims(&claims()).is_ok());
+        let p = Policy {
+            min_tcb_evaluation_data_number: 18,
+            ..accepting()
+        };
+        assert!(matches!(
+            p.check_claims(&claims()),
+            Err(AttestError::TcbEvaluationTooOld {
+                number: 17,
+                min: 18
+            })
+        ));
+        let mut c = claims();
+        c.tcb_evaluation_data_number = None;
+        assert!(p.check_claims(&c).is_ok());
     }
 
     #[test]

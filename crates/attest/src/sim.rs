@@ -181,6 +181,7 @@ pub fn verify_simulated(
         debug: ev.debug,
         tcb_status: None,
         advisory_ids: Vec::new(),
+        tcb_evaluation_data_number: None,
     };
     policy.check_claims(&claims)?;
     tracing::warn!(

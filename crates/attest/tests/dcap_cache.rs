@@ -47,11 +47,7 @@ impl Check for Platform {
         let v = DcapVerifier::new(4, WINDOW);
         self.check(&v, &self.quote, &self.report_data, self.now)
             .expect("sample accepted");
-        assert_eq!(
-            v.counts(),
-            counts(2, 0),
-            "checked at now and at now + window"
-        );
+        assert_eq!(v.counts(), counts(1, 0), "checked once in full");
         v
     }
 
@@ -94,7 +90,7 @@ fn a_second_quote_of_a_verified_platform_is_checked_by_its_signature_alone() {
             p.check(&v, &p.quote, &p.report_data, later)
                 .expect("accepted again");
         }
-        assert_eq!(v.counts(), counts(2, 3));
+        assert_eq!(v.counts(), counts(1, 3));
     }
 }
 
@@ -107,7 +103,7 @@ fn refused_by_its_signature(p: &Platform, quote: &[u8], report_data: &[u8; 64]) 
         matches!(&r, Err(AttestError::Dcap(m)) if m.contains("signature")),
         "{r:?}"
     );
-    assert_eq!(v.counts(), counts(2, 0));
+    assert_eq!(v.counts(), counts(1, 0));
 }
 
 #[test]
@@ -150,7 +146,8 @@ fn any_other_change_to_the_quote_is_checked_in_full() {
         let _ = p.check(&v, &tampered, &p.report_data, p.now + 1);
         let c = v.counts();
         assert_eq!(c.signature_only, 0);
-        assert!(c.full >= 2 + 4, "{c:?}");
+        // One check to remember it, four refused in full.
+        assert_eq!(c.full, 5, "{c:?}");
     }
 }
 
@@ -163,9 +160,9 @@ fn other_collateral_is_another_platform() {
         collateral.push(b' ');
         let run = || v.verify_quote(&p.quote, &collateral, &p.report_data, &p.policy, p.now + 1);
         run().expect("still valid collateral");
-        assert_eq!(v.counts(), counts(4, 0));
+        assert_eq!(v.counts(), counts(2, 0));
         run().expect("accepted again");
-        assert_eq!(v.counts(), counts(4, 1));
+        assert_eq!(v.counts(), counts(2, 1));
     }
 }
 
@@ -190,15 +187,18 @@ fn outside_its_window_a_platform_is_checked_in_full() {
 }
 
 #[test]
-fn collateral_that_expires_within_the_window_is_not_remembered() {
+fn a_platform_is_remembered_until_its_collateral_expires_and_no_longer() {
     for p in platforms() {
-        let v = DcapVerifier::new(4, p.not_after - p.now + 1);
-        for _ in 0..2 {
-            p.check(&v, &p.quote, &p.report_data, p.now)
-                .expect("valid now");
-        }
-        // Each time: at now, and (failing) at now + window.
-        assert_eq!(v.counts(), counts(4, 0));
+        // A window longer than the collateral lives: the collateral's expiry bounds it.
+        let v = DcapVerifier::new(4, u64::MAX);
+        p.check(&v, &p.quote, &p.report_data, p.now)
+            .expect("valid now");
+        p.check(&v, &p.quote, &p.report_data, p.not_after)
+            .expect("valid to the last second");
+        assert_eq!(v.counts(), counts(1, 1));
+        let r = p.check(&v, &p.quote, &p.report_data, p.not_after + 1);
+        assert!(matches!(&r, Err(AttestError::Dcap(_))), "{r:?}");
+        assert_eq!(v.counts(), counts(2, 1));
     }
 }
 
@@ -220,7 +220,7 @@ fn the_binding_and_the_policy_still_apply_to_a_remembered_platform() {
             matches!(r, Err(AttestError::MeasurementNotAllowed(_))),
             "{r:?}"
         );
-        assert_eq!(v.counts(), counts(2, 2));
+        assert_eq!(v.counts(), counts(1, 2));
     }
 }
 
@@ -233,8 +233,8 @@ fn a_verifier_remembers_no_more_platforms_than_its_capacity() {
             .expect("accepted");
     }
     // Each one pushed the other out.
-    assert_eq!(v.counts(), counts(6, 0));
-    // None: one full check each, no second one for the window.
+    assert_eq!(v.counts(), counts(3, 0));
+    // None: a full check each time.
     let v = DcapVerifier::new(0, WINDOW);
     for _ in 0..2 {
         sgx.check(&v, &sgx.quote, &sgx.report_data, sgx.now)
@@ -289,9 +289,9 @@ fn compressed_collateral_is_checked_and_remembered_by_the_bytes_that_travelled()
         let check =
             |ev: &DcapEvidence, rd: &[u8; 64]| v.verify_evidence(ev, rd, &p.policy, p.now + 1);
         let claims = check(&ev, &p.report_data).expect("accepted compressed");
-        assert_eq!(v.counts(), counts(2, 0));
+        assert_eq!(v.counts(), counts(1, 0));
         check(&ev, &p.report_data).expect("accepted again");
-        assert_eq!(v.counts(), counts(2, 1));
+        assert_eq!(v.counts(), counts(1, 1));
         // The same JSON uncompressed, or compressed otherwise, is another template.
         let plain = v.verify_quote(
             &p.quote,
@@ -301,9 +301,9 @@ fn compressed_collateral_is_checked_and_remembered_by_the_bytes_that_travelled()
             p.now + 1,
         );
         assert_eq!(plain.expect("accepted"), claims);
-        assert_eq!(v.counts(), counts(4, 1));
+        assert_eq!(v.counts(), counts(2, 1));
         check(&deflated(&p, 1), &p.report_data).expect("accepted");
-        assert_eq!(v.counts(), counts(6, 1));
+        assert_eq!(v.counts(), counts(3, 1));
         // Another report_data on the remembered compressed template: the signature refuses it.
         let mut other = p.report_data;
         other[3] ^= 1;
@@ -315,7 +315,7 @@ fn compressed_collateral_is_checked_and_remembered_by_the_bytes_that_travelled()
             matches!(&r, Err(AttestError::Dcap(m)) if m.contains("signature")),
             "{r:?}"
         );
-        assert_eq!(v.counts(), counts(6, 1));
+        assert_eq!(v.counts(), counts(3, 1));
         // A damaged stream: checked in full (another template), and refused.
         let mut z = ev.collateral().wire_bytes().to_vec();
         let mid = z.len() / 2;
@@ -324,5 +324,47 @@ fn compressed_collateral_is_checked_and_remembered_by_the_bytes_that_travelled()
             DcapEvidence::with_collateral(p.quote.clone(), Collateral::Deflated(z)).expect("ok");
         assert!(check(&damaged, &p.report_data).is_err());
         assert_eq!(v.counts().signature_only, 1);
+    }
+}
+
+#[test]
+fn a_minimum_tcb_evaluation_refuses_older_collateral_on_either_path() {
+    for p in platforms() {
+        let v = DcapVerifier::new(4, WINDOW);
+        let claims = v
+            .verify_quote(&p.quote, &p.collateral, &p.report_data, &p.policy, p.now)
+            .expect("accepted");
+        let number = claims
+            .tcb_evaluation_data_number
+            .expect("DCAP claims carry it");
+        assert!(claims
+            .to_string()
+            .contains(&format!("tcb_evaluation={number}")));
+        for (min, accepted) in [(number, true), (number + 1, false)] {
+            let policy = Policy {
+                min_tcb_evaluation_data_number: min,
+                ..p.policy.clone()
+            };
+            // Remembered now: the policy still sees the number.
+            let r = v.verify_quote(&p.quote, &p.collateral, &p.report_data, &policy, p.now);
+            assert_eq!(r.is_ok(), accepted, "{r:?}");
+            if !accepted {
+                assert!(
+                    matches!(r, Err(AttestError::TcbEvaluationTooOld { number: n, min: m }) if n == number && m == min)
+                );
+            }
+        }
+        assert_eq!(v.counts(), counts(1, 2));
+        // And on a full check.
+        let policy = Policy {
+            min_tcb_evaluation_data_number: number + 1,
+            ..p.policy.clone()
+        };
+        let r =
+            mbx_attest::verify_dcap_quote(&p.quote, &p.collateral, &p.report_data, &policy, p.now);
+        assert!(
+            matches!(r, Err(AttestError::TcbEvaluationTooOld { .. })),
+            "{r:?}"
+        );
     }
 }
