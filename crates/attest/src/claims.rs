@@ -53,6 +53,19 @@ pub enum TcbStatus {
 }
 
 impl TcbStatus {
+    /// Every status, in the order above.
+    pub const ALL: [TcbStatus; 9] = [
+        TcbStatus::UpToDate,
+        TcbStatus::SWHardeningNeeded,
+        TcbStatus::ConfigurationNeeded,
+        TcbStatus::ConfigurationAndSWHardeningNeeded,
+        TcbStatus::OutOfDate,
+        TcbStatus::OutOfDateConfigurationNeeded,
+        TcbStatus::TDRelaunchAdvised,
+        TcbStatus::TDRelaunchAdvisedConfigurationNeeded,
+        TcbStatus::Revoked,
+    ];
+
     /// Intel's name of this status.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -162,17 +175,7 @@ mod tests {
 
     #[test]
     fn tcb_status_names_round_trip() {
-        for s in [
-            TcbStatus::UpToDate,
-            TcbStatus::SWHardeningNeeded,
-            TcbStatus::ConfigurationNeeded,
-            TcbStatus::ConfigurationAndSWHardeningNeeded,
-            TcbStatus::OutOfDate,
-            TcbStatus::OutOfDateConfigurationNeeded,
-            TcbStatus::TDRelaunchAdvised,
-            TcbStatus::TDRelaunchAdvisedConfigurationNeeded,
-            TcbStatus::Revoked,
-        ] {
+        for s in TcbStatus::ALL {
             assert_eq!(s.as_str().parse::<TcbStatus>(), Ok(s));
         }
         assert!("uptodate".parse::<TcbStatus>().is_err());

@@ -14,8 +14,9 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_attest::{
-    quote_measurement_unverified, sim, Attester, Evidence, GramineAttester, HexBytes, Policy,
-    SimulatedAttester, SimulatedPlatform, REPORT_DATA_LEN,
+    quote_measurement_unverified, sim, Attester, DcapEvidence, DcapVerifier, Evidence,
+    GramineAttester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform, TcbStatus,
+    REPORT_DATA_LEN,
 };
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
@@ -1182,21 +1183,40 @@ fn gramine_attester(s: &MiddleboxSettings) -> anyhow::Result<(GramineAttester, S
     if let Some(dir) = &s.gramine_attestation_dir {
         a = a.with_attestation_dir(dir);
     }
-    let quote = match a
+    let evidence = match a
         .evidence(&[0; REPORT_DATA_LEN])
         .context("attester gramine cannot quote")?
     {
-        Evidence::Dcap(d) => d.quote().to_vec(),
+        Evidence::Dcap(d) => d,
         other => bail!("attester gramine made {:?} evidence", other.kind()),
     };
     let measurement =
-        quote_measurement_unverified(&quote).context("attester gramine: its quote")?;
+        quote_measurement_unverified(evidence.quote()).context("attester gramine: its quote")?;
     let line = format!(
-        "Intel SGX (DCAP) in Gramine: collateral {}, measurement {}",
+        "Intel SGX (DCAP) in Gramine: collateral {}, measurement {}; {}",
         collateral.display(),
-        hex::encode(measurement)
+        hex::encode(&measurement),
+        own_quote_verdict(&evidence, measurement)
     );
     Ok((a, line))
+}
+
+/// What an endpoint's check of our own quote would find now, before any policy of its own:
+/// so that an operator sees stale collateral here rather than as refused sessions.
+fn own_quote_verdict(evidence: &DcapEvidence, measurement: Vec<u8>) -> String {
+    let anything = Policy {
+        measurements: vec![HexBytes(measurement)],
+        allow_debug: true,
+        accepted_tcb_statuses: TcbStatus::ALL.to_vec(),
+        ..Policy::default()
+    };
+    let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
+    match DcapVerifier::new(0, 0).verify_evidence(evidence, &[0; REPORT_DATA_LEN], &anything, now) {
+        Ok(c) => format!("the quote verifies now: {c}"),
+        Err(e) => format!(
+            "WARNING: the quote does not verify now ({e}); endpoints will refuse this middlebox until it does"
+        ),
+    }
 }
 
 fn print_report(r: &ConnectionReport) {
