@@ -17,16 +17,7 @@ fn lenient(platform_key: [u8; 32], measurement: [u8; 32]) -> Policy {
         allow_debug: true,
         measurements: vec![HexBytes::from(measurement)],
         sim_platform_keys: vec![HexBytes::from(platform_key)],
-        accepted_tcb_statuses: vec![
-            TcbStatus::UpToDate,
-            TcbStatus::SWHardeningNeeded,
-            TcbStatus::ConfigurationNeeded,
-            TcbStatus::ConfigurationAndSWHardeningNeeded,
-            TcbStatus::OutOfDate,
-            TcbStatus::OutOfDateConfigurationNeeded,
-            TcbStatus::TDRelaunchAdvised,
-            TcbStatus::TDRelaunchAdvisedConfigurationNeeded,
-        ],
+        accepted_tcb_statuses: TcbStatus::ALL.to_vec(),
         ..Policy::default()
     }
 }

@@ -224,14 +224,7 @@ pub fn platform(s: Sample) -> Platform {
     let policy = Policy {
         measurements: vec![HexBytes(measurement)],
         allow_debug: debug,
-        accepted_tcb_statuses: vec![
-            TcbStatus::UpToDate,
-            TcbStatus::SWHardeningNeeded,
-            TcbStatus::ConfigurationNeeded,
-            TcbStatus::ConfigurationAndSWHardeningNeeded,
-            TcbStatus::OutOfDate,
-            TcbStatus::OutOfDateConfigurationNeeded,
-        ],
+        accepted_tcb_statuses: TcbStatus::ALL.to_vec(),
         ..Policy::default()
     };
     Platform {
