@@ -94,8 +94,15 @@ pub enum AttestError {
         /// The missing file.
         path: PathBuf,
     },
-    /// Gramine is configured with an attestation type we cannot use (e.g. `none`, `epid`).
-    #[error("Gramine attestation type {0:?} is not supported (need \"dcap\")")]
+    /// configfs-tsm's report directory is missing: not a TDX guest, or a kernel without it.
+    #[error("no configfs-tsm report directory for {} (not a TDX guest with Linux 6.7 or later?)", path.display())]
+    NoTsmReports {
+        /// The report entry that could not be made.
+        path: PathBuf,
+    },
+    /// Gramine is configured with an attestation type we cannot use (e.g. `none`, `epid`), or
+    /// configfs-tsm reports another TEE than TDX (e.g. `sev_guest`).
+    #[error("attestation type {0:?} is not supported (need Gramine's \"dcap\" or configfs-tsm's \"tdx_guest\")")]
     UnsupportedAttestationType(String),
     /// Reading or writing an attestation file failed.
     #[error("I/O error on {}: {source}", path.display())]

@@ -15,13 +15,14 @@
 //! (FIFOs served by threads) that quotes the report_data written last.
 
 use std::fs;
-use std::io::{ErrorKind, Read, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::io::{ErrorKind, Write};
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 use crate::binding::REPORT_DATA_LEN;
+use crate::collateral_file::{io_err, read_limited, CollateralFile};
 use crate::error::AttestError;
-use crate::evidence::{Collateral, DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::evidence::{DcapEvidence, Evidence, MAX_QUOTE_LEN};
 use crate::verify::Attester;
 
 /// Held from writing `user_report_data` until `quote` is read (process-wide, as Gramine's state is).
@@ -36,37 +37,15 @@ pub const GRAMINE_ATTESTATION_DIR: &str = "/dev/attestation";
 #[derive(Clone, Debug)]
 pub struct GramineAttester {
     dir: PathBuf,
-    collateral_path: PathBuf,
-    compressed: Arc<Mutex<Option<Compressed>>>,
+    collateral: CollateralFile,
 }
-
-/// The collateral file's bytes last read, and their compressed form.
-type Compressed = (Vec<u8>, Collateral);
 
 impl GramineAttester {
     /// Use `/dev/attestation` and the collateral JSON at `collateral_path`.
     pub fn new(collateral_path: impl Into<PathBuf>) -> Self {
         GramineAttester {
             dir: PathBuf::from(GRAMINE_ATTESTATION_DIR),
-            collateral_path: collateral_path.into(),
-            compressed: Arc::default(),
-        }
-    }
-
-    /// The collateral file, compressed (again only if its bytes changed).
-    fn collateral(&self) -> Result<Collateral, AttestError> {
-        let json = read_limited(&self.collateral_path, "collateral", MAX_COLLATERAL_LEN)?;
-        let mut cached = self
-            .compressed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match &*cached {
-            Some((raw, c)) if *raw == json => Ok(c.clone()),
-            _ => {
-                let c = Collateral::deflate(&json)?;
-                *cached = Some((json, c.clone()));
-                Ok(c)
-            }
+            collateral: CollateralFile::new(collateral_path),
         }
     }
 
@@ -75,30 +54,6 @@ impl GramineAttester {
         self.dir = dir.into();
         self
     }
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> AttestError {
-    AttestError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Read at most `max` bytes; a longer file is an error rather than a silent truncation.
-fn read_limited(path: &Path, what: &'static str, max: usize) -> Result<Vec<u8>, AttestError> {
-    let file = fs::File::open(path).map_err(|e| io_err(path, e))?;
-    let mut buf = Vec::new();
-    file.take(max as u64 + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| io_err(path, e))?;
-    if buf.len() > max {
-        return Err(AttestError::TooLarge {
-            what,
-            len: buf.len(),
-            max,
-        });
-    }
-    Ok(buf)
 }
 
 impl Attester for GramineAttester {
@@ -140,7 +95,7 @@ impl Attester for GramineAttester {
         };
         Ok(Evidence::Dcap(DcapEvidence::with_collateral(
             quote,
-            self.collateral()?,
+            self.collateral.collateral()?,
         )?))
     }
 }

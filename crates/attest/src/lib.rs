@@ -9,6 +9,7 @@
 //! - [`dcap`]: offline Intel SGX/TDX quote verification with `dcap-qvl` (quote + collateral);
 //!   [`dcap_cache`]: a platform verified in full has its later quotes checked by their signature.
 //! - [`gramine`]: quote generation inside a Gramine enclave (needs hardware; not testable here).
+//! - [`tsm`]: quote generation in an Intel TDX guest through Linux's configfs-tsm (likewise).
 //! - [`policy`]: the `[attestation]` table of the configuration.
 //!
 //! The spec is `attestation.md`.
@@ -23,6 +24,7 @@
 
 pub mod binding;
 pub mod claims;
+mod collateral_file;
 pub mod dcap;
 pub mod dcap_cache;
 pub mod error;
@@ -30,6 +32,7 @@ pub mod evidence;
 pub mod gramine;
 pub mod policy;
 pub mod sim;
+pub mod tsm;
 pub mod verify;
 
 pub use binding::{
@@ -46,4 +49,5 @@ pub use evidence::{Collateral, DcapEvidence, Evidence, EvidenceKind, SimEvidence
 pub use gramine::GramineAttester;
 pub use policy::{HexBytes, Policy};
 pub use sim::{verify_simulated, SimulatedAttester, SimulatedPlatform};
+pub use tsm::TsmAttester;
 pub use verify::{unix_seconds, verify, verify_bytes, Attester, DefaultVerifier, Verifier};

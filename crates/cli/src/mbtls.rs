@@ -16,7 +16,7 @@ use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_attest::{
     quote_measurement_unverified, sim, Attester, DcapEvidence, DcapVerifier, Evidence,
     GramineAttester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform, TcbStatus,
-    REPORT_DATA_LEN,
+    TsmAttester, REPORT_DATA_LEN,
 };
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
@@ -215,21 +215,26 @@ struct MiddleboxFlags {
     /// `passthrough` or `http-header:NAME:VALUE` (insert a request header).
     #[arg(long)]
     app: Option<String>,
-    /// `none` (send no evidence), `sim` (simulated TEE, for demos) or `gramine` (Intel SGX
-    /// DCAP quotes, running inside Gramine).
+    /// `none` (send no evidence), `sim` (simulated TEE, for demos), `gramine` (Intel SGX DCAP
+    /// quotes, running inside Gramine) or `tdx` (Intel TDX DCAP quotes through Linux's
+    /// configfs-tsm, running in a TDX guest).
     #[arg(long)]
     attester: Option<String>,
     /// Simulated platform key (PKCS#8 DER file); created if missing.
     #[arg(long)]
     sim_platform_key: Option<PathBuf>,
-    /// With `--attester gramine`: the platform's DCAP collateral (PCCS JSON), sent with every
-    /// quote; read again for each quote, so a helper can keep it fresh.
+    /// With `--attester gramine` or `tdx`: the platform's DCAP collateral (PCCS JSON), sent
+    /// with every quote; read again for each quote, so a helper can keep it fresh.
     #[arg(long)]
-    gramine_collateral: Option<PathBuf>,
+    dcap_collateral: Option<PathBuf>,
     /// With `--attester gramine`: where Gramine's attestation files are (default
     /// /dev/attestation).
     #[arg(long)]
     gramine_attestation_dir: Option<PathBuf>,
+    /// With `--attester tdx`: the configfs-tsm report entry to quote through (default
+    /// /sys/kernel/config/tsm/report/mbx-<pid>, made at start and removed at exit).
+    #[arg(long)]
+    tsm_report_entry: Option<PathBuf>,
     /// Work for the server: announce ourselves to it (it must run mbTLS, e.g. `mbx mbtls
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
@@ -302,8 +307,9 @@ struct MiddleboxSettings {
     #[serde(default = "default_attester")]
     attester: String,
     sim_platform_key: Option<PathBuf>,
-    gramine_collateral: Option<PathBuf>,
+    dcap_collateral: Option<PathBuf>,
     gramine_attestation_dir: Option<PathBuf>,
+    tsm_report_entry: Option<PathBuf>,
     /// `client` (default) or `server`.
     #[serde(default = "default_side")]
     side: String,
@@ -1095,13 +1101,18 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     );
     set(
         &mut table,
-        "gramine_collateral",
-        path_str(flags.gramine_collateral),
+        "dcap_collateral",
+        path_str(flags.dcap_collateral),
     );
     set(
         &mut table,
         "gramine_attestation_dir",
         path_str(flags.gramine_attestation_dir),
+    );
+    set(
+        &mut table,
+        "tsm_report_entry",
+        path_str(flags.tsm_report_entry),
     );
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
@@ -1142,11 +1153,8 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
                     SimulatedAttester::new(Arc::new(platform), measurement, sim::signer_id("mbx"));
                 (Some(Arc::new(a)), line)
             }
-            "gramine" => {
-                let (a, line) = gramine_attester(&s)?;
-                (Some(Arc::new(a)), line)
-            }
-            other => bail!("unknown attester {other:?} (use none, sim or gramine)"),
+            "gramine" | "tdx" => dcap_attester(&s)?,
+            other => bail!("unknown attester {other:?} (use none, sim, gramine or tdx)"),
         };
     let cfg = MiddleboxServerConfig {
         handshake: MiddleboxHandshakeConfig::new(&tls, attester)
@@ -1172,33 +1180,46 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     })
 }
 
-/// `attester = "gramine"`: quotes one report_data at start-up, so that a middlebox that cannot
-/// quote (not inside Gramine, no collateral) fails now rather than on every session.
-fn gramine_attester(s: &MiddleboxSettings) -> anyhow::Result<(GramineAttester, String)> {
-    let collateral = s
-        .gramine_collateral
-        .as_ref()
-        .context("attester gramine needs the platform's collateral (--gramine-collateral)")?;
-    let mut a = GramineAttester::new(collateral);
-    if let Some(dir) = &s.gramine_attestation_dir {
-        a = a.with_attestation_dir(dir);
-    }
-    let evidence = match a
+/// `attester = "gramine"` or `"tdx"`: quotes one report_data at start-up, so that a middlebox
+/// that cannot quote (not inside Gramine or a TDX guest, no collateral) fails now rather than on
+/// every session, and says what an endpoint would find of that quote.
+fn dcap_attester(s: &MiddleboxSettings) -> anyhow::Result<(Option<Arc<dyn Attester>>, String)> {
+    let collateral = s.dcap_collateral.as_ref().with_context(|| {
+        format!(
+            "attester {} needs the platform's collateral (--dcap-collateral)",
+            s.attester
+        )
+    })?;
+    let (attester, what): (Arc<dyn Attester>, &str) = if s.attester == "tdx" {
+        let entry = s
+            .tsm_report_entry
+            .clone()
+            .unwrap_or_else(TsmAttester::default_entry);
+        let a = TsmAttester::new(entry, collateral).context("attester tdx")?;
+        (Arc::new(a), "Intel TDX (DCAP) through configfs-tsm")
+    } else {
+        let mut a = GramineAttester::new(collateral);
+        if let Some(dir) = &s.gramine_attestation_dir {
+            a = a.with_attestation_dir(dir);
+        }
+        (Arc::new(a), "Intel SGX (DCAP) in Gramine")
+    };
+    let evidence = match attester
         .evidence(&[0; REPORT_DATA_LEN])
-        .context("attester gramine cannot quote")?
+        .with_context(|| format!("attester {} cannot quote", s.attester))?
     {
         Evidence::Dcap(d) => d,
-        other => bail!("attester gramine made {:?} evidence", other.kind()),
+        other => bail!("attester {} made {:?} evidence", s.attester, other.kind()),
     };
-    let measurement =
-        quote_measurement_unverified(evidence.quote()).context("attester gramine: its quote")?;
+    let measurement = quote_measurement_unverified(evidence.quote())
+        .with_context(|| format!("attester {}: its quote", s.attester))?;
     let line = format!(
-        "Intel SGX (DCAP) in Gramine: collateral {}, measurement {}; {}",
+        "{what}: collateral {}, measurement {}; {}",
         collateral.display(),
         hex::encode(&measurement),
         own_quote_verdict(&evidence, measurement)
     );
-    Ok((a, line))
+    Ok((Some(attester), line))
 }
 
 /// What an endpoint's check of our own quote would find now, before any policy of its own:

@@ -168,55 +168,92 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     child.kill();
 }
 
-/// `--attester gramine` against a stand-in for Gramine's `/dev/attestation` that answers every
-/// report_data with Intel's SGX sample quote (shipped in the `dcap-qvl` package): the middlebox
-/// starts (it quotes once to check it can), names the quoted measurement, and sends the quote
-/// with its collateral on every session; the client checks it with `dcap-qvl` and refuses it
-/// (the sample is bound to another report_data, and its collateral's window is in the past),
-/// and the middlebox receives no key material. Without collateral or outside Gramine the
-/// middlebox does not start.
+/// `--attester gramine` and `--attester tdx` against stand-ins for Gramine's `/dev/attestation`
+/// and for a configfs-tsm report entry that answer every report_data with Intel's SGX and TDX
+/// sample quotes (shipped in the `dcap-qvl` package): the middlebox starts (it quotes once to
+/// check it can, and checks that quote as an endpoint would), names the quoted measurement, and
+/// sends the quote with its collateral on every session; the client checks it with `dcap-qvl`
+/// and refuses it (the sample is bound to another report_data, and its collateral's window is in
+/// the past), and the middlebox receives no key material. Without collateral, or outside
+/// Gramine or a TDX guest, the middlebox does not start.
 #[test]
-fn a_gramine_middlebox_sends_dcap_quotes_that_the_client_checks() {
+fn dcap_middleboxes_send_quotes_that_the_client_checks() {
+    let setup = Setup::new("mbx cli mbtls dcap root");
+    for tee in [Tee::Gramine, Tee::Tdx] {
+        dcap_middlebox(&setup, tee);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Tee {
+    Gramine,
+    Tdx,
+}
+
+fn dcap_middlebox(setup: &Setup, tee: Tee) {
     use std::ffi::OsStr;
-    use std::path::Path;
     let Setup {
         dir,
         server,
         mbox,
         nginx,
         ..
-    } = Setup::new("mbx cli mbtls gramine root");
+    } = setup;
     let samples = dcap_samples::sample_dir();
-    let quote = std::fs::read(samples.join("sgx_quote")).unwrap();
+    let (name, sample, what, outside_error) = match tee {
+        Tee::Gramine => (
+            "gramine",
+            "sgx_quote",
+            "Intel SGX (DCAP) in Gramine",
+            "not inside Gramine",
+        ),
+        Tee::Tdx => (
+            "tdx",
+            "tdx_quote",
+            "Intel TDX (DCAP) through configfs-tsm",
+            "not a TDX guest",
+        ),
+    };
+    let quote = std::fs::read(samples.join(sample)).unwrap();
     let measurement = hex::encode(mbx_attest::quote_measurement_unverified(&quote).unwrap());
-    let fake = dir.path().join("attestation");
-    std::fs::create_dir(&fake).unwrap();
-    std::fs::write(fake.join("attestation_type"), "dcap\n").unwrap();
-    std::fs::write(fake.join("user_report_data"), []).unwrap();
-    std::fs::write(fake.join("quote"), &quote).unwrap();
-    let collateral = samples.join("sgx_quote_collateral.json");
-
+    let collateral = samples.join(format!("{sample}_collateral.json"));
+    // The stand-in, and the flag that points the attester at it.
+    let fake = dir.path().join(format!("{name}-stand-in"));
+    std::fs::create_dir_all(&fake).unwrap();
+    let place = match tee {
+        Tee::Gramine => {
+            std::fs::write(fake.join("attestation_type"), "dcap\n").unwrap();
+            std::fs::write(fake.join("user_report_data"), []).unwrap();
+            std::fs::write(fake.join("quote"), &quote).unwrap();
+            "--gramine-attestation-dir"
+        }
+        Tee::Tdx => {
+            std::fs::write(fake.join("provider"), "tdx_guest\n").unwrap();
+            std::fs::write(fake.join("generation"), "1\n").unwrap();
+            std::fs::write(fake.join("inblob"), []).unwrap();
+            std::fs::write(fake.join("outblob"), &quote).unwrap();
+            "--tsm-report-entry"
+        }
+    };
     let next_hop = nginx.addr().to_string();
-    fn gramine<'a>(
-        next_hop: &'a str,
-        mbox: &'a PkiFiles,
-        collateral: Option<&'a Path>,
-        attestation: &'a Path,
-    ) -> Vec<&'a OsStr> {
-        let mut args = service_args("middlebox", "127.0.0.1:0", ("--next-hop", next_hop), mbox);
-        args.extend(["--attester", "gramine", "--gramine-attestation-dir"].map(OsStr::new));
-        args.push(attestation.as_os_str());
+    let args = |collateral: Option<&OsStr>, at: &std::path::Path| {
+        let mut args: Vec<std::ffi::OsString> =
+            service_args("middlebox", "127.0.0.1:0", ("--next-hop", &next_hop), mbox)
+                .into_iter()
+                .map(OsStr::to_os_string)
+                .collect();
+        args.extend(["--attester", name, place].map(Into::into));
+        args.push(at.into());
         if let Some(c) = collateral {
-            args.extend([OsStr::new("--gramine-collateral"), c.as_os_str()]);
+            args.extend(["--dcap-collateral".into(), c.to_os_string()]);
         }
         args
-    }
-    let gramine = |collateral, attestation| gramine(&next_hop, &mbox, collateral, attestation);
-    // Without collateral, and outside Gramine: one clear error each, at start-up.
-    let outside = dir.path().join("no-such-dir");
+    };
+    // Without collateral, and outside the TEE: one clear error each, at start-up.
+    let outside = dir.path().join("no-such-dir").join("entry");
     for (args, expected) in [
-        (gramine(None, &fake), "needs the platform's collateral"),
-        (gramine(Some(&collateral), &outside), "not inside Gramine"),
+        (args(None, &fake), "needs the platform's collateral"),
+        (args(Some(collateral.as_os_str()), &outside), outside_error),
     ] {
         let out = mbx().args(args).stdin(Stdio::null()).output().unwrap();
         assert!(!out.status.success());
@@ -224,17 +261,19 @@ fn a_gramine_middlebox_sends_dcap_quotes_that_the_client_checks() {
         assert!(err.contains(expected), "{err}");
     }
 
-    let (mut child, mut lines, header) = start(&gramine(Some(&collateral), &fake), 4);
+    let running = args(Some(collateral.as_os_str()), &fake);
+    let running: Vec<&OsStr> = running.iter().map(|a| a.as_os_str()).collect();
+    let (mut child, mut lines, header) = start(&running, 4);
     let addr = listening_addr(&header[0]);
     // It checks its own quote as an endpoint would, and says the sample's collateral is past.
     assert!(
-        header[2].contains("Intel SGX (DCAP) in Gramine")
+        header[2].contains(what)
             && header[2].contains(&format!("measurement {measurement}"))
             && header[2].contains("WARNING: the quote does not verify now")
             && header[2].contains("endpoints will refuse this middlebox"),
         "{header:?}"
     );
-    let out = client_through(&addr, &server)
+    let out = client_through(&addr, server)
         .args(["--measurement", &measurement])
         .output()
         .unwrap();
