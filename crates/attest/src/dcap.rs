@@ -7,15 +7,15 @@
 //! [`Policy`]. Debug enclaves are let through `dcap-qvl` on purpose so that our policy's
 //! `allow_debug` (with its own error) decides.
 
-use dcap_qvl::quote::{Quote, Report, TDReport10};
+use dcap_qvl::quote::{Quote, Report};
 use dcap_qvl::verify::QuoteVerifier;
 use dcap_qvl::{QuoteCollateralV3, QuotePolicy};
 
 use crate::binding::{report_data_eq, REPORT_DATA_LEN};
 use crate::claims::{Claims, TcbStatus, TeeKind};
-use crate::dcap_cache::{CollateralRef, DcapVerifier, ParsedQuote};
+use crate::dcap_cache::{DcapVerifier, ParsedQuote};
 use crate::error::AttestError;
-use crate::evidence::{Collateral, DcapEvidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
+use crate::evidence::DcapEvidence;
 use crate::policy::Policy;
 
 /// SGX `ATTRIBUTES.DEBUG` (bit 1 of the first attribute byte).
@@ -68,8 +68,9 @@ impl DcapVerifier {
         policy: &Policy,
         now_unix: u64,
     ) -> Result<Claims, AttestError> {
-        let collateral = CollateralRef::Json(collateral_json);
-        self.verify_parts(quote, collateral, expected_report_data, policy, now_unix)
+        // The evidence's own constructor bounds both before they are used.
+        let ev = DcapEvidence::new(quote.to_vec(), collateral_json.to_vec())?;
+        self.verify_evidence(&ev, expected_report_data, policy, now_unix)
     }
 
     /// [`verify_dcap`] with this verifier's memory of platforms. A compressed collateral is
@@ -82,47 +83,10 @@ impl DcapVerifier {
         policy: &Policy,
         now_unix: u64,
     ) -> Result<Claims, AttestError> {
-        let collateral = match ev.collateral() {
-            Collateral::Json(j) => CollateralRef::Json(j),
-            Collateral::Deflated(z) => CollateralRef::Deflated(z),
-        };
-        self.verify_parts(
-            ev.quote(),
-            collateral,
-            expected_report_data,
-            policy,
-            now_unix,
-        )
-    }
-
-    fn verify_parts(
-        &self,
-        quote: &[u8],
-        collateral: CollateralRef<'_>,
-        expected_report_data: &[u8; REPORT_DATA_LEN],
-        policy: &Policy,
-        now_unix: u64,
-    ) -> Result<Claims, AttestError> {
         policy.validate()?;
-        if quote.len() > MAX_QUOTE_LEN {
-            return Err(AttestError::TooLarge {
-                what: "quote",
-                len: quote.len(),
-                max: MAX_QUOTE_LEN,
-            });
-        }
-        let wire = collateral.wire_bytes();
-        if wire.len() > MAX_COLLATERAL_LEN {
-            return Err(AttestError::TooLarge {
-                what: "collateral",
-                len: wire.len(),
-                max: MAX_COLLATERAL_LEN,
-            });
-        }
-        let parsed = ParsedQuote::parse(quote)?;
-        // Inflated only if a full check runs.
-        let claims = self.claims(&parsed, collateral, now_unix, |at| {
-            full_check(quote, &collateral.json()?, at)
+        let parsed = ParsedQuote::parse(ev.quote())?;
+        let claims = self.claims(&parsed, ev.collateral(), now_unix, |at| {
+            full_check(ev.quote(), &ev.collateral_json()?, at)
         })?;
         if !report_data_eq(&parsed.report_data(), expected_report_data) {
             return Err(AttestError::ReportDataMismatch);
@@ -159,46 +123,57 @@ fn full_check(
         .to_string()
         .parse()
         .map_err(|e: String| AttestError::Dcap(e))?;
-    let tcb = (
-        tcb_status,
-        verified.tcb.advisory_ids.as_slice(),
-        verified.tcb.eval_data_number,
-    );
-    let claims = match &verified.report {
-        Report::SgxEnclave(r) => Claims {
-            tee: TeeKind::Sgx,
-            measurement: r.mr_enclave.to_vec(),
-            signer: r.mr_signer.to_vec(),
-            product_id: r.isv_prod_id,
-            svn: r.isv_svn,
-            debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
-            tcb_status: Some(tcb_status),
-            advisory_ids: verified.tcb.advisory_ids.clone(),
-            tcb_evaluation_data_number: Some(verified.tcb.eval_data_number),
-        },
-        Report::TD10(r) => tdx_claims(r, tcb),
-        Report::TD15(r) => tdx_claims(&r.base, tcb),
-        Report::TD15Ex(r) => tdx_claims(&r.base.base, tcb),
+    let body = Body::of(&verified.report)?;
+    let claims = Claims {
+        tee: body.tee,
+        measurement: body.measurement,
+        signer: body.signer,
+        product_id: body.product_id,
+        svn: body.svn,
+        debug: body.debug,
+        tcb_status: Some(tcb_status),
+        advisory_ids: verified.tcb.advisory_ids,
+        tcb_evaluation_data_number: Some(verified.tcb.eval_data_number),
     };
     Ok((claims, verified.earliest_expiration_date))
 }
 
-/// Claims of a TD. TDX has no workload signer or ISV SVN: they are reported empty/0 and policy decides
-/// (a non-empty `signers` list or `min_svn > 0` refuses TDX evidence).
-fn tdx_claims(
-    r: &TDReport10,
-    (tcb_status, advisory_ids, evaluation): (TcbStatus, &[String], u32),
-) -> Claims {
-    Claims {
-        tee: TeeKind::Tdx,
-        measurement: r.mr_td.to_vec(),
-        signer: Vec::new(),
-        product_id: 0,
-        svn: 0,
-        debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
-        tcb_status: Some(tcb_status),
-        advisory_ids: advisory_ids.to_vec(),
-        tcb_evaluation_data_number: Some(evaluation),
+/// What a report body says of the TEE and its code. TDX has no workload signer or ISV SVN: they
+/// are reported empty/0 and policy decides (a non-empty `signers` list or `min_svn > 0` refuses
+/// TDX evidence).
+struct Body {
+    tee: TeeKind,
+    measurement: Vec<u8>,
+    signer: Vec<u8>,
+    product_id: u16,
+    svn: u16,
+    debug: bool,
+}
+
+impl Body {
+    fn of(report: &Report) -> Result<Body, AttestError> {
+        if let Some(r) = report.as_sgx() {
+            return Ok(Body {
+                tee: TeeKind::Sgx,
+                measurement: r.mr_enclave.to_vec(),
+                signer: r.mr_signer.to_vec(),
+                product_id: r.isv_prod_id,
+                svn: r.isv_svn,
+                debug: r.attributes[0] & SGX_ATTR_DEBUG != 0,
+            });
+        }
+        // Every TD report (1.0, 1.5, 1.5 extended) has the 1.0 fields.
+        let r = report
+            .as_td10()
+            .ok_or_else(|| AttestError::Dcap("a report body of no known kind".into()))?;
+        Ok(Body {
+            tee: TeeKind::Tdx,
+            measurement: r.mr_td.to_vec(),
+            signer: Vec::new(),
+            product_id: 0,
+            svn: 0,
+            debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
+        })
     }
 }
 
@@ -206,23 +181,12 @@ fn tdx_claims(
 ///
 /// For diagnostics and tests (e.g. to learn what a sample quote is bound to); never a basis for trust.
 pub fn quote_report_data_unverified(quote: &[u8]) -> Result<[u8; REPORT_DATA_LEN], AttestError> {
-    let q = Quote::parse(quote).map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
-    match &q.report {
-        Report::SgxEnclave(r) => Ok(r.report_data),
-        Report::TD10(r) => Ok(r.report_data),
-        Report::TD15(r) => Ok(r.base.report_data),
-        Report::TD15Ex(r) => Ok(r.base.base.report_data),
-    }
+    Ok(ParsedQuote::parse(quote)?.report_data())
 }
 
 /// The code measurement of a quote (SGX MRENCLAVE, TDX MRTD), read **without verifying
 /// anything**: for a middlebox to show what it runs, never a basis for trust.
 pub fn quote_measurement_unverified(quote: &[u8]) -> Result<Vec<u8>, AttestError> {
     let q = Quote::parse(quote).map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
-    Ok(match &q.report {
-        Report::SgxEnclave(r) => r.mr_enclave.to_vec(),
-        Report::TD10(r) => r.mr_td.to_vec(),
-        Report::TD15(r) => r.base.mr_td.to_vec(),
-        Report::TD15Ex(r) => r.base.base.mr_td.to_vec(),
-    })
+    Ok(Body::of(&q.report)?.measurement)
 }

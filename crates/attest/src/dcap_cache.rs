@@ -16,7 +16,6 @@
 //! expiry of its collateral (which `dcap-qvl` reports), whichever comes first. New collateral (a
 //! fresher CRL) is a new template. Quotes whose encoding is not the canonical one are always checked in full.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -27,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::claims::Claims;
 use crate::error::AttestError;
-use crate::evidence::inflate;
+use crate::evidence::Collateral;
 
 /// Domain separation of the template hash.
 const TEMPLATE_CONTEXT: &[u8] = b"mbx dcap platform template v1";
@@ -70,36 +69,6 @@ struct Platform {
     claims: Claims,
 }
 
-/// A collateral as it travelled, borrowed.
-#[derive(Clone, Copy)]
-pub(crate) enum CollateralRef<'a> {
-    Json(&'a [u8]),
-    Deflated(&'a [u8]),
-}
-
-impl<'a> CollateralRef<'a> {
-    fn tag(self) -> u8 {
-        match self {
-            CollateralRef::Json(_) => 2,
-            CollateralRef::Deflated(_) => 3,
-        }
-    }
-
-    pub(crate) fn wire_bytes(&self) -> &[u8] {
-        match self {
-            CollateralRef::Json(b) | CollateralRef::Deflated(b) => b,
-        }
-    }
-
-    /// The JSON, inflated (bounded) if it travelled compressed.
-    pub(crate) fn json(self) -> Result<Cow<'a, [u8]>, AttestError> {
-        match self {
-            CollateralRef::Json(b) => Ok(Cow::Borrowed(b)),
-            CollateralRef::Deflated(z) => Ok(Cow::Owned(inflate(z)?)),
-        }
-    }
-}
-
 /// A quote, parsed, with what the check needs of it.
 pub(crate) struct ParsedQuote<'a> {
     raw: &'a [u8],
@@ -113,13 +82,18 @@ impl<'a> ParsedQuote<'a> {
     }
 
     pub(crate) fn report_data(&self) -> [u8; 64] {
-        *report_data_mut(&mut self.quote.report.clone())
+        match &self.quote.report {
+            Report::SgxEnclave(r) => r.report_data,
+            Report::TD10(r) => r.report_data,
+            Report::TD15(r) => r.base.report_data,
+            Report::TD15Ex(r) => r.base.base.report_data,
+        }
     }
 
     /// The hash of the template and the collateral; `None` if the quote is not in its canonical
     /// encoding (then the template would not describe its bytes). Bytes after the quote (TDX
     /// quotes often come padded with zeros; `dcap-qvl` ignores them) are part of the template.
-    fn template(&self, collateral: CollateralRef<'_>) -> Option<[u8; 32]> {
+    fn template(&self, collateral: &Collateral) -> Option<[u8; 32]> {
         let encoded = self.quote.encode();
         let trailing = self.raw.strip_prefix(encoded.as_slice())?;
         let mut t = self.quote.clone();
@@ -135,8 +109,9 @@ impl<'a> ParsedQuote<'a> {
         h.update(&template);
         h.update((trailing.len() as u64).to_be_bytes());
         h.update(trailing);
-        // The collateral as it travelled: JSON, or its DEFLATE stream (tagged apart).
-        h.update([collateral.tag()]);
+        // The collateral as it travelled: JSON, or its DEFLATE stream (told apart by the
+        // evidence kind).
+        h.update([collateral.kind() as u8]);
         h.update(collateral.wire_bytes());
         Some(h.finalize().into())
     }
@@ -203,7 +178,7 @@ impl DcapVerifier {
     pub(crate) fn claims(
         &self,
         quote: &ParsedQuote<'_>,
-        collateral: CollateralRef<'_>,
+        collateral: &Collateral,
         now: u64,
         full_check: impl FnOnce(u64) -> Result<(Claims, u64), AttestError>,
     ) -> Result<Claims, AttestError> {
@@ -217,7 +192,7 @@ impl DcapVerifier {
         }
         self.lock().counts.full += 1;
         let (claims, expires) = full_check(now)?;
-        if let (Some(template), true) = (template, self.capacity > 0) {
+        if let Some(template) = template {
             // Used from now until the window ends or the collateral expires, whichever is
             // first: every check in between would have passed as this one did.
             let until = now.saturating_add(self.window_secs).min(expires);
@@ -244,6 +219,9 @@ impl DcapVerifier {
     }
 
     fn remember(&self, platform: Platform) {
+        if self.capacity == 0 {
+            return;
+        }
         let mut state = self.lock();
         state.platforms.retain(|p| p.template != platform.template);
         while state.platforms.len() >= self.capacity {

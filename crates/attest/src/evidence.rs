@@ -128,6 +128,14 @@ impl Collateral {
         Ok(Collateral::Deflated(deflated))
     }
 
+    /// The kind of evidence that carries it so.
+    pub fn kind(&self) -> EvidenceKind {
+        match self {
+            Collateral::Json(_) => EvidenceKind::Dcap,
+            Collateral::Deflated(_) => EvidenceKind::DcapDeflated,
+        }
+    }
+
     /// The bytes that travel (JSON, or its DEFLATE stream).
     pub fn wire_bytes(&self) -> &[u8] {
         match self {
@@ -146,7 +154,7 @@ impl Collateral {
 }
 
 /// A DEFLATE stream inflated to at most [`MAX_COLLATERAL_LEN`] bytes.
-pub(crate) fn inflate(deflated: &[u8]) -> Result<Vec<u8>, AttestError> {
+fn inflate(deflated: &[u8]) -> Result<Vec<u8>, AttestError> {
     miniz_oxide::inflate::decompress_to_vec_with_limit(deflated, MAX_COLLATERAL_LEN).map_err(|_| {
         AttestError::Malformed("compressed collateral is not DEFLATE or inflates beyond its limit")
     })
@@ -155,7 +163,6 @@ pub(crate) fn inflate(deflated: &[u8]) -> Result<Vec<u8>, AttestError> {
 impl DcapEvidence {
     /// Wrap a quote and its collateral (PCCS JSON, as `dcap-qvl`'s `QuoteCollateralV3` serializes).
     pub fn new(quote: Vec<u8>, collateral_json: Vec<u8>) -> Result<Self, AttestError> {
-        check_len("collateral", collateral_json.len(), MAX_COLLATERAL_LEN)?;
         Self::with_collateral(quote, Collateral::Json(collateral_json))
     }
 
@@ -257,10 +264,7 @@ impl Evidence {
     pub fn kind(&self) -> EvidenceKind {
         match self {
             Evidence::Simulated(_) => EvidenceKind::Simulated,
-            Evidence::Dcap(d) => match d.collateral {
-                Collateral::Json(_) => EvidenceKind::Dcap,
-                Collateral::Deflated(_) => EvidenceKind::DcapDeflated,
-            },
+            Evidence::Dcap(d) => d.collateral.kind(),
         }
     }
 
