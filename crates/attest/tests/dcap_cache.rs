@@ -17,20 +17,8 @@ use common::{platforms, Platform};
 
 const WINDOW: u64 = 600;
 
-/// What the tests do with a platform.
-trait Check {
-    fn check(
-        &self,
-        v: &DcapVerifier,
-        quote: &[u8],
-        report_data: &[u8; 64],
-        at: u64,
-    ) -> Result<(), AttestError>;
-    fn remembered(&self) -> DcapVerifier;
-    fn with_report_data(&self, report_data: [u8; 64]) -> Vec<u8>;
-}
-
-impl Check for Platform {
+/// What the tests do with a platform (`common::Platform` is this crate's type).
+impl Platform {
     fn check(
         &self,
         v: &DcapVerifier,
