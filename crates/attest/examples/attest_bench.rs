@@ -23,7 +23,6 @@ use mbx_attest::{
 };
 use mbx_testbed::bench::{self, med, stats};
 use plotters::prelude::*;
-use rustix::time::{clock_gettime, ClockId};
 use serde_json::{json, Value};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -38,10 +37,9 @@ struct Case {
     run: Box<dyn Fn() -> bool>,
 }
 
-/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`, exact at every read), µs.
+/// This thread's CPU time, µs.
 fn thread_cpu_us() -> f64 {
-    let t = clock_gettime(ClockId::ThreadCPUTime);
-    t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
+    bench::calling_thread_cpu_ns() as f64 / 1e3
 }
 
 /// A DCAP sample as "a platform" (`tests/common`): full, remembered, through `verify_bytes`, and

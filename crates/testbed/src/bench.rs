@@ -80,6 +80,15 @@ pub fn parse_schedstat(line: &str) -> Option<u64> {
     line.split_whitespace().next().and_then(|x| x.parse().ok())
 }
 
+/// CPU time of the calling thread, ns. `CLOCK_THREAD_CPUTIME_ID` is updated on every read,
+/// unlike `/proc/thread-self/schedstat` (updated at scheduler events only), so it can time
+/// calls of a few microseconds.
+pub fn calling_thread_cpu_ns() -> u64 {
+    use rustix::time::{clock_gettime, ClockId};
+    let t = clock_gettime(ClockId::ThreadCPUTime);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// CPU time (ns, from `/proc/self/task/*/schedstat`) of every live thread of this process whose
 /// name starts with one of `prefixes`, by thread id. The schedstat counters are updated at
 /// scheduler events, so this suits whole measurement windows, not single short calls.

@@ -20,9 +20,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use crate::cpu::thread_ns;
 use crate::setup::{Setup, CLIENT_SIDE, SERVER_SIDE};
 use crate::Res;
+use mbx_testbed::bench::calling_thread_cpu_ns as thread_ns;
 
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n";
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";

@@ -9,7 +9,6 @@
 //! min–max. The machine's 2 cores are shared with everything else running, so the load average
 //! is recorded at the start and the end.
 
-mod cpu;
 mod fetch;
 mod handshake;
 mod plot;

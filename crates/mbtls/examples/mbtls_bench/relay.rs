@@ -28,10 +28,10 @@ use mbx_testbed::bench::{cpu_delta_s, med, runtime as rt, stats, thread_cpu_ns};
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::cpu::thread_ns;
 use crate::setup::{Setup, CLIENT_SIDE};
 use crate::tls_io::{tcp_relay, tls_server, wait_for, Serve, TlsClient};
 use crate::Res;
+use mbx_testbed::bench::calling_thread_cpu_ns as thread_ns;
 
 const RECORD: usize = 16 * 1024;
 /// Bytes handed to the middlebox per receive call (the driver reads 32 KiB at a time).
