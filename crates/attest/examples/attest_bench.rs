@@ -32,7 +32,7 @@ const CHECKS: usize = 200;
 
 /// One way of checking evidence, run `CHECKS` times per repetition.
 struct Case {
-    name: &'static str,
+    name: String,
     evidence_bytes: usize,
     run: Box<dyn Fn() -> bool>,
 }
@@ -44,7 +44,7 @@ fn thread_cpu_us() -> f64 {
 
 /// A DCAP sample as "a platform" (`tests/common`): full, remembered, through `verify_bytes`, and
 /// the one ECDSA verification beneath them.
-fn dcap_cases(name: &'static str, s: common::Sample, cases: &mut Vec<Case>) -> Res<()> {
+fn dcap_cases(name: &str, s: common::Sample, cases: &mut Vec<Case>) -> Res<()> {
     let p = common::platform(s);
     let q = Quote::parse(&p.quote)?;
     let (rd, now, policy) = (p.report_data, p.now, p.policy.clone());
@@ -59,12 +59,12 @@ fn dcap_cases(name: &'static str, s: common::Sample, cases: &mut Vec<Case>) -> R
             ("full check (dcap-qvl)", false),
             ("platform remembered", true),
         ] {
-            // Capacity 0: every quote in full, once; otherwise the platform is checked in
-            // full at the warm-up and remembered for the hour.
+            // Capacity 0: every quote in full; otherwise the platform is checked in full at
+            // the warm-up and remembered for the hour.
             let v = DcapVerifier::new(usize::from(remembered), 3600);
             let (ev, policy) = (ev.clone(), policy.clone());
             cases.push(Case {
-                name: Box::leak(format!("{name}, {form}{label}").into_boxed_str()),
+                name: format!("{name}, {form}{label}"),
                 evidence_bytes: size,
                 run: Box::new(move || v.verify_evidence(&ev, &rd, &policy, now).is_ok()),
             });
@@ -73,14 +73,14 @@ fn dcap_cases(name: &'static str, s: common::Sample, cases: &mut Vec<Case>) -> R
     // What a middlebox spends compressing its platform's collateral (once per platform).
     let collateral = p.collateral.clone();
     cases.push(Case {
-        name: Box::leak(format!("{name}, compressing the collateral").into_boxed_str()),
+        name: format!("{name}, compressing the collateral"),
         evidence_bytes: 0,
         run: Box::new(move || Collateral::deflate(&collateral).is_ok()),
     });
     // The shared verifier behind verify_bytes (what an mbTLS endpoint calls) remembers too.
     let policy2 = policy.clone();
     cases.push(Case {
-        name: Box::leak(format!("{name}, verify_bytes (shared verifier)").into_boxed_str()),
+        name: format!("{name}, verify_bytes (shared verifier)"),
         evidence_bytes: size,
         run: Box::new(move || verify_bytes(&bytes, &rd, &policy2, now).is_ok()),
     });
@@ -93,7 +93,7 @@ fn dcap_cases(name: &'static str, s: common::Sample, cases: &mut Vec<Case>) -> R
     public[1..].copy_from_slice(&key);
     let signed = p.quote[..q.signed_length()].to_vec();
     cases.push(Case {
-        name: Box::leak(format!("{name}, one ECDSA P-256 verify").into_boxed_str()),
+        name: format!("{name}, one ECDSA P-256 verify"),
         evidence_bytes: 0,
         run: Box::new(move || {
             UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &public)
@@ -117,7 +117,7 @@ fn sim_case() -> Res<Case> {
         ..Policy::default()
     };
     Ok(Case {
-        name: "simulated (Ed25519 platform key)",
+        name: "simulated (Ed25519 platform key)".into(),
         evidence_bytes: bytes.len(),
         run: Box::new(move || verify_bytes(&bytes, &rd, &policy, 1_700_000_000).is_ok()),
     })
@@ -141,42 +141,49 @@ fn main() -> Res<()> {
             }
         }
     }
-    let index = |n: &str| cases.iter().position(|c| c.name == n).unwrap_or(0);
-    let ratio = |a: &str, b: &str| -> Value {
-        let (a, b) = (&us[index(a)], &us[index(b)]);
-        stats(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
-    };
     let rows: Vec<Value> = cases
         .iter()
         .zip(&us)
         .map(|(c, v)| json!({"check": c.name, "evidence_bytes": c.evidence_bytes, "cpu_us": stats(v)}))
         .collect();
+    // Ratios per repetition; a name that matches no case is an error, not another case's row.
+    let index = |n: &str| {
+        cases
+            .iter()
+            .position(|c| c.name == n)
+            .ok_or_else(|| format!("no case {n:?}"))
+    };
     let mut ratios = serde_json::Map::new();
     for tee in ["DCAP SGX", "DCAP TDX"] {
-        let full = format!("{tee}, full check (dcap-qvl)");
-        ratios.insert(
-            format!("{tee}: remembered / full"),
-            ratio(&format!("{tee}, platform remembered"), &full),
-        );
-        ratios.insert(
-            format!("{tee}: remembered / one ECDSA verify"),
-            ratio(
-                &format!("{tee}, platform remembered"),
-                &format!("{tee}, one ECDSA P-256 verify"),
+        let case = |what: &str| format!("{tee}, {what}");
+        let (full, remembered) = (case("full check (dcap-qvl)"), case("platform remembered"));
+        for (label, a, b) in [
+            ("remembered / full", remembered.clone(), full.clone()),
+            (
+                "remembered / one ECDSA verify",
+                remembered,
+                case("one ECDSA P-256 verify"),
             ),
-        );
-        ratios.insert(
-            format!("{tee}: simulated / full"),
-            ratio("simulated (Ed25519 platform key)", &full),
-        );
-        ratios.insert(
-            format!("{tee}: compressed full / full"),
-            ratio(&format!("{tee}, compressed, full check (dcap-qvl)"), &full),
-        );
-        ratios.insert(
-            format!("{tee}: compressed remembered / full"),
-            ratio(&format!("{tee}, compressed, platform remembered"), &full),
-        );
+            (
+                "simulated / full",
+                "simulated (Ed25519 platform key)".into(),
+                full.clone(),
+            ),
+            (
+                "compressed full / full",
+                case("compressed, full check (dcap-qvl)"),
+                full.clone(),
+            ),
+            (
+                "compressed remembered / full",
+                case("compressed, platform remembered"),
+                full,
+            ),
+        ] {
+            let (a, b) = (&us[index(&a)?], &us[index(&b)?]);
+            let per_rep: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+            ratios.insert(format!("{tee}: {label}"), stats(&per_rep));
+        }
     }
     let report = json!({
         "cpu": bench::cpu_name(),
