@@ -15,14 +15,14 @@
 //! (FIFOs served by threads) that quotes the report_data written last.
 
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
 use crate::binding::REPORT_DATA_LEN;
-use crate::collateral_file::{io_err, read_limited, CollateralFile};
 use crate::error::AttestError;
-use crate::evidence::{DcapEvidence, Evidence, MAX_QUOTE_LEN};
+use crate::evidence::Evidence;
+use crate::os_quote::{io_err, read_quote, write_report_data, CollateralFile};
 use crate::verify::Attester;
 
 /// Held from writing `user_report_data` until `quote` is read (process-wide, as Gramine's state is).
@@ -82,20 +82,9 @@ impl Attester for GramineAttester {
             // `user_report_data` is one value for the whole enclave: between our write and our
             // read of `quote`, no other session of this process may write its own.
             let _one_at_a_time = QUOTING.lock().unwrap_or_else(PoisonError::into_inner);
-            // The pseudo-file exists inside Gramine; never create a regular file in its place.
-            let urd_path = self.dir.join("user_report_data");
-            let mut urd = fs::OpenOptions::new()
-                .write(true)
-                .open(&urd_path)
-                .map_err(|e| io_err(&urd_path, e))?;
-            urd.write_all(report_data)
-                .map_err(|e| io_err(&urd_path, e))?;
-            drop(urd);
-            read_limited(&self.dir.join("quote"), "quote", MAX_QUOTE_LEN)?
+            write_report_data(&self.dir.join("user_report_data"), report_data)?;
+            read_quote(&self.dir.join("quote"))?
         };
-        Ok(Evidence::Dcap(DcapEvidence::with_collateral(
-            quote,
-            self.collateral.collateral()?,
-        )?))
+        self.collateral.evidence(quote)
     }
 }

@@ -24,12 +24,12 @@
 
 pub mod binding;
 pub mod claims;
-mod collateral_file;
 pub mod dcap;
 pub mod dcap_cache;
 pub mod error;
 pub mod evidence;
 pub mod gramine;
+mod os_quote;
 pub mod policy;
 pub mod sim;
 pub mod tsm;

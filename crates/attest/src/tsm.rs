@@ -14,14 +14,14 @@
 //! the tests use a stand-in directory.
 
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::binding::REPORT_DATA_LEN;
-use crate::collateral_file::{io_err, read_limited, CollateralFile};
 use crate::error::AttestError;
-use crate::evidence::{DcapEvidence, Evidence, MAX_QUOTE_LEN};
+use crate::evidence::Evidence;
+use crate::os_quote::{io_err, read_quote, write_report_data, CollateralFile};
 use crate::verify::Attester;
 
 /// Where configfs-tsm's report entries live.
@@ -134,15 +134,9 @@ impl Attester for TsmAttester {
                 .quoting
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            // The attribute exists in a configfs entry; never create a regular file instead.
-            let inblob = dir.join("inblob");
-            fs::OpenOptions::new()
-                .write(true)
-                .open(&inblob)
-                .and_then(|mut f| f.write_all(report_data))
-                .map_err(|e| io_err(&inblob, e))?;
+            write_report_data(&dir.join("inblob"), report_data)?;
             let written = self.generation()?;
-            let quote = read_limited(&dir.join("outblob"), "quote", MAX_QUOTE_LEN)?;
+            let quote = read_quote(&dir.join("outblob"))?;
             if self.generation()? != written {
                 return Err(AttestError::Malformed(
                     "the configfs-tsm report entry was written by someone else while quoting",
@@ -150,9 +144,6 @@ impl Attester for TsmAttester {
             }
             quote
         };
-        Ok(Evidence::Dcap(DcapEvidence::with_collateral(
-            quote,
-            self.collateral.collateral()?,
-        )?))
+        self.collateral.evidence(quote)
     }
 }

@@ -1,14 +1,17 @@
-//! A platform's DCAP collateral as the operator keeps it: a file, read again for every quote (a
+//! What the attesters that quote through the OS (Gramine's `/dev/attestation`, configfs-tsm)
+//! share: writing the report_data to a pseudo-file, reading the quote back within its limit, and
+//! the platform's DCAP collateral as the operator keeps it, a file read again for every quote (a
 //! helper outside the TEE refreshes it from a PCCS), compressed once for as long as its bytes stay
-//! the same. Shared by the attesters that quote through the OS (Gramine, configfs-tsm).
+//! the same.
 
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::binding::REPORT_DATA_LEN;
 use crate::error::AttestError;
-use crate::evidence::{Collateral, MAX_COLLATERAL_LEN};
+use crate::evidence::{Collateral, DcapEvidence, Evidence, MAX_COLLATERAL_LEN, MAX_QUOTE_LEN};
 
 /// The collateral file of an attester.
 #[derive(Clone, Debug)]
@@ -44,6 +47,32 @@ impl CollateralFile {
             }
         }
     }
+
+    /// `quote` as evidence, with the collateral.
+    pub(crate) fn evidence(&self, quote: Vec<u8>) -> Result<Evidence, AttestError> {
+        let collateral = self.collateral()?;
+        Ok(Evidence::Dcap(DcapEvidence::with_collateral(
+            quote, collateral,
+        )?))
+    }
+}
+
+/// Writes the report_data to the pseudo-file the OS provides for it; never creates a regular
+/// file in its place.
+pub(crate) fn write_report_data(
+    path: &Path,
+    report_data: &[u8; REPORT_DATA_LEN],
+) -> Result<(), AttestError> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(report_data))
+        .map_err(|e| io_err(path, e))
+}
+
+/// The quote the OS made, within [`MAX_QUOTE_LEN`].
+pub(crate) fn read_quote(path: &Path) -> Result<Vec<u8>, AttestError> {
+    read_limited(path, "quote", MAX_QUOTE_LEN)
 }
 
 pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttestError {
@@ -54,11 +83,7 @@ pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttestError {
 }
 
 /// Read at most `max` bytes; a longer file is an error rather than a silent truncation.
-pub(crate) fn read_limited(
-    path: &Path,
-    what: &'static str,
-    max: usize,
-) -> Result<Vec<u8>, AttestError> {
+fn read_limited(path: &Path, what: &'static str, max: usize) -> Result<Vec<u8>, AttestError> {
     let file = fs::File::open(path).map_err(|e| io_err(path, e))?;
     let mut buf = Vec::new();
     file.take(max as u64 + 1)
