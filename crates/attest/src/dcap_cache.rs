@@ -223,6 +223,7 @@ impl DcapVerifier {
         claims
     }
 
+    /// Only called with room for one (`capacity > 0`): the least recently used goes first.
     fn remember(&self, platform: Platform) {
         let mut state = self.lock();
         state.platforms.retain(|p| p.template != platform.template);
