@@ -56,7 +56,11 @@ fn setup() -> &'static Setup {
             .expect("client");
         client.process().expect("hello");
         // As deployed: the SHA-256 suites first and the verified-chain cache on.
-        let secondary = secondary_client_config("mb.test", root.clone());
+        let mut secondary = secondary_client_config("mb.test", root.clone());
+        // The OpenSSL secondary client must not resume (check_secondary_context); the rustls
+        // one below keeps the default.
+        let rustls_secondary = secondary.clone();
+        secondary.resume_sessions = 0;
         let server = ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).expect("server ctx")),
             secondary: Arc::new(OpenSslContext::new(&secondary).expect("sec ctx")),
@@ -78,11 +82,11 @@ fn setup() -> &'static Setup {
         let clients = [
             client_cfg(Arc::new(OpenSslContext::new(&secondary).expect("sec ctx"))),
             client_cfg(Arc::new(
-                RustlsClientContext::new(&secondary).expect("rustls ctx"),
+                RustlsClientContext::new(&rustls_secondary).expect("rustls ctx"),
             )),
         ];
         let server_rustls = ServerHandshakeConfig {
-            secondary: Arc::new(RustlsClientContext::new(&secondary).expect("rustls ctx")),
+            secondary: Arc::new(RustlsClientContext::new(&rustls_secondary).expect("rustls ctx")),
             ..server.clone()
         };
         Setup {

@@ -50,4 +50,6 @@ pub use gramine::GramineAttester;
 pub use policy::{HexBytes, Policy};
 pub use sim::{verify_simulated, SimulatedAttester, SimulatedPlatform};
 pub use tsm::TsmAttester;
-pub use verify::{unix_seconds, verify, verify_bytes, Attester, DefaultVerifier, Verifier};
+pub use verify::{
+    recheck_claims, unix_seconds, verify, verify_bytes, Attester, DefaultVerifier, Verifier,
+};

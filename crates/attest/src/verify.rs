@@ -66,6 +66,25 @@ pub fn verify(
     }
 }
 
+/// Applies `policy` again to claims that an earlier check accepted (an mbTLS secondary
+/// session resumed from a session whose evidence was verified): the policy's own checks and
+/// its gate on simulated evidence. The evidence's signature and binding are not checked again
+/// (they belonged to the earlier session), and neither are the trusted simulated platform
+/// keys nor DCAP collateral, which the claims do not record.
+pub fn recheck_claims(claims: &Claims, policy: &Policy) -> Result<(), AttestError> {
+    policy.validate()?;
+    if claims.tee == crate::claims::TeeKind::Simulated {
+        if !policy.allow_simulated {
+            return Err(AttestError::SimulatedNotAllowed);
+        }
+        tracing::warn!(
+            claims = %claims,
+            "accepted SIMULATED attestation claims again (resumed session; allow_simulated = true)"
+        );
+    }
+    policy.check_claims(claims)
+}
+
 /// Seconds since the Unix epoch of `t` (0 before the epoch), for the `now_unix` argument.
 pub fn unix_seconds(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)

@@ -911,6 +911,7 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
         MiddleboxVerdict::Verified {
             middlebox,
             claims: Some(c),
+            resumed,
         } => {
             let mut text = format!(
                 "{middlebox} verified ({} TEE, measurement {}",
@@ -924,12 +925,19 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
                     c.svn
                 ));
             }
+            if *resumed {
+                text.push_str("; resumed: evidence checked on an earlier session");
+            }
             text + ")"
         }
         MiddleboxVerdict::Verified {
             middlebox,
             claims: None,
-        } => format!("{middlebox} sent no evidence (the policy does not require it)"),
+            resumed,
+        } => format!(
+            "{middlebox} sent no evidence (the policy does not require it){}",
+            if *resumed { " (resumed)" } else { "" }
+        ),
         MiddleboxVerdict::Excluded {
             middlebox: Some(m),
             why,

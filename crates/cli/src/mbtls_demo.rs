@@ -331,6 +331,7 @@ fn report(
             MiddleboxVerdict::Verified {
                 middlebox,
                 claims: Some(c),
+                ..
             } => {
                 println!(
                     "  client verified {middlebox}: {} TEE, measurement {}…, before sending key material",
@@ -353,6 +354,7 @@ fn report(
         [MiddleboxVerdict::Verified {
             middlebox,
             claims: Some(c),
+            ..
         }] if middlebox == SERVER_MB => println!(
             "  server verified {middlebox}: {} TEE, measurement {}…, before sending key material",
             c.tee,

@@ -117,6 +117,11 @@ pub struct TlsConfig {
     pub cipher_suites: Vec<u16>,
     /// Servers: issue session tickets (TLS 1.2 NewSessionTicket / TLS 1.3 tickets).
     pub session_tickets: bool,
+    /// OpenSSL servers: keep the sessions of full handshakes in the context's cache, for TLS
+    /// 1.2 session-ID resumption (default). Off: the server keeps nothing per session, and
+    /// only its stateless tickets resume (with `session_tickets`), which only the holder of
+    /// the context's ticket key can open: an mbTLS middlebox's secondary sessions.
+    pub session_cache: bool,
     /// Key-exchange groups in preference order, by OpenSSL name (`X25519`, `P-256`, `P-384`,
     /// …; empty: library defaults; rustls knows these three). A client sends its TLS 1.3 key
     /// share for the first. A server limited to a group the
@@ -167,6 +172,7 @@ impl TlsConfig {
             max_version: TlsVersion::Tls13,
             cipher_suites: Vec::new(),
             session_tickets: true,
+            session_cache: true,
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
@@ -189,6 +195,7 @@ impl TlsConfig {
             max_version: TlsVersion::Tls13,
             cipher_suites: Vec::new(),
             session_tickets: true,
+            session_cache: true,
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
@@ -228,6 +235,7 @@ impl TlsConfig {
             max_version,
             cipher_suites,
             session_tickets,
+            session_cache,
             groups,
             custom_extensions,
             pause_after_handshake,
@@ -262,6 +270,7 @@ impl TlsConfig {
             && *max_version == other.max_version
             && *cipher_suites == other.cipher_suites
             && *session_tickets == other.session_tickets
+            && *session_cache == other.session_cache
             && *groups == other.groups
             && custom_extensions.len() == other.custom_extensions.len()
             && custom_extensions
@@ -335,7 +344,8 @@ mod tests {
         let client = TlsConfig::client("server.test", b"roots".to_vec());
         assert!(client.same_settings(&client.clone()));
         assert!(server().same_settings(&server()));
-        let changes: [fn(&mut TlsConfig); 8] = [
+        let changes: [fn(&mut TlsConfig); 9] = [
+            |c| c.session_cache = false,
             |c| c.trust_roots_pem = Some(b"other roots".to_vec()),
             |c| c.server_name = Some("other.test".into()),
             |c| c.min_version = TlsVersion::Tls13,

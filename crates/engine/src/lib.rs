@@ -37,6 +37,7 @@ mod openssl_engine;
 mod records;
 mod rustls_engine;
 mod session;
+mod vouched_sessions;
 
 pub use config::{
     suite_openssl_name, CustomExtension, ExtensionHandler, ExtensionResponse, Identity, Role,
@@ -46,6 +47,7 @@ pub use error::{AlertDescription, EngineError};
 pub use openssl_engine::{AfterExport, CachedSession, OpenSslContext, OpenSslEngine, TicketSink};
 pub use rustls_engine::{RustlsClientContext, RustlsEngine};
 pub use session::{DirectionState, ExportedSession, Handoff};
+pub use vouched_sessions::SessionNote;
 
 use mbx_record::TlsVersion;
 use zeroize::Zeroizing;
@@ -74,6 +76,14 @@ pub trait ClientContext: Send + Sync {
         server_name: Option<&str>,
         max_plaintext: Option<usize>,
     ) -> Result<Box<dyn TlsEngine + Send>, EngineError>;
+
+    /// True when this context resumes sessions without waiting for
+    /// [`TlsEngine::vouch_for_session`] (an OpenSSL client with
+    /// [`TlsConfig::resume_sessions`]): unfit where the caller checks more than TLS before it
+    /// trusts a server, such as an mbTLS endpoint's secondary sessions.
+    fn resumes_unvouched(&self) -> bool {
+        false
+    }
 }
 
 /// A TLS endpoint driven over memory buffers. No I/O, clocks or threads inside.
@@ -150,6 +160,27 @@ pub trait TlsEngine {
     /// The payload of custom extension `ext_type` the peer sent, if it sent one. Errors with
     /// `Unsupported` on engines that cannot see extensions (rustls).
     fn received_extension(&self, ext_type: u16) -> Result<Option<Vec<u8>>, EngineError>;
+
+    /// True once the handshake completed as a resumption (TLS 1.2 session ID or ticket,
+    /// TLS 1.3 ticket) rather than a full handshake.
+    fn session_resumed(&self) -> bool {
+        false
+    }
+
+    /// Client whose context resumes only vouched sessions ([`RustlsClientContext`] with
+    /// [`TlsConfig::resume_sessions`]): what this connection's server gave (TLS 1.2 session,
+    /// TLS 1.3 tickets), and gives from now on, becomes resumable by later connections to the
+    /// same name, carrying `note`. Without this call it is dropped with the engine. Other
+    /// engines: nothing happens.
+    fn vouch_for_session(&mut self, note: SessionNote) {
+        let _ = note;
+    }
+
+    /// In a resumed session: the note the connection it resumed was vouched for with. `None`
+    /// otherwise, and on engines that do not keep notes.
+    fn resumed_note(&self) -> Option<SessionNote> {
+        None
+    }
 
     /// Consumes the engine and hands the session to our record layer. Only after the handshake;
     /// errors (never guesses) if keys or sequence numbers cannot be determined exactly.

@@ -22,6 +22,7 @@ use zeroize::Zeroizing;
 use crate::chain_cache::CachingVerifier;
 use crate::records::{self, CT_ALERT};
 use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
+use crate::vouched_sessions::{SessionCapture, SessionNote, VouchedSessions};
 use crate::{AlertDescription, EngineError, Handoff, Role, TlsConfig, TlsEngine};
 
 /// Per-connection key log sink (rustls's key log is per config; we build one config per
@@ -153,6 +154,8 @@ pub struct RustlsEngine {
     pause_after_handshake: bool,
     failed: bool,
     peer_closed: bool,
+    /// Client of a context that resumes vouched sessions: this connection's store.
+    capture: Option<Arc<SessionCapture>>,
 }
 
 /// Stop looking for the ServerHello after this many bytes.
@@ -253,6 +256,7 @@ impl RustlsEngine {
             pause_after_handshake: config.pause_after_handshake,
             failed: false,
             peer_closed: false,
+            capture: None,
         };
         engine.conn.set_buffer_limit(None);
         Ok(engine)
@@ -473,6 +477,24 @@ impl TlsEngine for RustlsEngine {
         ))
     }
 
+    fn session_resumed(&self) -> bool {
+        self.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+    }
+
+    fn vouch_for_session(&mut self, note: SessionNote) {
+        if let Some(capture) = &self.capture {
+            capture.vouch(note);
+        }
+    }
+
+    fn resumed_note(&self) -> Option<SessionNote> {
+        if !self.session_resumed() {
+            return None;
+        }
+        let tls13 = self.version()? == TlsVersion::Tls13;
+        self.capture.as_ref()?.offered_note(tls13)
+    }
+
     fn export_session(mut self) -> Result<Handoff, EngineError> {
         if self.failed {
             return Err(EngineError::State("engine failed earlier"));
@@ -549,8 +571,9 @@ impl TlsEngine for RustlsEngine {
 /// our record layer: they are for sessions that stay inside the engine, such as an mbTLS
 /// endpoint's secondary sessions with its middleboxes, where it is the cheaper client (about
 /// 2.6× less CPU per TLS 1.3 ECDSA handshake than an OpenSSL 3.0 client on our machine, most
-/// of the difference being OpenSSL's per-certificate decoder lookups). Sessions are never
-/// resumed, whatever `session_tickets` says.
+/// of the difference being OpenSSL's per-certificate decoder lookups). Sessions resume only
+/// with [`TlsConfig::resume_sessions`], for a configured server name, and only those the
+/// caller vouched for ([`TlsEngine::vouch_for_session`], module `vouched_sessions`).
 pub struct RustlsClientContext {
     /// Verifies the chain and the server name.
     named: Arc<ClientConfig>,
@@ -560,6 +583,8 @@ pub struct RustlsClientContext {
     /// cap from the configuration; callers ask for one value, so it is built once).
     capped: Mutex<Option<CappedConfigs>>,
     pause_after_handshake: bool,
+    /// With `resume_sessions`: the vouched sessions of up to that many names.
+    sessions: Option<Arc<VouchedSessions>>,
 }
 
 /// [`RustlsClientContext`]'s two configurations with a record plaintext cap.
@@ -619,8 +644,9 @@ impl RustlsClientContext {
                 None => b.with_no_client_auth(),
             };
             cfg.alpn_protocols = config.alpn.clone();
-            // Never resumed: every session is a full handshake whose peer certificates are
-            // there to check (an mbTLS endpoint binds the evidence to the middlebox's key).
+            // Resumption, when asked for, is set per connection (its own store in front of
+            // the shared one, `engine_capped`); never for a chain-only session, whose name
+            // nobody configured.
             cfg.resumption = rustls::client::Resumption::disabled();
             Ok(Arc::new(cfg))
         };
@@ -629,7 +655,14 @@ impl RustlsClientContext {
             chain_only: build(true)?,
             capped: Mutex::new(None),
             pause_after_handshake: config.pause_after_handshake,
+            sessions: (config.resume_sessions > 0)
+                .then(|| Arc::new(VouchedSessions::new(config.resume_sessions))),
         })
+    }
+
+    /// How many vouched sessions (TLS 1.2 session, TLS 1.3 tickets) are kept for `server_name`.
+    pub fn kept_sessions(&self, server_name: &str) -> usize {
+        self.sessions.as_ref().map_or(0, |s| s.count(server_name))
     }
 
     /// A new session. `server_name`: SNI and verified name; `None`: no SNI, chain only.
@@ -648,12 +681,25 @@ impl RustlsClientContext {
             None => (self.named.clone(), self.chain_only.clone()),
             Some(len) => self.capped_configs(len)?,
         };
+        let mut capture = None;
         let (cfg, name) = match server_name {
-            Some(n) => (
-                named,
-                ServerName::try_from(n.to_string())
-                    .map_err(|e| EngineError::Config(format!("server name: {e}")))?,
-            ),
+            Some(n) => {
+                let named = match &self.sessions {
+                    Some(shared) => {
+                        let c = Arc::new(SessionCapture::new(shared.clone()));
+                        let mut cfg = ClientConfig::clone(&named);
+                        cfg.resumption = rustls::client::Resumption::store(c.clone());
+                        capture = Some(c);
+                        Arc::new(cfg)
+                    }
+                    None => named,
+                };
+                (
+                    named,
+                    ServerName::try_from(n.to_string())
+                        .map_err(|e| EngineError::Config(format!("server name: {e}")))?,
+                )
+            }
             // An IP address as the name: rustls then sends no SNI.
             None => (
                 chain_only,
@@ -673,6 +719,7 @@ impl RustlsClientContext {
             pause_after_handshake: self.pause_after_handshake,
             failed: false,
             peer_closed: false,
+            capture,
         };
         engine.conn.set_buffer_limit(None);
         Ok(engine)

@@ -1725,3 +1725,251 @@ fn an_idle_release_at_the_server_keeps_an_incomplete_record_both_versions() {
         );
     });
 }
+
+/// Secondary-session resumption (paper §3.5, docs/mbtls.md §4.6): servers that share one
+/// secondary context as deployed (`secondary_client_config`: rustls, resuming), each with its
+/// own policy, and middleboxes that keep their configuration (and so their ticket key) across
+/// sessions unless restarted.
+mod secondary_resumption {
+    use super::*;
+    use mbx_attest::{AttestError, Attester, Evidence};
+    use mbx_mbtls::handshake::secondary_client_config;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The simulated attester, counting the evidence it makes.
+    struct Counting(SimulatedAttester, Arc<AtomicUsize>);
+
+    impl Attester for Counting {
+        fn evidence(&self, report_data: &[u8; 64]) -> Result<Evidence, AttestError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.evidence(report_data)
+        }
+    }
+
+    fn counting_middlebox(s: &Setup, name: &str) -> (MiddleboxHandshakeConfig, Arc<AtomicUsize>) {
+        counting_middlebox_with(s, name, None)
+    }
+
+    /// `secondary_version`: the only version the middlebox's secondary sessions speak (`None`:
+    /// both, and TLS 1.3 is chosen, whatever the primary session's version).
+    fn counting_middlebox_with(
+        s: &Setup,
+        name: &str,
+        secondary_version: Option<TlsVersion>,
+    ) -> (MiddleboxHandshakeConfig, Arc<AtomicUsize>) {
+        let (id, _) = identity(&s.pki, &LeafSpec::middlebox(name));
+        let made = Arc::new(AtomicUsize::new(0));
+        let attester = Counting(
+            SimulatedAttester::new(s.platform.clone(), measure(PROGRAM, b""), signer_id("t")),
+            made.clone(),
+        );
+        let mut tls = TlsConfig::server(id);
+        if let Some(v) = secondary_version {
+            tls = tls.only(v);
+        }
+        let cfg = MiddleboxHandshakeConfig::new(&tls, Some(Arc::new(attester))).unwrap();
+        (cfg, made)
+    }
+
+    fn shared_secondary(s: &Setup) -> Arc<dyn ClientContext> {
+        rustls_secondary(s)
+    }
+
+    fn rustls_secondary(s: &Setup) -> Arc<RustlsClientContext> {
+        Arc::new(
+            RustlsClientContext::new(&secondary_client_config("mb2.test", s.root.clone())).unwrap(),
+        )
+    }
+
+    /// One session: legacy client → the middleboxes (in path order) → a server with
+    /// `secondary` and `policy`. Returns the path after the request went through.
+    fn session(
+        s: &Setup,
+        version: TlsVersion,
+        mbs: &[(&str, &MiddleboxHandshakeConfig)],
+        secondary: &Arc<dyn ClientContext>,
+        policy: &Policy,
+    ) -> Path {
+        let mut primary = TlsConfig::server(s.server_id.clone()).only(version);
+        primary.pause_after_handshake = true;
+        let names = mbs.iter().map(|(n, _)| n.to_string()).collect();
+        let server = ServerHandshake::new(ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            secondary: secondary.clone(),
+            middlebox: ServerMiddlebox::PreconfiguredPath(names),
+            policy: policy.clone(),
+            now_unix: 1_800_000_000,
+        })
+        .unwrap();
+        let mut nodes = vec![Node::LegacyClient(s.legacy_client(version))];
+        for (name, cfg) in mbs {
+            let mb = ServerSideMiddlebox::new((*cfg).clone(), tagger(name), true).unwrap();
+            nodes.push(Node::ServerSideMb(mb));
+        }
+        nodes.push(Node::Server(server));
+        let mut path = Path::new(nodes);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        if let Node::LegacyClient(c) = path.first() {
+            // A session that fails before the client's handshake ends has nothing to write.
+            let _ = c.write_plaintext(REQUEST);
+        }
+        path.pump();
+        path
+    }
+
+    /// (resumed, claims) of each verdict, in the order checked.
+    fn verdicts(path: &mut Path) -> Vec<(bool, Option<mbx_attest::Claims>)> {
+        server_events(path.server())
+            .into_iter()
+            .filter_map(|e| match e {
+                ClientHandshakeEvent::MiddleboxVerified {
+                    claims, resumed, ..
+                } => Some((resumed, claims)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_server_resumes_its_middleboxs_session_without_new_evidence_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, made) = counting_middlebox(&s, "mb2.test");
+            let mut first = session(&s, version, &[("mb2.test", &mb)], &secondary, &s.policy);
+            first.assert_no_errors();
+            let v1 = verdicts(&mut first);
+            assert!(
+                matches!(v1.as_slice(), [(false, Some(_))]),
+                "{version:?} {v1:?}"
+            );
+            assert!(!mb_events(first.server_side_mb(1)).contains(&MiddleboxHandshakeEvent::Resumed));
+            let hops1 = first.server().summary().unwrap().hops.clone();
+            assert_eq!(made.load(Ordering::SeqCst), 1);
+
+            let mut second = session(&s, version, &[("mb2.test", &mb)], &secondary, &s.policy);
+            second.assert_no_errors();
+            let v2 = verdicts(&mut second);
+            // The claims are the first session's; no evidence was made for this one.
+            assert_eq!(v2, vec![(true, v1[0].1.clone())], "{version:?}");
+            assert_eq!(made.load(Ordering::SeqCst), 1, "{version:?}");
+            assert!(mb_events(second.server_side_mb(1)).contains(&MiddleboxHandshakeEvent::Resumed));
+            // Fresh hop keys all the same, and the request crosses the middlebox's app once.
+            let hops2 = second.server().summary().unwrap().hops.clone();
+            assert!(hops2.iter().all(|h| !hops1.contains(h)), "{version:?}");
+            request_and_answer_through_mb2(&mut second);
+
+            // A restarted middlebox (new ticket key) cannot open the ticket: full handshake and
+            // fresh evidence.
+            let (restarted, made_again) = counting_middlebox(&s, "mb2.test");
+            let mut third = session(
+                &s,
+                version,
+                &[("mb2.test", &restarted)],
+                &secondary,
+                &s.policy,
+            );
+            third.assert_no_errors();
+            assert!(matches!(
+                verdicts(&mut third).as_slice(),
+                [(false, Some(_))]
+            ));
+            assert_eq!(made_again.load(Ordering::SeqCst), 1, "{version:?}");
+        }
+    }
+
+    #[test]
+    fn a_middlebox_whose_evidence_was_refused_is_never_resumed_both_versions() {
+        let s = Setup::new();
+        let strict = Policy {
+            measurements: vec![HexBytes(measure("some other program", b"").to_vec())],
+            ..s.policy.clone()
+        };
+        for version in VERSIONS {
+            // Secondary sessions of this version too: a TLS 1.2 ticket comes before the
+            // evidence, in the middlebox's handshake.
+            let secondary = shared_secondary(&s);
+            let (mb, made) = counting_middlebox_with(&s, "mb2.test", Some(version));
+            let refused = session(&s, version, &[("mb2.test", &mb)], &secondary, &strict);
+            let err = refused.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("attestation"),
+                "{version:?}: {:?}",
+                refused.errors
+            );
+            // Whatever the middlebox's session gave, the next one must check it again.
+            let mut next = session(&s, version, &[("mb2.test", &mb)], &secondary, &s.policy);
+            next.assert_no_errors();
+            assert!(
+                matches!(verdicts(&mut next).as_slice(), [(false, Some(_))]),
+                "{version:?}"
+            );
+            assert_eq!(made.load(Ordering::SeqCst), 2, "{version:?}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_middlebox_must_pass_todays_policy_both_versions() {
+        let s = Setup::new();
+        let stricter = Policy {
+            measurements: vec![HexBytes(measure("some other program", b"").to_vec())],
+            ..s.policy.clone()
+        };
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, _) = counting_middlebox(&s, "mb2.test");
+            session(&s, version, &[("mb2.test", &mb)], &secondary, &s.policy).assert_no_errors();
+            let mut later = session(&s, version, &[("mb2.test", &mb)], &secondary, &stricter);
+            let err = later.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("measurement"),
+                "{version:?}: {:?}",
+                later.errors
+            );
+            assert!(!later.server().keys_sent());
+            assert!(!later.server_side_mb(1).keys_installed());
+        }
+    }
+
+    /// Two server-side middleboxes: with TLS 1.2 secondary sessions both resume (their
+    /// tickets travel in their handshakes); with TLS 1.3 (what middleboxes choose unless
+    /// limited) only the one nearest the server does, because the other's ticket would come
+    /// after its neighbour's switch, where the neighbour takes the first encapsulated record
+    /// from it for its marker: it sends none, and is checked in full each time.
+    #[test]
+    fn with_two_middleboxes_tls13_resumes_the_nearest_only() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let ctx = rustls_secondary(&s);
+            let secondary: Arc<dyn ClientContext> = ctx.clone();
+            let (mb2, made2) = counting_middlebox_with(&s, "mb2.test", Some(version));
+            let (mb3, made3) = counting_middlebox_with(&s, "mb3.test", Some(version));
+            let mbs = [("mb2.test", &mb2), ("mb3.test", &mb3)];
+            for _ in 0..3 {
+                let mut path = session(&s, version, &mbs, &secondary, &s.policy);
+                path.last().write(b"response");
+                path.pump();
+                path.assert_no_errors();
+                assert_eq!(path.first().read(), b"RESPONSE");
+                // Checked in the order they finished; both joined.
+                assert_eq!(verdicts(&mut path).len(), 2);
+            }
+            let (far, near) = (made2.load(Ordering::SeqCst), made3.load(Ordering::SeqCst));
+            let expected = match version {
+                TlsVersion::Tls12 => (1, 1),
+                TlsVersion::Tls13 => (3, 1),
+            };
+            assert_eq!(
+                (far, near),
+                expected,
+                "{version:?}: evidence made (far, near)"
+            );
+            assert_eq!(
+                ctx.kept_sessions("mb2.test"),
+                usize::from(version == TlsVersion::Tls12)
+            );
+            assert_eq!(ctx.kept_sessions("mb3.test"), 1, "{version:?}");
+        }
+    }
+}

@@ -158,8 +158,10 @@ proptest! {
 
     /// A path message survives encoding and any split, and is read as sent.
     #[test]
-    fn path_message_round_trips(far in any::<bool>(), cut in 0usize..5) {
-        let bytes = SecondaryMessage::Path { far_neighbour_joined: far }.encode().unwrap();
+    fn path_message_round_trips(far in any::<bool>(), near in any::<bool>(), cut in 0usize..5) {
+        let bytes = SecondaryMessage::Path { far_neighbour_joined: far, near_neighbour_joined: near }
+            .encode()
+            .unwrap();
         let mut r = SecondaryReader::new();
         let cut = cut.min(bytes.len());
         r.push(&bytes[..cut]);
@@ -168,7 +170,10 @@ proptest! {
             r.push(&bytes[cut..]);
         }
         match r.next_message().unwrap() {
-            Some(SecondaryMessage::Path { far_neighbour_joined }) => prop_assert_eq!(far_neighbour_joined, far),
+            Some(SecondaryMessage::Path { far_neighbour_joined, near_neighbour_joined }) => {
+                prop_assert_eq!(far_neighbour_joined, far);
+                prop_assert_eq!(near_neighbour_joined, near);
+            }
             other => prop_assert!(false, "{:?}", other),
         }
         prop_assert_eq!(r.buffered(), 0);

@@ -308,6 +308,8 @@ pub struct OpenSslContext {
     verify_peer: bool,
     pause_after_handshake: bool,
     exportable: bool,
+    /// `TlsConfig::session_tickets`.
+    issues_tickets: bool,
     /// Our leaf certificate (DER), when we have an identity.
     certificate_der: Option<Vec<u8>>,
     registered: BTreeSet<u16>,
@@ -331,6 +333,10 @@ impl crate::ClientContext for OpenSslContext {
             engine.set_max_send_fragment(len)?;
         }
         Ok(Box::new(engine))
+    }
+
+    fn resumes_unvouched(&self) -> bool {
+        self.sessions.is_some()
     }
 }
 
@@ -367,6 +373,9 @@ impl OpenSslContext {
         if !config.session_tickets {
             b.set_options(SslOptions::NO_TICKET);
             b.set_num_tickets(0)?;
+        }
+        if config.role == Role::Server && !config.session_cache {
+            b.set_session_cache_mode(SslSessionCacheMode::OFF);
         }
         Self::apply_suites(&mut b, &config.cipher_suites)?;
 
@@ -477,6 +486,7 @@ impl OpenSslContext {
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
             pause_after_handshake: config.pause_after_handshake,
+            issues_tickets: config.session_tickets,
             exportable: config.exportable,
             certificate_der,
             registered,
@@ -538,14 +548,22 @@ impl OpenSslContext {
 
     /// A new connection; for clients, `server_name` is the SNI and the verified hostname.
     pub fn engine_for(&self, server_name: Option<&str>) -> Result<OpenSslEngine, EngineError> {
-        self.engine_on(&self.ctx, server_name, true)
+        self.engine_on(&self.ctx, server_name, None)
     }
 
     /// A new server connection that sends no TLS 1.3 session tickets, whatever the context
     /// says: for sessions that must not emit records after their handshake on their own (an
     /// mbTLS middlebox's secondary session, whose next record is its switch marker).
     pub fn engine_without_tickets(&self) -> Result<OpenSslEngine, EngineError> {
-        self.engine_on(&self.ctx, None, false)
+        self.engine_on(&self.ctx, None, Some(0))
+    }
+
+    /// A new server connection that sends at most one TLS 1.3 session ticket, and only if the
+    /// context issues tickets: for sessions that resume often and never need a spare ticket
+    /// (an mbTLS middlebox's secondary sessions, which the endpoint resumes one at a time).
+    pub fn engine_with_one_ticket(&self) -> Result<OpenSslEngine, EngineError> {
+        let tickets = usize::from(self.issues_tickets);
+        self.engine_on(&self.ctx, None, Some(tickets))
     }
 
     /// A new connection (configured server name) that will never be exported, so it needs
@@ -556,7 +574,7 @@ impl OpenSslContext {
     /// [`TlsEngine::export_session`] on it fails with `Unsupported`.
     pub fn engine_without_export(&self) -> Result<OpenSslEngine, EngineError> {
         let ctx = self.quiet_context()?;
-        let mut engine = self.engine_on(ctx, self.server_name.as_deref(), true)?;
+        let mut engine = self.engine_on(ctx, self.server_name.as_deref(), None)?;
         engine.exportable = false;
         Ok(engine)
     }
@@ -615,11 +633,11 @@ impl OpenSslContext {
         &self,
         ctx: &SslContext,
         server_name: Option<&str>,
-        tickets: bool,
+        tls13_tickets: Option<usize>,
     ) -> Result<OpenSslEngine, EngineError> {
         let mut ssl = Ssl::new(ctx)?;
-        if !tickets && self.role == Role::Server {
-            ssl.set_num_tickets(0)?;
+        if let (Some(n), Role::Server) = (tls13_tickets, self.role) {
+            ssl.set_num_tickets(n)?;
         }
         match self.role {
             Role::Client => {
@@ -1113,6 +1131,10 @@ impl TlsEngine for OpenSslEngine {
 
     fn received_extension(&self, ext_type: u16) -> Result<Option<Vec<u8>>, EngineError> {
         Ok(lock(&self.state).ext_received.get(&ext_type).cloned())
+    }
+
+    fn session_resumed(&self) -> bool {
+        self.session_reused()
     }
 
     fn export_session(mut self) -> Result<Handoff, EngineError> {

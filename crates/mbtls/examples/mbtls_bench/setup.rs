@@ -46,11 +46,6 @@ fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<Identity> {
     ))
 }
 
-fn no_tickets(mut cfg: TlsConfig) -> TlsConfig {
-    cfg.session_tickets = false;
-    cfg
-}
-
 impl Setup {
     /// `key_type` for the root and every leaf (server, middleboxes). For profiling,
     /// `MBTLS_BENCH_MIDDLEBOX_KEYS=ed25519` (or `ecdsa`, `rsa`) gives the middleboxes' leaves
@@ -79,8 +74,8 @@ impl Setup {
     }
 
     /// The same PKI with endpoints that resume sessions: every client context keeps the
-    /// server's sessions (`resume_sessions`), every endpoint server issues tickets. Middleboxes
-    /// are unchanged (secondary sessions never resume).
+    /// server's sessions (`resume_sessions`), every endpoint server issues tickets, and so do
+    /// middleboxes, whose secondary sessions the endpoints resume (docs/mbtls.md §4.6).
     pub fn resuming(&self) -> Setup {
         Setup {
             resume: true,
@@ -125,7 +120,7 @@ impl Setup {
             None
         };
         Ok(MiddleboxHandshakeConfig::new(
-            &no_tickets(TlsConfig::server(id.clone())),
+            &self.tickets(TlsConfig::server(id.clone())),
             attester,
         )?)
     }

@@ -14,10 +14,13 @@ use crate::handshake::{ClientHandshake, ClientHandshakeConfig};
 pub enum MiddleboxVerdict {
     /// Certificate, approval and evidence passed (`claims`: `None` = no evidence, and the
     /// policy does not require it). `middlebox`: the name it was configured under or,
-    /// discovered, the first DNS name of its certificate.
+    /// discovered, the first DNS name of its certificate. `resumed`: its secondary session
+    /// resumed an earlier one and sent no new evidence; `claims` are the earlier check's,
+    /// accepted again by today's policy.
     Verified {
         middlebox: String,
         claims: Option<Claims>,
+        resumed: bool,
     },
     /// A discovered middlebox failed a check and got no key material (`middlebox`: its name
     /// when its certificate verified; `None` when its secondary handshake failed first).

@@ -124,9 +124,16 @@ impl<H: EndpointHandshake> Session<H> {
     pub(super) fn events(&mut self) -> Result<(), DriverError> {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
-                ClientHandshakeEvent::MiddleboxVerified { middlebox, claims } => {
-                    self.verdicts
-                        .push(MiddleboxVerdict::Verified { middlebox, claims });
+                ClientHandshakeEvent::MiddleboxVerified {
+                    middlebox,
+                    claims,
+                    resumed,
+                } => {
+                    self.verdicts.push(MiddleboxVerdict::Verified {
+                        middlebox,
+                        claims,
+                        resumed,
+                    });
                 }
                 ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
                     self.verdicts

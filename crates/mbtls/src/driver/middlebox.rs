@@ -164,6 +164,8 @@ pub struct ConnectionReport {
     /// server side: the server answered our announcement).
     pub joined: bool,
     pub evidence_sent: bool,
+    /// Our secondary session resumed one of our tickets: the evidence sent was empty.
+    pub resumed: bool,
     /// Key material arrived: this middlebox saw (and could change) the plaintext.
     pub keys_installed: bool,
     /// Why the middlebox did not take part, if it did not.
@@ -194,6 +196,7 @@ impl ConnectionReport {
             legacy_server: false,
             joined: false,
             evidence_sent: false,
+            resumed: false,
             keys_installed: false,
             passive: None,
             version: None,
@@ -429,6 +432,7 @@ impl Conn {
                 MiddleboxHandshakeEvent::Joined { .. } => report.joined = true,
                 MiddleboxHandshakeEvent::Passive(why) => report.passive = Some(why),
                 MiddleboxHandshakeEvent::EvidenceSent => report.evidence_sent = true,
+                MiddleboxHandshakeEvent::Resumed => report.resumed = true,
                 MiddleboxHandshakeEvent::KeysInstalled => {
                     report.keys_installed = true;
                     if let Some(relay) = self.hs.relay() {

@@ -96,6 +96,7 @@ impl ClientHandshake {
         if (names.is_empty() && !disabled) || names.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
         }
+        super::check_secondary_context(cfg.secondary.as_ref())?;
         if !disabled && !cfg.primary.exportable() {
             return Err(HandshakeError::Config(
                 "a client with client-side middleboxes needs an exportable primary context",

@@ -9,7 +9,8 @@
 use std::collections::VecDeque;
 
 use mbx_attest::{
-    report_data, spki_from_certificate, verify_bytes, Claims, Policy, EXPORTER_LABEL, EXPORTER_LEN,
+    recheck_claims, report_data, spki_from_certificate, verify_bytes, Claims, Policy,
+    EXPORTER_LABEL, EXPORTER_LEN,
 };
 use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine};
 use mbx_wire::{version, Record};
@@ -32,9 +33,12 @@ pub enum ClientHandshakeEvent {
     /// A middlebox's certificate, approval and evidence passed (`claims`: `None` = no
     /// evidence, and the policy does not require it). `middlebox`: its name, the one it was
     /// configured under or, discovered, the first DNS name of its certificate.
+    /// `resumed`: its secondary session resumed one whose evidence was checked (no new
+    /// evidence; `claims` are that check's, accepted again by today's policy).
     MiddleboxVerified {
         middlebox: String,
         claims: Option<Claims>,
+        resumed: bool,
     },
     /// A discovered middlebox was excluded (not approved, bad certificate, evidence refused);
     /// it never receives key material. `middlebox`: its name as in `MiddleboxVerified`, when
@@ -90,7 +94,8 @@ pub struct SessionSummary {
     pub middleboxes: Vec<String>,
     /// The primary session was resumed (TLS 1.2 session ID or ticket, TLS 1.3 ticket) rather
     /// than a full handshake: the server's certificate was checked when it was first made.
-    /// Secondary sessions never resume, so every middlebox is checked each time.
+    /// Whether a middlebox's secondary session resumed is in its
+    /// [`ClientHandshakeEvent::MiddleboxVerified`].
     pub resumed: bool,
 }
 
@@ -125,6 +130,54 @@ fn certificate_name(cert_der: &[u8]) -> Option<String> {
             .map(|c| if c.is_control() { '?' } else { c })
             .collect(),
     )
+}
+
+/// The claims of evidence bound to this secondary session (`None`: it sent none and the
+/// policy does not require any).
+fn fresh_claims(
+    engine: &(dyn TlsEngine + Send),
+    evidence: &[u8],
+    policy: &Policy,
+    now: u64,
+) -> Result<Option<Claims>, HandshakeError> {
+    if evidence.is_empty() {
+        policy.check_missing_evidence()?;
+        return Ok(None);
+    }
+    let label = core::str::from_utf8(EXPORTER_LABEL)
+        .map_err(|_| HandshakeError::Config("exporter label"))?;
+    let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
+    let certs = engine.peer_certificates();
+    let leaf = certs
+        .first()
+        .ok_or(HandshakeError::Protocol("middlebox sent no certificate"))?;
+    let spki = spki_from_certificate(leaf)?;
+    let expected = report_data(&spki, &binder);
+    Ok(Some(verify_bytes(evidence, &expected, policy, now)?))
+}
+
+/// A resumed secondary session without evidence (paper §3.5: no new attestation is needed,
+/// because only the middlebox that made the ticket can open it, and its ticket key never
+/// leaves it): the claims of the session it resumes, which this endpoint vouched for after
+/// checking them, must pass today's policy. A resumption this endpoint never vouched for (no
+/// note: another engine, or a context shared with something else) counts as no evidence.
+fn resumed_claims(
+    engine: &(dyn TlsEngine + Send),
+    policy: &Policy,
+) -> Result<Option<Claims>, HandshakeError> {
+    let note = engine
+        .resumed_note()
+        .and_then(|n| n.downcast::<Option<Claims>>().ok());
+    match note.as_deref() {
+        Some(Some(claims)) => {
+            recheck_claims(claims, policy)?;
+            Ok(Some(claims.clone()))
+        }
+        Some(None) | None => {
+            policy.check_missing_evidence()?;
+            Ok(None)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -581,34 +634,29 @@ impl EndpointCore {
         self.maybe_finish()
     }
 
-    /// Exporter-bound evidence of one secondary session, checked against the policy.
+    /// Exporter-bound evidence of one secondary session, checked against the policy; then the
+    /// session may be resumed later, carrying the claims.
     fn verify(&mut self, subchannel: u8, evidence: &[u8]) -> Result<(), HandshakeError> {
         let (policy, now) = (self.policy.clone(), self.now_unix);
         let slot = self.slot_mut(subchannel)?;
-        let label = core::str::from_utf8(EXPORTER_LABEL)
-            .map_err(|_| HandshakeError::Config("exporter label"))?;
-        let binder = slot
-            .engine
-            .export_keying_material(label, None, EXPORTER_LEN)?;
-        let certs = slot.engine.peer_certificates();
-        let leaf = certs
-            .first()
-            .ok_or(HandshakeError::Protocol("middlebox sent no certificate"))?;
-        let spki = spki_from_certificate(leaf)?;
-        let expected = report_data(&spki, &binder);
-        let claims = if evidence.is_empty() {
-            policy.check_missing_evidence()?;
-            None
+        let resumed = slot.engine.session_resumed();
+        let claims = if resumed && evidence.is_empty() {
+            resumed_claims(slot.engine.as_ref(), &policy)?
         } else {
-            Some(verify_bytes(evidence, &expected, &policy, now)?)
+            fresh_claims(slot.engine.as_ref(), evidence, &policy, now)?
         };
+        slot.engine
+            .vouch_for_session(std::sync::Arc::new(claims.clone()));
         slot.state = Secondary::Verified;
         let middlebox = slot.name.clone().unwrap_or_default();
         self.events
-            .push_back(ClientHandshakeEvent::MiddleboxVerified { middlebox, claims });
+            .push_back(ClientHandshakeEvent::MiddleboxVerified {
+                middlebox,
+                claims,
+                resumed,
+            });
         Ok(())
     }
-
     /// The middleboxes that take part, in path order from the client. Client side: subchannel
     /// 0 went to the middlebox nearest the server (ids are taken as the primary ServerHello
     /// passes them), so path order is descending id. Server side: the middlebox nearest the
@@ -733,8 +781,15 @@ impl EndpointCore {
             };
             // Path message and key material in one write (one secondary record), in a
             // buffer that never grows (so no unwiped copy of the keys is left behind).
+            // And nearer (client side: earlier; server side: later): then this one sends no
+            // session ticket (its neighbour would take it for its marker, see `PathNews`).
+            let near_neighbour_joined = match self.role {
+                Role::Client => j > 0,
+                Role::Server => j + 1 < n,
+            };
             let path = SecondaryMessage::Path {
                 far_neighbour_joined,
+                near_neighbour_joined,
             };
             let keys = SecondaryMessage::KeyMaterial(Box::new(km.clone()));
             let mut msg = Zeroizing::new(Vec::with_capacity(

@@ -47,14 +47,18 @@ impl MiddleboxHandshakeConfig {
 
     /// `tls`: a server configuration with the middlebox's certificate and key; the context is
     /// built from it without export (a middlebox never exports its sessions: no OpenSSL key
-    /// log), and a certificate that does not parse is refused here. `attester`: produces
+    /// log) and without a session cache (it keeps nothing per session: its secondary
+    /// sessions resume only by its stateless tickets, when `tls.session_tickets`, one per
+    /// session), and a certificate that does not parse is refused here. `attester`: produces
     /// evidence; `None` sends empty evidence (accepted only by policies that do not require
     /// attestation).
     pub fn new(
         tls: &TlsConfig,
         attester: Option<Arc<dyn Attester>>,
     ) -> Result<Self, HandshakeError> {
-        let tls = OpenSslContext::new(&tls.clone().without_export())?;
+        let mut tls = tls.clone().without_export();
+        tls.session_cache = false;
+        let tls = OpenSslContext::new(&tls)?;
         let leaf = tls
             .certificate_der()
             .ok_or(HandshakeError::Config("a middlebox needs a certificate"))?;
@@ -83,8 +87,11 @@ pub enum MiddleboxHandshakeEvent {
     /// bytes unchanged.
     Passive(&'static str),
     /// Evidence was sent, right after our secondary Finished (TLS 1.3: 0.5-RTT data, before
-    /// the client's Finished; TLS 1.2: after it).
+    /// the client's Finished; TLS 1.2: after it). Empty after [`Self::Resumed`].
     EvidenceSent,
+    /// Our secondary session resumed one of our tickets: no new evidence is made (paper
+    /// §3.5), the endpoint relies on the check it made when we issued the ticket.
+    Resumed,
     /// Key material arrived; the data phase runs.
     KeysInstalled,
     /// An event of the data phase.
@@ -145,7 +152,7 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     /// (until it arrives). Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
     /// forwarded raw before is not ours to relay.
-    far_joined: Option<bool>,
+    far_joined: Option<wires::PathNews>,
     wires: Wires<A>,
 }
 
@@ -404,9 +411,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             });
         if half_rtt {
             self.evidence_sent = true;
-            self.wires
-                .events
-                .push_back(MiddleboxHandshakeEvent::EvidenceSent);
+            let resumed = self.engine.as_ref().is_some_and(|e| e.session_reused());
+            wires::evidence_sent(&mut self.wires.events, resumed);
         }
         Ok(Ok(()))
     }
@@ -457,7 +463,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         };
         engine.feed(inner.as_bytes());
         let processed = engine.process();
-        self.wires.send_to_endpoint(self.subchannel, engine)?;
+        self.wires
+            .send_or_hold(self.subchannel, engine, self.evidence_sent)?;
         if processed.is_err() {
             // The client refused us (certificate, approval) or the session broke: we get no
             // keys, so we can only pass ciphertext on.
@@ -476,9 +483,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             write_evidence(&self.cfg, engine)?;
             self.wires.send_to_endpoint(self.subchannel, engine)?;
             self.evidence_sent = true;
-            self.wires
-                .events
-                .push_back(MiddleboxHandshakeEvent::EvidenceSent);
+            wires::evidence_sent(&mut self.wires.events, engine.session_reused());
         }
         // May hold key material: wiped when dropped.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
@@ -488,7 +493,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             &mut self.far_joined,
             "a client sent evidence",
         )? {
-            Some((km, far_joined)) => self.install(km, far_joined),
+            Some((km, path)) => self.install(km, path),
             None => Ok(()),
         }
     }
@@ -506,8 +511,10 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    /// `far_joined`: a middlebox farther from our endpoint joined too (the path message).
-    fn install(&mut self, km: KeyMaterial, far_joined: bool) -> Result<(), HandshakeError> {
+    /// `path`: whether middleboxes farther from and nearer our endpoint joined too (the path
+    /// message).
+    fn install(&mut self, km: KeyMaterial, path: wires::PathNews) -> Result<(), HandshakeError> {
+        let far_joined = path.far;
         let version = self.version.ok_or(HandshakeError::Protocol("no version"))?;
         if km.version != version {
             return Err(HandshakeError::Protocol(
@@ -539,8 +546,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // The marker: our secondary session's close_notify. Everything we send the client after
         // it is under the client-side hop's keys.
         if let Some(engine) = self.engine.as_mut() {
-            engine.close()?;
-            self.wires.send_to_endpoint(self.subchannel, engine)?;
+            self.wires.send_marker(self.subchannel, engine, path)?;
         }
         self.engine = None;
         replay.append(&mut self.held);
@@ -620,10 +626,15 @@ pub(super) fn write_evidence(
 ) -> Result<(), HandshakeError> {
     let label = core::str::from_utf8(EXPORTER_LABEL)
         .map_err(|_| HandshakeError::Config("exporter label"))?;
-    let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
-    let rd = report_data(&cfg.spki, &binder);
     let evidence = match &cfg.attester {
-        Some(a) => a.evidence(&rd)?.to_bytes(),
+        // Resumed: none (paper §3.5). Only we can open our tickets (the key never leaves this
+        // process), and the endpoint keeps a ticket only after checking the evidence of the
+        // session we issued it in.
+        Some(_) if engine.session_reused() => Vec::new(),
+        Some(a) => {
+            let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
+            a.evidence(&report_data(&cfg.spki, &binder))?.to_bytes()
+        }
         None => Vec::new(),
     };
     let msg = SecondaryMessage::Evidence(evidence).encode()?;

@@ -51,12 +51,38 @@ pub const SECONDARY_CIPHER_SUITES: [u16; 9] = [
 /// The configuration an endpoint's secondary-session context starts from: a TLS client for
 /// middlebox certificates issued under `roots_pem`, checked against `name` where the context
 /// is used with its own name, offering [`SECONDARY_CIPHER_SUITES`], and remembering up to
-/// [`SECONDARY_VERIFIED_CHAINS`] middlebox chains that verified (rustls engine).
+/// [`SECONDARY_VERIFIED_CHAINS`] middlebox chains that verified and resuming the sessions of
+/// up to [`SECONDARY_RESUMED_NAMES`] middleboxes (rustls engine; an OpenSSL context must be
+/// built with `resume_sessions = 0`, see [`check_secondary_context`]).
 pub fn secondary_client_config(name: &str, roots_pem: Vec<u8>) -> TlsConfig {
     let mut cfg = TlsConfig::client(name, roots_pem);
     cfg.cipher_suites = SECONDARY_CIPHER_SUITES.to_vec();
     cfg.verified_chain_cache = SECONDARY_VERIFIED_CHAINS;
+    cfg.resume_sessions = SECONDARY_RESUMED_NAMES;
     cfg
+}
+
+/// How many pre-configured middleboxes' sessions a secondary-session context keeps for
+/// resumption (paper §3.5; docs/mbtls.md §4.6). A resumed secondary session skips the
+/// middlebox's certificate, its CertificateVerify and its evidence: the endpoint keeps a
+/// middlebox's ticket only after checking the evidence of the session it came in, with the
+/// claims, and checks those claims against its policy again on each resumption. Discovered
+/// middleboxes, whose names nobody configured, are never resumed.
+pub const SECONDARY_RESUMED_NAMES: usize = 64;
+
+/// Refuses a secondary-session context that would resume sessions the endpoint has not
+/// vouched for (an OpenSSL client context with `resume_sessions`): a middlebox whose evidence
+/// failed could otherwise skip the check next time.
+pub(crate) fn check_secondary_context(
+    ctx: &dyn mbx_engine::ClientContext,
+) -> Result<(), HandshakeError> {
+    if ctx.resumes_unvouched() {
+        return Err(HandshakeError::Config(
+            "the secondary context resumes sessions it was not told to keep (use a \
+             RustlsClientContext, or an OpenSSL context with resume_sessions = 0)",
+        ));
+    }
+    Ok(())
 }
 
 /// How many middlebox chains a secondary-session context remembers once they verified

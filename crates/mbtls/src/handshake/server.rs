@@ -75,6 +75,7 @@ impl ServerHandshake {
                 "an mbTLS server needs an exportable primary context",
             ));
         }
+        super::check_secondary_context(cfg.secondary.as_ref())?;
         let (approver, required) = match &cfg.middlebox {
             ServerMiddlebox::Preconfigured(_) => (None, 1),
             ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),

@@ -71,7 +71,7 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// (until it arrives). Such a middlebox
     /// re-sends the client's records through its app once it switches, so what it forwarded
     /// raw before is not ours to relay.
-    far_joined: Option<bool>,
+    far_joined: Option<wires::PathNews>,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     evidence_sent: bool,
@@ -290,12 +290,11 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             if ready {
                 write_evidence(&self.cfg, engine)?;
                 self.evidence_sent = true;
-                self.wires
-                    .events
-                    .push_back(MiddleboxHandshakeEvent::EvidenceSent);
+                wires::evidence_sent(&mut self.wires.events, engine.session_reused());
             }
         }
-        self.wires.send_to_endpoint(self.subchannel, engine)?;
+        self.wires
+            .send_or_hold(self.subchannel, engine, self.evidence_sent)?;
         if processed.is_err() {
             // The server refused us (certificate, approval): no keys, ciphertext only.
             self.go_passive("secondary session failed");
@@ -316,7 +315,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             &mut self.far_joined,
             "a server sent evidence",
         )? {
-            Some((km, far_joined)) => self.install(km, far_joined),
+            Some((km, path)) => self.install(km, path),
             None => Ok(()),
         }
     }
@@ -331,8 +330,10 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    /// `far_joined`: a middlebox farther from our endpoint joined too (the path message).
-    fn install(&mut self, km: KeyMaterial, far_joined: bool) -> Result<(), HandshakeError> {
+    /// `path`: whether middleboxes farther from and nearer our endpoint joined too (the path
+    /// message).
+    fn install(&mut self, km: KeyMaterial, path: wires::PathNews) -> Result<(), HandshakeError> {
+        let far_joined = path.far;
         let version = self.version.ok_or(HandshakeError::Protocol(
             "key material before the ServerHello",
         ))?;
@@ -356,8 +357,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         let relay = MiddleboxRelay::new(km, app)?;
         // The marker: everything we send the server after it is under the fresh hop's keys.
         if let Some(engine) = self.engine.as_mut() {
-            engine.close()?;
-            self.wires.send_to_endpoint(self.subchannel, engine)?;
+            self.wires.send_marker(self.subchannel, engine, path)?;
         }
         self.engine = None;
         self.wires.start_relay(relay, Side::Client, &replay);

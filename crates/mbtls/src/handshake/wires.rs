@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use mbx_apps::MiddleboxApp;
 use mbx_engine::{OpenSslEngine, TlsEngine};
+use mbx_record::TlsVersion;
 use mbx_wire::{version, Record};
 
 use super::demux::{Demux, Piece};
@@ -33,6 +34,11 @@ pub(super) struct Wires<A: MiddleboxApp> {
     /// marker — the first encapsulated record from it after our switch (its secondary
     /// close_notify).
     pub(super) awaiting_neighbour_marker: bool,
+    /// TLS 1.3: what our secondary engine wrote after its handshake and before our keys came
+    /// (its session ticket), sent before our marker only if no middlebox nearer our endpoint
+    /// joined (`PathNews::near`): after its switch that one takes the first encapsulated record
+    /// from us for our marker.
+    held_ticket: Vec<u8>,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -134,6 +140,7 @@ impl<A: MiddleboxApp> Wires<A> {
             failed: false,
             far,
             awaiting_neighbour_marker: false,
+            held_ticket: Vec::new(),
         }
     }
 
@@ -162,12 +169,49 @@ impl<A: MiddleboxApp> Wires<A> {
         engine: &mut OpenSslEngine,
     ) -> Result<(), HandshakeError> {
         let out = engine.take_outgoing();
+        self.wrap_to_endpoint(subchannel, &out)
+    }
+
+    fn wrap_to_endpoint(&mut self, subchannel: u8, out: &[u8]) -> Result<(), HandshakeError> {
         let to = match self.far {
             Side::Server => &mut self.out_client,
             Side::Client => &mut self.out_server,
         };
-        Encapsulated::wrap_stream(subchannel, &out, version::TLS1_2, to)?;
+        Encapsulated::wrap_stream(subchannel, out, version::TLS1_2, to)?;
         Ok(())
+    }
+
+    /// What our secondary engine wrote: sent on our subchannel at once, except, TLS 1.3,
+    /// after its handshake and its evidence (its session ticket), which waits for our marker
+    /// ([`Self::send_marker`]).
+    pub(super) fn send_or_hold(
+        &mut self,
+        subchannel: u8,
+        engine: &mut OpenSslEngine,
+        evidence_sent: bool,
+    ) -> Result<(), HandshakeError> {
+        let tls13 = engine.version() == Some(TlsVersion::Tls13);
+        if tls13 && evidence_sent && !engine.is_handshaking() {
+            self.held_ticket.extend_from_slice(&engine.take_outgoing());
+            return Ok(());
+        }
+        self.send_to_endpoint(subchannel, engine)
+    }
+
+    /// Our switch marker (our secondary session's close_notify), after the session ticket we
+    /// held, unless a middlebox nearer our endpoint joined (see `held_ticket`).
+    pub(super) fn send_marker(
+        &mut self,
+        subchannel: u8,
+        engine: &mut OpenSslEngine,
+        path: PathNews,
+    ) -> Result<(), HandshakeError> {
+        let held = std::mem::take(&mut self.held_ticket);
+        if !path.near {
+            self.wrap_to_endpoint(subchannel, &held)?;
+        }
+        engine.close()?;
+        self.send_to_endpoint(subchannel, engine)
     }
 
     /// Gives back memory kept for traffic that is over: output buffers beyond their bytes, empty
@@ -235,14 +279,20 @@ impl<A: MiddleboxApp> Wires<A> {
 /// endpoint joined too. `sent_evidence` is the error for evidence from the endpoint.
 pub(super) fn endpoint_messages(
     reader: &mut SecondaryReader,
-    far_joined: &mut Option<bool>,
+    far_joined: &mut Option<PathNews>,
     sent_evidence: &'static str,
-) -> Result<Option<(KeyMaterial, bool)>, HandshakeError> {
+) -> Result<Option<(KeyMaterial, PathNews)>, HandshakeError> {
     loop {
         match reader.next_message()? {
             Some(SecondaryMessage::Path {
                 far_neighbour_joined,
-            }) if far_joined.is_none() => *far_joined = Some(far_neighbour_joined),
+                near_neighbour_joined,
+            }) if far_joined.is_none() => {
+                *far_joined = Some(PathNews {
+                    far: far_neighbour_joined,
+                    near: near_neighbour_joined,
+                })
+            }
             Some(SecondaryMessage::Path { .. }) => {
                 return Err(HandshakeError::Protocol("two path messages"))
             }
@@ -265,16 +315,35 @@ pub(super) fn endpoint_messages(
     }
 }
 
-/// A middlebox's secondary server engine: no session tickets (the next record after its
-/// handshake is its switch marker), 0.5-RTT enabled (TLS 1.3 evidence in the first flight),
-/// and no record larger than an encapsulated record can carry, so that a long certificate
-/// chain or large evidence is split over more records instead of failing the handshake.
+/// What the endpoint's path message said: whether a middlebox farther from it (`far`) and
+/// one nearer it (`near`) joined too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PathNews {
+    pub(super) far: bool,
+    pub(super) near: bool,
+}
+
+/// Reports that the evidence went out, and before it whether the session resumed (the
+/// evidence is then empty).
+pub(super) fn evidence_sent(events: &mut VecDeque<MiddleboxHandshakeEvent>, resumed: bool) {
+    if resumed {
+        events.push_back(MiddleboxHandshakeEvent::Resumed);
+    }
+    events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
+}
+
+/// A middlebox's secondary server engine: at most one session ticket (if its configuration
+/// issues them: the endpoint resumes one session at a time; TLS 1.3 sends it after the
+/// endpoint's Finished, before our switch marker), 0.5-RTT enabled (TLS 1.3 evidence in the
+/// first flight), and no record larger than an encapsulated record can carry, so that a long
+/// certificate chain or large evidence is split over more records instead of failing the
+/// handshake.
 pub(super) fn secondary_server_engine(
     cfg: &super::MiddleboxHandshakeConfig,
 ) -> Result<OpenSslEngine, &'static str> {
     let mut engine = cfg
         .tls
-        .engine_without_tickets()
+        .engine_with_one_ticket()
         .map_err(|_| "cannot create our TLS engine")?;
     engine
         .enable_half_rtt()
@@ -313,16 +382,24 @@ mod tests {
             &mut r,
             SecondaryMessage::Path {
                 far_neighbour_joined: true,
+                near_neighbour_joined: false,
             },
         );
         assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_none());
         push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
-        let (_, far_joined) = endpoint_messages(&mut r, &mut far, "e").unwrap().unwrap();
-        assert!(far_joined);
+        let (_, path) = endpoint_messages(&mut r, &mut far, "e").unwrap().unwrap();
+        assert_eq!(
+            path,
+            PathNews {
+                far: true,
+                near: false
+            }
+        );
         // Refused: key material without a path message, two path messages, anything after the
         // key material, evidence.
         let path = || SecondaryMessage::Path {
             far_neighbour_joined: false,
+            near_neighbour_joined: true,
         };
         let refused: [Vec<SecondaryMessage>; 4] = [
             vec![SecondaryMessage::KeyMaterial(Box::new(km()))],

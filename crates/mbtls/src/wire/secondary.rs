@@ -37,9 +37,14 @@ pub enum SecondaryMessage {
     /// the endpoint than the receiver (on the receiver's side of the path) joined too. Only
     /// then does the receiver, after its switch, wait for that middlebox's marker and leave the
     /// records it forwarded raw to that middlebox's replay. A middlebox that was offered a
-    /// subchannel but excluded does not count.
+    /// subchannel but excluded does not count. `near_neighbour_joined`: a middlebox nearer
+    /// the endpoint joined too; it switches before the receiver, and takes the first
+    /// encapsulated record the receiver sends after that as the receiver's marker, so the
+    /// receiver sends its TLS 1.3 session ticket only when none did (docs/mbtls.md §4.6).
+    /// Encoded as one flags byte: bit 0 far, bit 1 near.
     Path {
         far_neighbour_joined: bool,
+        near_neighbour_joined: bool,
     },
     KeyMaterial(Box<KeyMaterial>),
 }
@@ -79,9 +84,11 @@ impl SecondaryMessage {
             }
             SecondaryMessage::Path {
                 far_neighbour_joined,
+                near_neighbour_joined,
             } => {
                 w.u8(MSG_PATH);
-                w.vec_u24(&[u8::from(*far_neighbour_joined)])?;
+                let flags = u8::from(*far_neighbour_joined) | u8::from(*near_neighbour_joined) << 1;
+                w.vec_u24(&[flags])?;
             }
             SecondaryMessage::KeyMaterial(km) => {
                 let body = km.encode()?;
@@ -154,12 +161,12 @@ impl SecondaryReader {
         };
         let msg = match typ {
             MSG_EVIDENCE => SecondaryMessage::Evidence(body.to_vec()),
-            MSG_PATH => SecondaryMessage::Path {
-                far_neighbour_joined: match body {
-                    [0] => false,
-                    [1] => true,
-                    _ => return Err(malformed("path message body")),
+            MSG_PATH => match body {
+                [flags @ 0..=3] => SecondaryMessage::Path {
+                    far_neighbour_joined: flags & 1 != 0,
+                    near_neighbour_joined: flags & 2 != 0,
                 },
+                _ => return Err(malformed("path message body")),
             },
             _ => SecondaryMessage::KeyMaterial(Box::new(KeyMaterial::decode(body)?)),
         };
@@ -193,6 +200,7 @@ mod tests {
             stream.extend_from_slice(
                 &SecondaryMessage::Path {
                     far_neighbour_joined,
+                    near_neighbour_joined: !far_neighbour_joined,
                 }
                 .encode()
                 .unwrap(),
@@ -216,13 +224,15 @@ mod tests {
         assert!(matches!(
             got[1],
             SecondaryMessage::Path {
-                far_neighbour_joined: true
+                far_neighbour_joined: true,
+                near_neighbour_joined: false
             }
         ));
         assert!(matches!(
             got[2],
             SecondaryMessage::Path {
-                far_neighbour_joined: false
+                far_neighbour_joined: false,
+                near_neighbour_joined: true
             }
         ));
         match &got[3] {
@@ -247,8 +257,8 @@ mod tests {
         let mut r = SecondaryReader::new();
         r.push(&[31, 0, 0, 1, 0]);
         assert!(r.next_message().is_err());
-        // A path body is one byte, 0 or 1.
-        for bad in [&[18, 0, 0, 1, 2][..], &[18, 0, 0, 2, 1, 1], &[18, 0, 0, 0]] {
+        // A path body is one byte, flags 0 to 3.
+        for bad in [&[18, 0, 0, 1, 4][..], &[18, 0, 0, 2, 1, 1], &[18, 0, 0, 0]] {
             let mut r = SecondaryReader::new();
             r.push(bad);
             assert!(r.next_message().is_err(), "{bad:?}");
