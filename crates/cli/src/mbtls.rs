@@ -120,6 +120,11 @@ struct ServerFlags {
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
+    /// Check every middlebox's evidence on every session: never resume a middlebox's
+    /// secondary session (by default a pre-configured middlebox's session resumes from one
+    /// whose evidence passed, without new evidence; docs/mbtls.md §4.7).
+    #[arg(long)]
+    fresh_evidence: bool,
     /// Issue session tickets, so that TLS 1.3 clients (and TLS 1.2 ones with tickets) can
     /// resume, through server-side middleboxes too: legacy clients and mbTLS clients (e.g.
     /// `mbx mbtls client --proxy`). Off by default (TLS 1.2 clients resume by session ID
@@ -180,6 +185,11 @@ struct ClientFlags {
     /// Give up after this many seconds (default 30).
     #[arg(long)]
     timeout_secs: Option<u64>,
+    /// Check every middlebox's evidence on every session: never resume a middlebox's
+    /// secondary session (by default a pre-configured middlebox's session resumes from one
+    /// whose evidence passed, without new evidence; docs/mbtls.md §4.7).
+    #[arg(long)]
+    fresh_evidence: bool,
     /// Act as a local proxy instead of fetching once: listen here (e.g. 127.0.0.1:8080) and
     /// carry each accepted plain-TCP connection over its own mbTLS session to the URL's server
     /// (e.g. `curl http://127.0.0.1:8080/` then reaches the server through the middleboxes).
@@ -286,6 +296,8 @@ struct ClientSettings {
     timeout_secs: Option<u64>,
     /// As a proxy: resume sessions with the server (default true; `--no-resume`).
     resume: Option<bool>,
+    /// Resume middleboxes' secondary sessions (default true; `--fresh-evidence`).
+    middlebox_resumption: Option<bool>,
     /// As a proxy (`--proxy`) only.
     #[serde(skip)]
     service: Service,
@@ -345,6 +357,8 @@ struct ServerSettings {
     /// Issue session tickets (`--session-tickets`).
     #[serde(default)]
     session_tickets: bool,
+    /// Resume middleboxes' secondary sessions (default true; `--fresh-evidence`).
+    middlebox_resumption: Option<bool>,
     #[serde(skip)]
     service: Service,
 }
@@ -725,6 +739,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.no_resume {
         table.insert("resume".into(), toml::Value::Boolean(false));
     }
+    if flags.fresh_evidence {
+        table.insert("middlebox_resumption".into(), toml::Value::Boolean(false));
+    }
     for (key, list) in [
         ("allow_middleboxes", flags.allow_middleboxes),
         ("measurements", flags.measurements),
@@ -815,8 +832,11 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.proxy.is_some() && s.resume.unwrap_or(true) {
         primary.resume_sessions = 1;
     }
-    let secondary =
+    let mut secondary =
         secondary_client_config(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
+    if s.middlebox_resumption == Some(false) {
+        secondary.resume_sessions = 0;
+    }
     let middlebox = match names.as_slice() {
         [] if s.no_client_middleboxes => ClientMiddlebox::Disabled,
         [] => ClientMiddlebox::DiscoverUpTo(
@@ -1263,6 +1283,9 @@ fn print_report(r: &ConnectionReport) {
             "joined, {}",
             r.version.map(version_name).unwrap_or("?")
         ));
+        if r.resumed {
+            line.push_str(" (secondary session resumed: no new evidence)");
+        }
         if let Some(h) = &r.client_hop {
             line.push_str(&format!("; client hop {}", fp(h)));
         }
@@ -1583,6 +1606,9 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     if flags.session_tickets {
         table.insert("session_tickets".into(), toml::Value::Boolean(true));
     }
+    if flags.fresh_evidence {
+        table.insert("middlebox_resumption".into(), toml::Value::Boolean(false));
+    }
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
@@ -1727,8 +1753,11 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         }
         None => chain,
     };
-    let secondary =
+    let mut secondary =
         secondary_client_config(names.first().map_or("middlebox", String::as_str), mbox_ca);
+    if s.middlebox_resumption == Some(false) {
+        secondary.resume_sessions = 0;
+    }
     let cfg = MbtlsServerConfig {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),
@@ -1846,9 +1875,25 @@ fn print_proxy_report(r: &ProxyReport) {
                 Some(s) if s.resumed => "session resumed; ",
                 _ => "",
             };
+            let mb_resumed: Vec<&str> = r
+                .verdicts
+                .iter()
+                .filter_map(|v| match v {
+                    MiddleboxVerdict::Verified {
+                        middlebox,
+                        resumed: true,
+                        ..
+                    } => Some(middlebox.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let mb_resumed = match mb_resumed.as_slice() {
+                [] => String::new(),
+                names => format!("middlebox sessions resumed: {}; ", names.join(", ")),
+            };
             let end = outcome_text(outcome);
             format!(
-                "connection {} from {peer}: {bytes}{via}{resumed}hops {hops}{end}",
+                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}hops {hops}{end}",
                 r.id
             )
         }

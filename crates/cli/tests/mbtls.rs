@@ -550,9 +550,11 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     );
 
     let port: u16 = mb_addr.rsplit(':').next().unwrap().parse().unwrap();
-    for version in [
-        mbx_testbed::TlsVersion::Tls12,
-        mbx_testbed::TlsVersion::Tls13,
+    // The server resumes its secondary session with the middlebox from the first session on
+    // (docs/mbtls.md §4.7): the second reports the first one's claims, and no new evidence.
+    for (version, resumed) in [
+        (mbx_testbed::TlsVersion::Tls12, false),
+        (mbx_testbed::TlsVersion::Tls13, true),
     ] {
         let out = mbx_testbed::Curl::new(&format!("https://server.test:{port}/via-mb2"))
             .cacert(&server.ca)
@@ -565,15 +567,23 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert!(body.contains("X-Mbtls: mb2.test"), "{body}");
         let mb_report = mb_lines.next().unwrap().unwrap();
         assert!(mb_report.contains("joined, TLS 1."), "{mb_report}");
+        assert_eq!(
+            mb_report.contains("(secondary session resumed: no new evidence)"),
+            resumed,
+            "{mb_report}"
+        );
         assert!(
             mb_report.contains(" bytes from the client, "),
             "{mb_report}"
         );
         let srv_report = srv_lines.next().unwrap().unwrap();
+        let verdict = format!("middlebox mb2.test verified (sim TEE, measurement {measurement}");
+        let tail = match resumed {
+            true => "; resumed: evidence checked on an earlier session)",
+            false => ")",
+        };
         assert!(
-            srv_report.contains(&format!(
-                "middlebox mb2.test verified (sim TEE, measurement {measurement})"
-            )),
+            srv_report.contains(&format!("{verdict}{tail}")),
             "{srv_report}"
         );
         assert!(srv_report.contains("closed cleanly"), "{srv_report}");
@@ -1060,11 +1070,29 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
     let nginx_addr = setup.nginx.addr().to_string();
     let via_mb = ["--middlebox", &mb_addr, "--middlebox-name", "mb.test"];
     let direct = ["--middlebox", &nginx_addr, "--no-client-middleboxes"];
-    let cases: [(&[&str], &[&str], [bool; 2]); 4] = [
-        (&via_mb, &["--tls", "1.2"], [false, true]),
-        (&via_mb, &["--tls", "1.3"], [false, true]),
-        (&direct, &["--tls", "1.3"], [false, true]),
-        (&via_mb, &["--tls", "1.2", "--no-resume"], [false, false]),
+    // Expected per connection: (the session with the server resumed, the secondary session
+    // with the middlebox resumed). Both resume on their own: `--no-resume` concerns the
+    // server, `--fresh-evidence` the middlebox (docs/mbtls.md §4.7).
+    type Resumed = [(bool, bool); 2];
+    let cases: [(&[&str], &[&str], Resumed); 6] = [
+        (&via_mb, &["--tls", "1.2"], [(false, false), (true, true)]),
+        (&via_mb, &["--tls", "1.3"], [(false, false), (true, true)]),
+        (&direct, &["--tls", "1.3"], [(false, false), (true, false)]),
+        (
+            &via_mb,
+            &["--tls", "1.2", "--no-resume"],
+            [(false, false), (false, true)],
+        ),
+        (
+            &via_mb,
+            &["--tls", "1.3", "--fresh-evidence"],
+            [(false, false), (true, false)],
+        ),
+        (
+            &via_mb,
+            &["--tls", "1.3", "--no-resume", "--fresh-evidence"],
+            [(false, false), (false, false)],
+        ),
     ];
     for (path, extra, expected) in cases {
         let flags = [path, extra].concat();
@@ -1077,7 +1105,10 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
             assert_eq!(headers.contains("x-mbtls: resuming"), via, "{headers}");
             let line = lines.next().unwrap().unwrap();
             assert!(line.contains("bytes up"), "{line}");
-            resumed.push(line.contains("session resumed; "));
+            resumed.push((
+                line.contains("session resumed; "),
+                line.contains("middlebox sessions resumed: mb.test; "),
+            ));
         }
         assert_eq!(resumed, expected, "{path:?} {extra:?}");
     }

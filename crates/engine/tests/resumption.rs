@@ -284,3 +284,116 @@ fn a_session_the_peer_closed_is_kept_when_marked() {
         client.forget_sessions(HOST);
     }
 }
+
+/// The rustls client resumes only what its caller vouched for
+/// (`TlsEngine::vouch_for_session`), and a resumed connection gets back the note of the
+/// connection whose session it resumed. Against an OpenSSL server that keeps no session cache
+/// and issues one ticket per session (an mbTLS middlebox's secondary context).
+mod vouched {
+    use super::*;
+    use mbx_engine::{ClientContext, RustlsClientContext, SessionNote};
+    use std::sync::Arc;
+
+    fn contexts(pki: &Pki, v: TlsVersion) -> (RustlsClientContext, OpenSslContext) {
+        let mut c = pki.client_config();
+        c.resume_sessions = 4;
+        let mut s = pki.server_config().only(v);
+        s.session_cache = false;
+        (
+            RustlsClientContext::new(&c).expect("rustls client context"),
+            OpenSslContext::new(&s).expect("server context"),
+        )
+    }
+
+    /// One connection; `note`: vouch for it with this note after the handshake (and the
+    /// server's ticket) went through. Returns (resumed, the resumed connection's note).
+    fn connect(
+        client: &RustlsClientContext,
+        server: &OpenSslContext,
+        name: Option<&str>,
+        note: Option<u32>,
+    ) -> (bool, Option<u32>) {
+        let mut c = client.client_engine(name, None).expect("client engine");
+        let mut s = server.engine_with_one_ticket().expect("server engine");
+        pump(c.as_mut(), &mut s).expect("handshake");
+        let got = c
+            .resumed_note()
+            .map(|n| *n.downcast::<u32>().expect("a u32 note"));
+        if let Some(n) = note {
+            c.vouch_for_session(Arc::new(n) as SessionNote);
+        }
+        (c.session_resumed(), got)
+    }
+
+    #[test]
+    fn only_vouched_sessions_resume_and_carry_their_note_both_versions() {
+        let pki = Pki::new();
+        for v in [V12, V13] {
+            let (client, server) = contexts(&pki, v);
+            // Not vouched for: nothing kept, the next connection is a full handshake.
+            assert_eq!(
+                connect(&client, &server, Some(HOST), None),
+                (false, None),
+                "{v:?}"
+            );
+            assert_eq!(client.kept_sessions(HOST), 0, "{v:?}");
+            assert_eq!(
+                connect(&client, &server, Some(HOST), Some(7)),
+                (false, None),
+                "{v:?}"
+            );
+            assert_eq!(client.kept_sessions(HOST), 1, "{v:?}");
+            // Resumed with the note of the connection it came from; vouched again with it.
+            assert_eq!(
+                connect(&client, &server, Some(HOST), Some(7)),
+                (true, Some(7)),
+                "{v:?}"
+            );
+            assert_eq!(
+                connect(&client, &server, Some(HOST), Some(9)),
+                (true, Some(7)),
+                "{v:?}"
+            );
+            assert_eq!(
+                connect(&client, &server, Some(HOST), None),
+                (true, Some(9)),
+                "{v:?}"
+            );
+            // TLS 1.3: that one's ticket was not vouched for and each is offered once; TLS
+            // 1.2: the session stays as long as the server takes it.
+            let expect_next = match v {
+                V12 => (true, Some(9)),
+                _ => (false, None),
+            };
+            assert_eq!(
+                connect(&client, &server, Some(HOST), None),
+                expect_next,
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_session_without_a_configured_name_never_resumes() {
+        let pki = Pki::new();
+        let (client, server) = contexts(&pki, V13);
+        for _ in 0..3 {
+            assert_eq!(connect(&client, &server, None, Some(1)), (false, None));
+        }
+        assert_eq!(client.kept_sessions(HOST), 0);
+    }
+
+    #[test]
+    fn a_context_without_resume_sessions_keeps_nothing() {
+        let pki = Pki::new();
+        let (_, server) = contexts(&pki, V13);
+        let client = RustlsClientContext::new(&pki.client_config()).expect("context");
+        for _ in 0..3 {
+            assert_eq!(
+                connect(&client, &server, Some(HOST), Some(1)),
+                (false, None)
+            );
+        }
+        assert!(!client.resumes_unvouched());
+    }
+}

@@ -1818,6 +1818,14 @@ mod secondary_resumption {
         path
     }
 
+    /// The setup's policy, accepting another program's measurement instead of ours.
+    fn another_programs_policy(s: &Setup) -> Policy {
+        Policy {
+            measurements: vec![HexBytes(measure("some other program", b"").to_vec())],
+            ..s.policy.clone()
+        }
+    }
+
     /// (resumed, claims) of each verdict, in the order checked.
     fn verdicts(path: &mut Path) -> Vec<(bool, Option<mbx_attest::Claims>)> {
         server_events(path.server())
@@ -1882,10 +1890,7 @@ mod secondary_resumption {
     #[test]
     fn a_middlebox_whose_evidence_was_refused_is_never_resumed_both_versions() {
         let s = Setup::new();
-        let strict = Policy {
-            measurements: vec![HexBytes(measure("some other program", b"").to_vec())],
-            ..s.policy.clone()
-        };
+        let strict = another_programs_policy(&s);
         for version in VERSIONS {
             // Secondary sessions of this version too: a TLS 1.2 ticket comes before the
             // evidence, in the middlebox's handshake.
@@ -1912,10 +1917,7 @@ mod secondary_resumption {
     #[test]
     fn a_resumed_middlebox_must_pass_todays_policy_both_versions() {
         let s = Setup::new();
-        let stricter = Policy {
-            measurements: vec![HexBytes(measure("some other program", b"").to_vec())],
-            ..s.policy.clone()
-        };
+        let stricter = another_programs_policy(&s);
         for version in VERSIONS {
             let secondary = shared_secondary(&s);
             let (mb, _) = counting_middlebox(&s, "mb2.test");

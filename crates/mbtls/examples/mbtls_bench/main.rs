@@ -213,6 +213,11 @@ fn handshake_targets(hs: &Value) -> Value {
         if !r("plain TLS resumed", "client").is_empty() {
             // Resumed sessions: mbTLS against plain TLS, and against a full mbTLS handshake.
             let mb = |role: &str| r("mbTLS 0+0 resumed", role);
+            let minus = |a: Vec<f64>, b: Vec<f64>| -> Vec<f64> {
+                a.iter().zip(&b).map(|(x, y)| x - y).collect()
+            };
+            let server_added = minus(r("mbTLS 0+1 resumed", "server"), mb("server"));
+            let client_added = minus(r("mbTLS 1+0 resumed", "client"), mb("client"));
             t["resumed"] = json!({
                 "client_over_plain_resumed": over(mb("client"), &r("plain TLS resumed", "client")),
                 "client_discovery_off_over_plain_resumed": over(
@@ -222,6 +227,19 @@ fn handshake_targets(hs: &Value) -> Value {
                 "server_over_plain_resumed": over(mb("server"), &r("plain TLS resumed", "server")),
                 "client_resumed_over_full": over(mb("client"), &r("mbTLS 0+0", "client")),
                 "server_resumed_over_full": over(mb("server"), &s0),
+                // Every session resumed, the secondary ones too (docs/mbtls.md §4.7): what a
+                // server-side middlebox adds to the server, over a full and over a resumed
+                // no-middlebox server handshake; what a client-side one adds to the client,
+                // over a full no-middlebox client handshake.
+                "server_cost_per_server_side_middlebox_resumed": {
+                    "over_full": paired(&server_added, &s0, |d, y| d / y),
+                    "over_resumed": paired(&server_added, &mb("server"), |d, y| d / y),
+                },
+                "client_cost_per_client_side_middlebox_resumed_over_full": paired(
+                    &client_added,
+                    &r("mbTLS 0+0", "client"),
+                    |d, y| d / y,
+                ),
             });
         }
         if !r("mbTLS 1+1 (no evidence)", "client").is_empty() {
