@@ -55,6 +55,15 @@ fn main() -> Res<()> {
         // For profiling (e.g. under `perf record`): the in-process relay only, nothing written.
         return relay::in_process_only(20);
     }
+    if let Some(json) = std::env::var_os("MBTLS_BENCH_REPLOT") {
+        // Draws docs/bench/mbtls.png again from a saved report (e.g. one of several runs kept
+        // aside), measuring nothing.
+        let report: Value = serde_json::from_slice(&std::fs::read(json)?)?;
+        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/mbtls.png");
+        plot::plot(&report, &out)?;
+        println!("wrote {}", out.display());
+        return Ok(());
+    }
     if std::env::var_os("MBTLS_BENCH_RELAY_TCP_ONLY").is_some() {
         // For profiling: the relay over TCP (and the in-process figures), 5 samples, printed.
         let setup = setup::Setup::new(KeyType::EcdsaP256)?;

@@ -203,15 +203,24 @@ fn now_unix() -> u64 {
 /// The endpoints' context for their secondary sessions: rustls (what the CLI uses), or
 /// OpenSSL with `MBTLS_BENCH_SECONDARY=openssl` (to compare the two clients).
 /// `MBTLS_BENCH_CHAIN_CACHE=0` turns the verified-chain cache off (every secondary session
-/// checks the middlebox's chain, as on an endpoint's first connection to it).
+/// checks the middlebox's chain, as on an endpoint's first connection to it);
+/// `MBTLS_BENCH_SECONDARY_RESUME=0` makes the secondary context keep no sessions (an OpenSSL
+/// secondary context never does: `check_secondary_context`).
 fn secondary_context(cfg: &TlsConfig) -> Res<Arc<dyn ClientContext>> {
     let mut cfg = cfg.clone();
     if let Ok(n) = std::env::var("MBTLS_BENCH_CHAIN_CACHE") {
         cfg.verified_chain_cache = n.parse()?;
     }
+    if let Ok(n) = std::env::var("MBTLS_BENCH_SECONDARY_RESUME") {
+        cfg.resume_sessions = n.parse()?;
+    }
     let cfg = &cfg;
     Ok(match std::env::var("MBTLS_BENCH_SECONDARY").as_deref() {
-        Ok("openssl") => Arc::new(OpenSslContext::new(cfg)?),
+        // OpenSSL would keep sessions before the evidence is checked: no resumption.
+        Ok("openssl") => Arc::new(OpenSslContext::new(&TlsConfig {
+            resume_sessions: 0,
+            ..cfg.clone()
+        })?),
         _ => Arc::new(RustlsClientContext::new(cfg)?),
     })
 }
