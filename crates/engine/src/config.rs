@@ -148,13 +148,15 @@ pub struct TlsConfig {
     /// full every time. 0 (default): off. For clients that meet the same few peers on every
     /// connection, such as an mbTLS endpoint's secondary sessions to its middleboxes.
     pub verified_chain_cache: usize,
-    /// OpenSSL client only: resume sessions. The context remembers what the servers of up to
+    /// Client contexts: resume sessions. The context remembers what the servers of up to
     /// this many server names gave it (TLS 1.2 session IDs or tickets, TLS 1.3 tickets) and
     /// offers the newest for the same name on the next connection; a server that refuses it
     /// gets a full handshake. A TLS 1.3 ticket is offered once (RFC 8446 §C.4), a TLS 1.2
-    /// session as long as the server takes it. 0 (default): off. The rustls engines ignore
-    /// it (a `RustlsEngine` builds its configuration per session; a `RustlsClientContext`
-    /// never resumes). See docs/mbtls.md §4.6 for what a resumed mbTLS session keeps.
+    /// session as long as the server takes it. 0 (default): off. OpenSSL keeps every session
+    /// a server gives; a `RustlsClientContext` only those of connections its caller vouched
+    /// for ([`crate::TlsEngine::vouch_for_session`]), and only for configured names; a
+    /// `RustlsEngine` ignores it (it builds its configuration per session). See docs/mbtls.md
+    /// §4.6 and §4.7 for what a resumed mbTLS session keeps.
     pub resume_sessions: usize,
 }
 

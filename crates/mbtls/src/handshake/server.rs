@@ -45,8 +45,9 @@ pub struct ServerHandshakeConfig {
     /// Primary context: a server with `pause_after_handshake` (so no application record is
     /// consumed before the export), and exportable (the default; checked by
     /// [`ServerHandshake::new`]). Clients, legacy or mbTLS, resume with its tickets or
-    /// session IDs, through server-side middleboxes too (they still get fresh keys and are
-    /// attested again; docs/mbtls.md §4.6).
+    /// session IDs, through server-side middleboxes too (they still get fresh keys; whether
+    /// their secondary sessions resume is the `secondary` context's matter, docs/mbtls.md
+    /// §4.6, §4.7).
     pub primary: Arc<OpenSslContext>,
     /// Context for the secondary sessions: a TLS *client* with the trust roots for middlebox
     /// certificates ([`RustlsClientContext`](mbx_engine::RustlsClientContext), the cheaper
