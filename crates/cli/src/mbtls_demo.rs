@@ -231,19 +231,19 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let request = format!(
         "GET /demo HTTP/1.1\r\nHost: {SERVER}\r\nUser-Agent: mbx-demo\r\nConnection: close\r\n\r\n"
     );
-    let fetch = async {
-        let mut c =
-            MbtlsClient::connect_with_data(link1.local_addr(), client_cfg, request.as_bytes())
-                .await?;
+    let (first_hop, request) = (link1.local_addr(), request.as_bytes());
+    let fetch = move |cfg: ClientHandshakeConfig| async move {
+        let mut c = MbtlsClient::connect_with_data(first_hop, cfg, request).await?;
         let body = c.read_to_end().await?;
         let _ = c.close().await;
         anyhow::Ok((c, body))
     };
-    let (client, response) = tokio::time::timeout(BOUND, fetch)
+    let mut mbs = [&mut mb1, &mut mb2, &mut mb3];
+    let (client, response) = tokio::time::timeout(BOUND, fetch(client_cfg.clone()))
         .await
         .context("the mbTLS fetch did not complete")??;
     let mut reports = Vec::new();
-    for mb in [&mut mb1, &mut mb2, &mut mb3] {
+    for mb in mbs.iter_mut() {
         reports.push(
             tokio::time::timeout(BOUND, mb.next_report())
                 .await?
@@ -253,7 +253,71 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let rs = tokio::time::timeout(BOUND, server.next_report())
         .await?
         .context("server report")?;
-    report(version, &client, &response, &reports, &rs, &taps)
+    report(version, &client, &response, &reports, &rs, &taps)?;
+
+    // The same fetch again, with the same contexts: the endpoints resume their secondary
+    // sessions (docs/mbtls.md §4.7).
+    let (client, response) = tokio::time::timeout(BOUND, fetch(client_cfg))
+        .await
+        .context("the second mbTLS fetch did not complete")??;
+    let mut reports = Vec::new();
+    for mb in mbs.iter_mut() {
+        reports.push(
+            tokio::time::timeout(BOUND, mb.next_report())
+                .await?
+                .context("middlebox report")?,
+        );
+    }
+    let rs = tokio::time::timeout(BOUND, server.next_report())
+        .await?
+        .context("server report")?;
+    resumption_report(&client, &response, &reports, &rs)
+}
+
+/// The second fetch: which secondary sessions resumed. With TLS 1.3 secondary sessions only
+/// the middlebox nearest each endpoint resumes (a farther one's ticket would reach its
+/// neighbour after that one's switch, docs/mbtls.md §4.7).
+fn resumption_report(
+    client: &MbtlsClient,
+    response: &[u8],
+    mbs: &[ConnectionReport],
+    rs: &ServerConnectionReport,
+) -> anyhow::Result<()> {
+    ensure!(
+        String::from_utf8_lossy(response).starts_with("HTTP/1.1 200 OK"),
+        "second response"
+    );
+    println!("  a second fetch with the same contexts resumes secondary sessions (paper §3.5):");
+    let names = [CLIENT_MBS[0], CLIENT_MBS[1], SERVER_MB];
+    let verdicts: Vec<(&str, &MiddleboxVerdict)> = client
+        .verdicts()
+        .iter()
+        .chain(rs.verdicts.iter())
+        .filter_map(|v| match v {
+            MiddleboxVerdict::Verified { middlebox, .. } => Some((middlebox.as_str(), v)),
+            _ => None,
+        })
+        .collect();
+    for (name, mb) in names.iter().zip(mbs) {
+        let resumed = verdicts.iter().any(|(n, v)| {
+            n == name && matches!(v, MiddleboxVerdict::Verified { resumed: true, .. })
+        });
+        ensure!(
+            resumed == mb.resumed,
+            "{name}: the endpoint and the middlebox disagree on resumption"
+        );
+        let expected = *name != CLIENT_MBS[1];
+        ensure!(resumed == expected, "{name}: resumed = {resumed}");
+        println!(
+            "    {name}: {}",
+            if resumed {
+                "resumed, no new evidence (the claims checked on the first fetch, checked against the policy again)"
+            } else {
+                "full handshake with fresh evidence (its secondary session is TLS 1.3, where a middlebox with a nearer neighbour sends no ticket)"
+            }
+        );
+    }
+    Ok(())
 }
 
 fn report(
