@@ -84,6 +84,13 @@ pub trait ClientContext: Send + Sync {
     fn resumes_unvouched(&self) -> bool {
         false
     }
+
+    /// True when this context resumes the sessions its caller vouches for
+    /// ([`TlsEngine::vouch_for_session`]) of connections made with a server name: a
+    /// [`RustlsClientContext`] with [`TlsConfig::resume_sessions`].
+    fn keeps_vouched_sessions(&self) -> bool {
+        false
+    }
 }
 
 /// A TLS endpoint driven over memory buffers. No I/O, clocks or threads inside.

@@ -760,6 +760,10 @@ impl crate::ClientContext for RustlsClientContext {
     ) -> Result<Box<dyn TlsEngine + Send>, EngineError> {
         Ok(Box::new(self.engine_capped(server_name, max_plaintext)?))
     }
+
+    fn keeps_vouched_sessions(&self) -> bool {
+        self.sessions.is_some()
+    }
 }
 
 /// Verifies a server's chain up to the roots (validity, key usage, signatures), not its name:

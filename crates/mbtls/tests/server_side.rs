@@ -1934,6 +1934,48 @@ mod secondary_resumption {
         }
     }
 
+    /// Encapsulated records (type 30) in `bytes`, a stream of whole TLS records.
+    fn encapsulated_records(bytes: &[u8]) -> usize {
+        let (mut n, mut i) = (0, 0);
+        while let Some(h) = bytes.get(i..i + 5) {
+            n += usize::from(h[0] == 30);
+            i += 5 + usize::from(u16::from_be_bytes([h[3], h[4]]));
+        }
+        n
+    }
+
+    /// A TLS 1.3 ticket is made only when the endpoint asks for it in its path message: an
+    /// endpoint that does not resume gets one record less from its middlebox (OpenSSL would
+    /// otherwise send tickets by itself, and one the endpoint cannot use still takes a
+    /// sequence number before the marker).
+    #[test]
+    fn a_middlebox_makes_a_ticket_only_for_an_endpoint_that_keeps_it() {
+        let s = Setup::new();
+        let (mb, _) = counting_middlebox(&s, "mb2.test");
+        let mut no_resume = secondary_client_config("mb2.test", s.root.clone());
+        no_resume.resume_sessions = 0;
+        let contexts: [Arc<dyn ClientContext>; 2] = [
+            shared_secondary(&s),
+            Arc::new(RustlsClientContext::new(&no_resume).unwrap()),
+        ];
+        let records: Vec<usize> = contexts
+            .iter()
+            .map(|secondary| {
+                let path = session(
+                    &s,
+                    TlsVersion::Tls13,
+                    &[("mb2.test", &mb)],
+                    secondary,
+                    &s.policy,
+                );
+                path.assert_no_errors();
+                // From the middlebox to the server.
+                encapsulated_records(&path.tap_c2s[1])
+            })
+            .collect();
+        assert_eq!(records[0], records[1] + 1, "{records:?}");
+    }
+
     /// Two server-side middleboxes: with TLS 1.2 secondary sessions both resume (their
     /// tickets travel in their handshakes); with TLS 1.3 (what middleboxes choose unless
     /// limited) only the one nearest the server does, because the other's ticket would come

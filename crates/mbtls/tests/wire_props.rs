@@ -158,8 +158,8 @@ proptest! {
 
     /// A path message survives encoding and any split, and is read as sent.
     #[test]
-    fn path_message_round_trips(far in any::<bool>(), near in any::<bool>(), cut in 0usize..5) {
-        let bytes = SecondaryMessage::Path { far_neighbour_joined: far, near_neighbour_joined: near }
+    fn path_message_round_trips(far in any::<bool>(), ticket in any::<bool>(), cut in 0usize..5) {
+        let bytes = SecondaryMessage::Path { far_neighbour_joined: far, ticket_wanted: ticket }
             .encode()
             .unwrap();
         let mut r = SecondaryReader::new();
@@ -170,9 +170,9 @@ proptest! {
             r.push(&bytes[cut..]);
         }
         match r.next_message().unwrap() {
-            Some(SecondaryMessage::Path { far_neighbour_joined, near_neighbour_joined }) => {
+            Some(SecondaryMessage::Path { far_neighbour_joined, ticket_wanted }) => {
                 prop_assert_eq!(far_neighbour_joined, far);
-                prop_assert_eq!(near_neighbour_joined, near);
+                prop_assert_eq!(ticket_wanted, ticket);
             }
             other => prop_assert!(false, "{:?}", other),
         }

@@ -10,6 +10,8 @@
 //!   `&mut SslRef`, which an `SslStream` does not hand out).
 //! * `SSL_key_update` — schedules a TLS 1.3 KeyUpdate (not bound by `openssl-sys`).
 //! * `SSL_free_buffers` — gives an idle connection's record buffers back (not bound either).
+//! * `SSL_new_session_ticket` — a TLS 1.3 server's session ticket on demand (OpenSSL 3.0; not
+//!   bound either).
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -55,6 +57,15 @@ extern "C" {
     fn SSL_set_msg_callback(ssl: *mut sys::SSL, cb: Option<MsgCallback>);
     fn SSL_key_update(ssl: *mut sys::SSL, updatetype: c_int) -> c_int;
     fn SSL_free_buffers(ssl: *mut sys::SSL) -> c_int;
+    fn SSL_new_session_ticket(ssl: *mut sys::SSL) -> c_int;
+}
+
+/// Schedules one TLS 1.3 session ticket, sent by the next `SSL_do_handshake` or write. False
+/// if OpenSSL refused (not a TLS 1.3 server, handshake not done).
+pub(super) fn new_session_ticket(ssl: &SslRef) -> bool {
+    // SAFETY: `ssl.as_ptr()` is a live SSL owned by the engine, which calls this through
+    // `&mut self` (as for `key_update`); the call takes no pointer besides it.
+    unsafe { SSL_new_session_ticket(ssl.as_ptr()) == 1 }
 }
 
 /// Frees the connection's read and write buffers if they hold nothing (OpenSSL allocates them

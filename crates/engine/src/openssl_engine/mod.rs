@@ -308,8 +308,6 @@ pub struct OpenSslContext {
     verify_peer: bool,
     pause_after_handshake: bool,
     exportable: bool,
-    /// `TlsConfig::session_tickets`.
-    issues_tickets: bool,
     /// Our leaf certificate (DER), when we have an identity.
     certificate_der: Option<Vec<u8>>,
     registered: BTreeSet<u16>,
@@ -486,7 +484,6 @@ impl OpenSslContext {
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
             pause_after_handshake: config.pause_after_handshake,
-            issues_tickets: config.session_tickets,
             exportable: config.exportable,
             certificate_der,
             registered,
@@ -556,14 +553,6 @@ impl OpenSslContext {
     /// mbTLS middlebox's secondary session, whose next record is its switch marker).
     pub fn engine_without_tickets(&self) -> Result<OpenSslEngine, EngineError> {
         self.engine_on(&self.ctx, None, Some(0))
-    }
-
-    /// A new server connection that sends at most one TLS 1.3 session ticket, and only if the
-    /// context issues tickets: for sessions that resume often and never need a spare ticket
-    /// (an mbTLS middlebox's secondary sessions, which the endpoint resumes one at a time).
-    pub fn engine_with_one_ticket(&self) -> Result<OpenSslEngine, EngineError> {
-        let tickets = usize::from(self.issues_tickets);
-        self.engine_on(&self.ctx, None, Some(tickets))
     }
 
     /// A new connection (configured server name) that will never be exported, so it needs
@@ -877,6 +866,35 @@ impl OpenSslEngine {
         if !ffi::key_update(self.stream.ssl(), request_peer) {
             return Err(EngineError::State(
                 "OpenSSL refused to schedule a KeyUpdate",
+            ));
+        }
+        // `SSL_do_handshake` on an established connection sends what is scheduled.
+        match self.stream.do_handshake() {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// TLS 1.3 server: sends one session ticket now (`SSL_new_session_ticket`), whatever
+    /// `num_tickets` says; the record appears in [`TlsEngine::take_outgoing`]. For a server
+    /// that decides after its handshake whether the client gets a ticket (an mbTLS
+    /// middlebox's secondary session, docs/mbtls.md §4.7): a ticket written unasked would take
+    /// a sequence number the peer must then see. Only useful on a context with
+    /// `session_tickets` (otherwise OpenSSL makes a stateful ticket for its session cache).
+    pub fn send_session_ticket(&mut self) -> Result<(), EngineError> {
+        self.check_usable()?;
+        if !self.handshake_done {
+            return Err(EngineError::HandshakeIncomplete);
+        }
+        if self.role != Role::Server || self.stream.ssl().version2() != Some(SslVersion::TLS1_3) {
+            return Err(EngineError::Unsupported(
+                "a session ticket on demand needs a TLS 1.3 server",
+            ));
+        }
+        if !ffi::new_session_ticket(self.stream.ssl()) {
+            return Err(EngineError::State(
+                "OpenSSL refused to make a session ticket",
             ));
         }
         // `SSL_do_handshake` on an established connection sends what is scheduled.

@@ -113,7 +113,12 @@ impl ClientHandshake {
                 .client_engine(name.as_deref(), Some(MAX_INNER_PLAINTEXT_LEN))?;
             hellos.push(engine.take_client_hello()?);
             let id = u8::try_from(id).map_err(|_| HandshakeError::Config("subchannel id"))?;
-            slots.push(Slot::new(id, engine, name.as_deref()));
+            slots.push(Slot::new(
+                id,
+                engine,
+                name.as_deref(),
+                cfg.secondary.as_ref(),
+            ));
         }
         let ext = MiddleboxSupport {
             client_hellos: hellos,

@@ -270,14 +270,18 @@ pub(super) struct Slot {
     late: bool,
     /// The name it was configured under, or (discovered) its certificate's once that verified.
     name: Option<String>,
+    /// Configured by name, on a context that keeps vouched sessions: its sessions resume.
+    resumable: bool,
 }
 
 impl Slot {
     /// `name`: the pre-configured middlebox's name (its certificate is checked for it).
+    /// `ctx`: the context `engine` came from.
     pub(super) fn new(
         subchannel: u8,
         engine: Box<dyn TlsEngine + Send>,
         name: Option<&str>,
+        ctx: &dyn mbx_engine::ClientContext,
     ) -> Self {
         Slot {
             subchannel,
@@ -286,6 +290,7 @@ impl Slot {
             rx: SecondaryReader::new(),
             late: false,
             name: name.map(str::to_string),
+            resumable: name.is_some() && ctx.keeps_vouched_sessions(),
         }
     }
 
@@ -779,17 +784,19 @@ impl EndpointCore {
                 Role::Client => j + 1 < n,
                 Role::Server => j > 0,
             };
-            // Path message and key material in one write (one secondary record), in a
-            // buffer that never grows (so no unwiped copy of the keys is left behind).
-            // And nearer (client side: earlier; server side: later): then this one sends no
-            // session ticket (its neighbour would take it for its marker, see `PathNews`).
+            // Its TLS 1.3 session ticket, if we resume its sessions and no middlebox nearer
+            // us (client side: earlier; server side: later) joined: that one would take the
+            // ticket for this one's marker (docs/mbtls.md §4.7).
             let near_neighbour_joined = match self.role {
                 Role::Client => j > 0,
                 Role::Server => j + 1 < n,
             };
+            let ticket_wanted = !near_neighbour_joined && self.slot_mut(id)?.resumable;
+            // Path message and key material in one write (one secondary record), in a
+            // buffer that never grows (so no unwiped copy of the keys is left behind).
             let path = SecondaryMessage::Path {
                 far_neighbour_joined,
-                near_neighbour_joined,
+                ticket_wanted,
             };
             let keys = SecondaryMessage::KeyMaterial(Box::new(km.clone()));
             let mut msg = Zeroizing::new(Vec::with_capacity(

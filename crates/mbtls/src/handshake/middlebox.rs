@@ -37,6 +37,9 @@ pub struct MiddleboxHandshakeConfig {
     /// SubjectPublicKeyInfo of the middlebox's certificate, bound into the evidence; parsed
     /// once here rather than per connection (≈ 8 µs each).
     pub(crate) spki: Arc<[u8]>,
+    /// The configuration's `session_tickets`: a TLS 1.3 ticket is made for an endpoint that
+    /// asks for one (docs/mbtls.md §4.7).
+    pub(crate) session_tickets: bool,
 }
 
 impl MiddleboxHandshakeConfig {
@@ -49,7 +52,8 @@ impl MiddleboxHandshakeConfig {
     /// built from it without export (a middlebox never exports its sessions: no OpenSSL key
     /// log) and without a session cache (it keeps nothing per session: its secondary
     /// sessions resume only by its stateless tickets, when `tls.session_tickets`, one per
-    /// session), and a certificate that does not parse is refused here. `attester`: produces
+    /// session, made when the endpoint asks for one), and a certificate that does not parse is
+    /// refused here. `attester`: produces
     /// evidence; `None` sends empty evidence (accepted only by policies that do not require
     /// attestation).
     pub fn new(
@@ -58,6 +62,7 @@ impl MiddleboxHandshakeConfig {
     ) -> Result<Self, HandshakeError> {
         let mut tls = tls.clone().without_export();
         tls.session_cache = false;
+        let session_tickets = tls.session_tickets;
         let tls = OpenSslContext::new(&tls)?;
         let leaf = tls
             .certificate_der()
@@ -67,6 +72,7 @@ impl MiddleboxHandshakeConfig {
             tls: Arc::new(tls),
             attester,
             spki,
+            session_tickets,
         })
     }
 
@@ -463,8 +469,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         };
         engine.feed(inner.as_bytes());
         let processed = engine.process();
-        self.wires
-            .send_or_hold(self.subchannel, engine, self.evidence_sent)?;
+        self.wires.send_to_endpoint(self.subchannel, engine)?;
         if processed.is_err() {
             // The client refused us (certificate, approval) or the session broke: we get no
             // keys, so we can only pass ciphertext on.
@@ -546,7 +551,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         // The marker: our secondary session's close_notify. Everything we send the client after
         // it is under the client-side hop's keys.
         if let Some(engine) = self.engine.as_mut() {
-            self.wires.send_marker(self.subchannel, engine, path)?;
+            let ticket = path.ticket && self.cfg.session_tickets;
+            self.wires.send_marker(self.subchannel, engine, ticket)?;
         }
         self.engine = None;
         replay.append(&mut self.held);

@@ -259,7 +259,7 @@ fn announced(
         .secondary
         .client_engine(name, Some(crate::wire::MAX_INNER_PLAINTEXT_LEN))?;
     engine.process()?;
-    let mut slot = Slot::new(subchannel, engine, name);
+    let mut slot = Slot::new(subchannel, engine, name, cfg.secondary.as_ref());
     slot.start();
     core.slots.push(slot);
     core.flush_secondary(subchannel)

@@ -293,8 +293,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 wires::evidence_sent(&mut self.wires.events, engine.session_reused());
             }
         }
-        self.wires
-            .send_or_hold(self.subchannel, engine, self.evidence_sent)?;
+        self.wires.send_to_endpoint(self.subchannel, engine)?;
         if processed.is_err() {
             // The server refused us (certificate, approval): no keys, ciphertext only.
             self.go_passive("secondary session failed");
@@ -357,7 +356,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         let relay = MiddleboxRelay::new(km, app)?;
         // The marker: everything we send the server after it is under the fresh hop's keys.
         if let Some(engine) = self.engine.as_mut() {
-            self.wires.send_marker(self.subchannel, engine, path)?;
+            let ticket = path.ticket && self.cfg.session_tickets;
+            self.wires.send_marker(self.subchannel, engine, ticket)?;
         }
         self.engine = None;
         self.wires.start_relay(relay, Side::Client, &replay);

@@ -34,11 +34,6 @@ pub(super) struct Wires<A: MiddleboxApp> {
     /// marker — the first encapsulated record from it after our switch (its secondary
     /// close_notify).
     pub(super) awaiting_neighbour_marker: bool,
-    /// TLS 1.3: what our secondary engine wrote after its handshake and before our keys came
-    /// (its session ticket), sent before our marker only if no middlebox nearer our endpoint
-    /// joined (`PathNews::near`): after its switch that one takes the first encapsulated record
-    /// from us for our marker.
-    held_ticket: Vec<u8>,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -140,7 +135,6 @@ impl<A: MiddleboxApp> Wires<A> {
             failed: false,
             far,
             awaiting_neighbour_marker: false,
-            held_ticket: Vec::new(),
         }
     }
 
@@ -181,34 +175,18 @@ impl<A: MiddleboxApp> Wires<A> {
         Ok(())
     }
 
-    /// What our secondary engine wrote: sent on our subchannel at once, except, TLS 1.3,
-    /// after its handshake and its evidence (its session ticket), which waits for our marker
-    /// ([`Self::send_marker`]).
-    pub(super) fn send_or_hold(
-        &mut self,
-        subchannel: u8,
-        engine: &mut OpenSslEngine,
-        evidence_sent: bool,
-    ) -> Result<(), HandshakeError> {
-        let tls13 = engine.version() == Some(TlsVersion::Tls13);
-        if tls13 && evidence_sent && !engine.is_handshaking() {
-            self.held_ticket.extend_from_slice(&engine.take_outgoing());
-            return Ok(());
-        }
-        self.send_to_endpoint(subchannel, engine)
-    }
-
-    /// Our switch marker (our secondary session's close_notify), after the session ticket we
-    /// held, unless a middlebox nearer our endpoint joined (see `held_ticket`).
+    /// Our switch marker (our secondary session's close_notify), after a TLS 1.3 session
+    /// ticket if `ticket` (the endpoint wants one and our configuration issues them): made
+    /// only now, so that no record the endpoint does not see takes a sequence number before
+    /// the marker (docs/mbtls.md §4.7).
     pub(super) fn send_marker(
         &mut self,
         subchannel: u8,
         engine: &mut OpenSslEngine,
-        path: PathNews,
+        ticket: bool,
     ) -> Result<(), HandshakeError> {
-        let held = std::mem::take(&mut self.held_ticket);
-        if !path.near {
-            self.wrap_to_endpoint(subchannel, &held)?;
+        if ticket && engine.version() == Some(TlsVersion::Tls13) {
+            engine.send_session_ticket()?;
         }
         engine.close()?;
         self.send_to_endpoint(subchannel, engine)
@@ -286,11 +264,11 @@ pub(super) fn endpoint_messages(
         match reader.next_message()? {
             Some(SecondaryMessage::Path {
                 far_neighbour_joined,
-                near_neighbour_joined,
+                ticket_wanted,
             }) if far_joined.is_none() => {
                 *far_joined = Some(PathNews {
                     far: far_neighbour_joined,
-                    near: near_neighbour_joined,
+                    ticket: ticket_wanted,
                 })
             }
             Some(SecondaryMessage::Path { .. }) => {
@@ -315,12 +293,12 @@ pub(super) fn endpoint_messages(
     }
 }
 
-/// What the endpoint's path message said: whether a middlebox farther from it (`far`) and
-/// one nearer it (`near`) joined too.
+/// What the endpoint's path message said: whether a middlebox farther from it joined too
+/// (`far`), and whether it wants our TLS 1.3 session ticket (`ticket`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PathNews {
     pub(super) far: bool,
-    pub(super) near: bool,
+    pub(super) ticket: bool,
 }
 
 /// Reports that the evidence went out, and before it whether the session resumed (the
@@ -332,18 +310,18 @@ pub(super) fn evidence_sent(events: &mut VecDeque<MiddleboxHandshakeEvent>, resu
     events.push_back(MiddleboxHandshakeEvent::EvidenceSent);
 }
 
-/// A middlebox's secondary server engine: at most one session ticket (if its configuration
-/// issues them: the endpoint resumes one session at a time; TLS 1.3 sends it after the
-/// endpoint's Finished, before our switch marker), 0.5-RTT enabled (TLS 1.3 evidence in the
-/// first flight), and no record larger than an encapsulated record can carry, so that a long
-/// certificate chain or large evidence is split over more records instead of failing the
-/// handshake.
+/// A middlebox's secondary server engine: no TLS 1.3 session ticket of its own accord (the
+/// next record after its handshake is its switch marker; a ticket the endpoint wants is made
+/// right before it, `Wires::send_marker`; TLS 1.2 tickets travel in the handshake), 0.5-RTT
+/// enabled (TLS 1.3 evidence in the first flight), and no record larger than an encapsulated
+/// record can carry, so that a long certificate chain or large evidence is split over more
+/// records instead of failing the handshake.
 pub(super) fn secondary_server_engine(
     cfg: &super::MiddleboxHandshakeConfig,
 ) -> Result<OpenSslEngine, &'static str> {
     let mut engine = cfg
         .tls
-        .engine_with_one_ticket()
+        .engine_without_tickets()
         .map_err(|_| "cannot create our TLS engine")?;
     engine
         .enable_half_rtt()
@@ -382,7 +360,7 @@ mod tests {
             &mut r,
             SecondaryMessage::Path {
                 far_neighbour_joined: true,
-                near_neighbour_joined: false,
+                ticket_wanted: false,
             },
         );
         assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_none());
@@ -392,14 +370,14 @@ mod tests {
             path,
             PathNews {
                 far: true,
-                near: false
+                ticket: false
             }
         );
         // Refused: key material without a path message, two path messages, anything after the
         // key material, evidence.
         let path = || SecondaryMessage::Path {
             far_neighbour_joined: false,
-            near_neighbour_joined: true,
+            ticket_wanted: true,
         };
         let refused: [Vec<SecondaryMessage>; 4] = [
             vec![SecondaryMessage::KeyMaterial(Box::new(km()))],

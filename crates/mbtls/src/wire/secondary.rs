@@ -37,14 +37,15 @@ pub enum SecondaryMessage {
     /// the endpoint than the receiver (on the receiver's side of the path) joined too. Only
     /// then does the receiver, after its switch, wait for that middlebox's marker and leave the
     /// records it forwarded raw to that middlebox's replay. A middlebox that was offered a
-    /// subchannel but excluded does not count. `near_neighbour_joined`: a middlebox nearer
-    /// the endpoint joined too; it switches before the receiver, and takes the first
-    /// encapsulated record the receiver sends after that as the receiver's marker, so the
-    /// receiver sends its TLS 1.3 session ticket only when none did (docs/mbtls.md §4.6).
-    /// Encoded as one flags byte: bit 0 far, bit 1 near.
+    /// subchannel but excluded does not count. `ticket_wanted`: the endpoint keeps the
+    /// receiver's TLS 1.3 session ticket, so the receiver sends the ticket it holds right
+    /// before its switch marker; without it the ticket is dropped. The endpoint asks only when
+    /// it resumes this middlebox's sessions and no middlebox nearer it joined (that one
+    /// switches first and would take the ticket for the receiver's marker; docs/mbtls.md §4.7).
+    /// Encoded as one flags byte: bit 0 far, bit 1 ticket.
     Path {
         far_neighbour_joined: bool,
-        near_neighbour_joined: bool,
+        ticket_wanted: bool,
     },
     KeyMaterial(Box<KeyMaterial>),
 }
@@ -84,10 +85,10 @@ impl SecondaryMessage {
             }
             SecondaryMessage::Path {
                 far_neighbour_joined,
-                near_neighbour_joined,
+                ticket_wanted,
             } => {
                 w.u8(MSG_PATH);
-                let flags = u8::from(*far_neighbour_joined) | u8::from(*near_neighbour_joined) << 1;
+                let flags = u8::from(*far_neighbour_joined) | u8::from(*ticket_wanted) << 1;
                 w.vec_u24(&[flags])?;
             }
             SecondaryMessage::KeyMaterial(km) => {
@@ -164,7 +165,7 @@ impl SecondaryReader {
             MSG_PATH => match body {
                 [flags @ 0..=3] => SecondaryMessage::Path {
                     far_neighbour_joined: flags & 1 != 0,
-                    near_neighbour_joined: flags & 2 != 0,
+                    ticket_wanted: flags & 2 != 0,
                 },
                 _ => return Err(malformed("path message body")),
             },
@@ -200,7 +201,7 @@ mod tests {
             stream.extend_from_slice(
                 &SecondaryMessage::Path {
                     far_neighbour_joined,
-                    near_neighbour_joined: !far_neighbour_joined,
+                    ticket_wanted: !far_neighbour_joined,
                 }
                 .encode()
                 .unwrap(),
@@ -225,14 +226,14 @@ mod tests {
             got[1],
             SecondaryMessage::Path {
                 far_neighbour_joined: true,
-                near_neighbour_joined: false
+                ticket_wanted: false
             }
         ));
         assert!(matches!(
             got[2],
             SecondaryMessage::Path {
                 far_neighbour_joined: false,
-                near_neighbour_joined: true
+                ticket_wanted: true
             }
         ));
         match &got[3] {
