@@ -242,17 +242,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let (client, response) = tokio::time::timeout(BOUND, fetch(client_cfg.clone()))
         .await
         .context("the mbTLS fetch did not complete")??;
-    let mut reports = Vec::new();
-    for mb in mbs.iter_mut() {
-        reports.push(
-            tokio::time::timeout(BOUND, mb.next_report())
-                .await?
-                .context("middlebox report")?,
-        );
-    }
-    let rs = tokio::time::timeout(BOUND, server.next_report())
-        .await?
-        .context("server report")?;
+    let (reports, rs) = next_reports(&mut mbs, &mut server).await?;
     report(version, &client, &response, &reports, &rs, &taps)?;
 
     // The same fetch again, with the same contexts: the endpoints resume their secondary
@@ -260,6 +250,15 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let (client, response) = tokio::time::timeout(BOUND, fetch(client_cfg))
         .await
         .context("the second mbTLS fetch did not complete")??;
+    let (reports, rs) = next_reports(&mut mbs, &mut server).await?;
+    resumption_report(&client, &response, &reports, &rs)
+}
+
+/// Each middlebox's and the server's report of the session that just ended.
+async fn next_reports(
+    mbs: &mut [&mut MiddleboxServer; 3],
+    server: &mut MbtlsServer,
+) -> anyhow::Result<(Vec<ConnectionReport>, ServerConnectionReport)> {
     let mut reports = Vec::new();
     for mb in mbs.iter_mut() {
         reports.push(
@@ -271,7 +270,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let rs = tokio::time::timeout(BOUND, server.next_report())
         .await?
         .context("server report")?;
-    resumption_report(&client, &response, &reports, &rs)
+    Ok((reports, rs))
 }
 
 /// The second fetch: which secondary sessions resumed. With TLS 1.3 secondary sessions only

@@ -856,24 +856,13 @@ impl OpenSslEngine {
     /// generation of its keys); `request_peer`: asks the peer to update its keys too. Refused
     /// before the end of the handshake and for TLS 1.2, without failing the session.
     pub fn update_keys(&mut self, request_peer: bool) -> Result<(), EngineError> {
-        self.check_usable()?;
-        if !self.handshake_done {
-            return Err(EngineError::HandshakeIncomplete);
-        }
-        if self.stream.ssl().version2() != Some(SslVersion::TLS1_3) {
-            return Err(EngineError::Unsupported("KeyUpdate needs TLS 1.3"));
-        }
+        self.established_tls13("KeyUpdate needs TLS 1.3")?;
         if !ffi::key_update(self.stream.ssl(), request_peer) {
             return Err(EngineError::State(
                 "OpenSSL refused to schedule a KeyUpdate",
             ));
         }
-        // `SSL_do_handshake` on an established connection sends what is scheduled.
-        match self.stream.do_handshake() {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(()),
-            Err(e) => Err(self.fail(e)),
-        }
+        self.send_scheduled()
     }
 
     /// TLS 1.3 server: sends one session ticket now (`SSL_new_session_ticket`), whatever
@@ -883,21 +872,30 @@ impl OpenSslEngine {
     /// a sequence number the peer must then see. Only useful on a context with
     /// `session_tickets` (otherwise OpenSSL makes a stateful ticket for its session cache).
     pub fn send_session_ticket(&mut self) -> Result<(), EngineError> {
+        self.established_tls13("a session ticket on demand needs TLS 1.3")?;
+        if self.role != Role::Server || !ffi::new_session_ticket(self.stream.ssl()) {
+            return Err(EngineError::State(
+                "OpenSSL refused to make a session ticket (not a server?)",
+            ));
+        }
+        self.send_scheduled()
+    }
+
+    /// A usable connection whose TLS 1.3 handshake is done (`unsupported`: the error otherwise).
+    fn established_tls13(&self, unsupported: &'static str) -> Result<(), EngineError> {
         self.check_usable()?;
         if !self.handshake_done {
             return Err(EngineError::HandshakeIncomplete);
         }
-        if self.role != Role::Server || self.stream.ssl().version2() != Some(SslVersion::TLS1_3) {
-            return Err(EngineError::Unsupported(
-                "a session ticket on demand needs a TLS 1.3 server",
-            ));
+        if self.stream.ssl().version2() != Some(SslVersion::TLS1_3) {
+            return Err(EngineError::Unsupported(unsupported));
         }
-        if !ffi::new_session_ticket(self.stream.ssl()) {
-            return Err(EngineError::State(
-                "OpenSSL refused to make a session ticket",
-            ));
-        }
-        // `SSL_do_handshake` on an established connection sends what is scheduled.
+        Ok(())
+    }
+
+    /// Writes what was scheduled (a KeyUpdate, a ticket): `SSL_do_handshake` on an established
+    /// connection sends it.
+    fn send_scheduled(&mut self) -> Result<(), EngineError> {
         match self.stream.do_handshake() {
             Ok(()) => Ok(()),
             Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => Ok(()),
