@@ -180,6 +180,14 @@ fn resumed_claims(
     }
 }
 
+/// The slot on `subchannel`.
+fn slot_in(slots: &mut [Slot], subchannel: u8) -> Result<&mut Slot, HandshakeError> {
+    slots
+        .iter_mut()
+        .find(|s| s.subchannel == subchannel)
+        .ok_or(HandshakeError::Protocol("record on an unknown subchannel"))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Secondary {
     /// Nothing from the middlebox yet.
@@ -511,10 +519,7 @@ impl EndpointCore {
     }
 
     fn slot_mut(&mut self, subchannel: u8) -> Result<&mut Slot, HandshakeError> {
-        self.slots
-            .iter_mut()
-            .find(|s| s.subchannel == subchannel)
-            .ok_or(HandshakeError::Protocol("record on an unknown subchannel"))
+        slot_in(&mut self.slots, subchannel)
     }
 
     /// True if `subchannel` belongs to one of our middleboxes.
@@ -642,16 +647,20 @@ impl EndpointCore {
     /// Exporter-bound evidence of one secondary session, checked against the policy; then the
     /// session may be resumed later, carrying the claims.
     fn verify(&mut self, subchannel: u8, evidence: &[u8]) -> Result<(), HandshakeError> {
-        let (policy, now) = (self.policy.clone(), self.now_unix);
-        let slot = self.slot_mut(subchannel)?;
+        // The slot and the policy are borrowed apart: no copy of the policy per middlebox.
+        let (policy, now) = (&self.policy, self.now_unix);
+        let slot = slot_in(&mut self.slots, subchannel)?;
         let resumed = slot.engine.session_resumed();
         let claims = if resumed && evidence.is_empty() {
-            resumed_claims(slot.engine.as_ref(), &policy)?
+            resumed_claims(slot.engine.as_ref(), policy)?
         } else {
-            fresh_claims(slot.engine.as_ref(), evidence, &policy, now)?
+            fresh_claims(slot.engine.as_ref(), evidence, policy, now)?
         };
-        slot.engine
-            .vouch_for_session(std::sync::Arc::new(claims.clone()));
+        // Only a session that can be resumed needs its claims kept.
+        if slot.resumable {
+            slot.engine
+                .vouch_for_session(std::sync::Arc::new(claims.clone()));
+        }
         slot.state = Secondary::Verified;
         let middlebox = slot.name.clone().unwrap_or_default();
         self.events
@@ -662,6 +671,7 @@ impl EndpointCore {
             });
         Ok(())
     }
+
     /// The middleboxes that take part, in path order from the client. Client side: subchannel
     /// 0 went to the middlebox nearest the server (ids are taken as the primary ServerHello
     /// passes them), so path order is descending id. Server side: the middlebox nearest the
