@@ -545,14 +545,14 @@ impl OpenSslContext {
 
     /// A new connection; for clients, `server_name` is the SNI and the verified hostname.
     pub fn engine_for(&self, server_name: Option<&str>) -> Result<OpenSslEngine, EngineError> {
-        self.engine_on(&self.ctx, server_name, None)
+        self.engine_on(&self.ctx, server_name, true)
     }
 
     /// A new server connection that sends no TLS 1.3 session tickets, whatever the context
     /// says: for sessions that must not emit records after their handshake on their own (an
     /// mbTLS middlebox's secondary session, whose next record is its switch marker).
     pub fn engine_without_tickets(&self) -> Result<OpenSslEngine, EngineError> {
-        self.engine_on(&self.ctx, None, Some(0))
+        self.engine_on(&self.ctx, None, false)
     }
 
     /// A new connection (configured server name) that will never be exported, so it needs
@@ -563,7 +563,7 @@ impl OpenSslContext {
     /// [`TlsEngine::export_session`] on it fails with `Unsupported`.
     pub fn engine_without_export(&self) -> Result<OpenSslEngine, EngineError> {
         let ctx = self.quiet_context()?;
-        let mut engine = self.engine_on(ctx, self.server_name.as_deref(), None)?;
+        let mut engine = self.engine_on(ctx, self.server_name.as_deref(), true)?;
         engine.exportable = false;
         Ok(engine)
     }
@@ -622,11 +622,11 @@ impl OpenSslContext {
         &self,
         ctx: &SslContext,
         server_name: Option<&str>,
-        tls13_tickets: Option<usize>,
+        tickets: bool,
     ) -> Result<OpenSslEngine, EngineError> {
         let mut ssl = Ssl::new(ctx)?;
-        if let (Some(n), Role::Server) = (tls13_tickets, self.role) {
-            ssl.set_num_tickets(n)?;
+        if !tickets && self.role == Role::Server {
+            ssl.set_num_tickets(0)?;
         }
         match self.role {
             Role::Client => {

@@ -154,11 +154,11 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
-    /// What the client's path message said: whether a middlebox nearer the server joined
-    /// (until it arrives). Such a middlebox
+    /// What the client's path message said (until it arrives): whether a middlebox nearer the
+    /// server joined, and whether the client wants our session ticket. Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
     /// forwarded raw before is not ours to relay.
-    far_joined: Option<wires::PathNews>,
+    path: Option<wires::PathNews>,
     wires: Wires<A>,
 }
 
@@ -185,7 +185,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
-            far_joined: None,
+            path: None,
             wires: Wires::new(Side::Server),
         })
     }
@@ -495,7 +495,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.secondary.push(&plain);
         match wires::endpoint_messages(
             &mut self.secondary,
-            &mut self.far_joined,
+            &mut self.path,
             "a client sent evidence",
         )? {
             Some((km, path)) => self.install(km, path),
@@ -516,8 +516,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    /// `path`: whether middleboxes farther from and nearer our endpoint joined too (the path
-    /// message).
+    /// `path`: the endpoint's path message (a farther middlebox joined too; a ticket is
+    /// wanted).
     fn install(&mut self, km: KeyMaterial, path: wires::PathNews) -> Result<(), HandshakeError> {
         let far_joined = path.far;
         let version = self.version.ok_or(HandshakeError::Protocol("no version"))?;

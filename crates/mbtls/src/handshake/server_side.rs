@@ -67,11 +67,11 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// The whole ClientHello went by.
     hello_done: bool,
     announced: bool,
-    /// What the server's path message said: whether a middlebox nearer the client joined
-    /// (until it arrives). Such a middlebox
+    /// What the server's path message said (until it arrives): whether a middlebox nearer the
+    /// client joined, and whether the server wants our session ticket. Such a middlebox
     /// re-sends the client's records through its app once it switches, so what it forwarded
     /// raw before is not ours to relay.
-    far_joined: Option<wires::PathNews>,
+    path: Option<wires::PathNews>,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     evidence_sent: bool,
@@ -102,7 +102,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             engine: None,
             hello_done: false,
             announced: false,
-            far_joined: None,
+            path: None,
             answered: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
@@ -311,7 +311,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         self.secondary.push(&plain);
         match wires::endpoint_messages(
             &mut self.secondary,
-            &mut self.far_joined,
+            &mut self.path,
             "a server sent evidence",
         )? {
             Some((km, path)) => self.install(km, path),
@@ -329,8 +329,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             .push_back(MiddleboxHandshakeEvent::Passive(why));
     }
 
-    /// `path`: whether middleboxes farther from and nearer our endpoint joined too (the path
-    /// message).
+    /// `path`: the endpoint's path message (a farther middlebox joined too; a ticket is
+    /// wanted).
     fn install(&mut self, km: KeyMaterial, path: wires::PathNews) -> Result<(), HandshakeError> {
         let far_joined = path.far;
         let version = self.version.ok_or(HandshakeError::Protocol(

@@ -163,15 +163,11 @@ impl<A: MiddleboxApp> Wires<A> {
         engine: &mut OpenSslEngine,
     ) -> Result<(), HandshakeError> {
         let out = engine.take_outgoing();
-        self.wrap_to_endpoint(subchannel, &out)
-    }
-
-    fn wrap_to_endpoint(&mut self, subchannel: u8, out: &[u8]) -> Result<(), HandshakeError> {
         let to = match self.far {
             Side::Server => &mut self.out_client,
             Side::Client => &mut self.out_server,
         };
-        Encapsulated::wrap_stream(subchannel, out, version::TLS1_2, to)?;
+        Encapsulated::wrap_stream(subchannel, &out, version::TLS1_2, to)?;
         Ok(())
     }
 
@@ -252,12 +248,11 @@ impl<A: MiddleboxApp> Wires<A> {
 }
 
 /// The endpoint's messages on our secondary session so far: one path message (kept in
-/// `far_joined` until the rest arrives), then the key material, which must be the last thing on
-/// the stream. Once both are in: the key material and whether a middlebox farther from the
-/// endpoint joined too. `sent_evidence` is the error for evidence from the endpoint.
+/// `path` until the rest arrives), then the key material, which must be the last thing on
+/// the stream. Once both are in: the key material and the path message. `sent_evidence` is the error for evidence from the endpoint.
 pub(super) fn endpoint_messages(
     reader: &mut SecondaryReader,
-    far_joined: &mut Option<PathNews>,
+    path: &mut Option<PathNews>,
     sent_evidence: &'static str,
 ) -> Result<Option<(KeyMaterial, PathNews)>, HandshakeError> {
     loop {
@@ -265,8 +260,8 @@ pub(super) fn endpoint_messages(
             Some(SecondaryMessage::Path {
                 far_neighbour_joined,
                 ticket_wanted,
-            }) if far_joined.is_none() => {
-                *far_joined = Some(PathNews {
+            }) if path.is_none() => {
+                *path = Some(PathNews {
                     far: far_neighbour_joined,
                     ticket: ticket_wanted,
                 })
@@ -280,10 +275,10 @@ pub(super) fn endpoint_messages(
                 ))
             }
             Some(SecondaryMessage::KeyMaterial(km)) => {
-                let far = far_joined.ok_or(HandshakeError::Protocol(
+                let path = path.ok_or(HandshakeError::Protocol(
                     "key material without a path message",
                 ))?;
-                return Ok(Some((*km, far)));
+                return Ok(Some((*km, path)));
             }
             Some(SecondaryMessage::Evidence(_)) => {
                 return Err(HandshakeError::Protocol(sent_evidence))
