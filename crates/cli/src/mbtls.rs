@@ -832,11 +832,11 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.proxy.is_some() && s.resume.unwrap_or(true) {
         primary.resume_sessions = 1;
     }
-    let mut secondary =
-        secondary_client_config(names.first().map_or(server_name.as_str(), |n| n), mbox_ca);
-    if s.middlebox_resumption == Some(false) {
-        secondary.resume_sessions = 0;
-    }
+    let secondary = secondary_config(
+        names.first().map_or(server_name.as_str(), |n| n),
+        mbox_ca,
+        s.middlebox_resumption,
+    );
     let middlebox = match names.as_slice() {
         [] if s.no_client_middleboxes => ClientMiddlebox::Disabled,
         [] => ClientMiddlebox::DiscoverUpTo(
@@ -1635,6 +1635,16 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
 }
 
 /// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
+/// An endpoint's configuration for its secondary sessions; `resumption`: the
+/// `middlebox_resumption` setting (`Some(false)`: `--fresh-evidence`, no session kept).
+fn secondary_config(name: &str, middlebox_ca: Vec<u8>, resumption: Option<bool>) -> TlsConfig {
+    let mut cfg = secondary_client_config(name, middlebox_ca);
+    if resumption == Some(false) {
+        cfg.resume_sessions = 0;
+    }
+    cfg
+}
+
 fn name_approver(names: Vec<String>) -> Approver {
     Arc::new(move |chain: &[Vec<u8>]| {
         let Some(leaf) = chain.first() else {
@@ -1753,11 +1763,11 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         }
         None => chain,
     };
-    let mut secondary =
-        secondary_client_config(names.first().map_or("middlebox", String::as_str), mbox_ca);
-    if s.middlebox_resumption == Some(false) {
-        secondary.resume_sessions = 0;
-    }
+    let secondary = secondary_config(
+        names.first().map_or("middlebox", String::as_str),
+        mbox_ca,
+        s.middlebox_resumption,
+    );
     let cfg = MbtlsServerConfig {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),
