@@ -1733,7 +1733,7 @@ fn an_idle_release_at_the_server_keeps_an_incomplete_record_both_versions() {
 mod secondary_resumption {
     use super::*;
     use mbx_attest::{AttestError, Attester, Evidence};
-    use mbx_mbtls::handshake::secondary_client_config;
+    use mbx_mbtls::handshake::{secondary_client_config, SECONDARY_RESUMED_NAMES};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// The simulated attester, counting the evidence it makes.
@@ -1931,6 +1931,46 @@ mod secondary_resumption {
             );
             assert!(!later.server().keys_sent());
             assert!(!later.server_side_mb(1).keys_installed());
+        }
+    }
+
+    /// An OpenSSL secondary context that resumes would keep a middlebox's session before its
+    /// evidence is checked: both endpoints refuse it, and take it with `resume_sessions = 0`.
+    #[test]
+    fn an_openssl_secondary_context_that_resumes_is_refused() {
+        let s = Setup::new();
+        let refused =
+            |e: &HandshakeError| matches!(e, HandshakeError::Config(m) if m.contains("resumes"));
+        for resume_sessions in [SECONDARY_RESUMED_NAMES, 0] {
+            let cfg = TlsConfig {
+                resume_sessions,
+                ..secondary_client_config("mb2.test", s.root.clone())
+            };
+            let secondary: Arc<dyn ClientContext> = Arc::new(OpenSslContext::new(&cfg).unwrap());
+            let mut primary = TlsConfig::server(s.server_id.clone());
+            primary.pause_after_handshake = true;
+            let server = ServerHandshake::new(ServerHandshakeConfig {
+                primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+                secondary: secondary.clone(),
+                middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
+                policy: s.policy.clone(),
+                now_unix: 1_800_000_000,
+            });
+            let mut primary = TlsConfig::client("server.test", s.root.clone());
+            primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
+            primary.pause_after_handshake = true;
+            let client = ClientHandshake::new(ClientHandshakeConfig {
+                primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+                server_name: "server.test".into(),
+                secondary,
+                middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
+                policy: s.policy.clone(),
+                now_unix: 1_800_000_000,
+            });
+            let resumes = resume_sessions > 0;
+            assert_eq!(server.as_ref().err().is_some_and(refused), resumes);
+            assert_eq!(client.as_ref().err().is_some_and(refused), resumes);
+            assert_eq!(server.is_ok() && client.is_ok(), !resumes);
         }
     }
 
