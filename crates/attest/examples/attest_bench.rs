@@ -207,12 +207,7 @@ fn main() -> Res<()> {
     for (k, v) in &ratios {
         println!("{k:<48} {:.3}", med(v));
     }
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("attest.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let out = mbx_testbed::bench::write_report("attest", &report)?;
     plot(&rows, &out.join("attest.png"))?;
     println!("wrote docs/bench/attest.json and attest.png");
     Ok(())

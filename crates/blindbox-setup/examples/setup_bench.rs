@@ -169,7 +169,7 @@ fn party(runs: &[Run], f: impl Fn(&Run) -> PartyStats) -> serde_json::Value {
 
 /// `--replot`: redraw the PNG from the JSON without measuring.
 fn replot() -> Res<()> {
-    let out = repo_root().join("docs/bench");
+    let out = mbx_testbed::bench::report_dir()?;
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("blindbox-setup.json"))?)?;
     let rows: Vec<(usize, f64, u64)> = v["setup"]
@@ -282,12 +282,7 @@ fn main() -> Res<()> {
         "setup": rows,
         "paper": { "setup_1_keyword_ms": 588, "setup_3k_rules_s": 97, "garble_us_per_circuit": 1042, "bytes_per_circuit": 599000 },
     });
-    let out = repo_root().join("docs/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("blindbox-setup.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let out = mbx_testbed::bench::write_report("blindbox-setup", &report)?;
     plot(&plot_rows, &out.join("blindbox-setup.png"))?;
     eprintln!("wrote {}", out.join("blindbox-setup.json").display());
     Ok(())

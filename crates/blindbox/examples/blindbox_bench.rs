@@ -8,7 +8,6 @@
 #[path = "../benches/support/workload.rs"]
 mod workload;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -316,10 +315,8 @@ fn main() {
             "mb_mbit_per_s": [166, 186], "snort_plaintext_mbit_per_s": 85,
         },
     });
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
-    std::fs::create_dir_all(&dir).expect("docs/bench");
-    let text = serde_json::to_string_pretty(&report).expect("json");
-    std::fs::write(dir.join("blindbox.json"), text + "\n").expect("write json");
+    let dir =
+        mbx_testbed::bench::write_report("blindbox", &report).expect("docs/bench/blindbox.json");
     plot(&rows, &dir.join("blindbox.png")).expect("plot");
     println!(
         "{}",

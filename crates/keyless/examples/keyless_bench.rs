@@ -679,12 +679,7 @@ fn main() -> Res<()> {
         "edge": edge,
         "runtime_s": started.elapsed().as_secs_f64(),
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("keyless.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let out = mbx_testbed::bench::write_report("keyless", &report)?;
     plot(&report, &out.join("keyless.png"))?;
     println!(
         "wrote docs/bench/keyless.json and keyless.png in {:.0} s",

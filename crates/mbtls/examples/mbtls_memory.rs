@@ -370,11 +370,7 @@ fn main() -> Res<()> {
         report[*who] = Value::Object(by_point(v, false));
         report[format!("{who}_c_heap")] = Value::Object(by_point(v, true));
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
-    std::fs::write(
-        dir.join("mbtls-memory.json"),
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
+    let dir = mbx_testbed::bench::write_report("mbtls-memory", &report)?;
     plot(&report, &dir.join("mbtls-memory.png"))?;
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! elsewhere; the parsing is split into pure functions so it can be tested on fixed text.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
@@ -213,6 +213,26 @@ pub fn stats(v: &[f64]) -> Value {
 /// The `median` of a [`stats`] value (0 if absent).
 pub fn med(v: &Value) -> f64 {
     v["median"].as_f64().unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports.
+
+/// The repository's `docs/bench` directory, where the benchmark programs write their reports
+/// (made if missing).
+pub fn report_dir() -> std::io::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Writes `report` to `docs/bench/<name>.json` (pretty, with a final newline) and returns the
+/// directory, where the report's plot goes beside it.
+pub fn write_report(name: &str, report: &Value) -> std::io::Result<PathBuf> {
+    let dir = report_dir()?;
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(dir.join(format!("{name}.json")), text + "\n")?;
+    Ok(dir)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ mod relay;
 mod setup;
 mod tls_io;
 
-use std::path::Path;
 use std::time::Instant;
 
 use mbx_record::TlsVersion;
@@ -59,7 +58,7 @@ fn main() -> Res<()> {
         // Draws docs/bench/mbtls.png again from a saved report (e.g. one of several runs kept
         // aside), measuring nothing.
         let report: Value = serde_json::from_slice(&std::fs::read(json)?)?;
-        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/mbtls.png");
+        let out = mbx_testbed::bench::report_dir()?.join("mbtls.png");
         plot::plot(&report, &out)?;
         println!("wrote {}", out.display());
         return Ok(());
@@ -156,12 +155,7 @@ fn main() -> Res<()> {
         },
         "runtime_s": started.elapsed().as_secs_f64(),
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("mbtls.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let out = mbx_testbed::bench::write_report("mbtls", &report)?;
     plot::plot(&report, &out.join("mbtls.png"))?;
     println!(
         "wrote docs/bench/mbtls.json and mbtls.png in {:.0} s (load average {:?} → {:?})",
