@@ -33,6 +33,14 @@ pub enum AttestError {
     /// The policy itself is invalid (bad hex, wrong digest length, unknown field, ...).
     #[error("invalid attestation policy: {0}")]
     Policy(String),
+    /// A resumed session relies on evidence checked longer ago than the policy allows.
+    #[error("the evidence this resumed session relies on was checked {age} s ago; the policy allows {max} s (resumed_evidence_max_age)")]
+    EvidenceTooOld {
+        /// Seconds since the evidence was checked.
+        age: u64,
+        /// The policy's `resumed_evidence_max_age`.
+        max: u64,
+    },
     /// The peer presented no evidence but the policy requires it.
     #[error("attestation evidence is required by policy but none was presented")]
     EvidenceRequired,

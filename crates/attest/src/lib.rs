@@ -47,7 +47,7 @@ pub use dcap_cache::{DcapCounts, DcapVerifier};
 pub use error::AttestError;
 pub use evidence::{Collateral, DcapEvidence, Evidence, EvidenceKind, SimEvidence};
 pub use gramine::GramineAttester;
-pub use policy::{HexBytes, Policy};
+pub use policy::{HexBytes, Policy, DEFAULT_RESUMED_EVIDENCE_MAX_AGE};
 pub use sim::{verify_simulated, SimulatedAttester, SimulatedPlatform};
 pub use tsm::TsmAttester;
 pub use verify::{

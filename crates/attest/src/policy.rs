@@ -89,6 +89,9 @@ const DIGEST_LENS: [usize; 2] = [32, 48];
 /// Length of an Ed25519 public key.
 const ED25519_PUBLIC_KEY_LEN: usize = 32;
 
+/// Default [`Policy::resumed_evidence_max_age`]: 2 hours, OpenSSL's default ticket lifetime.
+pub const DEFAULT_RESUMED_EVIDENCE_MAX_AGE: u64 = 7200;
+
 /// Acceptance policy for attestation evidence (the `[attestation]` table).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -116,6 +119,11 @@ pub struct Policy {
     /// present the collateral from before it, which calls its TCB `UpToDate`; Intel publishes
     /// the current numbers (PCS `tcbevaluationdatanumbers`).
     pub min_tcb_evaluation_data_number: u32,
+    /// Seconds for which evidence checked once may stand for sessions that resume the session
+    /// it was checked on (an mbTLS secondary session resumed without new evidence), counted
+    /// from the check: a chain of resumptions, each with a new ticket, never stretches it.
+    /// Default 7200, the lifetime of one OpenSSL session ticket; 0 resumes nothing.
+    pub resumed_evidence_max_age: u64,
 }
 
 impl Default for Policy {
@@ -131,6 +139,7 @@ impl Default for Policy {
             accepted_tcb_statuses: vec![TcbStatus::UpToDate],
             sim_platform_keys: Vec::new(),
             min_tcb_evaluation_data_number: 0,
+            resumed_evidence_max_age: DEFAULT_RESUMED_EVIDENCE_MAX_AGE,
         }
     }
 }
@@ -187,6 +196,12 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// Until when (seconds since the Unix epoch, exclusive) evidence checked at `checked_at`
+    /// may stand for resumed sessions ([`Policy::resumed_evidence_max_age`]).
+    pub fn resumed_evidence_valid_until(&self, checked_at: u64) -> u64 {
+        checked_at.saturating_add(self.resumed_evidence_max_age)
     }
 
     /// Decide what to do when the peer presented no evidence at all.
@@ -293,15 +308,45 @@ mod tests {
         // The bare table works too, and extensions parse.
         let p = Policy::from_toml_str(&format!(
             "measurements = [\"{m}\"]\naccepted_tcb_statuses = [\"UpToDate\", \"SWHardeningNeeded\"]\n\
-             allow_simulated = true\nsim_platform_keys = [\"{s}\"]\nmin_tcb_evaluation_data_number = 17"
+             allow_simulated = true\nsim_platform_keys = [\"{s}\"]\nmin_tcb_evaluation_data_number = 17\n\
+             resumed_evidence_max_age = 600"
         ))
         .unwrap();
         assert!(p.allow_simulated);
         assert_eq!(p.min_tcb_evaluation_data_number, 17);
+        assert_eq!(p.resumed_evidence_max_age, 600);
         assert_eq!(
             p.accepted_tcb_statuses,
             [TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded]
         );
+    }
+
+    /// Claims checked once stand for resumed sessions for `resumed_evidence_max_age` seconds
+    /// from the check, and no longer; the claims must pass the policy of the day as well.
+    #[test]
+    fn a_recheck_refuses_a_check_past_its_max_age() {
+        let p = Policy {
+            resumed_evidence_max_age: 100,
+            ..accepting()
+        };
+        assert_eq!(p.resumed_evidence_valid_until(1_000), 1_100);
+        assert!(crate::recheck_claims(&claims(), 1_000, 1_099, &p).is_ok());
+        assert!(crate::recheck_claims(&claims(), 1_000, 900, &p).is_ok());
+        assert!(matches!(
+            crate::recheck_claims(&claims(), 1_000, 1_100, &p),
+            Err(AttestError::EvidenceTooOld { age: 100, max: 100 })
+        ));
+        let none = Policy {
+            resumed_evidence_max_age: 0,
+            ..accepting()
+        };
+        assert!(crate::recheck_claims(&claims(), 1_000, 1_000, &none).is_err());
+        assert_eq!(
+            Policy::default().resumed_evidence_max_age,
+            crate::DEFAULT_RESUMED_EVIDENCE_MAX_AGE
+        );
+        let stricter = Policy { min_svn: 4, ..p };
+        assert!(crate::recheck_claims(&claims(), 1_000, 1_050, &stricter).is_err());
     }
 
     #[test]

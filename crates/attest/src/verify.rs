@@ -66,13 +66,21 @@ pub fn verify(
     }
 }
 
-/// Applies `policy` again to claims that an earlier check accepted (an mbTLS secondary
-/// session resumed from a session whose evidence was verified): the policy's own checks and
-/// its gate on simulated evidence. The evidence's signature and binding are not checked again
-/// (they belonged to the earlier session), and neither are the trusted simulated platform
-/// keys nor DCAP collateral, which the claims do not record.
-pub fn recheck_claims(claims: &Claims, policy: &Policy) -> Result<(), AttestError> {
+/// Applies `policy` again to claims that an earlier check accepted at `checked_at` (an mbTLS
+/// secondary session resumed from a session whose evidence was verified), at `now` (seconds
+/// since the Unix epoch): the check must be younger than the policy's
+/// `resumed_evidence_max_age`, and the claims must pass the policy's own checks and its gate
+/// on simulated evidence. The evidence's signature and binding are not checked again (they
+/// belonged to the earlier session), and neither are the trusted simulated platform keys nor
+/// DCAP collateral, which the claims do not record.
+pub fn recheck_claims(
+    claims: &Claims,
+    checked_at: u64,
+    now: u64,
+    policy: &Policy,
+) -> Result<(), AttestError> {
     policy.validate()?;
+    check_resumed_age(checked_at, now, policy)?;
     if claims.tee == crate::claims::TeeKind::Simulated {
         if !policy.allow_simulated {
             return Err(AttestError::SimulatedNotAllowed);
@@ -83,6 +91,18 @@ pub fn recheck_claims(claims: &Claims, policy: &Policy) -> Result<(), AttestErro
         );
     }
     policy.check_claims(claims)
+}
+
+/// A resumed session that relies on an earlier check, of evidence or of its absence, made at
+/// `checked_at`: refused at `now` once the policy's `resumed_evidence_max_age` has passed.
+fn check_resumed_age(checked_at: u64, now: u64, policy: &Policy) -> Result<(), AttestError> {
+    if now >= policy.resumed_evidence_valid_until(checked_at) {
+        return Err(AttestError::EvidenceTooOld {
+            age: now.saturating_sub(checked_at),
+            max: policy.resumed_evidence_max_age,
+        });
+    }
+    Ok(())
 }
 
 /// Seconds since the Unix epoch of `t` (0 before the epoch), for the `now_unix` argument.

@@ -932,6 +932,7 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             middlebox,
             claims: Some(c),
             resumed,
+            checked_at,
         } => {
             let mut text = format!(
                 "{middlebox} verified ({} TEE, measurement {}",
@@ -946,7 +947,10 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
                 ));
             }
             if *resumed {
-                text.push_str("; resumed: evidence checked on an earlier session");
+                text.push_str(&format!(
+                    "; resumed: evidence checked {} s ago, on an earlier session",
+                    seconds_since(*checked_at)
+                ));
             }
             text + ")"
         }
@@ -954,6 +958,7 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             middlebox,
             claims: None,
             resumed,
+            ..
         } => format!(
             "{middlebox} sent no evidence (the policy does not require it){}",
             if *resumed { " (resumed)" } else { "" }
@@ -968,6 +973,11 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
         } => format!("a middlebox was excluded: {why}"),
         MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
     }
+}
+
+/// Seconds from `unix` (seconds since the Unix epoch) to now; 0 for a time not yet past.
+fn seconds_since(unix: u64) -> u64 {
+    mbx_attest::unix_seconds(std::time::SystemTime::now()).saturating_sub(unix)
 }
 
 fn print_response(body: &[u8]) {

@@ -93,7 +93,9 @@ pub trait ClientContext: Send + Sync {
     }
 }
 
-/// A TLS endpoint driven over memory buffers. No I/O, clocks or threads inside.
+/// A TLS endpoint driven over memory buffers. No I/O or threads inside; the clock is read
+/// where the TLS library reads it (certificate validity, ticket ages) and to drop vouched
+/// sessions past their time ([`TlsEngine::vouch_for_session`]).
 pub trait TlsEngine {
     /// Our role.
     fn role(&self) -> Role;
@@ -177,10 +179,11 @@ pub trait TlsEngine {
     /// Client whose context resumes only vouched sessions ([`RustlsClientContext`] with
     /// [`TlsConfig::resume_sessions`]): what this connection's server gave (TLS 1.2 session,
     /// TLS 1.3 tickets), and gives from now on, becomes resumable by later connections to the
-    /// same name, carrying `note`. Without this call it is dropped with the engine. Other
-    /// engines: nothing happens.
-    fn vouch_for_session(&mut self, note: SessionNote) {
-        let _ = note;
+    /// same name, carrying `note`, until `valid_until` (seconds since the Unix epoch,
+    /// exclusive; later connections then make a full handshake). Without this call it is
+    /// dropped with the engine. Other engines: nothing happens.
+    fn vouch_for_session(&mut self, note: SessionNote, valid_until: u64) {
+        let _ = (note, valid_until);
     }
 
     /// In a resumed session: the note the connection it resumed was vouched for with. `None`

@@ -481,9 +481,9 @@ impl TlsEngine for RustlsEngine {
         self.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
     }
 
-    fn vouch_for_session(&mut self, note: SessionNote) {
+    fn vouch_for_session(&mut self, note: SessionNote, valid_until: u64) {
         if let Some(capture) = &self.capture {
-            capture.vouch(note);
+            capture.vouch(note, valid_until);
         }
     }
 

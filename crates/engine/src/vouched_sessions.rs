@@ -9,11 +9,18 @@
 //! server names, never connections, so each connection gets its own [`SessionCapture`] in
 //! front of the context's shared [`VouchedSessions`]: lookups go to the shared store, what the
 //! server gives is held in the capture until the caller vouches.
+//!
+//! Each vouched session also carries the time until which the caller will accept it (for an
+//! mbTLS endpoint, until its check of the middlebox's evidence grows too old): lookups skip,
+//! and drop, sessions past it, so a connection offers only what its caller can still accept
+//! and does a full handshake otherwise. The time is read from the system clock, the clock
+//! rustls's own ticket ages and certificate checks read.
 
 use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
 use rustls::pki_types::ServerName;
@@ -30,12 +37,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A vouched session's note and the time (seconds since the Unix epoch, exclusive) until which
+/// its caller accepts it.
+#[derive(Clone)]
+struct Vouch {
+    note: SessionNote,
+    valid_until: u64,
+}
+
+impl Vouch {
+    fn valid_at(&self, now: u64) -> bool {
+        now < self.valid_until
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// What one server name left: its newest TLS 1.2 session, its TLS 1.3 tickets (oldest first),
 /// and the key-exchange group it chose last.
 #[derive(Default)]
 struct NameEntry {
-    tls12: Option<(Tls12ClientSessionValue, SessionNote)>,
-    tls13: VecDeque<(Tls13ClientSessionValue, SessionNote)>,
+    tls12: Option<(Tls12ClientSessionValue, Vouch)>,
+    tls13: VecDeque<(Tls13ClientSessionValue, Vouch)>,
     kx_hint: Option<NamedGroup>,
 }
 
@@ -81,26 +108,16 @@ impl VouchedSessions {
         entry.map(|(_, e)| f(e))
     }
 
-    fn put_tls12(
-        &self,
-        name: ServerName<'static>,
-        value: Tls12ClientSessionValue,
-        note: SessionNote,
-    ) {
-        self.with_entry(&name, true, |e| e.tls12 = Some((value, note)));
+    fn put_tls12(&self, name: ServerName<'static>, value: Tls12ClientSessionValue, vouch: Vouch) {
+        self.with_entry(&name, true, |e| e.tls12 = Some((value, vouch)));
     }
 
-    fn put_tls13(
-        &self,
-        name: ServerName<'static>,
-        value: Tls13ClientSessionValue,
-        note: SessionNote,
-    ) {
+    fn put_tls13(&self, name: ServerName<'static>, value: Tls13ClientSessionValue, vouch: Vouch) {
         self.with_entry(&name, true, |e| {
             if e.tls13.len() >= TICKETS_PER_NAME {
                 e.tls13.pop_front();
             }
-            e.tls13.push_back((value, note));
+            e.tls13.push_back((value, vouch));
         });
     }
 
@@ -120,7 +137,7 @@ impl VouchedSessions {
 #[derive(Default)]
 struct CaptureState {
     /// Set by [`SessionCapture::vouch`]: from then on sessions go to the shared store.
-    vouched: Option<SessionNote>,
+    vouched: Option<Vouch>,
     held_tls12: Option<(ServerName<'static>, Tls12ClientSessionValue)>,
     held_tls13: Vec<(ServerName<'static>, Tls13ClientSessionValue)>,
     /// The notes of the TLS 1.3 ticket / TLS 1.2 session offered in our ClientHello.
@@ -143,16 +160,18 @@ impl SessionCapture {
         }
     }
 
-    /// Makes what this connection's server gave, and gives from now on, resumable with `note`.
-    pub(crate) fn vouch(&self, note: SessionNote) {
+    /// Makes what this connection's server gave, and gives from now on, resumable with `note`
+    /// until `valid_until` (seconds since the Unix epoch, exclusive).
+    pub(crate) fn vouch(&self, note: SessionNote, valid_until: u64) {
+        let vouch = Vouch { note, valid_until };
         let mut st = lock(&self.state);
         if let Some((name, value)) = st.held_tls12.take() {
-            self.shared.put_tls12(name, value, note.clone());
+            self.shared.put_tls12(name, value, vouch.clone());
         }
         for (name, value) in st.held_tls13.drain(..) {
-            self.shared.put_tls13(name, value, note.clone());
+            self.shared.put_tls13(name, value, vouch.clone());
         }
-        st.vouched = Some(note);
+        st.vouched = Some(vouch);
     }
 
     /// The note of the session offered for `version`, if one was.
@@ -189,17 +208,22 @@ impl ClientSessionStore for SessionCapture {
     fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
         let mut st = lock(&self.state);
         match st.vouched.clone() {
-            Some(note) => self.shared.put_tls12(server_name, value, note),
+            Some(vouch) => self.shared.put_tls12(server_name, value, vouch),
             None => st.held_tls12 = Some((server_name, value)),
         }
     }
 
     fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        let (value, note) = self
+        let now = now_unix();
+        let (value, vouch) = self
             .shared
-            .with_entry(server_name, false, |e| e.tls12.clone())
+            .with_entry(server_name, false, |e| {
+                // One past its time is of no use to anyone: it goes.
+                e.tls12.take_if(|(_, v)| !v.valid_at(now));
+                e.tls12.clone()
+            })
             .flatten()?;
-        lock(&self.state).offered_tls12 = Some(note);
+        lock(&self.state).offered_tls12 = Some(vouch.note);
         Some(value)
     }
 
@@ -216,7 +240,7 @@ impl ClientSessionStore for SessionCapture {
     ) {
         let mut st = lock(&self.state);
         match st.vouched.clone() {
-            Some(note) => self.shared.put_tls13(server_name, value, note),
+            Some(vouch) => self.shared.put_tls13(server_name, value, vouch),
             None => {
                 // A server may send any number of tickets; keep what would be kept anyway.
                 if st.held_tls13.len() >= TICKETS_PER_NAME {
@@ -231,11 +255,17 @@ impl ClientSessionStore for SessionCapture {
         &self,
         server_name: &ServerName<'static>,
     ) -> Option<Tls13ClientSessionValue> {
-        let (value, note) = self
+        let now = now_unix();
+        let (value, vouch) = self
             .shared
-            .with_entry(server_name, false, |e| e.tls13.pop_back())
+            .with_entry(server_name, false, |e| {
+                // Every ticket past its time goes (the newest need not be the longest valid:
+                // a resumed connection's tickets keep the time of the one it resumed).
+                e.tls13.retain(|(_, v)| v.valid_at(now));
+                e.tls13.pop_back()
+            })
             .flatten()?;
-        lock(&self.state).offered_tls13 = Some(note);
+        lock(&self.state).offered_tls13 = Some(vouch.note);
         Some(value)
     }
 }

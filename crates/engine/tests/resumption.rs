@@ -305,29 +305,93 @@ mod vouched {
         )
     }
 
-    /// One connection; `note`: vouch for it with this note after the handshake (and the
-    /// server's ticket) went through. Returns (resumed, the resumed connection's note).
+    /// One connection; `note`: vouch for it with this note, for good, after the handshake (and
+    /// the server's ticket) went through. Returns (resumed, the resumed connection's note).
     fn connect(
         client: &RustlsClientContext,
         server: &OpenSslContext,
         name: Option<&str>,
         note: Option<u32>,
     ) -> (bool, Option<u32>) {
+        connect_until(client, server, name, note.map(|n| (n, u64::MAX)), 1)
+    }
+
+    /// [`connect`] with the note's end of validity and the number of TLS 1.3 tickets the
+    /// server sends.
+    fn connect_until(
+        client: &RustlsClientContext,
+        server: &OpenSslContext,
+        name: Option<&str>,
+        note: Option<(u32, u64)>,
+        tickets: usize,
+    ) -> (bool, Option<u32>) {
         let mut c = client.client_engine(name, None).expect("client engine");
         // As an mbTLS middlebox: no TLS 1.3 ticket of its own accord, one on demand.
         let mut s = server.engine_without_tickets().expect("server engine");
         pump(c.as_mut(), &mut s).expect("handshake");
         if s.version() == Some(V13) {
-            s.send_session_ticket().expect("a ticket on demand");
+            for _ in 0..tickets {
+                s.send_session_ticket().expect("a ticket on demand");
+            }
             pump(c.as_mut(), &mut s).expect("the ticket");
         }
         let got = c
             .resumed_note()
             .map(|n| *n.downcast::<u32>().expect("a u32 note"));
-        if let Some(n) = note {
-            c.vouch_for_session(Arc::new(n) as SessionNote);
+        if let Some((n, until)) = note {
+            c.vouch_for_session(Arc::new(n) as SessionNote, until);
         }
         (c.session_resumed(), got)
+    }
+
+    fn now_unix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs()
+    }
+
+    /// A session vouched for until a time already past is never offered (a full handshake
+    /// follows) and leaves the store; among TLS 1.3 tickets, an older one still valid is
+    /// offered though the newest is past its time.
+    #[test]
+    fn a_session_past_its_time_is_not_offered_both_versions() {
+        let pki = Pki::new();
+        let (past, future) = (now_unix() - 1, now_unix() + 3600);
+        for v in [V12, V13] {
+            let (client, server) = contexts(&pki, v);
+            assert_eq!(
+                connect_until(&client, &server, Some(HOST), Some((1, past)), 1),
+                (false, None),
+                "{v:?}"
+            );
+            assert_eq!(client.kept_sessions(HOST), 1, "{v:?}");
+            assert_eq!(
+                connect_until(&client, &server, Some(HOST), Some((2, future)), 1),
+                (false, None),
+                "{v:?}: the session past its time must not be offered"
+            );
+            assert_eq!(
+                connect_until(&client, &server, Some(HOST), None, 1),
+                (true, Some(2)),
+                "{v:?}"
+            );
+        }
+        let (client, server) = contexts(&pki, V13);
+        // Two tickets valid for an hour; the connection that resumes one leaves a newer
+        // ticket, vouched for until a time already past.
+        connect_until(&client, &server, Some(HOST), Some((1, future)), 2);
+        assert_eq!(
+            connect_until(&client, &server, Some(HOST), Some((2, past)), 1),
+            (true, Some(1))
+        );
+        assert_eq!(client.kept_sessions(HOST), 2);
+        assert_eq!(
+            connect_until(&client, &server, Some(HOST), None, 1),
+            (true, Some(1)),
+            "the older ticket, still valid, must be offered"
+        );
+        assert_eq!(client.kept_sessions(HOST), 0);
     }
 
     #[test]

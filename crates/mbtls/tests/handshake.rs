@@ -106,7 +106,7 @@ fn setup_full(
             },
             middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
             policy,
-            now_unix: 1_800_000_000,
+            now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
         },
         mbox_tls12: Arc::new(
             OpenSslContext::new(&TlsConfig::server(mbox_id.clone()).only(TlsVersion::Tls12))

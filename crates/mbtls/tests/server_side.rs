@@ -124,7 +124,7 @@ impl Setup {
             secondary: self.secondary(&secondary),
             middlebox,
             policy: self.policy.clone(),
-            now_unix: 1_800_000_000,
+            now_unix: now_unix(),
         }
     }
 
@@ -170,7 +170,7 @@ impl Setup {
             secondary: self.secondary(&secondary),
             middlebox,
             policy: self.policy.clone(),
-            now_unix: 1_800_000_000,
+            now_unix: now_unix(),
         })
         .unwrap()
     }
@@ -342,6 +342,12 @@ fn server_side_mb(s: &Setup, app: Box<dyn MiddleboxApp>) -> Node {
 
 fn mb_events(m: &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>>) -> Vec<MiddleboxHandshakeEvent> {
     std::iter::from_fn(|| m.poll_event()).collect()
+}
+
+/// The system clock, as the drivers give it to the cores: the engines' stores of vouched
+/// sessions read the same clock.
+fn now_unix() -> u64 {
+    mbx_attest::unix_seconds(std::time::SystemTime::now())
 }
 
 fn server_events(s: &mut ServerHandshake) -> Vec<ClientHandshakeEvent> {
@@ -599,7 +605,7 @@ fn a_server_needs_an_exportable_context() {
         secondary: s.secondary(&TlsConfig::client("mb2.test", s.root.clone())),
         middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
         policy: s.policy.clone(),
-        now_unix: 1_800_000_000,
+        now_unix: now_unix(),
     });
     assert!(matches!(r, Err(HandshakeError::Config(_))));
 }
@@ -1790,6 +1796,18 @@ mod secondary_resumption {
         secondary: &Arc<dyn ClientContext>,
         policy: &Policy,
     ) -> Path {
+        session_at(s, version, mbs, secondary, policy, now_unix())
+    }
+
+    /// [`session`] with the server's core told that the time is `now`.
+    fn session_at(
+        s: &Setup,
+        version: TlsVersion,
+        mbs: &[(&str, &MiddleboxHandshakeConfig)],
+        secondary: &Arc<dyn ClientContext>,
+        policy: &Policy,
+        now: u64,
+    ) -> Path {
         let mut primary = TlsConfig::server(s.server_id.clone()).only(version);
         primary.pause_after_handshake = true;
         let names = mbs.iter().map(|(n, _)| n.to_string()).collect();
@@ -1798,7 +1816,7 @@ mod secondary_resumption {
             secondary: secondary.clone(),
             middlebox: ServerMiddlebox::PreconfiguredPath(names),
             policy: policy.clone(),
-            now_unix: 1_800_000_000,
+            now_unix: now,
         })
         .unwrap();
         let mut nodes = vec![Node::LegacyClient(s.legacy_client(version))];
@@ -1828,15 +1846,92 @@ mod secondary_resumption {
 
     /// (resumed, claims) of each verdict, in the order checked.
     fn verdicts(path: &mut Path) -> Vec<(bool, Option<mbx_attest::Claims>)> {
+        checks(path).into_iter().map(|(r, c, _)| (r, c)).collect()
+    }
+
+    /// (resumed, claims, checked_at) of each verdict, in the order checked.
+    fn checks(path: &mut Path) -> Vec<(bool, Option<mbx_attest::Claims>, u64)> {
         server_events(path.server())
             .into_iter()
             .filter_map(|e| match e {
                 ClientHandshakeEvent::MiddleboxVerified {
-                    claims, resumed, ..
-                } => Some((resumed, claims)),
+                    claims,
+                    resumed,
+                    checked_at,
+                    ..
+                } => Some((resumed, claims, checked_at)),
                 _ => None,
             })
             .collect()
+    }
+
+    /// A chain of resumptions rests on its first check: each resumed session reports that
+    /// check's time, the tickets it gets keep it, and once the policy's
+    /// `resumed_evidence_max_age` has passed since then the endpoint refuses the resumed
+    /// session (here its clock runs ahead of the store's, which would not have offered the
+    /// ticket otherwise), sending no key material.
+    #[test]
+    fn a_chain_of_resumptions_rests_on_its_first_check_and_ends_with_its_max_age_both_versions() {
+        let s = Setup::new();
+        let policy = Policy {
+            resumed_evidence_max_age: 1000,
+            ..s.policy.clone()
+        };
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, made) = counting_middlebox_with(&s, "mb2.test", Some(version));
+            let mbs = [("mb2.test", &mb)];
+            let t = now_unix();
+            let mut first = session_at(&s, version, &mbs, &secondary, &policy, t - 990);
+            first.assert_no_errors();
+            assert!(
+                matches!(checks(&mut first).as_slice(), [(false, Some(_), c)] if *c == t - 990),
+                "{version:?}"
+            );
+            for later in [t - 500, t] {
+                let mut resumed = session_at(&s, version, &mbs, &secondary, &policy, later);
+                resumed.assert_no_errors();
+                assert!(
+                    matches!(checks(&mut resumed).as_slice(), [(true, Some(_), c)] if *c == t - 990),
+                    "{version:?} at {later}"
+                );
+            }
+            assert_eq!(made.load(Ordering::SeqCst), 1, "{version:?}");
+            let mut too_late = session_at(&s, version, &mbs, &secondary, &policy, t + 10);
+            let err = too_late.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("checked 1000 s ago") && err.contains("resumed_evidence_max_age"),
+                "{version:?}: {:?}",
+                too_late.errors
+            );
+            assert!(!too_late.server().keys_sent());
+            assert!(!too_late.server_side_mb(1).keys_installed());
+        }
+    }
+
+    /// A check older than the policy's `resumed_evidence_max_age` is not offered for
+    /// resumption: the next session is a full handshake with new evidence, and resumes again
+    /// after it.
+    #[test]
+    fn a_check_past_its_max_age_means_a_full_handshake_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, made) = counting_middlebox_with(&s, "mb2.test", Some(version));
+            let mbs = [("mb2.test", &mb)];
+            let max_age = s.policy.resumed_evidence_max_age;
+            let long_ago = now_unix() - max_age - 5;
+            session_at(&s, version, &mbs, &secondary, &s.policy, long_ago).assert_no_errors();
+            for resumed in [false, true] {
+                let mut next = session(&s, version, &mbs, &secondary, &s.policy);
+                next.assert_no_errors();
+                assert!(
+                    matches!(verdicts(&mut next).as_slice(), [(r, Some(_))] if *r == resumed),
+                    "{version:?}"
+                );
+            }
+            assert_eq!(made.load(Ordering::SeqCst), 2, "{version:?}");
+        }
     }
 
     #[test]
@@ -1954,7 +2049,7 @@ mod secondary_resumption {
                 secondary: secondary.clone(),
                 middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
                 policy: s.policy.clone(),
-                now_unix: 1_800_000_000,
+                now_unix: now_unix(),
             });
             let mut primary = TlsConfig::client("server.test", s.root.clone());
             primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
@@ -1965,7 +2060,7 @@ mod secondary_resumption {
                 secondary,
                 middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
                 policy: s.policy.clone(),
-                now_unix: 1_800_000_000,
+                now_unix: now_unix(),
             });
             let resumes = resume_sessions > 0;
             assert_eq!(server.as_ref().err().is_some_and(refused), resumes);

@@ -16,11 +16,14 @@ pub enum MiddleboxVerdict {
     /// policy does not require it). `middlebox`: the name it was configured under or,
     /// discovered, the first DNS name of its certificate. `resumed`: its secondary session
     /// resumed an earlier one and sent no new evidence; `claims` are the earlier check's,
-    /// accepted again by today's policy.
+    /// accepted again by today's policy. `checked_at`: when that check was made (seconds since
+    /// the Unix epoch; the first of a chain of resumptions, bounded by the policy's
+    /// `resumed_evidence_max_age`).
     Verified {
         middlebox: String,
         claims: Option<Claims>,
         resumed: bool,
+        checked_at: u64,
     },
     /// A discovered middlebox failed a check and got no key material (`middlebox`: its name
     /// when its certificate verified; `None` when its secondary handshake failed first).

@@ -128,11 +128,13 @@ impl<H: EndpointHandshake> Session<H> {
                     middlebox,
                     claims,
                     resumed,
+                    checked_at,
                 } => {
                     self.verdicts.push(MiddleboxVerdict::Verified {
                         middlebox,
                         claims,
                         resumed,
+                        checked_at,
                     });
                 }
                 ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {

@@ -35,10 +35,14 @@ pub enum ClientHandshakeEvent {
     /// configured under or, discovered, the first DNS name of its certificate.
     /// `resumed`: its secondary session resumed one whose evidence was checked (no new
     /// evidence; `claims` are that check's, accepted again by today's policy).
+    /// `checked_at`: when the check the verdict rests on was made (seconds since the Unix
+    /// epoch): this session's time, or for a resumed session the first check of its chain of
+    /// resumptions, which the policy's `resumed_evidence_max_age` bounds.
     MiddleboxVerified {
         middlebox: String,
         claims: Option<Claims>,
         resumed: bool,
+        checked_at: u64,
     },
     /// A discovered middlebox was excluded (not approved, bad certificate, evidence refused);
     /// it never receives key material. `middlebox`: its name as in `MiddleboxVerified`, when
@@ -156,26 +160,48 @@ fn fresh_claims(
     Ok(Some(verify_bytes(evidence, &expected, policy, now)?))
 }
 
+/// What an endpoint vouches for a secondary session with ([`TlsEngine::vouch_for_session`]):
+/// the claims of its middlebox's evidence (`None`: none, and the policy did not require any)
+/// and when they were checked (seconds since the Unix epoch). A session that resumes it, and
+/// the sessions resumed from that one, carry the same check and its time.
+struct VouchedCheck {
+    claims: Option<Claims>,
+    checked_at: u64,
+}
+
 /// A resumed secondary session without evidence (paper §3.5: no new attestation is needed,
 /// because only the middlebox that made the ticket can open it, and its ticket key never
-/// leaves it): the claims of the session it resumes, which this endpoint vouched for after
-/// checking them, must pass today's policy. A resumption this endpoint never vouched for (no
-/// note: another engine, or a context shared with something else) counts as no evidence.
+/// leaves it): the check of the session it resumes, which this endpoint vouched for, must
+/// be younger than the policy's `resumed_evidence_max_age` at `now` (the engine offers no
+/// session past that age; this holds if the clocks disagree), and its claims must pass
+/// today's policy. A resumption this endpoint never vouched for (no note: another engine, or
+/// a context shared with something else) counts as no evidence, checked now.
 fn resumed_claims(
     engine: &(dyn TlsEngine + Send),
     policy: &Policy,
-) -> Result<Option<Claims>, HandshakeError> {
+    now: u64,
+) -> Result<(Option<Claims>, u64), HandshakeError> {
     let note = engine
         .resumed_note()
-        .and_then(|n| n.downcast::<Option<Claims>>().ok());
+        .and_then(|n| n.downcast::<VouchedCheck>().ok());
     match note.as_deref() {
-        Some(Some(claims)) => {
-            recheck_claims(claims, policy)?;
-            Ok(Some(claims.clone()))
+        Some(VouchedCheck {
+            claims: Some(claims),
+            checked_at,
+        }) => {
+            recheck_claims(claims, *checked_at, now, policy)?;
+            Ok((Some(claims.clone()), *checked_at))
         }
-        Some(None) | None => {
+        Some(VouchedCheck {
+            claims: None,
+            checked_at,
+        }) => {
             policy.check_missing_evidence()?;
-            Ok(None)
+            Ok((None, *checked_at))
+        }
+        None => {
+            policy.check_missing_evidence()?;
+            Ok((None, now))
         }
     }
 }
@@ -651,15 +677,24 @@ impl EndpointCore {
         let (policy, now) = (&self.policy, self.now_unix);
         let slot = slot_in(&mut self.slots, subchannel)?;
         let resumed = slot.engine.session_resumed();
-        let claims = if resumed && evidence.is_empty() {
-            resumed_claims(slot.engine.as_ref(), policy)?
+        let (claims, checked_at) = if resumed && evidence.is_empty() {
+            resumed_claims(slot.engine.as_ref(), policy, now)?
         } else {
-            fresh_claims(slot.engine.as_ref(), evidence, policy, now)?
+            (
+                fresh_claims(slot.engine.as_ref(), evidence, policy, now)?,
+                now,
+            )
         };
-        // Only a session that can be resumed needs its claims kept.
+        // Only a session that can be resumed needs its claims kept; its tickets are offered
+        // while the check is young enough to be relied on.
         if slot.resumable {
+            let valid_until = policy.resumed_evidence_valid_until(checked_at);
+            let check = VouchedCheck {
+                claims: claims.clone(),
+                checked_at,
+            };
             slot.engine
-                .vouch_for_session(std::sync::Arc::new(claims.clone()));
+                .vouch_for_session(std::sync::Arc::new(check), valid_until);
         }
         slot.state = Secondary::Verified;
         let middlebox = slot.name.clone().unwrap_or_default();
@@ -668,6 +703,7 @@ impl EndpointCore {
                 middlebox,
                 claims,
                 resumed,
+                checked_at,
             });
         Ok(())
     }
