@@ -37,37 +37,62 @@ pub fn report_data(spki_der: &[u8], binder: &[u8]) -> [u8; REPORT_DATA_LEN] {
     h.finalize().into()
 }
 
-/// Certificates whose SubjectPublicKeyInfo [`spki_from_certificate`] keeps: an endpoint meets
-/// the same few middleboxes on every session, and parsing a certificate costs ≈ 2 µs alone and
-/// ≈ 8 µs inside a handshake (docs/mbtls.md §9).
+/// Certificates whose SubjectPublicKeyInfo [`spki_from_certificate`] (and end of validity,
+/// [`certificate_not_after`]) keeps: an endpoint meets the same few middleboxes on every
+/// session, and parsing a certificate costs ≈ 2 µs alone and ≈ 8 µs inside a handshake
+/// (docs/mbtls.md §9).
 pub const REMEMBERED_CERTIFICATES: usize = 16;
 
-/// The DER SubjectPublicKeyInfo of a DER X.509 certificate: the `spki_der` input of
-/// [`report_data`] when the verifier knows the attester's key from its TLS certificate. The
-/// last [`REMEMBERED_CERTIFICATES`] certificates seen are remembered (the whole DER is the
-/// key, so a certificate is never mistaken for another).
-pub fn spki_from_certificate(cert_der: &[u8]) -> Result<Vec<u8>, crate::AttestError> {
+/// What the verifier reads from a middlebox's certificate.
+#[derive(Clone)]
+struct CertificateFacts {
+    spki: Vec<u8>,
+    /// `notAfter`, seconds since the Unix epoch (0 before it).
+    not_after: u64,
+}
+
+/// The facts of a DER X.509 certificate, parsed or remembered. The last
+/// [`REMEMBERED_CERTIFICATES`] certificates seen are remembered (the whole DER is the key, so
+/// a certificate is never mistaken for another).
+fn certificate_facts(cert_der: &[u8]) -> Result<CertificateFacts, crate::AttestError> {
     // Most recently used last.
-    static SEEN: Mutex<VecDeque<(Vec<u8>, Vec<u8>)>> = Mutex::new(VecDeque::new());
+    static SEEN: Mutex<VecDeque<(Vec<u8>, CertificateFacts)>> = Mutex::new(VecDeque::new());
     let seen = || SEEN.lock().unwrap_or_else(PoisonError::into_inner);
     {
         let mut seen = seen();
         let found = seen.iter().position(|(der, _)| der == cert_der);
         if let Some(entry) = found.and_then(|i| seen.remove(i)) {
-            let spki = entry.1.clone();
+            let facts = entry.1.clone();
             seen.push_back(entry);
-            return Ok(spki);
+            return Ok(facts);
         }
     }
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
         .map_err(|_| crate::AttestError::Malformed("certificate is not valid DER X.509"))?;
-    let spki = cert.tbs_certificate.subject_pki.raw.to_vec();
+    let facts = CertificateFacts {
+        spki: cert.tbs_certificate.subject_pki.raw.to_vec(),
+        not_after: u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0),
+    };
     let mut seen = seen();
     while seen.len() >= REMEMBERED_CERTIFICATES {
         seen.pop_front();
     }
-    seen.push_back((cert_der.to_vec(), spki.clone()));
-    Ok(spki)
+    seen.push_back((cert_der.to_vec(), facts.clone()));
+    Ok(facts)
+}
+
+/// The DER SubjectPublicKeyInfo of a DER X.509 certificate: the `spki_der` input of
+/// [`report_data`] when the verifier knows the attester's key from its TLS certificate
+/// (remembered, [`REMEMBERED_CERTIFICATES`]).
+pub fn spki_from_certificate(cert_der: &[u8]) -> Result<Vec<u8>, crate::AttestError> {
+    Ok(certificate_facts(cert_der)?.spki)
+}
+
+/// The end of a DER X.509 certificate's validity (`notAfter`, inclusive), in seconds since
+/// the Unix epoch (remembered, [`REMEMBERED_CERTIFICATES`]): how long a session resumed from
+/// one that checked the certificate may rely on that check (docs/mbtls.md §4.7).
+pub fn certificate_not_after(cert_der: &[u8]) -> Result<u64, crate::AttestError> {
+    Ok(certificate_facts(cert_der)?.not_after)
 }
 
 /// Constant-time equality of two report_data values.

@@ -36,8 +36,8 @@ pub mod tsm;
 pub mod verify;
 
 pub use binding::{
-    report_data, report_data_eq, spki_from_certificate, BINDING_CONTEXT, EXPORTER_LABEL,
-    EXPORTER_LEN, REPORT_DATA_LEN,
+    certificate_not_after, report_data, report_data_eq, spki_from_certificate, BINDING_CONTEXT,
+    EXPORTER_LABEL, EXPORTER_LEN, REPORT_DATA_LEN,
 };
 pub use claims::{Claims, TcbStatus, TeeKind};
 pub use dcap::{

@@ -24,7 +24,7 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::wire::MAX_INNER_PAYLOAD_LEN;
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
-use mbx_testbed::pki::{LeafSpec, TestPki};
+use mbx_testbed::pki::{LeafSpec, TestPki, Validity};
 
 const PROGRAM: &str = "mbx-test-middlebox";
 const VERSIONS: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
@@ -1763,7 +1763,16 @@ mod secondary_resumption {
         name: &str,
         secondary_version: Option<TlsVersion>,
     ) -> (MiddleboxHandshakeConfig, Arc<AtomicUsize>) {
-        let (id, _) = identity(&s.pki, &LeafSpec::middlebox(name));
+        counting_middlebox_certified(s, &LeafSpec::middlebox(name), secondary_version)
+    }
+
+    /// [`counting_middlebox_with`] with a certificate for `leaf`.
+    fn counting_middlebox_certified(
+        s: &Setup,
+        leaf: &LeafSpec,
+        secondary_version: Option<TlsVersion>,
+    ) -> (MiddleboxHandshakeConfig, Arc<AtomicUsize>) {
+        let (id, _) = identity(&s.pki, leaf);
         let made = Arc::new(AtomicUsize::new(0));
         let attester = Counting(
             SimulatedAttester::new(s.platform.clone(), measure(PROGRAM, b""), signer_id("t")),
@@ -1907,6 +1916,69 @@ mod secondary_resumption {
             assert!(!too_late.server().keys_sent());
             assert!(!too_late.server_side_mb(1).keys_installed());
         }
+    }
+
+    /// A middlebox certificate valid for `secs` more seconds.
+    fn expiring_leaf(name: &str, secs: u64) -> LeafSpec {
+        LeafSpec {
+            validity: Validity::ExpiresIn(std::time::Duration::from_secs(secs)),
+            ..LeafSpec::middlebox(name)
+        }
+    }
+
+    /// A resumed session skips the middlebox's certificate, so the endpoint keeps its end of
+    /// validity with the check: past it, the endpoint refuses a resumed session (here its clock
+    /// runs ahead of the store's, which would not have offered the ticket otherwise).
+    #[test]
+    fn a_resumed_session_is_refused_once_the_certificate_it_saw_expired_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let leaf = expiring_leaf("mb2.test", 100);
+            let (mb, _) = counting_middlebox_certified(&s, &leaf, Some(version));
+            let mbs = [("mb2.test", &mb)];
+            let t = now_unix();
+            session_at(&s, version, &mbs, &secondary, &s.policy, t).assert_no_errors();
+            let mut resumed = session_at(&s, version, &mbs, &secondary, &s.policy, t + 50);
+            resumed.assert_no_errors();
+            assert!(matches!(
+                verdicts(&mut resumed).as_slice(),
+                [(true, Some(_))]
+            ));
+            let mut expired = session_at(&s, version, &mbs, &secondary, &s.policy, t + 200);
+            let err = expired.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("certificate expired after the session this one resumes"),
+                "{version:?}: {:?}",
+                expired.errors
+            );
+            assert!(!expired.server().keys_sent());
+        }
+    }
+
+    /// Once the certificate a check saw has expired, its sessions are no longer offered: the
+    /// next session is a full handshake, whose certificate check fails (resumed, it would
+    /// have skipped it).
+    #[test]
+    fn a_certificate_that_expired_is_checked_again_in_a_full_handshake() {
+        let s = Setup::new();
+        let secondary = shared_secondary(&s);
+        let (mb, made) = counting_middlebox_certified(&s, &expiring_leaf("mb2.test", 2), None);
+        let mbs = [("mb2.test", &mb)];
+        session(&s, TlsVersion::Tls13, &mbs, &secondary, &s.policy).assert_no_errors();
+        // Not a timing assertion: the wait only has to outlast the certificate.
+        std::thread::sleep(std::time::Duration::from_millis(3_500));
+        let mut late = session(&s, TlsVersion::Tls13, &mbs, &secondary, &s.policy);
+        let err = late.errors[2].clone().unwrap_or_default();
+        assert!(
+            err.contains("TLS engine") && err.to_lowercase().contains("expired"),
+            "{:?}",
+            late.errors
+        );
+        assert!(!late.server().keys_sent());
+        // The middlebox's first flight carries its evidence (TLS 1.3), before the endpoint
+        // reads its certificate: the session was a full one.
+        assert_eq!(made.load(Ordering::SeqCst), 2);
     }
 
     /// A check older than the policy's `resumed_evidence_max_age` is not offered for

@@ -133,6 +133,8 @@ pub enum Validity {
     Expired,
     /// Valid from tomorrow for 30 days.
     NotYetValid,
+    /// Valid from one day ago until this long from now (whole seconds).
+    ExpiresIn(std::time::Duration),
     /// Explicit window.
     Custom {
         /// Start of validity.
@@ -149,6 +151,10 @@ impl Validity {
             Validity::Current => (now - Duration::days(1), now + Duration::days(365)),
             Validity::Expired => (now - Duration::days(30), now - Duration::days(1)),
             Validity::NotYetValid => (now + Duration::days(1), now + Duration::days(30)),
+            Validity::ExpiresIn(d) => (
+                now - Duration::days(1),
+                now + Duration::seconds(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+            ),
             Validity::Custom {
                 not_before,
                 not_after,

@@ -161,49 +161,72 @@ fn fresh_claims(
 }
 
 /// What an endpoint vouches for a secondary session with ([`TlsEngine::vouch_for_session`]):
-/// the claims of its middlebox's evidence (`None`: none, and the policy did not require any)
-/// and when they were checked (seconds since the Unix epoch). A session that resumes it, and
-/// the sessions resumed from that one, carry the same check and its time.
+/// the claims of its middlebox's evidence (`None`: none, and the policy did not require any),
+/// when they were checked, and the end of the middlebox certificate's validity (seconds since
+/// the Unix epoch). A session that resumes it, and the sessions resumed from that one, carry
+/// the same check: resumption skips the certificate and the evidence.
 struct VouchedCheck {
     claims: Option<Claims>,
     checked_at: u64,
+    certificate_not_after: u64,
+}
+
+impl VouchedCheck {
+    /// Until when (exclusive) later sessions may resume on this check: while it is young
+    /// enough for the policy and the certificate it saw is still valid.
+    fn valid_until(&self, policy: &Policy) -> u64 {
+        policy
+            .resumed_evidence_valid_until(self.checked_at)
+            .min(self.certificate_not_after.saturating_add(1))
+    }
+}
+
+/// The end of validity of the middlebox's certificate (0 without one: nothing to resume on).
+fn certificate_not_after(engine: &(dyn TlsEngine + Send)) -> Result<u64, HandshakeError> {
+    match engine.peer_certificates().first() {
+        Some(leaf) => Ok(mbx_attest::certificate_not_after(leaf)?),
+        None => Ok(0),
+    }
 }
 
 /// A resumed secondary session without evidence (paper §3.5: no new attestation is needed,
 /// because only the middlebox that made the ticket can open it, and its ticket key never
 /// leaves it): the check of the session it resumes, which this endpoint vouched for, must
-/// be younger than the policy's `resumed_evidence_max_age` at `now` (the engine offers no
-/// session past that age; this holds if the clocks disagree), and its claims must pass
-/// today's policy. A resumption this endpoint never vouched for (no note: another engine, or
-/// a context shared with something else) counts as no evidence, checked now.
-fn resumed_claims(
+/// still hold at `now`: younger than the policy's `resumed_evidence_max_age`, its certificate
+/// unexpired, its claims passing today's policy. (The engine offers no session past
+/// [`VouchedCheck::valid_until`]; this holds if the clocks disagree or the policy changed.) A
+/// resumption this endpoint never vouched for (no note: another engine, or a context shared
+/// with something else) counts as no evidence, checked now.
+fn resumed_check(
     engine: &(dyn TlsEngine + Send),
     policy: &Policy,
     now: u64,
-) -> Result<(Option<Claims>, u64), HandshakeError> {
+) -> Result<VouchedCheck, HandshakeError> {
     let note = engine
         .resumed_note()
         .and_then(|n| n.downcast::<VouchedCheck>().ok());
-    match note.as_deref() {
-        Some(VouchedCheck {
-            claims: Some(claims),
-            checked_at,
-        }) => {
-            recheck_claims(claims, *checked_at, now, policy)?;
-            Ok((Some(claims.clone()), *checked_at))
-        }
-        Some(VouchedCheck {
+    let Some(check) = note.as_deref() else {
+        policy.check_missing_evidence()?;
+        return Ok(VouchedCheck {
             claims: None,
-            checked_at,
-        }) => {
-            policy.check_missing_evidence()?;
-            Ok((None, *checked_at))
-        }
-        None => {
-            policy.check_missing_evidence()?;
-            Ok((None, now))
-        }
+            checked_at: now,
+            certificate_not_after: certificate_not_after(engine)?,
+        });
+    };
+    if now > check.certificate_not_after {
+        return Err(HandshakeError::Resumed(
+            "the middlebox's certificate expired after the session this one resumes",
+        ));
     }
+    match &check.claims {
+        Some(claims) => recheck_claims(claims, check.checked_at, now, policy)?,
+        None => policy.check_missing_evidence()?,
+    }
+    Ok(VouchedCheck {
+        claims: check.claims.clone(),
+        checked_at: check.checked_at,
+        certificate_not_after: check.certificate_not_after,
+    })
 }
 
 /// The slot on `subchannel`.
@@ -677,25 +700,31 @@ impl EndpointCore {
         let (policy, now) = (&self.policy, self.now_unix);
         let slot = slot_in(&mut self.slots, subchannel)?;
         let resumed = slot.engine.session_resumed();
-        let (claims, checked_at) = if resumed && evidence.is_empty() {
-            resumed_claims(slot.engine.as_ref(), policy, now)?
+        let check = if resumed && evidence.is_empty() {
+            resumed_check(slot.engine.as_ref(), policy, now)?
         } else {
-            (
-                fresh_claims(slot.engine.as_ref(), evidence, policy, now)?,
-                now,
-            )
-        };
-        // Only a session that can be resumed needs its claims kept; its tickets are offered
-        // while the check is young enough to be relied on.
-        if slot.resumable {
-            let valid_until = policy.resumed_evidence_valid_until(checked_at);
-            let check = VouchedCheck {
-                claims: claims.clone(),
-                checked_at,
+            let claims = fresh_claims(slot.engine.as_ref(), evidence, policy, now)?;
+            // Only a session that can be resumed needs its certificate read again.
+            let certificate_not_after = match slot.resumable {
+                true => certificate_not_after(slot.engine.as_ref())?,
+                false => 0,
             };
+            VouchedCheck {
+                claims,
+                checked_at: now,
+                certificate_not_after,
+            }
+        };
+        let checked_at = check.checked_at;
+        let claims = if slot.resumable {
+            // Its tickets are offered while the check can be relied on.
+            let (claims, valid_until) = (check.claims.clone(), check.valid_until(policy));
             slot.engine
                 .vouch_for_session(std::sync::Arc::new(check), valid_until);
-        }
+            claims
+        } else {
+            check.claims
+        };
         slot.state = Secondary::Verified;
         let middlebox = slot.name.clone().unwrap_or_default();
         self.events

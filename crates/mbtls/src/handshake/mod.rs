@@ -107,6 +107,9 @@ pub enum HandshakeError {
     Protocol(&'static str),
     #[error("configuration: {0}")]
     Config(&'static str),
+    /// A resumed secondary session relies on an earlier check that no longer holds.
+    #[error("resumed secondary session: {0}")]
+    Resumed(&'static str),
 }
 
 impl From<mbx_wire::WireError> for HandshakeError {
