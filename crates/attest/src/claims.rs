@@ -134,6 +134,17 @@ pub struct Claims {
     /// only): which of Intel's TCB appraisals `tcb_status` comes from; it grows with every TCB
     /// recovery, so a minimum refuses collateral from before one.
     pub tcb_evaluation_data_number: Option<u32>,
+    /// The simulated platform's Ed25519 key that signed the evidence (simulated only): a
+    /// later use of these claims ([`crate::recheck_claims`]) requires the policy to trust it
+    /// still.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform_key: Option<Vec<u8>>,
+    /// The last second (since the Unix epoch) at which the evidence's collateral is valid, the
+    /// earliest `nextUpdate`/`notAfter` of its TCB info, QE identity, CRLs and certificates
+    /// (DCAP only): the evidence would not verify after it, so neither do these claims
+    /// ([`crate::recheck_claims`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collateral_valid_until: Option<u64>,
 }
 
 impl fmt::Display for Claims {
@@ -193,6 +204,8 @@ mod tests {
             tcb_status: Some(TcbStatus::UpToDate),
             advisory_ids: vec!["INTEL-SA-1".into()],
             tcb_evaluation_data_number: Some(17),
+            platform_key: None,
+            collateral_valid_until: Some(1_900_000_000),
         };
         assert_eq!(
             c.to_string(),

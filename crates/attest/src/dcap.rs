@@ -134,6 +134,8 @@ fn full_check(
         tcb_status: Some(tcb_status),
         advisory_ids: verified.tcb.advisory_ids,
         tcb_evaluation_data_number: Some(verified.tcb.eval_data_number),
+        platform_key: None,
+        collateral_valid_until: Some(verified.earliest_expiration_date),
     };
     Ok((claims, verified.earliest_expiration_date))
 }

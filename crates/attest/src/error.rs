@@ -41,6 +41,9 @@ pub enum AttestError {
         /// The policy's `resumed_evidence_max_age`.
         max: u64,
     },
+    /// Claims checked earlier rest on DCAP collateral that has expired since.
+    #[error("the collateral of the evidence these claims rest on expired at {0} (seconds since the Unix epoch)")]
+    CollateralExpired(u64),
     /// The peer presented no evidence but the policy requires it.
     #[error("attestation evidence is required by policy but none was presented")]
     EvidenceRequired,

@@ -275,6 +275,8 @@ mod tests {
             tcb_status: Some(TcbStatus::UpToDate),
             advisory_ids: vec![],
             tcb_evaluation_data_number: Some(17),
+            platform_key: None,
+            collateral_valid_until: Some(5_000),
         }
     }
 
@@ -347,6 +349,43 @@ mod tests {
         );
         let stricter = Policy { min_svn: 4, ..p };
         assert!(crate::recheck_claims(&claims(), 1_000, 1_050, &stricter).is_err());
+    }
+
+    /// What the evidence rested on must still hold when its claims are used again: DCAP
+    /// collateral unexpired (to its last second), a simulated platform key still trusted.
+    #[test]
+    fn a_recheck_refuses_expired_collateral_and_an_untrusted_platform() {
+        let p = Policy {
+            resumed_evidence_max_age: 100_000,
+            ..accepting()
+        };
+        assert!(crate::recheck_claims(&claims(), 1_000, 5_000, &p).is_ok());
+        assert!(matches!(
+            crate::recheck_claims(&claims(), 1_000, 5_001, &p),
+            Err(AttestError::CollateralExpired(5_000))
+        ));
+        let sim = Claims {
+            tee: TeeKind::Simulated,
+            tcb_status: None,
+            tcb_evaluation_data_number: None,
+            collateral_valid_until: None,
+            platform_key: Some(vec![9; 32]),
+            ..claims()
+        };
+        let trusting = Policy {
+            allow_simulated: true,
+            sim_platform_keys: vec![HexBytes(vec![9; 32])],
+            ..p
+        };
+        assert!(crate::recheck_claims(&sim, 1_000, 1_001, &trusting).is_ok());
+        let other_platform = Policy {
+            sim_platform_keys: vec![HexBytes(vec![8; 32])],
+            ..trusting
+        };
+        assert!(matches!(
+            crate::recheck_claims(&sim, 1_000, 1_001, &other_platform),
+            Err(AttestError::UntrustedPlatformKey(_))
+        ));
     }
 
     #[test]

@@ -182,6 +182,8 @@ pub fn verify_simulated(
         tcb_status: None,
         advisory_ids: Vec::new(),
         tcb_evaluation_data_number: None,
+        platform_key: Some(ev.platform_key.to_vec()),
+        collateral_valid_until: None,
     };
     policy.check_claims(&claims)?;
     tracing::warn!(

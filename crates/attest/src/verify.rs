@@ -69,10 +69,10 @@ pub fn verify(
 /// Applies `policy` again to claims that an earlier check accepted at `checked_at` (an mbTLS
 /// secondary session resumed from a session whose evidence was verified), at `now` (seconds
 /// since the Unix epoch): the check must be younger than the policy's
-/// `resumed_evidence_max_age`, and the claims must pass the policy's own checks and its gate
-/// on simulated evidence. The evidence's signature and binding are not checked again (they
-/// belonged to the earlier session), and neither are the trusted simulated platform keys nor
-/// DCAP collateral, which the claims do not record.
+/// `resumed_evidence_max_age`; what the evidence rested on must still hold (a simulated
+/// platform key the policy still trusts, DCAP collateral not yet expired); and the claims must
+/// pass the policy's own checks and its gate on simulated evidence. The evidence's signature
+/// and binding are not checked again: they belonged to the earlier session.
 pub fn recheck_claims(
     claims: &Claims,
     checked_at: u64,
@@ -81,9 +81,18 @@ pub fn recheck_claims(
 ) -> Result<(), AttestError> {
     policy.validate()?;
     check_resumed_age(checked_at, now, policy)?;
+    if let Some(last) = claims.collateral_valid_until {
+        if now > last {
+            return Err(AttestError::CollateralExpired(last));
+        }
+    }
     if claims.tee == crate::claims::TeeKind::Simulated {
         if !policy.allow_simulated {
             return Err(AttestError::SimulatedNotAllowed);
+        }
+        let key = claims.platform_key.as_deref().unwrap_or_default();
+        if !policy.trusts_platform_key(key) {
+            return Err(AttestError::UntrustedPlatformKey(hex::encode(key)));
         }
         tracing::warn!(
             claims = %claims,

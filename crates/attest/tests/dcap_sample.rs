@@ -77,6 +77,22 @@ fn sgx_sample_accepted_at_a_valid_time() {
         Some(TcbStatus::ConfigurationAndSWHardeningNeeded)
     );
     assert!(claims.to_string().starts_with("tee=sgx measurement="));
+    // The claims say until when the collateral holds: to that second, and not one more.
+    let last = claims
+        .collateral_valid_until
+        .expect("DCAP claims carry their collateral's end");
+    assert!(claims.platform_key.is_none());
+    let at = |t| {
+        verify_dcap_quote(
+            &s.quote,
+            &s.collateral_json,
+            &f.report_data,
+            &sgx_policy(&f),
+            t,
+        )
+    };
+    assert!(last >= now && at(last).is_ok());
+    assert!(at(last + 1).is_err());
 
     // The same through the evidence encoding and the dispatching entry point.
     let ev = Evidence::Dcap(DcapEvidence::new(s.quote.clone(), s.collateral_json.clone()).unwrap());

@@ -63,6 +63,12 @@ fn accepted_when_everything_matches() {
     assert_eq!(claims.svn, 2);
     assert!(!claims.debug);
     assert_eq!(claims.tcb_status, None);
+    // The platform that signed, for later uses of the claims; no collateral to expire.
+    assert_eq!(
+        claims.platform_key.as_deref(),
+        Some(&platform(1).public_key()[..])
+    );
+    assert_eq!(claims.collateral_valid_until, None);
     // Same result over the wire encoding and through the trait object.
     assert_eq!(
         verify_bytes(&ev.to_bytes(), &binding(1), &f.policy, NOW).unwrap(),

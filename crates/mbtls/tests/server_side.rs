@@ -1918,6 +1918,32 @@ mod secondary_resumption {
         }
     }
 
+    /// A resumed session rests on the simulated platform that signed the first evidence: a
+    /// policy that no longer trusts that platform refuses it.
+    #[test]
+    fn a_resumed_middlebox_needs_its_platform_trusted_still_both_versions() {
+        let s = Setup::new();
+        let other = SimulatedPlatform::generate().unwrap();
+        let distrusting = Policy {
+            sim_platform_keys: vec![HexBytes(other.public_key().to_vec())],
+            ..s.policy.clone()
+        };
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, _) = counting_middlebox(&s, "mb2.test");
+            let mbs = [("mb2.test", &mb)];
+            session(&s, version, &mbs, &secondary, &s.policy).assert_no_errors();
+            let mut later = session(&s, version, &mbs, &secondary, &distrusting);
+            let err = later.errors[2].clone().unwrap_or_default();
+            assert!(
+                err.contains("untrusted platform key"),
+                "{version:?}: {:?}",
+                later.errors
+            );
+            assert!(!later.server().keys_sent());
+        }
+    }
+
     /// A middlebox certificate valid for `secs` more seconds.
     fn expiring_leaf(name: &str, secs: u64) -> LeafSpec {
         LeafSpec {

@@ -173,11 +173,18 @@ struct VouchedCheck {
 
 impl VouchedCheck {
     /// Until when (exclusive) later sessions may resume on this check: while it is young
-    /// enough for the policy and the certificate it saw is still valid.
+    /// enough for the policy, and the certificate it saw and the evidence's collateral (DCAP)
+    /// are still valid.
     fn valid_until(&self, policy: &Policy) -> u64 {
+        let collateral = self
+            .claims
+            .as_ref()
+            .and_then(|c| c.collateral_valid_until)
+            .unwrap_or(u64::MAX);
         policy
             .resumed_evidence_valid_until(self.checked_at)
             .min(self.certificate_not_after.saturating_add(1))
+            .min(collateral.saturating_add(1))
     }
 }
 
@@ -1073,7 +1080,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use super::{certificate_name, DataPhase, EndpointCore, EndpointDataPhase, HopKeys};
+    use super::{
+        certificate_name, Claims, DataPhase, EndpointCore, EndpointDataPhase, HopKeys, VouchedCheck,
+    };
     use mbx_attest::Policy;
     use mbx_engine::Role;
     use mbx_record::{CipherSuite, TlsVersion};
@@ -1151,6 +1160,49 @@ mod tests {
         assert_eq!(
             certificate_name(&der(&spec)).as_deref(),
             Some("mb?[2J.test?")
+        );
+    }
+
+    /// A check is relied on until the first of: the policy's age limit, the end of the
+    /// certificate it saw, the end of its evidence's collateral (each end is the last valid
+    /// second, so the bound is one past it).
+    #[test]
+    fn a_check_stands_until_the_first_of_its_ends() {
+        let policy = Policy {
+            resumed_evidence_max_age: 1_000,
+            ..Policy::default()
+        };
+        let claims = |collateral| Claims {
+            tee: mbx_attest::TeeKind::Sgx,
+            measurement: vec![1; 32],
+            signer: vec![2; 32],
+            product_id: 0,
+            svn: 0,
+            debug: false,
+            tcb_status: None,
+            advisory_ids: Vec::new(),
+            tcb_evaluation_data_number: None,
+            platform_key: None,
+            collateral_valid_until: collateral,
+        };
+        let check = |claims, certificate_not_after| VouchedCheck {
+            claims,
+            checked_at: 10_000,
+            certificate_not_after,
+        };
+        assert_eq!(check(None, u64::MAX).valid_until(&policy), 11_000);
+        assert_eq!(check(None, 10_500).valid_until(&policy), 10_501);
+        assert_eq!(
+            check(Some(claims(None)), 10_500).valid_until(&policy),
+            10_501
+        );
+        assert_eq!(
+            check(Some(claims(Some(10_200))), 10_500).valid_until(&policy),
+            10_201
+        );
+        assert_eq!(
+            check(Some(claims(Some(u64::MAX))), u64::MAX).valid_until(&policy),
+            11_000
         );
     }
 }
