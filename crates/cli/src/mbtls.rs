@@ -249,6 +249,11 @@ struct MiddleboxFlags {
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
     server_side: bool,
+    /// Seconds the middlebox seals its session tickets under one key before it makes the next
+    /// (default 3600): a ticket, and with it a resumed secondary session without new
+    /// evidence, opens for one to two periods.
+    #[arg(long)]
+    ticket_key_secs: Option<u64>,
     #[command(flatten, next_help_heading = "Service")]
     service: Service,
 }
@@ -325,6 +330,8 @@ struct MiddleboxSettings {
     /// `client` (default) or `server`.
     #[serde(default = "default_side")]
     side: String,
+    /// Seconds per session-ticket key (default `MIDDLEBOX_TICKET_KEY_PERIOD`, 3600).
+    ticket_key_secs: Option<u64>,
     #[serde(skip)]
     service: Service,
 }
@@ -1155,6 +1162,7 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
+    set_secs(&mut table, "ticket_key_secs", flags.ticket_key_secs)?;
     // One way to name the next hop wins over the file's other one.
     if flags.transparent {
         table.remove("next_hop");
@@ -1169,10 +1177,14 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
 
     let chain = read(&s.certificate, "certificate")?;
     let key = Zeroizing::new(read(&s.private_key, "private key")?);
-    let tls = TlsConfig::server(Identity {
+    let mut tls = TlsConfig::server(Identity {
         cert_chain_pem: chain,
         key_pem: key,
     });
+    if let Some(secs) = s.ticket_key_secs {
+        ensure!(secs > 0, "ticket_key_secs must be at least 1");
+        tls.ticket_key_rotation = Some(std::time::Duration::from_secs(secs));
+    }
     let app = app_factory(&s.app)?;
     // The measured configuration: what the middlebox does to traffic.
     let measured_config = format!("app={}", s.app);

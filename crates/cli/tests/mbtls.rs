@@ -1700,3 +1700,32 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         "{text}"
     );
 }
+
+/// `--ticket-key-secs` (TOML `ticket_key_secs`) sets how long the middlebox seals tickets
+/// under one key; zero is refused at start-up with a clear error, a positive value starts.
+#[test]
+fn the_middleboxs_ticket_key_period_is_checked() {
+    let (_dir, _pki, _server, mbox) = pki_files("mbx cli mbtls ticket key root", "mb.test");
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    args.extend(["--ticket-key-secs", "0"].map(std::ffi::OsStr::new));
+    let out = mbx()
+        .args(&args)
+        .env_remove("MBX_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ticket_key_secs must be at least 1"), "{err}");
+    let (_mb, _lines, head) =
+        start_middlebox("127.0.0.1:9", &mbox, &["--ticket-key-secs", "90"], 4);
+    assert!(
+        head[0].starts_with("mbTLS middlebox listening on"),
+        "{head:?}"
+    );
+}

@@ -122,6 +122,13 @@ pub struct TlsConfig {
     /// only its stateless tickets resume (with `session_tickets`), which only the holder of
     /// the context's ticket key can open: an mbTLS middlebox's secondary sessions.
     pub session_cache: bool,
+    /// OpenSSL servers with `session_tickets`: seal tickets under keys the context makes and
+    /// replaces every this long (at least 1 s), instead of OpenSSL's one key for the
+    /// context's whole life. A ticket opens during its key's period and the next (1 to 2
+    /// periods; OpenSSL renews it in the second), and a key is wiped when it leaves, so a
+    /// stolen key opens only recent tickets. `None` (default): OpenSSL's key.
+    /// `OpenSslContext::rotate_ticket_keys` starts a new period at once.
+    pub ticket_key_rotation: Option<std::time::Duration>,
     /// Key-exchange groups in preference order, by OpenSSL name (`X25519`, `P-256`, `P-384`,
     /// …; empty: library defaults; rustls knows these three). A client sends its TLS 1.3 key
     /// share for the first. A server limited to a group the
@@ -175,6 +182,7 @@ impl TlsConfig {
             cipher_suites: Vec::new(),
             session_tickets: true,
             session_cache: true,
+            ticket_key_rotation: None,
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
@@ -198,6 +206,7 @@ impl TlsConfig {
             cipher_suites: Vec::new(),
             session_tickets: true,
             session_cache: true,
+            ticket_key_rotation: None,
             groups: Vec::new(),
             custom_extensions: Vec::new(),
             pause_after_handshake: false,
@@ -238,6 +247,7 @@ impl TlsConfig {
             cipher_suites,
             session_tickets,
             session_cache,
+            ticket_key_rotation,
             groups,
             custom_extensions,
             pause_after_handshake,
@@ -273,6 +283,7 @@ impl TlsConfig {
             && *cipher_suites == other.cipher_suites
             && *session_tickets == other.session_tickets
             && *session_cache == other.session_cache
+            && *ticket_key_rotation == other.ticket_key_rotation
             && *groups == other.groups
             && custom_extensions.len() == other.custom_extensions.len()
             && custom_extensions

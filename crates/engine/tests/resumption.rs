@@ -467,3 +467,78 @@ mod vouched {
         }
     }
 }
+
+/// Servers whose tickets are sealed under keys the context replaces
+/// (`TlsConfig::ticket_key_rotation`), with no session cache, so that only tickets resume.
+mod ticket_key_rotation {
+    use super::*;
+    use std::time::Duration;
+
+    fn rotating_server(pki: &Pki, v: TlsVersion) -> OpenSslContext {
+        let mut s = pki.server_config().only(v);
+        s.session_cache = false;
+        s.ticket_key_rotation = Some(Duration::from_secs(3600));
+        OpenSslContext::new(&s).expect("server context")
+    }
+
+    fn client(pki: &Pki, v: TlsVersion) -> OpenSslContext {
+        let mut c = pki.client_config().only(v);
+        c.resume_sessions = 8;
+        OpenSslContext::new(&c).expect("client context")
+    }
+
+    /// A ticket opens under its own key and, after one rotation, under the previous one; two
+    /// rotations after its key's period began it does not, and the handshake is a full one.
+    /// TLS 1.3: the resumed session leaves tickets under the current key, which survive one
+    /// more rotation. TLS 1.2: the server renews the ticket in the resumed handshake, but an
+    /// OpenSSL client stores no session from a resumed TLS 1.2 handshake, so it offers the old
+    /// ticket again.
+    #[test]
+    fn a_ticket_opens_for_its_period_and_the_next_both_versions() {
+        let pki = Pki::new();
+        for v in [V12, V13] {
+            let (client, server) = (client(&pki, v), rotating_server(&pki, v));
+            assert_eq!(connect(&client, &server, HOST), (false, false), "{v:?}");
+            assert_eq!(connect(&client, &server, HOST), (true, true), "{v:?}");
+            assert!(server.rotate_ticket_keys().expect("rotate"));
+            assert_eq!(
+                connect(&client, &server, HOST),
+                (true, true),
+                "{v:?}: the previous key must still open"
+            );
+            server.rotate_ticket_keys().expect("rotate");
+            let after_second = connect(&client, &server, HOST);
+            match v {
+                V13 => {
+                    assert_eq!(after_second, (true, true));
+                    server.rotate_ticket_keys().expect("rotate");
+                    server.rotate_ticket_keys().expect("rotate");
+                    assert_eq!(
+                        connect(&client, &server, HOST),
+                        (false, false),
+                        "a key two periods old must be gone"
+                    );
+                }
+                _ => assert_eq!(
+                    after_second,
+                    (false, false),
+                    "a key two periods old must be gone"
+                ),
+            }
+            assert_eq!(connect(&client, &server, HOST), (true, true), "{v:?}");
+        }
+    }
+
+    /// Each context has keys of its own: another server with the same certificate cannot open
+    /// the first one's tickets, and a context with OpenSSL's own key has nothing to rotate.
+    #[test]
+    fn keys_belong_to_their_context() {
+        let pki = Pki::new();
+        let client = client(&pki, V13);
+        let (first, second) = (rotating_server(&pki, V13), rotating_server(&pki, V13));
+        connect(&client, &first, HOST);
+        assert_eq!(connect(&client, &second, HOST), (false, false));
+        let plain = OpenSslContext::new(&pki.server_config()).expect("server context");
+        assert!(!plain.rotate_ticket_keys().expect("no keys to rotate"));
+    }
+}

@@ -1944,6 +1944,36 @@ mod secondary_resumption {
         }
     }
 
+    /// A middlebox seals its tickets under keys it replaces: a ticket opens after one
+    /// rotation, not after two, and the endpoint then gets fresh evidence in a full
+    /// handshake.
+    #[test]
+    fn a_middleboxs_ticket_dies_with_its_key_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let secondary = shared_secondary(&s);
+            let (mb, made) = counting_middlebox_with(&s, "mb2.test", Some(version));
+            let mbs = [("mb2.test", &mb)];
+            let resumed = |expected: bool| {
+                let mut path = session(&s, version, &mbs, &secondary, &s.policy);
+                path.assert_no_errors();
+                assert!(
+                    matches!(verdicts(&mut path).as_slice(), [(r, Some(_))] if *r == expected),
+                    "{version:?}: resumed should be {expected}"
+                );
+            };
+            resumed(false);
+            assert!(mb.tls.rotate_ticket_keys().unwrap());
+            resumed(true);
+            assert_eq!(made.load(Ordering::SeqCst), 1, "{version:?}");
+            // Two rotations since the newest ticket's key began.
+            mb.tls.rotate_ticket_keys().unwrap();
+            mb.tls.rotate_ticket_keys().unwrap();
+            resumed(false);
+            assert_eq!(made.load(Ordering::SeqCst), 2, "{version:?}");
+        }
+    }
+
     /// A middlebox certificate valid for `secs` more seconds.
     fn expiring_leaf(name: &str, secs: u64) -> LeafSpec {
         LeafSpec {

@@ -12,6 +12,9 @@
 //! * `SSL_free_buffers` — gives an idle connection's record buffers back (not bound either).
 //! * `SSL_new_session_ticket` — a TLS 1.3 server's session ticket on demand (OpenSSL 3.0; not
 //!   bound either).
+//! * `SSL_CTX_set_tlsext_ticket_key_evp_cb` — session tickets sealed under keys the context
+//!   replaces on a schedule (`ticket_keys.rs`; not bound either), with `EVP_EncryptInit_ex`,
+//!   `EVP_DecryptInit_ex` and `EVP_MAC_CTX_set_params` to hand OpenSSL the keys.
 //!
 //! Design for memory safety: the callbacks receive no user pointer (`arg` is always null). They
 //! find the per-connection state through the `SSL`'s ex_data slot, which the `openssl` crate owns
@@ -19,7 +22,7 @@
 //! objects it belongs to. Every callback catches panics (unwinding into C is undefined), turns
 //! them into `internal_error`, and hands plain slices to safe code in the parent module.
 
-use std::os::raw::{c_int, c_uchar, c_uint, c_void};
+use std::os::raw::{c_char, c_int, c_uchar, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -52,12 +55,144 @@ type MsgCallback = unsafe extern "C" fn(
     arg: *mut c_void,
 );
 
+type TicketKeyCallback = unsafe extern "C" fn(
+    ssl: *mut sys::SSL,
+    key_name: *mut c_uchar,
+    iv: *mut c_uchar,
+    cipher: *mut sys::EVP_CIPHER_CTX,
+    mac: *mut sys::EVP_MAC_CTX,
+    enc: c_int,
+) -> c_int;
+
 extern "C" {
     // Not bound by openssl-sys; real functions in libssl 3 (ssl.h), linked through openssl-sys.
     fn SSL_set_msg_callback(ssl: *mut sys::SSL, cb: Option<MsgCallback>);
     fn SSL_key_update(ssl: *mut sys::SSL, updatetype: c_int) -> c_int;
     fn SSL_free_buffers(ssl: *mut sys::SSL) -> c_int;
     fn SSL_new_session_ticket(ssl: *mut sys::SSL) -> c_int;
+    fn SSL_CTX_set_tlsext_ticket_key_evp_cb(
+        ctx: *mut sys::SSL_CTX,
+        cb: Option<TicketKeyCallback>,
+    ) -> c_int;
+    // libcrypto 3 (params.h).
+    fn OSSL_PARAM_construct_utf8_string(
+        key: *const c_char,
+        buf: *mut c_char,
+        bsize: size_t,
+    ) -> sys::OSSL_PARAM;
+}
+
+/// Length of a ticket key's name, and of the IV buffer OpenSSL hands the ticket callback
+/// (`EVP_MAX_IV_LENGTH`, `evp.h`; AES-CBC uses all of it).
+const TICKET_KEY_NAME_LEN: usize = 16;
+const TICKET_IV_LEN: usize = 16;
+
+/// Seals and opens this context's session tickets under the keys its connections' state
+/// names ([`super::ticket_keys_of`]).
+pub(super) fn set_ticket_key_callback(builder: &mut SslContextBuilder) -> bool {
+    // SAFETY: `builder.as_ptr()` is the live SSL_CTX the builder owns; the callback is a
+    // `'static` function and takes no user pointer.
+    unsafe { SSL_CTX_set_tlsext_ticket_key_evp_cb(builder.as_ptr(), Some(ticket_key_cb)) == 1 }
+}
+
+/// Sets up OpenSSL's ticket cipher (AES-256-CBC, to seal or to open) and HMAC (SHA-256) with
+/// `key` and the ticket's IV.
+///
+/// # Safety
+/// `cipher` and `mac` must be the live contexts OpenSSL passed to the ticket callback, and `iv`
+/// its buffer of `TICKET_IV_LEN` bytes holding the IV.
+unsafe fn set_up_ticket_crypto(
+    cipher: *mut sys::EVP_CIPHER_CTX,
+    mac: *mut sys::EVP_MAC_CTX,
+    key: &super::ticket_keys::TicketKey,
+    iv: *const c_uchar,
+    seal: bool,
+) -> bool {
+    let init = if seal {
+        sys::EVP_EncryptInit_ex
+    } else {
+        sys::EVP_DecryptInit_ex
+    };
+    let mut digest = *b"SHA256\0";
+    // SAFETY: per the contract for `cipher`, `mac` and `iv`; the key bytes and the parameter
+    // array (which points at `key.hmac` and `digest`) stay alive until the calls return, and
+    // OpenSSL copies what it keeps. It only reads through the octet string's pointer (`*mut`
+    // is its API's). A size of 0 makes it read the NUL-terminated digest name.
+    unsafe {
+        if init(
+            cipher,
+            sys::EVP_aes_256_cbc(),
+            ptr::null_mut(),
+            key.aes.as_ptr(),
+            iv,
+        ) != 1
+        {
+            return false;
+        }
+        let params = [
+            sys::OSSL_PARAM_construct_octet_string(
+                c"key".as_ptr(),
+                key.hmac.as_ptr().cast_mut().cast::<c_void>(),
+                key.hmac.len(),
+            ),
+            OSSL_PARAM_construct_utf8_string(
+                c"digest".as_ptr(),
+                digest.as_mut_ptr().cast::<c_char>(),
+                0,
+            ),
+            sys::OSSL_PARAM_construct_end(),
+        ];
+        sys::EVP_MAC_CTX_set_params(mac, params.as_ptr()) == 1
+    }
+}
+
+/// `SSL_CTX_set_tlsext_ticket_key_evp_cb` callback. Sealing (`enc == 1`): writes the current
+/// key's name and a fresh IV, sets up the cipher and the MAC, returns 1. Opening: 0 if the
+/// named key is gone (OpenSSL then makes a full handshake), 1 under the current key, 2 under
+/// the previous one (the ticket is renewed). -1 on failure.
+unsafe extern "C" fn ticket_key_cb(
+    ssl: *mut sys::SSL,
+    key_name: *mut c_uchar,
+    iv: *mut c_uchar,
+    cipher: *mut sys::EVP_CIPHER_CTX,
+    mac: *mut sys::EVP_MAC_CTX,
+    enc: c_int,
+) -> c_int {
+    // SAFETY: OpenSSL calls us with the live SSL whose ticket is made or read.
+    let Some(Some(keys)) = (unsafe { with_ssl(ssl, super::ticket_keys_of) }) else {
+        return -1;
+    };
+    if key_name.is_null() || iv.is_null() || cipher.is_null() || mac.is_null() {
+        return -1;
+    }
+    let run = || -> Option<c_int> {
+        if enc == 1 {
+            let key = keys.sealing_key().ok()?;
+            let mut fresh_iv = [0u8; TICKET_IV_LEN];
+            openssl::rand::rand_bytes(&mut fresh_iv).ok()?;
+            // SAFETY: `key_name` and `iv` are OpenSSL's buffers of 16 and EVP_MAX_IV_LENGTH
+            // (16) bytes, writable during the callback; `cipher` and `mac` its live contexts.
+            let ok = unsafe {
+                ptr::copy_nonoverlapping(key.name.as_ptr(), key_name, TICKET_KEY_NAME_LEN);
+                ptr::copy_nonoverlapping(fresh_iv.as_ptr(), iv, TICKET_IV_LEN);
+                set_up_ticket_crypto(cipher, mac, &key, iv, true)
+            };
+            ok.then_some(1)
+        } else {
+            // SAFETY: `key_name` holds the 16-byte name read from the ticket.
+            let name = unsafe { slice(key_name, TICKET_KEY_NAME_LEN) };
+            let Some((key, current)) = keys.opening_key(name).ok()? else {
+                return Some(0);
+            };
+            // SAFETY: as above; `iv` holds the ticket's IV.
+            let ok = unsafe { set_up_ticket_crypto(cipher, mac, &key, iv, false) };
+            ok.then_some(if current { 1 } else { 2 })
+        }
+    };
+    catch_unwind(AssertUnwindSafe(run))
+        .ok()
+        .flatten()
+        .unwrap_or(-1)
 }
 
 /// Schedules one TLS 1.3 session ticket, sent by the next `SSL_do_handshake` or write. False

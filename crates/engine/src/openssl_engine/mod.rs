@@ -3,6 +3,7 @@
 #[allow(unsafe_code)]
 mod ffi;
 mod sessions;
+mod ticket_keys;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
@@ -26,6 +27,7 @@ use crate::{
     TlsEngine,
 };
 use sessions::ClientSessions;
+use ticket_keys::TicketKeys;
 
 const HS_FINISHED: u8 = 20;
 const HS_KEY_UPDATE: u8 = 24;
@@ -122,6 +124,8 @@ struct ConnState {
     key_updates_requested: u32,
     /// Client with resumption: the server name the sessions it is given are kept under.
     resumption_name: Option<String>,
+    /// Server with [`TlsConfig::ticket_key_rotation`]: its context's ticket keys.
+    ticket_keys: Option<Arc<TicketKeys>>,
 }
 
 type SharedState = Arc<Mutex<ConnState>>;
@@ -144,6 +148,12 @@ fn state_index() -> Result<openssl::ex_data::Index<Ssl, SharedState>, ErrorStack
 
 fn state_of(ssl: &SslRef) -> Option<&SharedState> {
     STATE_INDEX.get().and_then(|i| ssl.ex_data(*i))
+}
+
+/// Called by [`ffi`] when OpenSSL seals or opens a session ticket: the keys of the
+/// connection's context.
+fn ticket_keys_of(ssl: &SslRef) -> Option<Arc<TicketKeys>> {
+    lock(state_of(ssl)?).ticket_keys.clone()
 }
 
 /// Called by [`ffi`] when OpenSSL builds a hello: the payload to put in it, if any.
@@ -303,6 +313,9 @@ pub struct OpenSslContext {
     quiet: OnceLock<SslContext>,
     /// Client with [`TlsConfig::resume_sessions`]: the sessions to offer, shared with `quiet`.
     sessions: Option<Arc<ClientSessions>>,
+    /// Server with [`TlsConfig::ticket_key_rotation`]: the keys its tickets are sealed under,
+    /// shared with `quiet`.
+    ticket_keys: Option<Arc<TicketKeys>>,
     role: Role,
     server_name: Option<String>,
     verify_peer: bool,
@@ -342,11 +355,29 @@ impl OpenSslContext {
     pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
         let sessions = (config.role == Role::Client && config.resume_sessions > 0)
             .then(|| Arc::new(ClientSessions::new(config.resume_sessions)));
-        let mut context = Self::build(config, sessions)?;
+        let ticket_keys = config
+            .ticket_key_rotation
+            .filter(|_| config.role == Role::Server && config.session_tickets)
+            .map(|period| Arc::new(TicketKeys::new(period)));
+        let mut context = Self::build(config, sessions, ticket_keys)?;
         if Self::has_key_log(config) {
             context.quiet_config = Some(Box::new(config.clone()));
         }
         Ok(context)
+    }
+
+    /// A server with [`TlsConfig::ticket_key_rotation`]: starts a new key epoch now (tickets
+    /// sealed until now still open until the next one starts, older ones never again), as
+    /// when an operator suspects its keys were read. False for a context without its own
+    /// ticket keys.
+    pub fn rotate_ticket_keys(&self) -> Result<bool, EngineError> {
+        match &self.ticket_keys {
+            Some(keys) => {
+                keys.rotate()?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// TLS 1.3 traffic secrets come only through the key log; a TLS 1.2 export reads the
@@ -358,6 +389,7 @@ impl OpenSslContext {
     fn build(
         config: &TlsConfig,
         sessions: Option<Arc<ClientSessions>>,
+        ticket_keys: Option<Arc<TicketKeys>>,
     ) -> Result<Self, EngineError> {
         let mut b = SslContextBuilder::new(SslMethod::tls())?;
         b.set_min_proto_version(Some(ssl_version(config.min_version)))?;
@@ -374,6 +406,11 @@ impl OpenSslContext {
         }
         if config.role == Role::Server && !config.session_cache {
             b.set_session_cache_mode(SslSessionCacheMode::OFF);
+        }
+        if ticket_keys.is_some() && !ffi::set_ticket_key_callback(&mut b) {
+            return Err(EngineError::Config(
+                "cannot install the session-ticket key callback".into(),
+            ));
         }
         Self::apply_suites(&mut b, &config.cipher_suites)?;
 
@@ -480,6 +517,7 @@ impl OpenSslContext {
             quiet_config: None,
             quiet: OnceLock::new(),
             sessions,
+            ticket_keys,
             role: config.role,
             server_name: config.server_name.clone(),
             verify_peer: config.verify_peer,
@@ -608,6 +646,7 @@ impl OpenSslContext {
             let quiet = Self::build(
                 &config.as_ref().clone().without_export(),
                 self.sessions.clone(),
+                self.ticket_keys.clone(),
             )?;
             // Another thread may have won the race: its context is the same.
             let _ = self.quiet.set(quiet.ctx);
@@ -659,6 +698,7 @@ impl OpenSslContext {
             ext_send: self.ext_send.clone(),
             handlers: self.handlers.clone(),
             resumption_name,
+            ticket_keys: self.ticket_keys.clone(),
             ..ConnState::default()
         }));
         ssl.set_ex_data(state_index()?, state.clone());

@@ -27,6 +27,11 @@ use crate::wire::{
     KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader, MIDDLEBOX_SUPPORT_EXTENSION,
 };
 
+/// How long a middlebox's secondary sessions seal tickets under one key
+/// (`TlsConfig::ticket_key_rotation`): a ticket opens for one to two hours, about an OpenSSL
+/// ticket's lifetime (7,200 s) and the endpoints' default `resumed_evidence_max_age`.
+pub const MIDDLEBOX_TICKET_KEY_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// What a middlebox needs for its secondary sessions; built once, cloned per connection.
 #[derive(Clone)]
 pub struct MiddleboxHandshakeConfig {
@@ -52,8 +57,11 @@ impl MiddleboxHandshakeConfig {
     /// built from it without export (a middlebox never exports its sessions: no OpenSSL key
     /// log) and without a session cache (it keeps nothing per session: its secondary
     /// sessions resume only by its stateless tickets, when `tls.session_tickets`, one per
-    /// session, made when the endpoint asks for one), and a certificate that does not parse is
-    /// refused here. `attester`: produces
+    /// session, made when the endpoint asks for one), with ticket keys it replaces every
+    /// `tls.ticket_key_rotation` ([`MIDDLEBOX_TICKET_KEY_PERIOD`] when unset: a resumed
+    /// session carries no new evidence, so whoever read a ticket key could pose as this
+    /// middlebox to an endpoint that resumes, for as long as the key opens tickets), and a
+    /// certificate that does not parse is refused here. `attester`: produces
     /// evidence; `None` sends empty evidence (accepted only by policies that do not require
     /// attestation).
     pub fn new(
@@ -62,6 +70,8 @@ impl MiddleboxHandshakeConfig {
     ) -> Result<Self, HandshakeError> {
         let mut tls = tls.clone().without_export();
         tls.session_cache = false;
+        tls.ticket_key_rotation
+            .get_or_insert(MIDDLEBOX_TICKET_KEY_PERIOD);
         let session_tickets = tls.session_tickets;
         let tls = OpenSslContext::new(&tls)?;
         let leaf = tls

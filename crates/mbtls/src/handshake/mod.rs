@@ -21,7 +21,10 @@ pub use demux::{hello_records, Demux, Piece};
 pub use endpoint_core::{
     Approver, ClientHandshakeEvent, HopFingerprint, ServerHandshakeEvent, SessionSummary,
 };
-pub use middlebox::{MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
+pub use middlebox::{
+    MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+    MIDDLEBOX_TICKET_KEY_PERIOD,
+};
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
 pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, MAX_COPIED_BYTES};
 
