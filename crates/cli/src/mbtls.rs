@@ -27,7 +27,7 @@ use mbx_mbtls::driver::{
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
-    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
+    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox, MIDDLEBOX_TICKET_KEY_PERIOD,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -131,6 +131,10 @@ struct ServerFlags {
     /// either way).
     #[arg(long)]
     session_tickets: bool,
+    /// With `--session-tickets`: seconds the server seals tickets under one key before it
+    /// makes the next (default 3600; a ticket opens for one to two periods).
+    #[arg(long)]
+    ticket_key_secs: Option<u64>,
     #[command(flatten, next_help_heading = "Service")]
     service: Service,
 }
@@ -364,6 +368,8 @@ struct ServerSettings {
     /// Issue session tickets (`--session-tickets`).
     #[serde(default)]
     session_tickets: bool,
+    /// Seconds per session-ticket key (default 3600).
+    ticket_key_secs: Option<u64>,
     /// Resume middleboxes' secondary sessions (default true; `--fresh-evidence`).
     middlebox_resumption: Option<bool>,
     #[serde(skip)]
@@ -982,6 +988,16 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
     }
 }
 
+/// How long tickets are sealed under one key: `secs` (TOML `ticket_key_secs`), by default the
+/// middleboxes' period, one hour.
+fn ticket_key_period(secs: Option<u64>) -> anyhow::Result<std::time::Duration> {
+    match secs {
+        Some(0) => bail!("ticket_key_secs must be at least 1"),
+        Some(secs) => Ok(std::time::Duration::from_secs(secs)),
+        None => Ok(MIDDLEBOX_TICKET_KEY_PERIOD),
+    }
+}
+
 /// Seconds from `unix` (seconds since the Unix epoch) to now; 0 for a time not yet past.
 fn seconds_since(unix: u64) -> u64 {
     mbx_attest::unix_seconds(std::time::SystemTime::now()).saturating_sub(unix)
@@ -1181,10 +1197,7 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
         cert_chain_pem: chain,
         key_pem: key,
     });
-    if let Some(secs) = s.ticket_key_secs {
-        ensure!(secs > 0, "ticket_key_secs must be at least 1");
-        tls.ticket_key_rotation = Some(std::time::Duration::from_secs(secs));
-    }
+    tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let app = app_factory(&s.app)?;
     // The measured configuration: what the middlebox does to traffic.
     let measured_config = format!("app={}", s.app);
@@ -1628,6 +1641,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     if flags.session_tickets {
         table.insert("session_tickets".into(), toml::Value::Boolean(true));
     }
+    set_secs(&mut table, "ticket_key_secs", flags.ticket_key_secs)?;
     if flags.fresh_evidence {
         table.insert("middlebox_resumption".into(), toml::Value::Boolean(false));
     }
@@ -1743,6 +1757,9 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // clients can resume by session ID (OpenSSL's server cache) either way, through
     // server-side middleboxes too.
     primary.session_tickets = s.session_tickets;
+    // Under keys replaced every hour (a resumed TLS 1.2 session has no fresh key exchange: a
+    // ticket key opens its sessions for as long as it is kept).
+    primary.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let names = s.middlebox_names.clone();
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
         ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
