@@ -170,6 +170,41 @@ mod tests {
         assert_eq!(ring.current.as_ref().unwrap().name, now);
     }
 
+    proptest::proptest! {
+        /// Whatever epochs the clock and the hand give, in whatever order: the current key is
+        /// the newest epoch's, the previous one is kept only if it is exactly one epoch older,
+        /// and a key never comes back once it left.
+        #[test]
+        fn only_the_newest_epoch_and_the_one_before_are_kept(
+            epochs in proptest::collection::vec(0u64..12, 1..24)
+        ) {
+            let mut ring = Ring::default();
+            let mut newest = 0;
+            let mut gone = std::collections::HashSet::new();
+            for e in epochs {
+                let before = ring.current.as_ref().map(|k| k.name);
+                ring.advance(e).unwrap();
+                newest = newest.max(e);
+                let current = ring.current.as_ref().unwrap();
+                proptest::prop_assert_eq!(current.epoch, newest);
+                if let Some(p) = &ring.previous {
+                    proptest::prop_assert_eq!(p.epoch + 1, current.epoch);
+                }
+                let kept: Vec<[u8; 16]> = [&ring.current, &ring.previous]
+                    .into_iter()
+                    .flatten()
+                    .map(|k| k.name)
+                    .collect();
+                if let Some(b) = before {
+                    if !kept.contains(&b) {
+                        gone.insert(b);
+                    }
+                }
+                proptest::prop_assert!(kept.iter().all(|n| !gone.contains(n)));
+            }
+        }
+    }
+
     #[test]
     fn a_hand_made_rotation_keeps_the_previous_key_once() {
         let keys = TicketKeys::new(Duration::from_secs(3600));
