@@ -97,14 +97,11 @@ impl DcapVerifier {
 }
 
 /// Everything `dcap-qvl` checks (collateral, chains, CRLs, QE, signatures, TCB) at `now_unix`: the
-/// quote's claims, before the binding and any policy, and the last second its collateral is
-/// valid (the earliest `nextUpdate`/`notAfter` of all of it: every check `dcap-qvl` makes with
-/// the time is a window, so all of them hold from `now_unix` to then).
-fn full_check(
-    quote: &[u8],
-    collateral_json: &[u8],
-    now_unix: u64,
-) -> Result<(Claims, u64), AttestError> {
+/// quote's claims, before the binding and any policy, with the last second its collateral is
+/// valid (`collateral_valid_until`, the earliest `nextUpdate`/`notAfter` of all of it: every
+/// check `dcap-qvl` makes with the time is a window, so all of them hold from `now_unix` to
+/// then).
+fn full_check(quote: &[u8], collateral_json: &[u8], now_unix: u64) -> Result<Claims, AttestError> {
     let collateral: QuoteCollateralV3 = serde_json::from_slice(collateral_json)
         .map_err(|e| AttestError::Collateral(e.to_string()))?;
     // `claims_only`: dcap-qvl verifies everything and appraises nothing; our policy decides.
@@ -137,7 +134,7 @@ fn full_check(
         platform_key: None,
         collateral_valid_until: Some(verified.earliest_expiration_date),
     };
-    Ok((claims, verified.earliest_expiration_date))
+    Ok(claims)
 }
 
 /// What a report body says of the TEE and its code. TDX has no workload signer or ISV SVN: they

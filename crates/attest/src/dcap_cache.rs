@@ -180,7 +180,7 @@ impl DcapVerifier {
         quote: &ParsedQuote<'_>,
         collateral: &Collateral,
         now: u64,
-        full_check: impl FnOnce(u64) -> Result<(Claims, u64), AttestError>,
+        full_check: impl FnOnce(u64) -> Result<Claims, AttestError>,
     ) -> Result<Claims, AttestError> {
         // A verifier that remembers nothing has no use for the template.
         let template = if self.capacity > 0 {
@@ -196,10 +196,11 @@ impl DcapVerifier {
             }
         }
         self.lock().counts.full += 1;
-        let (claims, expires) = full_check(now)?;
+        let claims = full_check(now)?;
         if let Some(template) = template {
             // Used from now until the window ends or the collateral expires, whichever is
             // first: every check in between would have passed as this one did.
+            let expires = claims.collateral_valid_until.unwrap_or(u64::MAX);
             let until = now.saturating_add(self.window_secs).min(expires);
             self.remember(Platform {
                 template,
