@@ -358,7 +358,8 @@ impl OpenSslContext {
         let ticket_keys = config
             .ticket_key_rotation
             .filter(|_| config.role == Role::Server && config.session_tickets)
-            .map(|period| Arc::new(TicketKeys::new(period)));
+            .map(|period| TicketKeys::new(period).map(Arc::new))
+            .transpose()?;
         let mut context = Self::build(config, sessions, ticket_keys)?;
         if Self::has_key_log(config) {
             context.quiet_config = Some(Box::new(config.clone()));

@@ -22,6 +22,7 @@ use zeroize::Zeroizing;
 
 /// One epoch's key: its public name (sent in every ticket, to find the key again) and the
 /// secret AES-256 and HMAC-SHA256 keys.
+#[derive(Clone)]
 pub(super) struct TicketKey {
     epoch: u64,
     pub(super) name: [u8; 16],
@@ -42,37 +43,34 @@ impl TicketKey {
         openssl::rand::rand_bytes(key.hmac.as_mut())?;
         Ok(key)
     }
-
-    fn copy(&self) -> TicketKey {
-        TicketKey {
-            epoch: self.epoch,
-            name: self.name,
-            aes: self.aes.clone(),
-            hmac: self.hmac.clone(),
-        }
-    }
 }
 
 /// The keys of the current and the previous epoch.
-#[derive(Default)]
 struct Ring {
-    current: Option<TicketKey>,
+    current: TicketKey,
     previous: Option<TicketKey>,
     /// Epochs skipped by hand ([`TicketKeys::rotate`]).
     skipped: u64,
 }
 
 impl Ring {
+    /// The first epoch's key.
+    fn new() -> Result<Self, ErrorStack> {
+        Ok(Ring {
+            current: TicketKey::generate(0)?,
+            previous: None,
+            skipped: 0,
+        })
+    }
+
     /// Brings the keys to `epoch`: the current key becomes the previous one if it is one epoch
     /// old, and goes if older.
     fn advance(&mut self, epoch: u64) -> Result<(), ErrorStack> {
-        let current_epoch = self.current.as_ref().map(|k| k.epoch);
-        if current_epoch.is_some_and(|e| e >= epoch) {
+        if self.current.epoch >= epoch {
             return Ok(());
         }
-        let fresh = TicketKey::generate(epoch)?;
-        let old = self.current.replace(fresh);
-        self.previous = old.filter(|k| k.epoch + 1 == epoch);
+        let old = std::mem::replace(&mut self.current, TicketKey::generate(epoch)?);
+        self.previous = (old.epoch + 1 == epoch).then_some(old);
         Ok(())
     }
 }
@@ -85,17 +83,25 @@ pub(crate) struct TicketKeys {
 }
 
 impl TicketKeys {
-    pub(crate) fn new(period: Duration) -> Self {
-        TicketKeys {
+    pub(crate) fn new(period: Duration) -> Result<Self, ErrorStack> {
+        Ok(TicketKeys {
             // A zero period would make every ticket's key the last one at once.
             period: period.max(Duration::from_secs(1)),
             start: Instant::now(),
-            ring: Mutex::new(Ring::default()),
-        }
+            ring: Mutex::new(Ring::new()?),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The keys, brought to the epoch of this moment.
+    fn ring_now(&self) -> Result<MutexGuard<'_, Ring>, ErrorStack> {
+        let mut ring = self.lock();
+        let epoch = self.epoch(&ring, Instant::now());
+        ring.advance(epoch)?;
+        Ok(ring)
     }
 
     /// The epoch at `now`, hand-made rotations included.
@@ -107,38 +113,24 @@ impl TicketKeys {
 
     /// The key to seal a new ticket under.
     pub(super) fn sealing_key(&self) -> Result<TicketKey, ErrorStack> {
-        let mut ring = self.lock();
-        let epoch = self.epoch(&ring, Instant::now());
-        ring.advance(epoch)?;
-        match &ring.current {
-            Some(k) => Ok(k.copy()),
-            None => Err(ErrorStack::get()),
-        }
+        Ok(self.ring_now()?.current.clone())
     }
 
     /// The key named `name`, if it is still kept, and whether it is the current one (a
     /// ticket under the previous key is renewed).
     pub(super) fn opening_key(&self, name: &[u8]) -> Result<Option<(TicketKey, bool)>, ErrorStack> {
-        let mut ring = self.lock();
-        let epoch = self.epoch(&ring, Instant::now());
-        ring.advance(epoch)?;
-        let found = [(&ring.current, true), (&ring.previous, false)]
+        let ring = self.ring_now()?;
+        let found = [(Some(&ring.current), true), (ring.previous.as_ref(), false)]
             .into_iter()
-            .find_map(|(k, current)| {
-                k.as_ref()
-                    .filter(|k| k.name == name)
-                    .map(|k| (k.copy(), current))
-            });
+            .find_map(|(k, current)| k.filter(|k| k.name == name).map(|k| (k.clone(), current)));
         Ok(found)
     }
 
     /// Starts a new epoch now: tickets sealed before open until the next one starts, those
     /// of the epoch before never again.
     pub(crate) fn rotate(&self) -> Result<(), ErrorStack> {
-        let mut ring = self.lock();
-        ring.skipped += 1;
-        let epoch = self.epoch(&ring, Instant::now());
-        ring.advance(epoch)
+        self.lock().skipped += 1;
+        self.ring_now().map(drop)
     }
 }
 
@@ -150,14 +142,14 @@ mod tests {
     /// both away.
     #[test]
     fn keys_live_for_their_epoch_and_the_next() {
-        let mut ring = Ring::default();
+        let mut ring = Ring::new().unwrap();
         ring.advance(0).unwrap();
-        let first = ring.current.as_ref().unwrap().name;
+        let first = ring.current.name;
         ring.advance(0).unwrap();
-        assert_eq!(ring.current.as_ref().unwrap().name, first);
+        assert_eq!(ring.current.name, first);
         assert!(ring.previous.is_none());
         ring.advance(1).unwrap();
-        let second = ring.current.as_ref().unwrap().name;
+        let second = ring.current.name;
         assert_ne!(second, first);
         assert_eq!(ring.previous.as_ref().unwrap().name, first);
         ring.advance(2).unwrap();
@@ -165,9 +157,9 @@ mod tests {
         ring.advance(4).unwrap();
         assert!(ring.previous.is_none());
         // Time does not run backwards for the ring.
-        let now = ring.current.as_ref().unwrap().name;
+        let now = ring.current.name;
         ring.advance(3).unwrap();
-        assert_eq!(ring.current.as_ref().unwrap().name, now);
+        assert_eq!(ring.current.name, now);
     }
 
     proptest::proptest! {
@@ -178,27 +170,25 @@ mod tests {
         fn only_the_newest_epoch_and_the_one_before_are_kept(
             epochs in proptest::collection::vec(0u64..12, 1..24)
         ) {
-            let mut ring = Ring::default();
+            let mut ring = Ring::new().unwrap();
             let mut newest = 0;
             let mut gone = std::collections::HashSet::new();
             for e in epochs {
-                let before = ring.current.as_ref().map(|k| k.name);
+                let before = ring.current.name;
                 ring.advance(e).unwrap();
                 newest = newest.max(e);
-                let current = ring.current.as_ref().unwrap();
+                let current = &ring.current;
                 proptest::prop_assert_eq!(current.epoch, newest);
                 if let Some(p) = &ring.previous {
                     proptest::prop_assert_eq!(p.epoch + 1, current.epoch);
                 }
-                let kept: Vec<[u8; 16]> = [&ring.current, &ring.previous]
+                let kept: Vec<[u8; 16]> = [Some(&ring.current), ring.previous.as_ref()]
                     .into_iter()
                     .flatten()
                     .map(|k| k.name)
                     .collect();
-                if let Some(b) = before {
-                    if !kept.contains(&b) {
-                        gone.insert(b);
-                    }
+                if !kept.contains(&before) {
+                    gone.insert(before);
                 }
                 proptest::prop_assert!(kept.iter().all(|n| !gone.contains(n)));
             }
@@ -207,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_hand_made_rotation_keeps_the_previous_key_once() {
-        let keys = TicketKeys::new(Duration::from_secs(3600));
+        let keys = TicketKeys::new(Duration::from_secs(3600)).unwrap();
         let first = keys.sealing_key().unwrap();
         assert!(keys.opening_key(&first.name).unwrap().unwrap().1);
         keys.rotate().unwrap();
