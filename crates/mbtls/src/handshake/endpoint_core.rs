@@ -7,6 +7,7 @@
 //! [`ServerHandshake`](super::ServerHandshake)).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use mbx_attest::{
     recheck_claims, report_data, spki_from_certificate, verify_bytes, Claims, Policy,
@@ -25,7 +26,7 @@ use crate::wire::{Encapsulated, SecondaryMessage, SecondaryReader};
 
 /// Decides whether a discovered middlebox may join, from its verified certificate chain (DER,
 /// leaf first). Called once, after its secondary handshake and before its evidence is checked.
-pub type Approver = std::sync::Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
+pub type Approver = Arc<dyn Fn(&[Vec<u8>]) -> bool + Send + Sync>;
 
 /// Progress reports of an endpoint (client or server).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +165,7 @@ fn fresh_claims(
 /// the claims of its middlebox's evidence (`None`: none, and the policy did not require any),
 /// when they were checked, and the end of the middlebox certificate's validity (seconds since
 /// the Unix epoch). A session that resumes it, and the sessions resumed from that one, carry
-/// the same check: resumption skips the certificate and the evidence.
+/// the same check (the same `Arc`): resumption skips the certificate and the evidence.
 struct VouchedCheck {
     claims: Option<Claims>,
     checked_at: u64,
@@ -211,17 +212,17 @@ fn resumed_check(
     engine: &(dyn TlsEngine + Send),
     policy: &Policy,
     now: u64,
-) -> Result<VouchedCheck, HandshakeError> {
+) -> Result<Arc<VouchedCheck>, HandshakeError> {
     let note = engine
         .resumed_note()
         .and_then(|n| n.downcast::<VouchedCheck>().ok());
-    let Some(check) = note.as_deref() else {
+    let Some(check) = note else {
         policy.check_missing_evidence()?;
-        return Ok(VouchedCheck {
+        return Ok(Arc::new(VouchedCheck {
             claims: None,
             checked_at: now,
             certificate_not_after: certificate_not_after(engine),
-        });
+        }));
     };
     if now > check.certificate_not_after {
         return Err(HandshakeError::Resumed(
@@ -232,11 +233,7 @@ fn resumed_check(
         Some(claims) => recheck_claims(claims, check.checked_at, now, policy)?,
         None => policy.check_missing_evidence()?,
     }
-    Ok(VouchedCheck {
-        claims: check.claims.clone(),
-        checked_at: check.checked_at,
-        certificate_not_after: check.certificate_not_after,
-    })
+    Ok(check)
 }
 
 /// The slot on `subchannel`.
@@ -719,21 +716,21 @@ impl EndpointCore {
                 true => certificate_not_after(slot.engine.as_ref()),
                 false => 0,
             };
-            VouchedCheck {
+            Arc::new(VouchedCheck {
                 claims,
                 checked_at: now,
                 certificate_not_after,
-            }
+            })
         };
         let checked_at = check.checked_at;
         let claims = if slot.resumable {
             // Its tickets are offered while the check can be relied on.
             let (claims, valid_until) = (check.claims.clone(), check.valid_until(policy));
-            slot.engine
-                .vouch_for_session(std::sync::Arc::new(check), valid_until);
+            slot.engine.vouch_for_session(check, valid_until);
             claims
         } else {
-            check.claims
+            // Not kept: the claims move out of the only reference.
+            Arc::try_unwrap(check).map_or_else(|shared| shared.claims.clone(), |c| c.claims)
         };
         slot.state = Secondary::Verified;
         let middlebox = slot.name.clone().unwrap_or_default();
