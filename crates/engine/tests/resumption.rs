@@ -481,10 +481,9 @@ mod ticket_key_rotation {
         OpenSslContext::new(&s).expect("server context")
     }
 
+    /// A client that resumes, as the other tests make it.
     fn client(pki: &Pki, v: TlsVersion) -> OpenSslContext {
-        let mut c = pki.client_config().only(v);
-        c.resume_sessions = 8;
-        OpenSslContext::new(&c).expect("client context")
+        contexts(pki, v, 8).0
     }
 
     /// A ticket opens under its own key and, after one rotation, under the previous one; two
