@@ -20,10 +20,9 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{ServerName, UnixTime};
 use rustls::NamedGroup;
 
 /// What the caller knew about a connection when it vouched for it; handed back, unchanged, to
@@ -49,12 +48,6 @@ impl Vouch {
     fn valid_at(&self, now: u64) -> bool {
         now < self.valid_until
     }
-}
-
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// What one server name left: its newest TLS 1.2 session, its TLS 1.3 tickets (oldest first),
@@ -214,7 +207,7 @@ impl ClientSessionStore for SessionCapture {
     }
 
     fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        let now = now_unix();
+        let now = UnixTime::now().as_secs();
         let (value, vouch) = self
             .shared
             .with_entry(server_name, false, |e| {
@@ -255,7 +248,7 @@ impl ClientSessionStore for SessionCapture {
         &self,
         server_name: &ServerName<'static>,
     ) -> Option<Tls13ClientSessionValue> {
-        let now = now_unix();
+        let now = UnixTime::now().as_secs();
         let (value, vouch) = self
             .shared
             .with_entry(server_name, false, |e| {
