@@ -27,7 +27,8 @@ use crate::config::Config;
     version,
     about = "Middleboxes in encrypted traffic without giving up end-to-end security",
     long_about = "mbx brings middleboxes back into TLS without breaking end-to-end security.\n\
-        It implements mbTLS, maTLS, BlindBox, Keyless SSL and EndBox as subcommands of one program.\n\
+        It implements mbTLS, BlindBox and Keyless SSL as subcommands of one program (maTLS and\n\
+        EndBox have their subcommands reserved, not built yet).\n\
         Options can come from a TOML file (--config); flags given on the command line win."
 )]
 struct Cli {
@@ -50,14 +51,14 @@ enum Command {
     /// Runs real TLS 1.2 and 1.3 sessions between our OpenSSL and rustls engines through a
     /// tapping relay, exports the session keys, decrypts and re-encrypts the captured records with
     /// the toolkit's own record layer, and checks attestation evidence bound to the session
-    /// (simulated TEE, explicitly allowed); then fetches a page over mbTLS through a client-side
-    /// and a server-side middlebox and checks every hop's keys, verdict and inserted header;
+    /// (simulated TEE, explicitly allowed); then fetches a page over mbTLS through two client-side
+    /// middleboxes and a server-side one and checks every hop's keys, verdict and inserted header;
     /// then runs BlindBox: rule setup, alerts on encrypted traffic and a blocked connection.
     Demo(demo::DemoArgs),
     /// Middlebox TLS: endpoints add middleboxes to a TLS session with per-hop keys,
     /// in-band discovery, attestation of middlebox code and one legacy endpoint.
     /// (`mbtls client`, `mbtls middlebox` client or server side, `mbtls server`, `mbtls demo`;
-    /// one middlebox per side so far)
+    /// several middleboxes per side, pre-configured or discovered)
     Mbtls(mbtls::MbtlsArgs),
     /// Middlebox-aware TLS: certified middleboxes, security-parameter reports and modification
     /// logs that endpoints can audit. (not implemented yet)

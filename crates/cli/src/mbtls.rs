@@ -59,11 +59,11 @@ enum MbtlsCommand {
     /// Options: `[mbtls.middlebox]` of the config file, overridden by these flags.
     Middlebox(MiddleboxFlags),
     /// Run an mbTLS server in front of a plain-HTTP backend: terminates TLS from any client
-    /// (legacy or mbTLS), gives its server-side middlebox its keys after checking its
-    /// certificate and attestation, and passes the plaintext to the backend.
+    /// (legacy or mbTLS), gives its server-side middleboxes their keys after checking their
+    /// certificates and attestation, and passes the plaintext to the backend.
     /// Options: `[mbtls.server]` of the config file, overridden by these flags.
     Server(ServerFlags),
-    /// Start an mbTLS client, a client-side middlebox, a server-side middlebox, an mbTLS server
+    /// Start an mbTLS client, two client-side middleboxes, a server-side middlebox, an mbTLS server
     /// and an HTTP backend on loopback, fetch a page, and show each hop's keys, each attestation
     /// verdict and what the middleboxes did (also part of `mbx demo`).
     Demo(DemoFlags),
@@ -625,7 +625,8 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
             .sim_platform_keys
             .push(HexBytes::from_hex(k).context("--sim-platform-key")?);
     }
-    policy.validate().context("invalid attestation policy")?;
+    // The error names the policy itself ("invalid attestation policy: …").
+    policy.validate()?;
     Ok(policy)
 }
 
@@ -1826,12 +1827,16 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
 fn print_server_report(r: &ServerConnectionReport) {
     let from = r.peer.map(|a| a.to_string()).unwrap_or_default();
     let mut line = format!("session {} from {from}: ", r.id);
-    if let Some(sum) = &r.summary {
-        line.push_str(version_name(sum.version));
-        line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
-    }
-    if r.verdicts.is_empty() {
-        line.push_str("; no middlebox");
+    match &r.summary {
+        Some(sum) => {
+            line.push_str(version_name(sum.version));
+            line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
+            if r.verdicts.is_empty() {
+                line.push_str("; no middlebox");
+            }
+        }
+        // A refused middlebox has no verdict: the error below names it.
+        None => line.push_str("handshake not finished"),
     }
     for v in &r.verdicts {
         line.push_str("; middlebox ");
