@@ -695,6 +695,7 @@ impl OpenSslContext {
             }
             _ => None,
         };
+        let resuming = resumption_name.is_some();
         let state = Arc::new(Mutex::new(ConnState {
             ext_send: self.ext_send.clone(),
             handlers: self.handlers.clone(),
@@ -718,6 +719,7 @@ impl OpenSslContext {
             failed: false,
             peer_closed: false,
             plaintext: Vec::new(),
+            sessions: resuming.then(|| self.sessions.clone()).flatten(),
         })
     }
 }
@@ -778,6 +780,8 @@ pub struct OpenSslEngine {
     failed: bool,
     peer_closed: bool,
     plaintext: Vec<u8>,
+    /// Client that resumes: where a session renewed in a resumed TLS 1.2 handshake goes.
+    sessions: Option<Arc<ClientSessions>>,
 }
 
 impl OpenSslEngine {
@@ -1048,7 +1052,10 @@ impl TlsEngine for OpenSslEngine {
         }
         if !self.handshake_done {
             match self.stream.do_handshake() {
-                Ok(()) => self.handshake_done = true,
+                Ok(()) => {
+                    self.handshake_done = true;
+                    self.keep_renewed_session();
+                }
                 Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
                     return Ok(())
                 }
@@ -1274,6 +1281,24 @@ impl OpenSslEngine {
             pending_outgoing: std::mem::take(&mut io.outgoing),
             pending_plaintext: std::mem::take(&mut self.plaintext),
         })
+    }
+
+    /// OpenSSL reports a TLS 1.2 client's session only after a full handshake. A server that
+    /// renews the ticket in a resumed one (ours do when the ticket's key is the previous one)
+    /// leaves the new ticket in a copy of the session that no callback reports; kept here, or
+    /// the old ticket would be offered until its key is gone. A session resumed by ID or with
+    /// its ticket unchanged replaces itself.
+    fn keep_renewed_session(&self) {
+        let Some(store) = &self.sessions else {
+            return;
+        };
+        if self.version() != Some(TlsVersion::Tls12) || !self.session_reused() {
+            return;
+        }
+        let name = lock(&self.state).resumption_name.clone();
+        if let (Some(name), Some(session)) = (name, self.stream.ssl().session()) {
+            store.put(&name, session.to_owned());
+        }
     }
 
     /// OpenSSL takes a connection freed before its close_notify for one that ended badly and
