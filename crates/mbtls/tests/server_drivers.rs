@@ -553,6 +553,104 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
     );
 }
 
+/// A ClientHello for server.test, as any TLS client sends it.
+fn client_hello(w: &World) -> Vec<u8> {
+    use mbx_engine::TlsEngine;
+    let config = TlsConfig::client("server.test", w.root_pem.clone());
+    let mut engine = OpenSslContext::new(&config).unwrap().engine().unwrap();
+    engine.process().unwrap();
+    engine.take_outgoing()
+}
+
+/// A client that leaves right after its ClientHello (a reset or a close), or that sends
+/// another record first, does not make the server-side middlebox take the mbTLS server behind
+/// it for a legacy one: the next session is announced and joined. Before, any session that
+/// failed before the server answered had the server remembered as legacy, so one such client
+/// turned the middlebox away from every later session (which this server, requiring it,
+/// then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_early_does_not_make_the_middlebox_forget_an_mbtls_server() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let server = MbtlsServer::bind("127.0.0.1:0", w.server(TlsVersion::Tls13, backend))
+        .await
+        .unwrap();
+    // The server's answers take 0.6 s to come back, so each client below is gone before its
+    // announcement is answered (as a client that leaves at once is on a real network).
+    let slow_link =
+        mbx_testbed::relay::DelayRelay::start(server.local_addr(), Duration::from_millis(300))
+            .await
+            .unwrap();
+    let mut mb2 = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        w.middlebox("mb2.test", slow_link.local_addr(), Placement::ServerSide),
+    )
+    .await
+    .unwrap();
+    let hello = client_hello(&w);
+    // An application-data record before the ClientHello: the server would alert on it.
+    let mut data_first = vec![23u8, 3, 3, 0, 5, 1, 2, 3, 4, 5];
+    data_first.extend_from_slice(&hello);
+    for (what, bytes) in [
+        ("reset", &hello),
+        ("close", &hello),
+        ("data first", &data_first),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(mb2.local_addr())
+            .await
+            .unwrap();
+        tcp.write_all(bytes).await.unwrap();
+        match what {
+            "reset" => tcp.set_zero_linger().unwrap(),
+            "close" => {}
+            // Stays until the middlebox ends the connection.
+            _ => {
+                while timeout(BOUND, tcp.read(&mut [0u8; 512]))
+                    .await
+                    .unwrap()
+                    .unwrap_or(0)
+                    > 0
+                {}
+            }
+        }
+        drop(tcp);
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(
+            report.outcome.is_err() && !report.joined && !report.legacy_server,
+            "{what}: {report:?}"
+        );
+        if bytes == &data_first {
+            let error = report.outcome.as_ref().unwrap_err();
+            assert!(error.contains("other than its ClientHello"), "{error}");
+            assert!(!report.announced, "{report:?}");
+        } else {
+            assert!(report.announced, "{what}: {report:?}");
+        }
+    }
+    let port = mb2.local_addr().port();
+    let ca = w.server_files.ca.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Curl::new(&format!("https://server.test:{port}/after"))
+            .cacert(ca)
+            .resolve("server.test", port, "127.0.0.1".parse().unwrap())
+            .run()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
+    assert!(
+        out.body_str().contains("X-Mbtls: mb2.test"),
+        "{}",
+        out.body_str()
+    );
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    assert!(
+        report.announced && report.joined && report.keys_installed,
+        "{report:?}"
+    );
+}
+
 /// A backend that reads the request and never answers (the session stays open).
 /// A backend that greets every connection with one line and then holds it open, silent.
 async fn greeting_backend() -> SocketAddr {

@@ -16,12 +16,13 @@ use mbx_engine::{
     ClientContext, CustomExtension, Identity, OpenSslContext, OpenSslEngine, RustlsClientContext,
     TlsConfig, TlsEngine,
 };
+use mbx_mbtls::handshake::ANNOUNCEMENT_REFUSED;
 use mbx_mbtls::handshake::{
     Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
-use mbx_mbtls::wire::MAX_INNER_PAYLOAD_LEN;
+use mbx_mbtls::wire::{announcement_record, MAX_INNER_PAYLOAD_LEN};
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{LeafSpec, TestPki, Validity};
@@ -798,6 +799,52 @@ fn unknown_server_side_middlebox_with_wrong_name_is_refused_when_preconfigured()
     }
 }
 
+/// How often the middlebox took what the server sent for a legacy server's refusal of its
+/// announcement.
+fn refusals(mb: &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>>) -> usize {
+    std::iter::from_fn(|| mb.poll_event())
+        .filter(
+            |e| matches!(e, MiddleboxHandshakeEvent::Passive(why) if *why == ANNOUNCEMENT_REFUSED),
+        )
+        .count()
+}
+
+/// A legacy server's refusal is the first thing it sends: an alert after other records from
+/// the server (here its answer to another middlebox's announcement) is no refusal of ours.
+/// And nothing of the client's but its ClientHello may go first, or a server's alert on it
+/// could pass for one.
+#[test]
+fn only_the_servers_first_answer_can_refuse_the_announcement() {
+    let s = Setup::new();
+    let alert = [21u8, 3, 3, 0, 2, 2, 10];
+    let answer_to_another = announcement_record(7, 0x0303).unwrap();
+    for (server_sends, refused) in [
+        (vec![alert.to_vec()], 1),
+        (vec![answer_to_another, alert.to_vec()], 0),
+    ] {
+        let mut client = s.legacy_client(TlsVersion::Tls13);
+        let mut mb =
+            ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true)
+                .unwrap();
+        client.process().unwrap();
+        mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+        for record in &server_sends {
+            mb.receive(Side::Server, record).unwrap();
+        }
+        assert_eq!(refusals(&mut mb), refused, "{server_sends:?}");
+    }
+    let mut mb =
+        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
+    let err = mb
+        .receive(Side::Client, &[23, 3, 3, 0, 2, 0, 0])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("other than its ClientHello"),
+        "{err}"
+    );
+    assert!(mb.take_outgoing(Side::Server).is_empty());
+}
+
 #[test]
 fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
     for s in Setup::both() {
@@ -810,11 +857,11 @@ fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
             ]);
             path.first().receive(Side::Server, &[]).unwrap();
             path.pump();
-            // OpenSSL refuses the unknown record type with an alert.
+            // OpenSSL refuses the unknown record type with an alert, the first thing it sends:
+            // what the driver remembers the server by.
             assert!(path.errors[2].is_some(), "{:?}", path.errors);
-            // (The alert may be encrypted: the session's failure plus the unanswered announcement
-            // is what the driver remembers the server by.)
             assert!(path.server_side_mb(1).announcement_unanswered());
+            assert_eq!(refusals(path.server_side_mb(1)), 1, "{version:?}");
             // Not announcing (the server is remembered as legacy): the session works untouched.
             let mut path = Path::new(vec![
                 Node::LegacyClient(s.legacy_client(version)),

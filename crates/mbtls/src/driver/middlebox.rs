@@ -254,8 +254,8 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
     }
 }
 
-/// Next hops that failed a session without answering our announcement (server side), shared
-/// by every connection of one listener.
+/// Next hops that refused our announcement with an alert (server side), shared by every
+/// connection of one listener.
 #[derive(Default)]
 struct LegacyServers(Mutex<HashSet<String>>);
 
@@ -305,9 +305,12 @@ async fn serve(
     if let Err(e) = relay(client, &next_hop, cfg, announce, &mut report).await {
         report.outcome = Err(e.to_string());
     }
-    // A server that refused our announcement (alert, or a failed session without an answer)
-    // is legacy: later sessions are not announced to it.
-    let refused = report.outcome.is_err() || report.passive == Some(ANNOUNCEMENT_REFUSED);
+    // A server that refused our announcement with an alert, the first thing it sent, is
+    // legacy: later sessions are not announced to it. A session that failed otherwise before
+    // the server answered proves nothing about the server: its client may have left (a
+    // ClientHello, then a reset), and taking that for a legacy server would let any client
+    // turn this middlebox away from the server's sessions for good.
+    let refused = report.passive == Some(ANNOUNCEMENT_REFUSED);
     if report.announced && !report.joined && refused {
         report.legacy_server = true;
         legacy.remember_legacy(&next_hop);

@@ -36,7 +36,8 @@ use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
 pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
-/// (plaintext) alert: a legacy server refusing the unknown record type.
+/// (plaintext) alert as the first thing it sends: a legacy server refusing the unknown record
+/// type. The only sign the driver takes for a legacy server (docs/mbtls.md §4.2).
 pub const ANNOUNCEMENT_REFUSED: &str = "the server did not answer the announcement";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +75,9 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     path: Option<wires::PathNews>,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
+    /// Something (any record) came from the server: an alert after that is not a legacy
+    /// server's refusal of our announcement, which is the first thing such a server sends.
+    heard_from_server: bool,
     evidence_sent: bool,
     secondary: SecondaryReader,
     /// Client application-data records forwarded raw before our keys arrived.
@@ -104,6 +108,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             announced: false,
             path: None,
             answered: false,
+            heard_from_server: false,
             evidence_sent: false,
             secondary: SecondaryReader::new(),
             copies: Vec::new(),
@@ -138,11 +143,18 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 Ok(())
             }
             Piece::Primary(rec) if !self.hello_done => {
-                // Our announcement goes right before the ClientHello: the announcements of
-                // middleboxes nearer the client are then already in the stream ahead of it, so
-                // the lowest free subchannel id is known.
-                if self.announce && !self.announced && rec.content_type() == ContentType::HANDSHAKE
-                {
+                if self.announce && !self.announced {
+                    // Nothing of the client's may reach the server before our announcement: a
+                    // record the server fails on would have it alert first, which we would
+                    // take for a legacy server's refusal and remember.
+                    if rec.content_type() != ContentType::HANDSHAKE {
+                        return Err(HandshakeError::Protocol(
+                            "the client sent a record other than its ClientHello first",
+                        ));
+                    }
+                    // Our announcement goes right before the ClientHello: the announcements of
+                    // middleboxes nearer the client are then already in the stream ahead of
+                    // it, so the lowest free subchannel id is known.
                     self.announce_now()?;
                 }
                 self.wires.out_server.extend_from_slice(rec.as_bytes());
@@ -212,6 +224,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     }
 
     fn server_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
+        let first_from_server = !std::mem::replace(&mut self.heard_from_server, true);
         match piece {
             Piece::Sub { enc, .. }
                 if matches!(self.mode, Mode::Announced | Mode::Joined)
@@ -227,7 +240,10 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 if self.version.is_none() && rec.content_type() == ContentType::HANDSHAKE {
                     self.look_for_server_hello(&rec)?;
                 }
-                if self.mode == Mode::Announced && rec.content_type() == ContentType::ALERT {
+                if self.mode == Mode::Announced
+                    && first_from_server
+                    && rec.content_type() == ContentType::ALERT
+                {
                     // A legacy server refuses the unknown record type; the driver remembers it.
                     self.go_passive(ANNOUNCEMENT_REFUSED);
                 }
