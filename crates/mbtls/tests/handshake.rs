@@ -16,7 +16,7 @@ use mbx_engine::{
 use mbx_mbtls::handshake::{
     secondary_client_config, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent,
     ClientMiddlebox, HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig,
-    MiddleboxHandshakeEvent,
+    MiddleboxHandshakeEvent, MAX_COPIED_BYTES,
 };
 use mbx_mbtls::{EndpointEvent, Side, CT_ENCAPSULATED, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
@@ -504,6 +504,50 @@ fn tls13_server_data_ahead_of_client_finished_goes_through_the_app() {
         net.server.take_plaintext(),
         b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
     );
+}
+
+/// A client-side middlebox keeps the server's records it cannot read yet, copied while it
+/// forwards them raw or held, up to `MAX_COPIED_BYTES`: more fails the session, instead of
+/// growing until the handshake timeout while a client (colluding with its server) never sends
+/// the key material.
+#[test]
+fn a_middlebox_keeps_a_bounded_amount_of_server_data_before_its_keys() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let chunk = vec![b'x'; 1 << 20];
+    for client_finished_seen in [false, true] {
+        let mut net = Net::new(&s, tagger());
+        first_round_trip(&mut net);
+        // The client's second flight reaches the server (not its key material, which stays
+        // away from the middlebox): the server is done and sends.
+        let finished = primary_only(&net.client.take_outgoing());
+        net.server.feed(&finished);
+        net.server.process().unwrap();
+        if client_finished_seen {
+            // From the client's Finished on, the middlebox holds the server's records.
+            net.mbox.receive(Side::Client, &finished).unwrap();
+            let _ = net.mbox.take_outgoing(Side::Server);
+        }
+        let mut failed = None;
+        for sent in 1..=MAX_COPIED_BYTES / chunk.len() + 2 {
+            net.server.write_plaintext(&chunk).unwrap();
+            match net.mbox.receive(Side::Server, &net.server.take_outgoing()) {
+                Ok(()) => drop(net.mbox.take_outgoing(Side::Client)),
+                Err(e) => {
+                    failed = Some((sent, e));
+                    break;
+                }
+            }
+        }
+        let (sent, e) = failed.expect("the middlebox kept everything");
+        // Refused at the bound: not before 16 MiB of the server's data (records add a little).
+        let bound = MAX_COPIED_BYTES / chunk.len();
+        assert!(
+            (bound..=bound + 1).contains(&sent),
+            "{client_finished_seen}: failed after {sent} MiB"
+        );
+        assert!(e.to_string().contains("too much server data"), "{e}");
+        assert!(!net.mbox.keys_installed());
+    }
 }
 
 /// Client's first flight to the server, then the server's first flight back to the client,

@@ -16,12 +16,12 @@ use mbx_engine::{
     ClientContext, CustomExtension, Identity, OpenSslContext, OpenSslEngine, RustlsClientContext,
     TlsConfig, TlsEngine,
 };
-use mbx_mbtls::handshake::ANNOUNCEMENT_REFUSED;
 use mbx_mbtls::handshake::{
     Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
+use mbx_mbtls::handshake::{ANNOUNCEMENT_REFUSED, MAX_COPIED_BYTES};
 use mbx_mbtls::wire::{announcement_record, MAX_INNER_PAYLOAD_LEN};
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
@@ -920,6 +920,34 @@ fn up_to_finished_with_request(
     mb.receive(Side::Client, &client.take_outgoing()).unwrap();
     let to_server = mb.take_outgoing(Side::Server);
     (client, mb, server, to_server)
+}
+
+/// A server-side middlebox copies the client's records it forwards before its keys arrive up
+/// to `MAX_COPIED_BYTES`; more fails the session.
+#[test]
+fn a_server_side_middlebox_copies_a_bounded_amount_of_client_data_before_its_keys() {
+    // TLS 1.3: the client's data follows its Finished while the server's key material is still
+    // on its way (with TLS 1.2 the server's Finished, which the client waits for, comes after).
+    let (mut client, mut mb, _server, _) =
+        up_to_finished_with_request(&Setup::new(), TlsVersion::Tls13);
+    assert!(!mb.keys_installed());
+    let chunk = vec![b'x'; 1 << 20];
+    let bound = MAX_COPIED_BYTES / chunk.len();
+    let mut failed = None;
+    for sent in 1..=bound + 2 {
+        client.write_plaintext(&chunk).unwrap();
+        match mb.receive(Side::Client, &client.take_outgoing()) {
+            Ok(()) => drop(mb.take_outgoing(Side::Server)),
+            Err(e) => {
+                failed = Some((sent, e));
+                break;
+            }
+        }
+    }
+    let (sent, e) = failed.expect("the middlebox copied everything");
+    assert!((bound..=bound + 1).contains(&sent), "{sent} MiB");
+    assert!(e.to_string().contains("too much client data"), "{e}");
+    assert!(!mb.keys_installed());
 }
 
 #[test]

@@ -20,7 +20,7 @@ use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, S
 
 use super::demux::{hello_records, Piece};
 use super::wires::{self, Core, Wires};
-use super::HandshakeError;
+use super::{HandshakeError, MAX_COPIED_BYTES};
 use crate::hop::{Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{
@@ -164,6 +164,8 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
+    /// Bytes in `held` and `copies` together, at most [`MAX_COPIED_BYTES`].
+    kept_bytes: usize,
     /// What the client's path message said (until it arrives): whether a middlebox nearer the
     /// server joined, and whether the client wants our session ticket. Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
@@ -195,6 +197,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
+            kept_bytes: 0,
             path: None,
             wires: Wires::new(Side::Server),
         })
@@ -318,10 +321,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                     Ok(())
                 }
                 Mode::Hello => self.before_server_hello(rec),
-                Mode::Joined => {
-                    self.server_record(rec);
-                    Ok(())
-                }
+                Mode::Joined => self.server_record(rec),
             },
         }
     }
@@ -369,7 +369,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         for rec in pending {
             match self.mode {
-                Mode::Joined => self.server_record(rec),
+                Mode::Joined => self.server_record(rec)?,
                 _ => self.wires.out_client.extend_from_slice(rec.as_bytes()),
             }
         }
@@ -449,10 +449,11 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     }
 
     /// A primary server record while joined and without keys: forward or hold.
-    fn server_record(&mut self, rec: Record) {
+    fn server_record(&mut self, rec: Record) -> Result<(), HandshakeError> {
         if self.hold {
+            self.keep(rec.as_bytes().len())?;
             self.held.push(rec);
-            return;
+            return Ok(());
         }
         match self.version {
             Some(TlsVersion::Tls12) => {
@@ -466,11 +467,24 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             }
             _ => {
                 if rec.content_type() == ContentType::APPLICATION_DATA {
+                    self.keep(rec.as_bytes().len())?;
                     self.copies.push(rec.clone());
                 }
             }
         }
         self.wires.out_client.extend_from_slice(rec.as_bytes());
+        Ok(())
+    }
+
+    /// Counts `len` more bytes of server records kept until our keys arrive.
+    fn keep(&mut self, len: usize) -> Result<(), HandshakeError> {
+        self.kept_bytes += len;
+        if self.kept_bytes > MAX_COPIED_BYTES {
+            return Err(HandshakeError::Protocol(
+                "too much server data before the client's key material",
+            ));
+        }
+        Ok(())
     }
 
     fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {

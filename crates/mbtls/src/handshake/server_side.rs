@@ -31,8 +31,11 @@ use crate::hop::{Input, Side};
 use crate::relay::MiddleboxRelay;
 use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
 
-/// Client application data we forward raw (and copy) before our keys arrive; more is refused.
-/// It is what a client can send in about one round trip between us and the server.
+/// Application data a middlebox keeps before its keys arrive: a server-side one the client's
+/// records it forwards raw (and copies), a client-side one the server's records it copies or
+/// holds. More fails the session. It is what a peer can send in about one round trip between
+/// the middlebox and the endpoint whose keys it waits for; without a bound the two endpoints
+/// of one session could have a middlebox keep all they send until its handshake timeout.
 pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
