@@ -550,6 +550,51 @@ fn a_middlebox_keeps_a_bounded_amount_of_server_data_before_its_keys() {
     }
 }
 
+/// Each server record kept counts more than its bytes: empty records reach the bound long
+/// before 16 MiB of them.
+#[test]
+fn empty_server_records_count_against_the_bound_for_more_than_their_bytes() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    first_round_trip(&mut net);
+    let finished = primary_only(&net.client.take_outgoing());
+    net.mbox.receive(Side::Client, &finished).unwrap();
+    let empty = [23u8, 3, 3, 0, 0];
+    let failed = (1..=100_000usize).find_map(|sent| {
+        net.mbox
+            .receive(Side::Server, &empty)
+            .err()
+            .map(|e| (sent, e))
+    });
+    let (sent, e) = failed.expect("100,000 empty records kept");
+    assert!(sent > 50_000, "{sent}");
+    assert!(e.to_string().contains("too much server data"), "{e}");
+}
+
+/// The middlebox's secondary session runs between the client and it: a record on its
+/// subchannel from the server's side is forged (it would break that session, and a client
+/// that only approved the middlebox would go on without it) and ends the connection
+/// unforwarded.
+#[test]
+fn a_record_on_the_middleboxs_subchannel_from_the_server_is_refused() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    first_round_trip(&mut net);
+    assert!(mbox_events(&mut net.mbox)
+        .iter()
+        .any(|e| matches!(e, MiddleboxHandshakeEvent::Joined { subchannel: 0 })));
+    let other = mbx_mbtls::wire::announcement_record(1, 0x0303).unwrap();
+    net.mbox.receive(Side::Server, &other).unwrap();
+    assert_eq!(net.mbox.take_outgoing(Side::Client), other);
+    let forged = mbx_mbtls::wire::announcement_record(0, 0x0303).unwrap();
+    let err = net.mbox.receive(Side::Server, &forged).unwrap_err();
+    assert!(
+        err.to_string().contains("subchannel came from the server"),
+        "{err}"
+    );
+    assert!(net.mbox.take_outgoing(Side::Client).is_empty());
+}
+
 /// Client's first flight to the server, then the server's first flight back to the client,
 /// both through the middlebox.
 fn first_round_trip<A: MiddleboxApp>(net: &mut Net<A>) {

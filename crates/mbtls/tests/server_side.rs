@@ -845,6 +845,32 @@ fn only_the_servers_first_answer_can_refuse_the_announcement() {
     assert!(mb.take_outgoing(Side::Server).is_empty());
 }
 
+/// The middlebox's secondary session runs between it and the server: a record on its
+/// subchannel from the client's side is forged (it would break that session, and a server that
+/// only allows the middlebox would go on without it) and ends the connection unforwarded.
+#[test]
+fn a_record_on_the_middleboxs_subchannel_from_the_client_is_refused() {
+    let s = Setup::new();
+    let mut client = s.legacy_client(TlsVersion::Tls13);
+    let mut mb =
+        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
+    client.process().unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    let announced = mb.take_outgoing(Side::Server);
+    assert_eq!(announced.first(), Some(&30), "announced on subchannel 0");
+    // Another subchannel is a nearer middlebox's: passed on.
+    let other = announcement_record(1, 0x0303).unwrap();
+    mb.receive(Side::Client, &other).unwrap();
+    assert_eq!(mb.take_outgoing(Side::Server), other);
+    let forged = announcement_record(0, 0x0303).unwrap();
+    let err = mb.receive(Side::Client, &forged).unwrap_err();
+    assert!(
+        err.to_string().contains("subchannel came from the client"),
+        "{err}"
+    );
+    assert!(mb.take_outgoing(Side::Server).is_empty());
+}
+
 #[test]
 fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
     for s in Setup::both() {
@@ -948,6 +974,25 @@ fn a_server_side_middlebox_copies_a_bounded_amount_of_client_data_before_its_key
     assert!((bound..=bound + 1).contains(&sent), "{sent} MiB");
     assert!(e.to_string().contains("too much client data"), "{e}");
     assert!(!mb.keys_installed());
+}
+
+/// Each record kept counts more than its bytes: empty records, which cost the middlebox far
+/// more memory than their five bytes, reach the bound long before 16 MiB of them.
+#[test]
+fn empty_records_count_against_the_bound_for_more_than_their_bytes() {
+    let (_client, mut mb, _server, _) =
+        up_to_finished_with_request(&Setup::new(), TlsVersion::Tls13);
+    let empty = [23u8, 3, 3, 0, 0];
+    let mut failed = None;
+    for sent in 1..=100_000usize {
+        if let Err(e) = mb.receive(Side::Client, &empty) {
+            failed = Some((sent, e));
+            break;
+        }
+    }
+    let (sent, e) = failed.expect("100,000 empty records kept");
+    assert!(sent > 50_000, "{sent}");
+    assert!(e.to_string().contains("too much client data"), "{e}");
 }
 
 #[test]

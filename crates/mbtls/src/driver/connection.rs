@@ -143,7 +143,7 @@ impl<H: EndpointHandshake> Session<H> {
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ClientHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {
-                    self.peer_key_updates += 1
+                    self.peer_key_updates = self.peer_key_updates.saturating_add(1)
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
                     return Err(DriverError::alert(a, "received from the path"))

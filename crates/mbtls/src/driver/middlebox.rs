@@ -3,7 +3,7 @@
 //! at once. One report per connection says what happened.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -254,22 +254,38 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
     }
 }
 
+/// How many legacy next hops a listener remembers. A transparent middlebox meets any number of
+/// destinations; beyond this the oldest is forgotten (and costs one more refused session if
+/// it comes back).
+const REMEMBERED_LEGACY_SERVERS: usize = 4096;
+
 /// Next hops that refused our announcement with an alert (server side), shared by every
-/// connection of one listener.
+/// connection of one listener: at most [`REMEMBERED_LEGACY_SERVERS`], the oldest forgotten
+/// first.
 #[derive(Default)]
-struct LegacyServers(Mutex<HashSet<String>>);
+struct LegacyServers(Mutex<(HashSet<String>, VecDeque<String>)>);
 
 impl LegacyServers {
     fn is_legacy(&self, next_hop: &str) -> bool {
         self.0
             .lock()
-            .map(|set| set.contains(next_hop))
+            .map(|kept| kept.0.contains(next_hop))
             .unwrap_or(false)
     }
 
     fn remember_legacy(&self, next_hop: &str) {
-        if let Ok(mut set) = self.0.lock() {
-            set.insert(next_hop.to_string());
+        let Ok(mut kept) = self.0.lock() else {
+            return;
+        };
+        let (set, order) = &mut *kept;
+        if !set.insert(next_hop.to_string()) {
+            return;
+        }
+        order.push_back(next_hop.to_string());
+        while order.len() > REMEMBERED_LEGACY_SERVERS {
+            if let Some(oldest) = order.pop_front() {
+                set.remove(&oldest);
+            }
         }
     }
 }
@@ -460,7 +476,7 @@ impl Conn {
                     });
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::KeysUpdated { from }) => {
-                    report.key_updates += 1;
+                    report.key_updates = report.key_updates.saturating_add(1);
                     tracing::debug!(?from, "mbtls relay: keys updated");
                 }
                 MiddleboxHandshakeEvent::Relay(ev) => tracing::debug!(?ev, "mbtls relay"),
@@ -564,7 +580,12 @@ async fn relay(
             },
             _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
                 prepare_at = None;
-                conn.hs.prepare();
+                // Makes the TLS 1.3 evidence too (a quote: milliseconds, one at a time).
+                if attester_blocks {
+                    blocking_allowed(|| conn.hs.prepare());
+                } else {
+                    conn.hs.prepare();
+                }
                 continue;
             }
             _ = &mut handshake_deadline, if in_handshake => {
@@ -654,4 +675,28 @@ async fn relay(
     })
     .await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_servers_are_remembered_up_to_the_limit_oldest_forgotten_first() {
+        let legacy = LegacyServers::default();
+        for i in 0..=REMEMBERED_LEGACY_SERVERS {
+            legacy.remember_legacy(&format!("10.0.0.1:{i}"));
+        }
+        // Once more: no second entry, nothing else forgotten.
+        legacy.remember_legacy("10.0.0.1:5");
+        assert!(!legacy.is_legacy("10.0.0.1:0"));
+        for i in 1..=REMEMBERED_LEGACY_SERVERS {
+            assert!(legacy.is_legacy(&format!("10.0.0.1:{i}")), "{i}");
+        }
+        let kept = legacy.0.lock().unwrap();
+        assert_eq!(
+            (kept.0.len(), kept.1.len()),
+            (REMEMBERED_LEGACY_SERVERS, REMEMBERED_LEGACY_SERVERS)
+        );
+    }
 }

@@ -19,6 +19,7 @@ use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, ServerHello};
 
 use super::demux::{hello_records, Piece};
+use super::server_side::KEPT_RECORD_COST;
 use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MAX_COPIED_BYTES};
 use crate::hop::{Input, Side};
@@ -308,6 +309,14 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
 
     fn server_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
         match piece {
+            Piece::Sub { enc, .. } if self.joined && enc.subchannel == self.subchannel => {
+                // Our secondary session is between the client and us: a record on it from the
+                // server's side is forged. Passed on it would break that session, and a client
+                // that only approved us would go on without us.
+                Err(HandshakeError::Protocol(
+                    "a record on this middlebox's subchannel came from the server's side",
+                ))
+            }
             Piece::Sub { enc, raw } => {
                 if self.mode == Mode::Hello {
                     self.used_ids.insert(enc.subchannel);
@@ -476,9 +485,9 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         Ok(())
     }
 
-    /// Counts `len` more bytes of server records kept until our keys arrive.
+    /// Counts one more server record of `len` bytes kept until our keys arrive.
     fn keep(&mut self, len: usize) -> Result<(), HandshakeError> {
-        self.kept_bytes += len;
+        self.kept_bytes += len + KEPT_RECORD_COST;
         if self.kept_bytes > MAX_COPIED_BYTES {
             return Err(HandshakeError::Protocol(
                 "too much server data before the client's key material",

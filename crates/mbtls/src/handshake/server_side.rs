@@ -38,6 +38,11 @@ use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
 /// of one session could have a middlebox keep all they send until its handshake timeout.
 pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
 
+/// What keeping one record counts against [`MAX_COPIED_BYTES`] beyond its own bytes: its
+/// handle and allocation (about 64 bytes), and the trial opening it may cost when the keys
+/// arrive. Without it a peer could have millions of empty records kept within the bound.
+pub(crate) const KEPT_RECORD_COST: usize = 256;
+
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
 /// (plaintext) alert as the first thing it sends: a legacy server refusing the unknown record
 /// type. The only sign the driver takes for a legacy server (docs/mbtls.md §4.2).
@@ -137,6 +142,14 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
 
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
         match piece {
+            Piece::Sub { enc, .. } if self.announced && enc.subchannel == self.subchannel => {
+                // Our secondary session is between the server and us: a record on it from the
+                // client's side is forged. Passed on it would break that session, and a server
+                // that only allows us would go on without us.
+                Err(HandshakeError::Protocol(
+                    "a record on this middlebox's subchannel came from the client's side",
+                ))
+            }
             Piece::Sub { enc, raw } => {
                 // Announcements (and secondary records) of middleboxes nearer the client.
                 if !self.announced && !self.hello_done {
@@ -179,7 +192,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         if rec.content_type() != ContentType::APPLICATION_DATA {
             return Ok(());
         }
-        self.copied_bytes += rec.as_bytes().len();
+        self.copied_bytes += rec.as_bytes().len() + KEPT_RECORD_COST;
         if self.copied_bytes > MAX_COPIED_BYTES {
             return Err(HandshakeError::Protocol(
                 "too much client data before the server's key material",
