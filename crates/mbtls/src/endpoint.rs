@@ -53,6 +53,12 @@ pub struct EndpointDataPhase {
     events: VecDeque<EndpointEvent>,
     /// We asked the peer to update its keys and it has not yet.
     asked_peer: bool,
+    /// We sealed application data under our current write keys (since the handshake or our
+    /// last KeyUpdate).
+    wrote_under_current_keys: bool,
+    /// The peer asked for our KeyUpdate while we had written nothing under our current keys:
+    /// it goes out before our next application data (RFC 8446 §4.6.3).
+    key_update_owed: bool,
     /// Client that resumes sessions: where the server's tickets go, until its first data,
     /// a KeyUpdate or an idle trim.
     tickets: Option<TicketSink>,
@@ -99,6 +105,8 @@ impl EndpointDataPhase {
             failed: None,
             events: VecDeque::new(),
             asked_peer: false,
+            wrote_under_current_keys: false,
+            key_update_owed: false,
             tickets: None,
         }
     }
@@ -116,6 +124,12 @@ impl EndpointDataPhase {
             return Err(MbtlsError::Closed);
         }
         self.update_worn_keys();
+        if self.key_update_owed {
+            self.send_key_update(false);
+            if let Some(a) = self.failed {
+                return Err(MbtlsError::Failed(a));
+            }
+        }
         let r = self
             .hop
             .seal_data(ContentType::APPLICATION_DATA, data, &mut self.outgoing);
@@ -123,6 +137,7 @@ impl EndpointDataPhase {
             self.fail(AlertDescription::INTERNAL_ERROR, "sealing failed");
             return Err(e.into());
         }
+        self.wrote_under_current_keys |= !data.is_empty();
         Ok(())
     }
 
@@ -176,6 +191,9 @@ impl EndpointDataPhase {
         let msg = key_update_message(request_peer)?;
         self.hop
             .seal_data(ContentType::HANDSHAKE, &msg, &mut self.outgoing)?;
+        // Any KeyUpdate of ours answers a request the peer made before it.
+        self.key_update_owed = false;
+        self.wrote_under_current_keys = false;
         self.hop.update_write_keys()
     }
 
@@ -311,9 +329,16 @@ impl EndpointDataPhase {
         self.events
             .push_back(EndpointEvent::PeerUpdatedKeys { requested });
         // Answered before any more data of ours (RFC 8446 §4.6.3); after our close_notify
-        // nothing more is sent, so nothing is answered.
+        // nothing more is sent, so nothing is answered. Keys we have written nothing under
+        // yet are as fresh as an update would make them: the answer waits for our next data,
+        // so a peer asking again and again while we are silent gets one answer (as the RFC
+        // has it), not one queued per request toward a peer that may never read them.
         if requested && !self.we_closed {
-            self.send_key_update(false);
+            if self.wrote_under_current_keys {
+                self.send_key_update(false);
+            } else {
+                self.key_update_owed = true;
+            }
         }
     }
 

@@ -903,7 +903,8 @@ impl Attester for HeldAttester {
 
 /// A middlebox whose attester blocks (a quoting enclave) keeps relaying its other connections
 /// while one connection waits for its evidence, even on a runtime with one worker: the
-/// handshake step that makes evidence runs where blocking is allowed (`block_in_place`).
+/// handshake step that makes evidence, here the answer prepared ahead of the ServerHello, runs
+/// where blocking is allowed (`block_in_place`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_middlebox_waiting_for_a_quote_keeps_relaying_its_other_connections() {
     use std::sync::atomic::Ordering;
@@ -923,6 +924,12 @@ async fn a_middlebox_waiting_for_a_quote_keeps_relaying_its_other_connections() 
             tokio::spawn(async move { serve_socket(sock, &ctx, true).await });
         }
     });
+    // The server's answers take a while, so the middlebox makes each connection's TLS 1.3
+    // evidence ahead of the ServerHello (`prepare`), as it does on a real network.
+    let slow_link = DelayRelay::start(server_addr, Duration::from_millis(20))
+        .await
+        .unwrap();
+    let server_addr = slow_link.local_addr();
     let (go, wait) = std::sync::mpsc::channel();
     let attester = Arc::new(HeldAttester {
         inner: SimulatedAttester::new(

@@ -102,6 +102,50 @@ fn key_updates_cross_every_hop_and_data_keeps_flowing() {
     }
 }
 
+/// A peer that asks for our KeyUpdate again and again while we write nothing gets one
+/// answer, sent before our next data (RFC 8446 §4.6.3), instead of one queued per request
+/// toward a peer that may never read them; once we wrote under our current keys, a request is
+/// answered at once.
+#[test]
+fn requests_to_a_silent_endpoint_get_one_answer_before_its_next_data() {
+    for (v, s) in tls13_suites() {
+        for n_mbs in [0, 1] {
+            let mut chain = Chain::new(v, s, pass(n_mbs), Vec::new());
+            let answers = |chain: &mut Chain| -> usize {
+                std::iter::from_fn(|| chain.client().poll_event())
+                    .filter(|e| matches!(e, EndpointEvent::PeerUpdatedKeys { requested: false }))
+                    .count()
+            };
+            for _ in 0..100 {
+                chain.client().update_keys(true).unwrap();
+            }
+            chain.pump();
+            assert_eq!(
+                answers(&mut chain),
+                0,
+                "{s:?}: the server wrote nothing yet"
+            );
+            chain.server().write(b"first words").unwrap();
+            chain.pump();
+            assert_eq!(answers(&mut chain), 1, "{s:?}");
+            assert_eq!(chain.client().take_plaintext(), b"first words");
+            // "first words" went under the current keys: the next request is answered at once,
+            // the one after it (nothing written since) again waits.
+            chain.client().update_keys(true).unwrap();
+            chain.pump();
+            assert_eq!(answers(&mut chain), 1, "{s:?}");
+            chain.client().update_keys(true).unwrap();
+            chain.pump();
+            assert_eq!(answers(&mut chain), 0, "{s:?}: nothing written since");
+            chain.server().write(b"more").unwrap();
+            chain.pump();
+            assert_eq!(answers(&mut chain), 1, "{s:?}");
+            assert_eq!(chain.client().take_plaintext(), b"more");
+            assert!((0..n_mbs).all(|i| !chain.mbox(i).is_failed()));
+        }
+    }
+}
+
 /// TLS 1.2 has no KeyUpdate: asking for one is an error, and the session goes on.
 #[test]
 fn tls12_refuses_to_update_keys() {

@@ -845,6 +845,49 @@ fn only_the_servers_first_answer_can_refuse_the_announcement() {
     assert!(mb.take_outgoing(Side::Server).is_empty());
 }
 
+/// A client that announces a middlebox itself and never plays it holds the server's
+/// middlebox session open; what it sends after the primary handshake waits in the server's
+/// paused engine, up to `MAX_COPIED_BYTES`: more fails the session instead of filling the
+/// server until its handshake timeout.
+#[test]
+fn a_server_keeps_a_bounded_amount_of_data_while_a_middlebox_session_is_open() {
+    let s = Setup::new();
+    let mut client = s.legacy_client(TlsVersion::Tls13);
+    let approve_all: Approver = Arc::new(|_: &[Vec<u8>]| true);
+    let mut server = s.server(TlsVersion::Tls13, ServerMiddlebox::Discover(approve_all));
+    client.process().unwrap();
+    let mut first = announcement_record(0, 0x0303).unwrap();
+    first.extend_from_slice(&client.take_outgoing());
+    server.receive(&first).unwrap();
+    // The server's secondary ClientHello goes unanswered; its primary flight reaches the client.
+    let (mut primary, out) = (Vec::new(), server.take_outgoing());
+    let mut rest = &out[..];
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if rest[0] != 30 {
+            primary.extend_from_slice(&rest[..len]);
+        }
+        rest = &rest[len..];
+    }
+    client.feed(&primary);
+    client.process().unwrap();
+    assert!(!client.is_handshaking());
+    server.receive(&client.take_outgoing()).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    let bound = MAX_COPIED_BYTES / chunk.len();
+    let failed = (1..=bound + 2).find_map(|sent| {
+        client.write_plaintext(&chunk).unwrap();
+        server
+            .receive(&client.take_outgoing())
+            .err()
+            .map(|e| (sent, e))
+    });
+    let (sent, e) = failed.expect("the server kept everything");
+    assert!((bound..=bound + 1).contains(&sent), "{sent} MiB");
+    assert!(e.to_string().contains("too much data from the peer"), "{e}");
+    assert!(!server.keys_sent());
+}
+
 /// The middlebox's secondary session runs between it and the server: a record on its
 /// subchannel from the client's side is forged (it would break that session, and a server that
 /// only allows the middlebox would go on without it) and ends the connection unforwarded.

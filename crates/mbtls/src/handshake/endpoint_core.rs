@@ -17,7 +17,7 @@ use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEn
 use mbx_wire::{version, Record};
 use zeroize::Zeroizing;
 
-use super::HandshakeError;
+use super::{HandshakeError, MAX_COPIED_BYTES};
 use crate::direct::DirectDataPhase;
 use crate::endpoint::{EndpointDataPhase, EndpointEvent};
 use crate::error::MbtlsError;
@@ -388,6 +388,9 @@ pub(super) struct EndpointCore {
     pending_writes: Vec<u8>,
     /// Primary-key records dropped while waiting for the marker.
     discarded: usize,
+    /// Bytes the peer sent after the primary handshake ended and before the data phase: the
+    /// paused engine keeps them until the export, at most [`MAX_COPIED_BYTES`].
+    kept_after_handshake: usize,
     /// Authenticates those records under the bridge keys before dropping them: the middlebox
     /// re-sends their content through its app, but a forged or altered record is still fatal
     /// (fail closed), never silently ignored.
@@ -422,6 +425,7 @@ impl EndpointCore {
             marker_seen: false,
             pending_writes: Vec::new(),
             discarded: 0,
+            kept_after_handshake: 0,
             pre_marker: None,
             failed: false,
             summary: None,
@@ -521,6 +525,17 @@ impl EndpointCore {
                     .primary
                     .as_mut()
                     .ok_or(HandshakeError::Protocol("primary engine gone"))?;
+                if !primary.is_handshaking() {
+                    // The handshake is over, our middleboxes' sessions are not: the paused
+                    // engine keeps this until the export. A peer that also plays a middlebox
+                    // which never finishes could otherwise fill it until the timeout.
+                    self.kept_after_handshake += rec.as_bytes().len();
+                    if self.kept_after_handshake > MAX_COPIED_BYTES {
+                        return Err(HandshakeError::Protocol(
+                            "too much data from the peer before the middleboxes' sessions ended",
+                        ));
+                    }
+                }
                 primary.feed(rec.as_bytes());
                 primary.process()?;
                 self.out.extend_from_slice(&primary.take_outgoing());
