@@ -571,6 +571,32 @@ fn empty_server_records_count_against_the_bound_for_more_than_their_bytes() {
     assert!(e.to_string().contains("too much server data"), "{e}");
 }
 
+/// The primary ServerHello is kept, record by record, until it ends: a server that splits it
+/// over hundreds of one-byte records is refused instead of having each kept.
+#[test]
+fn a_server_hello_in_too_many_records_is_refused() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut net = Net::new(&s, tagger());
+    let ch = net.client.take_outgoing();
+    net.mbox.receive(Side::Client, &ch).unwrap();
+    // A ServerHello of 4,096 bytes announced, then sent one byte per record.
+    let header = [2u8, 0, 0x10, 0];
+    let body = std::iter::repeat_n(0u8, 4096);
+    let failed = header
+        .into_iter()
+        .chain(body)
+        .enumerate()
+        .find_map(|(i, b)| {
+            net.mbox
+                .receive(Side::Server, &[22, 3, 3, 0, 1, b])
+                .err()
+                .map(|e| (i, e))
+        });
+    let (i, e) = failed.expect("every record kept");
+    assert_eq!(i, 256, "{e}");
+    assert!(e.to_string().contains("too many records"), "{e}");
+}
+
 /// The middlebox's secondary session runs between the client and it: a record on its
 /// subchannel from the server's side is forged (it would break that session, and a client
 /// that only approved the middlebox would go on without it) and ends the connection

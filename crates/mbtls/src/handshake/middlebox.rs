@@ -175,6 +175,9 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     wires: Wires<A>,
 }
 
+/// The most records a primary ServerHello may come in (each is kept until it ends).
+const MAX_SERVER_HELLO_RECORDS: usize = 256;
+
 impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     pub fn new(cfg: MiddleboxHandshakeConfig, app: A) -> Result<Self, HandshakeError> {
         Ok(MiddleboxHandshake {
@@ -342,6 +345,13 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             return Ok(());
         }
         self.server_hello.push(rec.payload());
+        // A ServerHello takes a record or two; a server that splits it over more only makes
+        // us keep more records until it ends.
+        if self.pending_sh.len() == MAX_SERVER_HELLO_RECORDS {
+            return Err(HandshakeError::Protocol(
+                "the server's ServerHello came in too many records",
+            ));
+        }
         self.pending_sh.push(rec);
         let Some(msg) = self.server_hello.next_message()? else {
             return Ok(());
