@@ -1378,6 +1378,59 @@ fn server_path(s: &Setup, version: TlsVersion, names: &[&str]) -> Node {
     ))
 }
 
+/// P4 on the server side: announcements are not authenticated, so someone on the path who
+/// reroutes the connections (client → mb3 → mb2 → server, configured mb2 then mb3) and swaps
+/// the two announcements on the last link would have the server pair each configured name
+/// with the other position; every check would pass and the middleboxes would run in the
+/// order the attacker chose. Ids must rise in arrival order, so the server refuses.
+#[test]
+fn swapped_announcements_cannot_reorder_the_servers_middleboxes() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            server_mb(&s, "mb3.test"),
+            server_mb(&s, "mb2.test"),
+            server_path(&s, version, &["mb2.test", "mb3.test"]),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        // mb3 announces on 0, mb2 on 1; on the last link the two records change places.
+        for i in 0..2 {
+            let fwd = path.nodes[i].take_outgoing(Side::Server);
+            path.deliver(i + 1, Side::Client, &fwd);
+        }
+        let mut last_link = path.nodes[2].take_outgoing(Side::Server);
+        let (first, second) = (last_link[..11].to_vec(), last_link[11..22].to_vec());
+        assert_eq!((first[0], first[5], second[0], second[5]), (30, 0, 30, 1));
+        last_link[..11].copy_from_slice(&second);
+        last_link[11..22].copy_from_slice(&first);
+        path.deliver(3, Side::Client, &last_link);
+        path.pump();
+        path.assert_server_refused(&["out of path order"], version);
+    }
+}
+
+/// A repeated announcement id is refused too (its slot would be shadowed by the first).
+#[test]
+fn a_repeated_announcement_id_is_refused() {
+    let s = Setup::new();
+    let mut server = s.server(
+        TlsVersion::Tls13,
+        ServerMiddlebox::PreconfiguredPath(vec!["mb2.test".into(), "mb3.test".into()]),
+    );
+    let mut twice = announcement_record(0, 0x0303).unwrap();
+    twice.extend(announcement_record(0, 0x0303).unwrap());
+    let err = server.receive(&twice).unwrap_err();
+    assert!(err.to_string().contains("out of path order"), "{err}");
+    let mut in_order = s.server(
+        TlsVersion::Tls13,
+        ServerMiddlebox::PreconfiguredPath(vec!["mb2.test".into(), "mb3.test".into()]),
+    );
+    let mut rising = announcement_record(0, 0x0303).unwrap();
+    rising.extend(announcement_record(1, 0x0303).unwrap());
+    in_order.receive(&rising).unwrap();
+}
+
 #[test]
 fn two_server_side_middleboxes_behind_a_legacy_client_both_versions() {
     for s in Setup::both() {

@@ -710,6 +710,8 @@ impl EndpointCore {
             && self.marker_subchannel == Some(id)
         {
             self.marker_seen = true;
+            // The bridge's read keys were kept only to check records before the marker.
+            self.pre_marker = None;
             self.events.push_back(ClientHandshakeEvent::Ready);
         }
         self.maybe_finish()

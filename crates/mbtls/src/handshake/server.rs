@@ -227,7 +227,16 @@ fn announced(
     subchannel: u8,
 ) -> Result<(), HandshakeError> {
     // Announcements arrive in path order (the nearest the client first); each is answered by
-    // the engine for the next configured name.
+    // the engine for the next configured name. Each middlebox takes the lowest id not used
+    // nearer the client, so ids rise in arrival order; hop keys go by id. An announcement whose
+    // id does not rise (announcements are not authenticated: someone on the path swapped or
+    // repeated them) would pair a configured name with another position on the path, and the
+    // middleboxes would run in an order the server did not set (P4).
+    if core.slots.iter().any(|s| s.subchannel >= subchannel) {
+        return Err(HandshakeError::Protocol(
+            "middlebox announcements out of path order (subchannel ids must rise)",
+        ));
+    }
     let k = core.slots.len();
     let name = match &cfg.middlebox {
         ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name.as_str()),
