@@ -443,6 +443,14 @@ fn evidence_from_another_session_is_rejected() {
     assert!(!net.mbox.keys_installed());
 }
 
+/// Runs `step` for 1, 2, … `limit` until one fails: which one, and its error.
+fn first_failure<E>(
+    limit: usize,
+    mut step: impl FnMut(usize) -> Result<(), E>,
+) -> Option<(usize, E)> {
+    (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
+}
+
 /// Records of `stream` whose type is not mbTLS-encapsulated (30).
 fn primary_only(stream: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -527,17 +535,13 @@ fn a_middlebox_keeps_a_bounded_amount_of_server_data_before_its_keys() {
             net.mbox.receive(Side::Client, &finished).unwrap();
             let _ = net.mbox.take_outgoing(Side::Server);
         }
-        let mut failed = None;
-        for sent in 1..=MAX_COPIED_BYTES / chunk.len() + 2 {
+        let failed = first_failure(MAX_COPIED_BYTES / chunk.len() + 2, |_| {
             net.server.write_plaintext(&chunk).unwrap();
-            match net.mbox.receive(Side::Server, &net.server.take_outgoing()) {
-                Ok(()) => drop(net.mbox.take_outgoing(Side::Client)),
-                Err(e) => {
-                    failed = Some((sent, e));
-                    break;
-                }
-            }
-        }
+            net.mbox
+                .receive(Side::Server, &net.server.take_outgoing())?;
+            net.mbox.take_outgoing(Side::Client);
+            Ok::<_, HandshakeError>(())
+        });
         let (sent, e) = failed.expect("the middlebox kept everything");
         // Refused at the bound: not before 16 MiB of the server's data (records add a little).
         let bound = MAX_COPIED_BYTES / chunk.len();
@@ -560,12 +564,7 @@ fn empty_server_records_count_against_the_bound_for_more_than_their_bytes() {
     let finished = primary_only(&net.client.take_outgoing());
     net.mbox.receive(Side::Client, &finished).unwrap();
     let empty = [23u8, 3, 3, 0, 0];
-    let failed = (1..=100_000usize).find_map(|sent| {
-        net.mbox
-            .receive(Side::Server, &empty)
-            .err()
-            .map(|e| (sent, e))
-    });
+    let failed = first_failure(100_000, |_| net.mbox.receive(Side::Server, &empty));
     let (sent, e) = failed.expect("100,000 empty records kept");
     assert!(sent > 50_000, "{sent}");
     assert!(e.to_string().contains("too much server data"), "{e}");

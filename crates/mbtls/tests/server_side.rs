@@ -342,6 +342,14 @@ fn tagger(value: &str) -> Box<dyn MiddleboxApp> {
     Box::new(Tagger(HttpHeaderInsert::new("X-Mbtls", value).unwrap()))
 }
 
+/// Runs `step` for 1, 2, … `limit` until one fails: which one, and its error.
+fn first_failure<E>(
+    limit: usize,
+    mut step: impl FnMut(usize) -> Result<(), E>,
+) -> Option<(usize, E)> {
+    (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
+}
+
 fn passthrough() -> Box<dyn MiddleboxApp> {
     Box::new(PassThrough)
 }
@@ -875,12 +883,9 @@ fn a_server_keeps_a_bounded_amount_of_data_while_a_middlebox_session_is_open() {
     server.receive(&client.take_outgoing()).unwrap();
     let chunk = vec![b'x'; 1 << 20];
     let bound = MAX_COPIED_BYTES / chunk.len();
-    let failed = (1..=bound + 2).find_map(|sent| {
+    let failed = first_failure(bound + 2, |_| {
         client.write_plaintext(&chunk).unwrap();
-        server
-            .receive(&client.take_outgoing())
-            .err()
-            .map(|e| (sent, e))
+        server.receive(&client.take_outgoing())
     });
     let (sent, e) = failed.expect("the server kept everything");
     assert!((bound..=bound + 1).contains(&sent), "{sent} MiB");
@@ -1002,17 +1007,12 @@ fn a_server_side_middlebox_copies_a_bounded_amount_of_client_data_before_its_key
     assert!(!mb.keys_installed());
     let chunk = vec![b'x'; 1 << 20];
     let bound = MAX_COPIED_BYTES / chunk.len();
-    let mut failed = None;
-    for sent in 1..=bound + 2 {
+    let failed = first_failure(bound + 2, |_| {
         client.write_plaintext(&chunk).unwrap();
-        match mb.receive(Side::Client, &client.take_outgoing()) {
-            Ok(()) => drop(mb.take_outgoing(Side::Server)),
-            Err(e) => {
-                failed = Some((sent, e));
-                break;
-            }
-        }
-    }
+        mb.receive(Side::Client, &client.take_outgoing())?;
+        mb.take_outgoing(Side::Server);
+        Ok::<_, HandshakeError>(())
+    });
     let (sent, e) = failed.expect("the middlebox copied everything");
     assert!((bound..=bound + 1).contains(&sent), "{sent} MiB");
     assert!(e.to_string().contains("too much client data"), "{e}");
@@ -1026,13 +1026,7 @@ fn empty_records_count_against_the_bound_for_more_than_their_bytes() {
     let (_client, mut mb, _server, _) =
         up_to_finished_with_request(&Setup::new(), TlsVersion::Tls13);
     let empty = [23u8, 3, 3, 0, 0];
-    let mut failed = None;
-    for sent in 1..=100_000usize {
-        if let Err(e) = mb.receive(Side::Client, &empty) {
-            failed = Some((sent, e));
-            break;
-        }
-    }
+    let failed = first_failure(100_000, |_| mb.receive(Side::Client, &empty));
     let (sent, e) = failed.expect("100,000 empty records kept");
     assert!(sent > 50_000, "{sent}");
     assert!(e.to_string().contains("too much client data"), "{e}");
