@@ -85,10 +85,13 @@ impl KeyLogSecrets {
             return;
         }
         let Ok(cr) = hex::decode(cr) else { return };
-        let Ok(secret) = hex::decode(secret).map(Zeroizing::new) else {
+        // Decoded into its final, wiped buffer: `hex::decode` grows a vector and would leave
+        // the outgrown copies of the secret in freed memory.
+        let mut bytes = Zeroizing::new(vec![0u8; secret.len() / 2]);
+        if hex::decode_to_slice(secret, &mut bytes).is_err() {
             return;
-        };
-        self.record(label, &cr, &secret);
+        }
+        self.record(label, &cr, &bytes);
     }
 
     /// Records one secret, as rustls's `KeyLog::log` hands it over.

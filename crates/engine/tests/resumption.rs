@@ -470,6 +470,27 @@ mod vouched {
 
 /// Servers whose tickets are sealed under keys the context replaces
 /// (`TlsConfig::ticket_key_rotation`), with no session cache, so that only tickets resume.
+/// A server that verifies clients' certificates resumes their sessions like any other (OpenSSL
+/// refuses fatally, not as a miss, to resume on such a server unless its sessions carry a
+/// context id).
+#[test]
+fn a_server_verifying_clients_resumes_their_sessions_both_versions() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let mut c = pki.client_config().only(v);
+        c.resume_sessions = 8;
+        c.identity = Some(pki.client_identity());
+        let client = OpenSslContext::new(&c).expect("client context");
+        let mut s = pki.server_config().only(v);
+        s.verify_peer = true;
+        s.trust_roots_pem = Some(pki.roots());
+        let verifying = OpenSslContext::new(&s).expect("server context");
+        assert_eq!(connect(&client, &verifying, HOST), (false, false), "{v:?}");
+        assert_eq!(connect(&client, &verifying, HOST), (true, true), "{v:?}");
+        assert_eq!(connect(&client, &verifying, HOST), (true, true), "{v:?}");
+    }
+}
+
 mod ticket_key_rotation {
     use super::*;
     use std::time::Duration;

@@ -453,6 +453,13 @@ impl OpenSslContext {
             return Err(EngineError::Config("verify_peer needs trust roots".into()));
         }
         b.set_verify(mode);
+        if config.role == Role::Server {
+            // OpenSSL refuses (fatally, not as a miss) to resume a session on a server that
+            // verifies clients unless sessions carry a context id; it also keeps a session
+            // from being resumed under other client-verification settings. The twin without
+            // the key log shares the configuration, hence the id.
+            b.set_session_id_context(&session_id_context(config))?;
+        }
 
         if !config.groups.is_empty() {
             b.set_groups_list(&config.groups.join(":"))
@@ -722,6 +729,26 @@ impl OpenSslContext {
             sessions: resuming.then(|| self.sessions.clone()).flatten(),
         })
     }
+}
+
+/// A server's session id context (at most 32 bytes): what sessions resumed on it must have
+/// been made under, i.e. whether and against which roots clients are verified, and as whom
+/// the server speaks.
+fn session_id_context(config: &TlsConfig) -> [u8; 32] {
+    let mut h = openssl::sha::Sha256::new();
+    h.update(b"mbx session id context v1");
+    h.update(&[u8::from(config.verify_peer)]);
+    for part in [
+        config.trust_roots_pem.as_deref().unwrap_or_default(),
+        config
+            .identity
+            .as_ref()
+            .map_or(&[][..], |id| id.cert_chain_pem.as_slice()),
+    ] {
+        h.update(&(part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.finish()
 }
 
 /// The TLS 1.2 (extended) master secret, from the session rather than the key log.
