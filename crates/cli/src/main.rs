@@ -103,7 +103,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("mbx: error: {e:#}");
+            // Errors may quote a peer (its evidence, its alert): no terminal controls; line
+            // breaks stay for the operator's own files' parse errors.
+            let text = format!("{e:#}");
+            eprintln!("mbx: error: {}", subcommand::escape_controls(&text, true));
             ExitCode::FAILURE
         }
     }

@@ -455,6 +455,15 @@ impl Service {
     /// The driver's limits (defaults for what was not given).
     fn limits(&self) -> anyhow::Result<Limits> {
         let mut limits = Limits::default();
+        for (name, secs) in [
+            ("handshake_timeout_secs", self.handshake_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            // Deadlines are instants: far beyond this they overflow the clock.
+            if secs.is_some_and(|s| s > MAX_TIMEOUT_SECS) {
+                bail!("{name} must be at most {MAX_TIMEOUT_SECS} (a year; 0 for no idle timeout)");
+            }
+        }
         match self.handshake_timeout_secs {
             None => {}
             Some(0) => bail!("handshake_timeout_secs must be at least 1"),
@@ -1059,7 +1068,16 @@ fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> 
     };
     if !path.exists() {
         let pkcs8 = SimulatedPlatform::generate_pkcs8()?;
-        std::fs::write(path, &*pkcs8)
+        // A private key: readable by its owner only, and never written through a link left
+        // in its place.
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(&pkcs8))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
@@ -1124,10 +1142,10 @@ fn reread(
     }
 }
 
-/// A reload cannot move the listener or the metrics listener (both bound once, at the start):
-/// a configuration that asks for it is refused whole, rather than applied in part. `running`
-/// and `asked`: the listening address and the service settings, now and in the new
-/// configuration.
+/// A reload cannot move the listener or the metrics listener (both bound once, at the start),
+/// nor change the drain time (the stop it applies to is already set up): a configuration that
+/// asks for it is refused whole, rather than applied in part. `running` and `asked`: the
+/// listening address and the service settings, now and in the new configuration.
 fn same_listeners(running: (&str, &Service), asked: (&str, &Service)) -> anyhow::Result<()> {
     if running.0 != asked.0 {
         bail!(
@@ -1142,6 +1160,13 @@ fn same_listeners(running: (&str, &Service), asked: (&str, &Service)) -> anyhow:
             "a reload cannot move the metrics listener from {} to {}; restart to move it",
             metrics(running.1),
             metrics(asked.1)
+        );
+    }
+    if running.1.drain_grace() != asked.1.drain_grace() {
+        bail!(
+            "a reload cannot change drain_secs from {} to {}; restart to change it",
+            running.1.drain_grace().as_secs(),
+            asked.1.drain_grace().as_secs()
         );
     }
     Ok(())
@@ -1599,9 +1624,12 @@ fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Re
     Ok(())
 }
 
+/// The longest handshake or idle timeout a service takes: a year.
+const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
 /// Descriptors the process keeps for itself (listener, epoll, standard streams, files read while
-/// serving) besides its connections'.
-const RESERVED_FILES: u64 = 32;
+/// serving, the metrics endpoint's scrapes) besides its connections'.
+const RESERVED_FILES: u64 = 32 + mbx_net::metrics::MAX_SCRAPES as u64;
 
 /// A middlebox connection and a server session each hold two sockets; with the open-files soft
 /// limit (already raised to the hard one) that caps how many can be served. Accepting more

@@ -68,5 +68,50 @@ pub fn reload_failed(e: &anyhow::Error) {
 
 pub fn print_line(line: impl std::fmt::Display) {
     use std::io::Write;
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        escape_controls(&line.to_string(), false)
+    );
+}
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`, …), line breaks kept if
+/// `keep_newlines`: report lines carry text a peer chose (error messages quoting its evidence,
+/// names), which must not start a line of their own or drive the operator's terminal.
+pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !(keep_newlines && c == '\n');
+    if !text.chars().any(escaped) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn control_characters_are_escaped_line_breaks_kept_only_if_asked() {
+        let forged = "unknown variant `X\nsession 7: closed cleanly\u{1b}[2J`";
+        assert_eq!(
+            escape_controls(forged, false),
+            "unknown variant `X\\nsession 7: closed cleanly\\u{1b}[2J`"
+        );
+        assert_eq!(
+            escape_controls(forged, true),
+            "unknown variant `X\nsession 7: closed cleanly\\u{1b}[2J`"
+        );
+        assert!(matches!(
+            escape_controls("plain text", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

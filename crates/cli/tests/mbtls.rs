@@ -1346,6 +1346,10 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     );
     signal(&mut mb, Signal::HUP);
     fetched_with("/metrics-moved", "after", &mut lines);
+    // Nor change the drain time, which the stop it applies to already holds.
+    write_config("http-header:X-Mbtls:drain-changed", "drain_secs = 99\n");
+    signal(&mut mb, Signal::HUP);
+    fetched_with("/drain-changed", "after", &mut lines);
 
     // The certificate and key files are read again too: renewed in place with a certificate
     // for another name, the middlebox is refused by a client that wants mb.test.
@@ -1708,6 +1712,74 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
 
 /// `--ticket-key-secs` (TOML `ticket_key_secs`) sets how long the middlebox seals tickets
 /// under one key; zero is refused at start-up with a clear error, a positive value starts.
+/// Service timeouts beyond a year are refused at the start (a deadline that far overflows the
+/// clock, which made every connection panic); a simulated platform key the middlebox creates is
+/// readable by its owner only, and it never writes through a link left in its place.
+#[test]
+fn service_settings_and_the_simulated_key_file_are_checked() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, _pki, _server, mbox) = pki_files("mbx cli mbtls service settings root", "mb.test");
+    for flag in ["--handshake-timeout-secs", "--idle-timeout-secs"] {
+        let mut args = service_args(
+            "middlebox",
+            "127.0.0.1:0",
+            ("--next-hop", "127.0.0.1:9"),
+            &mbox,
+        );
+        args.extend([flag, "18446744073709551615"].map(std::ffi::OsStr::new));
+        let (status, err) = refused_at_start(&args);
+        assert!(status.is_some_and(|s| !s.success()), "{flag}: {status:?}");
+        assert!(err.contains("must be at most 31536000"), "{flag}: {err}");
+    }
+    let key = dir.path().join("platform.key");
+    let key_arg = key.to_str().unwrap();
+    let (_mb, _lines, head) = start_middlebox(
+        "127.0.0.1:9",
+        &mbox,
+        &["--attester", "sim", "--sim-platform-key", key_arg],
+        4,
+    );
+    assert!(head[2].contains("SIMULATED TEE"), "{head:?}");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // A dangling link where the key should be: refused, the link's target not created.
+    let link = dir.path().join("linked.key");
+    let target = dir.path().join("elsewhere.key");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    args.extend(["--attester", "sim", "--sim-platform-key"].map(std::ffi::OsStr::new));
+    args.push(link.as_os_str());
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    assert!(!target.exists());
+}
+
+/// Runs `mbx` with `args`, expecting it to stop by itself at once: its exit status (`None` if
+/// it was still running after a minute, then killed) and its standard error.
+fn refused_at_start(args: &[&std::ffi::OsStr]) -> (Option<std::process::ExitStatus>, String) {
+    use std::io::Read;
+    let child = mbx()
+        .args(args)
+        .env_remove("MBX_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard::new(child);
+    let status = guard.wait_timeout(std::time::Duration::from_secs(60));
+    let mut err = String::new();
+    if let Some(stderr) = guard.child_mut().and_then(|c| c.stderr.as_mut()) {
+        let _ = stderr.read_to_string(&mut err);
+    }
+    (status, err)
+}
+
 #[test]
 fn the_middleboxs_ticket_key_period_is_checked() {
     let (_dir, _pki, _server, mbox) = pki_files("mbx cli mbtls ticket key root", "mb.test");

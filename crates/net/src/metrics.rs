@@ -17,6 +17,10 @@ use crate::Acceptor;
 const MAX_HEAD: usize = 8 * 1024;
 /// How long a scraper has to send its request and read the answer.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Scrapes answered at once; more wait in the listen queue. Without a bound, connections that
+/// send nothing would each hold a descriptor for `SCRAPE_TIMEOUT`, taken from the service's own
+/// connections (services reserve descriptors for these).
+pub const MAX_SCRAPES: usize = 8;
 
 /// What a service renders for a scrape.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -25,11 +29,16 @@ pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// `accept_errors` (and paused after, as every listener here does).
 pub async fn serve_metrics(listener: TcpListener, accept_errors: Arc<AtomicU64>, render: Render) {
     let mut acceptor = Acceptor::counting_errors_in(listener, accept_errors);
+    let scrapes = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     loop {
+        let Ok(permit) = Arc::clone(&scrapes).acquire_owned().await else {
+            return;
+        };
         let (tcp, _) = acceptor.accept().await;
         let render = Arc::clone(&render);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(SCRAPE_TIMEOUT, answer_scrape(tcp, &*render)).await;
+            drop(permit);
         });
     }
 }
