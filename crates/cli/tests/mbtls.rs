@@ -1231,9 +1231,10 @@ fn the_middlebox_raises_its_open_files_soft_limit_to_the_hard_one() {
         banner[0].starts_with("mbTLS middlebox listening on"),
         "{banner:?}"
     );
-    // The default connection limit follows from the raised limit: (1,024 - 32) / 2 sockets.
+    // The default connection limit follows from the raised limit: (1,024 - 40 reserved, 8 of
+    // them for metrics scrapes) / 2 sockets.
     assert_eq!(
-        banner[3], "limits: handshake 60s, idle 600s, at most 496 connections at once",
+        banner[3], "limits: handshake 60s, idle 600s, at most 492 connections at once",
         "{banner:?}"
     );
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();

@@ -668,6 +668,49 @@ async fn greeting_backend() -> SocketAddr {
 
 const GREETING: &[u8] = b"hello from the backend\n";
 
+/// A session cut on the path (its client gone without close_notify, as when someone on the
+/// path ends the TCP connection) must not look complete to the backend: the server resets
+/// its connection to the backend instead of closing it, so a body delimited by the close
+/// cannot pass for whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cut_on_the_path_resets_the_backend_connection() {
+    const UPLOAD: &[u8] =
+        b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
+    let w = World::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let (got_data, data_arrived) = tokio::sync::oneshot::channel();
+    let (end_seen, end) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
+        while !got.ends_with(b"part of it") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "{got:?}");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let _ = got_data.send(got);
+        let _ = end_seen.send(s.read(&mut buf).await.map_err(|e| e.kind()));
+    });
+    let version = TlsVersion::Tls13;
+    let (_server, mb2) = w.server_behind_mb2(version, backend).await;
+    let mut cfg = w.client(version);
+    cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+    let client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(mb2.local_addr(), cfg, UPLOAD),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let data = timeout(BOUND, data_arrived).await.unwrap().unwrap();
+    assert!(data.starts_with(b"POST /upload"), "{data:?}");
+    // The client's connection ends without close_notify, the upload unfinished.
+    drop(client);
+    let end = timeout(BOUND, end).await.unwrap().unwrap();
+    assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
     let w = World::new();

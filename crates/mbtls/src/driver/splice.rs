@@ -7,7 +7,9 @@
 //! End of stream: the plain side's EOF sends close_notify; the peer's close_notify half-closes
 //! the plain side; the session ends once both happened and everything queued is out. An EOF
 //! from the path before the peer's close_notify is truncation (an error), unless we sent our
-//! close_notify already: HTTP peers then often just close.
+//! close_notify already: HTTP peers then often just close. A session that ends in an error
+//! resets the plain side instead of closing it, so that the backend or local application
+//! cannot take a cut or failed session for a complete one.
 
 use std::time::Duration;
 
@@ -74,8 +76,37 @@ pub(crate) async fn splice<S: EndpointSession>(
     sides: &Sides,
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
+    let (plain_r, mut plain_w) = plain.into_split();
+    let ended = splice_halves(
+        session,
+        path,
+        plain_r,
+        &mut plain_w,
+        idle_timeout,
+        sides,
+        carried,
+    )
+    .await;
+    if ended.is_err() {
+        // A session that failed, was cut or timed out must not look like one that ended to
+        // the plain side (an HTTP body delimited by the close would pass for whole): it is
+        // reset, not closed. (Dropped, the write half would send a FIN first.)
+        let _ = plain_w.as_ref().set_zero_linger();
+        plain_w.forget();
+    }
+    ended
+}
+
+async fn splice_halves<S: EndpointSession>(
+    session: &mut S,
+    path: TcpStream,
+    mut plain_r: tokio::net::tcp::OwnedReadHalf,
+    plain_w: &mut tokio::net::tcp::OwnedWriteHalf,
+    idle_timeout: Option<Duration>,
+    sides: &Sides,
+    carried: &mut Carried,
+) -> Result<(), DriverError> {
     let (mut path_r, mut path_w) = path.into_split();
-    let (mut plain_r, mut plain_w) = plain.into_split();
     // Read buffers sized by the traffic, freed (with the core's) when the session idles.
     let (mut path_buf, mut plain_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
     let mut activity = Activity::new(idle_timeout);
@@ -103,7 +134,7 @@ pub(crate) async fn splice<S: EndpointSession>(
                     if !plain_open {
                         to_plain.finish();
                         let _ = timeout(CLOSE_GRACE, async {
-                            tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut plain_w))
+                            tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
                         })
                         .await;
                         return Ok(());
@@ -149,7 +180,7 @@ pub(crate) async fn splice<S: EndpointSession>(
                 w.map_err(DriverError::io(sides.writing_path))?;
                 activity.wrote_now();
             }
-            w = to_plain.write_some(&mut plain_w), if want_plain => {
+            w = to_plain.write_some(&mut *plain_w), if want_plain => {
                 w.map_err(DriverError::io(sides.writing_plain))?;
                 activity.wrote_now();
             }
