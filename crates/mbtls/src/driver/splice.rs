@@ -8,8 +8,8 @@
 //! the plain side; the session ends once both happened and everything queued is out. An EOF
 //! from the path before the peer's close_notify is truncation (an error), unless we sent our
 //! close_notify already: HTTP peers then often just close. A session that ends in an error
-//! resets the plain side instead of closing it, so that the backend or local application
-//! cannot take a cut or failed session for a complete one.
+//! (but an idle timeout) resets the plain side instead of closing it, so that the backend or
+//! local application cannot take a cut or failed session for a complete one.
 
 use std::time::Duration;
 
@@ -87,10 +87,11 @@ pub(crate) async fn splice<S: EndpointSession>(
         carried,
     )
     .await;
-    if ended.is_err() {
-        // A session that failed, was cut or timed out must not look like one that ended to
-        // the plain side (an HTTP body delimited by the close would pass for whole): it is
-        // reset, not closed. (Dropped, the write half would send a FIN first.)
+    // An idle timeout is the service's own orderly end (as nginx's proxy_timeout): closed.
+    if matches!(&ended, Err(e) if !matches!(e, DriverError::IdleTimeout(_))) {
+        // A session that failed or was cut must not look like one that ended to the plain
+        // side (an HTTP body delimited by the close would pass for whole): it is reset, not
+        // closed. (Dropped, the write half would send a FIN first.)
         let _ = plain_w.as_ref().set_zero_linger();
         plain_w.forget();
     }
