@@ -17,7 +17,8 @@ use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEn
 use mbx_wire::{version, Record};
 use zeroize::Zeroizing;
 
-use super::{HandshakeError, MAX_COPIED_BYTES};
+use super::kept::Kept;
+use super::HandshakeError;
 use crate::direct::DirectDataPhase;
 use crate::endpoint::{EndpointDataPhase, EndpointEvent};
 use crate::error::MbtlsError;
@@ -388,9 +389,9 @@ pub(super) struct EndpointCore {
     pending_writes: Vec<u8>,
     /// Primary-key records dropped while waiting for the marker.
     discarded: usize,
-    /// Bytes the peer sent after the primary handshake ended and before the data phase: the
-    /// paused engine keeps them until the export, at most [`MAX_COPIED_BYTES`].
-    kept_after_handshake: usize,
+    /// What the peer sent after the primary handshake ended and before the data phase: the
+    /// paused engine keeps it until the export, within its bound.
+    kept_after_handshake: Kept,
     /// Authenticates those records under the bridge keys before dropping them: the middlebox
     /// re-sends their content through its app, but a forged or altered record is still fatal
     /// (fail closed), never silently ignored.
@@ -425,7 +426,7 @@ impl EndpointCore {
             marker_seen: false,
             pending_writes: Vec::new(),
             discarded: 0,
-            kept_after_handshake: 0,
+            kept_after_handshake: Kept::default(),
             pre_marker: None,
             failed: false,
             summary: None,
@@ -529,12 +530,10 @@ impl EndpointCore {
                     // The handshake is over, our middleboxes' sessions are not: the paused
                     // engine keeps this until the export. A peer that also plays a middlebox
                     // which never finishes could otherwise fill it until the timeout.
-                    self.kept_after_handshake += rec.as_bytes().len();
-                    if self.kept_after_handshake > MAX_COPIED_BYTES {
-                        return Err(HandshakeError::Protocol(
-                            "too much data from the peer before the middleboxes' sessions ended",
-                        ));
-                    }
+                    self.kept_after_handshake.bytes(
+                        rec.as_bytes().len(),
+                        "too much data from the peer before the middleboxes' sessions ended",
+                    )?;
                 }
                 primary.feed(rec.as_bytes());
                 primary.process()?;

@@ -19,9 +19,9 @@ use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{version, ClientHello, HandshakeDeframer, HandshakeType, Record, ServerHello};
 
 use super::demux::{hello_records, Piece};
-use super::server_side::KEPT_RECORD_COST;
+use super::kept::Kept;
 use super::wires::{self, Core, Wires};
-use super::{HandshakeError, MAX_COPIED_BYTES};
+use super::HandshakeError;
 use crate::hop::{Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{
@@ -165,8 +165,8 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     held: Vec<Record>,
     /// TLS 1.3: encrypted server records forwarded raw, to find 0.5-RTT records later.
     copies: Vec<Record>,
-    /// Bytes in `held` and `copies` together, at most [`MAX_COPIED_BYTES`].
-    kept_bytes: usize,
+    /// What `held` and `copies` keep together, within its bound.
+    kept: Kept,
     /// What the client's path message said (until it arrives): whether a middlebox nearer the
     /// server joined, and whether the client wants our session ticket. Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
@@ -174,6 +174,9 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     path: Option<wires::PathNews>,
     wires: Wires<A>,
 }
+
+/// Why the server's records we keep until our keys arrive passed their bound.
+const TOO_MUCH_SERVER_DATA: &str = "too much server data before the client's key material";
 
 /// The most records a primary ServerHello may come in (each is kept until it ends).
 const MAX_SERVER_HELLO_RECORDS: usize = 256;
@@ -201,7 +204,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
-            kept_bytes: 0,
+            kept: Kept::default(),
             path: None,
             wires: Wires::new(Side::Server),
         })
@@ -470,7 +473,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     /// A primary server record while joined and without keys: forward or hold.
     fn server_record(&mut self, rec: Record) -> Result<(), HandshakeError> {
         if self.hold {
-            self.keep(rec.as_bytes().len())?;
+            self.kept.record(&rec, TOO_MUCH_SERVER_DATA)?;
             self.held.push(rec);
             return Ok(());
         }
@@ -486,23 +489,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             }
             _ => {
                 if rec.content_type() == ContentType::APPLICATION_DATA {
-                    self.keep(rec.as_bytes().len())?;
+                    self.kept.record(&rec, TOO_MUCH_SERVER_DATA)?;
                     self.copies.push(rec.clone());
                 }
             }
         }
         self.wires.out_client.extend_from_slice(rec.as_bytes());
-        Ok(())
-    }
-
-    /// Counts one more server record of `len` bytes kept until our keys arrive.
-    fn keep(&mut self, len: usize) -> Result<(), HandshakeError> {
-        self.kept_bytes += len + KEPT_RECORD_COST;
-        if self.kept_bytes > MAX_COPIED_BYTES {
-            return Err(HandshakeError::Protocol(
-                "too much server data before the client's key material",
-            ));
-        }
         Ok(())
     }
 

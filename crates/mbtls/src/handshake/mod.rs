@@ -11,6 +11,7 @@
 mod client;
 mod demux;
 mod endpoint_core;
+mod kept;
 mod middlebox;
 mod server;
 mod server_side;
@@ -21,12 +22,13 @@ pub use demux::{hello_records, Demux, Piece};
 pub use endpoint_core::{
     Approver, ClientHandshakeEvent, HopFingerprint, ServerHandshakeEvent, SessionSummary,
 };
+pub use kept::MAX_COPIED_BYTES;
 pub use middlebox::{
     MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     MIDDLEBOX_TICKET_KEY_PERIOD,
 };
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
-pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, MAX_COPIED_BYTES};
+pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED};
 
 use mbx_attest::AttestError;
 use mbx_engine::{EngineError, TlsConfig};

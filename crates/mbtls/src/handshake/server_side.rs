@@ -24,24 +24,13 @@ use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
 use mbx_wire::{version, HandshakeDeframer, HandshakeType, Record, ServerHello};
 
 use super::demux::Piece;
+use super::kept::Kept;
 use super::middlebox::{first_application_record, write_evidence};
 use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::MiddleboxRelay;
 use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
-
-/// Application data a middlebox keeps before its keys arrive: a server-side one the client's
-/// records it forwards raw (and copies), a client-side one the server's records it copies or
-/// holds. More fails the session. It is what a peer can send in about one round trip between
-/// the middlebox and the endpoint whose keys it waits for; without a bound the two endpoints
-/// of one session could have a middlebox keep all they send until its handshake timeout.
-pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
-
-/// What keeping one record counts against [`MAX_COPIED_BYTES`] beyond its own bytes: its
-/// handle and allocation (about 64 bytes), and the trial opening it may cost when the keys
-/// arrive. Without it a peer could have millions of empty records kept within the bound.
-pub(crate) const KEPT_RECORD_COST: usize = 256;
 
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
 /// (plaintext) alert as the first thing it sends: a legacy server refusing the unknown record
@@ -90,7 +79,7 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     secondary: SecondaryReader,
     /// Client application-data records forwarded raw before our keys arrived.
     copies: Vec<Record>,
-    copied_bytes: usize,
+    kept: Kept,
     wires: Wires<A>,
 }
 
@@ -120,7 +109,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             evidence_sent: false,
             secondary: SecondaryReader::new(),
             copies: Vec::new(),
-            copied_bytes: 0,
+            kept: Kept::default(),
             wires: Wires::new(Side::Client),
         })
     }
@@ -192,12 +181,10 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         if rec.content_type() != ContentType::APPLICATION_DATA {
             return Ok(());
         }
-        self.copied_bytes += rec.as_bytes().len() + KEPT_RECORD_COST;
-        if self.copied_bytes > MAX_COPIED_BYTES {
-            return Err(HandshakeError::Protocol(
-                "too much client data before the server's key material",
-            ));
-        }
+        self.kept.record(
+            &rec,
+            "too much client data before the server's key material",
+        )?;
         self.copies.push(rec);
         Ok(())
     }

@@ -1,0 +1,44 @@
+//! What a middlebox or an endpoint keeps of a peer's data until keys (or its middleboxes'
+//! sessions) let it pass on: one bound for all of them.
+
+use mbx_wire::Record;
+
+use super::HandshakeError;
+
+/// Application data a middlebox keeps before its keys arrive: a server-side one the client's
+/// records it forwards raw (and copies), a client-side one the server's records it copies or
+/// holds; and what an endpoint's paused engine keeps between the primary handshake and the
+/// data phase. More fails the session. It is what a peer can send in about one round trip
+/// between the middlebox and the endpoint whose keys it waits for; without a bound the two
+/// endpoints of one session could have a middlebox keep all they send until its handshake
+/// timeout.
+pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
+
+/// What keeping one record counts against [`MAX_COPIED_BYTES`] beyond its own bytes: its
+/// handle and allocation (about 64 bytes), and the trial opening it may cost when the keys
+/// arrive. Without it a peer could have millions of empty records kept within the bound.
+const KEPT_RECORD_COST: usize = 256;
+
+/// Bytes kept so far, against [`MAX_COPIED_BYTES`].
+#[derive(Debug, Default)]
+pub(super) struct Kept(usize);
+
+impl Kept {
+    /// One more record kept as a record of its own. `too_much`: the error once past the bound.
+    pub(super) fn record(
+        &mut self,
+        rec: &Record,
+        too_much: &'static str,
+    ) -> Result<(), HandshakeError> {
+        self.bytes(rec.as_bytes().len() + KEPT_RECORD_COST, too_much)
+    }
+
+    /// `n` more bytes kept in a buffer that holds them all.
+    pub(super) fn bytes(&mut self, n: usize, too_much: &'static str) -> Result<(), HandshakeError> {
+        self.0 = self.0.saturating_add(n);
+        if self.0 > MAX_COPIED_BYTES {
+            return Err(HandshakeError::Protocol(too_much));
+        }
+        Ok(())
+    }
+}
