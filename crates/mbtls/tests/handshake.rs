@@ -443,28 +443,6 @@ fn evidence_from_another_session_is_rejected() {
     assert!(!net.mbox.keys_installed());
 }
 
-/// Runs `step` for 1, 2, … `limit` until one fails: which one, and its error.
-fn first_failure<E>(
-    limit: usize,
-    mut step: impl FnMut(usize) -> Result<(), E>,
-) -> Option<(usize, E)> {
-    (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
-}
-
-/// Records of `stream` whose type is not mbTLS-encapsulated (30).
-fn primary_only(stream: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut rest = stream;
-    while rest.len() >= 5 {
-        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
-        if rest[0] != 30 {
-            out.extend_from_slice(&rest[..len]);
-        }
-        rest = &rest[len..];
-    }
-    out
-}
-
 /// TLS 1.3: the server's application records reach the middlebox *before* the client's
 /// Finished does (0.5-RTT data). The middlebox has forwarded them raw; they must still go
 /// through its app, exactly once, after its keys arrive (found by trial opening).
@@ -487,7 +465,7 @@ fn tls13_server_data_ahead_of_client_finished_goes_through_the_app() {
     let flight2 = net.client.take_outgoing();
     // The server gets the primary part first (as if the middlebox were slow), completes and
     // sends data at once.
-    net.server.feed(&primary_only(&flight2));
+    net.server.feed(&common::primary_only(&flight2));
     net.server.process().unwrap();
     assert!(!net.server.is_handshaking());
     net.server.write_plaintext(b"early words").unwrap();
@@ -527,7 +505,7 @@ fn a_middlebox_keeps_a_bounded_amount_of_server_data_before_its_keys() {
         first_round_trip(&mut net);
         // The client's second flight reaches the server (not its key material, which stays
         // away from the middlebox): the server is done and sends.
-        let finished = primary_only(&net.client.take_outgoing());
+        let finished = common::primary_only(&net.client.take_outgoing());
         net.server.feed(&finished);
         net.server.process().unwrap();
         if client_finished_seen {
@@ -535,7 +513,7 @@ fn a_middlebox_keeps_a_bounded_amount_of_server_data_before_its_keys() {
             net.mbox.receive(Side::Client, &finished).unwrap();
             let _ = net.mbox.take_outgoing(Side::Server);
         }
-        let failed = first_failure(MAX_COPIED_BYTES / chunk.len() + 2, |_| {
+        let failed = common::first_failure(MAX_COPIED_BYTES / chunk.len() + 2, |_| {
             net.server.write_plaintext(&chunk).unwrap();
             net.mbox
                 .receive(Side::Server, &net.server.take_outgoing())?;
@@ -561,10 +539,10 @@ fn empty_server_records_count_against_the_bound_for_more_than_their_bytes() {
     let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
     let mut net = Net::new(&s, tagger());
     first_round_trip(&mut net);
-    let finished = primary_only(&net.client.take_outgoing());
+    let finished = common::primary_only(&net.client.take_outgoing());
     net.mbox.receive(Side::Client, &finished).unwrap();
     let empty = [23u8, 3, 3, 0, 0];
-    let failed = first_failure(100_000, |_| net.mbox.receive(Side::Server, &empty));
+    let failed = common::first_failure(100_000, |_| net.mbox.receive(Side::Server, &empty));
     let (sent, e) = failed.expect("100,000 empty records kept");
     assert!(sent > 50_000, "{sent}");
     assert!(e.to_string().contains("too much server data"), "{e}");
@@ -810,7 +788,7 @@ fn tampered_record_before_the_switch_marker_is_fatal() {
         .receive(&net.mbox.take_outgoing(Side::Client))
         .unwrap();
     let flight2 = net.client.take_outgoing();
-    net.server.feed(&primary_only(&flight2));
+    net.server.feed(&common::primary_only(&flight2));
     net.server.process().unwrap();
     net.server.write_plaintext(b"early words").unwrap();
     let early = net.server.take_outgoing();

@@ -4,6 +4,7 @@
 //! middleboxes in front of a legacy server; exclusion, refused evidence, a legacy server behind
 //! a server-side middlebox.
 
+mod common;
 mod leaf;
 use leaf::identity;
 
@@ -340,14 +341,6 @@ impl MiddleboxApp for Tagger {
 
 fn tagger(value: &str) -> Box<dyn MiddleboxApp> {
     Box::new(Tagger(HttpHeaderInsert::new("X-Mbtls", value).unwrap()))
-}
-
-/// Runs `step` for 1, 2, … `limit` until one fails: which one, and its error.
-fn first_failure<E>(
-    limit: usize,
-    mut step: impl FnMut(usize) -> Result<(), E>,
-) -> Option<(usize, E)> {
-    (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
 }
 
 fn passthrough() -> Box<dyn MiddleboxApp> {
@@ -807,6 +800,28 @@ fn unknown_server_side_middlebox_with_wrong_name_is_refused_when_preconfigured()
     }
 }
 
+/// A server-side middlebox that has forwarded a legacy client's TLS 1.3 ClientHello, and
+/// announced itself on subchannel 0 before it (both still in its output toward the server).
+fn announced_middlebox(s: &Setup) -> ServerSideMiddlebox<Box<dyn MiddleboxApp>> {
+    let mut client = s.legacy_client(TlsVersion::Tls13);
+    let mut mb =
+        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
+    client.process().unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    mb
+}
+
+/// `received` failed saying `says`, and nothing of it went on toward the server.
+fn assert_refused_unforwarded(
+    mb: &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>>,
+    received: Result<(), HandshakeError>,
+    says: &str,
+) {
+    let err = received.unwrap_err();
+    assert!(err.to_string().contains(says), "{err}");
+    assert!(mb.take_outgoing(Side::Server).is_empty());
+}
+
 /// How often the middlebox took what the server sent for a legacy server's refusal of its
 /// announcement.
 fn refusals(mb: &mut ServerSideMiddlebox<Box<dyn MiddleboxApp>>) -> usize {
@@ -830,12 +845,7 @@ fn only_the_servers_first_answer_can_refuse_the_announcement() {
         (vec![alert.to_vec()], 1),
         (vec![answer_to_another, alert.to_vec()], 0),
     ] {
-        let mut client = s.legacy_client(TlsVersion::Tls13);
-        let mut mb =
-            ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true)
-                .unwrap();
-        client.process().unwrap();
-        mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+        let mut mb = announced_middlebox(&s);
         for record in &server_sends {
             mb.receive(Side::Server, record).unwrap();
         }
@@ -843,14 +853,8 @@ fn only_the_servers_first_answer_can_refuse_the_announcement() {
     }
     let mut mb =
         ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
-    let err = mb
-        .receive(Side::Client, &[23, 3, 3, 0, 2, 0, 0])
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("other than its ClientHello"),
-        "{err}"
-    );
-    assert!(mb.take_outgoing(Side::Server).is_empty());
+    let received = mb.receive(Side::Client, &[23, 3, 3, 0, 2, 0, 0]);
+    assert_refused_unforwarded(&mut mb, received, "other than its ClientHello");
 }
 
 /// A client that announces a middlebox itself and never plays it holds the server's
@@ -868,22 +872,13 @@ fn a_server_keeps_a_bounded_amount_of_data_while_a_middlebox_session_is_open() {
     first.extend_from_slice(&client.take_outgoing());
     server.receive(&first).unwrap();
     // The server's secondary ClientHello goes unanswered; its primary flight reaches the client.
-    let (mut primary, out) = (Vec::new(), server.take_outgoing());
-    let mut rest = &out[..];
-    while rest.len() >= 5 {
-        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
-        if rest[0] != 30 {
-            primary.extend_from_slice(&rest[..len]);
-        }
-        rest = &rest[len..];
-    }
-    client.feed(&primary);
+    client.feed(&common::primary_only(&server.take_outgoing()));
     client.process().unwrap();
     assert!(!client.is_handshaking());
     server.receive(&client.take_outgoing()).unwrap();
     let chunk = vec![b'x'; 1 << 20];
     let bound = MAX_COPIED_BYTES / chunk.len();
-    let failed = first_failure(bound + 2, |_| {
+    let failed = common::first_failure(bound + 2, |_| {
         client.write_plaintext(&chunk).unwrap();
         server.receive(&client.take_outgoing())
     });
@@ -898,25 +893,15 @@ fn a_server_keeps_a_bounded_amount_of_data_while_a_middlebox_session_is_open() {
 /// only allows the middlebox would go on without it) and ends the connection unforwarded.
 #[test]
 fn a_record_on_the_middleboxs_subchannel_from_the_client_is_refused() {
-    let s = Setup::new();
-    let mut client = s.legacy_client(TlsVersion::Tls13);
-    let mut mb =
-        ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), passthrough(), true).unwrap();
-    client.process().unwrap();
-    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    let mut mb = announced_middlebox(&Setup::new());
     let announced = mb.take_outgoing(Side::Server);
     assert_eq!(announced.first(), Some(&30), "announced on subchannel 0");
     // Another subchannel is a nearer middlebox's: passed on.
     let other = announcement_record(1, 0x0303).unwrap();
     mb.receive(Side::Client, &other).unwrap();
     assert_eq!(mb.take_outgoing(Side::Server), other);
-    let forged = announcement_record(0, 0x0303).unwrap();
-    let err = mb.receive(Side::Client, &forged).unwrap_err();
-    assert!(
-        err.to_string().contains("subchannel came from the client"),
-        "{err}"
-    );
-    assert!(mb.take_outgoing(Side::Server).is_empty());
+    let received = mb.receive(Side::Client, &announcement_record(0, 0x0303).unwrap());
+    assert_refused_unforwarded(&mut mb, received, "subchannel came from the client");
 }
 
 #[test]
@@ -1007,7 +992,7 @@ fn a_server_side_middlebox_copies_a_bounded_amount_of_client_data_before_its_key
     assert!(!mb.keys_installed());
     let chunk = vec![b'x'; 1 << 20];
     let bound = MAX_COPIED_BYTES / chunk.len();
-    let failed = first_failure(bound + 2, |_| {
+    let failed = common::first_failure(bound + 2, |_| {
         client.write_plaintext(&chunk).unwrap();
         mb.receive(Side::Client, &client.take_outgoing())?;
         mb.take_outgoing(Side::Server);
@@ -1026,7 +1011,7 @@ fn empty_records_count_against_the_bound_for_more_than_their_bytes() {
     let (_client, mut mb, _server, _) =
         up_to_finished_with_request(&Setup::new(), TlsVersion::Tls13);
     let empty = [23u8, 3, 3, 0, 0];
-    let failed = first_failure(100_000, |_| mb.receive(Side::Client, &empty));
+    let failed = common::first_failure(100_000, |_| mb.receive(Side::Client, &empty));
     let (sent, e) = failed.expect("100,000 empty records kept");
     assert!(sent > 50_000, "{sent}");
     assert!(e.to_string().contains("too much client data"), "{e}");

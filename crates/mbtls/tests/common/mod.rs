@@ -250,6 +250,23 @@ pub fn lone_relay(
     (MiddleboxRelay::new(km.clone(), app).unwrap(), keys, km)
 }
 
+/// Runs `step` for 1, 2, … `limit` until one fails: which one, and its error.
+pub fn first_failure<E>(
+    limit: usize,
+    mut step: impl FnMut(usize) -> Result<(), E>,
+) -> Option<(usize, E)> {
+    (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
+}
+
+/// The records of `stream` (whole records) that are not mbTLS-encapsulated (type 30).
+pub fn primary_only(stream: &[u8]) -> Vec<u8> {
+    records(stream)
+        .into_iter()
+        .filter(|r| r[0] != 30)
+        .flatten()
+        .collect()
+}
+
 /// Split a captured link stream into whole records.
 pub fn records(stream: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
