@@ -150,13 +150,18 @@ impl World {
         cfg: MbtlsServerConfig,
     ) -> (MbtlsServer, MiddleboxServer) {
         let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
-        let mb2 = MiddleboxServer::bind(
+        let mb2 = self.mb2_to(server.local_addr()).await;
+        (server, mb2)
+    }
+
+    /// The server-side middlebox mb2, in front of `next_hop`.
+    async fn mb2_to(&self, next_hop: SocketAddr) -> MiddleboxServer {
+        MiddleboxServer::bind(
             "127.0.0.1:0",
-            self.middlebox("mb2.test", server.local_addr(), Placement::ServerSide),
+            self.middlebox("mb2.test", next_hop, Placement::ServerSide),
         )
         .await
-        .unwrap();
-        (server, mb2)
+        .unwrap()
     }
 
     /// The mbTLS client's primary TLS configuration.
@@ -520,12 +525,7 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         .version(tb(TlsVersion::Tls13))
         .start()
         .unwrap();
-    let mut mb2 = MiddleboxServer::bind(
-        "127.0.0.1:0",
-        w.middlebox("mb2.test", s_server.addr(), Placement::ServerSide),
-    )
-    .await
-    .unwrap();
+    let mut mb2 = w.mb2_to(s_server.addr()).await;
     let port = mb2.local_addr().port();
     let run = |path: &'static str| {
         let ca = w.server_files.ca.clone();
@@ -581,12 +581,7 @@ async fn a_client_leaving_early_does_not_make_the_middlebox_forget_an_mbtls_serv
         mbx_testbed::relay::DelayRelay::start(server.local_addr(), Duration::from_millis(300))
             .await
             .unwrap();
-    let mut mb2 = MiddleboxServer::bind(
-        "127.0.0.1:0",
-        w.middlebox("mb2.test", slow_link.local_addr(), Placement::ServerSide),
-    )
-    .await
-    .unwrap();
+    let mut mb2 = w.mb2_to(slow_link.local_addr()).await;
     let hello = client_hello(&w);
     // An application-data record before the ClientHello: the server would alert on it.
     let mut data_first = vec![23u8, 3, 3, 0, 5, 1, 2, 3, 4, 5];
