@@ -258,6 +258,22 @@ pub fn first_failure<E>(
     (1..=limit).find_map(|i| step(i).err().map(|e| (i, e)))
 }
 
+/// Sends one MiB after another through `send_mib` until it fails, which must happen once
+/// `MAX_COPIED_BYTES` (what is kept before keys) is passed and not before (records add a
+/// little): the error it failed with.
+pub fn refused_past_the_bound<E: std::fmt::Debug>(
+    mut send_mib: impl FnMut(&[u8]) -> Result<(), E>,
+) -> E {
+    let chunk = vec![b'x'; 1 << 20];
+    let bound = mbx_mbtls::handshake::MAX_COPIED_BYTES / chunk.len();
+    let (sent, e) = first_failure(bound + 2, |_| send_mib(&chunk)).expect("everything kept");
+    assert!(
+        (bound..=bound + 1).contains(&sent),
+        "refused after {sent} MiB: {e:?}"
+    );
+    e
+}
+
 /// The records of `stream` (whole records) that are not mbTLS-encapsulated (type 30).
 pub fn primary_only(stream: &[u8]) -> Vec<u8> {
     records(stream)
