@@ -702,7 +702,7 @@ impl OpenSslContext {
             }
             _ => None,
         };
-        let resuming = resumption_name.is_some();
+        let renewals = self.sessions.clone().zip(resumption_name.clone());
         let state = Arc::new(Mutex::new(ConnState {
             ext_send: self.ext_send.clone(),
             handlers: self.handlers.clone(),
@@ -726,7 +726,7 @@ impl OpenSslContext {
             failed: false,
             peer_closed: false,
             plaintext: Vec::new(),
-            sessions: resuming.then(|| self.sessions.clone()).flatten(),
+            renewals,
         })
     }
 }
@@ -807,8 +807,9 @@ pub struct OpenSslEngine {
     failed: bool,
     peer_closed: bool,
     plaintext: Vec<u8>,
-    /// Client that resumes: where a session renewed in a resumed TLS 1.2 handshake goes.
-    sessions: Option<Arc<ClientSessions>>,
+    /// Client that resumes: where a session renewed in a resumed TLS 1.2 handshake goes, and
+    /// the server name it is kept under.
+    renewals: Option<(Arc<ClientSessions>, String)>,
 }
 
 impl OpenSslEngine {
@@ -1316,15 +1317,14 @@ impl OpenSslEngine {
     /// the old ticket would be offered until its key is gone. A session resumed by ID or with
     /// its ticket unchanged replaces itself.
     fn keep_renewed_session(&self) {
-        let Some(store) = &self.sessions else {
+        let Some((store, name)) = &self.renewals else {
             return;
         };
         if self.version() != Some(TlsVersion::Tls12) || !self.session_reused() {
             return;
         }
-        let name = lock(&self.state).resumption_name.clone();
-        if let (Some(name), Some(session)) = (name, self.stream.ssl().session()) {
-            store.put(&name, session.to_owned());
+        if let Some(session) = self.stream.ssl().session() {
+            store.put(name, session.to_owned());
         }
     }
 
