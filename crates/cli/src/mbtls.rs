@@ -668,7 +668,7 @@ fn client(
         let running_primary = std::sync::Mutex::new(primary);
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
-            same_listeners((&listen, &running), (&listen, &new.s.service))?;
+            fixed_at_start_unchanged((&listen, &running), (&listen, &new.s.service))?;
             let tls = new.primary_tls.clone();
             let mut cfg = proxy_config(new)?;
             keep_sessions(&running_primary, tls, &mut cfg.handshake.primary);
@@ -1108,7 +1108,7 @@ fn middlebox(
     } = middlebox_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MiddleboxServerConfig> {
         let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
-        same_listeners((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
+        fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
@@ -1146,7 +1146,10 @@ fn reread(
 /// nor change the drain time (the stop it applies to is already set up): a configuration that
 /// asks for it is refused whole, rather than applied in part. `running` and `asked`: the
 /// listening address and the service settings, now and in the new configuration.
-fn same_listeners(running: (&str, &Service), asked: (&str, &Service)) -> anyhow::Result<()> {
+fn fixed_at_start_unchanged(
+    running: (&str, &Service),
+    asked: (&str, &Service),
+) -> anyhow::Result<()> {
     if running.0 != asked.0 {
         bail!(
             "a reload cannot move the listener from {} to {}; restart to move it",
@@ -1743,7 +1746,7 @@ fn server(
     let ServerSetup { cfg, s, described } = server_setup(flags.clone(), config)?;
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
         let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
-        same_listeners((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
+        fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         Ok(setup.cfg)
     };
     let limits = cfg.limits;
