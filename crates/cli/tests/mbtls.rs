@@ -1791,14 +1791,8 @@ fn the_middleboxs_ticket_key_period_is_checked() {
         &mbox,
     );
     args.extend(["--ticket-key-secs", "0"].map(std::ffi::OsStr::new));
-    let out = mbx()
-        .args(&args)
-        .env_remove("MBX_CONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(err.contains("ticket_key_secs must be at least 1"), "{err}");
     let (_mb, _lines, head) =
         start_middlebox("127.0.0.1:9", &mbox, &["--ticket-key-secs", "90"], 4);
