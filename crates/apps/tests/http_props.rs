@@ -121,9 +121,9 @@ proptest! {
 
     /// What the app lets through unchanged (`pass_unchanged`; the core then forwards those
     /// bytes itself) plus what `on_data` forwards is exactly what `on_data` alone forwards,
-    /// with the same verdicts and request count: for request streams (an upgrade among them
-    /// makes the requests after it opaque, so they must get no header), followed by garbage,
-    /// cut anywhere, and for responses.
+    /// with the same verdicts and request count: for request streams (an upgrade among them,
+    /// never answered, makes the next byte close the session), followed by garbage, cut
+    /// anywhere, and for responses.
     #[test]
     fn bytes_passed_unchanged_are_what_on_data_would_forward(
         reqs in proptest::collection::vec(request(), 0..6),
@@ -176,5 +176,154 @@ proptest! {
             let _ = app.on_data(Direction::ClientToServer, &piece, &mut out);
         }
         let _ = app.on_end(Direction::ClientToServer, &mut out);
+    }
+}
+
+/// One response the server gives, as bytes, with its request's method and whether it is the
+/// answer to a switch.
+#[derive(Debug, Clone)]
+struct Exchange {
+    request: Req,
+    response: Vec<u8>,
+    /// `Some(accepted)` when the request asks for a protocol switch.
+    switch: Option<bool>,
+}
+
+fn response_body() -> impl Strategy<Value = Vec<u8>> {
+    // Bodies that quote response heads, a switch among them.
+    proptest::collection::vec(
+        prop_oneof![
+            Just(b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec()),
+            Just(b"0\r\n\r\n".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..30),
+        ],
+        0..4,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+fn exchange() -> impl Strategy<Value = Exchange> {
+    // 0: plain request, 1: HEAD, 2: Upgrade, 3: CONNECT
+    let kind = 0u8..4;
+    let status = prop_oneof![Just(200u16), Just(404), Just(204), Just(304), Just(101)];
+    (
+        request(),
+        kind,
+        status,
+        any::<bool>(),
+        response_body(),
+        any::<bool>(),
+    )
+        .prop_map(|(request, kind, status, chunked, body, interim)| {
+            // A 101 answers only an upgrade; elsewhere it would be a server's error.
+            let status = if status == 101 && kind != 2 {
+                200
+            } else {
+                status
+            };
+            let (request, switch) = match kind {
+                1 => (simple_request("HEAD /h HTTP/1.1\r\n"), None),
+                2 => (
+                    simple_request("GET /ws HTTP/1.1\r\nUpgrade: x\r\n"),
+                    Some(status == 101),
+                ),
+                3 => (
+                    simple_request("CONNECT a.test:443 HTTP/1.1\r\n"),
+                    Some((200..300).contains(&status)),
+                ),
+                _ => (request, None),
+            };
+            let mut response = Vec::new();
+            if interim {
+                response.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            }
+            response.extend_from_slice(format!("HTTP/1.1 {status} X\r\n").as_bytes());
+            let no_body = kind == 1 || status == 204 || status == 304 || switch == Some(true);
+            if chunked {
+                response.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                if !no_body {
+                    if !body.is_empty() {
+                        response.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+                        response.extend_from_slice(&body);
+                        response.extend_from_slice(b"\r\n");
+                    }
+                    response.extend_from_slice(b"0\r\n\r\n");
+                }
+            } else {
+                response.extend_from_slice(
+                    format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes(),
+                );
+                if !no_body {
+                    response.extend_from_slice(&body);
+                }
+            }
+            Exchange {
+                request,
+                response,
+                switch,
+            }
+        })
+}
+
+/// A request without a body: `start` is its request line and any fields.
+fn simple_request(start: &str) -> Req {
+    Req {
+        sent: format!("{start}\r\n").into_bytes(),
+        expected: format!("{start}{HEADER}\r\n\r\n").into_bytes(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Clients pipeline requests until one asks for a protocol switch, then wait for the
+    /// responses up to its answer. Every request gets the header exactly once until the server
+    /// switches, and everything after a switch passes untouched, however the server's responses
+    /// are framed and cut, and whether they go through `pass_unchanged` or `on_data`.
+    #[test]
+    fn requests_get_the_header_until_the_server_switches(
+        exchanges in proptest::collection::vec(exchange(), 1..8),
+        after in proptest::collection::vec(any::<u8>(), 1..64),
+        cuts in proptest::collection::vec(any::<usize>(), 0..20),
+        counted in proptest::collection::vec(any::<bool>(), 1..8),
+    ) {
+        let mut app = HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
+        let mut out = Vec::new();
+        let mut expected = Vec::new();
+        let mut counted = counted.iter().cycle();
+        // Groups of pipelined requests, each ending at a switch (or at the end).
+        let mut groups: Vec<&[Exchange]> = exchanges
+            .split_inclusive(|e| e.switch.is_some())
+            .collect();
+        let mut switched = false;
+        for group in groups.drain(..) {
+            let sent: Vec<u8> = group.iter().flat_map(|e| e.request.sent.clone()).collect();
+            for piece in split(&sent, &cuts) {
+                prop_assert_eq!(app.on_data(Direction::ClientToServer, &piece, &mut out), Verdict::Continue);
+            }
+            expected.extend(group.iter().flat_map(|e| e.request.expected.clone()));
+            let responses: Vec<u8> = group.iter().flat_map(|e| e.response.clone()).collect();
+            for piece in split(&responses, &cuts) {
+                let s2c = Direction::ServerToClient;
+                let v = if *counted.next().unwrap() {
+                    app.pass_unchanged(s2c, &piece).unwrap()
+                } else {
+                    let mut through = Vec::new();
+                    let v = app.on_data(s2c, &piece, &mut through);
+                    prop_assert_eq!(&through, &piece);
+                    v
+                };
+                prop_assert_eq!(v, Verdict::Continue);
+            }
+            if group.last().and_then(|e| e.switch) == Some(true) {
+                switched = true;
+                break;
+            }
+        }
+        if switched {
+            prop_assert_eq!(app.on_data(Direction::ClientToServer, &after, &mut out), Verdict::Continue);
+            expected.extend_from_slice(&after);
+        }
+        prop_assert_eq!(out, expected);
     }
 }

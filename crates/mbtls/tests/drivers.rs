@@ -242,6 +242,40 @@ async fn inserted_header_reaches_nginx_both_versions() {
     }
 }
 
+/// A client asks nginx to switch protocols on its first request; nginx (no WebSocket location)
+/// answers 200 and stays HTTP/1.1, so the client's next request on the same connection must
+/// get the header too. Before the twenty-second round the app made everything after an
+/// `Upgrade` opaque, whatever the answer: a client could send requests without the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_an_upgrade_nginx_refused_still_gets_the_header() {
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let (nginx, mbox) = nginx_behind_a_header_middlebox(&w, version).await;
+    let upgrade = b"GET /headers HTTP/1.1\r\nHost: server.test\r\n\
+        Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+    let mut client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            upgrade,
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    read_until(&mut client, "x-mbtls: mb.test").await;
+    client
+        .write_all(b"GET /second HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let rest = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&rest).contains("mbx nginx ok"));
+    let log = nginx.wait_access_log(|l| l.contains("/second")).unwrap();
+    let second = log.lines().find(|l| l.contains("/second")).unwrap();
+    assert!(second.contains("x-mbtls=\"mb.test\""), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     let w = World::new();

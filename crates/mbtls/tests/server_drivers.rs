@@ -329,11 +329,12 @@ async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: u
 /// A legacy client's KeyUpdates (`openssl s_client`'s `k` and `K` commands, TLS 1.3) are
 /// followed across the server-side middlebox by the middlebox and the mbTLS server, which
 /// answers the one that asks (`K`): the echo of what the client sends after each still comes
-/// back. The HTTP app lets the lines through after an upgrade request.
+/// back. The HTTP app lets the lines through once the backend switched protocols.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middlebox() {
     let w = World::new();
-    let backend = stream_echo_backend().await;
+    let backend =
+        echo_backend_after(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: lines\r\n\r\n").await;
     let (mut server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
     let mut client = OpensslClient::new(mb2.local_addr())
         .servername("server.test")
@@ -744,12 +745,30 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
 /// A TCP echo backend written the plain way: read a chunk, write it back, read the next. While
 /// a write waits for room, it reads nothing.
 async fn stream_echo_backend() -> SocketAddr {
+    echo_backend_after(b"").await
+}
+
+/// A stream echo backend that first answers a request's head with `answer` (the head itself is
+/// echoed after it).
+async fn echo_backend_after(answer: &'static [u8]) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
+                if !answer.is_empty() {
+                    let mut head = Vec::new();
+                    while !head.ends_with(b"\r\n\r\n") && !head.ends_with(b"\n\n") {
+                        match s.read_u8().await {
+                            Ok(b) => head.push(b),
+                            Err(_) => return,
+                        }
+                    }
+                    if s.write_all(&[answer, &head].concat()).await.is_err() {
+                        return;
+                    }
+                }
                 loop {
                     match s.read(&mut buf).await {
                         Ok(0) | Err(_) => break,

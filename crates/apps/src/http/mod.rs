@@ -1,0 +1,782 @@
+//! The mbTLS paper's HTTP proxy: insert one header into every HTTP/1.1 request.
+//!
+//! Requests travel client → server as a byte stream split at arbitrary points, possibly several
+//! requests back to back (pipelining). The parser buffers only the request head (request line
+//! and header fields) until it is complete, inserts the header before the blank line that ends
+//! it, and then streams the body through unchanged while tracking its framing (RFC 9112 §6):
+//! `Transfer-Encoding: chunked`, `Content-Length`, or no body. Responses are not changed.
+//!
+//! Ambiguous or malformed framing (both Transfer-Encoding and Content-Length, conflicting
+//! Content-Length values, a non-chunked final transfer coding, bad chunk sizes, over-long
+//! heads) closes the session: a proxy that guessed here would open the door to request
+//! smuggling, where proxy and server disagree on where a request ends.
+//!
+//! A `CONNECT` or a request carrying `Upgrade` asks to leave HTTP/1.1. The proxy then follows
+//! the server's responses ([`responses`]) and passes the rest of the client's stream through
+//! untouched only once the server has switched (a 101 to `Upgrade`, a 2xx to `CONNECT`); if
+//! the server refuses, the next requests get the header as usual. Until the answer, the client
+//! may send nothing more (WebSocket and HTTP/2 clients wait for it anyway): bytes sent before
+//! it close the session, since forwarding them unchanged would let a client send requests
+//! without the header (or with its own) by asking for a switch the server then refuses.
+
+mod body;
+mod head;
+mod responses;
+
+use body::{Body, Framing};
+use head::Head;
+use responses::{Awaited, Responses, Switch};
+
+use crate::app::{CloseAlert, Direction, MiddleboxApp, Verdict};
+
+/// Size limits that bound what one connection can make the proxy buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest request or response head (start line + header fields + blank line).
+    pub max_head_len: usize,
+    /// Most header fields in one request or response.
+    pub max_headers: usize,
+    /// Longest chunk-size line (with extensions).
+    pub max_chunk_line_len: usize,
+    /// Longest trailer section of a chunked body.
+    pub max_trailer_len: usize,
+    /// Most requests awaiting their responses at once; past this the responses are no longer
+    /// followed (a protocol switch then counts as refused).
+    pub max_pipelined: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_head_len: 64 * 1024,
+            max_headers: 128,
+            max_chunk_line_len: 4096,
+            max_trailer_len: 64 * 1024,
+            max_pipelined: 1024,
+        }
+    }
+}
+
+/// Why a request stream was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpError {
+    #[error("invalid header to insert: {0}")]
+    BadInsertedHeader(&'static str),
+    #[error("request head longer than {0} bytes")]
+    HeadTooLong(usize),
+    #[error("malformed request head: {0}")]
+    BadHead(String),
+    #[error("ambiguous or invalid message framing: {0}")]
+    BadFraming(&'static str),
+    #[error("malformed chunked body: {0}")]
+    BadChunk(&'static str),
+    #[error("client sent data before the server answered its protocol switch ({0})")]
+    DataBeforeSwitchAnswer(&'static str),
+}
+
+/// Where the client→server parser is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Collecting a request head.
+    Head,
+    /// In a request's body (see `HttpHeaderInsert::body`).
+    Body,
+    /// The last request asked for a protocol switch and the server has not answered yet.
+    AwaitSwitch(Switch),
+    /// Not HTTP/1.1 any more (the server switched): pass everything through.
+    Opaque,
+    /// A framing error closed the session; nothing more is forwarded.
+    Failed,
+}
+
+/// Inserts `name: value` into every HTTP/1.1 request (client → server); responses pass through.
+#[derive(Debug, Clone)]
+pub struct HttpHeaderInsert {
+    /// The encoded line, `name: value\r\n`.
+    line: Vec<u8>,
+    limits: HttpLimits,
+    state: State,
+    /// The current request's head, until it is complete.
+    head: Head,
+    /// The current request's body.
+    body: Body,
+    /// The switch the current request asked for, and the server's answer once given (the
+    /// server may answer before the request's body ended).
+    switch: Option<(Switch, Option<bool>)>,
+    responses: Responses,
+    requests: u64,
+    error: Option<HttpError>,
+}
+
+impl HttpHeaderInsert {
+    /// A proxy inserting `name: value`. The name must be an RFC 9110 token and the value visible
+    /// ASCII, spaces or tabs (no CR/LF: a value with a line break would inject headers).
+    pub fn new(name: &str, value: &str) -> Result<Self, HttpError> {
+        Self::with_limits(name, value, HttpLimits::default())
+    }
+
+    pub fn with_limits(name: &str, value: &str, limits: HttpLimits) -> Result<Self, HttpError> {
+        if name.is_empty() || !name.bytes().all(is_token_char) {
+            return Err(HttpError::BadInsertedHeader("name is not a token"));
+        }
+        if !value
+            .bytes()
+            .all(|b| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b))
+        {
+            return Err(HttpError::BadInsertedHeader(
+                "value has control or non-ASCII bytes",
+            ));
+        }
+        let mut line = Vec::with_capacity(name.len() + value.len() + 4);
+        line.extend_from_slice(name.as_bytes());
+        line.extend_from_slice(b": ");
+        line.extend_from_slice(value.trim_matches([' ', '\t']).as_bytes());
+        line.extend_from_slice(b"\r\n");
+        Ok(HttpHeaderInsert {
+            line,
+            limits,
+            state: State::Head,
+            head: Head::default(),
+            body: Body::default(),
+            switch: None,
+            responses: Responses::default(),
+            requests: 0,
+            error: None,
+        })
+    }
+
+    /// Requests whose head was completed (and got the header) so far.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// Why the stream was refused, once it was.
+    pub fn error(&self) -> Option<&HttpError> {
+        self.error.as_ref()
+    }
+
+    fn fail(&mut self, e: HttpError) -> Verdict {
+        self.state = State::Failed;
+        self.head.take();
+        self.error = Some(e);
+        Verdict::Close(CloseAlert::ACCESS_DENIED)
+    }
+
+    /// The state after a request ended: the next request, or whatever its switch led to.
+    fn next_request(&mut self) -> State {
+        match self.switch.take() {
+            None | Some((_, Some(false))) => State::Head,
+            Some((_, Some(true))) => State::Opaque,
+            Some((kind, None)) => State::AwaitSwitch(kind),
+        }
+    }
+
+    /// The server answered the switch the last request asked for.
+    fn switch_answered(&mut self, switched: bool) {
+        match self.state {
+            State::AwaitSwitch(_) => {
+                self.state = if switched { State::Opaque } else { State::Head };
+            }
+            State::Failed | State::Opaque => {}
+            State::Head | State::Body => {
+                if let Some((_, answer)) = &mut self.switch {
+                    *answer = Some(switched);
+                }
+            }
+        }
+    }
+
+    fn responses_in(&mut self, data: &[u8]) {
+        if let Some(switched) = self.responses.read(data, &self.limits) {
+            self.switch_answered(switched);
+        }
+    }
+
+    fn requests_in(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), HttpError> {
+        while !data.is_empty() {
+            match self.state {
+                State::Failed => return Ok(()),
+                State::Opaque => {
+                    out.extend_from_slice(data);
+                    return Ok(());
+                }
+                State::AwaitSwitch(kind) => {
+                    return Err(HttpError::DataBeforeSwitchAnswer(match kind {
+                        Switch::Upgrade => "Upgrade",
+                        Switch::Connect => "CONNECT",
+                    }))
+                }
+                State::Head => {
+                    // Blank lines before a request line are allowed; they are forwarded.
+                    let (lead, rest) = data.split_at(self.head.leading_blank_lines(data));
+                    out.extend_from_slice(lead);
+                    let max = self.limits.max_head_len;
+                    let (used, complete) = self
+                        .head
+                        .collect(rest, max)
+                        .map_err(|_| HttpError::HeadTooLong(max))?;
+                    // Bytes after the head belong to the body or the next request.
+                    data = rest.get(used..).unwrap_or_default();
+                    if complete {
+                        self.finish_head(out)?;
+                    }
+                }
+                State::Body => {
+                    let (used, ended) = self.body.read(data, &self.limits)?;
+                    let (body, rest) = data.split_at(used.min(data.len()));
+                    out.extend_from_slice(body);
+                    data = rest;
+                    if ended {
+                        self.state = self.next_request();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The head collected is complete: validate it, insert the header, forward it, and set up
+    /// the body's framing.
+    fn finish_head(&mut self, out: &mut Vec<u8>) -> Result<(), HttpError> {
+        let head = self.head.take();
+        let mut headers = vec![httparse::EMPTY_HEADER; self.limits.max_headers];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&head) {
+            Ok(httparse::Status::Complete(n)) if n == head.len() => {}
+            Ok(_) => return Err(HttpError::BadHead("incomplete head".into())),
+            Err(e) => return Err(HttpError::BadHead(e.to_string())),
+        }
+        let method = req.method.unwrap_or_default();
+        let fields = framing_fields(req.headers)?;
+        let framing = match (fields.codings.last(), fields.content_length) {
+            (Some(_), Some(_)) => {
+                return Err(HttpError::BadFraming(
+                    "both Transfer-Encoding and Content-Length",
+                ))
+            }
+            (Some(last), None) if last == "chunked" => {
+                if fields.codings.iter().filter(|c| *c == "chunked").count() > 1 {
+                    return Err(HttpError::BadFraming("chunked applied twice"));
+                }
+                Framing::Chunked
+            }
+            (Some(_), None) => {
+                return Err(HttpError::BadFraming(
+                    "request transfer coding does not end in chunked",
+                ))
+            }
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::None,
+        };
+        let switch = if method.eq_ignore_ascii_case("CONNECT") {
+            Some(Switch::Connect)
+        } else if fields.upgrade {
+            Some(Switch::Upgrade)
+        } else {
+            None
+        };
+        // Insert before the blank line that ends the head ("\r\n" or a bare "\n").
+        let blank = if head.ends_with(b"\r\n") { 2 } else { 1 };
+        let split = head.len().saturating_sub(blank);
+        let (before_blank, end) = head.split_at(split);
+        out.extend_from_slice(before_blank);
+        out.extend_from_slice(&self.line);
+        out.extend_from_slice(end);
+        self.requests += 1;
+        let awaited = Awaited {
+            head_method: method.eq_ignore_ascii_case("HEAD"),
+            switch,
+        };
+        let followed = self.responses.expect(awaited, &self.limits);
+        // A switch whose answer cannot be known counts as refused: the stream stays HTTP.
+        self.switch = switch.map(|kind| (kind, (!followed).then_some(false)));
+        self.state = if self.body.start(framing) {
+            State::Body
+        } else {
+            self.next_request()
+        };
+        Ok(())
+    }
+}
+
+impl MiddleboxApp for HttpHeaderInsert {
+    fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        match dir {
+            Direction::ServerToClient => {
+                out.extend_from_slice(data);
+                self.responses_in(data);
+                Verdict::Continue
+            }
+            Direction::ClientToServer => {
+                if self.state == State::Failed {
+                    return Verdict::Close(CloseAlert::ACCESS_DENIED);
+                }
+                match self.requests_in(data, out) {
+                    Ok(()) => Verdict::Continue,
+                    Err(e) => self.fail(e),
+                }
+            }
+        }
+    }
+
+    /// Responses, and request bytes that lie wholly inside a body the parser only counts (a
+    /// Content-Length body, chunk data) or after a switch away from HTTP/1.1, pass unchanged;
+    /// anything that may hold a request head, a chunk-size line or a trailer goes to `on_data`.
+    fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
+        let n = u64::try_from(data.len()).ok()?;
+        if dir == Direction::ServerToClient {
+            if !self.responses.count(n) {
+                self.responses_in(data);
+            }
+            return Some(Verdict::Continue);
+        }
+        match self.state {
+            State::Opaque => {}
+            State::Body => {
+                if self.body.count(n)? {
+                    self.state = self.next_request();
+                }
+            }
+            _ => return None,
+        }
+        Some(Verdict::Continue)
+    }
+
+    fn on_end(&mut self, dir: Direction, out: &mut Vec<u8>) -> Verdict {
+        // An unfinished head is not a request: forward it as it is (the server will see a
+        // truncated request and reject it); there is nothing to insert into.
+        if dir == Direction::ClientToServer && self.state == State::Head {
+            out.extend_from_slice(&self.head.take());
+        }
+        Verdict::Continue
+    }
+}
+
+/// What a head's fields say about its framing and about a protocol switch.
+struct FramingFields {
+    content_length: Option<u64>,
+    /// Transfer codings, lower-cased, in the order applied.
+    codings: Vec<String>,
+    upgrade: bool,
+}
+
+/// Reads `Content-Length` (all values must agree), `Transfer-Encoding` and `Upgrade`.
+fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpError> {
+    let mut fields = FramingFields {
+        content_length: None,
+        codings: Vec::new(),
+        upgrade: false,
+    };
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            for v in split_list(h.value) {
+                let n = parse_decimal(v).ok_or(HttpError::BadFraming("invalid Content-Length"))?;
+                match fields.content_length {
+                    Some(prev) if prev != n => {
+                        return Err(HttpError::BadFraming("conflicting Content-Length"))
+                    }
+                    _ => fields.content_length = Some(n),
+                }
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            for v in split_list(h.value) {
+                fields
+                    .codings
+                    .push(String::from_utf8_lossy(v).to_ascii_lowercase());
+            }
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            fields.upgrade = true;
+        }
+    }
+    Ok(fields)
+}
+
+/// RFC 9110 §5.6.2 `tchar`.
+fn is_token_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Elements of a comma-separated field value, trimmed, empty ones skipped.
+fn split_list(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|b| *b == b',')
+        .map(|s| s.trim_ascii())
+        .filter(|s| !s.is_empty())
+}
+
+/// 1*DIGIT that fits a u64.
+fn parse_decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    core::str::from_utf8(v).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(app: &mut HttpHeaderInsert, chunks: &[&[u8]]) -> (Vec<u8>, Verdict) {
+        let mut out = Vec::new();
+        let mut v = Verdict::Continue;
+        for c in chunks {
+            v = app.on_data(Direction::ClientToServer, c, &mut out);
+            if v != Verdict::Continue {
+                break;
+            }
+        }
+        (out, v)
+    }
+
+    fn proxy() -> HttpHeaderInsert {
+        HttpHeaderInsert::new("X-Mbtls", "seen").unwrap()
+    }
+
+    #[test]
+    fn inserts_before_blank_line() {
+        let mut app = proxy();
+        let (out, v) = run(&mut app, &[b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"]);
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(out, b"GET / HTTP/1.1\r\nHost: a\r\nX-Mbtls: seen\r\n\r\n");
+        assert_eq!(app.requests(), 1);
+    }
+
+    #[test]
+    fn bare_lf_heads_and_leading_blank_lines() {
+        let mut app = proxy();
+        let (out, _) = run(&mut app, &[b"\r\nGET / HTTP/1.1\nHost: a\n\n"]);
+        assert_eq!(out, b"\r\nGET / HTTP/1.1\nHost: a\nX-Mbtls: seen\r\n\n");
+    }
+
+    #[test]
+    fn content_length_body_is_not_parsed_as_a_request() {
+        let body = b"GET /fake HTTP/1.1\r\n\r\n";
+        let req = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+        let mut stream = req.into_bytes();
+        stream.extend_from_slice(body);
+        stream.extend_from_slice(b"GET /2 HTTP/1.1\r\n\r\n");
+        let mut app = proxy();
+        let (out, v) = run(&mut app, &[&stream]);
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(app.requests(), 2);
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(s.matches("X-Mbtls").count(), 2);
+        assert!(s.contains("GET /fake HTTP/1.1\r\n\r\nGET /2"));
+    }
+
+    #[test]
+    fn chunked_body_with_trailers() {
+        let stream = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
+            4;ext=1\r\nGET \r\n0\r\nX-T: GET / HTTP/1.1\r\n\r\nGET /n HTTP/1.1\r\n\r\n";
+        let mut app = proxy();
+        for cut in 0..stream.len() {
+            let mut app2 = proxy();
+            let (out, v) = run(&mut app2, &[&stream[..cut], &stream[cut..]]);
+            assert_eq!(v, Verdict::Continue);
+            assert_eq!(app2.requests(), 2, "cut at {cut}");
+            assert_eq!(
+                String::from_utf8(out).unwrap().matches("X-Mbtls").count(),
+                2
+            );
+        }
+        let (_, v) = run(&mut app, &[stream]);
+        assert_eq!(v, Verdict::Continue);
+    }
+
+    #[test]
+    fn ambiguous_framing_closes() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 3, 4\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: -3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab",
+            b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+            b"\xff\xfe / HTTP/1.1\r\n\r\n",
+        ] {
+            let mut app = proxy();
+            let (out, v) = run(&mut app, &[bad]);
+            assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED), "{bad:?}");
+            assert!(app.error().is_some());
+            // A refused head is never forwarded (chunk errors come after a forwarded head).
+            if !bad.ends_with(b"zz\r\n") && !bad.ends_with(b"ab") {
+                assert!(out.is_empty(), "{bad:?}");
+            }
+            // Nothing passes after the failure.
+            let mut more = Vec::new();
+            assert_eq!(
+                app.on_data(
+                    Direction::ClientToServer,
+                    b"GET / HTTP/1.1\r\n\r\n",
+                    &mut more
+                ),
+                Verdict::Close(CloseAlert::ACCESS_DENIED)
+            );
+            assert!(more.is_empty());
+        }
+    }
+
+    #[test]
+    fn head_limit() {
+        let mut app = HttpHeaderInsert::with_limits(
+            "X-A",
+            "1",
+            HttpLimits {
+                max_head_len: 64,
+                ..HttpLimits::default()
+            },
+        )
+        .unwrap();
+        let long = [b'a'; 100];
+        let (out, v) = run(&mut app, &[b"GET / HTTP/1.1\r\nX: ", &long]);
+        assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED));
+        assert_eq!(app.error(), Some(&HttpError::HeadTooLong(64)));
+        assert!(out.is_empty());
+    }
+
+    /// Feeds the server's bytes (through `pass_unchanged` when `counted`, as the relay does).
+    fn respond(app: &mut HttpHeaderInsert, data: &[u8], counted: bool) {
+        let s2c = Direction::ServerToClient;
+        if counted {
+            assert_eq!(app.pass_unchanged(s2c, data), Some(Verdict::Continue));
+        } else {
+            let mut out = Vec::new();
+            assert_eq!(app.on_data(s2c, data, &mut out), Verdict::Continue);
+            assert_eq!(out, data, "responses pass unchanged");
+        }
+    }
+
+    const UPGRADE: &[u8] = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n";
+    const FORGED: &[u8] = b"GET /admin HTTP/1.1\r\nX-Mbtls: forged\r\n\r\n";
+
+    #[test]
+    fn a_switch_the_server_accepted_makes_the_rest_opaque() {
+        for counted in [false, true] {
+            let mut app = proxy();
+            let (out, v) = run(&mut app, &[UPGRADE]);
+            assert_eq!(v, Verdict::Continue);
+            assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
+            respond(
+                &mut app,
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x02hi",
+                counted,
+            );
+            let (out, v) = run(&mut app, &[b"\x81\x05hello GET / HTTP/1.1\r\n\r\n"]);
+            assert_eq!(v, Verdict::Continue);
+            assert_eq!(out, b"\x81\x05hello GET / HTTP/1.1\r\n\r\n");
+            assert_eq!(app.requests(), 1);
+        }
+    }
+
+    /// Before, any request asking for an upgrade made the rest of the stream opaque: a client
+    /// could send requests without the header, or with its own, once the server refused.
+    #[test]
+    fn requests_after_a_refused_switch_still_get_the_header() {
+        for counted in [false, true] {
+            let mut app = proxy();
+            run(&mut app, &[UPGRADE]);
+            respond(
+                &mut app,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                counted,
+            );
+            let (out, v) = run(&mut app, &[FORGED]);
+            assert_eq!(v, Verdict::Continue);
+            assert_eq!(
+                out,
+                b"GET /admin HTTP/1.1\r\nX-Mbtls: forged\r\nX-Mbtls: seen\r\n\r\n"
+            );
+            assert_eq!(app.requests(), 2);
+        }
+    }
+
+    #[test]
+    fn data_before_the_switch_is_answered_closes_the_session() {
+        let mut app = proxy();
+        let (out, v) = run(&mut app, &[UPGRADE, FORGED]);
+        assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED));
+        assert!(!out.ends_with(FORGED), "nothing sent early is forwarded");
+        assert_eq!(
+            app.error(),
+            Some(&HttpError::DataBeforeSwitchAnswer("Upgrade"))
+        );
+        assert_eq!(app.pass_unchanged(Direction::ClientToServer, b"x"), None);
+    }
+
+    #[test]
+    fn connect_becomes_a_tunnel_only_on_a_2xx() {
+        let connect: &[u8] = b"CONNECT example.test:443 HTTP/1.1\r\nHost: example.test:443\r\n\r\n";
+        let mut app = proxy();
+        run(&mut app, &[connect]);
+        respond(
+            &mut app,
+            b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        let (out, _) = run(&mut app, &[connect]);
+        assert!(
+            out.ends_with(b"X-Mbtls: seen\r\n\r\n"),
+            "refused: still HTTP"
+        );
+        // A 2xx to CONNECT has no body whatever its fields say, and starts the tunnel.
+        respond(
+            &mut app,
+            b"HTTP/1.1 200 Connection established\r\nContent-Length: 9\r\n\r\n",
+            false,
+        );
+        let (out, v) = run(&mut app, &[b"\x16\x03\x01 GET / HTTP/1.1\r\n\r\n"]);
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(out, b"\x16\x03\x01 GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(app.requests(), 2);
+    }
+
+    /// The answer to a switch is the response after those of the requests before it, whatever
+    /// their bodies hold: a chunked body quoting a 101, a HEAD response announcing a body it
+    /// does not have, 204 and 304, interim responses.
+    #[test]
+    fn responses_are_matched_to_their_requests() {
+        let stream: &[u8] = b"GET /a HTTP/1.1\r\n\r\nHEAD /b HTTP/1.1\r\n\r\n\
+            GET /c HTTP/1.1\r\n\r\nGET /d HTTP/1.1\r\n\r\n\
+            POST /ws HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\nhi";
+        let responses: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            1c\r\nHTTP/1.1 101 Switching Pr...\r\n0\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n\
+            HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n\
+            HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n";
+        for cut in 0..responses.len() {
+            for counted in [false, true] {
+                let mut app = proxy();
+                let (_, v) = run(&mut app, &[stream]);
+                assert_eq!(v, Verdict::Continue);
+                respond(&mut app, &responses[..cut], counted);
+                respond(&mut app, &responses[cut..], counted);
+                let (out, v) = run(&mut app, &[b"PRI * HTTP/2.0\r\n\r\n"]);
+                assert_eq!(v, Verdict::Continue, "cut at {cut}");
+                assert_eq!(out, b"PRI * HTTP/2.0\r\n\r\n", "cut at {cut}");
+            }
+        }
+    }
+
+    /// A server may answer before the request's body has arrived.
+    #[test]
+    fn an_answer_before_the_end_of_the_body_applies_after_it() {
+        for switched in [false, true] {
+            let mut app = proxy();
+            run(
+                &mut app,
+                &[b"POST / HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 4\r\n\r\nab"],
+            );
+            let answer: &[u8] = if switched {
+                b"HTTP/1.1 101 Switching Protocols\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+            };
+            respond(&mut app, answer, false);
+            let (out, v) = run(&mut app, &[b"cd", FORGED]);
+            assert_eq!(v, Verdict::Continue);
+            assert_eq!(out.ends_with(FORGED), switched);
+        }
+    }
+
+    /// Responses the proxy cannot follow make a switch count as refused, never as accepted.
+    #[test]
+    fn a_switch_whose_answer_cannot_be_known_counts_as_refused() {
+        for garbage in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"[..],
+            b"NOT HTTP\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        ] {
+            let mut app = proxy();
+            run(&mut app, &[b"GET / HTTP/1.1\r\n\r\n"]);
+            respond(&mut app, garbage, false);
+            respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+            run(&mut app, &[UPGRADE]);
+            respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+            let (out, _) = run(&mut app, &[FORGED]);
+            assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"), "{garbage:?}");
+        }
+        // Lost while the switch is awaited: the client's next bytes are HTTP again.
+        let mut app = proxy();
+        run(&mut app, &[UPGRADE]);
+        respond(&mut app, b"HTTP/1.1 abc\r\n\r\n", false);
+        let (out, _) = run(&mut app, &[FORGED]);
+        assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
+    }
+
+    #[test]
+    fn too_many_requests_awaiting_answers_stop_the_following() {
+        let limits = HttpLimits {
+            max_pipelined: 2,
+            ..HttpLimits::default()
+        };
+        let mut app = HttpHeaderInsert::with_limits("X-Mbtls", "seen", limits).unwrap();
+        run(
+            &mut app,
+            &[b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", UPGRADE],
+        );
+        respond(
+            &mut app,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        respond(
+            &mut app,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+        let (out, _) = run(&mut app, &[FORGED]);
+        assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
+    }
+
+    #[test]
+    fn responses_untouched_and_partial_head_flushed_at_end() {
+        let mut app = proxy();
+        let mut out = Vec::new();
+        app.on_data(
+            Direction::ServerToClient,
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            &mut out,
+        );
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\n\r\n");
+        out.clear();
+        app.on_data(Direction::ClientToServer, b"GET / HT", &mut out);
+        assert!(out.is_empty());
+        app.on_end(Direction::ClientToServer, &mut out);
+        assert_eq!(out, b"GET / HT");
+    }
+
+    /// Request bodies and responses are let through unchanged; heads are not.
+    #[test]
+    fn bodies_and_responses_pass_unchanged_heads_do_not() {
+        let mut app = proxy();
+        let c2s = Direction::ClientToServer;
+        assert_eq!(
+            app.pass_unchanged(Direction::ServerToClient, b"HTTP/1.1 200 OK\r\n"),
+            Some(Verdict::Continue)
+        );
+        assert_eq!(app.pass_unchanged(c2s, b"POST / HTTP/1.1\r\n"), None);
+        let (_, v) = run(
+            &mut app,
+            &[b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n"],
+        );
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(app.pass_unchanged(c2s, b"0123456"), Some(Verdict::Continue));
+        // Longer than what is left of the body: the next head may start inside.
+        assert_eq!(app.pass_unchanged(c2s, b"789GET"), None);
+        assert_eq!(app.pass_unchanged(c2s, b"789"), Some(Verdict::Continue));
+        assert_eq!(app.pass_unchanged(c2s, b"GET / HTTP/1.1\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn inserted_header_validated() {
+        assert!(HttpHeaderInsert::new("X A", "v").is_err());
+        assert!(HttpHeaderInsert::new("", "v").is_err());
+        assert!(HttpHeaderInsert::new("X", "v\r\nEvil: 1").is_err());
+        assert!(HttpHeaderInsert::new("X", "caf\u{e9}").is_err());
+    }
+}
