@@ -90,7 +90,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(cli.log.as_deref().or(config.log.as_deref()));
+    if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref())) {
+        eprintln!(
+            "mbx: {}",
+            subcommand::escape_controls(&format!("{e:#}"), false)
+        );
+        return ExitCode::from(2);
+    }
 
     let result = match cli.command {
         Command::Demo(args) => demo::run(args, &config.demo),
@@ -116,12 +122,56 @@ fn not_yet(system: &str) -> anyhow::Result<()> {
     anyhow::bail!("`{system}` is not implemented yet")
 }
 
-fn init_tracing(filter: Option<&str>) {
+fn init_tracing(filter: Option<&str>) -> anyhow::Result<()> {
+    use anyhow::Context;
     let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or("warn"))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .context("invalid log filter (--log, MBX_LOG or the config file's log)")?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| EscapedStderr)
+        // Colours are terminal controls too; the writer would escape them.
+        .with_ansi(false)
         .with_target(false)
         .init();
+    Ok(())
+}
+
+/// Standard error for log lines, whose messages may quote a peer (a name, an alert, a parse
+/// error): control characters are escaped, so a peer cannot forge a line or drive the
+/// terminal. `tracing` writes each event in one call, ending in its own line break.
+struct EscapedStderr;
+
+impl std::io::Write for EscapedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stderr().write_all(escaped_event(buf).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// One formatted log event with its control characters escaped, its final line break kept.
+fn escaped_event(event: &[u8]) -> String {
+    let text = String::from_utf8_lossy(event);
+    let (line, end) = match text.strip_suffix('\n') {
+        Some(line) => (line, "\n"),
+        None => (&*text, ""),
+    };
+    format!("{}{end}", subcommand::escape_controls(line, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escaped_event;
+
+    #[test]
+    fn a_log_event_quoting_a_peer_stays_one_line_without_terminal_controls() {
+        let event = b"WARN session 3: peer said \"x\nINFO session 4: closed cleanly\x1b[2J\"\n";
+        assert_eq!(
+            escaped_event(event),
+            "WARN session 3: peer said \"x\\nINFO session 4: closed cleanly\\u{1b}[2J\"\n"
+        );
+    }
 }

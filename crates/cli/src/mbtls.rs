@@ -643,8 +643,10 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
 /// connection a proxy accepts until a reload.
 struct ClientSetup {
     cfg: ClientHandshakeConfig,
-    /// What `cfg.primary` was built from (a reload compares it with the running one's).
+    /// What `cfg.primary` and `cfg.secondary` were built from (a reload compares them with the
+    /// running ones').
     primary_tls: TlsConfig,
+    secondary_tls: TlsConfig,
     s: ClientSettings,
     /// Pre-configured middleboxes in path order; empty with discovery or none.
     names: Vec<String>,
@@ -664,14 +666,15 @@ fn client(
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
         let running = setup.s.service.clone();
-        let primary = (setup.primary_tls.clone(), setup.cfg.primary.clone());
-        let running_primary = std::sync::Mutex::new(primary);
+        let running_primary = RunningContext::new(&setup.primary_tls, &setup.cfg.primary);
+        let running_secondary = RunningContext::new(&setup.secondary_tls, &setup.cfg.secondary);
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             fixed_at_start_unchanged((&listen, &running), (&listen, &new.s.service))?;
-            let tls = new.primary_tls.clone();
+            let (primary_tls, secondary_tls) = (new.primary_tls.clone(), new.secondary_tls.clone());
             let mut cfg = proxy_config(new)?;
-            keep_sessions(&running_primary, tls, &mut cfg.handshake.primary);
+            running_primary.keep_unless_changed(primary_tls, &mut cfg.handshake.primary);
+            running_secondary.keep_unless_changed(secondary_tls, &mut cfg.handshake.secondary);
             Ok(cfg)
         };
         return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
@@ -732,6 +735,11 @@ fn client(
 fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<ClientSetup> {
     let mut table = config.client.clone();
     set(&mut table, "middlebox", flags.middlebox);
+    // Names given as flags replace the file's, however many either gives.
+    if !flags.middlebox_names.is_empty() {
+        table.remove("middlebox_name");
+        table.remove("middlebox_names");
+    }
     match flags.middlebox_names.as_slice() {
         [] => {}
         [one] => set(&mut table, "middlebox_name", Some(one.clone())),
@@ -751,6 +759,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     }
     set(&mut table, "server_ca", path_str(flags.server_ca));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
+    // A policy file given as a flag replaces the file's, inline or not.
+    if flags.policy.is_some() {
+        table.remove("attestation");
+    }
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
     if flags.allow_simulated {
@@ -791,6 +803,14 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.proxy.is_none() && flags.no_resume {
         bail!("--no-resume applies to the client as a proxy (--proxy) only");
     }
+    // A proxy's sessions are bounded by its service settings instead (a file's timeout_secs
+    // serves its fetches and is left alone).
+    if flags.proxy.is_some() && flags.timeout_secs.is_some() {
+        bail!(
+            "--timeout-secs bounds one fetch; a proxy's sessions are bounded by \
+             --handshake-timeout-secs and --idle-timeout-secs"
+        );
+    }
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s = ClientSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
@@ -817,6 +837,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     ensure!(
         names.is_empty() || s.allow_middleboxes.is_empty(),
         "pre-configured middleboxes and a discovery allow-list do not mix"
+    );
+    ensure!(
+        names.is_empty() || s.max_discovered.is_none(),
+        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
     );
     ensure!(
         !s.no_client_middleboxes
@@ -883,6 +907,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     Ok(ClientSetup {
         cfg,
         primary_tls: primary,
+        secondary_tls: secondary,
         s,
         names,
         first_hop,
@@ -1219,6 +1244,7 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
     let mut s = MiddleboxSettings::deserialize(toml::Value::Table(table))
         .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
     s.service = service;
+    attester_options_match(&s)?;
 
     let chain = read(&s.certificate, "certificate")?;
     let key = Zeroizing::new(read(&s.private_key, "private key")?);
@@ -1270,6 +1296,34 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
         s,
         attestation_line,
     })
+}
+
+/// Refuses an attester's option given for another attester: it would be ignored, and the
+/// operator most likely meant another attester or mistyped the option.
+fn attester_options_match(s: &MiddleboxSettings) -> anyhow::Result<()> {
+    let options: [(&str, bool, &[&str]); 4] = [
+        ("sim_platform_key", s.sim_platform_key.is_some(), &["sim"]),
+        (
+            "dcap_collateral",
+            s.dcap_collateral.is_some(),
+            &["gramine", "tdx"],
+        ),
+        (
+            "gramine_attestation_dir",
+            s.gramine_attestation_dir.is_some(),
+            &["gramine"],
+        ),
+        ("tsm_report_entry", s.tsm_report_entry.is_some(), &["tdx"]),
+    ];
+    for (option, given, attesters) in options {
+        ensure!(
+            !given || attesters.contains(&s.attester.as_str()),
+            "{option} applies to attester {} only, not to attester {:?}",
+            attesters.join(" or "),
+            s.attester
+        );
+    }
+    Ok(())
 }
 
 /// `attester = "gramine"` or `"tdx"`: quotes one report_data at start-up, so that a middlebox
@@ -1665,6 +1719,10 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
+    // A policy file given as a flag replaces the file's, inline or not.
+    if flags.policy.is_some() {
+        table.remove("attestation");
+    }
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
     if flags.allow_simulated {
@@ -1733,6 +1791,9 @@ fn name_approver(names: Vec<String>) -> Approver {
 /// A server as its settings describe it: the driver's configuration, and what the banner says.
 struct ServerSetup {
     cfg: MbtlsServerConfig,
+    /// What the primary and secondary contexts were built from.
+    primary_tls: TlsConfig,
+    secondary_tls: TlsConfig,
     s: ServerSettings,
     described: String,
 }
@@ -1743,11 +1804,22 @@ fn server(
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
-    let ServerSetup { cfg, s, described } = server_setup(flags.clone(), config)?;
+    let ServerSetup {
+        cfg,
+        primary_tls,
+        secondary_tls,
+        s,
+        described,
+    } = server_setup(flags.clone(), config)?;
+    let running_primary = RunningContext::new(&primary_tls, &cfg.handshake.primary);
+    let running_secondary = RunningContext::new(&secondary_tls, &cfg.handshake.secondary);
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
-        let setup = server_setup(flags.clone(), &reread(config, config_path)?)?;
-        fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
-        Ok(setup.cfg)
+        let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
+        fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
+        let handshake = &mut new.cfg.handshake;
+        running_primary.keep_unless_changed(new.primary_tls, &mut handshake.primary);
+        running_secondary.keep_unless_changed(new.secondary_tls, &mut handshake.secondary);
+        Ok(new.cfg)
     };
     let limits = cfg.limits;
     runtime()?.block_on(async {
@@ -1852,7 +1924,13 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         backend: s.backend.clone(),
         limits: s.service.limits()?,
     };
-    Ok(ServerSetup { cfg, s, described })
+    Ok(ServerSetup {
+        cfg,
+        primary_tls: primary,
+        secondary_tls: secondary,
+        s,
+        described,
+    })
 }
 
 fn print_server_report(r: &ServerConnectionReport) {
@@ -1890,22 +1968,31 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
     })
 }
 
-/// A proxy reloaded without a change to its TLS configuration toward the server keeps the
-/// running primary context, and with it the sessions it resumes (docs/mbtls.md §4.6); any
-/// change (the server's name, its CA, versions, `resume`) starts with the new context's empty
-/// store, since a session is resumed without the checks the new settings would make.
-fn keep_sessions(
-    running: &std::sync::Mutex<(TlsConfig, Arc<OpenSslContext>)>,
-    new_tls: TlsConfig,
-    new_primary: &mut Arc<OpenSslContext>,
-) {
-    let mut running = running
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if running.0.same_settings(&new_tls) {
-        *new_primary = running.1.clone();
-    } else {
-        *running = (new_tls, new_primary.clone());
+/// A TLS context in use, and the settings it was built from. A reload whose settings for it did
+/// not change keeps it, and with it what it holds across sessions: a client's sessions to
+/// resume (docs/mbtls.md §4.6), the vouched secondary sessions with middleboxes (§4.7), a
+/// server's session cache and ticket keys. Any change (a name, a CA, a certificate, versions,
+/// resumption) starts afresh, since a session is resumed without the checks the new settings
+/// would make.
+struct RunningContext<C: ?Sized>(std::sync::Mutex<(TlsConfig, Arc<C>)>);
+
+impl<C: ?Sized> RunningContext<C> {
+    fn new(tls: &TlsConfig, context: &Arc<C>) -> Self {
+        RunningContext(std::sync::Mutex::new((tls.clone(), context.clone())))
+    }
+
+    /// Puts the running context in `new_context` if `new_tls` asks for the same, else makes
+    /// the new one the running one.
+    fn keep_unless_changed(&self, new_tls: TlsConfig, new_context: &mut Arc<C>) {
+        let mut running = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if running.0.same_settings(&new_tls) {
+            *new_context = running.1.clone();
+        } else {
+            *running = (new_tls, new_context.clone());
+        }
     }
 }
 

@@ -329,7 +329,7 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
         if tickets {
             args.push(OsStr::new("--session-tickets"));
         }
-        let (_srv, _lines, head) = start(&args, 1);
+        let (mut srv, mut lines, head) = start(&args, 1);
         let addr = listening_addr(&head[0]);
         let session = dir.path().join(format!("session-{tickets}.pem"));
         let fetch = |flag: &str| {
@@ -350,6 +350,12 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
         let first = fetch("-sess_out");
         assert!(first.contains("New, TLSv1.3"), "{first}");
         assert!(first.contains("GET /again"), "{first}");
+        // A reload that changes nothing of the server's TLS keeps its context, and with it the
+        // ticket keys: the ticket still opens.
+        signal(&mut srv, Signal::HUP);
+        // (After the rest of the start-up lines and the first session's report.)
+        let reloaded = lines.find(|l| l.as_ref().is_ok_and(|l| l.starts_with("server reloaded")));
+        assert!(reloaded.is_some());
         let second = fetch("-sess_in");
         if tickets {
             assert!(second.contains("Reused, TLSv1.3"), "{second}");
@@ -538,7 +544,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         OsStr::new("--max-connections"),
         OsStr::new("8"),
     ]);
-    let (_srv, mut srv_lines, srv_head) = start(&server_args, 3);
+    let (mut srv, mut srv_lines, srv_head) = start(&server_args, 3);
     assert_eq!(listening_addr(&srv_head[0]), server_addr, "{srv_head:?}");
     assert!(
         srv_head[1].contains("pre-configured mb2.test"),
@@ -552,10 +558,18 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     let port: u16 = mb_addr.rsplit(':').next().unwrap().parse().unwrap();
     // The server resumes its secondary session with the middlebox from the first session on
     // (docs/mbtls.md §4.7): the second reports the first one's claims, and no new evidence.
-    for (version, resumed) in [
-        (mbx_testbed::TlsVersion::Tls12, false),
-        (mbx_testbed::TlsVersion::Tls13, true),
+    // A reload that changes nothing of the server's TLS toward its middlebox keeps the
+    // sessions it resumes.
+    for (version, resumed, reload_first) in [
+        (mbx_testbed::TlsVersion::Tls12, false, false),
+        (mbx_testbed::TlsVersion::Tls13, true, false),
+        (mbx_testbed::TlsVersion::Tls13, true, true),
     ] {
+        if reload_first {
+            signal(&mut srv, Signal::HUP);
+            let line = srv_lines.next().unwrap().unwrap();
+            assert!(line.starts_with("server reloaded"), "{line}");
+        }
         let out = mbx_testbed::Curl::new(&format!("https://server.test:{port}/via-mb2"))
             .cacert(&server.ca)
             .resolve("server.test", port, "127.0.0.1".parse().unwrap())
@@ -685,7 +699,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     // SIGTERM: each drains (nothing is open, so nothing is cut) and exits cleanly.
     for (mut child, lines, who, what) in [
         (_mb, mb_lines, "middlebox", "connections"),
-        (_srv, srv_lines, "server", "sessions"),
+        (srv, srv_lines, "server", "sessions"),
     ] {
         signal(&mut child, Signal::TERM);
         let rest: Vec<String> = lines.map(Result::unwrap).collect();
@@ -1799,5 +1813,115 @@ fn the_middleboxs_ticket_key_period_is_checked() {
     assert!(
         head[0].starts_with("mbTLS middlebox listening on"),
         "{head:?}"
+    );
+}
+
+/// Options that would be ignored are refused with a message naming them, instead of being
+/// dropped in silence: an attester's option given for another attester, `--timeout-secs`
+/// with `--proxy` (its sessions have the service's timeouts), `max_discovered` beside
+/// pre-configured names, and a log filter that does not parse. Names and a policy given as
+/// flags replace a config file's instead of clashing with them.
+#[test]
+fn options_that_would_be_ignored_are_refused() {
+    use std::ffi::OsStr;
+    let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls ignored options root", "mb.test");
+    let key = dir.path().join("platform.key");
+    let collateral = dir.path().join("collateral.json");
+    for (attester, option, path, expected) in [
+        (
+            "none",
+            "--sim-platform-key",
+            &key,
+            "sim_platform_key applies to attester sim only, not to attester \"none\"",
+        ),
+        (
+            "sim",
+            "--dcap-collateral",
+            &collateral,
+            "dcap_collateral applies to attester gramine or tdx only",
+        ),
+        (
+            "sim",
+            "--gramine-attestation-dir",
+            &collateral,
+            "gramine_attestation_dir applies to attester gramine only",
+        ),
+        (
+            "gramine",
+            "--tsm-report-entry",
+            &collateral,
+            "tsm_report_entry applies to attester tdx only",
+        ),
+    ] {
+        let mut args = service_args(
+            "middlebox",
+            "127.0.0.1:0",
+            ("--next-hop", "127.0.0.1:9"),
+            &mbox,
+        );
+        args.extend([
+            OsStr::new("--attester"),
+            OsStr::new(attester),
+            OsStr::new(option),
+        ]);
+        args.push(path.as_os_str());
+        let (status, err) = refused_at_start(&args);
+        assert!(status.is_some_and(|s| !s.success()), "{option}: {status:?}");
+        assert!(err.contains(expected), "{option}: {err}");
+        assert!(!key.exists(), "nothing is created for an ignored option");
+    }
+
+    let client = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = ["mbtls", "client", "https://server.test/"]
+            .map(OsStr::new)
+            .to_vec();
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([OsStr::new("--server-ca"), server.ca.as_os_str()]);
+        refused_at_start(&args)
+    };
+    let (status, err) = client(&["--proxy", "127.0.0.1:0", "--timeout-secs", "5"]);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(err.contains("--timeout-secs bounds one fetch"), "{err}");
+    let (status, err) = client(&[
+        "--middlebox",
+        "127.0.0.1:9",
+        "--middlebox-name",
+        "mb.test",
+        "--max-discovered",
+        "2",
+    ]);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(err.contains("max_discovered applies to discovery"), "{err}");
+    let (status, err) = client(&["--log", "mbx=[[[", "--middlebox", "127.0.0.1:9"]);
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+    assert!(err.contains("invalid log filter"), "{err}");
+
+    // A file's list and one name as a flag, a file's inline policy and a policy file as a
+    // flag: the flags win, and the client gets as far as the (closed) first hop.
+    let config = dir.path().join("names.toml");
+    std::fs::write(
+        &config,
+        "[mbtls.client]\nmiddlebox_names = [\"a.test\", \"b.test\"]\n\
+         [mbtls.client.attestation]\nallow_simulated = true\n",
+    )
+    .unwrap();
+    let policy = no_evidence_policy(&dir);
+    let (status, err) = client(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--middlebox",
+        "127.0.0.1:9",
+        "--middlebox-name",
+        "mb.test",
+        "--timeout-secs",
+        "5",
+    ]);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(!err.contains("not both"), "{err}");
+    assert!(
+        err.contains("mbTLS session through 127.0.0.1:9 failed"),
+        "{err}"
     );
 }
