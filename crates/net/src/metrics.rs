@@ -199,4 +199,57 @@ mod tests {
         assert!(get("/other").await.starts_with("HTTP/1.1 404"));
         task.abort();
     }
+
+    /// Scrapers that send their head slowly hold at most `MAX_SCRAPES` descriptors: the next
+    /// scrape is not answered while they are all in flight (it waits in the listen queue; an
+    /// observation window can only miss an early answer, never make a correct limit fail), and
+    /// is answered once one of them is done.
+    #[tokio::test]
+    async fn scrapes_in_flight_are_bounded() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let rendered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&rendered);
+        let task = tokio::spawn(serve_metrics(
+            listener,
+            Arc::default(),
+            Arc::new(move || {
+                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                format!("scrape_number {n}\n")
+            }),
+        ));
+        let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n";
+        let mut slow = Vec::new();
+        for _ in 0..MAX_SCRAPES {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(head).await.unwrap();
+            slow.push(tcp);
+        }
+        let mut next = TcpStream::connect(addr).await.unwrap();
+        next.write_all(head).await.unwrap();
+        next.write_all(b"\r\n").await.unwrap();
+        let mut answer = String::new();
+        let early =
+            tokio::time::timeout(Duration::from_millis(300), next.read_to_string(&mut answer))
+                .await;
+        assert!(early.is_err(), "answered past the bound: {answer}");
+        let bound = Duration::from_secs(5);
+        let mut first = slow.remove(0);
+        first.write_all(b"\r\n").await.unwrap();
+        let mut first_answer = String::new();
+        tokio::time::timeout(bound, first.read_to_string(&mut first_answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            first_answer.ends_with("scrape_number 1\n"),
+            "{first_answer}"
+        );
+        tokio::time::timeout(bound, next.read_to_string(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(answer.ends_with("scrape_number 2\n"), "{answer}");
+        task.abort();
+    }
 }
