@@ -334,7 +334,7 @@ async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: u
 async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middlebox() {
     let w = World::new();
     let backend =
-        echo_backend_after(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: lines\r\n\r\n").await;
+        echo_backend_after(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").await;
     let (mut server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
     let mut client = OpensslClient::new(mb2.local_addr())
         .servername("server.test")
@@ -347,7 +347,7 @@ async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middle
     for line in [
         "GET /chat HTTP/1.1",
         "Host: server.test",
-        "Upgrade: lines",
+        "Upgrade: websocket",
         "",
     ] {
         client.send_line(line).unwrap();

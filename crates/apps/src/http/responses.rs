@@ -1,8 +1,7 @@
 //! Following the server's responses, to learn whether it accepted a protocol switch.
 //!
-//! After a request with `Upgrade` or a `CONNECT`, what the client sends next is HTTP/1.1 only
-//! if the server refused: a `101 Switching Protocols` (to `Upgrade`) or a 2xx (to `CONNECT`)
-//! makes the connection something else. So the proxy follows the responses, matched to the
+//! After a request with `Upgrade`, what the client sends next is HTTP/1.1 only if the server
+//! refused: a `101 Switching Protocols` makes the connection something else. So the proxy follows the responses, matched to the
 //! requests in order (pipelining), with their body framing (RFC 9112 §6.3), and reports the
 //! answer to a switch. The responses themselves pass unchanged.
 //!
@@ -17,21 +16,13 @@ use super::body::{Body, Framing};
 use super::head::Head;
 use super::{framing_fields, HttpLimits};
 
-/// The protocol switch a request asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Switch {
-    /// A request carrying `Upgrade`: switched by a 101.
-    Upgrade,
-    /// `CONNECT`: switched (a tunnel) by a 2xx.
-    Connect,
-}
-
 /// What the proxy must know of a request to follow its response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Awaited {
     /// A `HEAD` request: its response has no body whatever its fields say.
     pub(super) head_method: bool,
-    pub(super) switch: Option<Switch>,
+    /// It asks to upgrade (switched by a 101).
+    pub(super) upgrade: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,13 +147,10 @@ impl Responses {
                 self.lose()
             };
         };
-        let switched = match (request.switch, status) {
-            (Some(Switch::Upgrade), 101) => true,
-            (Some(Switch::Connect), 200..=299) => true,
-            (_, 101) => return self.lose(),
-            _ => false,
-        };
-        if switched {
+        if status == 101 {
+            if !request.upgrade {
+                return self.lose();
+            }
             self.awaited.clear();
             self.state = State::Switched;
             return Some(true);
@@ -190,14 +178,14 @@ impl Responses {
         } else {
             State::Head
         };
-        request.switch.map(|_| false)
+        request.upgrade.then_some(false)
     }
 
     /// Stops following the stream. A switch still awaited counts as refused.
     fn lose(&mut self) -> Option<bool> {
         self.state = State::Lost;
         self.head = Head::default();
-        let pending = self.awaited.iter().any(|r| r.switch.is_some());
+        let pending = self.awaited.iter().any(|r| r.upgrade);
         self.awaited = VecDeque::new();
         pending.then_some(false)
     }
