@@ -707,6 +707,68 @@ async fn a_session_cut_on_the_path_resets_the_backend_connection() {
     assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
 }
 
+/// After the server's close_notify (its backend ended its side first), a client that goes on
+/// sending and is then cut without close_notify may have been truncated: the backend's
+/// connection is reset. A client that sends nothing more after the server's close_notify and
+/// just closes (as HTTP clients often do) ends the session normally: the backend sees the end
+/// of its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_after_the_servers_close_notify_resets_the_backend_if_data_came_after_it() {
+    const UPLOAD: &[u8] =
+        b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
+    let w = World::new();
+    for more_after_close in [true, false] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = listener.local_addr().unwrap();
+        let (end_seen, end) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
+            while !got.ends_with(b"part of it") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "{got:?}");
+                got.extend_from_slice(&buf[..n]);
+            }
+            // The backend ends its side: the server sends close_notify.
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let end = loop {
+                match s.read(&mut buf).await {
+                    Ok(0) => break Ok(rest),
+                    Ok(n) => rest.extend_from_slice(&buf[..n]),
+                    Err(e) => break Err(e.kind()),
+                }
+            };
+            let _ = end_seen.send(end);
+        });
+        let version = TlsVersion::Tls13;
+        let (_server, mb2) = w.server_behind_mb2(version, backend).await;
+        let mut cfg = w.client(version);
+        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let mut client = timeout(
+            BOUND,
+            MbtlsClient::connect_with_data(mb2.local_addr(), cfg, UPLOAD),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        // The server's close_notify.
+        let closed = timeout(BOUND, client.read()).await.unwrap().unwrap();
+        assert_eq!(closed, None);
+        if more_after_close {
+            client.write_all(b" and more").await.unwrap();
+        }
+        // Cut: the client's connection ends without close_notify.
+        drop(client);
+        let end = timeout(BOUND, end).await.unwrap().unwrap();
+        if more_after_close {
+            assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+        } else {
+            assert_eq!(end, Ok(Vec::new()));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
     let w = World::new();

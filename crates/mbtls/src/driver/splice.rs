@@ -7,9 +7,11 @@
 //! End of stream: the plain side's EOF sends close_notify; the peer's close_notify half-closes
 //! the plain side; the session ends once both happened and everything queued is out. An EOF
 //! from the path before the peer's close_notify is truncation (an error), unless we sent our
-//! close_notify already: HTTP peers then often just close. A session that ends in an error
-//! (but an idle timeout) resets the plain side instead of closing it, so that the backend or
-//! local application cannot take a cut or failed session for a complete one.
+//! close_notify already and the peer sent nothing after it: HTTP peers then often just close,
+//! having said all they had to say. A peer that went on sending after our close_notify and
+//! then ends without its own may have been cut mid-stream: an error too. A session that ends
+//! in an error (but an idle timeout) resets the plain side instead of closing it, so that the
+//! backend or local application cannot take a cut or failed session for a complete one.
 
 use std::time::Duration;
 
@@ -112,6 +114,8 @@ async fn splice_halves<S: EndpointSession>(
     let (mut path_buf, mut plain_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
     let mut activity = Activity::new(idle_timeout);
     let mut plain_open = true;
+    // Plaintext from the peer counted when the plain side ended (and our close_notify left).
+    let mut to_plain_at_our_close = 0;
     let (mut to_path, mut to_plain) = (Outbox::new(), Outbox::new());
     loop {
         // Plaintext that arrived (possibly with the handshake) goes to the plain side first.
@@ -132,7 +136,7 @@ async fn splice_halves<S: EndpointSession>(
             r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
                 let n = r.map_err(DriverError::io(sides.reading_path))?;
                 if n == 0 {
-                    if !plain_open {
+                    if !plain_open && carried.to_plain == to_plain_at_our_close {
                         to_plain.finish();
                         let _ = timeout(CLOSE_GRACE, async {
                             tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
@@ -142,7 +146,11 @@ async fn splice_halves<S: EndpointSession>(
                     }
                     return Err(DriverError::PeerGone {
                         peer: sides.path,
-                        when: "without close_notify (the session may be truncated)",
+                        when: if plain_open {
+                            "without close_notify (the session may be truncated)"
+                        } else {
+                            "without close_notify after sending data past ours (the session may be truncated)"
+                        },
                     });
                 }
                 let r = session.receive(path_buf.bytes.get(..n).unwrap_or_default());
@@ -160,6 +168,7 @@ async fn splice_halves<S: EndpointSession>(
                 let n = r.map_err(DriverError::io(sides.reading_plain))?;
                 if n == 0 {
                     plain_open = false;
+                    to_plain_at_our_close = carried.to_plain;
                     session.close()?;
                 } else {
                     carried.from_plain += n as u64;
