@@ -666,15 +666,21 @@ fn client(
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
         let running = setup.s.service.clone();
-        let running_primary = RunningContext::new(&setup.primary_tls, &setup.cfg.primary);
-        let running_secondary = RunningContext::new(&setup.secondary_tls, &setup.cfg.secondary);
+        let running_primary = RunningContext::new(&setup.primary_tls, None, &setup.cfg.primary);
+        let running_secondary = RunningContext::new(
+            &setup.secondary_tls,
+            Some(&setup.cfg.policy),
+            &setup.cfg.secondary,
+        );
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             fixed_at_start_unchanged((&listen, &running), (&listen, &new.s.service))?;
             let (primary_tls, secondary_tls) = (new.primary_tls.clone(), new.secondary_tls.clone());
             let mut cfg = proxy_config(new)?;
-            running_primary.keep_unless_changed(primary_tls, &mut cfg.handshake.primary);
-            running_secondary.keep_unless_changed(secondary_tls, &mut cfg.handshake.secondary);
+            let hs = &mut cfg.handshake;
+            running_primary.keep_unless_changed(primary_tls, None, &mut hs.primary);
+            let policy = Some(hs.policy.clone());
+            running_secondary.keep_unless_changed(secondary_tls, policy, &mut hs.secondary);
             Ok(cfg)
         };
         return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
@@ -759,10 +765,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     }
     set(&mut table, "server_ca", path_str(flags.server_ca));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
-    // A policy file given as a flag replaces the file's, inline or not.
-    if flags.policy.is_some() {
-        table.remove("attestation");
-    }
+    policy_flag_replaces_the_files(&mut table, flags.policy.is_some());
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
     if flags.allow_simulated {
@@ -1719,10 +1722,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
-    // A policy file given as a flag replaces the file's, inline or not.
-    if flags.policy.is_some() {
-        table.remove("attestation");
-    }
+    policy_flag_replaces_the_files(&mut table, flags.policy.is_some());
     set(&mut table, "policy", path_str(flags.policy));
     set(&mut table, "tls", flags.tls);
     if flags.allow_simulated {
@@ -1737,6 +1737,10 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     }
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
+    }
+    // Names given as flags replace the file's (a path, in order), as for the client.
+    if !flags.middlebox_names.is_empty() {
+        table.remove("middlebox_names");
     }
     for (key, list) in [
         ("middlebox_names", flags.middlebox_names),
@@ -1760,7 +1764,23 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     Ok(s)
 }
 
-/// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
+/// A policy file given as a flag replaces the config file's policy: its `policy` or inline
+/// `[attestation]`, and what the file adds to it (`measurements`, `sim_platform_keys`,
+/// `allow_simulated`), which would otherwise widen the policy the flag names. The flags' own
+/// additions still apply.
+fn policy_flag_replaces_the_files(table: &mut toml::Table, policy_flag: bool) {
+    if policy_flag {
+        for key in [
+            "attestation",
+            "measurements",
+            "sim_platform_keys",
+            "allow_simulated",
+        ] {
+            table.remove(key);
+        }
+    }
+}
+
 /// An endpoint's configuration for its secondary sessions; `resumption`: the
 /// `middlebox_resumption` setting (`Some(false)`: `--fresh-evidence`, no session kept).
 fn secondary_config(name: &str, middlebox_ca: Vec<u8>, resumption: Option<bool>) -> TlsConfig {
@@ -1771,6 +1791,7 @@ fn secondary_config(name: &str, middlebox_ca: Vec<u8>, resumption: Option<bool>)
     cfg
 }
 
+/// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
 fn name_approver(names: Vec<String>) -> Approver {
     Arc::new(move |chain: &[Vec<u8>]| {
         let Some(leaf) = chain.first() else {
@@ -1811,14 +1832,16 @@ fn server(
         s,
         described,
     } = server_setup(flags.clone(), config)?;
-    let running_primary = RunningContext::new(&primary_tls, &cfg.handshake.primary);
-    let running_secondary = RunningContext::new(&secondary_tls, &cfg.handshake.secondary);
+    let hs = &cfg.handshake;
+    let running_primary = RunningContext::new(&primary_tls, None, &hs.primary);
+    let running_secondary = RunningContext::new(&secondary_tls, Some(&hs.policy), &hs.secondary);
     let reload = || -> anyhow::Result<MbtlsServerConfig> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
-        let handshake = &mut new.cfg.handshake;
-        running_primary.keep_unless_changed(new.primary_tls, &mut handshake.primary);
-        running_secondary.keep_unless_changed(new.secondary_tls, &mut handshake.secondary);
+        let hs = &mut new.cfg.handshake;
+        running_primary.keep_unless_changed(new.primary_tls, None, &mut hs.primary);
+        let policy = Some(hs.policy.clone());
+        running_secondary.keep_unless_changed(new.secondary_tls, policy, &mut hs.secondary);
         Ok(new.cfg)
     };
     let limits = cfg.limits;
@@ -1865,6 +1888,10 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // ticket key opens its sessions for as long as it is kept).
     primary.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let names = s.middlebox_names.clone();
+    ensure!(
+        names.is_empty() || s.max_discovered.is_none(),
+        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
+    );
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
         ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
         ([name], true) => (
@@ -1973,25 +2000,36 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 /// resume (docs/mbtls.md §4.6), the vouched secondary sessions with middleboxes (§4.7), a
 /// server's session cache and ticket keys. Any change (a name, a CA, a certificate, versions,
 /// resumption) starts afresh, since a session is resumed without the checks the new settings
-/// would make.
-struct RunningContext<C: ?Sized>(std::sync::Mutex<(TlsConfig, Arc<C>)>);
+/// would make; for the secondary context so does a new attestation policy, under which the
+/// sessions vouched for by the old one would be offered until their old end and then fail
+/// (a shorter `resumed_evidence_max_age`) instead of making full handshakes.
+struct RunningContext<C: ?Sized>(std::sync::Mutex<Running<C>>);
+
+/// The settings a context was built from (and the policy its sessions were vouched under).
+type Running<C> = (TlsConfig, Option<Policy>, Arc<C>);
 
 impl<C: ?Sized> RunningContext<C> {
-    fn new(tls: &TlsConfig, context: &Arc<C>) -> Self {
-        RunningContext(std::sync::Mutex::new((tls.clone(), context.clone())))
+    fn new(tls: &TlsConfig, policy: Option<&Policy>, context: &Arc<C>) -> Self {
+        let running = (tls.clone(), policy.cloned(), context.clone());
+        RunningContext(std::sync::Mutex::new(running))
     }
 
-    /// Puts the running context in `new_context` if `new_tls` asks for the same, else makes
-    /// the new one the running one.
-    fn keep_unless_changed(&self, new_tls: TlsConfig, new_context: &mut Arc<C>) {
+    /// Puts the running context in `new_context` if `new_tls` and `new_policy` ask for the
+    /// same, else makes the new one the running one.
+    fn keep_unless_changed(
+        &self,
+        new_tls: TlsConfig,
+        new_policy: Option<Policy>,
+        new_context: &mut Arc<C>,
+    ) {
         let mut running = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if running.0.same_settings(&new_tls) {
-            *new_context = running.1.clone();
+        if running.0.same_settings(&new_tls) && running.1 == new_policy {
+            *new_context = running.2.clone();
         } else {
-            *running = (new_tls, new_context.clone());
+            *running = (new_tls, new_policy, new_context.clone());
         }
     }
 }
@@ -2078,5 +2116,35 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
     match n.unwrap_or(1) {
         0 => bail!("max_discovered must be at least 1"),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload keeps a context only when its TLS settings and the policy its sessions were
+    /// vouched under are the same.
+    #[test]
+    fn a_reload_keeps_a_context_only_for_the_same_settings_and_policy() {
+        let tls = TlsConfig::client("mb.test", b"roots".to_vec());
+        let policy = Policy::default();
+        let first = Arc::new(1u32);
+        let running = RunningContext::new(&tls, Some(&policy), &first);
+        let kept = |tls: &TlsConfig, policy: &Policy| {
+            let mut new = Arc::new(0u32);
+            running.keep_unless_changed(tls.clone(), Some(policy.clone()), &mut new);
+            Arc::ptr_eq(&new, &first)
+        };
+        assert!(kept(&tls, &policy));
+        let stricter = Policy {
+            resumed_evidence_max_age: 60,
+            ..Policy::default()
+        };
+        assert!(!kept(&tls, &stricter));
+        // The new context is the running one now, the first one gone for good.
+        assert!(!kept(&tls, &policy));
+        let other_roots = TlsConfig::client("mb.test", b"other roots".to_vec());
+        assert!(!kept(&other_roots, &policy));
     }
 }

@@ -77,9 +77,12 @@ pub fn print_line(line: impl std::fmt::Display) {
 
 /// `text` with its control characters escaped (`\n`, `\u{1b}`, …), line breaks kept if
 /// `keep_newlines`: report lines carry text a peer chose (error messages quoting its evidence,
-/// names), which must not start a line of their own or drive the operator's terminal.
+/// names), which must not start a line of their own or drive the operator's terminal. The
+/// Unicode line and paragraph separators and the bidirectional controls (which reorder how the
+/// rest of a line is shown) count as control characters here.
 pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
-    let escaped = |c: char| c.is_control() && !(keep_newlines && c == '\n');
+    let escaped =
+        |c: char| (c.is_control() || is_separator_or_bidi(c)) && !(keep_newlines && c == '\n');
     if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -92,6 +95,16 @@ pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, 
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// U+2028, U+2029 and the bidirectional formatting characters (marks, embeddings, overrides,
+/// isolates).
+fn is_separator_or_bidi(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
 }
 
 #[cfg(test)]
@@ -110,8 +123,12 @@ mod tests {
             "unknown variant `X\nsession 7: closed cleanly\\u{1b}[2J`"
         );
         assert!(matches!(
-            escape_controls("plain text", false),
+            escape_controls("plain text, caf\u{e9}", false),
             std::borrow::Cow::Borrowed(_)
         ));
+        assert_eq!(
+            escape_controls("name\u{202e}txt.exe\u{2028}line", true),
+            "name\\u{202e}txt.exe\\u{2028}line"
+        );
     }
 }

@@ -165,6 +165,44 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .output()
         .unwrap();
     refused_attestation(&out, &mut lines, "is not accepted by policy");
+
+    // A policy file as a flag replaces the config file's policy with what the file adds to it:
+    // the file's allow_simulated, measurements and platform keys no longer widen it.
+    let strict = dir.path().join("strict.toml");
+    std::fs::write(
+        &strict,
+        format!("[attestation]\nmeasurements = [\"{measurement}\"]\n"),
+    )
+    .unwrap();
+    let widening = dir.path().join("widening.toml");
+    std::fs::write(
+        &widening,
+        format!(
+            "[mbtls.client]\nserver_ca = \"{}\"\nallow_simulated = true\n\
+             measurements = [\"{measurement}\"]\nsim_platform_keys = [\"{platform_key}\"]\n",
+            server.ca.display()
+        ),
+    )
+    .unwrap();
+    let out = mbx()
+        .arg("--config")
+        .arg(&widening)
+        .args([
+            "mbtls",
+            "client",
+            "https://server.test/headers",
+            "--middlebox",
+        ])
+        .arg(&addr)
+        .args(["--middlebox-name", "mb.test", "--policy"])
+        .arg(&strict)
+        .output()
+        .unwrap();
+    refused_attestation(
+        &out,
+        &mut lines,
+        "simulated attestation evidence is not allowed",
+    );
     child.kill();
 }
 
@@ -1923,5 +1961,26 @@ fn options_that_would_be_ignored_are_refused() {
     assert!(
         err.contains("mbTLS session through 127.0.0.1:9 failed"),
         "{err}"
+    );
+
+    // The server alike: max_discovered beside names is refused, and names given as flags
+    // replace the file's path instead of lengthening it.
+    let server_config = dir.path().join("server.toml");
+    std::fs::write(
+        &server_config,
+        "[mbtls.server]\nmiddlebox_names = [\"a.test\", \"b.test\"]\n",
+    )
+    .unwrap();
+    let mut base: Vec<&OsStr> = vec![OsStr::new("--config"), server_config.as_os_str()];
+    base.extend(mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server));
+    base.extend([OsStr::new("--middlebox-ca"), server.ca.as_os_str()]);
+    let with = |extra: [&'static str; 2]| [base.clone(), extra.map(OsStr::new).to_vec()].concat();
+    let (status, err) = refused_at_start(&with(["--max-discovered", "2"]));
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(err.contains("max_discovered applies to discovery"), "{err}");
+    let (_srv, _lines, head) = start(&with(["--middlebox-name", "mb.test"]), 2);
+    assert_eq!(
+        head[1], "server-side middlebox: pre-configured mb.test (required)",
+        "{head:?}"
     );
 }

@@ -707,13 +707,14 @@ async fn a_session_cut_on_the_path_resets_the_backend_connection() {
     assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
 }
 
-/// After the server's close_notify (its backend ended its side first), a client that goes on
-/// sending and is then cut without close_notify may have been truncated: the backend's
-/// connection is reset. A client that sends nothing more after the server's close_notify and
-/// just closes (as HTTP clients often do) ends the session normally: the backend sees the end
-/// of its stream.
+/// After the server's close_notify (its backend ended its side first), a client connection
+/// that ends without the client's close_notify resets the backend's connection, which still
+/// reads: the client may have been cut mid-stream, and a cut that drops everything after the
+/// server's close_notify looks the same as a client that had finished. The server reports an
+/// error if data came after its close_notify, and a normal end if none did (as HTTP clients
+/// that just close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_after_the_servers_close_notify_resets_the_backend_if_data_came_after_it() {
+async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
     const UPLOAD: &[u8] =
         b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
     let w = World::new();
@@ -742,7 +743,7 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend_if_data_came_af
             let _ = end_seen.send(end);
         });
         let version = TlsVersion::Tls13;
-        let (_server, mb2) = w.server_behind_mb2(version, backend).await;
+        let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
         let mut cfg = w.client(version);
         cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
         let mut client = timeout(
@@ -761,10 +762,12 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend_if_data_came_af
         // Cut: the client's connection ends without close_notify.
         drop(client);
         let end = timeout(BOUND, end).await.unwrap().unwrap();
+        assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+        let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        assert_eq!(report.outcome.is_err(), more_after_close, "{report:?}");
         if more_after_close {
-            assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
-        } else {
-            assert_eq!(end, Ok(Vec::new()));
+            let why = report.outcome.unwrap_err();
+            assert!(why.contains("after sending data past ours"), "{why}");
         }
     }
 }

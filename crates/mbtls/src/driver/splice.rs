@@ -8,10 +8,12 @@
 //! the plain side; the session ends once both happened and everything queued is out. An EOF
 //! from the path before the peer's close_notify is truncation (an error), unless we sent our
 //! close_notify already and the peer sent nothing after it: HTTP peers then often just close,
-//! having said all they had to say. A peer that went on sending after our close_notify and
-//! then ends without its own may have been cut mid-stream: an error too. A session that ends
-//! in an error (but an idle timeout) resets the plain side instead of closing it, so that the
-//! backend or local application cannot take a cut or failed session for a complete one.
+//! having said all they had to say, and the session ends without an error. A peer that went on
+//! sending after our close_notify and then ends without its own may have been cut mid-stream:
+//! an error. Either way the plain side is reset, not closed, whenever the peer's close_notify
+//! never came (as after any error but an idle timeout): a cut that drops everything after our
+//! close_notify looks the same as a peer that had finished, so only a reset keeps a backend
+//! or local application that still reads from taking it for a complete stream.
 
 use std::time::Duration;
 
@@ -90,14 +92,27 @@ pub(crate) async fn splice<S: EndpointSession>(
     )
     .await;
     // An idle timeout is the service's own orderly end (as nginx's proxy_timeout): closed.
-    if matches!(&ended, Err(e) if !matches!(e, DriverError::IdleTimeout(_))) {
+    let reset = match &ended {
+        Ok(end) => *end == End::WithoutPeersCloseNotify,
+        Err(e) => !matches!(e, DriverError::IdleTimeout(_)),
+    };
+    if reset {
         // A session that failed or was cut must not look like one that ended to the plain
         // side (an HTTP body delimited by the close would pass for whole): it is reset, not
         // closed. (Dropped, the write half would send a FIN first.)
         let _ = plain_w.as_ref().set_zero_linger();
         plain_w.forget();
     }
-    ended
+    ended.map(|_| ())
+}
+
+/// How a session that ended without an error ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// Both close_notify alerts.
+    Closed,
+    /// Ours, then the path's end without the peer's, and nothing from the peer in between.
+    WithoutPeersCloseNotify,
 }
 
 async fn splice_halves<S: EndpointSession>(
@@ -108,7 +123,7 @@ async fn splice_halves<S: EndpointSession>(
     idle_timeout: Option<Duration>,
     sides: &Sides,
     carried: &mut Carried,
-) -> Result<(), DriverError> {
+) -> Result<End, DriverError> {
     let (mut path_r, mut path_w) = path.into_split();
     // Read buffers sized by the traffic, freed (with the core's) when the session idles.
     let (mut path_buf, mut plain_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
@@ -127,7 +142,7 @@ async fn splice_halves<S: EndpointSession>(
         if peer_closed {
             to_plain.finish();
             if !plain_open && !to_path.wants_write() && !to_plain.wants_write() {
-                return Ok(());
+                return Ok(End::Closed);
             }
         }
         let (want_path, want_plain) = (to_path.wants_write(), to_plain.wants_write());
@@ -137,12 +152,13 @@ async fn splice_halves<S: EndpointSession>(
                 let n = r.map_err(DriverError::io(sides.reading_path))?;
                 if n == 0 {
                     if !plain_open && carried.to_plain == to_plain_at_our_close {
-                        to_plain.finish();
+                        // What is queued goes out, without an end of stream: the plain side
+                        // is reset after it.
                         let _ = timeout(CLOSE_GRACE, async {
                             tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
                         })
                         .await;
-                        return Ok(());
+                        return Ok(End::WithoutPeersCloseNotify);
                     }
                     return Err(DriverError::PeerGone {
                         peer: sides.path,
