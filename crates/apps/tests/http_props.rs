@@ -135,7 +135,7 @@ proptest! {
         let mut sent = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
             if upgrade_at == Some(i) {
-                sent.extend_from_slice(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n");
+                sent.extend_from_slice(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n");
             }
             sent.extend_from_slice(&r.sent);
         }
@@ -223,8 +223,12 @@ fn exchange() -> impl Strategy<Value = Exchange> {
             };
             let (request, switch) = match kind {
                 1 => (simple_request("HEAD /h HTTP/1.1\r\n"), None),
+                // RFC 6455's example key; its accept value is in the 101 below.
                 2 => (
-                    simple_request("GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n"),
+                    simple_request(
+                        "GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\
+                         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+                    ),
                     Some(status == 101),
                 ),
                 3 => {
@@ -239,6 +243,10 @@ fn exchange() -> impl Strategy<Value = Exchange> {
                 response.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             }
             response.extend_from_slice(format!("HTTP/1.1 {status} X\r\n").as_bytes());
+            if status == 101 {
+                response
+                    .extend_from_slice(b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n");
+            }
             let no_body = kind == 1 || status == 204 || status == 304 || switch == Some(true);
             if chunked {
                 response.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");

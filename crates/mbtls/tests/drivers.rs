@@ -252,7 +252,8 @@ async fn a_request_after_an_upgrade_nginx_refused_still_gets_the_header() {
     let version = TlsVersion::Tls13;
     let (nginx, mbox) = nginx_behind_a_header_middlebox(&w, version).await;
     let upgrade = b"GET /headers HTTP/1.1\r\nHost: server.test\r\n\
-        Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+        Upgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
     let mut client = timeout(
         BOUND,
         MbtlsClient::connect_with_data(

@@ -333,8 +333,11 @@ async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middlebox() {
     let w = World::new();
-    let backend =
-        echo_backend_after(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").await;
+    let backend = echo_backend_after(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+            Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+    )
+    .await;
     let (mut server, mut mb2) = w.server_behind_mb2(TlsVersion::Tls13, backend).await;
     let mut client = OpensslClient::new(mb2.local_addr())
         .servername("server.test")
@@ -348,6 +351,7 @@ async fn a_legacy_clients_key_updates_are_followed_across_the_server_side_middle
         "GET /chat HTTP/1.1",
         "Host: server.test",
         "Upgrade: websocket",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
         "",
     ] {
         client.send_line(line).unwrap();

@@ -29,10 +29,12 @@ enum Part {
     ChunkDataEnd {
         cr: bool,
     },
-    /// Trailer section: `line_len` bytes on the current line, `total` in the section.
+    /// Trailer section: `line_len` bytes on the current line, `total` in the section, `cr`
+    /// once a CR was seen (the LF must follow).
     Trailer {
         line_len: usize,
         total: usize,
+        cr: bool,
     },
     UntilClose,
     Ended,
@@ -135,6 +137,7 @@ impl Body {
                     Part::Trailer {
                         line_len: 0,
                         total: 0,
+                        cr: false,
                     }
                 } else {
                     Part::ChunkData { remaining: size }
@@ -142,27 +145,46 @@ impl Body {
                 Ok(end + 1)
             }
             Part::ChunkDataEnd { cr } => {
+                // CRLF exactly (RFC 9112 §7.1): a lone LF is read differently by some servers.
                 self.part = match (cr, data.first()) {
                     (false, Some(b'\r')) => Part::ChunkDataEnd { cr: true },
-                    (_, Some(b'\n')) => Part::ChunkSize,
+                    (true, Some(b'\n')) => Part::ChunkSize,
                     _ => return Err(HttpError::BadChunk("missing CRLF after chunk data")),
                 };
                 Ok(1)
             }
-            Part::Trailer { line_len, total } => {
+            Part::Trailer {
+                line_len,
+                total,
+                cr,
+            } => {
                 let total = total + 1;
                 if total > limits.max_trailer_len {
                     return Err(HttpError::BadChunk("trailer section too long"));
                 }
-                self.part = match data.first() {
-                    Some(b'\n') if line_len == 0 => Part::Ended,
-                    Some(b'\n') => Part::Trailer { line_len: 0, total },
-                    // A CR does not count as line content, so "\r\n" ends the section.
-                    Some(b'\r') => Part::Trailer { line_len, total },
-                    _ => Part::Trailer {
-                        line_len: line_len + 1,
+                // Lines end in CRLF, and hold no other control byte than HTAB: a lenient
+                // server could otherwise end a line, or the section, elsewhere than we do.
+                let b = data.first().copied().unwrap_or_default();
+                self.part = match (cr, b) {
+                    (true, b'\n') if line_len == 0 => Part::Ended,
+                    (true, b'\n') => Part::Trailer {
+                        line_len: 0,
                         total,
+                        cr: false,
                     },
+                    (false, b'\r') => Part::Trailer {
+                        line_len,
+                        total,
+                        cr: true,
+                    },
+                    (false, _) if b == b'\t' || (0x20..0x7f).contains(&b) || b >= 0x80 => {
+                        Part::Trailer {
+                            line_len: line_len + 1,
+                            total,
+                            cr: false,
+                        }
+                    }
+                    _ => return Err(HttpError::BadChunk("trailer line not ended by CRLF")),
                 };
                 Ok(1)
             }
@@ -170,12 +192,25 @@ impl Body {
     }
 }
 
-/// `chunk-size [ chunk-ext ] CRLF` with the LF already removed (RFC 9112 §7.1).
+/// `chunk-size [ chunk-ext ] CRLF` with the LF already removed (RFC 9112 §7.1), strictly:
+/// the CR there, hex digits first, then only blanks before a `;` and extensions without
+/// control bytes. Servers differ in what they tolerate here, and a proxy that reads a line
+/// otherwise than its server opens the door to request smuggling.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, HttpError> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let size = line.split(|b| *b == b';').next().unwrap_or_default();
-    let size = size.trim_ascii();
-    if size.is_empty() || size.len() > 16 || !size.iter().all(u8::is_ascii_hexdigit) {
+    let line = line
+        .strip_suffix(b"\r")
+        .ok_or(HttpError::BadChunk("chunk-size line not ended by CRLF"))?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let (size, rest) = line.split_at(digits);
+    let blanks = rest
+        .iter()
+        .take_while(|b| **b == b' ' || **b == b'\t')
+        .count();
+    let ext = rest.get(blanks..).unwrap_or_default();
+    let ext_ok = ext.is_empty()
+        || (ext.first() == Some(&b';')
+            && ext.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)));
+    if size.is_empty() || size.len() > 16 || !ext_ok {
         return Err(HttpError::BadChunk("invalid chunk size"));
     }
     let s = core::str::from_utf8(size).map_err(|_| HttpError::BadChunk("invalid chunk size"))?;

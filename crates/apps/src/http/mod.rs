@@ -85,6 +85,8 @@ pub enum HttpError {
     DataBeforeUpgradeAnswer,
     #[error("CONNECT refused: a tunnel would carry requests past the proxy")]
     ConnectRefused,
+    #[error("the request's Connection field names the inserted header (a proxy would drop it)")]
+    ConnectionNamesTheHeader,
 }
 
 /// Where the client→server parser is.
@@ -107,6 +109,8 @@ enum State {
 pub struct HttpHeaderInsert {
     /// The encoded line, `name: value\r\n`.
     line: Vec<u8>,
+    /// The inserted field's name.
+    name: String,
     limits: HttpLimits,
     state: State,
     /// The current request's head, until it is complete.
@@ -147,6 +151,7 @@ impl HttpHeaderInsert {
         line.extend_from_slice(b"\r\n");
         Ok(HttpHeaderInsert {
             line,
+            name: name.to_owned(),
             limits,
             state: State::Head,
             head: Head::default(),
@@ -272,7 +277,21 @@ impl HttpHeaderInsert {
             return Err(HttpError::ConnectRefused);
         }
         let head_method = method == "HEAD";
+        // A proxy in front of the application removes the fields `Connection` names.
+        if req.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("connection")
+                && split_list(h.value).any(|t| t.eq_ignore_ascii_case(self.name.as_bytes()))
+        }) {
+            return Err(HttpError::ConnectionNamesTheHeader);
+        }
         let fields = framing_fields(req.headers)?;
+        // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (HTTP/1.0
+        // servers ignore the field and would read the body as something else).
+        if req.version == Some(0) && !fields.codings.is_empty() {
+            return Err(HttpError::BadFraming(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ));
+        }
         let framing = match (fields.codings.last(), fields.content_length) {
             (Some(_), Some(_)) => {
                 return Err(HttpError::BadFraming(
@@ -293,8 +312,14 @@ impl HttpHeaderInsert {
             (None, Some(n)) => Framing::Length(n),
             (None, None) => Framing::None,
         };
-        let upgrade = fields.upgrade == UpgradeField::WebSocket;
-        let head = if fields.upgrade == UpgradeField::Other {
+        // A WebSocket upgrade is followed only with one key: the switch then counts only if the
+        // server's 101 carries the accept value for it, which an endpoint that merely answers
+        // with the status a client asks for (and goes on parsing HTTP/1.1) cannot make up.
+        let upgrade = match (fields.upgrade, fields.websocket_keys.as_slice()) {
+            (UpgradeField::WebSocket, [key]) => Some(websocket_accept(key)),
+            _ => None,
+        };
+        let head = if fields.upgrade != UpgradeField::None && upgrade.is_none() {
             without_upgrade_fields(&head)
         } else {
             head
@@ -314,9 +339,9 @@ impl HttpHeaderInsert {
         let followed = self.responses.expect(awaited, &self.limits);
         // An upgrade whose answer cannot be known counts as refused: the stream stays HTTP.
         self.upgrade = match (upgrade, followed) {
-            (false, _) => Upgrade::NotAsked,
-            (true, true) => Upgrade::Asked,
-            (true, false) => Upgrade::Answered { switched: false },
+            (None, _) => Upgrade::NotAsked,
+            (Some(_), true) => Upgrade::Asked,
+            (Some(_), false) => Upgrade::Answered { switched: false },
         };
         self.state = if self.body.start(framing) {
             State::Body
@@ -408,6 +433,8 @@ struct FramingFields {
     /// Transfer codings, lower-cased, in the order applied.
     codings: Vec<String>,
     upgrade: UpgradeField,
+    /// `Sec-WebSocket-Key` values, trimmed.
+    websocket_keys: Vec<Vec<u8>>,
 }
 
 /// Reads `Content-Length` (all values must agree), `Transfer-Encoding` and `Upgrade`.
@@ -416,6 +443,7 @@ fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpErr
         content_length: None,
         codings: Vec::new(),
         upgrade: UpgradeField::None,
+        websocket_keys: Vec::new(),
     };
     for h in headers {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -434,6 +462,8 @@ fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpErr
                     .codings
                     .push(String::from_utf8_lossy(v).to_ascii_lowercase());
             }
+        } else if h.name.eq_ignore_ascii_case("sec-websocket-key") {
+            fields.websocket_keys.push(h.value.trim_ascii().to_vec());
         } else if h.name.eq_ignore_ascii_case("upgrade") {
             // `protocol-name ["/" protocol-version]`, case-insensitive (RFC 9110 §7.8); an
             // empty field names nothing a server could switch to.
@@ -447,6 +477,21 @@ fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpErr
         }
     }
     Ok(fields)
+}
+
+/// The `Sec-WebSocket-Accept` value a server answers `key` with (RFC 6455 §4.2.2): base64 of
+/// the SHA-1 of the key and the protocol's GUID.
+fn websocket_accept(key: &[u8]) -> [u8; 28] {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let digest = sha1::Sha1::new()
+        .chain_update(key)
+        .chain_update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11")
+        .finalize();
+    let mut accept = [0u8; 28];
+    // 20 bytes always encode to 28.
+    let _ = base64::engine::general_purpose::STANDARD.encode_slice(digest, &mut accept);
+    accept
 }
 
 /// `head` without its `Upgrade` field lines. Request heads have no folded lines (httparse
@@ -563,6 +608,7 @@ mod tests {
             b"POST / HTTP/1.1\r\nContent-Length: -3\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab",
@@ -589,6 +635,41 @@ mod tests {
             );
             assert!(more.is_empty());
         }
+    }
+
+    /// Chunked framing is read strictly (CRLF, hex digits first, no control bytes): servers
+    /// differ in what they tolerate, and reading a line otherwise than the server allows
+    /// smuggling (CVE-2025-22871 was a lone LF in a chunk line).
+    #[test]
+    fn chunk_lines_are_read_strictly() {
+        for body in [
+            &b"1\na\r\n0\r\n\r\n"[..],
+            b" 1\r\na\r\n",
+            b"1\x0c\r\na\r\n",
+            b"1;ext\x01\r\na\r\n",
+            b"1;ext\rx\r\na\r\n",
+            b"1\r\na\n0\r\n\r\n",
+            b"0\r\nX: y\n\r\n",
+            b"0\r\nX: y\x00\r\n\r\n",
+        ] {
+            let mut app = proxy();
+            let head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+            let (_, v) = run(&mut app, &[head, body]);
+            assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED), "{body:?}");
+            assert!(
+                matches!(app.error(), Some(HttpError::BadChunk(_))),
+                "{body:?}"
+            );
+        }
+        // Blanks before an extension, extensions and trailers as the RFC has them.
+        let mut app = proxy();
+        let (_, v) = run(
+            &mut app,
+            &[b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
+               1 \t;a=b;c=\"d e\"\r\nx\r\n0\r\nT: v\tw\r\n\r\nGET / HTTP/1.1\r\n\r\n"],
+        );
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(app.requests(), 2);
     }
 
     #[test]
@@ -621,7 +702,12 @@ mod tests {
         }
     }
 
-    const UPGRADE: &[u8] = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n";
+    /// A WebSocket upgrade, and the server's 101 for it (the key and accept value of RFC 6455's
+    /// example).
+    const UPGRADE: &[u8] =
+        b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    const SWITCHED: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+        Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
     const FORGED: &[u8] = b"GET /admin HTTP/1.1\r\nX-Mbtls: forged\r\n\r\n";
 
     #[test]
@@ -631,11 +717,7 @@ mod tests {
             let (out, v) = run(&mut app, &[UPGRADE]);
             assert_eq!(v, Verdict::Continue);
             assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
-            respond(
-                &mut app,
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x02hi",
-                counted,
-            );
+            respond(&mut app, &[SWITCHED, b"\x81\x02hi"].concat(), counted);
             let (out, v) = run(&mut app, &[b"\x81\x05hello GET / HTTP/1.1\r\n\r\n"]);
             assert_eq!(v, Verdict::Continue);
             assert_eq!(out, b"\x81\x05hello GET / HTTP/1.1\r\n\r\n");
@@ -750,9 +832,12 @@ mod tests {
                 "{upgrade}"
             );
         }
-        // WebSocket, in any case, is kept.
+        // WebSocket, in any case, is kept (with its key).
         let mut app = proxy();
-        let (out, _) = run(&mut app, &[b"GET / HTTP/1.1\r\nUpgrade: WebSocket\r\n\r\n"]);
+        let (out, _) = run(
+            &mut app,
+            &[b"GET / HTTP/1.1\r\nUpgrade: WebSocket\r\nSec-WebSocket-Key: a\r\n\r\n"],
+        );
         assert!(String::from_utf8_lossy(&out).contains("Upgrade: WebSocket\r\n"));
     }
 
@@ -763,12 +848,14 @@ mod tests {
     fn responses_are_matched_to_their_requests() {
         let stream: &[u8] = b"GET /a HTTP/1.1\r\n\r\nHEAD /b HTTP/1.1\r\n\r\n\
             GET /c HTTP/1.1\r\n\r\nGET /d HTTP/1.1\r\n\r\n\
-            POST /ws HTTP/1.1\r\nUpgrade: websocket\r\nContent-Length: 2\r\n\r\nhi";
+            POST /ws HTTP/1.1\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+            Content-Length: 2\r\n\r\nhi";
         let responses: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
             1c\r\nHTTP/1.1 101 Switching Pr...\r\n0\r\n\r\n\
             HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n\
             HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n\
-            HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n";
+            HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\
+            Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
         for cut in 0..responses.len() {
             for counted in [false, true] {
                 let mut app = proxy();
@@ -790,10 +877,13 @@ mod tests {
             let mut app = proxy();
             run(
                 &mut app,
-                &[b"POST / HTTP/1.1\r\nUpgrade: websocket\r\nContent-Length: 4\r\n\r\nab"],
+                &[
+                    b"POST / HTTP/1.1\r\nUpgrade: websocket\r\nContent-Length: 4\r\n\
+                    Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\nab",
+                ],
             );
             let answer: &[u8] = if switched {
-                b"HTTP/1.1 101 Switching Protocols\r\n\r\n"
+                SWITCHED
             } else {
                 b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
             };
@@ -815,9 +905,9 @@ mod tests {
             let mut app = proxy();
             run(&mut app, &[b"GET / HTTP/1.1\r\n\r\n"]);
             respond(&mut app, garbage, false);
-            respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+            respond(&mut app, SWITCHED, false);
             run(&mut app, &[UPGRADE]);
-            respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+            respond(&mut app, SWITCHED, false);
             let (out, _) = run(&mut app, &[FORGED]);
             assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"), "{garbage:?}");
         }
@@ -850,9 +940,49 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
             false,
         );
-        respond(&mut app, b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false);
+        respond(&mut app, SWITCHED, false);
         let (out, _) = run(&mut app, &[FORGED]);
         assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
+    }
+
+    /// An endpoint that answers with the status a client asks for (`/status/101`) and goes on
+    /// parsing HTTP/1.1 cannot make the app stop inserting: a 101 counts only with the
+    /// `Sec-WebSocket-Accept` for the request's one key, and an upgrade without a key is taken
+    /// out of the request.
+    #[test]
+    fn a_101_counts_only_with_the_accept_value_for_the_key() {
+        for answer in [
+            &b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"[..],
+            b"HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        ] {
+            let mut app = proxy();
+            run(&mut app, &[UPGRADE]);
+            respond(&mut app, answer, false);
+            let (out, v) = run(&mut app, &[FORGED]);
+            assert_eq!(v, Verdict::Continue);
+            assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"), "{answer:?}");
+        }
+        for keys in ["", "Sec-WebSocket-Key: a\r\nSec-WebSocket-Key: b\r\n"] {
+            let mut app = proxy();
+            let request = format!("GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n{keys}\r\n");
+            let (out, _) = run(&mut app, &[request.as_bytes()]);
+            assert!(!String::from_utf8_lossy(&out).contains("Upgrade"), "{keys}");
+        }
+    }
+
+    /// A proxy in front of the application would drop a field the request's `Connection` names.
+    #[test]
+    fn a_connection_field_naming_the_header_closes_the_session() {
+        let mut app = proxy();
+        let (out, v) = run(
+            &mut app,
+            &[b"GET /admin HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, x-mbtls\r\n\r\n"],
+        );
+        assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED));
+        assert!(out.is_empty());
+        assert_eq!(app.error(), Some(&HttpError::ConnectionNamesTheHeader));
     }
 
     #[test]

@@ -21,8 +21,9 @@ use super::{framing_fields, HttpLimits};
 pub(super) struct Awaited {
     /// A `HEAD` request: its response has no body whatever its fields say.
     pub(super) head_method: bool,
-    /// It asks to upgrade (switched by a 101).
-    pub(super) upgrade: bool,
+    /// It asks to upgrade to WebSocket: the `Sec-WebSocket-Accept` value a 101 must carry for
+    /// the switch to count.
+    pub(super) upgrade: Option<[u8; 28]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,8 +149,16 @@ impl Responses {
             };
         };
         if status == 101 {
-            if !request.upgrade {
-                return self.lose();
+            let accepts: Vec<&[u8]> = response
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("sec-websocket-accept"))
+                .map(|h| h.value.trim_ascii())
+                .collect();
+            match (request.upgrade, accepts.as_slice()) {
+                (Some(expected), [accept]) if *accept == expected.as_slice() => {}
+                // Not a WebSocket handshake's answer: whether the server switched is unknown.
+                _ => return self.lose(),
             }
             self.awaited.clear();
             self.state = State::Switched;
@@ -178,14 +187,14 @@ impl Responses {
         } else {
             State::Head
         };
-        request.upgrade.then_some(false)
+        request.upgrade.map(|_| false)
     }
 
     /// Stops following the stream. A switch still awaited counts as refused.
     fn lose(&mut self) -> Option<bool> {
         self.state = State::Lost;
         self.head = Head::default();
-        let pending = self.awaited.iter().any(|r| r.upgrade);
+        let pending = self.awaited.iter().any(|r| r.upgrade.is_some());
         self.awaited = VecDeque::new();
         pending.then_some(false)
     }
