@@ -1216,14 +1216,23 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
     );
     let proxy_addr = listening_addr(&head[0]);
     let header_through_proxy = || header_through_proxy(&proxy_addr);
-    // The header the middlebox inserted, and whether the session was resumed.
+    // The header the middlebox inserted, whether the session was resumed, and whether the
+    // secondary session with the middlebox was.
     let next_connection = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| {
         let header = header_through_proxy();
         let line = lines.next().unwrap().unwrap();
         assert!(line.starts_with("connection "), "{line}");
-        (header, line.contains("session resumed; "))
+        let middlebox_resumed = line.contains("middlebox sessions resumed: mb.test;");
+        (
+            header,
+            line.contains("session resumed; "),
+            middlebox_resumed,
+        )
     };
-    assert_eq!(next_connection(&mut lines), ("one".to_string(), false));
+    assert_eq!(
+        next_connection(&mut lines),
+        ("one".to_string(), false, false)
+    );
 
     write_config(&two, "max_connections = 3\n");
     signal(&mut proxy, Signal::HUP);
@@ -1232,21 +1241,29 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
         "proxy reloaded: new connections get the new configuration; \
          limits: handshake 60s, idle 600s, at most 3 connections at once"
     );
-    // Another middlebox, the same TLS toward the server: the session resumes through it.
-    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
+    // Another middlebox, the same TLS toward the server: the session resumes through it (the
+    // other middlebox process cannot open the first one's tickets).
+    assert_eq!(
+        next_connection(&mut lines),
+        ("two".to_string(), true, false)
+    );
 
     // Both a name and a list of names: refused, the proxy keeps going through the second.
     write_config(&one, "middlebox_names = [\"mb.test\"]\n");
     signal(&mut proxy, Signal::HUP);
-    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), true, true));
 
-    // Only TLS 1.3 now: a new context, whose first session is a full one.
+    // Only TLS 1.3 now: a new primary context, whose first session is a full one; the
+    // settings toward the middlebox did not change, so its session still resumes.
     write_config(&two, "tls = \"1.3\"\n");
     signal(&mut proxy, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
     assert!(line.starts_with("proxy reloaded"), "{line}");
-    assert_eq!(next_connection(&mut lines), ("two".to_string(), false));
-    assert_eq!(next_connection(&mut lines), ("two".to_string(), true));
+    assert_eq!(
+        next_connection(&mut lines),
+        ("two".to_string(), false, true)
+    );
+    assert_eq!(next_connection(&mut lines), ("two".to_string(), true, true));
 }
 
 /// Started with a low soft limit on open files (as a login shell's 1,024), the middlebox raises
