@@ -74,6 +74,12 @@ pub trait MiddleboxApp {
         let _ = (dir, data);
         None
     }
+
+    /// Why the app ended the session with a fatal alert, for the operator's report. The
+    /// default says nothing.
+    fn close_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
@@ -87,5 +93,9 @@ impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
 
     fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
         (**self).pass_unchanged(dir, data)
+    }
+
+    fn close_reason(&self) -> Option<String> {
+        (**self).close_reason()
     }
 }

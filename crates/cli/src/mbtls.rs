@@ -91,7 +91,8 @@ struct ServerFlags {
     #[arg(long)]
     private_key: Option<PathBuf>,
     /// A pre-configured server-side middlebox: every session must include it, with a
-    /// certificate for this name. Repeat for several, in path order from the client.
+    /// certificate for this name. Repeat for several, in path order from the client (these
+    /// replace the config file's names and discovery settings).
     #[arg(long = "middlebox-name")]
     middlebox_names: Vec<String>,
     /// Approve a discovered (announcing) middlebox whose certificate carries this DNS name
@@ -105,7 +106,8 @@ struct ServerFlags {
     /// CA certificates (PEM) that issue middlebox certificates.
     #[arg(long)]
     middlebox_ca: Option<PathBuf>,
-    /// Attestation policy (TOML: an `[attestation]` table or its contents).
+    /// Attestation policy (TOML: an `[attestation]` table or its contents); replaces the
+    /// config file's policy and what the file adds to it.
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Accept evidence from the simulated TEE (demos only; never in production).
@@ -149,7 +151,8 @@ struct ClientFlags {
     #[arg(long)]
     middlebox: Option<String>,
     /// Name the middlebox's certificate must carry (default: the host of --middlebox). Repeat
-    /// for several pre-configured middleboxes, in path order from the client.
+    /// for several pre-configured middleboxes, in path order from the client (these replace
+    /// the config file's names and discovery settings).
     #[arg(long = "middlebox-name")]
     middlebox_names: Vec<String>,
     /// Discovery: let a middlebox on the path join if its certificate carries this DNS name
@@ -171,7 +174,8 @@ struct ClientFlags {
     /// CA certificates (PEM) that issue middlebox certificates (default: --server-ca).
     #[arg(long)]
     middlebox_ca: Option<PathBuf>,
-    /// Attestation policy (TOML: an `[attestation]` table or its contents).
+    /// Attestation policy (TOML: an `[attestation]` table or its contents); replaces the
+    /// config file's policy and what the file adds to it.
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Accept evidence from the simulated TEE (demos only; never in production).
@@ -186,7 +190,8 @@ struct ClientFlags {
     /// Only this TLS version (1.2 or 1.3); default: both offered.
     #[arg(long)]
     tls: Option<String>,
-    /// Give up after this many seconds (default 30).
+    /// Give up after this many seconds (default 30; one fetch only: with --proxy the service
+    /// timeouts apply).
     #[arg(long)]
     timeout_secs: Option<u64>,
     /// Check every middlebox's evidence on every session: never resume a middlebox's
@@ -741,11 +746,13 @@ fn client(
 fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<ClientSetup> {
     let mut table = config.client.clone();
     set(&mut table, "middlebox", flags.middlebox);
-    // Names given as flags replace the file's, however many either gives.
-    if !flags.middlebox_names.is_empty() {
-        table.remove("middlebox_name");
-        table.remove("middlebox_names");
-    }
+    flags_choice_replaces_the_files(
+        &mut table,
+        !flags.middlebox_names.is_empty(),
+        !flags.allow_middleboxes.is_empty(),
+        flags.max_discovered.is_some(),
+        flags.no_client_middleboxes,
+    );
     match flags.middlebox_names.as_slice() {
         [] => {}
         [one] => set(&mut table, "middlebox_name", Some(one.clone())),
@@ -841,10 +848,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         names.is_empty() || s.allow_middleboxes.is_empty(),
         "pre-configured middleboxes and a discovery allow-list do not mix"
     );
-    ensure!(
-        names.is_empty() || s.max_discovered.is_none(),
-        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
-    );
+    max_discovered_only_for_discovery(&names, s.max_discovered)?;
     ensure!(
         !s.no_client_middleboxes
             || (names.is_empty() && s.allow_middleboxes.is_empty() && s.max_discovered.is_none()),
@@ -1719,6 +1723,14 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     let mut table = config.server.clone();
     set(&mut table, "listen", flags.listen);
     set(&mut table, "backend", flags.backend);
+    // Before the flags' own choice is put in.
+    flags_choice_replaces_the_files(
+        &mut table,
+        !flags.middlebox_names.is_empty(),
+        !flags.allow_middleboxes.is_empty(),
+        flags.max_discovered.is_some(),
+        false,
+    );
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
@@ -1737,10 +1749,6 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     }
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
-    }
-    // Names given as flags replace the file's (a path, in order), as for the client.
-    if !flags.middlebox_names.is_empty() {
-        table.remove("middlebox_names");
     }
     for (key, list) in [
         ("middlebox_names", flags.middlebox_names),
@@ -1762,6 +1770,42 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
         .context("invalid mbTLS server configuration ([mbtls.server] and flags)")?;
     s.service = service;
     Ok(s)
+}
+
+/// `max_discovered` beside pre-configured names would mean nothing: refused, not ignored.
+fn max_discovered_only_for_discovery(names: &[String], max: Option<u8>) -> anyhow::Result<()> {
+    ensure!(
+        names.is_empty() || max.is_none(),
+        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
+    );
+    Ok(())
+}
+
+/// How the middleboxes are chosen (by name, by an allow-list for discovery, or none on the
+/// client's side), when the flags say it, replaces the config file's choice instead of
+/// clashing with it or lengthening it: names replace the file's names and its discovery
+/// settings, an allow-list replaces the file's allow-list and names (the file's
+/// `max_discovered` still applies to it), `--max-discovered` alone drops the file's names.
+fn flags_choice_replaces_the_files(
+    table: &mut toml::Table,
+    names: bool,
+    allow_list: bool,
+    max_discovered: bool,
+    none: bool,
+) {
+    let mut replaced = Vec::new();
+    if names || allow_list || max_discovered || none {
+        replaced.extend(["middlebox_name", "middlebox_names", "no_client_middleboxes"]);
+    }
+    if names || allow_list || none {
+        replaced.push("allow_middleboxes");
+    }
+    if names || none {
+        replaced.push("max_discovered");
+    }
+    for key in replaced {
+        table.remove(key);
+    }
 }
 
 /// A policy file given as a flag replaces the config file's policy: its `policy` or inline
@@ -1888,10 +1932,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // ticket key opens its sessions for as long as it is kept).
     primary.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let names = s.middlebox_names.clone();
-    ensure!(
-        names.is_empty() || s.max_discovered.is_none(),
-        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
-    );
+    max_discovered_only_for_discovery(&names, s.max_discovered)?;
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
         ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
         ([name], true) => (

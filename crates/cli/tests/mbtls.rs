@@ -391,9 +391,13 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
         // A reload that changes nothing of the server's TLS keeps its context, and with it the
         // ticket keys: the ticket still opens.
         signal(&mut srv, Signal::HUP);
-        // (After the rest of the start-up lines and the first session's report.)
-        let reloaded = lines.find(|l| l.as_ref().is_ok_and(|l| l.starts_with("server reloaded")));
-        assert!(reloaded.is_some());
+        // After the rest of the start-up lines and the first session's report: a few lines,
+        // read one by one (a search to the end would wait for the server's exit).
+        let reloaded = (0..4).any(|_| {
+            let line = lines.next().unwrap().unwrap();
+            line.starts_with("server reloaded")
+        });
+        assert!(reloaded);
         let second = fetch("-sess_in");
         if tickets {
             assert!(second.contains("Reused, TLSv1.3"), "{second}");
@@ -1951,12 +1955,14 @@ fn options_that_would_be_ignored_are_refused() {
     assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
     assert!(err.contains("invalid log filter"), "{err}");
 
-    // A file's list and one name as a flag, a file's inline policy and a policy file as a
-    // flag: the flags win, and the client gets as far as the (closed) first hop.
+    // A file's names and discovery settings and one name as a flag, a file's inline policy
+    // and a policy file as a flag: the flags win, and the client gets as far as the (closed)
+    // first hop.
     let config = dir.path().join("names.toml");
     std::fs::write(
         &config,
         "[mbtls.client]\nmiddlebox_names = [\"a.test\", \"b.test\"]\n\
+         allow_middleboxes = [\"c.test\"]\nmax_discovered = 2\n\
          [mbtls.client.attestation]\nallow_simulated = true\n",
     )
     .unwrap();
@@ -1981,21 +1987,27 @@ fn options_that_would_be_ignored_are_refused() {
     );
 
     // The server alike: max_discovered beside names is refused, and names given as flags
-    // replace the file's path instead of lengthening it.
+    // replace the file's path and discovery settings instead of lengthening or clashing.
     let server_config = dir.path().join("server.toml");
     std::fs::write(
         &server_config,
-        "[mbtls.server]\nmiddlebox_names = [\"a.test\", \"b.test\"]\n",
+        "[mbtls.server]\nmiddlebox_names = [\"a.test\", \"b.test\"]\n\
+         allow_middleboxes = [\"c.test\"]\nmax_discovered = 2\n",
     )
     .unwrap();
     let mut base: Vec<&OsStr> = vec![OsStr::new("--config"), server_config.as_os_str()];
     base.extend(mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server));
     base.extend([OsStr::new("--middlebox-ca"), server.ca.as_os_str()]);
-    let with = |extra: [&'static str; 2]| [base.clone(), extra.map(OsStr::new).to_vec()].concat();
-    let (status, err) = refused_at_start(&with(["--max-discovered", "2"]));
+    let with = |extra: &[&'static str]| -> Vec<&OsStr> {
+        let mut args = base.clone();
+        args.extend(extra.iter().copied().map(OsStr::new));
+        args
+    };
+    let refused = with(&["--middlebox-name", "mb.test", "--max-discovered", "2"]);
+    let (status, err) = refused_at_start(&refused);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(err.contains("max_discovered applies to discovery"), "{err}");
-    let (_srv, _lines, head) = start(&with(["--middlebox-name", "mb.test"]), 2);
+    let (_srv, _lines, head) = start(&with(&["--middlebox-name", "mb.test"]), 2);
     assert_eq!(
         head[1], "server-side middlebox: pre-configured mb.test (required)",
         "{head:?}"

@@ -30,8 +30,8 @@ pub enum FailCause {
     PeerAlert { from: Side },
     /// `from` sent something not allowed in the data phase.
     Protocol { from: Side, what: &'static str },
-    /// The app closed the session.
-    App,
+    /// The app closed the session, saying why if it did ([`MiddleboxApp::close_reason`]).
+    App { why: Option<String> },
     /// Sealing failed locally (e.g. sequence numbers exhausted).
     Local,
 }
@@ -426,7 +426,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                 self.events.push_back(RelayEvent::AppClosed);
             }
             Verdict::Close(CloseAlert(d)) => {
-                self.fail_both(FailCause::App, Alert::fatal(AlertDescription(d)))
+                let why = self.app.close_reason();
+                self.fail_both(FailCause::App { why }, Alert::fatal(AlertDescription(d)))
             }
         }
     }

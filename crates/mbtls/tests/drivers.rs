@@ -277,6 +277,34 @@ async fn a_request_after_an_upgrade_nginx_refused_still_gets_the_header() {
     assert!(second.contains("x-mbtls=\"mb.test\""), "{log}");
 }
 
+/// A request the HTTP app refuses (here a CONNECT) ends the session with access_denied, and
+/// the middlebox's report says why, for the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_middleboxs_report_says_why_its_app_ended_the_session() {
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let (_nginx, mut mbox) = nginx_behind_a_header_middlebox(&w, version).await;
+    let mut client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            b"CONNECT example.test:443 HTTP/1.1\r\nHost: example.test:443\r\n\r\n",
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(read.is_err(), "{read:?}");
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.unwrap_err();
+    assert!(
+        why.contains("the app ended the session (CONNECT refused") && why.contains("alert 49"),
+        "{why}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     let w = World::new();

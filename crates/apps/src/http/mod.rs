@@ -13,15 +13,18 @@
 //!
 //! Leaving HTTP/1.1 would take the rest of the connection out of the proxy's sight, so only
 //! what cannot carry requests to the server is let through:
-//! - A request carrying `Upgrade: websocket` asks to switch. The proxy then follows the
-//!   server's responses ([`responses`]) and passes the rest of the client's stream through
-//!   untouched only once the server has switched (a 101); if the server refuses, the next
-//!   requests get the header as usual. Until the answer the client may send nothing more than
+//! - A request carrying `Upgrade: websocket` and one `Sec-WebSocket-Key` asks to switch. The
+//!   proxy then follows the server's responses ([`responses`]) and passes the rest of the
+//!   client's stream through untouched only once the server has switched (a 101 with the
+//!   `Sec-WebSocket-Accept` value for that key, which a server that merely answers with the
+//!   status a client asks for cannot make up); if the server refuses, the next requests get
+//!   the header as usual. Until the answer the client may send nothing more than
 //!   blank lines (WebSocket clients wait for it anyway): other bytes close the session, since
 //!   forwarding them unchanged would let a client send requests without the header (or with
 //!   its own) by asking for a switch the server then refuses.
 //! - An `Upgrade` naming anything else (`h2c`, whose HTTP/2 requests would reach the server
-//!   without the header; `TLS/1.2`) is removed from the request, so the server stays on
+//!   without the header; `TLS/1.2`), or WebSocket without exactly one key, is removed from the
+//!   request, so the server stays on
 //!   HTTP/1.1 (the field is hop-by-hop, RFC 9110 §7.8).
 //! - `CONNECT` closes the session: a tunnel would carry whatever the client likes past the
 //!   proxy, and whether a 2xx opened one depends on the server being a proxy at all.
@@ -221,11 +224,7 @@ impl HttpHeaderInsert {
                 State::AwaitUpgrade => {
                     // Blank lines go either way: as the new protocol's bytes or before the next
                     // request (RFC 9112 §2.2).
-                    let blank = data
-                        .iter()
-                        .take_while(|b| **b == b'\r' || **b == b'\n')
-                        .count();
-                    if blank < data.len() {
+                    if self.head.leading_blank_lines(data) < data.len() {
                         return Err(HttpError::DataBeforeUpgradeAnswer);
                     }
                     out.extend_from_slice(data);
@@ -315,11 +314,11 @@ impl HttpHeaderInsert {
         // A WebSocket upgrade is followed only with one key: the switch then counts only if the
         // server's 101 carries the accept value for it, which an endpoint that merely answers
         // with the status a client asks for (and goes on parsing HTTP/1.1) cannot make up.
-        let upgrade = match (fields.upgrade, fields.websocket_keys.as_slice()) {
+        let expected_accept = match (fields.upgrade, fields.websocket_keys.as_slice()) {
             (UpgradeField::WebSocket, [key]) => Some(websocket_accept(key)),
             _ => None,
         };
-        let head = if fields.upgrade != UpgradeField::None && upgrade.is_none() {
+        let head = if fields.upgrade != UpgradeField::None && expected_accept.is_none() {
             without_upgrade_fields(&head)
         } else {
             head
@@ -334,11 +333,11 @@ impl HttpHeaderInsert {
         self.requests += 1;
         let awaited = Awaited {
             head_method,
-            upgrade,
+            expected_accept,
         };
         let followed = self.responses.expect(awaited, &self.limits);
         // An upgrade whose answer cannot be known counts as refused: the stream stays HTTP.
-        self.upgrade = match (upgrade, followed) {
+        self.upgrade = match (expected_accept, followed) {
             (None, _) => Upgrade::NotAsked,
             (Some(_), true) => Upgrade::Asked,
             (Some(_), false) => Upgrade::Answered { switched: false },
@@ -395,6 +394,10 @@ impl MiddleboxApp for HttpHeaderInsert {
         Some(Verdict::Continue)
     }
 
+    fn close_reason(&self) -> Option<String> {
+        self.error.as_ref().map(ToString::to_string)
+    }
+
     fn on_end(&mut self, dir: Direction, out: &mut Vec<u8>) -> Verdict {
         // An unfinished head is dropped, not forwarded: a lenient server would take the end of
         // the stream for the end of the head and serve a request without the header.
@@ -437,7 +440,8 @@ struct FramingFields {
     websocket_keys: Vec<Vec<u8>>,
 }
 
-/// Reads `Content-Length` (all values must agree), `Transfer-Encoding` and `Upgrade`.
+/// Reads `Content-Length` (all values must agree), `Transfer-Encoding`, `Upgrade` and
+/// `Sec-WebSocket-Key`.
 fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpError> {
     let mut fields = FramingFields {
         content_length: None,

@@ -1,9 +1,10 @@
-//! Following the server's responses, to learn whether it accepted a protocol switch.
+//! Following the server's responses, to learn whether it accepted a WebSocket upgrade.
 //!
-//! After a request with `Upgrade`, what the client sends next is HTTP/1.1 only if the server
-//! refused: a `101 Switching Protocols` makes the connection something else. So the proxy follows the responses, matched to the
-//! requests in order (pipelining), with their body framing (RFC 9112 §6.3), and reports the
-//! answer to a switch. The responses themselves pass unchanged.
+//! After a request with `Upgrade: websocket`, what the client sends next is HTTP/1.1 only if
+//! the server refused: a `101 Switching Protocols` carrying the `Sec-WebSocket-Accept` value
+//! for the request's key makes the connection something else. So the proxy follows the
+//! responses, matched to the requests in order (pipelining), with their body framing (RFC 9112
+//! §6.3), and reports the answer to an upgrade. The responses themselves pass unchanged.
 //!
 //! A response stream it cannot follow (a malformed head, one past the limits, a response no
 //! request asked for) is not refused: the server's bytes pass as before, but every later
@@ -23,7 +24,7 @@ pub(super) struct Awaited {
     pub(super) head_method: bool,
     /// It asks to upgrade to WebSocket: the `Sec-WebSocket-Accept` value a 101 must carry for
     /// the switch to count.
-    pub(super) upgrade: Option<[u8; 28]>,
+    pub(super) expected_accept: Option<[u8; 28]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +156,7 @@ impl Responses {
                 .filter(|h| h.name.eq_ignore_ascii_case("sec-websocket-accept"))
                 .map(|h| h.value.trim_ascii())
                 .collect();
-            match (request.upgrade, accepts.as_slice()) {
+            match (request.expected_accept, accepts.as_slice()) {
                 (Some(expected), [accept]) if *accept == expected.as_slice() => {}
                 // Not a WebSocket handshake's answer: whether the server switched is unknown.
                 _ => return self.lose(),
@@ -187,14 +188,14 @@ impl Responses {
         } else {
             State::Head
         };
-        request.upgrade.map(|_| false)
+        request.expected_accept.map(|_| false)
     }
 
     /// Stops following the stream. A switch still awaited counts as refused.
     fn lose(&mut self) -> Option<bool> {
         self.state = State::Lost;
         self.head = Head::default();
-        let pending = self.awaited.iter().any(|r| r.upgrade.is_some());
+        let pending = self.awaited.iter().any(|r| r.expected_accept.is_some());
         self.awaited = VecDeque::new();
         pending.then_some(false)
     }

@@ -22,7 +22,7 @@ use crate::handshake::{
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
 };
 use crate::hop::Side;
-use crate::relay::{MiddleboxRelay, RelayEvent};
+use crate::relay::{FailCause, MiddleboxRelay, RelayEvent};
 
 /// Makes a fresh app instance for each connection.
 pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
@@ -471,8 +471,12 @@ impl Conn {
                     }
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::Failed { cause, alert }) => {
-                    self.failure.get_or_insert_with(|| {
-                        format!("relay failed ({cause:?}), alert {}", alert.description.0)
+                    let alert = alert.description.0;
+                    self.failure.get_or_insert_with(|| match cause {
+                        FailCause::App { why: Some(why) } => {
+                            format!("the app ended the session ({why}), alert {alert}")
+                        }
+                        _ => format!("relay failed ({cause:?}), alert {alert}"),
                     });
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::KeysUpdated { from }) => {

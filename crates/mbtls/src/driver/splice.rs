@@ -151,13 +151,14 @@ async fn splice_halves<S: EndpointSession>(
             r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
                 let n = r.map_err(DriverError::io(sides.reading_path))?;
                 if n == 0 {
+                    // What was authenticated and queued goes out first, without an end of
+                    // stream (best effort: the reset after it drops what the kernel still
+                    // holds).
+                    let _ = timeout(CLOSE_GRACE, async {
+                        tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
+                    })
+                    .await;
                     if !plain_open && carried.to_plain == to_plain_at_our_close {
-                        // What is queued goes out, without an end of stream: the plain side
-                        // is reset after it.
-                        let _ = timeout(CLOSE_GRACE, async {
-                            tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
-                        })
-                        .await;
                         return Ok(End::WithoutPeersCloseNotify);
                     }
                     return Err(DriverError::PeerGone {
