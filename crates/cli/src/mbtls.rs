@@ -567,6 +567,21 @@ fn outcome_text(outcome: &Result<(), String>) -> String {
     }
 }
 
+/// [`outcome_text`] for a session spliced with a plain connection, which may end without the
+/// peer's close_notify (`peer`: who left so; `plain`: the connection reset for it).
+fn spliced_outcome_text(
+    outcome: &Result<(), String>,
+    left_without_close_notify: bool,
+    (peer, plain): (&str, &str),
+) -> String {
+    match outcome {
+        Ok(()) if left_without_close_notify => format!(
+            "; closed, the {peer} without close_notify after ours (the {plain} connection was reset)"
+        ),
+        _ => outcome_text(outcome),
+    }
+}
+
 /// `https://host[:port]/path` → (host, host header, path).
 fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     let rest = url
@@ -2023,7 +2038,12 @@ fn print_server_report(r: &ServerConnectionReport) {
         "; {} bytes to the backend, {} back",
         r.bytes_to_backend, r.bytes_from_backend
     ));
-    line.push_str(&outcome_text(&r.outcome));
+    let end = spliced_outcome_text(
+        &r.outcome,
+        r.peer_left_without_close_notify,
+        ("client", "backend"),
+    );
+    line.push_str(&end);
     print_line(&line);
 }
 
@@ -2142,7 +2162,11 @@ fn print_proxy_report(r: &ProxyReport) {
                 [] => String::new(),
                 names => format!("middlebox sessions resumed: {}; ", names.join(", ")),
             };
-            let end = outcome_text(outcome);
+            let end = spliced_outcome_text(
+                outcome,
+                r.peer_left_without_close_notify,
+                ("server", "local"),
+            );
             format!(
                 "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}hops {hops}{end}",
                 r.id
@@ -2163,6 +2187,23 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_left_without_close_notify_is_told_from_a_clean_one() {
+        let sides = ("client", "backend");
+        assert_eq!(
+            spliced_outcome_text(&Ok(()), false, sides),
+            "; closed cleanly"
+        );
+        assert_eq!(
+            spliced_outcome_text(&Ok(()), true, sides),
+            "; closed, the client without close_notify after ours (the backend connection was reset)"
+        );
+        assert_eq!(
+            spliced_outcome_text(&Err("cut".into()), true, sides),
+            "; ended with error: cut"
+        );
+    }
 
     /// A reload keeps a context only when its TLS settings and the policy its sessions were
     /// vouched under are the same.

@@ -400,6 +400,7 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
         let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
         let r2 = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
         let rs = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        assert!(!rs.peer_left_without_close_notify, "{rs:?}");
         let ssum = rs.summary.unwrap();
         // Three hops: client↔mb1 (client's fresh keys), mb1↔mb2 (the primary session's keys,
         // known to both endpoints), mb2↔server (server's fresh keys).
@@ -769,6 +770,11 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
         assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
         let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
         assert_eq!(report.outcome.is_err(), more_after_close, "{report:?}");
+        // Without an error the report still says the client never sent its close_notify.
+        assert_eq!(
+            report.peer_left_without_close_notify, !more_after_close,
+            "{report:?}"
+        );
         if more_after_close {
             let why = report.outcome.unwrap_err();
             assert!(why.contains("after sending data past ours"), "{why}");

@@ -46,6 +46,9 @@ pub struct ProxyReport {
     pub bytes_down: u64,
     /// TLS 1.3 KeyUpdates the server sent, followed (and answered when it asked).
     pub key_updates: u32,
+    /// The session ended without an error, but the server left after our close_notify without
+    /// its own: the local connection was reset all the same, since a cut there looks the same.
+    pub peer_left_without_close_notify: bool,
     /// `Err` with the reason when the session failed or did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -110,6 +113,7 @@ async fn serve(
         bytes_up: 0,
         bytes_down: 0,
         key_updates: 0,
+        peer_left_without_close_notify: false,
         outcome: Ok(()),
     };
     let _ = local.set_nodelay(true);
@@ -136,6 +140,7 @@ async fn serve(
         .await;
     (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
     report.key_updates = carried.peer_key_updates;
+    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
     }

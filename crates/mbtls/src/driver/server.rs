@@ -46,6 +46,10 @@ pub struct ServerConnectionReport {
     pub idle_trims: u32,
     /// TLS 1.3 KeyUpdates the client sent, followed (and answered when it asked).
     pub key_updates: u32,
+    /// The session ended without an error, but the client left after our close_notify without
+    /// its own (as HTTP clients may): the backend's connection was reset all the same, since a
+    /// cut there looks the same.
+    pub peer_left_without_close_notify: bool,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -131,6 +135,7 @@ pub async fn serve_session(
         bytes_from_backend: 0,
         idle_trims: 0,
         key_updates: 0,
+        peer_left_without_close_notify: false,
         outcome: Ok(()),
     };
     let mut hs_cfg = cfg.handshake.clone();
@@ -212,6 +217,7 @@ async fn run(
     report.bytes_to_backend = carried.to_plain;
     report.bytes_from_backend = carried.from_plain;
     report.idle_trims = carried.idle_trims;
+    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
     r
 }
 

@@ -67,6 +67,9 @@ pub(crate) struct Carried {
     pub idle_trims: u32,
     /// TLS 1.3 KeyUpdates the peer sent, followed.
     pub peer_key_updates: u32,
+    /// The session ended without an error, but the peer's close_notify never came (it left
+    /// after ours, having sent nothing more): the plain side was reset all the same.
+    pub peer_left_without_close_notify: bool,
 }
 
 /// Runs the data phase of `session` between `path` and `plain` until both directions ended
@@ -102,6 +105,9 @@ pub(crate) async fn splice<S: EndpointSession>(
         // closed. (Dropped, the write half would send a FIN first.)
         let _ = plain_w.as_ref().set_zero_linger();
         plain_w.forget();
+    }
+    if matches!(ended, Ok(End::WithoutPeersCloseNotify)) {
+        carried.peer_left_without_close_notify = true;
     }
     ended.map(|_| ())
 }
