@@ -96,7 +96,7 @@ pub(crate) async fn splice<S: EndpointSession>(
     .await;
     // An idle timeout is the service's own orderly end (as nginx's proxy_timeout): closed.
     let reset = match &ended {
-        Ok(end) => *end == End::WithoutPeersCloseNotify,
+        Ok(()) => carried.peer_left_without_close_notify,
         Err(e) => !matches!(e, DriverError::IdleTimeout(_)),
     };
     if reset {
@@ -106,19 +106,7 @@ pub(crate) async fn splice<S: EndpointSession>(
         let _ = plain_w.as_ref().set_zero_linger();
         plain_w.forget();
     }
-    if matches!(ended, Ok(End::WithoutPeersCloseNotify)) {
-        carried.peer_left_without_close_notify = true;
-    }
-    ended.map(|_| ())
-}
-
-/// How a session that ended without an error ended.
-#[derive(Debug, PartialEq, Eq)]
-enum End {
-    /// Both close_notify alerts.
-    Closed,
-    /// Ours, then the path's end without the peer's, and nothing from the peer in between.
-    WithoutPeersCloseNotify,
+    ended
 }
 
 async fn splice_halves<S: EndpointSession>(
@@ -129,7 +117,7 @@ async fn splice_halves<S: EndpointSession>(
     idle_timeout: Option<Duration>,
     sides: &Sides,
     carried: &mut Carried,
-) -> Result<End, DriverError> {
+) -> Result<(), DriverError> {
     let (mut path_r, mut path_w) = path.into_split();
     // Read buffers sized by the traffic, freed (with the core's) when the session idles.
     let (mut path_buf, mut plain_buf) = (ReadBuf::new(READ_BUF), ReadBuf::new(READ_BUF));
@@ -148,7 +136,7 @@ async fn splice_halves<S: EndpointSession>(
         if peer_closed {
             to_plain.finish();
             if !plain_open && !to_path.wants_write() && !to_plain.wants_write() {
-                return Ok(End::Closed);
+                return Ok(());
             }
         }
         let (want_path, want_plain) = (to_path.wants_write(), to_plain.wants_write());
@@ -165,7 +153,8 @@ async fn splice_halves<S: EndpointSession>(
                     })
                     .await;
                     if !plain_open && carried.to_plain == to_plain_at_our_close {
-                        return Ok(End::WithoutPeersCloseNotify);
+                        carried.peer_left_without_close_notify = true;
+                        return Ok(());
                     }
                     return Err(DriverError::PeerGone {
                         peer: sides.path,
