@@ -179,6 +179,22 @@ impl World {
         timeout(BOUND, connecting).await.unwrap().unwrap()
     }
 
+    /// An mbTLS session, `version`, of a client with no middlebox of its own (discovery, none
+    /// approved) through `first_hop`, with `data` sent in its key-material flight.
+    async fn client_alone(
+        &self,
+        first_hop: SocketAddr,
+        version: TlsVersion,
+        data: &[u8],
+    ) -> MbtlsClient {
+        let mut cfg = self.client(version);
+        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        timeout(BOUND, MbtlsClient::connect_with_data(first_hop, cfg, data))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
         let primary = self.client_primary(version);
         let secondary = TlsConfig::client("mb1.test", self.root_pem.clone());
@@ -695,15 +711,7 @@ async fn a_session_cut_on_the_path_resets_the_backend_connection() {
     });
     let version = TlsVersion::Tls13;
     let (_server, mb2) = w.server_behind_mb2(version, backend).await;
-    let mut cfg = w.client(version);
-    cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
-    let client = timeout(
-        BOUND,
-        MbtlsClient::connect_with_data(mb2.local_addr(), cfg, UPLOAD),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let client = w.client_alone(mb2.local_addr(), version, UPLOAD).await;
     let data = timeout(BOUND, data_arrived).await.unwrap().unwrap();
     assert!(data.starts_with(b"POST /upload"), "{data:?}");
     // The client's connection ends without close_notify, the upload unfinished.
@@ -749,15 +757,7 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
         });
         let version = TlsVersion::Tls13;
         let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
-        let mut cfg = w.client(version);
-        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
-        let mut client = timeout(
-            BOUND,
-            MbtlsClient::connect_with_data(mb2.local_addr(), cfg, UPLOAD),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let mut client = w.client_alone(mb2.local_addr(), version, UPLOAD).await;
         // The server's close_notify.
         let closed = timeout(BOUND, client.read()).await.unwrap().unwrap();
         assert_eq!(closed, None);
@@ -789,15 +789,8 @@ async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() 
     let version = TlsVersion::Tls13;
     let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
     // An mbTLS client with no middlebox of its own (discovery, none on its side).
-    let mut cfg = w.client(version);
-    cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
-    let mut client = timeout(
-        BOUND,
-        MbtlsClient::connect_with_data(mb2.local_addr(), cfg, b"GET / HTTP/1.1\r\n\r\n"),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let request = b"GET / HTTP/1.1\r\n\r\n";
+    let mut client = w.client_alone(mb2.local_addr(), version, request).await;
     // The greeting came through the middlebox: the server verified it and sent its keys (the
     // client's handshake can end before the server's secondary session does).
     let greeting = timeout(BOUND, client.read()).await.unwrap().unwrap();

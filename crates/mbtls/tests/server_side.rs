@@ -1385,18 +1385,15 @@ fn swapped_announcements_cannot_reorder_the_servers_middleboxes() {
 #[test]
 fn a_repeated_announcement_id_is_refused() {
     let s = Setup::new();
-    let mut server = s.server(
-        TlsVersion::Tls13,
-        ServerMiddlebox::PreconfiguredPath(vec!["mb2.test".into(), "mb3.test".into()]),
-    );
+    let server = || {
+        let path = vec!["mb2.test".into(), "mb3.test".into()];
+        s.server(TlsVersion::Tls13, ServerMiddlebox::PreconfiguredPath(path))
+    };
     let mut twice = announcement_record(0, 0x0303).unwrap();
     twice.extend(announcement_record(0, 0x0303).unwrap());
-    let err = server.receive(&twice).unwrap_err();
+    let err = server().receive(&twice).unwrap_err();
     assert!(err.to_string().contains("out of path order"), "{err}");
-    let mut in_order = s.server(
-        TlsVersion::Tls13,
-        ServerMiddlebox::PreconfiguredPath(vec!["mb2.test".into(), "mb3.test".into()]),
-    );
+    let mut in_order = server();
     let mut rising = announcement_record(0, 0x0303).unwrap();
     rising.extend(announcement_record(1, 0x0303).unwrap());
     in_order.receive(&rising).unwrap();
