@@ -685,29 +685,38 @@ async fn greeting_backend() -> SocketAddr {
 
 const GREETING: &[u8] = b"hello from the backend\n";
 
+/// An upload cut short: a body of 1,000 bytes announced, the first of them sent.
+const UPLOAD: &[u8] =
+    b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
+
+/// Accepts one backend connection and reads it until the part of [`UPLOAD`] sent arrived: the
+/// connection and what came.
+async fn accept_upload(listener: TcpListener) -> (tokio::net::TcpStream, Vec<u8>) {
+    let (mut s, _) = listener.accept().await.unwrap();
+    let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
+    while !got.ends_with(b"part of it") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "{got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    (s, got)
+}
+
 /// A session cut on the path (its client gone without close_notify, as when someone on the
 /// path ends the TCP connection) must not look complete to the backend: the server resets
 /// its connection to the backend instead of closing it, so a body delimited by the close
 /// cannot pass for whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cut_on_the_path_resets_the_backend_connection() {
-    const UPLOAD: &[u8] =
-        b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
     let w = World::new();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = listener.local_addr().unwrap();
     let (got_data, data_arrived) = tokio::sync::oneshot::channel();
     let (end_seen, end) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
-        while !got.ends_with(b"part of it") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "{got:?}");
-            got.extend_from_slice(&buf[..n]);
-        }
+        let (mut s, got) = accept_upload(listener).await;
         let _ = got_data.send(got);
-        let _ = end_seen.send(s.read(&mut buf).await.map_err(|e| e.kind()));
+        let _ = end_seen.send(s.read(&mut [0u8; 1024]).await.map_err(|e| e.kind()));
     });
     let version = TlsVersion::Tls13;
     let (_server, mb2) = w.server_behind_mb2(version, backend).await;
@@ -728,24 +737,16 @@ async fn a_session_cut_on_the_path_resets_the_backend_connection() {
 /// that just close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
-    const UPLOAD: &[u8] =
-        b"POST /upload HTTP/1.1\r\nHost: server.test\r\nContent-Length: 1000\r\n\r\npart of it";
     let w = World::new();
     for more_after_close in [true, false] {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let backend = listener.local_addr().unwrap();
         let (end_seen, end) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let (mut got, mut buf) = (Vec::new(), [0u8; 1024]);
-            while !got.ends_with(b"part of it") {
-                let n = s.read(&mut buf).await.unwrap();
-                assert!(n > 0, "{got:?}");
-                got.extend_from_slice(&buf[..n]);
-            }
+            let (mut s, _) = accept_upload(listener).await;
             // The backend ends its side: the server sends close_notify.
             s.shutdown().await.unwrap();
-            let mut rest = Vec::new();
+            let (mut rest, mut buf) = (Vec::new(), [0u8; 1024]);
             let end = loop {
                 match s.read(&mut buf).await {
                     Ok(0) => break Ok(rest),
