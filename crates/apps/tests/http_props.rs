@@ -177,6 +177,57 @@ proptest! {
         }
         let _ = app.on_end(Direction::ClientToServer, &mut out);
     }
+
+    /// Clients pipeline requests until one asks for a protocol switch, then wait for the
+    /// responses up to its answer. Every request gets the header exactly once until the server
+    /// switches, and everything after a switch passes untouched, however the server's responses
+    /// are framed and cut, and whether they go through `pass_unchanged` or `on_data`.
+    #[test]
+    fn requests_get_the_header_until_the_server_switches(
+        exchanges in proptest::collection::vec(exchange(), 1..8),
+        after in proptest::collection::vec(any::<u8>(), 1..64),
+        cuts in proptest::collection::vec(any::<usize>(), 0..20),
+        counted in proptest::collection::vec(any::<bool>(), 1..8),
+    ) {
+        let mut app = HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
+        let mut out = Vec::new();
+        let mut expected = Vec::new();
+        let mut counted = counted.iter().cycle();
+        // Groups of pipelined requests, each ending at a switch (or at the end).
+        let mut groups: Vec<&[Exchange]> = exchanges
+            .split_inclusive(|e| e.switch.is_some())
+            .collect();
+        let mut switched = false;
+        for group in groups.drain(..) {
+            let sent: Vec<u8> = group.iter().flat_map(|e| e.request.sent.clone()).collect();
+            for piece in split(&sent, &cuts) {
+                prop_assert_eq!(app.on_data(Direction::ClientToServer, &piece, &mut out), Verdict::Continue);
+            }
+            expected.extend(group.iter().flat_map(|e| e.request.expected.clone()));
+            let responses: Vec<u8> = group.iter().flat_map(|e| e.response.clone()).collect();
+            for piece in split(&responses, &cuts) {
+                let s2c = Direction::ServerToClient;
+                let v = if *counted.next().unwrap() {
+                    app.pass_unchanged(s2c, &piece).unwrap()
+                } else {
+                    let mut through = Vec::new();
+                    let v = app.on_data(s2c, &piece, &mut through);
+                    prop_assert_eq!(&through, &piece);
+                    v
+                };
+                prop_assert_eq!(v, Verdict::Continue);
+            }
+            if group.last().and_then(|e| e.switch) == Some(true) {
+                switched = true;
+                break;
+            }
+        }
+        if switched {
+            prop_assert_eq!(app.on_data(Direction::ClientToServer, &after, &mut out), Verdict::Continue);
+            expected.extend_from_slice(&after);
+        }
+        prop_assert_eq!(out, expected);
+    }
 }
 
 /// One response the server gives, as bytes, with its request's method and whether it is the
@@ -279,60 +330,5 @@ fn simple_request(start: &str) -> Req {
     Req {
         sent: format!("{start}\r\n").into_bytes(),
         expected: format!("{start}{HEADER}\r\n\r\n").into_bytes(),
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// Clients pipeline requests until one asks for a protocol switch, then wait for the
-    /// responses up to its answer. Every request gets the header exactly once until the server
-    /// switches, and everything after a switch passes untouched, however the server's responses
-    /// are framed and cut, and whether they go through `pass_unchanged` or `on_data`.
-    #[test]
-    fn requests_get_the_header_until_the_server_switches(
-        exchanges in proptest::collection::vec(exchange(), 1..8),
-        after in proptest::collection::vec(any::<u8>(), 1..64),
-        cuts in proptest::collection::vec(any::<usize>(), 0..20),
-        counted in proptest::collection::vec(any::<bool>(), 1..8),
-    ) {
-        let mut app = HttpHeaderInsert::new("X-Mbtls-Proxy", "inserted").unwrap();
-        let mut out = Vec::new();
-        let mut expected = Vec::new();
-        let mut counted = counted.iter().cycle();
-        // Groups of pipelined requests, each ending at a switch (or at the end).
-        let mut groups: Vec<&[Exchange]> = exchanges
-            .split_inclusive(|e| e.switch.is_some())
-            .collect();
-        let mut switched = false;
-        for group in groups.drain(..) {
-            let sent: Vec<u8> = group.iter().flat_map(|e| e.request.sent.clone()).collect();
-            for piece in split(&sent, &cuts) {
-                prop_assert_eq!(app.on_data(Direction::ClientToServer, &piece, &mut out), Verdict::Continue);
-            }
-            expected.extend(group.iter().flat_map(|e| e.request.expected.clone()));
-            let responses: Vec<u8> = group.iter().flat_map(|e| e.response.clone()).collect();
-            for piece in split(&responses, &cuts) {
-                let s2c = Direction::ServerToClient;
-                let v = if *counted.next().unwrap() {
-                    app.pass_unchanged(s2c, &piece).unwrap()
-                } else {
-                    let mut through = Vec::new();
-                    let v = app.on_data(s2c, &piece, &mut through);
-                    prop_assert_eq!(&through, &piece);
-                    v
-                };
-                prop_assert_eq!(v, Verdict::Continue);
-            }
-            if group.last().and_then(|e| e.switch) == Some(true) {
-                switched = true;
-                break;
-            }
-        }
-        if switched {
-            prop_assert_eq!(app.on_data(Direction::ClientToServer, &after, &mut out), Verdict::Continue);
-            expected.extend_from_slice(&after);
-        }
-        prop_assert_eq!(out, expected);
     }
 }
