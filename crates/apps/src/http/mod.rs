@@ -490,11 +490,10 @@ fn framing_fields(headers: &[httparse::Header]) -> Result<FramingFields, HttpErr
 /// the SHA-1 of the key and the protocol's GUID.
 fn websocket_accept(key: &[u8]) -> [u8; 28] {
     use base64::Engine as _;
-    use sha1::Digest as _;
-    let digest = sha1::Sha1::new()
-        .chain_update(key)
-        .chain_update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11")
-        .finalize();
+    let mut sha1 = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    sha1.update(key);
+    sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    let digest = sha1.finish();
     let mut accept = [0u8; 28];
     // 20 bytes always encode to 28.
     let _ = base64::engine::general_purpose::STANDARD.encode_slice(digest, &mut accept);
