@@ -33,10 +33,9 @@ enum State {
     Head,
     /// In a response's body.
     Body,
-    /// The server switched protocols: nothing more to follow.
-    Switched,
-    /// Cannot follow the stream any more.
-    Lost,
+    /// Nothing more to follow: the server switched protocols, or the stream cannot be
+    /// followed any more (either way a later upgrade's answer is not known).
+    Stopped,
 }
 
 /// The server's responses, followed as far as telling a switch's answer needs.
@@ -65,7 +64,7 @@ impl Responses {
     /// requests are waiting), in which case a switch it asks for counts as refused.
     pub(super) fn expect(&mut self, request: Awaited, limits: &HttpLimits) -> bool {
         match self.state {
-            State::Lost | State::Switched => return false,
+            State::Stopped => return false,
             State::Head | State::Body => {}
         }
         if self.awaited.len() >= limits.max_pipelined {
@@ -80,7 +79,7 @@ impl Responses {
     /// body, or past a switch); if so, counts them.
     pub(super) fn count(&mut self, n: u64) -> bool {
         match self.state {
-            State::Switched | State::Lost => true,
+            State::Stopped => true,
             State::Head => false,
             State::Body => match self.body.count(n) {
                 Some(ended) => {
@@ -100,7 +99,7 @@ impl Responses {
         let mut answer = None;
         while !data.is_empty() {
             match self.state {
-                State::Switched | State::Lost => break,
+                State::Stopped => break,
                 State::Body => match self.body.read(data, limits) {
                     Ok((used, ended)) => {
                         data = data.get(used..).unwrap_or_default();
@@ -162,7 +161,7 @@ impl Responses {
                 _ => return self.lose(),
             }
             self.awaited.clear();
-            self.state = State::Switched;
+            self.state = State::Stopped;
             return Some(true);
         }
         if (100..200).contains(&status) {
@@ -193,7 +192,7 @@ impl Responses {
 
     /// Stops following the stream. A switch still awaited counts as refused.
     fn lose(&mut self) -> Option<bool> {
-        self.state = State::Lost;
+        self.state = State::Stopped;
         self.head = Head::default();
         let pending = self.awaited.iter().any(|r| r.expected_accept.is_some());
         self.awaited = VecDeque::new();
