@@ -29,7 +29,7 @@ use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
     MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox, MIDDLEBOX_TICKET_KEY_PERIOD,
 };
-use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 
 use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
@@ -1446,7 +1446,18 @@ fn print_report(r: &ConnectionReport) {
         "; {} bytes from the client, {} from the server",
         r.bytes_from_client, r.bytes_from_server
     ));
-    line.push_str(&outcome_text(&r.outcome));
+    match (&r.outcome, r.left_without_close_notify) {
+        (Ok(()), Some(side)) => {
+            let (gone, other) = match side {
+                Side::Client => ("client", "server"),
+                Side::Server => ("server", "client"),
+            };
+            line.push_str(&format!(
+                "; closed, the {gone} without close_notify after the {other}'s (the {other}'s connection was closed without one too)"
+            ));
+        }
+        (outcome, _) => line.push_str(&outcome_text(outcome)),
+    }
     print_line(&line);
 }
 

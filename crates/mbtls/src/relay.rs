@@ -63,6 +63,10 @@ pub struct MiddleboxRelay<A: MiddleboxApp> {
     /// Per receiving side: the sender ended its direction.
     ended_from_client: bool,
     ended_from_server: bool,
+    /// Per sending side: application data came from it after the other side's close_notify
+    /// (a half-close), so its leaving without close_notify may have cut that data.
+    late_data_from_client: bool,
+    late_data_from_server: bool,
     failed: bool,
     events: VecDeque<RelayEvent>,
     scratch: Vec<u8>,
@@ -94,6 +98,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
             out_server: Vec::new(),
             ended_from_client: false,
             ended_from_server: false,
+            late_data_from_client: false,
+            late_data_from_server: false,
             failed: false,
             events: VecDeque::new(),
             scratch: Vec::new(),
@@ -118,6 +124,16 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
     /// True once the sender on `from` ended its direction (close_notify), or the session failed.
     pub fn direction_ended(&self, from: Side) -> bool {
         self.failed || self.ended(from)
+    }
+
+    /// True once the sender on `from` sent application data after the other side ended its
+    /// direction with close_notify. Until then, `from` leaving without close_notify of its own
+    /// cut nothing this middlebox saw (HTTP clients close so once the server closed).
+    pub fn sent_data_after_the_others_close(&self, from: Side) -> bool {
+        match from {
+            Side::Client => self.late_data_from_client,
+            Side::Server => self.late_data_from_server,
+        }
     }
 
     pub fn is_failed(&self) -> bool {
@@ -236,6 +252,15 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                     return false;
                 }
             };
+            if opened.content_type == ContentType::APPLICATION_DATA
+                && !opened.range.is_empty()
+                && self.ended(from.other())
+            {
+                match from {
+                    Side::Client => self.late_data_from_client = true,
+                    Side::Server => self.late_data_from_server = true,
+                }
+            }
             match at {
                 Some(at) if lend && opened.content_type == ContentType::APPLICATION_DATA => {
                     self.pass_on_in_place(from, record, opened.range, at, &mut lent);

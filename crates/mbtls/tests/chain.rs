@@ -457,11 +457,18 @@ fn close_notify_is_reprotected_per_hop_and_half_closes() {
     for t in &chain.tap_c2s {
         assert_eq!(records(t).len(), 2);
     }
+    // Nothing came from the server since: its leaving without close_notify would cut nothing.
+    assert!(!chain.mbox(0).sent_data_after_the_others_close(Side::Server));
     // The other direction still works (half-close).
     chain.server().write(b"resp").unwrap();
     chain.server().close().unwrap();
     chain.pump();
     assert_eq!(chain.client().take_plaintext(), b"resp");
+    for i in 0..2 {
+        assert!(chain.mbox(i).sent_data_after_the_others_close(Side::Server));
+        // The client's data came before its own close_notify, with the server's direction open.
+        assert!(!chain.mbox(i).sent_data_after_the_others_close(Side::Client));
+    }
     assert!(chain.client().peer_closed());
     assert!(chain.mbox(0).is_closed() && chain.mbox(1).is_closed());
 }

@@ -26,7 +26,7 @@ use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
     ServerMiddlebox,
 };
-use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
+use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::{
     Curl, InteractiveClient, LeafSpec, OpensslClient, OpensslServer, PkiFiles, TestPki,
@@ -757,7 +757,7 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
             let _ = end_seen.send(end);
         });
         let version = TlsVersion::Tls13;
-        let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
+        let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let mut client = w.client_alone(mb2.local_addr(), version, UPLOAD).await;
         // The server's close_notify.
         let closed = timeout(BOUND, client.read()).await.unwrap().unwrap();
@@ -779,6 +779,16 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
         if more_after_close {
             let why = report.outcome.unwrap_err();
             assert!(why.contains("after sending data past ours"), "{why}");
+        }
+        // The middlebox in between tells the two apart the same way.
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(report.keys_installed, "{report:?}");
+        assert_eq!(report.outcome.is_err(), more_after_close, "{report:?}");
+        let left = (!more_after_close).then_some(Side::Client);
+        assert_eq!(report.left_without_close_notify, left, "{report:?}");
+        if more_after_close {
+            let why = report.outcome.unwrap_err();
+            assert!(why.contains("after sending data past the other side's"), "{why}");
         }
     }
 }

@@ -182,6 +182,10 @@ pub struct ConnectionReport {
     pub idle_trims: u32,
     /// TLS 1.3 KeyUpdates passed on (from either side), each followed on both hops.
     pub key_updates: u32,
+    /// The session ended without an error, but this side left without close_notify after the
+    /// other side's had passed (and sent nothing after it): the other side's connection was
+    /// closed without one too.
+    pub left_without_close_notify: Option<Side>,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -206,6 +210,7 @@ impl ConnectionReport {
             bytes_from_server: 0,
             idle_trims: 0,
             key_updates: 0,
+            left_without_close_notify: None,
             outcome: Ok(()),
         }
     }
@@ -620,9 +625,25 @@ async fn relay(
                 conn.outbox(from.other()).finish();
                 continue;
             }
+            // The other side ended with close_notify, and nothing came from this one since:
+            // the session is over (HTTP clients leave so once the server has closed). The other
+            // side's connection is closed without a close_notify of ours, so an endpoint there
+            // tells this apart from a clean end too.
+            let others_close = conn.hs.relay().map(|r| {
+                (
+                    r.direction_ended(from.other()) && !r.is_failed(),
+                    r.sent_data_after_the_others_close(from),
+                )
+            });
+            if others_close == Some((true, false)) {
+                report.left_without_close_notify = Some(from);
+                break Ok(());
+            }
             break Err(DriverError::PeerGone {
                 peer: side_name(from),
-                when: if conn.hs.keys_installed() {
+                when: if others_close == Some((true, true)) {
+                    "without close_notify after sending data past the other side's (the session may be truncated)"
+                } else if conn.hs.keys_installed() {
                     "mid-session, without close_notify"
                 } else {
                     // Its own TLS handshake may be over (a legacy client that leaves at once):
