@@ -1446,19 +1446,28 @@ fn print_report(r: &ConnectionReport) {
         "; {} bytes from the client, {} from the server",
         r.bytes_from_client, r.bytes_from_server
     ));
-    match (&r.outcome, r.left_without_close_notify) {
+    line.push_str(&relayed_outcome_text(
+        &r.outcome,
+        r.left_without_close_notify,
+    ));
+    print_line(&line);
+}
+
+/// [`outcome_text`] for a middlebox's session, where one side may have left without
+/// close_notify after the other's (`left`).
+fn relayed_outcome_text(outcome: &Result<(), String>, left: Option<Side>) -> String {
+    match (outcome, left) {
         (Ok(()), Some(side)) => {
             let (gone, other) = match side {
                 Side::Client => ("client", "server"),
                 Side::Server => ("server", "client"),
             };
-            line.push_str(&format!(
+            format!(
                 "; closed, the {gone} without close_notify after the {other}'s (the {other}'s connection was closed without one too)"
-            ));
+            )
         }
-        (outcome, _) => line.push_str(&outcome_text(outcome)),
+        _ => outcome_text(outcome),
     }
-    print_line(&line);
 }
 
 /// Ctrl-C and SIGTERM, counted: the first asks a middlebox or server to drain, the second to
@@ -2212,6 +2221,20 @@ mod tests {
         );
         assert_eq!(
             spliced_outcome_text(&Err("cut".into()), true, sides),
+            "; ended with error: cut"
+        );
+        // A middlebox's session.
+        assert_eq!(relayed_outcome_text(&Ok(()), None), "; closed cleanly");
+        assert_eq!(
+            relayed_outcome_text(&Ok(()), Some(Side::Client)),
+            "; closed, the client without close_notify after the server's (the server's connection was closed without one too)"
+        );
+        assert_eq!(
+            relayed_outcome_text(&Ok(()), Some(Side::Server)),
+            "; closed, the server without close_notify after the client's (the client's connection was closed without one too)"
+        );
+        assert_eq!(
+            relayed_outcome_text(&Err("cut".into()), Some(Side::Client)),
             "; ended with error: cut"
         );
     }

@@ -788,7 +788,10 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
         assert_eq!(report.left_without_close_notify, left, "{report:?}");
         if more_after_close {
             let why = report.outcome.unwrap_err();
-            assert!(why.contains("after sending data past the other side's"), "{why}");
+            assert!(
+                why.contains("after sending data past the other side's"),
+                "{why}"
+            );
         }
     }
 }
