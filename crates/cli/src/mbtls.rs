@@ -946,16 +946,9 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
         .summary()
         .map(|s| s.middleboxes.clone())
         .unwrap_or_default();
+    let preconfigured = names.is_some();
     let names = names.unwrap_or(&discovered);
-    let path: Vec<&str> = names.iter().map(String::as_str).collect();
-    if path.is_empty() {
-        println!("path: client -> {server} ({first_hop})");
-    } else {
-        println!(
-            "path: client -> {} ({first_hop}) -> {server}",
-            path.join(" -> ")
-        );
-    }
+    println!("{}", path_text(names, preconfigured, first_hop, server));
     if let Some(sum) = c.summary() {
         println!("{}, {}", version_name(sum.version), sum.suite.name());
         let labels: Vec<String> = if sum.middlebox_joined() {
@@ -991,6 +984,26 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
     }
     for v in c.verdicts() {
         println!("attestation: {}", verdict_text(v, true));
+    }
+}
+
+/// The client's path line. The address connected to belongs to the first pre-configured
+/// middlebox; a discovering client may have connected to a middlebox that stayed out, or to the
+/// server, so its address is given apart.
+fn path_text(names: &[String], preconfigured: bool, first_hop: &str, server: &str) -> String {
+    match names.split_first() {
+        None => format!("path: client -> {server} ({first_hop})"),
+        Some((first, rest)) if preconfigured => {
+            let mut line = format!("path: client -> {first} ({first_hop})");
+            for name in rest {
+                line.push_str(&format!(" -> {name}"));
+            }
+            line + &format!(" -> {server}")
+        }
+        Some(_) => format!(
+            "path: client -> {} -> {server} (first hop {first_hop})",
+            names.join(" -> ")
+        ),
     }
 }
 
@@ -1963,6 +1976,10 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // clients can resume by session ID (OpenSSL's server cache) either way, through
     // server-side middleboxes too.
     primary.session_tickets = s.session_tickets;
+    ensure!(
+        s.session_tickets || s.ticket_key_secs.is_none(),
+        "ticket_key_secs (--ticket-key-secs) applies with session_tickets (--session-tickets) only: without it the server seals no tickets"
+    );
     // Under keys replaced every hour (a resumed TLS 1.2 session has no fresh key exchange: a
     // ticket key opens its sessions for as long as it is kept).
     primary.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
@@ -2037,12 +2054,24 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
 }
 
 fn print_server_report(r: &ServerConnectionReport) {
+    print_line(&server_report_line(r));
+}
+
+fn server_report_line(r: &ServerConnectionReport) -> String {
     let from = r.peer.map(|a| a.to_string()).unwrap_or_default();
     let mut line = format!("session {} from {from}: ", r.id);
     match &r.summary {
         Some(sum) => {
             line.push_str(version_name(sum.version));
-            line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
+            if sum.resumed {
+                line.push_str(", session resumed");
+            }
+            if sum.hops.is_empty() {
+                // Never exported: no middlebox could join (docs/mbtls.md §6).
+                line.push_str("; keys kept in OpenSSL");
+            } else {
+                line.push_str(&format!("; hops {}", hops_text(&sum.hops)));
+            }
             if r.verdicts.is_empty() {
                 line.push_str("; no middlebox");
             }
@@ -2051,7 +2080,15 @@ fn print_server_report(r: &ServerConnectionReport) {
         None => line.push_str("handshake not finished"),
     }
     for v in &r.verdicts {
-        line.push_str("; middlebox ");
+        // An unnamed one (excluded before its certificate verified) says "a middlebox".
+        let named = !matches!(
+            v,
+            MiddleboxVerdict::Excluded {
+                middlebox: None,
+                ..
+            }
+        );
+        line.push_str(if named { "; middlebox " } else { "; " });
         line.push_str(&verdict_text(v, false));
     }
     line.push_str(&format!(
@@ -2064,7 +2101,7 @@ fn print_server_report(r: &ServerConnectionReport) {
         ("client", "backend"),
     );
     line.push_str(&end);
-    print_line(&line);
+    line
 }
 
 /// What a client proxy serves its connections with.
@@ -2236,6 +2273,61 @@ mod tests {
         assert_eq!(
             relayed_outcome_text(&Err("cut".into()), Some(Side::Client)),
             "; ended with error: cut"
+        );
+    }
+
+    #[test]
+    fn the_servers_line_says_what_it_knows_and_names_no_one_it_cannot() {
+        let summary = |hops: Vec<HopFingerprint>, resumed| mbx_mbtls::handshake::SessionSummary {
+            version: mbx_record::TlsVersion::Tls13,
+            suite: mbx_record::CipherSuite::TLS13_AES_128_GCM_SHA256,
+            hops,
+            middleboxes: Vec::new(),
+            resumed,
+        };
+        let mut r = ServerConnectionReport {
+            id: 7,
+            peer: None,
+            verdicts: Vec::new(),
+            summary: Some(summary(Vec::new(), true)),
+            bytes_to_backend: 1,
+            bytes_from_backend: 2,
+            idle_trims: 0,
+            key_updates: 0,
+            peer_left_without_close_notify: false,
+            outcome: Ok(()),
+        };
+        assert_eq!(
+            server_report_line(&r),
+            "session 7 from : TLS 1.3, session resumed; keys kept in OpenSSL; no middlebox; 1 bytes to the backend, 2 back; closed cleanly"
+        );
+        r.summary = Some(summary(Vec::new(), false));
+        r.verdicts = vec![MiddleboxVerdict::Excluded {
+            middlebox: None,
+            why: "secondary handshake failed",
+        }];
+        let line = server_report_line(&r);
+        assert!(
+            line.starts_with("session 7 from : TLS 1.3; keys kept in OpenSSL; a middlebox was excluded: secondary handshake failed;"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_path_line_puts_the_address_where_the_client_connected() {
+        let names = ["mb1.test".to_string(), "mb0.test".to_string()];
+        let (addr, server) = ("127.0.0.1:8443", "server.test");
+        assert_eq!(
+            path_text(&names, true, addr, server),
+            "path: client -> mb1.test (127.0.0.1:8443) -> mb0.test -> server.test"
+        );
+        assert_eq!(
+            path_text(&names[1..], false, addr, server),
+            "path: client -> mb0.test -> server.test (first hop 127.0.0.1:8443)"
+        );
+        assert_eq!(
+            path_text(&[], false, addr, server),
+            "path: client -> server.test (127.0.0.1:8443)"
         );
     }
 

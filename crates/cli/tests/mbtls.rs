@@ -405,6 +405,15 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
         } else {
             assert!(!second.contains("Reused"), "{second}");
         }
+        // The server's line for the resumed session says so. (Without tickets s_client has no
+        // session to offer, and makes no second session.)
+        if tickets {
+            let report = (0..5)
+                .map(|_| lines.next().unwrap().unwrap())
+                .find(|l| l.starts_with("session 1 "))
+                .unwrap();
+            assert!(report.contains("TLS 1.3, session resumed;"), "{report}");
+        }
     }
 }
 
@@ -846,7 +855,8 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     ]);
     assert!(ok, "{text}{err}");
     for expected in [
-        "path: client -> mb1.test -> mb0.test",
+        "path: client -> mb1.test (",
+        ") -> mb0.test -> server.test",
         "hop 1: client <-> mb1.test (fresh keys)",
         "hop 2: mb1.test <-> mb0.test (fresh keys)",
         "hop 3: mb0.test <-> server.test (primary session keys)",
@@ -869,7 +879,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     // The client names it by its certificate.
     for expected in [
-        "path: client -> mb0.test (",
+        "path: client -> mb0.test -> server.test (first hop ",
         "attestation: mb0.test verified (sim TEE",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
@@ -2007,6 +2017,10 @@ fn options_that_would_be_ignored_are_refused() {
     let (status, err) = refused_at_start(&refused);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(err.contains("max_discovered applies to discovery"), "{err}");
+    // Ticket keys without tickets.
+    let (status, err) = refused_at_start(&with(&["--ticket-key-secs", "60"]));
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(err.contains("applies with session_tickets"), "{err}");
     let (_srv, _lines, head) = start(&with(&["--middlebox-name", "mb.test"]), 2);
     assert_eq!(
         head[1], "server-side middlebox: pre-configured mb.test (required)",
