@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
@@ -701,7 +701,7 @@ fn client(
             running_primary.keep_unless_changed(primary_tls, None, &mut hs.primary);
             let policy = Some(hs.policy.clone());
             running_secondary.keep_unless_changed(secondary_tls, policy, &mut hs.secondary);
-            Ok(cfg)
+            Ok((cfg, String::new()))
         };
         return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
     }
@@ -1119,12 +1119,22 @@ fn app_factory(spec: &str) -> anyhow::Result<AppFactory> {
     }))
 }
 
-fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> {
+/// The simulated platform: from the key file at `path` (made if missing), or without one the
+/// key made for this run, kept in `fresh` so that a reload does not replace it (endpoints
+/// trust the key the banner showed).
+fn platform(
+    path: Option<&Path>,
+    fresh: &OnceLock<Arc<SimulatedPlatform>>,
+) -> anyhow::Result<(Arc<SimulatedPlatform>, String)> {
     let Some(path) = path else {
-        return Ok((
-            SimulatedPlatform::generate()?,
-            "fresh for this run".to_owned(),
-        ));
+        let platform = match fresh.get() {
+            Some(p) => p.clone(),
+            None => {
+                let p = Arc::new(SimulatedPlatform::generate()?);
+                fresh.get_or_init(|| p).clone()
+            }
+        };
+        return Ok((platform, "fresh for this run".to_owned()));
     };
     if !path.exists() {
         let pkcs8 = SimulatedPlatform::generate_pkcs8()?;
@@ -1142,7 +1152,7 @@ fn platform(path: Option<&Path>) -> anyhow::Result<(SimulatedPlatform, String)> 
     }
     let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
     Ok((
-        SimulatedPlatform::from_pkcs8(&pkcs8)?,
+        Arc::new(SimulatedPlatform::from_pkcs8(&pkcs8)?),
         format!("from {}", path.display()),
     ))
 }
@@ -1161,15 +1171,21 @@ fn middlebox(
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
+    let fresh_platform = OnceLock::new();
     let MiddleboxSetup {
         cfg,
         s,
         attestation_line,
-    } = middlebox_setup(flags.clone(), config)?;
-    let reload = || -> anyhow::Result<MiddleboxServerConfig> {
-        let setup = middlebox_setup(flags.clone(), &reread(config, config_path)?)?;
+    } = middlebox_setup(flags.clone(), config, &fresh_platform)?;
+    let reload = || -> anyhow::Result<(MiddleboxServerConfig, String)> {
+        let config = reread(config, config_path)?;
+        let setup = middlebox_setup(flags.clone(), &config, &fresh_platform)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
-        Ok(setup.cfg)
+        // The measurement covers the app, which a reload may change.
+        Ok((
+            setup.cfg,
+            format!("attestation: {}", setup.attestation_line),
+        ))
     };
     let limits = cfg.limits;
     let next_hop = cfg.next_hop.clone();
@@ -1235,7 +1251,11 @@ fn fixed_at_start_unchanged(
     Ok(())
 }
 
-fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Result<MiddleboxSetup> {
+fn middlebox_setup(
+    flags: MiddleboxFlags,
+    config: &MbtlsConfig,
+    fresh_platform: &OnceLock<Arc<SimulatedPlatform>>,
+) -> anyhow::Result<MiddleboxSetup> {
     let mut table = config.middlebox.clone();
     set(&mut table, "listen", flags.listen);
     let next_hop_flag = flags.next_hop.is_some();
@@ -1295,15 +1315,14 @@ fn middlebox_setup(flags: MiddleboxFlags, config: &MbtlsConfig) -> anyhow::Resul
         match s.attester.as_str() {
             "none" => (None, "none (sends empty evidence)".into()),
             "sim" => {
-                let (platform, origin) = platform(s.sim_platform_key.as_deref())?;
+                let (platform, origin) = platform(s.sim_platform_key.as_deref(), fresh_platform)?;
                 let measurement = sim::measure(PROGRAM, measured_config.as_bytes());
                 let line = format!(
                     "SIMULATED TEE (demo only): platform key {} ({origin}), measurement {}",
                     hex::encode(platform.public_key()),
                     hex::encode(measurement)
                 );
-                let a =
-                    SimulatedAttester::new(Arc::new(platform), measurement, sim::signer_id("mbx"));
+                let a = SimulatedAttester::new(platform, measurement, sim::signer_id("mbx"));
                 (Some(Arc::new(a)), line)
             }
             "gramine" | "tdx" => dcap_attester(&s)?,
@@ -1541,7 +1560,7 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     service: &Service,
     (who, what): (&str, &str),
     print: impl Fn(&R),
-    reload: &dyn Fn() -> anyhow::Result<C>,
+    reload: &dyn Fn() -> anyhow::Result<(C, String)>,
 ) -> anyhow::Result<()> {
     let mut stop = StopSignals::new()?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -1558,12 +1577,13 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     loop {
         tokio::select! {
             Some(()) = hangup.recv() => match reload() {
-                Ok(cfg) => {
+                Ok((cfg, also)) => {
                     let limits = *cfg.limits();
                     server.reload(cfg);
                     reloads.applied.fetch_add(1, Ordering::Relaxed);
+                    let also = if also.is_empty() { also } else { format!("; {also}") };
                     print_line(format!(
-                        "{who} reloaded: new {what} get the new configuration; {}",
+                        "{who} reloaded: new {what} get the new configuration; {}{also}",
                         limits_line(&limits, what)
                     ));
                 }
@@ -1927,14 +1947,14 @@ fn server(
     let hs = &cfg.handshake;
     let running_primary = RunningContext::new(&primary_tls, None, &hs.primary);
     let running_secondary = RunningContext::new(&secondary_tls, Some(&hs.policy), &hs.secondary);
-    let reload = || -> anyhow::Result<MbtlsServerConfig> {
+    let reload = || -> anyhow::Result<(MbtlsServerConfig, String)> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
         let hs = &mut new.cfg.handshake;
         running_primary.keep_unless_changed(new.primary_tls, None, &mut hs.primary);
         let policy = Some(hs.policy.clone());
         running_secondary.keep_unless_changed(new.secondary_tls, policy, &mut hs.secondary);
-        Ok(new.cfg)
+        Ok((new.cfg, String::new()))
     };
     let limits = cfg.limits;
     runtime()?.block_on(async {
@@ -2159,7 +2179,7 @@ fn local_proxy(
     listen: &str,
     cfg: ClientProxyConfig,
     service: &Service,
-    reload: &dyn Fn() -> anyhow::Result<ClientProxyConfig>,
+    reload: &dyn Fn() -> anyhow::Result<(ClientProxyConfig, String)>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
     let limits = cfg.limits;

@@ -1404,7 +1404,8 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     assert_eq!(
         reloaded,
         "middlebox reloaded: new connections get the new configuration; \
-         limits: handshake 60s, idle 600s, at most 7 connections at once"
+         limits: handshake 60s, idle 600s, at most 7 connections at once; \
+         attestation: none (sends empty evidence)"
     );
     fetched_with("/second", "after", &mut lines);
 
@@ -1453,6 +1454,50 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("certificate"), "{err}");
     assert!(!nginx.access_log().contains("/fourth"));
+}
+
+/// A simulated middlebox without a key file keeps the platform key made at its start across
+/// reloads (endpoints trust the key its banner showed), and the reload line shows the
+/// measurement, which changes with the app.
+#[test]
+fn a_reload_keeps_the_fresh_platform_key_and_shows_the_new_measurement() {
+    use std::ffi::OsStr;
+    let (dir, _pki, _server, mbox) = pki_files("mbx cli mbtls sim reload root", "mb.test");
+    let config = dir.path().join("mbx.toml");
+    let write_config = |app: &str| {
+        let text = format!(
+            "[mbtls.middlebox]\nlisten = \"127.0.0.1:0\"\nnext_hop = \"127.0.0.1:9\"\n\
+             certificate = {:?}\nprivate_key = {:?}\napp = \"{app}\"\nattester = \"sim\"\n",
+            mbox.chain, mbox.key,
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write_config("http-header:X-Mbtls:before");
+    let args = [
+        OsStr::new("--config"),
+        config.as_os_str(),
+        OsStr::new("mbtls"),
+        OsStr::new("middlebox"),
+    ];
+    let (mut mb, mut lines, head) = start(&args, 4);
+    // "attestation: SIMULATED TEE (demo only): platform key K (fresh for this run), measurement M"
+    let parts = |line: &str| -> (String, String) {
+        let key = line.split("platform key ").nth(1).unwrap();
+        let measurement = line.split("measurement ").nth(1).unwrap();
+        (
+            key.split(' ').next().unwrap().to_string(),
+            measurement.split([' ', ';']).next().unwrap().to_string(),
+        )
+    };
+    assert!(head[2].contains("(fresh for this run)"), "{head:?}");
+    let (key, measurement) = parts(&head[2]);
+    write_config("http-header:X-Mbtls:after");
+    signal(&mut mb, Signal::HUP);
+    let reloaded = lines.next().unwrap().unwrap();
+    assert!(reloaded.starts_with("middlebox reloaded"), "{reloaded}");
+    let (key_after, measurement_after) = parts(&reloaded);
+    assert_eq!(key_after, key, "{reloaded}");
+    assert_ne!(measurement_after, measurement, "{reloaded}");
 }
 
 /// Client, router and server as network namespaces, `nft` found or installed, and a test PKI's
