@@ -2074,7 +2074,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
 }
 
 fn print_server_report(r: &ServerConnectionReport) {
-    print_line(&server_report_line(r));
+    print_line(server_report_line(r));
 }
 
 fn server_report_line(r: &ServerConnectionReport) -> String {
