@@ -32,7 +32,7 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 
-use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
+use crate::subcommand::{escape_controls, parse_version, path_str, print_line, read, runtime, set};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
@@ -1073,29 +1073,69 @@ fn seconds_since(unix: u64) -> u64 {
     mbx_attest::unix_seconds(std::time::SystemTime::now()).saturating_sub(unix)
 }
 
-fn print_response(body: &[u8]) {
-    let text = String::from_utf8_lossy(body);
-    match text.split_once("\r\n\r\n") {
-        Some((head, rest)) => {
+/// Prints the response: status line and header fields (text from the server, escaped), then
+/// the body as it came when standard output is a file or a pipe (so `> file` keeps binary
+/// bodies whole), or with control characters escaped on a terminal (a body could otherwise
+/// drive it).
+fn print_response(response: &[u8]) {
+    use std::io::{IsTerminal as _, Write as _};
+    let end_of_head = response.windows(4).position(|w| w == b"\r\n\r\n");
+    let body = match end_of_head {
+        Some(at) => {
+            let head = String::from_utf8_lossy(response.get(..at).unwrap_or_default());
             let mut lines = head.split("\r\n");
             if let Some(status) = lines.next() {
-                println!("status: {status}");
+                println!("status: {}", escape_controls(status, false));
             }
             println!("headers:");
             for l in lines {
-                println!("  {l}");
+                println!("  {}", escape_controls(l, false));
             }
-            println!("body ({} bytes):", rest.len());
-            print!("{rest}");
-            if !rest.ends_with('\n') {
-                println!();
-            }
+            let body = response.get(at + 4..).unwrap_or_default();
+            println!("body ({} bytes):", body.len());
+            body
         }
         None => {
-            println!("response ({} bytes, no HTTP header):", body.len());
-            println!("{text}");
+            println!("response ({} bytes, no HTTP header):", response.len());
+            response
         }
+    };
+    let mut out = std::io::stdout().lock();
+    let written = if out.is_terminal() {
+        let text = String::from_utf8_lossy(body);
+        let shown = escape_body_controls(&text);
+        out.write_all(shown.as_bytes())
+            .and_then(|()| match shown.ends_with('\n') {
+                true => Ok(()),
+                false => out.write_all(b"\n"),
+            })
+    } else {
+        out.write_all(body)
+    };
+    // A reader that went away (`| head`) is not an error of the fetch.
+    let _ = written.and_then(|()| out.flush());
+}
+
+/// A body for a terminal: control characters escaped (as report lines escape them), line
+/// breaks and tabs kept.
+fn escape_body_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (line, newline) = match line.strip_suffix('\n') {
+            Some(l) => (l, "\n"),
+            None => (line, ""),
+        };
+        let mut cells = line.split('\t');
+        if let Some(first) = cells.next() {
+            out.push_str(&escape_controls(first, false));
+        }
+        for cell in cells {
+            out.push('\t');
+            out.push_str(&escape_controls(cell, false));
+        }
+        out.push_str(newline);
     }
+    out
 }
 
 /// `passthrough` or `http-header:NAME:VALUE`.
@@ -2330,6 +2370,14 @@ mod tests {
         assert!(
             line.starts_with("session 7 from : TLS 1.3; keys kept in OpenSSL; a middlebox was excluded: secondary handshake failed;"),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn a_body_shown_on_a_terminal_keeps_lines_and_tabs_and_escapes_the_rest() {
+        assert_eq!(
+            escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x"),
+            "a\tb\\r\nc\\u{1b}[2J\n\\u{202e}x"
         );
     }
 

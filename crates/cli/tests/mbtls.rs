@@ -427,6 +427,20 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
 
 /// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.
 fn echo_backend() -> std::net::SocketAddr {
+    backend_answering(|head| {
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            head.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(head);
+        answer
+    })
+}
+
+/// A plain HTTP/1.1 backend on a thread: answers each request with what `answer` makes of
+/// its head, then closes.
+fn backend_answering(answer: fn(&[u8]) -> Vec<u8>) -> std::net::SocketAddr {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -442,16 +456,47 @@ fn echo_backend() -> std::net::SocketAddr {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    head.len()
-                );
-                let _ = s.write_all(&head);
+                let _ = s.write_all(&answer(&head));
             });
         }
     });
     addr
+}
+
+/// The client prints what the server sent without letting it drive the terminal: header
+/// fields with control characters escaped, and the body byte for byte when standard output is
+/// not a terminal (binary bodies survive `> file`).
+#[test]
+fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
+    const BODY: &[u8] = b"\x00\x01\xff\xfe binary\x1b[2J\r\n";
+    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls response root", "mb.test");
+    let backend = backend_answering(|_| {
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\nX-Evil: a\x1b[2Jb\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            BODY.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(BODY);
+        answer
+    })
+    .to_string();
+    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
+    let addr = listening_addr(&head[0]);
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/bin"])
+        .args(["--middlebox", &addr, "--no-client-middleboxes"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("  X-Evil: a\\u{1b}[2Jb\n"), "{text}");
+    let body_line = format!("body ({} bytes):\n", BODY.len());
+    let at = text.find(&body_line).unwrap();
+    // The lossy text and the bytes agree up to the body line (all ASCII before it).
+    let body = &out.stdout[at + body_line.len()..];
+    assert_eq!(body, BODY);
 }
 
 /// `mbx mbtls server` listening on `listen` in front of `backend`, with the certificate and key
