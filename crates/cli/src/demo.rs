@@ -102,9 +102,11 @@ pub fn run(args: DemoArgs, config: &DemoConfig) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| vec!["1.3".into(), "1.2".into()])
     };
+    let versions =
+        crate::subcommand::each_once(versions.iter().map(|v| v.trim().to_owned()).collect());
     let cases = versions
         .iter()
-        .map(|v| case_for(v.trim()))
+        .map(|v| case_for(v))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let latency = Duration::from_millis(args.latency_ms.or(config.latency_ms).unwrap_or(0));
     let runtime = tokio::runtime::Builder::new_current_thread()

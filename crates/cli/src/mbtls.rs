@@ -532,6 +532,7 @@ pub fn run(
                 .iter()
                 .map(|v| parse_version(v.trim()))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            let versions = crate::subcommand::each_once(versions);
             runtime()?.block_on(crate::mbtls_demo::run(&versions, Duration::ZERO))?;
             println!("\nAll checks passed.");
             Ok(())

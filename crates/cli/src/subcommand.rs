@@ -97,6 +97,17 @@ pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, 
     std::borrow::Cow::Owned(out)
 }
 
+/// `items` in their order, each only the first time it comes (a version given twice runs once).
+pub fn each_once<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut kept: Vec<T> = Vec::with_capacity(items.len());
+    for item in items {
+        if !kept.contains(&item) {
+            kept.push(item);
+        }
+    }
+    kept
+}
+
 /// U+2028, U+2029 and the bidirectional formatting characters (marks, embeddings, overrides,
 /// isolates).
 fn is_separator_or_bidi(c: char) -> bool {
@@ -109,7 +120,12 @@ fn is_separator_or_bidi(c: char) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::escape_controls;
+    use super::{each_once, escape_controls};
+
+    #[test]
+    fn each_once_keeps_the_first_of_each_in_order() {
+        assert_eq!(each_once(vec![3, 1, 3, 2, 1]), vec![3, 1, 2]);
+    }
 
     #[test]
     fn control_characters_are_escaped_line_breaks_kept_only_if_asked() {
