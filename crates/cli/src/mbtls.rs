@@ -743,10 +743,24 @@ fn client(
                         anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
                     })?;
             print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
-            let body = c
-                .read_to_end()
-                .await
-                .map_err(|e| anyhow::anyhow!("reading the response failed: {e}"))?;
+            let body = c.read_to_end().await.map_err(|e| {
+                use mbx_mbtls::driver::DriverError;
+                // The first hop only passes a close or a reset on: who ended the session
+                // is in the middleboxes' and the server's reports.
+                let ended_behind = match &e {
+                    DriverError::PeerGone { .. } => true,
+                    DriverError::Io { source, .. } => {
+                        source.kind() == std::io::ErrorKind::ConnectionReset
+                    }
+                    _ => false,
+                };
+                let hint = if ended_behind {
+                    "; a middlebox or the server ended the session (their report lines say why)"
+                } else {
+                    ""
+                };
+                anyhow::anyhow!("reading the response failed: {e}{hint}")
+            })?;
             // Best effort: the server already ended its direction.
             let _ = c.close().await;
             anyhow::Ok(body)

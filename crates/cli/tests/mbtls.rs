@@ -497,6 +497,28 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // The lossy text and the bytes agree up to the body line (all ASCII before it).
     let body = &out.stdout[at + body_line.len()..];
     assert_eq!(body, BODY);
+
+    // A server whose backend is down ends the session after the handshake without a word: the
+    // client says its first hop closed, and where to look, without blaming a middlebox.
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = unused.local_addr().unwrap().to_string();
+    drop(unused);
+    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &down, &server), 1);
+    let addr = listening_addr(&head[0]);
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/down"])
+        .args(["--middlebox", &addr, "--no-client-middleboxes"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    // A close, or a reset when the request came after the server had closed.
+    assert!(
+        err.contains("first hop") && err.contains("a middlebox or the server ended the session"),
+        "{err}"
+    );
 }
 
 /// `mbx mbtls server` listening on `listen` in front of `backend`, with the certificate and key

@@ -40,10 +40,12 @@ pub enum MiddleboxVerdict {
 pub type MbtlsClient = Connection<ClientHandshake>;
 
 /// The client proxy's sockets in errors.
+/// The path side is the first hop: a middlebox, or the server itself without client-side
+/// middleboxes; when it closes, the cause may lie behind it.
 const SIDES: Sides = Sides {
-    path: "middlebox",
-    reading_path: "reading from the middlebox",
-    writing_path: "writing to the middlebox",
+    path: "first hop",
+    reading_path: "reading from the first hop",
+    writing_path: "writing to the first hop",
     reading_plain: "reading from the local connection",
     writing_plain: "writing to the local connection",
 };

@@ -83,7 +83,7 @@ macro_rules! endpoint_handshake {
     };
 }
 
-endpoint_handshake!(ClientHandshake, "middlebox");
+endpoint_handshake!(ClientHandshake, "first hop");
 endpoint_handshake!(ServerHandshake, "previous hop");
 
 /// An mbTLS endpoint's session over TCP, after its handshake.
