@@ -1662,7 +1662,7 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
             report = server.next_report() => match report {
                 Some(r) => print(&r),
                 None if stop.count > 0 => {
-                    print_line(format!("{who} stopped ({} {what} cut)", server.connections_cut()));
+                    print_line(format!("{who} stopped ({} cut)", count_of(server.connections_cut(), what)));
                     return Ok(());
                 }
                 None => bail!("the {who} stopped"),
@@ -1833,13 +1833,23 @@ fn connections_the_files_limit_allows() -> Option<usize> {
 fn limits_line(limits: &Limits, what: &str) -> String {
     let secs = |d: Duration| format!("{}s", d.as_secs());
     format!(
-        "limits: handshake {}, idle {}, at most {} {what} at once",
+        "limits: handshake {}, idle {}, at most {} at once",
         secs(limits.handshake_timeout),
         limits.idle_timeout.map_or("never".into(), secs),
         limits
             .max_connections
-            .map_or("unlimited".into(), |n| n.to_string()),
+            .map_or(format!("unlimited {what}"), |n| {
+                count_of(n as u64, what)
+            }),
     )
+}
+
+/// `n` of `what` (a plural: "connections", "sessions"), singular for one.
+fn count_of(n: u64, what: &str) -> String {
+    match n {
+        1 => format!("1 {}", what.strip_suffix('s').unwrap_or(what)),
+        n => format!("{n} {what}"),
+    }
 }
 
 fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSettings> {
@@ -2394,6 +2404,13 @@ mod tests {
             escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x"),
             "a\tb\\r\nc\\u{1b}[2J\n\\u{202e}x"
         );
+    }
+
+    #[test]
+    fn one_of_a_count_is_singular() {
+        assert_eq!(count_of(0, "connections"), "0 connections");
+        assert_eq!(count_of(1, "connections"), "1 connection");
+        assert_eq!(count_of(2, "sessions"), "2 sessions");
     }
 
     #[test]

@@ -1286,7 +1286,8 @@ async fn a_reload_applies_to_the_connections_accepted_after_it() {
 
 /// A graceful stop: once `drain` is called the middlebox refuses new connections, the open
 /// session carries on until its endpoints end it (and is reported), and then the report stream
-/// ends. A session still open when the grace period is over is cut, counted and closed.
+/// ends. A session still open when the grace period is over is cut, counted, closed and
+/// reported as cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish() {
     let w = World::new();
@@ -1324,7 +1325,11 @@ async fn a_draining_middlebox_refuses_new_connections_and_lets_open_ones_finish(
             }
         }
         if cut {
-            assert!(session.is_empty(), "{session:?}");
+            // The cut session is reported all the same, as cut.
+            assert_eq!(session.len(), 1, "{session:?}");
+            let why = session[0].outcome.as_ref().unwrap_err();
+            assert!(why.contains("end of the drain time"), "{why}");
+            assert!(session[0].bytes_from_client > 0, "{session:?}");
             assert!(mbox.connections_cut() >= 1);
         } else {
             assert!(

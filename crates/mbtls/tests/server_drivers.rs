@@ -796,6 +796,39 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
     }
 }
 
+/// A session still open at the end of a drain is cut and reported as cut, with what it
+/// carried so far; then the report stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cut_at_the_end_of_a_drain_is_reported() {
+    let w = World::new();
+    let backend = stream_echo_backend().await;
+    let version = TlsVersion::Tls13;
+    let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
+    // A request (mb2's app inserts its header into it), echoed whole.
+    let request = b"GET / HTTP/1.1\r\n\r\n";
+    let mut client = w.client_alone(mb2.local_addr(), version, request).await;
+    let mut echoed = Vec::new();
+    while !echoed.ends_with(b"\r\n\r\n") {
+        let more = timeout(BOUND, client.read()).await.unwrap().unwrap();
+        echoed.extend_from_slice(&more.unwrap());
+    }
+    server.drain(Duration::from_millis(200));
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.as_ref().unwrap_err();
+    assert!(why.contains("end of the drain time"), "{report:?}");
+    let n = echoed.len() as u64;
+    assert_eq!(
+        (report.bytes_to_backend, report.bytes_from_backend),
+        (n, n),
+        "{report:?}"
+    );
+    assert!(timeout(BOUND, server.next_report())
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(server.connections_cut(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
     let w = World::new();

@@ -251,7 +251,7 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let legacy = legacy.clone();
             async move {
-                let report = serve(id, stream, Some(peer), &cfg, &legacy).await;
+                let report = serve(id, stream, Some(peer), &cfg, &legacy, reports.cut()).await;
                 reports.log_and_send(report, "mbtls middlebox connection");
             }
         })
@@ -304,7 +304,8 @@ pub async fn serve_connection(
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
 ) -> ConnectionReport {
-    serve(id, client, peer, cfg, &LegacyServers::default()).await
+    let never_cut = std::future::pending();
+    serve(id, client, peer, cfg, &LegacyServers::default(), never_cut).await
 }
 
 async fn serve(
@@ -313,6 +314,7 @@ async fn serve(
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
     legacy: &LegacyServers,
+    cut: impl std::future::Future<Output = ()>,
 ) -> ConnectionReport {
     let mut report = ConnectionReport::new(id, peer);
     let next_hop = match next_hop_of(&client, &cfg.next_hop) {
@@ -323,7 +325,12 @@ async fn serve(
         }
     };
     let announce = !legacy.is_legacy(&next_hop);
-    if let Err(e) = relay(client, &next_hop, cfg, announce, &mut report).await {
+    // A cut (the end of a drain) drops the relay, and with it both sockets, mid-way.
+    let relayed = tokio::select! {
+        r = relay(client, &next_hop, cfg, announce, &mut report) => r,
+        () = cut => Err(DriverError::CutAtStop),
+    };
+    if let Err(e) = relayed {
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement with an alert, the first thing it sent, is

@@ -157,6 +157,11 @@ pub enum DriverError {
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),
+    /// The service stopped, and this connection was still open at the end of its drain time.
+    #[error(
+        "cut: the service stopped and the connection was still open at the end of the drain time"
+    )]
+    CutAtStop,
 }
 
 impl DriverError {

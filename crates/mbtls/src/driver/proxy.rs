@@ -90,7 +90,7 @@ impl Listening<ProxyReport, ClientProxyConfig> {
             listen,
             cfg,
             move |id, local, peer, cfg, reports| async move {
-                let report = serve(id, local, Some(peer), &cfg).await;
+                let report = serve(id, local, Some(peer), &cfg, reports.cut()).await;
                 reports.log_and_send(report, "mbtls proxied connection");
             },
         )
@@ -103,6 +103,7 @@ async fn serve(
     local: TcpStream,
     local_peer: Option<SocketAddr>,
     cfg: &ClientProxyConfig,
+    cut: impl std::future::Future<Output = ()>,
 ) -> ProxyReport {
     let mut report = ProxyReport {
         id,
@@ -117,27 +118,12 @@ async fn serve(
         outcome: Ok(()),
     };
     let _ = local.set_nodelay(true);
-    let limits = cfg.limits;
-    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), cfg.handshake.clone());
-    let session = match tokio::time::timeout(limits.handshake_timeout, connecting).await {
-        Ok(Ok(session)) => session,
-        Ok(Err(e)) => {
-            report.outcome = Err(e.to_string());
-            return report;
-        }
-        Err(_) => {
-            report.outcome =
-                Err(DriverError::HandshakeTimeout(limits.handshake_timeout).to_string());
-            return report;
-        }
-    };
-    report.connected = true;
-    report.verdicts = session.verdicts().to_vec();
-    report.summary = session.summary().cloned();
+    // Counted as it goes, so that a cut session (the end of a drain) still says what it carried.
     let mut carried = Carried::default();
-    let r = session
-        .carry(local, limits.idle_timeout, &mut carried)
-        .await;
+    let r = tokio::select! {
+        r = proxy_one(local, cfg, &mut report, &mut carried) => r,
+        () = cut => Err(DriverError::CutAtStop),
+    };
     (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
     report.key_updates = carried.peer_key_updates;
     report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
@@ -145,4 +131,22 @@ async fn serve(
         report.outcome = Err(e.to_string());
     }
     report
+}
+
+/// The session for one local connection: its handshake within the limit, then the splice.
+async fn proxy_one(
+    local: TcpStream,
+    cfg: &ClientProxyConfig,
+    report: &mut ProxyReport,
+    carried: &mut Carried,
+) -> Result<(), DriverError> {
+    let limits = cfg.limits;
+    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), cfg.handshake.clone());
+    let session = tokio::time::timeout(limits.handshake_timeout, connecting)
+        .await
+        .map_err(|_| DriverError::HandshakeTimeout(limits.handshake_timeout))??;
+    report.connected = true;
+    report.verdicts = session.verdicts().to_vec();
+    report.summary = session.summary().cloned();
+    session.carry(local, limits.idle_timeout, carried).await
 }

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Reports of ended connections kept unread before newer ones are dropped.
 pub const REPORTS_KEPT: usize = 1024;
@@ -81,6 +81,8 @@ pub(crate) struct ReportSender<T> {
     tx: mpsc::Sender<T>,
     dropped: Arc<AtomicU64>,
     tally: Arc<Tally>,
+    /// Turns true when the listener cuts its open connections (the end of a drain).
+    cut: watch::Receiver<bool>,
 }
 
 impl<T> Clone for ReportSender<T> {
@@ -89,11 +91,23 @@ impl<T> Clone for ReportSender<T> {
             tx: self.tx.clone(),
             dropped: self.dropped.clone(),
             tally: self.tally.clone(),
+            cut: self.cut.clone(),
         }
     }
 }
 
 impl<T> ReportSender<T> {
+    /// Completes when the listener cuts its open connections: a connection task then ends
+    /// what it was doing and still sends its report (what it knew so far, and that it was
+    /// cut). Never completes for a listener that is not cutting.
+    pub(crate) async fn cut(&self) {
+        let mut cut = self.cut.clone();
+        if cut.wait_for(|c| *c).await.is_err() {
+            // The listener is gone without cutting (it aborts its tasks instead).
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Queues `report`, or counts it as dropped when [`REPORTS_KEPT`] wait unread.
     pub(crate) fn send(&self, report: T) {
         if self.tx.try_send(report).is_err() {
@@ -156,8 +170,10 @@ impl<T> ReportReceiver<T> {
     }
 }
 
-pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
+/// The report queue, and the switch that tells every connection task to end ([`ReportSender::cut`]).
+pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>, watch::Sender<bool>) {
     let (tx, rx) = mpsc::channel(REPORTS_KEPT);
+    let (cut_tx, cut) = watch::channel(false);
     let dropped = Arc::new(AtomicU64::new(0));
     let tally = Arc::new(Tally::default());
     (
@@ -165,8 +181,10 @@ pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
             tx,
             dropped: dropped.clone(),
             tally: tally.clone(),
+            cut,
         },
         ReportReceiver { rx, dropped, tally },
+        cut_tx,
     )
 }
 
@@ -176,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_reports_kept_wait_and_the_rest_are_counted() {
-        let (tx, mut rx) = report_queue::<usize>();
+        let (tx, mut rx, _cut) = report_queue::<usize>();
         for i in 0..REPORTS_KEPT + 5 {
             tx.send(i);
         }

@@ -90,7 +90,7 @@ impl Listening<ServerConnectionReport, MbtlsServerConfig> {
             listen,
             cfg,
             move |id, stream, peer, cfg, reports| async move {
-                let report = serve_session(id, stream, Some(peer), &cfg).await;
+                let report = serve_until_cut(id, stream, Some(peer), &cfg, reports.cut()).await;
                 reports.log_and_send(report, "mbtls server session");
             },
         )
@@ -126,6 +126,18 @@ pub async fn serve_session(
     peer: Option<SocketAddr>,
     cfg: &MbtlsServerConfig,
 ) -> ServerConnectionReport {
+    serve_until_cut(id, stream, peer, cfg, std::future::pending()).await
+}
+
+/// [`serve_session`] until `cut` completes (the end of a drain), which drops the session and
+/// both sockets mid-way and reports it.
+async fn serve_until_cut(
+    id: u64,
+    stream: TcpStream,
+    peer: Option<SocketAddr>,
+    cfg: &MbtlsServerConfig,
+    cut: impl std::future::Future<Output = ()>,
+) -> ServerConnectionReport {
     let mut report = ServerConnectionReport {
         id,
         peer,
@@ -153,7 +165,16 @@ pub async fn serve_session(
     // Borrowed by `run`, not moved into it: a core moved into that future would take its
     // size twice (measured: 2.9 KB more per idle session).
     let mut session = Session::new(hs);
-    let r = run(&mut session, stream, cfg, &mut report).await;
+    // Counted as it goes, so that a cut session (the end of a drain) still says what it carried.
+    let mut carried = Carried::default();
+    let r = tokio::select! {
+        r = run(&mut session, stream, cfg, &mut report, &mut carried) => r,
+        () = cut => Err(DriverError::CutAtStop),
+    };
+    report.bytes_to_backend = carried.to_plain;
+    report.bytes_from_backend = carried.from_plain;
+    report.idle_trims = carried.idle_trims;
+    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
     // What the session's events told, whether it ended well or not.
     report.verdicts = session.take_verdicts();
     report.key_updates = session.peer_key_updates();
@@ -169,6 +190,7 @@ async fn run(
     mut stream: TcpStream,
     cfg: &MbtlsServerConfig,
     report: &mut ServerConnectionReport,
+    carried: &mut Carried,
 ) -> Result<(), DriverError> {
     let _ = stream.set_nodelay(true);
     let mut buf = vec![0u8; READ_BUF];
@@ -211,14 +233,8 @@ async fn run(
     super::keep_alive(&backend);
     // The data phase reads into buffers sized by the traffic, which an idle session frees.
     drop(buf);
-    let mut carried = Carried::default();
     let idle = cfg.limits.idle_timeout;
-    let r = splice(session, stream, backend, idle, &SIDES, &mut carried).await;
-    report.bytes_to_backend = carried.to_plain;
-    report.bytes_from_backend = carried.from_plain;
-    report.idle_trims = carried.idle_trims;
-    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
-    r
+    splice(session, stream, backend, idle, &SIDES, carried).await
 }
 
 /// The server's sockets in errors.
