@@ -710,7 +710,8 @@ async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
             .await
             .unwrap();
         match r {
-            Err(DriverError::Handshake(HandshakeError::Attestation(_))) => {}
+            Err(DriverError::Handshake(e))
+                if matches!(e.cause(), HandshakeError::Attestation(_)) => {}
             other => panic!("{version:?}: expected an attestation error, got {other:?}"),
         }
         let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();

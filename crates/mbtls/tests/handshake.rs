@@ -383,9 +383,18 @@ fn evidence_failing_policy_gets_no_key_material() {
         net.client.write(b"secret request").unwrap();
         net.pump(&mut None);
         assert!(
-            matches!(net.client_err, Some(HandshakeError::Attestation(_))),
+            matches!(
+                net.client_err.as_ref().map(HandshakeError::cause),
+                Some(HandshakeError::Attestation(_))
+            ),
             "{:?}",
             net.client_err
+        );
+        // The error names the middlebox that failed.
+        let said = net.client_err.as_ref().unwrap().to_string();
+        assert!(
+            said.starts_with("middlebox mb.test: attestation: "),
+            "{said}"
         );
         assert!(!net.client.keys_sent());
         assert!(!net.mbox.keys_installed());
@@ -404,7 +413,10 @@ fn middlebox_with_wrong_certificate_gets_no_key_material() {
         net.client.write(b"secret request").unwrap();
         net.pump(&mut None);
         assert!(
-            matches!(net.client_err, Some(HandshakeError::Engine(_))),
+            matches!(
+                net.client_err.as_ref().map(HandshakeError::cause),
+                Some(HandshakeError::Engine(_))
+            ),
             "{:?}",
             net.client_err
         );
@@ -437,7 +449,7 @@ fn evidence_from_another_session_is_rejected() {
     let mut net = Net::new(&s, tagger());
     net.pump(&mut None);
     assert!(matches!(
-        net.client_err,
+        net.client_err.as_ref().map(HandshakeError::cause),
         Some(HandshakeError::Attestation(_))
     ));
     assert!(!net.mbox.keys_installed());

@@ -618,7 +618,19 @@ impl EndpointCore {
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
         if self.preconfigured() {
-            return Err(err);
+            // Named, so that an error among several middleboxes says which one failed.
+            let name = self
+                .slots
+                .iter()
+                .find(|s| s.subchannel == subchannel)
+                .and_then(|s| s.name.clone());
+            return Err(match name {
+                Some(name) => HandshakeError::Middlebox {
+                    name,
+                    source: Box::new(err),
+                },
+                None => err,
+            });
         }
         self.shut_out(subchannel, why)?;
         self.maybe_finish()

@@ -115,6 +115,23 @@ pub enum HandshakeError {
     /// A resumed secondary session relies on an earlier check that no longer holds.
     #[error("resumed secondary session: {0}")]
     Resumed(&'static str),
+    /// A pre-configured middlebox failed a check ([`cause`](Self::cause) says which):
+    /// the error names it.
+    #[error("middlebox {name}: {source}")]
+    Middlebox {
+        name: String,
+        source: Box<HandshakeError>,
+    },
+}
+
+impl HandshakeError {
+    /// The error itself, without the middlebox it concerned.
+    pub fn cause(&self) -> &HandshakeError {
+        match self {
+            HandshakeError::Middlebox { source, .. } => source.cause(),
+            other => other,
+        }
+    }
 }
 
 impl From<mbx_wire::WireError> for HandshakeError {
