@@ -217,6 +217,9 @@ impl ConnectionReport {
 }
 
 impl super::reports::Report for ConnectionReport {
+    fn id(&self) -> u64 {
+        self.id
+    }
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }

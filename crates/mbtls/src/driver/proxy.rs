@@ -54,6 +54,9 @@ pub struct ProxyReport {
 }
 
 impl super::reports::Report for ProxyReport {
+    fn id(&self) -> u64 {
+        self.id
+    }
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }

@@ -118,6 +118,8 @@ impl<T> ReportSender<T> {
 
 /// A connection's report: how it ended, and what the listener's counts take from it.
 pub(crate) trait Report: core::fmt::Debug {
+    /// The connection's number, from 0 in accept order.
+    fn id(&self) -> u64;
     /// `Err` with the reason when the connection did not end cleanly.
     fn outcome(&self) -> &Result<(), String>;
     /// Whether a middlebox held keys in the session (see [`EndedConnections`]).
@@ -133,10 +135,13 @@ impl<T: Report> ReportSender<T> {
     /// queues `report`.
     pub(crate) fn log_and_send(&self, report: T, what: &'static str) {
         self.tally.add(&report);
+        // One short line per connection; the whole report (hashes, verdicts) at debug level.
+        let (id, (up, down)) = (report.id(), report.bytes());
         match report.outcome() {
-            Ok(()) => tracing::info!(?report, "{what} ended"),
-            Err(e) => tracing::warn!(?report, error = %e, "{what} failed"),
+            Ok(()) => tracing::info!(id, up, down, "{what} ended"),
+            Err(e) => tracing::warn!(id, up, down, error = %e, "{what} failed"),
         }
+        tracing::debug!(?report, "{what} report");
         self.send(report);
     }
 }

@@ -55,6 +55,9 @@ pub struct ServerConnectionReport {
 }
 
 impl super::reports::Report for ServerConnectionReport {
+    fn id(&self) -> u64 {
+        self.id
+    }
     fn outcome(&self) -> &Result<(), String> {
         &self.outcome
     }
