@@ -411,6 +411,39 @@ struct Service {
     metrics_listen: Option<String>,
 }
 
+/// A role's settings from its merged table (`[mbtls.<role>]` with the flags put in, the
+/// service keys taken out). serde names a missing or unknown key; the error adds the flag that
+/// gives a missing one, and the service keys, which serde's list of expected keys leaves out.
+fn role_settings<T: serde::de::DeserializeOwned>(
+    table: toml::Table,
+    role: &str,
+) -> anyhow::Result<T> {
+    T::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let said = e.to_string();
+        let hint = if said.contains("unknown field") {
+            format!(
+                "; the service keys {} are accepted too",
+                Service::KEYS.join(", ")
+            )
+        } else if let Some(key) = said
+            .split("missing field `")
+            .nth(1)
+            .and_then(|rest| rest.split('`').next())
+        {
+            format!(
+                "; give `{key}` in [mbtls.{role}] or as --{}",
+                key.replace('_', "-")
+            )
+        } else {
+            String::new()
+        };
+        anyhow::anyhow!(
+            "invalid mbTLS {role} configuration ([mbtls.{role}] and flags): {}{hint}",
+            said.trim_end()
+        )
+    })
+}
+
 impl Service {
     const KEYS: [&'static str; 5] = [
         "handshake_timeout_secs",
@@ -852,8 +885,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         );
     }
     let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s = ClientSettings::deserialize(toml::Value::Table(table))
-        .context("invalid mbTLS client configuration ([mbtls.client] and flags)")?;
+    let mut s: ClientSettings = role_settings(table, "client")?;
     s.service = service;
 
     let (server_name, authority, path) = parse_url(&flags.url)?;
@@ -1351,8 +1383,7 @@ fn middlebox_setup(
         table.remove("transparent");
     }
     let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s = MiddleboxSettings::deserialize(toml::Value::Table(table))
-        .context("invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags)")?;
+    let mut s: MiddleboxSettings = role_settings(table, "middlebox")?;
     s.service = service;
     attester_options_match(&s)?;
 
@@ -1899,8 +1930,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
         }
     }
     let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s = ServerSettings::deserialize(toml::Value::Table(table))
-        .context("invalid mbTLS server configuration ([mbtls.server] and flags)")?;
+    let mut s: ServerSettings = role_settings(table, "server")?;
     s.service = service;
     Ok(s)
 }

@@ -423,6 +423,29 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid mbTLS server configuration"), "{err}");
+    // Which flag gives it, and no blank line after the error.
+    assert!(
+        err.contains("give `backend` in [mbtls.server] or as --backend"),
+        "{err}"
+    );
+    assert!(!err.ends_with("\n\n"), "{err:?}");
+    // An unknown key: serde's list of keys leaves the service keys out, the error adds them.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mbx.toml");
+    std::fs::write(&config, "[mbtls.server]\nidle_timeout = 5\n").unwrap();
+    let out = mbx()
+        .arg("--config")
+        .arg(&config)
+        .args(["mbtls", "server"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("unknown field `idle_timeout`")
+            && err.contains("the service keys handshake_timeout_secs, idle_timeout_secs"),
+        "{err}"
+    );
 }
 
 /// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.
