@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use mbx_net::Acceptor;
@@ -146,7 +146,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             .map_err(DriverError::io("cannot read the listening address"))?;
         // Inherited by every accepted connection.
         super::keep_alive(&listener);
-        let (tx, reports, cut_all) = report_queue();
+        let (tx, reports) = report_queue();
         let acceptor = Acceptor::new(listener);
         let accept_errors = acceptor.error_count();
         let accepted = Arc::new(AtomicU64::new(0));
@@ -160,7 +160,6 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             accepted: accepted.clone(),
             cut: cut.clone(),
             open: open.clone(),
-            cut_all,
         };
         let task = tokio::spawn(accept_loop(
             acceptor,
@@ -277,13 +276,7 @@ struct Counts {
     accepted: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
-    /// Tells the connections still open at the end of a drain to end and report.
-    cut_all: watch::Sender<bool>,
 }
-
-/// How long the connections cut at the end of a drain have to send their reports before their
-/// tasks are aborted (they end at their next poll; this only bounds a stuck one).
-const CUT_REPORT_GRACE: Duration = Duration::from_secs(1);
 
 /// The connection limit is read again on every turn, and a reload wakes the loop: it may have
 /// changed.
@@ -308,7 +301,6 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
             stop = &mut stopped => {
                 // The listening socket closes here: new connections are refused from now on.
                 drop(acceptor);
-                let draining = matches!(stop, Ok(Stop::Drain(_)));
                 if let Ok(Stop::Drain(grace)) = stop {
                     let _ = tokio::time::timeout(grace, async {
                         while conns.join_next().await.is_some() {}
@@ -319,15 +311,6 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 counts.cut.fetch_add(conns.len() as u64, Ordering::Relaxed);
                 if !conns.is_empty() {
                     tracing::warn!(connections = conns.len(), "stopping: open connections cut");
-                }
-                // After a drain each connection left is told to end, and reports that it was
-                // cut (a stop at once is a kill: no reports).
-                if draining && !conns.is_empty() {
-                    let _ = counts.cut_all.send(true);
-                    let _ = tokio::time::timeout(CUT_REPORT_GRACE, async {
-                        while conns.join_next().await.is_some() {}
-                    })
-                    .await;
                 }
                 // Wait for every aborted connection so that none relays another byte.
                 conns.abort_all();

@@ -16,6 +16,7 @@ use super::accept::{Listening, ServiceConfig};
 use super::outbox::Outbox;
 use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
+use super::reports::Pending;
 use super::{DriverError, Limits, CLOSE_GRACE};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
@@ -217,6 +218,9 @@ impl ConnectionReport {
 }
 
 impl super::reports::Report for ConnectionReport {
+    fn outcome_mut(&mut self) -> &mut Result<(), String> {
+        &mut self.outcome
+    }
     fn id(&self) -> u64 {
         self.id
     }
@@ -254,8 +258,13 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let legacy = legacy.clone();
             async move {
-                let report = serve(id, stream, Some(peer), &cfg, &legacy, reports.cut()).await;
-                reports.log_and_send(report, "mbtls middlebox connection");
+                let report = ConnectionReport::new(id, Some(peer));
+                let what = "mbtls middlebox connection";
+                let mut pending = Pending::new(report, (), |_, _| {}, reports, what);
+                if let Some((report, ())) = pending.parts() {
+                    serve(report, stream, &cfg, &legacy).await;
+                }
+                pending.send();
             }
         })
         .await
@@ -307,33 +316,28 @@ pub async fn serve_connection(
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
 ) -> ConnectionReport {
-    let never_cut = std::future::pending();
-    serve(id, client, peer, cfg, &LegacyServers::default(), never_cut).await
+    let mut report = ConnectionReport::new(id, peer);
+    serve(&mut report, client, cfg, &LegacyServers::default()).await;
+    report
 }
 
+/// Fills `report` as it goes (a connection cut mid-way still reports what it did).
 async fn serve(
-    id: u64,
+    report: &mut ConnectionReport,
     client: TcpStream,
-    peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
     legacy: &LegacyServers,
-    cut: impl std::future::Future<Output = ()>,
-) -> ConnectionReport {
-    let mut report = ConnectionReport::new(id, peer);
+) {
     let next_hop = match next_hop_of(&client, &cfg.next_hop) {
         Ok(next_hop) => next_hop,
         Err(e) => {
             report.outcome = Err(e.to_string());
-            return report;
+            return;
         }
     };
+    report.next_hop = Some(next_hop.to_string());
     let announce = !legacy.is_legacy(&next_hop);
-    // A cut (the end of a drain) drops the relay, and with it both sockets, mid-way.
-    let relayed = tokio::select! {
-        r = relay(client, &next_hop, cfg, announce, &mut report) => r,
-        () = cut => Err(DriverError::CutAtStop),
-    };
-    if let Err(e) = relayed {
+    if let Err(e) = relay(client, &next_hop, cfg, announce, report).await {
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement with an alert, the first thing it sent, is
@@ -346,8 +350,6 @@ async fn serve(
         report.legacy_server = true;
         legacy.remember_legacy(&next_hop);
     }
-    report.next_hop = Some(next_hop.into_owned());
-    report
 }
 
 /// Runs `f`, which may block, where that is allowed: on a multi-thread runtime the worker

@@ -157,10 +157,9 @@ pub enum DriverError {
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),
-    /// The service stopped, and this connection was still open at the end of its drain time.
-    #[error(
-        "cut: the service stopped and the connection was still open at the end of the drain time"
-    )]
+    /// The service stopped with this connection open: at the end of its drain time, or at once
+    /// (a second signal, `shutdown`, the listener dropped).
+    #[error("cut: the service stopped while the connection was open (at the end of the drain time, or at once)")]
     CutAtStop,
 }
 

@@ -10,6 +10,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
+use super::reports::Pending;
 use super::splice::Carried;
 use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
@@ -54,6 +55,9 @@ pub struct ProxyReport {
 }
 
 impl super::reports::Report for ProxyReport {
+    fn outcome_mut(&mut self) -> &mut Result<(), String> {
+        &mut self.outcome
+    }
     fn id(&self) -> u64 {
         self.id
     }
@@ -93,47 +97,56 @@ impl Listening<ProxyReport, ClientProxyConfig> {
             listen,
             cfg,
             move |id, local, peer, cfg, reports| async move {
-                let report = serve(id, local, Some(peer), &cfg, reports.cut()).await;
-                reports.log_and_send(report, "mbtls proxied connection");
+                let report = ProxyReport::new(id, Some(peer));
+                let what = "mbtls proxied connection";
+                let carried = Carried::default();
+                let mut pending = Pending::new(report, carried, fold_carried, reports, what);
+                if let Some((report, carried)) = pending.parts() {
+                    serve(report, carried, local, &cfg).await;
+                }
+                pending.send();
             },
         )
         .await
     }
 }
 
-async fn serve(
-    id: u64,
-    local: TcpStream,
-    local_peer: Option<SocketAddr>,
-    cfg: &ClientProxyConfig,
-    cut: impl std::future::Future<Output = ()>,
-) -> ProxyReport {
-    let mut report = ProxyReport {
-        id,
-        local_peer,
-        connected: false,
-        verdicts: Vec::new(),
-        summary: None,
-        bytes_up: 0,
-        bytes_down: 0,
-        key_updates: 0,
-        peer_left_without_close_notify: false,
-        outcome: Ok(()),
-    };
-    let _ = local.set_nodelay(true);
-    // Counted as it goes, so that a cut session (the end of a drain) still says what it carried.
-    let mut carried = Carried::default();
-    let r = tokio::select! {
-        r = proxy_one(local, cfg, &mut report, &mut carried) => r,
-        () = cut => Err(DriverError::CutAtStop),
-    };
+impl ProxyReport {
+    fn new(id: u64, local_peer: Option<SocketAddr>) -> Self {
+        ProxyReport {
+            id,
+            local_peer,
+            connected: false,
+            verdicts: Vec::new(),
+            summary: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            key_updates: 0,
+            peer_left_without_close_notify: false,
+            outcome: Ok(()),
+        }
+    }
+}
+
+/// What the splice counted, into the report (also for a connection cut mid-way).
+fn fold_carried(report: &mut ProxyReport, carried: &Carried) {
     (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
     report.key_updates = carried.peer_key_updates;
     report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
-    if let Err(e) = r {
+}
+
+/// Fills `report` and `carried` as it goes (a connection cut mid-way still reports what it
+/// did).
+async fn serve(
+    report: &mut ProxyReport,
+    carried: &mut Carried,
+    local: TcpStream,
+    cfg: &ClientProxyConfig,
+) {
+    let _ = local.set_nodelay(true);
+    if let Err(e) = proxy_one(local, cfg, report, carried).await {
         report.outcome = Err(e.to_string());
     }
-    report
 }
 
 /// The session for one local connection: its handshake within the limit, then the splice.

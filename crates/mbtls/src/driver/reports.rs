@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Reports of ended connections kept unread before newer ones are dropped.
 pub const REPORTS_KEPT: usize = 1024;
@@ -81,8 +81,6 @@ pub(crate) struct ReportSender<T> {
     tx: mpsc::Sender<T>,
     dropped: Arc<AtomicU64>,
     tally: Arc<Tally>,
-    /// Turns true when the listener cuts its open connections (the end of a drain).
-    cut: watch::Receiver<bool>,
 }
 
 impl<T> Clone for ReportSender<T> {
@@ -91,23 +89,11 @@ impl<T> Clone for ReportSender<T> {
             tx: self.tx.clone(),
             dropped: self.dropped.clone(),
             tally: self.tally.clone(),
-            cut: self.cut.clone(),
         }
     }
 }
 
 impl<T> ReportSender<T> {
-    /// Completes when the listener cuts its open connections: a connection task then ends
-    /// what it was doing and still sends its report (what it knew so far, and that it was
-    /// cut). Never completes for a listener that is not cutting.
-    pub(crate) async fn cut(&self) {
-        let mut cut = self.cut.clone();
-        if cut.wait_for(|c| *c).await.is_err() {
-            // The listener is gone without cutting (it aborts its tasks instead).
-            std::future::pending::<()>().await;
-        }
-    }
-
     /// Queues `report`, or counts it as dropped when [`REPORTS_KEPT`] wait unread.
     pub(crate) fn send(&self, report: T) {
         if self.tx.try_send(report).is_err() {
@@ -122,6 +108,7 @@ pub(crate) trait Report: core::fmt::Debug {
     fn id(&self) -> u64;
     /// `Err` with the reason when the connection did not end cleanly.
     fn outcome(&self) -> &Result<(), String>;
+    fn outcome_mut(&mut self) -> &mut Result<(), String>;
     /// Whether a middlebox held keys in the session (see [`EndedConnections`]).
     fn middlebox_took_part(&self) -> bool;
     /// Bytes carried toward the server and back (see [`EndedConnections`]).
@@ -175,10 +162,8 @@ impl<T> ReportReceiver<T> {
     }
 }
 
-/// The report queue, and the switch that tells every connection task to end ([`ReportSender::cut`]).
-pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>, watch::Sender<bool>) {
+pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
     let (tx, rx) = mpsc::channel(REPORTS_KEPT);
-    let (cut_tx, cut) = watch::channel(false);
     let dropped = Arc::new(AtomicU64::new(0));
     let tally = Arc::new(Tally::default());
     (
@@ -186,11 +171,68 @@ pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>, watch::S
             tx,
             dropped: dropped.clone(),
             tally: tally.clone(),
-            cut,
         },
         ReportReceiver { rx, dropped, tally },
-        cut_tx,
     )
+}
+
+/// A connection's report while the connection is served, with the counts kept beside it (`X`,
+/// folded into the report by `fold` at the end). [`Pending::send`] sends it when the
+/// connection ends. A task aborted before that (its listener stopping: at the end of a drain,
+/// or at once) drops it, and the report is sent from here with the error
+/// [`DriverError::CutAtStop`](super::DriverError::CutAtStop) and what it held so far: a cut
+/// connection is reported like any other, at no cost to the connection while it runs.
+pub(crate) struct Pending<R: Report, X> {
+    state: Option<(R, X)>,
+    fold: fn(&mut R, &X),
+    sender: ReportSender<R>,
+    what: &'static str,
+}
+
+impl<R: Report, X> Pending<R, X> {
+    pub(crate) fn new(
+        report: R,
+        beside: X,
+        fold: fn(&mut R, &X),
+        sender: ReportSender<R>,
+        what: &'static str,
+    ) -> Self {
+        Pending {
+            state: Some((report, beside)),
+            fold,
+            sender,
+            what,
+        }
+    }
+
+    /// The report and the counts beside it, to fill while the connection is served (`None`
+    /// only after [`send`](Self::send), which takes them).
+    pub(crate) fn parts(&mut self) -> Option<(&mut R, &mut X)> {
+        self.state.as_mut().map(|(r, x)| (r, x))
+    }
+
+    /// The connection ended: fold the counts in, count, log and queue the report.
+    pub(crate) fn send(mut self) {
+        self.finish(false);
+    }
+
+    fn finish(&mut self, cut: bool) {
+        let Some((mut report, beside)) = self.state.take() else {
+            return;
+        };
+        (self.fold)(&mut report, &beside);
+        if cut {
+            *report.outcome_mut() = Err(super::DriverError::CutAtStop.to_string());
+        }
+        self.sender.log_and_send(report, self.what);
+    }
+}
+
+impl<R: Report, X> Drop for Pending<R, X> {
+    fn drop(&mut self) {
+        // Still here: the task was aborted mid-connection.
+        self.finish(true);
+    }
 }
 
 #[cfg(test)]
@@ -199,7 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_reports_kept_wait_and_the_rest_are_counted() {
-        let (tx, mut rx, _cut) = report_queue::<usize>();
+        let (tx, mut rx) = report_queue::<usize>();
         for i in 0..REPORTS_KEPT + 5 {
             tx.send(i);
         }

@@ -12,6 +12,7 @@ use tokio::time::timeout;
 use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
+use super::reports::Pending;
 use super::splice::{splice, Carried, EndpointSession, Sides};
 use super::{DriverError, Limits, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
@@ -55,6 +56,9 @@ pub struct ServerConnectionReport {
 }
 
 impl super::reports::Report for ServerConnectionReport {
+    fn outcome_mut(&mut self) -> &mut Result<(), String> {
+        &mut self.outcome
+    }
     fn id(&self) -> u64 {
         self.id
     }
@@ -93,8 +97,14 @@ impl Listening<ServerConnectionReport, MbtlsServerConfig> {
             listen,
             cfg,
             move |id, stream, peer, cfg, reports| async move {
-                let report = serve_until_cut(id, stream, Some(peer), &cfg, reports.cut()).await;
-                reports.log_and_send(report, "mbtls server session");
+                let report = ServerConnectionReport::new(id, Some(peer));
+                let what = "mbtls server session";
+                let carried = Carried::default();
+                let mut pending = Pending::new(report, carried, fold_carried, reports, what);
+                if let Some((report, carried)) = pending.parts() {
+                    serve(report, carried, stream, &cfg).await;
+                }
+                pending.send();
             },
         )
         .await
@@ -129,30 +139,45 @@ pub async fn serve_session(
     peer: Option<SocketAddr>,
     cfg: &MbtlsServerConfig,
 ) -> ServerConnectionReport {
-    serve_until_cut(id, stream, peer, cfg, std::future::pending()).await
+    let mut report = ServerConnectionReport::new(id, peer);
+    let mut carried = Carried::default();
+    serve(&mut report, &mut carried, stream, cfg).await;
+    fold_carried(&mut report, &carried);
+    report
 }
 
-/// [`serve_session`] until `cut` completes (the end of a drain), which drops the session and
-/// both sockets mid-way and reports it.
-async fn serve_until_cut(
-    id: u64,
+impl ServerConnectionReport {
+    fn new(id: u64, peer: Option<SocketAddr>) -> Self {
+        ServerConnectionReport {
+            id,
+            peer,
+            verdicts: Vec::new(),
+            summary: None,
+            bytes_to_backend: 0,
+            bytes_from_backend: 0,
+            idle_trims: 0,
+            key_updates: 0,
+            peer_left_without_close_notify: false,
+            outcome: Ok(()),
+        }
+    }
+}
+
+/// What the splice counted, into the report (also for a session cut mid-way).
+fn fold_carried(report: &mut ServerConnectionReport, carried: &Carried) {
+    report.bytes_to_backend = carried.to_plain;
+    report.bytes_from_backend = carried.from_plain;
+    report.idle_trims = carried.idle_trims;
+    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+}
+
+/// Fills `report` and `carried` as it goes (a session cut mid-way still reports what it did).
+async fn serve(
+    report: &mut ServerConnectionReport,
+    carried: &mut Carried,
     stream: TcpStream,
-    peer: Option<SocketAddr>,
     cfg: &MbtlsServerConfig,
-    cut: impl std::future::Future<Output = ()>,
-) -> ServerConnectionReport {
-    let mut report = ServerConnectionReport {
-        id,
-        peer,
-        verdicts: Vec::new(),
-        summary: None,
-        bytes_to_backend: 0,
-        bytes_from_backend: 0,
-        idle_trims: 0,
-        key_updates: 0,
-        peer_left_without_close_notify: false,
-        outcome: Ok(()),
-    };
+) {
     let mut hs_cfg = cfg.handshake.clone();
     hs_cfg.now_unix = mbx_attest::unix_seconds(SystemTime::now());
     // Bound before the session is made, not matched around the awaits below: a matched
@@ -162,29 +187,19 @@ async fn serve_until_cut(
         Ok(hs) => hs,
         Err(e) => {
             report.outcome = Err(DriverError::from(e).to_string());
-            return report;
+            return;
         }
     };
     // Borrowed by `run`, not moved into it: a core moved into that future would take its
     // size twice (measured: 2.9 KB more per idle session).
     let mut session = Session::new(hs);
-    // Counted as it goes, so that a cut session (the end of a drain) still says what it carried.
-    let mut carried = Carried::default();
-    let r = tokio::select! {
-        r = run(&mut session, stream, cfg, &mut report, &mut carried) => r,
-        () = cut => Err(DriverError::CutAtStop),
-    };
-    report.bytes_to_backend = carried.to_plain;
-    report.bytes_from_backend = carried.from_plain;
-    report.idle_trims = carried.idle_trims;
-    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+    let r = run(&mut session, stream, cfg, report, carried).await;
     // What the session's events told, whether it ended well or not.
     report.verdicts = session.take_verdicts();
     report.key_updates = session.peer_key_updates();
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
     }
-    report
 }
 
 /// The handshake within its timeout, the backend's connection, then both directions spliced.
