@@ -1554,7 +1554,7 @@ fn print_report(r: &ConnectionReport) {
             line.push_str(&format!("; {} KeyUpdates followed", r.key_updates));
         }
     } else if r.legacy_server {
-        line.push_str("the server did not answer our announcement: remembered as legacy, not announced to again");
+        line.push_str("the server refused our announcement (a legacy server): remembered, not announced to again");
     } else if let Some(why) = r.passive {
         line.push_str(&format!("not joined ({why}), bytes forwarded unchanged"));
     } else {

@@ -349,6 +349,14 @@ async fn serve(
     if report.announced && !report.joined && refused {
         report.legacy_server = true;
         legacy.remember_legacy(&next_hop);
+        // The server's alert went on to the client: this session failed, whatever the
+        // sockets' ends looked like.
+        if report.outcome.is_ok() {
+            report.outcome = Err(
+                "the server answered our announcement with an alert, which ended the session (later ones are not announced to it)"
+                    .into(),
+            );
+        }
     }
 }
 
