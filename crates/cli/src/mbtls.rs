@@ -1277,6 +1277,9 @@ fn middlebox(
     let limits = cfg.limits;
     let next_hop = cfg.next_hop.clone();
     runtime()?.block_on(async {
+        // Before the banner: a SIGHUP or SIGTERM sent once the banner is out must be handled,
+        // not take the default action (exit).
+        let signals = ServiceSignals::new()?;
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
@@ -1290,7 +1293,15 @@ fn middlebox(
         println!("attestation: {attestation_line}");
         println!("{}", limits_line(&limits, "connections"));
         let names = ("middlebox", "connections");
-        serve_until_stopped(&mut server, &s.service, names, print_report, &reload).await
+        serve_until_stopped(
+            &mut server,
+            signals,
+            &s.service,
+            names,
+            print_report,
+            &reload,
+        )
+        .await
     })
 }
 
@@ -1588,10 +1599,27 @@ fn relayed_outcome_text(outcome: &Result<(), String>, left: Option<Side>) -> Str
     }
 }
 
+/// The signals a service handles, registered before it says it is listening.
+struct ServiceSignals {
+    stop: StopSignals,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl ServiceSignals {
+    fn new() -> anyhow::Result<ServiceSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ServiceSignals {
+            stop: StopSignals::new()?,
+            hangup: signal(SignalKind::hangup()).context("cannot handle SIGHUP")?,
+        })
+    }
+}
+
 /// Ctrl-C and SIGTERM, counted: the first asks a middlebox or server to drain, the second to
 /// stop at once.
 struct StopSignals {
     term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
     count: u32,
 }
 
@@ -1600,13 +1628,14 @@ impl StopSignals {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(StopSignals {
             term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("cannot handle Ctrl-C")?,
             count: 0,
         })
     }
 
     async fn next(&mut self) -> anyhow::Result<()> {
         tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+            _ = self.interrupt.recv() => {}
             _ = self.term.recv() => {}
         }
         self.count += 1;
@@ -1643,14 +1672,16 @@ fn raise_open_files_limit() {
 /// build changes nothing. With the service's `metrics_listen`, answers Prometheus scrapes there.
 async fn serve_until_stopped<R, C: ServiceConfig>(
     server: &mut Listening<R, C>,
+    signals: ServiceSignals,
     service: &Service,
     (who, what): (&str, &str),
     print: impl Fn(&R),
     reload: &dyn Fn() -> anyhow::Result<(C, String)>,
 ) -> anyhow::Result<()> {
-    let mut stop = StopSignals::new()?;
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("cannot handle SIGHUP")?;
+    let ServiceSignals {
+        mut stop,
+        mut hangup,
+    } = signals;
     let reloads = Arc::new(Reloads::default());
     let grace = service.drain_grace();
     // Stopped when this returns.
@@ -2053,6 +2084,7 @@ fn server(
     };
     let limits = cfg.limits;
     runtime()?.block_on(async {
+        let signals = ServiceSignals::new()?;
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
@@ -2064,7 +2096,8 @@ fn server(
         println!("server-side middlebox: {described}");
         println!("{}", limits_line(&limits, "sessions"));
         let names = ("server", "sessions");
-        serve_until_stopped(&mut server, &s.service, names, print_server_report, &reload).await
+        let print = print_server_report;
+        serve_until_stopped(&mut server, signals, &s.service, names, print, &reload).await
     })
 }
 
@@ -2281,6 +2314,7 @@ fn local_proxy(
     let server_name = cfg.handshake.server_name.clone();
     let first_hop = cfg.first_hop.clone();
     runtime()?.block_on(async move {
+        let signals = ServiceSignals::new()?;
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
@@ -2290,7 +2324,15 @@ fn local_proxy(
         );
         println!("{}", limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
-        serve_until_stopped(&mut proxy, service, names, print_proxy_report, reload).await
+        serve_until_stopped(
+            &mut proxy,
+            signals,
+            service,
+            names,
+            print_proxy_report,
+            reload,
+        )
+        .await
     })
 }
 

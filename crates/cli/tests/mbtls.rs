@@ -503,15 +503,19 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         answer
     })
     .to_string();
-    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
-    let addr = listening_addr(&head[0]);
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/bin"])
-        .args(["--middlebox", &addr, "--no-client-middleboxes"])
-        .arg("--server-ca")
-        .arg(&server.ca)
-        .output()
-        .unwrap();
+    // The client straight to a server in front of `backend`.
+    let fetch_through = |backend: &str, path: &str| {
+        let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
+        let addr = listening_addr(&head[0]);
+        mbx()
+            .args(["mbtls", "client", &format!("https://server.test{path}")])
+            .args(["--middlebox", &addr, "--no-client-middleboxes"])
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .output()
+            .unwrap()
+    };
+    let out = fetch_through(&backend, "/bin");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("  X-Evil: a\\u{1b}[2Jb\n"), "{text}");
@@ -526,15 +530,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down = unused.local_addr().unwrap().to_string();
     drop(unused);
-    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &down, &server), 1);
-    let addr = listening_addr(&head[0]);
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/down"])
-        .args(["--middlebox", &addr, "--no-client-middleboxes"])
-        .arg("--server-ca")
-        .arg(&server.ca)
-        .output()
-        .unwrap();
+    let out = fetch_through(&down, "/down");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     // A close, or a reset when the request came after the server had closed.

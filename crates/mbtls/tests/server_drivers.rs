@@ -566,7 +566,10 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
     assert!(report.announced && report.legacy_server, "{report:?}");
     // A failed session, not a clean one: the server's alert reached the client.
     let why = report.outcome.as_ref().unwrap_err();
-    assert!(why.contains("answered our announcement with an alert"), "{why}");
+    assert!(
+        why.contains("answered our announcement with an alert"),
+        "{why}"
+    );
     // Second session: not announced, forwarded unchanged, works.
     let second = run("/second").await.unwrap();
     assert_eq!(second.exit_code, Some(0), "{}", second.verbose);
