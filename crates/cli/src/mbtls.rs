@@ -782,8 +782,8 @@ fn client(
                 // is in the middleboxes' and the server's reports.
                 let ended_behind = match &e {
                     DriverError::PeerGone { .. } => true,
-                    DriverError::Io { source, .. } => {
-                        source.kind() == std::io::ErrorKind::ConnectionReset
+                    DriverError::Io { error, .. } => {
+                        error.kind() == std::io::ErrorKind::ConnectionReset
                     }
                     _ => false,
                 };
@@ -898,7 +898,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
             let addr = s
                 .middlebox
                 .as_deref()
-                .context("give --middlebox (and --middlebox-name) or --allow-middlebox")?;
+                .context("give --middlebox (and --middlebox-name), --allow-middlebox, or --no-client-middleboxes")?;
             vec![addr
                 .rsplit_once(':')
                 .map(|(h, _)| h.to_owned())

@@ -448,6 +448,21 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
     );
 }
 
+/// An address in use is said once: the I/O error is part of the driver's message, not also
+/// its source (printed whole, the chain said it twice).
+#[test]
+fn a_listening_address_in_use_is_one_clear_error() {
+    let (_dir, _pki, _server, mbox) = pki_files("mbx cli mbtls in use root", "mb.test");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let args = service_args("middlebox", &addr, ("--next-hop", "127.0.0.1:9"), &mbox);
+    let out = mbx().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+}
+
 /// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.
 fn echo_backend() -> std::net::SocketAddr {
     backend_answering(|head| {

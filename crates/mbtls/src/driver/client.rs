@@ -75,7 +75,7 @@ impl Connection<ClientHandshake> {
     ) -> Result<MbtlsClient, DriverError> {
         let stream = TcpStream::connect(first_hop)
             .await
-            .map_err(DriverError::io("cannot connect to the middlebox"))?;
+            .map_err(DriverError::io("cannot connect to the first hop"))?;
         cfg.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
         let mut hs = ClientHandshake::new(cfg)?;
         if !data.is_empty() {

@@ -124,10 +124,12 @@ pub(crate) fn keep_alive(socket: &impl std::os::fd::AsFd) {
 #[non_exhaustive]
 pub enum DriverError {
     /// A socket operation failed.
-    #[error("{context}: {source}")]
+    /// The I/O error is part of the message, not a `source()`: error chains printed whole
+    /// (`{:#}`) would say it twice.
+    #[error("{context}: {error}")]
     Io {
         context: &'static str,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The handshake core refused the session.
     #[error("mbTLS handshake failed: {0}")]
@@ -165,7 +167,7 @@ pub enum DriverError {
 
 impl DriverError {
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
-        move |source| DriverError::Io { context, source }
+        move |error| DriverError::Io { context, error }
     }
 
     pub(crate) fn alert(alert: Alert, what: &'static str) -> DriverError {
