@@ -114,6 +114,11 @@ fn client_rejects_wrong_hostname() {
         panic!("client accepted a certificate for another name: {ec:?}");
     };
     assert!(detail.contains("certificate verify failed"), "{detail}");
+    // And why: the verification's own result.
+    assert!(
+        detail.contains("(certificate check: hostname mismatch)"),
+        "{detail}"
+    );
     assert!(
         matches!(es, Some(EngineError::AlertReceived { .. })),
         "{es:?}"

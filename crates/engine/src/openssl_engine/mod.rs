@@ -1020,6 +1020,12 @@ impl OpenSslEngine {
         if self.stream.get_ref().malformed {
             detail = format!("{detail} (peer bytes are not TLS records)");
         }
+        // OpenSSL's error stack only says "certificate verify failed"; the check's own result
+        // says why (a name mismatch, an unknown issuer, an expired certificate).
+        let verified = self.stream.ssl().verify_result();
+        if verified != openssl::x509::X509VerifyResult::OK {
+            detail = format!("{detail} (certificate check: {})", verified.error_string());
+        }
         EngineError::Fatal {
             alert: st.alert_sent.map(|(_, a)| a),
             detail,
