@@ -749,6 +749,8 @@ fn client(
         path,
         ..
     } = setup;
+    // A fetch piped into `head` ends quietly when its reader goes away.
+    crate::subcommand::exit_quietly_when_stdout_closes();
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
     );
@@ -1164,12 +1166,12 @@ fn print_response(response: &[u8]) {
 }
 
 /// A body for a terminal: control characters escaped (as report lines escape them), line
-/// breaks and tabs kept.
+/// breaks (LF or CRLF) and tabs kept.
 fn escape_body_controls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
         let (line, newline) = match line.strip_suffix('\n') {
-            Some(l) => (l, "\n"),
+            Some(l) => (l.strip_suffix('\r').unwrap_or(l), "\n"),
             None => (line, ""),
         };
         let mut cells = line.split('\t');
@@ -2473,8 +2475,8 @@ mod tests {
     #[test]
     fn a_body_shown_on_a_terminal_keeps_lines_and_tabs_and_escapes_the_rest() {
         assert_eq!(
-            escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x"),
-            "a\tb\\r\nc\\u{1b}[2J\n\\u{202e}x"
+            escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x\ry"),
+            "a\tb\nc\\u{1b}[2J\n\\u{202e}x\\ry"
         );
     }
 

@@ -197,6 +197,11 @@ impl Hop {
         self.pending = pending;
     }
 
+    /// Bytes of an incomplete record held until the rest comes.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     pub(crate) fn pending_capacity(&self) -> usize {
         self.pending.capacity()
     }

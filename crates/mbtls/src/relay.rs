@@ -136,6 +136,12 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         }
     }
 
+    /// True while part of a record from `from` waits for the rest: that side leaving now
+    /// would cut it.
+    pub fn has_partial_record(&self, from: Side) -> bool {
+        self.hop_ref(from).has_pending()
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed
     }

@@ -459,8 +459,16 @@ fn close_notify_is_reprotected_per_hop_and_half_closes() {
     }
     // Nothing came from the server since: its leaving without close_notify would cut nothing.
     assert!(!chain.mbox(0).sent_data_after_the_others_close(Side::Server));
-    // The other direction still works (half-close).
+    // The other direction still works (half-close). Half a record is not yet data, but it is
+    // something a cut would lose.
     chain.server().write(b"resp").unwrap();
+    let record = chain.server().take_outgoing();
+    let (first, rest) = record.split_at(7);
+    chain.nodes[2].receive(Side::Server, first);
+    assert!(chain.mbox(1).has_partial_record(Side::Server));
+    assert!(!chain.mbox(1).sent_data_after_the_others_close(Side::Server));
+    chain.nodes[2].receive(Side::Server, rest);
+    assert!(!chain.mbox(1).has_partial_record(Side::Server));
     chain.server().close().unwrap();
     chain.pump();
     assert_eq!(chain.client().take_plaintext(), b"resp");

@@ -105,7 +105,8 @@ impl ListenerStats {
     }
 
     /// Connections that a stop cut ([`Listening::drain`] after its grace period, or
-    /// [`Listening::shutdown`]); they leave no report.
+    /// [`Listening::shutdown`]); each is reported as cut (`DriverError::CutAtStop`), and
+    /// counted as failed in [`ListenerStats::ended`].
     pub fn connections_cut(&self) -> u64 {
         self.cut.load(Ordering::Relaxed)
     }

@@ -218,6 +218,7 @@ impl ConnectionReport {
 }
 
 impl super::reports::Report for ConnectionReport {
+    const WHAT: &'static str = "mbtls middlebox connection";
     fn outcome_mut(&mut self) -> &mut Result<(), String> {
         &mut self.outcome
     }
@@ -257,10 +258,8 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         let legacy = Arc::new(LegacyServers::default());
         Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let legacy = legacy.clone();
+            let mut pending = Pending::new(ConnectionReport::new(id, Some(peer)), (), reports);
             async move {
-                let report = ConnectionReport::new(id, Some(peer));
-                let what = "mbtls middlebox connection";
-                let mut pending = Pending::new(report, (), |_, _| {}, reports, what);
                 if let Some((report, ())) = pending.parts() {
                     serve(report, stream, &cfg, &legacy).await;
                 }
@@ -635,6 +634,7 @@ async fn relay(
             else => break Err(DriverError::Relay("the connection has nothing left to wait for".into())),
         };
         // A reset counts as the peer disappearing, like EOF without close_notify.
+        let reset = read.is_err();
         let bytes = read.unwrap_or_default();
         if bytes.is_empty() {
             if conn.direction_ended(from) {
@@ -649,10 +649,11 @@ async fn relay(
             // the session is over (HTTP clients leave so once the server has closed). The other
             // side's connection is closed without a close_notify of ours, so an endpoint there
             // tells this apart from a clean end too.
+            // A reset, or part of a record left waiting, is a cut whatever came before.
             let others_close = conn.hs.relay().map(|r| {
                 (
                     r.direction_ended(from.other()) && !r.is_failed(),
-                    r.sent_data_after_the_others_close(from),
+                    reset || r.sent_data_after_the_others_close(from) || r.has_partial_record(from),
                 )
             });
             if others_close == Some((true, false)) {
@@ -662,7 +663,7 @@ async fn relay(
             break Err(DriverError::PeerGone {
                 peer: side_name(from),
                 when: if others_close == Some((true, true)) {
-                    "without close_notify after sending data past the other side's (the session may be truncated)"
+                    "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
                 } else if conn.hs.keys_installed() {
                     "mid-session, without close_notify"
                 } else {

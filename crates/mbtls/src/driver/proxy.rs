@@ -10,7 +10,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
-use super::reports::Pending;
+use super::reports::{Absorb, Pending};
 use super::splice::Carried;
 use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
@@ -55,6 +55,7 @@ pub struct ProxyReport {
 }
 
 impl super::reports::Report for ProxyReport {
+    const WHAT: &'static str = "mbtls proxied connection";
     fn outcome_mut(&mut self) -> &mut Result<(), String> {
         &mut self.outcome
     }
@@ -93,20 +94,16 @@ impl Listening<ProxyReport, ClientProxyConfig> {
         listen: impl ToSocketAddrs,
         cfg: ClientProxyConfig,
     ) -> Result<ClientProxy, DriverError> {
-        Listening::spawn(
-            listen,
-            cfg,
-            move |id, local, peer, cfg, reports| async move {
-                let report = ProxyReport::new(id, Some(peer));
-                let what = "mbtls proxied connection";
-                let carried = Carried::default();
-                let mut pending = Pending::new(report, carried, fold_carried, reports, what);
+        Listening::spawn(listen, cfg, move |id, local, peer, cfg, reports| {
+            let report = ProxyReport::new(id, Some(peer));
+            let mut pending = Pending::new(report, Carried::default(), reports);
+            async move {
                 if let Some((report, carried)) = pending.parts() {
                     serve(report, carried, local, &cfg).await;
                 }
                 pending.send();
-            },
-        )
+            }
+        })
         .await
     }
 }
@@ -129,10 +126,12 @@ impl ProxyReport {
 }
 
 /// What the splice counted, into the report (also for a connection cut mid-way).
-fn fold_carried(report: &mut ProxyReport, carried: &Carried) {
-    (report.bytes_up, report.bytes_down) = (carried.from_plain, carried.to_plain);
-    report.key_updates = carried.peer_key_updates;
-    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+impl Absorb<Carried> for ProxyReport {
+    fn absorb(&mut self, carried: &Carried) {
+        (self.bytes_up, self.bytes_down) = (carried.from_plain, carried.to_plain);
+        self.key_updates = carried.peer_key_updates;
+        self.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+    }
 }
 
 /// Fills `report` and `carried` as it goes (a connection cut mid-way still reports what it

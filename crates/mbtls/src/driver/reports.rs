@@ -104,6 +104,8 @@ impl<T> ReportSender<T> {
 
 /// A connection's report: how it ended, and what the listener's counts take from it.
 pub(crate) trait Report: core::fmt::Debug {
+    /// What the connection is, in log events ("mbtls middlebox connection").
+    const WHAT: &'static str;
     /// The connection's number, from 0 in accept order.
     fn id(&self) -> u64;
     /// `Err` with the reason when the connection did not end cleanly.
@@ -176,32 +178,32 @@ pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
     )
 }
 
-/// A connection's report while the connection is served, with the counts kept beside it (`X`,
-/// folded into the report by `fold` at the end). [`Pending::send`] sends it when the
-/// connection ends. A task aborted before that (its listener stopping: at the end of a drain,
-/// or at once) drops it, and the report is sent from here with the error
-/// [`DriverError::CutAtStop`](super::DriverError::CutAtStop) and what it held so far: a cut
-/// connection is reported like any other, at no cost to the connection while it runs.
-pub(crate) struct Pending<R: Report, X> {
-    state: Option<(R, X)>,
-    fold: fn(&mut R, &X),
-    sender: ReportSender<R>,
-    what: &'static str,
+/// What the counts a connection keeps beside its report (`X`) add to it at the end.
+pub(crate) trait Absorb<X> {
+    fn absorb(&mut self, beside: &X);
 }
 
-impl<R: Report, X> Pending<R, X> {
-    pub(crate) fn new(
-        report: R,
-        beside: X,
-        fold: fn(&mut R, &X),
-        sender: ReportSender<R>,
-        what: &'static str,
-    ) -> Self {
+impl<R> Absorb<()> for R {
+    fn absorb(&mut self, _: &()) {}
+}
+
+/// A connection's report while the connection is served, with the counts kept beside it
+/// (`X`). [`Pending::send`] sends it when the connection ends. A task aborted before that (its
+/// listener stopping: at the end of a drain, or at once) drops it, and the report is sent from
+/// here with what it held so far and the error
+/// [`DriverError::CutAtStop`](super::DriverError::CutAtStop). Made before the task first runs,
+/// so that a connection cut before that is reported too. It costs a connection only the
+/// report sender and a flag while it runs.
+pub(crate) struct Pending<R: Report + Absorb<X>, X> {
+    state: Option<(R, X)>,
+    sender: ReportSender<R>,
+}
+
+impl<R: Report + Absorb<X>, X> Pending<R, X> {
+    pub(crate) fn new(report: R, beside: X, sender: ReportSender<R>) -> Self {
         Pending {
             state: Some((report, beside)),
-            fold,
             sender,
-            what,
         }
     }
 
@@ -220,15 +222,29 @@ impl<R: Report, X> Pending<R, X> {
         let Some((mut report, beside)) = self.state.take() else {
             return;
         };
-        (self.fold)(&mut report, &beside);
+        report.absorb(&beside);
         if cut {
-            *report.outcome_mut() = Err(super::DriverError::CutAtStop.to_string());
+            // Unwinding from a panic drops it too: say so rather than blame a stop.
+            let why = if std::thread::panicking() {
+                "the connection's task panicked".to_string()
+            } else {
+                super::DriverError::CutAtStop.to_string()
+            };
+            // An error the connection had already met stays first.
+            let outcome = report.outcome_mut();
+            match outcome {
+                Ok(()) => *outcome = Err(why),
+                Err(e) => {
+                    e.push_str("; then ");
+                    e.push_str(&why);
+                }
+            }
         }
-        self.sender.log_and_send(report, self.what);
+        self.sender.log_and_send(report, R::WHAT);
     }
 }
 
-impl<R: Report, X> Drop for Pending<R, X> {
+impl<R: Report + Absorb<X>, X> Drop for Pending<R, X> {
     fn drop(&mut self) {
         // Still here: the task was aborted mid-connection.
         self.finish(true);
@@ -238,6 +254,73 @@ impl<R: Report, X> Drop for Pending<R, X> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Seen {
+        outcome: Result<(), String>,
+        bytes: u64,
+    }
+
+    impl Report for Seen {
+        const WHAT: &'static str = "test connection";
+        fn id(&self) -> u64 {
+            0
+        }
+        fn outcome(&self) -> &Result<(), String> {
+            &self.outcome
+        }
+        fn outcome_mut(&mut self) -> &mut Result<(), String> {
+            &mut self.outcome
+        }
+        fn middlebox_took_part(&self) -> bool {
+            false
+        }
+        fn bytes(&self) -> (u64, u64) {
+            (self.bytes, 0)
+        }
+        fn key_updates(&self) -> u64 {
+            0
+        }
+    }
+
+    impl Absorb<u64> for Seen {
+        fn absorb(&mut self, counted: &u64) {
+            self.bytes = *counted;
+        }
+    }
+
+    fn seen(outcome: Result<(), String>) -> Seen {
+        Seen { outcome, bytes: 0 }
+    }
+
+    /// Sent once, as it is when the connection ends; dropped unsent (an aborted task), sent as
+    /// cut, with the counts kept beside it and an earlier error kept first.
+    #[tokio::test]
+    async fn a_pending_report_is_sent_once_and_a_dropped_one_as_cut() {
+        let (tx, mut rx) = report_queue::<Seen>();
+        let mut ended = Pending::new(seen(Ok(())), 0u64, tx.clone());
+        if let Some((_, counted)) = ended.parts() {
+            *counted = 7;
+        }
+        ended.send();
+        let r = rx.recv().await.unwrap();
+        assert_eq!((r.outcome, r.bytes), (Ok(()), 7));
+
+        let mut cut = Pending::new(seen(Ok(())), 0u64, tx.clone());
+        if let Some((_, counted)) = cut.parts() {
+            *counted = 3;
+        }
+        drop(cut);
+        let r = rx.recv().await.unwrap();
+        assert_eq!(r.bytes, 3);
+        assert!(r.outcome.unwrap_err().starts_with("cut: "));
+
+        drop(Pending::new(seen(Err("alert".into())), 0u64, tx));
+        let r = rx.recv().await.unwrap();
+        assert!(r.outcome.unwrap_err().starts_with("alert; then cut: "));
+        // Nothing else was sent: each was sent once.
+        assert!(rx.recv().await.is_none());
+    }
 
     #[tokio::test]
     async fn at_most_reports_kept_wait_and_the_rest_are_counted() {

@@ -12,7 +12,7 @@ use tokio::time::timeout;
 use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
-use super::reports::Pending;
+use super::reports::{Absorb, Pending};
 use super::splice::{splice, Carried, EndpointSession, Sides};
 use super::{DriverError, Limits, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
@@ -56,6 +56,7 @@ pub struct ServerConnectionReport {
 }
 
 impl super::reports::Report for ServerConnectionReport {
+    const WHAT: &'static str = "mbtls server session";
     fn outcome_mut(&mut self) -> &mut Result<(), String> {
         &mut self.outcome
     }
@@ -93,20 +94,16 @@ impl Listening<ServerConnectionReport, MbtlsServerConfig> {
         listen: impl ToSocketAddrs,
         cfg: MbtlsServerConfig,
     ) -> Result<MbtlsServer, DriverError> {
-        Listening::spawn(
-            listen,
-            cfg,
-            move |id, stream, peer, cfg, reports| async move {
-                let report = ServerConnectionReport::new(id, Some(peer));
-                let what = "mbtls server session";
-                let carried = Carried::default();
-                let mut pending = Pending::new(report, carried, fold_carried, reports, what);
+        Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
+            let report = ServerConnectionReport::new(id, Some(peer));
+            let mut pending = Pending::new(report, Carried::default(), reports);
+            async move {
                 if let Some((report, carried)) = pending.parts() {
                     serve(report, carried, stream, &cfg).await;
                 }
                 pending.send();
-            },
-        )
+            }
+        })
         .await
     }
 }
@@ -142,7 +139,7 @@ pub async fn serve_session(
     let mut report = ServerConnectionReport::new(id, peer);
     let mut carried = Carried::default();
     serve(&mut report, &mut carried, stream, cfg).await;
-    fold_carried(&mut report, &carried);
+    report.absorb(&carried);
     report
 }
 
@@ -164,11 +161,14 @@ impl ServerConnectionReport {
 }
 
 /// What the splice counted, into the report (also for a session cut mid-way).
-fn fold_carried(report: &mut ServerConnectionReport, carried: &Carried) {
-    report.bytes_to_backend = carried.to_plain;
-    report.bytes_from_backend = carried.from_plain;
-    report.idle_trims = carried.idle_trims;
-    report.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+impl Absorb<Carried> for ServerConnectionReport {
+    fn absorb(&mut self, carried: &Carried) {
+        self.bytes_to_backend = carried.to_plain;
+        self.bytes_from_backend = carried.from_plain;
+        self.idle_trims = carried.idle_trims;
+        self.peer_left_without_close_notify = carried.peer_left_without_close_notify;
+        self.key_updates = self.key_updates.max(carried.peer_key_updates);
+    }
 }
 
 /// Fills `report` and `carried` as it goes (a session cut mid-way still reports what it did).
@@ -195,7 +195,7 @@ async fn serve(
     let mut session = Session::new(hs);
     let r = run(&mut session, stream, cfg, report, carried).await;
     // What the session's events told, whether it ended well or not.
-    report.verdicts = session.take_verdicts();
+    report.verdicts.extend(session.take_verdicts());
     report.key_updates = session.peer_key_updates();
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
@@ -235,6 +235,8 @@ async fn run(
         flushed?;
     }
     report.summary = session.hs.summary().cloned();
+    // Now, not only at the end: a session cut later (a stop) still reports its middleboxes.
+    report.verdicts = session.take_verdicts();
     // Bounded like the handshake: a backend that drops our SYNs must not hold the session
     // for the kernel's two minutes of retries.
     let backend = timeout(

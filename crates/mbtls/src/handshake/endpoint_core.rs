@@ -627,7 +627,7 @@ impl EndpointCore {
             return Err(match name {
                 Some(name) => HandshakeError::Middlebox {
                     name,
-                    source: Box::new(err),
+                    inner: Box::new(err),
                 },
                 None => err,
             });

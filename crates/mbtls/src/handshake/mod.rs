@@ -116,11 +116,12 @@ pub enum HandshakeError {
     #[error("resumed secondary session: {0}")]
     Resumed(&'static str),
     /// A pre-configured middlebox failed a check ([`cause`](Self::cause) says which):
-    /// the error names it.
-    #[error("middlebox {name}: {source}")]
+    /// the error names it. (The cause is part of the message, not a `source()`, which error
+    /// chains printed whole would repeat.)
+    #[error("middlebox {name}: {inner}")]
     Middlebox {
         name: String,
-        source: Box<HandshakeError>,
+        inner: Box<HandshakeError>,
     },
 }
 
@@ -128,7 +129,7 @@ impl HandshakeError {
     /// The error itself, without the middlebox it concerned.
     pub fn cause(&self) -> &HandshakeError {
         match self {
-            HandshakeError::Middlebox { source, .. } => source.cause(),
+            HandshakeError::Middlebox { inner, .. } => inner.cause(),
             other => other,
         }
     }
