@@ -21,7 +21,7 @@ pub enum WireError {
     #[error("unknown content type {0:?}")]
     UnknownContentType(ContentType),
     /// A record version whose major byte is not 3 (not SSL3/TLS): the stream is not TLS.
-    #[error("bad record version 0x{0:04x}")]
+    #[error("bad record version 0x{version:04x}{hint}", version = .0, hint = text_hint(*.0))]
     BadVersion(u16),
     /// A zero-length record of a type for which that is illegal (RFC 5246 §6.2.1, RFC 8446 §5.1).
     #[error("zero-length record of type {0:?}")]
@@ -41,4 +41,32 @@ pub enum WireError {
     /// A value is too long for the length prefix (or field) it has to fit in.
     #[error("value of length {len} does not fit a field of at most {max}")]
     TooLong { len: usize, max: usize },
+}
+
+/// Two printable ASCII bytes where a record's version should be are most likely text, e.g. an
+/// HTTP request ("GET /…" gives 0x4554) sent to a TLS port: say so.
+fn text_hint(version: u16) -> &'static str {
+    if version.to_be_bytes().iter().all(|b| b.is_ascii_graphic()) {
+        " (text, not TLS: the peer may be speaking plain HTTP to a TLS port)"
+    } else {
+        ""
+    }
+}
+
+#[cfg(test)]
+mod text_hint_tests {
+    use super::WireError;
+
+    #[test]
+    fn a_version_made_of_text_says_the_peer_is_not_speaking_tls() {
+        let said = WireError::BadVersion(u16::from_be_bytes(*b"ET")).to_string();
+        assert!(
+            said.ends_with("the peer may be speaking plain HTTP to a TLS port)"),
+            "{said}"
+        );
+        assert_eq!(
+            WireError::BadVersion(0x0403).to_string(),
+            "bad record version 0x0403"
+        );
+    }
 }
