@@ -600,6 +600,25 @@ fn start(
     start_command(mbx().args(args), n)
 }
 
+/// How long a started service may run: then it is killed, its output ends, and a test still
+/// reading it fails (a line it waited for never came) instead of hanging the suite.
+const SERVICE_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Kills the process `pid` after [`SERVICE_WATCHDOG`] if it is still an `mbx` one (not a later
+/// process given the same pid).
+fn watchdog(pid: u32) {
+    std::thread::spawn(move || {
+        std::thread::sleep(SERVICE_WATCHDOG);
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.windows(3).any(|w| w == b"mbx") {
+            eprintln!("watchdog: killing process {pid}, still running after {SERVICE_WATCHDOG:?}");
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+            }
+        }
+    });
+}
+
 /// [`start`] for a prepared command (in a namespace, through a shell, with more arguments).
 fn start_command(
     cmd: &mut std::process::Command,
@@ -614,6 +633,7 @@ fn start_command(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    watchdog(child.id());
     let mut child = ChildGuard::new(child);
     let stdout = child.child_mut().unwrap().stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
