@@ -1031,7 +1031,7 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
     if c.verdicts().is_empty() {
         println!("attestation: no middlebox took part");
     }
-    for v in c.verdicts() {
+    for v in in_path_order(c.verdicts(), names) {
         println!("attestation: {}", verdict_text(v, true));
     }
 }
@@ -1054,6 +1054,26 @@ fn path_text(names: &[String], preconfigured: bool, first_hop: &str, server: &st
             names.join(" -> ")
         ),
     }
+}
+
+/// `verdicts` (in the order the middleboxes were checked) in path order: those named in `path`
+/// by their place there, the others (excluded ones) after them, as they came.
+pub(crate) fn in_path_order<'a>(
+    verdicts: &'a [MiddleboxVerdict],
+    path: &[String],
+) -> Vec<&'a MiddleboxVerdict> {
+    let place = |v: &MiddleboxVerdict| {
+        let name = match v {
+            MiddleboxVerdict::Verified { middlebox, .. } => Some(middlebox),
+            MiddleboxVerdict::Excluded { middlebox, .. } => middlebox.as_ref(),
+            MiddleboxVerdict::Direct => None,
+        };
+        name.and_then(|n| path.iter().position(|p| p == n))
+            .unwrap_or(usize::MAX)
+    };
+    let mut ordered: Vec<&MiddleboxVerdict> = verdicts.iter().collect();
+    ordered.sort_by_key(|v| place(v));
+    ordered
 }
 
 /// One verdict, for the client's summary (`long`: with the signer and the SVN) and the
@@ -2229,7 +2249,12 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         // A refused middlebox has no verdict: the error below names it.
         None => line.push_str("handshake not finished"),
     }
-    for v in &r.verdicts {
+    let path = r
+        .summary
+        .as_ref()
+        .map(|s| s.middleboxes.as_slice())
+        .unwrap_or_default();
+    for v in in_path_order(&r.verdicts, path) {
         // An unnamed one (excluded before its certificate verified) says "a middlebox".
         let named = !matches!(
             v,
@@ -2477,6 +2502,30 @@ mod tests {
         assert_eq!(
             escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x\ry"),
             "a\tb\nc\\u{1b}[2J\n\\u{202e}x\\ry"
+        );
+    }
+
+    #[test]
+    fn verdicts_are_shown_in_path_order_the_excluded_after() {
+        let verified = |m: &str| MiddleboxVerdict::Verified {
+            middlebox: m.into(),
+            claims: None,
+            resumed: false,
+            checked_at: 0,
+        };
+        let excluded = MiddleboxVerdict::Excluded {
+            middlebox: Some("x.test".into()),
+            why: "not approved by the application",
+        };
+        let checked = [verified("mb2.test"), excluded.clone(), verified("mb1.test")];
+        let path = ["mb1.test".to_string(), "mb2.test".to_string()];
+        let shown: Vec<_> = in_path_order(&checked, &path)
+            .into_iter()
+            .cloned()
+            .collect();
+        assert_eq!(
+            shown,
+            [verified("mb1.test"), verified("mb2.test"), excluded]
         );
     }
 

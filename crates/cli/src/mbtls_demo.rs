@@ -389,7 +389,8 @@ fn report(
     let verdicts = client.verdicts();
     ensure!(verdicts.len() == 2, "client verdicts: {verdicts:?}");
     let mut verified = Vec::new();
-    for v in verdicts {
+    let path: Vec<String> = CLIENT_MBS.iter().map(|m| m.to_string()).collect();
+    for v in crate::mbtls::in_path_order(verdicts, &path) {
         match v {
             MiddleboxVerdict::Verified {
                 middlebox,
