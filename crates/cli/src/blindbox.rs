@@ -709,7 +709,10 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
                 let r = receive_one(n, peer, stream, &tls, flow, setup, &s, &out_lock).await;
                 if let Err(e) = r {
                     failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    print_line(format_args!("connection {n} failed: {e:#}"));
+                    print_line(format_args!(
+                        "connection {n} failed: {}",
+                        crate::subcommand::error_text(&e)
+                    ));
                 }
             });
         }

@@ -86,14 +86,14 @@ fn main() -> ExitCode {
     let config = match cli.config.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => {
-            eprintln!("mbx: {e:#}");
+            eprintln!("mbx: {}", subcommand::error_text(&e));
             return ExitCode::from(2);
         }
     };
     if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref())) {
         eprintln!(
             "mbx: {}",
-            subcommand::escape_controls(&format!("{e:#}"), false)
+            subcommand::escape_controls(&subcommand::error_text(&e), false)
         );
         return ExitCode::from(2);
     }
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Errors may quote a peer (its evidence, its alert): no terminal controls; line
             // breaks stay for the operator's own files' parse errors.
-            let text = format!("{e:#}");
+            let text = subcommand::error_text(&e);
             eprintln!("mbx: error: {}", subcommand::escape_controls(&text, true));
             ExitCode::FAILURE
         }

@@ -62,8 +62,12 @@ pub fn exit_quietly_when_stdout_closes() {
 /// A SIGHUP whose configuration did not build: the running one stays, and the operator is told
 /// why, on standard error and in the log.
 pub fn reload_failed(e: &anyhow::Error) {
-    tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous configuration");
-    eprintln!("mbx: reload failed, configuration unchanged: {e:#}");
+    let text = error_text(e);
+    tracing::error!(error = %text, "reload failed; keeping the previous configuration");
+    eprintln!(
+        "mbx: reload failed, configuration unchanged: {}",
+        escape_controls(&text, true)
+    );
 }
 
 pub fn print_line(line: impl std::fmt::Display) {
@@ -97,6 +101,25 @@ pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, 
     std::borrow::Cow::Owned(out)
 }
 
+/// An error and its causes, `: `-separated like anyhow's `{:#}`, but without a cause whose
+/// text the message already carries: many library errors put their source's text in their own
+/// message and also return it as `source()` (thiserror's `#[from]` with a `{0}` message), and
+/// printed whole they would say the same thing two or three times.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
 /// `items` in their order, each only the first time it comes (a version given twice runs once).
 pub fn each_once<T: PartialEq>(items: Vec<T>) -> Vec<T> {
     let mut kept: Vec<T> = Vec::with_capacity(items.len());
@@ -121,6 +144,33 @@ fn is_separator_or_bidi(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{each_once, escape_controls};
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        use std::fmt;
+        /// A library error that puts its source's text in its message and returns it as its
+        /// source too.
+        #[derive(Debug)]
+        struct Engine(std::io::Error);
+        impl fmt::Display for Engine {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "TLS engine: {}", self.0)
+            }
+        }
+        impl std::error::Error for Engine {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::other("key values mismatch");
+        let e = anyhow::Error::new(Engine(io)).context("middlebox TLS configuration");
+        assert_eq!(
+            super::error_text(&e),
+            "middlebox TLS configuration: TLS engine: key values mismatch"
+        );
+        let plain = anyhow::anyhow!("root").context("outer");
+        assert_eq!(super::error_text(&plain), "outer: root");
+    }
 
     #[test]
     fn each_once_keeps_the_first_of_each_in_order() {
