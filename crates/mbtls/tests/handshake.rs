@@ -758,9 +758,11 @@ fn client_accepts_only_the_evidence_as_half_rtt_data() {
 
         let err = client.receive(&to_client).unwrap_err();
         assert!(
-            matches!(&err, HandshakeError::Protocol(m) if m.contains("unexpected secondary message")),
+            matches!(err.cause(), HandshakeError::Protocol(m) if m.contains("unexpected secondary message")),
             "{err:?}"
         );
+        // Named: which middlebox sent it.
+        assert!(err.to_string().starts_with("middlebox "), "{err}");
         // The evidence itself was good: only the extra message failed the handshake.
         let ce = client_events(&mut client);
         assert!(

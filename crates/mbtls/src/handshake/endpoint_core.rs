@@ -618,22 +618,27 @@ impl EndpointCore {
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
         if self.preconfigured() {
-            // Named, so that an error among several middleboxes says which one failed.
-            let name = self
-                .slots
-                .iter()
-                .find(|s| s.subchannel == subchannel)
-                .and_then(|s| s.name.clone());
-            return Err(match name {
-                Some(name) => HandshakeError::Middlebox {
-                    name,
-                    inner: Box::new(err),
-                },
-                None => err,
-            });
+            return Err(self.about(subchannel, err));
         }
         self.shut_out(subchannel, why)?;
         self.maybe_finish()
+    }
+
+    /// `err` about the middlebox on `subchannel`, named when its name is known (configured, or
+    /// read from its verified certificate), so that an error among several says which one.
+    fn about(&self, subchannel: u8, err: HandshakeError) -> HandshakeError {
+        let name = self
+            .slots
+            .iter()
+            .find(|s| s.subchannel == subchannel)
+            .and_then(|s| s.name.clone());
+        match name {
+            Some(name) => HandshakeError::Middlebox {
+                name,
+                inner: Box::new(err),
+            },
+            None => err,
+        }
     }
 
     /// Closes a middlebox's secondary session without key material (it then forwards
@@ -704,14 +709,22 @@ impl EndpointCore {
         let slot = self.slot_mut(id)?;
         let plain = slot.engine.take_plaintext();
         slot.rx.push(&plain);
-        while let Some(msg) = self.slot_mut(id)?.rx.next_message()? {
+        loop {
+            let msg = match self.slot_mut(id)?.rx.next_message() {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(e) => return Err(self.about(id, e.into())),
+            };
             match msg {
                 SecondaryMessage::Evidence(e) if self.slot_mut(id)?.state == Secondary::Running => {
                     if let Err(err) = self.verify(id, &e) {
                         return self.exclude(id, "evidence refused", err);
                     }
                 }
-                _ => return Err(HandshakeError::Protocol("unexpected secondary message")),
+                _ => {
+                    let what = HandshakeError::Protocol("unexpected secondary message");
+                    return Err(self.about(id, what));
+                }
             }
         }
         let peer_closed = self.slot_mut(id)?.engine.peer_closed();
