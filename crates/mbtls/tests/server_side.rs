@@ -778,6 +778,25 @@ fn server_side_middlebox_failing_policy_gets_no_key_material() {
     }
 }
 
+/// A handshake the server's TLS engine refuses sends the peer the engine's alert (here
+/// protocol_version: a TLS 1.2-only client, a TLS 1.3-only server), not a bare close.
+#[test]
+fn a_refused_primary_handshake_sends_the_engines_alert() {
+    let s = Setup::new();
+    let mut path = Path::new(vec![
+        Node::LegacyClient(s.legacy_client(TlsVersion::Tls12)),
+        Node::Server(s.server(
+            TlsVersion::Tls13,
+            ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
+        )),
+    ]);
+    path.first().receive(Side::Server, &[]).unwrap();
+    path.pump();
+    assert!(path.errors[1].is_some(), "{:?}", path.errors);
+    let client = path.errors[0].clone().unwrap_or_default();
+    assert!(client.contains("protocol_version"), "{:?}", path.errors);
+}
+
 #[test]
 fn unknown_server_side_middlebox_with_wrong_name_is_refused_when_preconfigured() {
     for s in Setup::both() {

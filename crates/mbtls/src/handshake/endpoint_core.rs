@@ -536,8 +536,11 @@ impl EndpointCore {
                     )?;
                 }
                 primary.feed(rec.as_bytes());
-                primary.process()?;
+                let processed = primary.process();
+                // Even when it failed: the alert the engine sent then goes out, so the peer
+                // learns why (`protocol_version`, `bad_certificate`) instead of seeing a close.
                 self.out.extend_from_slice(&primary.take_outgoing());
+                processed?;
                 // A middlebox speaks before the primary handshake can end (client side: its
                 // ServerHello precedes the primary one; server side: its announcement precedes
                 // the ClientHello), so one that has not spoken by then is absent.
