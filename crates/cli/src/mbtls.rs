@@ -1116,13 +1116,21 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             if *resumed { " (resumed)" } else { "" }
         ),
         MiddleboxVerdict::Excluded {
-            middlebox: Some(m),
+            middlebox,
             why,
-        } => format!("{m} was excluded: {why}"),
-        MiddleboxVerdict::Excluded {
-            middlebox: None,
-            why,
-        } => format!("a middlebox was excluded: {why}"),
+            detail,
+        } => {
+            let who = middlebox.as_deref().unwrap_or("a middlebox");
+            let why = match *why {
+                // The CLI's approval is its allow-list.
+                "not approved by the application" => "not in the allow-list (--allow-middlebox)",
+                why => why,
+            };
+            match detail {
+                Some(d) => format!("{who} was excluded: {why} ({d})"),
+                None => format!("{who} was excluded: {why}"),
+            }
+        }
         MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
     }
 }
@@ -2489,6 +2497,7 @@ mod tests {
         r.verdicts = vec![MiddleboxVerdict::Excluded {
             middlebox: None,
             why: "secondary handshake failed",
+            detail: None,
         }];
         let line = server_report_line(&r);
         assert!(
@@ -2516,6 +2525,7 @@ mod tests {
         let excluded = MiddleboxVerdict::Excluded {
             middlebox: Some("x.test".into()),
             why: "not approved by the application",
+            detail: None,
         };
         let checked = [verified("mb2.test"), excluded.clone(), verified("mb1.test")];
         let path = ["mb1.test".to_string(), "mb2.test".to_string()];

@@ -1016,7 +1016,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     let (ok, text, err) = fetch(&["--allow-middlebox", "someone-else.test"]);
     assert!(ok, "{text}{err}");
     assert!(
-        text.contains("attestation: mb0.test was excluded: not approved"),
+        text.contains("attestation: mb0.test was excluded: not in the allow-list"),
         "{text}"
     );
     assert!(
@@ -1073,7 +1073,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     assert!(ok, "{text}{err}");
     for expected in [
-        "attestation: mb0.test was excluded: not approved",
+        "attestation: mb0.test was excluded: not in the allow-list",
         "attestation: mb1.test verified (sim TEE",
         "hop 2: mb1.test <-> server.test (primary session keys)",
     ] {

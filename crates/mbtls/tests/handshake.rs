@@ -976,9 +976,20 @@ mod discovered {
                 assert!(!net.client.keys_sent(), "{what}");
                 assert!(!net.mbox.keys_installed(), "{what}");
                 let ce = client_events(&mut net.client);
+                // What the failed check said comes with it; an approval refused says no more.
+                let expected_detail = match what {
+                    "not approved" => None,
+                    "untrusted certificate" => Some("TLS engine"),
+                    _ => Some("is not accepted by policy"),
+                };
                 assert!(
-                    ce.iter()
-                        .any(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded { .. })),
+                    ce.iter().any(|e| matches!(
+                        e,
+                        ClientHandshakeEvent::MiddleboxExcluded { detail, .. }
+                            if detail.as_deref().map(|d| expected_detail
+                                .is_some_and(|x| d.contains(x)))
+                                .unwrap_or(expected_detail.is_none())
+                    )),
                     "{what}: {ce:?}"
                 );
                 assert!(ce.contains(&ClientHandshakeEvent::Direct), "{what}: {ce:?}");
@@ -1082,7 +1093,8 @@ mod discovered {
             assert!(
                 ce.contains(&ClientHandshakeEvent::MiddleboxExcluded {
                     middlebox: Some("mb.test".to_string()),
-                    why: "answered after the primary ServerHello"
+                    why: "answered after the primary ServerHello",
+                    detail: None,
                 }),
                 "{version:?}: {ce:?}"
             );

@@ -733,7 +733,8 @@ fn undiscovered_middlebox_not_approved_gets_no_keys_and_the_session_is_direct() 
                     e,
                     ClientHandshakeEvent::MiddleboxExcluded {
                         middlebox: Some(_),
-                        why: "not approved by the application"
+                        why: "not approved by the application",
+                        detail: None,
                     }
                 )),
                 "{se:?}"
@@ -1727,7 +1728,7 @@ mod several_discovered {
         let excluded: Vec<_> = events
             .iter()
             .filter_map(|e| match e {
-                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
+                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why, .. } => {
                     Some((middlebox.as_deref(), *why))
                 }
                 _ => None,

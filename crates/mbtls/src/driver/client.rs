@@ -26,10 +26,12 @@ pub enum MiddleboxVerdict {
         checked_at: u64,
     },
     /// A discovered middlebox failed a check and got no key material (`middlebox`: its name
-    /// when its certificate verified; `None` when its secondary handshake failed first).
+    /// when its certificate verified; `None` when its secondary handshake failed first;
+    /// `detail`: what the failed check said, when a check failed).
     Excluded {
         middlebox: Option<String>,
         why: &'static str,
+        detail: Option<String>,
     },
     /// No middlebox took part.
     Direct,

@@ -137,9 +137,16 @@ impl<H: EndpointHandshake> Session<H> {
                         checked_at,
                     });
                 }
-                ClientHandshakeEvent::MiddleboxExcluded { middlebox, why } => {
-                    self.verdicts
-                        .push(MiddleboxVerdict::Excluded { middlebox, why });
+                ClientHandshakeEvent::MiddleboxExcluded {
+                    middlebox,
+                    why,
+                    detail,
+                } => {
+                    self.verdicts.push(MiddleboxVerdict::Excluded {
+                        middlebox,
+                        why,
+                        detail,
+                    });
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerClosed) => self.peer_closed = true,
                 ClientHandshakeEvent::Data(EndpointEvent::PeerUpdatedKeys { .. }) => {

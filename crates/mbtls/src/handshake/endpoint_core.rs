@@ -49,9 +49,12 @@ pub enum ClientHandshakeEvent {
     /// A discovered middlebox was excluded (not approved, bad certificate, evidence refused);
     /// it never receives key material. `middlebox`: its name as in `MiddleboxVerified`, when
     /// its certificate verified (`None`: its secondary handshake failed before that).
+    /// `detail`: what the failed check said (the refused measurement, the certificate error),
+    /// when a check failed.
     MiddleboxExcluded {
         middlebox: Option<String>,
         why: &'static str,
+        detail: Option<String>,
     },
     /// Key material was sent; data may be written.
     KeysSent,
@@ -623,7 +626,12 @@ impl EndpointCore {
         if self.preconfigured() {
             return Err(self.about(subchannel, err));
         }
-        self.shut_out(subchannel, why)?;
+        // Our own protocol reasons are `why` already; a check's error says more.
+        let detail = match err {
+            HandshakeError::Protocol(_) => None,
+            err => Some(err.to_string()),
+        };
+        self.shut_out(subchannel, why, detail)?;
         self.maybe_finish()
     }
 
@@ -646,7 +654,12 @@ impl EndpointCore {
 
     /// Closes a middlebox's secondary session without key material (it then forwards
     /// ciphertext only).
-    fn shut_out(&mut self, subchannel: u8, why: &'static str) -> Result<(), HandshakeError> {
+    fn shut_out(
+        &mut self,
+        subchannel: u8,
+        why: &'static str,
+        detail: Option<String>,
+    ) -> Result<(), HandshakeError> {
         let slot = self.slot_mut(subchannel)?;
         // Best effort: a failed engine may have queued an alert instead of a close_notify.
         let _ = slot.engine.close();
@@ -654,7 +667,11 @@ impl EndpointCore {
         let middlebox = slot.name.clone();
         self.flush_secondary(subchannel)?;
         self.events
-            .push_back(ClientHandshakeEvent::MiddleboxExcluded { middlebox, why });
+            .push_back(ClientHandshakeEvent::MiddleboxExcluded {
+                middlebox,
+                why,
+                detail,
+            });
         Ok(())
     }
 
