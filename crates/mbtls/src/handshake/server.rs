@@ -252,7 +252,12 @@ fn announced(
         // handshake each).
         ServerMiddlebox::Discover(_) if k == 0 => None,
         ServerMiddlebox::DiscoverUpTo(_, n) if k < usize::from(*n) => None,
-        _ => {
+        ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..) => {
+            return Err(HandshakeError::Protocol(
+                "more middleboxes announced themselves than this server lets join                  (max_discovered, --max-discovered; default 1)",
+            ))
+        }
+        ServerMiddlebox::Preconfigured(_) => {
             return Err(HandshakeError::Protocol(
                 "more middleboxes announced themselves than are configured",
             ))
