@@ -56,14 +56,21 @@ async fn answer_scrape(
         }
         head.extend_from_slice(buf.get(..n).unwrap_or_default());
     }
-    let (status, body) = match route(&head) {
-        Route::Metrics => ("200 OK", render()),
+    let route = route(&head);
+    let (status, body) = match route {
+        Route::Metrics | Route::MetricsHead => ("200 OK", render()),
         Route::NotFound => ("404 Not Found", "not found\n".to_owned()),
-        Route::NotGet => ("405 Method Not Allowed", "GET only\n".to_owned()),
+        Route::NotGet => ("405 Method Not Allowed", "GET or HEAD only\n".to_owned()),
+    };
+    // HEAD: the same head, no body (RFC 9110 §9.3.2).
+    let shown = if route == Route::MetricsHead {
+        ""
+    } else {
+        &body
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         Content-Length: {}\r\nConnection: close\r\n\r\n{shown}",
         body.len()
     );
     tcp.write_all(response.as_bytes()).await?;
@@ -74,6 +81,8 @@ async fn answer_scrape(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     Metrics,
+    /// `HEAD /metrics`: the head of the answer only.
+    MetricsHead,
     NotFound,
     NotGet,
 }
@@ -83,9 +92,13 @@ pub enum Route {
 pub fn route(head: &[u8]) -> Route {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
+    // A query (Prometheus' `params:`) asks for the same metrics.
+    let metrics =
+        |target: &[u8]| target.split(|&b| b == b'?').next() == Some(b"/metrics".as_slice());
     match (parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/metrics")) => Route::Metrics,
-        (Some(b"GET"), _) => Route::NotFound,
+        (Some(b"GET"), Some(t)) if metrics(t) => Route::Metrics,
+        (Some(b"HEAD"), Some(t)) if metrics(t) => Route::MetricsHead,
+        (Some(b"GET" | b"HEAD"), _) => Route::NotFound,
         _ => Route::NotGet,
     }
 }
@@ -143,7 +156,7 @@ mod tests {
         fn only_get_metrics_is_served(head in heads()) {
             let r = route(&head);
             prop_assert_eq!(r == Route::Metrics, head.starts_with(b"GET /metrics")
-                && matches!(head.get(12), None | Some(b' ') | Some(b'\r')));
+                && matches!(head.get(12), None | Some(b' ') | Some(b'\r') | Some(b'?')));
         }
     }
 
@@ -153,6 +166,10 @@ mod tests {
         assert_eq!(route(b"GET /metricsx HTTP/1.1\r\n\r\n"), Route::NotFound);
         assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::NotGet);
         assert_eq!(route(b""), Route::NotGet);
+        // A query asks for the same; HEAD for the head only.
+        assert_eq!(route(b"GET /metrics?a=1 HTTP/1.1\r\n\r\n"), Route::Metrics);
+        assert_eq!(route(b"HEAD /metrics HTTP/1.1\r\n\r\n"), Route::MetricsHead);
+        assert_eq!(route(b"HEAD /other HTTP/1.1\r\n\r\n"), Route::NotFound);
     }
 
     #[test]
@@ -184,19 +201,28 @@ mod tests {
             Arc::default(),
             Arc::new(|| "x_total 7\n".to_owned()),
         ));
-        let get = |path: &'static str| async move {
+        let ask = |method: &'static str, path: &'static str| async move {
             let mut tcp = TcpStream::connect(addr).await.unwrap();
-            tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            tcp.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
             let mut answer = String::new();
             tcp.read_to_string(&mut answer).await.unwrap();
             answer
         };
-        let metrics = get("/metrics").await;
+        let metrics = ask("GET", "/metrics").await;
         assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
         assert!(metrics.ends_with("\r\n\r\nx_total 7\n"), "{metrics}");
-        assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+        assert!(ask("GET", "/other").await.starts_with("HTTP/1.1 404"));
+        // With a query, the same; HEAD, the head alone (its length the body's).
+        let queried = ask("GET", "/metrics?module=mbx").await;
+        assert!(queried.ends_with("\r\n\r\nx_total 7\n"), "{queried}");
+        let head = ask("HEAD", "/metrics").await;
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\n")
+                && head.ends_with("Content-Length: 10\r\nConnection: close\r\n\r\n"),
+            "{head}"
+        );
         task.abort();
     }
 
