@@ -388,6 +388,8 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
         let first = fetch("-sess_out");
         assert!(first.contains("New, TLSv1.3"), "{first}");
         assert!(first.contains("GET /again"), "{first}");
+        // A TLS 1.3 session is saved only from a ticket: without the flag there is none.
+        assert_eq!(session.exists(), tickets, "{first}");
         // A reload that changes nothing of the server's TLS keeps its context, and with it the
         // ticket keys: the ticket still opens.
         signal(&mut srv, Signal::HUP);
