@@ -983,6 +983,22 @@ impl OpenSslEngine {
         ffi::mark_closed(self.stream.ssl());
     }
 
+    /// Whether OpenSSL failed the connection (it then sent its own alert, when it had one).
+    pub fn has_failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The version the handshake uses, known from the ServerHello on (a server's, once it
+    /// has answered the ClientHello), before the keys are: [`TlsEngine::version`] waits for
+    /// them.
+    pub fn handshake_version(&self) -> Option<TlsVersion> {
+        match self.stream.ssl().version2()? {
+            SslVersion::TLS1_2 => Some(TlsVersion::Tls12),
+            SslVersion::TLS1_3 => Some(TlsVersion::Tls13),
+            _ => None,
+        }
+    }
+
     /// Whether this connection resumed a session (TLS 1.2 session ID or ticket, TLS 1.3
     /// ticket) instead of running a full handshake.
     pub fn session_reused(&self) -> bool {

@@ -395,6 +395,10 @@ pub(super) struct EndpointCore {
     /// What the peer sent after the primary handshake ended and before the data phase: the
     /// paused engine keeps it until the export, within its bound.
     kept_after_handshake: Kept,
+    /// The primary engine has answered the peer (a server: its ServerHello is out). Only then
+    /// may a failure add an alert of ours: a server-side middlebox takes an alert that is a
+    /// server's first answer for a legacy server's refusal of its announcement.
+    primary_spoke: bool,
     /// Authenticates those records under the bridge keys before dropping them: the middlebox
     /// re-sends their content through its app, but a forged or altered record is still fatal
     /// (fail closed), never silently ignored.
@@ -430,6 +434,7 @@ impl EndpointCore {
             pending_writes: Vec::new(),
             discarded: 0,
             kept_after_handshake: Kept::default(),
+            primary_spoke: false,
             pre_marker: None,
             failed: false,
             summary: None,
@@ -484,8 +489,31 @@ impl EndpointCore {
         if r.is_err() {
             self.failed = true;
             self.forget_session();
+            self.alert_in_the_clear();
         }
         r
+    }
+
+    /// A server whose handshake fails on its side (a middlebox refused, a record it cannot
+    /// take) while its TLS 1.2 primary handshake is still in the clear (a full handshake, its
+    /// ServerHello sent, its ChangeCipherSpec not yet): a fatal `handshake_failure` alert, in
+    /// plaintext as the client expects then, so that a legacy client learns the session was
+    /// refused instead of seeing a close. TLS 1.3 protects everything after the ServerHello,
+    /// and an engine that failed sent its own alert.
+    fn alert_in_the_clear(&mut self) {
+        let Some(primary) = self.primary.as_ref() else {
+            return;
+        };
+        let in_the_clear = self.role == Role::Server
+            && self.primary_spoke
+            && !primary.has_failed()
+            && primary.is_handshaking()
+            && primary.handshake_version() == Some(mbx_record::TlsVersion::Tls12)
+            && !primary.session_reused();
+        if in_the_clear {
+            // Alert record: type 21, TLS 1.2, 2 bytes: fatal (2), handshake_failure (40).
+            self.out.extend_from_slice(&[21, 3, 3, 0, 2, 2, 40]);
+        }
     }
 
     /// What makes the primary session unresumable if this session fails: a client's stored
@@ -542,7 +570,9 @@ impl EndpointCore {
                 let processed = primary.process();
                 // Even when it failed: the alert the engine sent then goes out, so the peer
                 // learns why (`protocol_version`, `bad_certificate`) instead of seeing a close.
-                self.out.extend_from_slice(&primary.take_outgoing());
+                let answer = primary.take_outgoing();
+                self.primary_spoke |= !answer.is_empty();
+                self.out.extend_from_slice(&answer);
                 processed?;
                 // A middlebox speaks before the primary handshake can end (client side: its
                 // ServerHello precedes the primary one; server side: its announcement precedes
