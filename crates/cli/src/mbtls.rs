@@ -1196,23 +1196,8 @@ fn print_response(response: &[u8]) {
 /// A body for a terminal: control characters escaped (as report lines escape them), line
 /// breaks (LF or CRLF) and tabs kept.
 fn escape_body_controls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let (line, newline) = match line.strip_suffix('\n') {
-            Some(l) => (l.strip_suffix('\r').unwrap_or(l), "\n"),
-            None => (line, ""),
-        };
-        let mut cells = line.split('\t');
-        if let Some(first) = cells.next() {
-            out.push_str(&escape_controls(first, false));
-        }
-        for cell in cells {
-            out.push('\t');
-            out.push_str(&escape_controls(cell, false));
-        }
-        out.push_str(newline);
-    }
-    out
+    let text = text.replace("\r\n", "\n");
+    crate::subcommand::escape_controls_but(&text, &['\n', '\t']).into_owned()
 }
 
 /// `passthrough` or `http-header:NAME:VALUE`.

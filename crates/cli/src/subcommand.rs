@@ -85,8 +85,12 @@ pub fn print_line(line: impl std::fmt::Display) {
 /// Unicode line and paragraph separators and the bidirectional controls (which reorder how the
 /// rest of a line is shown) count as control characters here.
 pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
-    let escaped =
-        |c: char| (c.is_control() || is_separator_or_bidi(c)) && !(keep_newlines && c == '\n');
+    escape_controls_but(text, if keep_newlines { &['\n'] } else { &[] })
+}
+
+/// [`escape_controls`] keeping the control characters in `kept` as they are.
+pub fn escape_controls_but<'a>(text: &'a str, kept: &[char]) -> std::borrow::Cow<'a, str> {
+    let escaped = |c: char| (c.is_control() || is_separator_or_bidi(c)) && !kept.contains(&c);
     if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
