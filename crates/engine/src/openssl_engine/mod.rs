@@ -1206,11 +1206,7 @@ impl TlsEngine for OpenSslEngine {
         if !self.keys_available() {
             return None;
         }
-        match self.stream.ssl().version2()? {
-            SslVersion::TLS1_2 => Some(TlsVersion::Tls12),
-            SslVersion::TLS1_3 => Some(TlsVersion::Tls13),
-            _ => None,
-        }
+        self.handshake_version()
     }
 
     fn cipher_suite(&self) -> Option<u16> {
