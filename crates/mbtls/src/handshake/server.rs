@@ -254,7 +254,8 @@ fn announced(
         ServerMiddlebox::DiscoverUpTo(_, n) if k < usize::from(*n) => None,
         ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..) => {
             return Err(HandshakeError::Protocol(
-                "more middleboxes announced themselves than this server lets join                  (max_discovered, --max-discovered; default 1)",
+                "more middleboxes announced themselves than this server lets join \
+                 (max_discovered, --max-discovered; default 1)",
             ))
         }
         ServerMiddlebox::Preconfigured(_) => {
