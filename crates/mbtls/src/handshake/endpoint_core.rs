@@ -489,30 +489,34 @@ impl EndpointCore {
         if r.is_err() {
             self.failed = true;
             self.forget_session();
-            self.alert_in_the_clear();
         }
         r
     }
 
-    /// A server whose handshake fails on its side (a middlebox refused, a record it cannot
+    /// A server whose handshake failed on its side (a middlebox refused, a record it cannot
     /// take) while its TLS 1.2 primary handshake is still in the clear (a full handshake, its
     /// ServerHello sent, its ChangeCipherSpec not yet): a fatal `handshake_failure` alert, in
     /// plaintext as the client expects then, so that a legacy client learns the session was
     /// refused instead of seeing a close. TLS 1.3 protects everything after the ServerHello,
     /// and an engine that failed sent its own alert.
-    fn alert_in_the_clear(&mut self) {
+    pub(super) fn alert_in_the_clear(&mut self) {
         let Some(primary) = self.primary.as_ref() else {
             return;
         };
-        let in_the_clear = self.role == Role::Server
-            && self.primary_spoke
+        let in_the_clear = self.primary_spoke
             && !primary.has_failed()
             && primary.is_handshaking()
             && primary.handshake_version() == Some(mbx_record::TlsVersion::Tls12)
             && !primary.session_reused();
         if in_the_clear {
-            // Alert record: type 21, TLS 1.2, 2 bytes: fatal (2), handshake_failure (40).
-            self.out.extend_from_slice(&[21, 3, 3, 0, 2, 2, 40]);
+            let alert = crate::hop::Alert::fatal(mbx_engine::AlertDescription::HANDSHAKE_FAILURE);
+            // Two bytes always fit a record.
+            let _ = mbx_wire::record::encode_record(
+                mbx_record::ContentType::ALERT,
+                version::TLS1_2,
+                &alert.encode(),
+                &mut self.out,
+            );
         }
     }
 

@@ -105,7 +105,7 @@ impl ServerHandshake {
         self.demux.push(bytes);
         let demux = &mut self.demux;
         let cfg = &self.cfg;
-        self.core.guarded(|core| {
+        let r = self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
                     Piece::Primary(rec) => {
@@ -136,7 +136,11 @@ impl ServerHandshake {
                 }
             }
             Ok(())
-        })
+        });
+        if r.is_err() {
+            self.core.alert_in_the_clear();
+        }
+        r
     }
 
     /// Application data for the client; held until the data phase starts.
