@@ -62,12 +62,10 @@ fn compute<T>(f: impl FnOnce() -> T) -> T {
 /// Why a driver stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    /// The I/O error is part of the message, not a `source()`: error chains printed whole
-    /// (`{:#}`) would say it twice.
-    #[error("{context}: {error}")]
+    #[error("{context}: {source}")]
     Io {
         context: &'static str,
-        error: std::io::Error,
+        source: std::io::Error,
     },
     #[error(transparent)]
     Net(#[from] NetError),
@@ -76,7 +74,7 @@ pub enum DriverError {
 }
 
 fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
-    move |error| DriverError::Io { context, error }
+    move |source| DriverError::Io { context, source }
 }
 
 /// A BlindBox endpoint on a TCP connection to the middlebox.

@@ -784,8 +784,8 @@ fn client(
                 // is in the middleboxes' and the server's reports.
                 let ended_behind = match &e {
                     DriverError::PeerGone { .. } => true,
-                    DriverError::Io { error, .. } => {
-                        error.kind() == std::io::ErrorKind::ConnectionReset
+                    DriverError::Io { source, .. } => {
+                        source.kind() == std::io::ErrorKind::ConnectionReset
                     }
                     _ => false,
                 };

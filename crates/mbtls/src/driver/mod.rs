@@ -124,12 +124,10 @@ pub(crate) fn keep_alive(socket: &impl std::os::fd::AsFd) {
 #[non_exhaustive]
 pub enum DriverError {
     /// A socket operation failed.
-    /// The I/O error is part of the message, not a `source()`: error chains printed whole
-    /// (`{:#}`) would say it twice.
-    #[error("{context}: {error}")]
+    #[error("{context}: {source}")]
     Io {
         context: &'static str,
-        error: std::io::Error,
+        source: std::io::Error,
     },
     /// The handshake core refused the session.
     #[error("mbTLS handshake failed: {0}")]
@@ -167,7 +165,7 @@ pub enum DriverError {
 
 impl DriverError {
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
-        move |error| DriverError::Io { context, error }
+        move |source| DriverError::Io { context, source }
     }
 
     pub(crate) fn alert(alert: Alert, what: &'static str) -> DriverError {

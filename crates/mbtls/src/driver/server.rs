@@ -246,7 +246,7 @@ async fn run(
     .await
     .map_err(|_| DriverError::Io {
         context: "cannot connect to the backend",
-        error: std::io::ErrorKind::TimedOut.into(),
+        source: std::io::ErrorKind::TimedOut.into(),
     })?
     .map_err(DriverError::io("cannot connect to the backend"))?;
     let _ = backend.set_nodelay(true);
