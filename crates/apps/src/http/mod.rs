@@ -791,7 +791,10 @@ mod tests {
             3
         );
         // The `connect` answered with 200 (an origin server) opens no tunnel; the `head`
-        // response's body quotes a 101, which is not the answer to the upgrade.
+        // response's body quotes a 101, which is not the answer to the upgrade: that is the
+        // real 101 after it, so the stream switches then. (Read as HEAD, the body would be
+        // taken for the upgrade's answer, refused for lack of an accept value, and the real
+        // 101 would answer nothing: the stream would stay HTTP.)
         respond(
             &mut app,
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
@@ -802,14 +805,10 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 36\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n",
             false,
         );
-        respond(
-            &mut app,
-            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
-            false,
-        );
+        respond(&mut app, SWITCHED, false);
         let (out, v) = run(&mut app, &[FORGED]);
         assert_eq!(v, Verdict::Continue);
-        assert!(out.ends_with(b"X-Mbtls: seen\r\n\r\n"));
+        assert_eq!(out, FORGED);
     }
 
     /// An upgrade to anything but WebSocket (h2c would carry HTTP/2 requests without the
@@ -907,7 +906,6 @@ mod tests {
             let mut app = proxy();
             run(&mut app, &[b"GET / HTTP/1.1\r\n\r\n"]);
             respond(&mut app, garbage, false);
-            respond(&mut app, SWITCHED, false);
             run(&mut app, &[UPGRADE]);
             respond(&mut app, SWITCHED, false);
             let (out, _) = run(&mut app, &[FORGED]);
