@@ -2102,6 +2102,10 @@ fn options_that_would_be_ignored_are_refused() {
             OsStr::new(option),
         ]);
         args.push(path.as_os_str());
+        if attester == "sim" {
+            // A key the sim attester would create: it must not be, since the start is refused.
+            args.extend([OsStr::new("--sim-platform-key"), key.as_os_str()]);
+        }
         let (status, err) = refused_at_start(&args);
         assert!(status.is_some_and(|s| !s.success()), "{option}: {status:?}");
         assert!(err.contains(expected), "{option}: {err}");
