@@ -42,7 +42,7 @@ pub use hop::{Alert, Side};
 pub use keys::{
     client_side_keys, server_side_keys, DirectionKeys, HopKeys, SideKeys, TrafficSecret,
 };
-pub use relay::{FailCause, MiddleboxRelay, RelayEvent};
+pub use relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
 pub use wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, CT_ENCAPSULATED, CT_KEY_MATERIAL,
     CT_MIDDLEBOX_ANNOUNCEMENT, MIDDLEBOX_SUPPORT_EXTENSION,

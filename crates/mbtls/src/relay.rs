@@ -36,6 +36,19 @@ pub enum FailCause {
     Local,
 }
 
+/// What one side leaving without close_notify means ([`MiddleboxRelay::leaving`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaving {
+    /// The other side has not ended its direction (or the session failed): a cut.
+    MidSession,
+    /// After the other side's close_notify, with data or part of a record from this side
+    /// since: it may have been cut.
+    MayCut,
+    /// After the other side's close_notify, with nothing from this side since: the session
+    /// is over (HTTP clients leave so once the server has closed).
+    Clean,
+}
+
 /// What happened, for the driver and for logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RelayEvent {
@@ -126,8 +139,19 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
         self.failed || self.ended(from)
     }
 
+    /// What `from` leaving now, without close_notify, means for the session.
+    pub fn leaving(&self, from: Side) -> Leaving {
+        if self.failed || !self.ended(from.other()) {
+            Leaving::MidSession
+        } else if self.sent_data_after_the_others_close(from) || self.has_partial_record(from) {
+            Leaving::MayCut
+        } else {
+            Leaving::Clean
+        }
+    }
+
     /// True once the sender on `from` sent application data after the other side ended its
-    /// direction with close_notify. Until then, `from` leaving without close_notify of its own
+    /// direction with close_notify (part of [`leaving`](Self::leaving)). Until then, `from` leaving without close_notify of its own
     /// cut nothing this middlebox saw (HTTP clients close so once the server closed).
     pub fn sent_data_after_the_others_close(&self, from: Side) -> bool {
         match from {
@@ -137,7 +161,7 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
     }
 
     /// True while part of a record from `from` waits for the rest: that side leaving now
-    /// would cut it.
+    /// would cut it (part of [`leaving`](Self::leaving)).
     pub fn has_partial_record(&self, from: Side) -> bool {
         self.hop_ref(from).has_pending()
     }

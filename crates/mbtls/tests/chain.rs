@@ -10,7 +10,7 @@ use common::{records, App, Chain, SUITES};
 use mbx_apps::{Direction, HttpHeaderInsert, MiddleboxApp, PassThrough, Verdict};
 use mbx_engine::AlertDescription;
 use mbx_mbtls::relay::FailCause;
-use mbx_mbtls::{Alert, EndpointEvent, RelayEvent, Side};
+use mbx_mbtls::{Alert, EndpointEvent, Leaving, RelayEvent, Side};
 use mbx_record::{CipherSuite, TlsVersion};
 use proptest::prelude::*;
 
@@ -459,6 +459,9 @@ fn close_notify_is_reprotected_per_hop_and_half_closes() {
     }
     // Nothing came from the server since: its leaving without close_notify would cut nothing.
     assert!(!chain.mbox(0).sent_data_after_the_others_close(Side::Server));
+    assert_eq!(chain.mbox(0).leaving(Side::Server), Leaving::Clean);
+    // The server's direction is open: the client leaving now would be a cut.
+    assert_eq!(chain.mbox(0).leaving(Side::Client), Leaving::MidSession);
     // The other direction still works (half-close). Half a record is not yet data, but it is
     // something a cut would lose.
     chain.server().write(b"resp").unwrap();
@@ -467,6 +470,7 @@ fn close_notify_is_reprotected_per_hop_and_half_closes() {
     chain.nodes[2].receive(Side::Server, first);
     assert!(chain.mbox(1).has_partial_record(Side::Server));
     assert!(!chain.mbox(1).sent_data_after_the_others_close(Side::Server));
+    assert_eq!(chain.mbox(1).leaving(Side::Server), Leaving::MayCut);
     chain.nodes[2].receive(Side::Server, rest);
     assert!(!chain.mbox(1).has_partial_record(Side::Server));
     chain.server().close().unwrap();

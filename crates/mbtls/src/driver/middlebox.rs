@@ -23,7 +23,7 @@ use crate::handshake::{
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
 };
 use crate::hop::Side;
-use crate::relay::{FailCause, MiddleboxRelay, RelayEvent};
+use crate::relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
 
 /// Makes a fresh app instance for each connection.
 pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
@@ -645,24 +645,17 @@ async fn relay(
                 conn.outbox(from.other()).finish();
                 continue;
             }
-            // The other side ended with close_notify, and nothing came from this one since:
-            // the session is over (HTTP clients leave so once the server has closed). The other
-            // side's connection is closed without a close_notify of ours, so an endpoint there
-            // tells this apart from a clean end too.
-            // A reset, or part of a record left waiting, is a cut whatever came before.
-            let others_close = conn.hs.relay().map(|r| {
-                (
-                    r.direction_ended(from.other()) && !r.is_failed(),
-                    reset || r.sent_data_after_the_others_close(from) || r.has_partial_record(from),
-                )
-            });
-            if others_close == Some((true, false)) {
+            // A clean leave ends the session: the other side's connection is closed without a
+            // close_notify of ours, so an endpoint there tells this apart from a clean end too.
+            // A reset is a cut whatever came before.
+            let leaving = conn.hs.relay().map(|r| r.leaving(from));
+            if leaving == Some(Leaving::Clean) && !reset {
                 report.left_without_close_notify = Some(from);
                 break Ok(());
             }
             break Err(DriverError::PeerGone {
                 peer: side_name(from),
-                when: if others_close == Some((true, true)) {
+                when: if matches!(leaving, Some(Leaving::Clean | Leaving::MayCut)) {
                     "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
                 } else if conn.hs.keys_installed() {
                     "mid-session, without close_notify"
