@@ -115,8 +115,9 @@ pub enum HandshakeError {
     /// A resumed secondary session relies on an earlier check that no longer holds.
     #[error("resumed secondary session: {0}")]
     Resumed(&'static str),
-    /// A pre-configured middlebox failed a check ([`cause`](Self::cause) says which):
-    /// the error names it. (The cause is part of the message, not a `source()`, which error
+    /// An error about one middlebox, named (configured, or read from its verified
+    /// certificate): a failed check of a pre-configured one, or a malformed or unexpected
+    /// secondary message from any ([`cause`](Self::cause) says what failed). (The cause is part of the message, not a `source()`, which error
     /// chains printed whole would repeat.)
     #[error("middlebox {name}: {inner}")]
     Middlebox {
