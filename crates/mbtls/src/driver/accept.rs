@@ -105,7 +105,7 @@ impl ListenerStats {
     }
 
     /// Connections that a stop cut ([`Listening::drain`] after its grace period, or
-    /// [`Listening::shutdown`]); each is reported as cut (`DriverError::CutAtStop`), and
+    /// [`Listening::shutdown`]); each is reported as cut (outcome [`CUT_AT_STOP`](super::CUT_AT_STOP)), and
     /// counted as failed in [`ListenerStats::ended`].
     pub fn connections_cut(&self) -> u64 {
         self.cut.load(Ordering::Relaxed)

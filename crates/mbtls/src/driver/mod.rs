@@ -40,7 +40,7 @@ pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
 pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
-pub use reports::{EndedConnections, REPORTS_KEPT};
+pub use reports::{EndedConnections, CUT_AT_STOP, REPORTS_KEPT};
 pub use server::{MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;
@@ -157,10 +157,6 @@ pub enum DriverError {
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),
-    /// The service stopped with this connection open: at the end of its drain time, or at once
-    /// (a second signal, `shutdown`, the listener dropped).
-    #[error("cut: the service stopped while the connection was open (at the end of the drain time, or at once)")]
-    CutAtStop,
 }
 
 impl DriverError {

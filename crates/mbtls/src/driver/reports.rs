@@ -120,9 +120,9 @@ pub(crate) trait Report: core::fmt::Debug {
 }
 
 impl<T: Report> ReportSender<T> {
-    /// Counts, logs (a warning when its connection failed; `what` names the connection) and
-    /// queues `report`.
-    pub(crate) fn log_and_send(&self, report: T, what: &'static str) {
+    /// Counts, logs (a warning when its connection failed) and queues `report`.
+    pub(crate) fn log_and_send(&self, report: T) {
+        let what = T::WHAT;
         self.tally.add(&report);
         // One short line per connection; the whole report (hashes, verdicts) at debug level.
         let (id, (up, down)) = (report.id(), report.bytes());
@@ -178,6 +178,10 @@ pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
     )
 }
 
+/// The outcome of a connection its listener cut: open when the service stopped.
+pub const CUT_AT_STOP: &str =
+    "cut: the service stopped while the connection was open (at the end of the drain time, or at once)";
+
 /// What the counts a connection keeps beside its report (`X`) add to it at the end.
 pub(crate) trait Absorb<X> {
     fn absorb(&mut self, beside: &X);
@@ -191,7 +195,7 @@ impl<R> Absorb<()> for R {
 /// (`X`). [`Pending::send`] sends it when the connection ends. A task aborted before that (its
 /// listener stopping: at the end of a drain, or at once) drops it, and the report is sent from
 /// here with what it held so far and the error
-/// [`DriverError::CutAtStop`](super::DriverError::CutAtStop). Made before the task first runs,
+/// [`CUT_AT_STOP`]. Made before the task first runs,
 /// so that a connection cut before that is reported too. It costs a connection only the
 /// report sender and a flag while it runs.
 pub(crate) struct Pending<R: Report + Absorb<X>, X> {
@@ -228,7 +232,7 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
             let why = if std::thread::panicking() {
                 "the connection's task panicked".to_string()
             } else {
-                super::DriverError::CutAtStop.to_string()
+                CUT_AT_STOP.to_string()
             };
             // An error the connection had already met stays first.
             let outcome = report.outcome_mut();
@@ -240,7 +244,7 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
                 }
             }
         }
-        self.sender.log_and_send(report, R::WHAT);
+        self.sender.log_and_send(report);
     }
 }
 

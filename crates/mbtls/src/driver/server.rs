@@ -13,7 +13,7 @@ use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
 use super::reports::{Absorb, Pending};
-use super::splice::{splice, Carried, EndpointSession, Sides};
+use super::splice::{splice, Carried, Sides};
 use super::{DriverError, Limits, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
@@ -167,7 +167,7 @@ impl Absorb<Carried> for ServerConnectionReport {
         self.bytes_from_backend = carried.from_plain;
         self.idle_trims = carried.idle_trims;
         self.peer_left_without_close_notify = carried.peer_left_without_close_notify;
-        self.key_updates = self.key_updates.max(carried.peer_key_updates);
+        self.key_updates = carried.peer_key_updates;
     }
 }
 
@@ -196,7 +196,6 @@ async fn serve(
     let r = run(&mut session, stream, cfg, report, carried).await;
     // What the session's events told, whether it ended well or not.
     report.verdicts.extend(session.take_verdicts());
-    report.key_updates = session.peer_key_updates();
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
     }

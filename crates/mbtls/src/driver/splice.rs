@@ -130,6 +130,8 @@ async fn splice_halves<S: EndpointSession>(
         // Plaintext that arrived (possibly with the handshake) goes to the plain side first.
         let data = session.take_plaintext();
         carried.to_plain += data.len() as u64;
+        // Those the handshake's last read brought too.
+        carried.peer_key_updates = session.peer_key_updates();
         to_plain.push(data);
         to_path.push(session.take_outgoing());
         let peer_closed = session.peer_closed();
