@@ -608,10 +608,17 @@ fn spliced_outcome_text(
     left_without_close_notify: bool,
     (peer, plain): (&str, &str),
 ) -> String {
-    match outcome {
-        Ok(()) if left_without_close_notify => format!(
-            "; closed, the {peer} without close_notify after ours (the {plain} connection was reset)"
-        ),
+    let left = left_without_close_notify.then(|| {
+        format!("the {peer} without close_notify after ours (the {plain} connection was reset)")
+    });
+    left_outcome_text(outcome, left)
+}
+
+/// [`outcome_text`], or for a session that ended without an error but with a peer leaving
+/// without close_notify, `"; closed, {left}"` (`left`: who left so, and what followed).
+fn left_outcome_text(outcome: &Result<(), String>, left: Option<String>) -> String {
+    match (outcome, left) {
+        (Ok(()), Some(left)) => format!("; closed, {left}"),
         _ => outcome_text(outcome),
     }
 }
@@ -1600,18 +1607,16 @@ fn print_report(r: &ConnectionReport) {
 /// [`outcome_text`] for a middlebox's session, where one side may have left without
 /// close_notify after the other's (`left`).
 fn relayed_outcome_text(outcome: &Result<(), String>, left: Option<Side>) -> String {
-    match (outcome, left) {
-        (Ok(()), Some(side)) => {
-            let (gone, other) = match side {
-                Side::Client => ("client", "server"),
-                Side::Server => ("server", "client"),
-            };
-            format!(
-                "; closed, the {gone} without close_notify after the {other}'s (the {other}'s connection was closed without one too)"
-            )
-        }
-        _ => outcome_text(outcome),
-    }
+    let left = left.map(|side| {
+        let (gone, other) = match side {
+            Side::Client => ("client", "server"),
+            Side::Server => ("server", "client"),
+        };
+        format!(
+            "the {gone} without close_notify after the {other}'s (the {other}'s connection was closed without one too)"
+        )
+    });
+    left_outcome_text(outcome, left)
 }
 
 /// The signals a service handles, registered before it says it is listening.
