@@ -11,10 +11,8 @@
 //! Time is never asserted; timeouts only turn hangs into failures.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use mbx_blindbox::plaintext::PlaintextMatcher;
@@ -23,14 +21,14 @@ use mbx_testbed::peers::ChildGuard;
 use mbx_testbed::{LeafSpec, TestPki};
 
 mod common;
-use common::{mbx, run_ok, succeeded};
+use common::{mbx, run_ok, succeeded, TimedLines};
 
 const BOUND: Duration = Duration::from_secs(120);
 
 /// A long-running party whose stdout lines arrive on a channel.
 struct Party {
     guard: ChildGuard,
-    lines: mpsc::Receiver<String>,
+    lines: TimedLines,
     seen: Vec<String>,
 }
 
@@ -42,17 +40,9 @@ impl Party {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
         Party {
             guard: ChildGuard::new(child),
-            lines: rx,
+            lines: TimedLines::new(stdout),
             seen: Vec::new(),
         }
     }
@@ -61,8 +51,8 @@ impl Party {
     fn until(&mut self, needle: &str) -> Vec<String> {
         let mut got = Vec::new();
         loop {
-            match self.lines.recv_timeout(BOUND) {
-                Ok(l) => {
+            match self.lines.next() {
+                Some(Ok(l)) => {
                     self.seen.push(l.clone());
                     let done = l.contains(needle);
                     got.push(l);
@@ -70,7 +60,7 @@ impl Party {
                         return got;
                     }
                 }
-                Err(_) => panic!("no line with {needle:?}; so far:\n{}", self.seen.join("\n")),
+                _ => panic!("no line with {needle:?}; so far:\n{}", self.seen.join("\n")),
             }
         }
     }

@@ -1,7 +1,6 @@
 //! `mbx mbtls middlebox`, `client` and `server` as processes: in front of a real nginx, and
 //! behind curl (server-side middlebox and mbTLS server).
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use mbx_testbed::peers::ChildGuard;
@@ -9,7 +8,7 @@ use mbx_testbed::{LeafSpec, Nginx, PkiFiles, TestPki};
 use rustix::process::Signal;
 
 mod common;
-use common::{mbx, run_ok};
+use common::{mbx, run_ok, TimedLines};
 
 // Locates Intel's DCAP sample quotes in the `dcap-qvl` package (as the attestation tests do).
 #[path = "../../attest/tests/common/mod.rs"]
@@ -336,11 +335,7 @@ fn client_through(addr: &str, server: &PkiFiles) -> std::process::Command {
 
 /// The client's run `out` failed on its middlebox's attestation (`why` in its error, nothing on
 /// stdout), and the middlebox's next report (`lines`) says it received no key material.
-fn refused_attestation(
-    out: &std::process::Output,
-    lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
-    why: &str,
-) {
+fn refused_attestation(out: &std::process::Output, lines: &mut TimedLines, why: &str) {
     assert_eq!(out.status.code(), Some(1));
     assert!(
         out.stdout.is_empty(),
@@ -591,54 +586,23 @@ fn service_args<'a>(
 }
 
 /// Starts `mbx` with `args`, returns the process and its stdout lines after reading `n` of them.
-fn start(
-    args: &[&std::ffi::OsStr],
-    n: usize,
-) -> (
-    ChildGuard,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-    Vec<String>,
-) {
+fn start(args: &[&std::ffi::OsStr], n: usize) -> (ChildGuard, TimedLines, Vec<String>) {
     start_command(mbx().args(args), n)
-}
-
-/// How long a started service may run: then it is killed, its output ends, and a test still
-/// reading it fails (a line it waited for never came) instead of hanging the suite.
-const SERVICE_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Kills the process `pid` after [`SERVICE_WATCHDOG`] if it is still an `mbx` one (not a later
-/// process given the same pid).
-fn watchdog(pid: u32) {
-    std::thread::spawn(move || {
-        std::thread::sleep(SERVICE_WATCHDOG);
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmdline.windows(3).any(|w| w == b"mbx") {
-            eprintln!("watchdog: killing process {pid}, still running after {SERVICE_WATCHDOG:?}");
-            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process(pid, Signal::KILL);
-            }
-        }
-    });
 }
 
 /// [`start`] for a prepared command (in a namespace, through a shell, with more arguments).
 fn start_command(
     cmd: &mut std::process::Command,
     n: usize,
-) -> (
-    ChildGuard,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-    Vec<String>,
-) {
+) -> (ChildGuard, TimedLines, Vec<String>) {
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    watchdog(child.id());
     let mut child = ChildGuard::new(child);
     let stdout = child.child_mut().unwrap().stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
+    let mut lines = TimedLines::new(stdout);
     let head = (0..n).map(|_| lines.next().unwrap().unwrap()).collect();
     (child, lines, head)
 }
@@ -1102,11 +1066,7 @@ fn start_middlebox(
     mbox: &PkiFiles,
     extra: &[&str],
     banner: usize,
-) -> (
-    ChildGuard,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-    Vec<String>,
-) {
+) -> (ChildGuard, TimedLines, Vec<String>) {
     let mut args = service_args("middlebox", "127.0.0.1:0", ("--next-hop", next_hop), mbox);
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     start(&args, banner)
@@ -1156,11 +1116,7 @@ fn start_proxy(
     server: &PkiFiles,
     policy: &std::path::Path,
     flags: &[&str],
-) -> (
-    ChildGuard,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-    Vec<String>,
-) {
+) -> (ChildGuard, TimedLines, Vec<String>) {
     use std::ffi::OsStr;
     let mut args: Vec<&OsStr> = ["mbtls", "client", "https://server.test/"]
         .iter()
@@ -1355,7 +1311,7 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
     let header_through_proxy = || header_through_proxy(&proxy_addr);
     // The header the middlebox inserted, whether the session was resumed, and whether the
     // secondary session with the middlebox was.
-    let next_connection = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| {
+    let next_connection = |lines: &mut TimedLines| {
         let header = header_through_proxy();
         let line = lines.next().unwrap().unwrap();
         assert!(line.starts_with("connection "), "{line}");
@@ -1505,7 +1461,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     };
     // Fetches `path`: nginx logs it with the header `X-Mbtls: {value}`, and the middlebox
     // reports the connection closed cleanly.
-    let fetched_with = |path: &str, value: &str, lines: &mut std::io::Lines<_>| {
+    let fetched_with = |path: &str, value: &str, lines: &mut TimedLines| {
         let out = try_fetch(path);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{text}");
@@ -1707,10 +1663,7 @@ fn transparent_middlebox(
     port: u16,
     mbox: &PkiFiles,
     extra: &[&str],
-) -> (
-    ChildGuard,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-) {
+) -> (ChildGuard, TimedLines) {
     let (mb, lines, banner) = start_command(
         router
             .command(mbx().get_program())

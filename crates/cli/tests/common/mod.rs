@@ -33,3 +33,47 @@ pub fn signal(pid: u32, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid as i32).expect("a child's pid is positive");
     rustix::process::kill_process(pid, sig).unwrap();
 }
+
+/// A started process's stdout, line by line, read on a thread: a line that does not come
+/// within [`LINE_WAIT`] is an error (`TimedOut`), so a test waiting for it fails instead of
+/// hanging the suite. The lines end (`None`) when the process closes its stdout.
+pub struct TimedLines {
+    rx: std::sync::mpsc::Receiver<String>,
+}
+
+/// How long a test waits for the next line of a process's output.
+pub const LINE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl TimedLines {
+    pub fn new(stdout: std::process::ChildStdout) -> TimedLines {
+        use std::io::BufRead as _;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        TimedLines { rx }
+    }
+}
+
+impl Iterator for TimedLines {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::sync::mpsc::RecvTimeoutError;
+        match self.rx.recv_timeout(LINE_WAIT) {
+            Ok(line) => Some(Ok(line)),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no line within {LINE_WAIT:?}"),
+            ))),
+        }
+    }
+}
