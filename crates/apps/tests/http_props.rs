@@ -194,11 +194,9 @@ proptest! {
         let mut expected = Vec::new();
         let mut counted = counted.iter().cycle();
         // Groups of pipelined requests, each ending at a switch (or at the end).
-        let mut groups: Vec<&[Exchange]> = exchanges
-            .split_inclusive(|e| e.switch.is_some())
-            .collect();
+        let groups = exchanges.split_inclusive(|e| e.switch.is_some());
         let mut switched = false;
-        for group in groups.drain(..) {
+        for group in groups {
             let sent: Vec<u8> = group.iter().flat_map(|e| e.request.sent.clone()).collect();
             for piece in split(&sent, &cuts) {
                 prop_assert_eq!(app.on_data(Direction::ClientToServer, &piece, &mut out), Verdict::Continue);
