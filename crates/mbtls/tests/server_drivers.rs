@@ -799,6 +799,170 @@ async fn a_cut_after_the_servers_close_notify_resets_the_backend() {
     }
 }
 
+/// A TCP forwarder toward `to` for one connection: copies both ways until `cut` brings the
+/// bytes to end with, which it writes toward `to` (`toward_to`) or back toward the one that
+/// connected; then it ends both connections, without close_notify.
+async fn cutting_forwarder(
+    to: SocketAddr,
+    toward_to: bool,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (cut, mut cut_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let (mut inbound, _) = listener.accept().await.unwrap();
+        let mut outbound = tokio::net::TcpStream::connect(to).await.unwrap();
+        let (mut in_buf, mut out_buf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+        // A side that ended its stream (FIN) is passed on as such; the other still flows.
+        let (mut in_open, mut out_open) = (true, true);
+        loop {
+            tokio::select! {
+                tail = &mut cut_rx => {
+                    let toward = if toward_to { &mut outbound } else { &mut inbound };
+                    let _ = toward.write_all(&tail.unwrap()).await;
+                    break;
+                }
+                n = inbound.read(&mut in_buf), if in_open => match n {
+                    Ok(0) | Err(_) => {
+                        in_open = false;
+                        let _ = outbound.shutdown().await;
+                    }
+                    Ok(n) => outbound.write_all(&in_buf[..n]).await.unwrap(),
+                },
+                n = outbound.read(&mut out_buf), if out_open => match n {
+                    Ok(0) | Err(_) => {
+                        out_open = false;
+                        let _ = inbound.shutdown().await;
+                    }
+                    Ok(n) => inbound.write_all(&out_buf[..n]).await.unwrap(),
+                },
+            }
+        }
+    });
+    (addr, cut)
+}
+
+/// An application-data record header announcing 100 bytes, and 10 of them.
+fn partial_record() -> Vec<u8> {
+    let mut partial = vec![23, 3, 3, 0, 100];
+    partial.extend_from_slice(&[0x5a; 10]);
+    partial
+}
+
+/// After the server's close_notify, a peer that leaves part-way through a record cut that
+/// record: the server reports a possible truncation, not a clean end, whether its session
+/// stayed in OpenSSL (no middlebox) or runs on exported keys (a server-side middlebox); a
+/// peer that leaves between records ends the session cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_leaving_mid_record_after_the_servers_close_notify_is_a_cut() {
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    for with_middlebox in [false, true] {
+        for tail in [Vec::new(), partial_record()] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let backend = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                let (mut s, _) = accept_upload(listener).await;
+                // The backend ends its side: the server sends close_notify.
+                s.shutdown().await.unwrap();
+                let _ = s.read_to_end(&mut Vec::new()).await;
+            });
+            let mut cfg = w.server(version, backend);
+            if !with_middlebox {
+                cfg.handshake.middlebox =
+                    ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+            }
+            let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+            let (forwarder, cut) = cutting_forwarder(server.local_addr(), true).await;
+            let _mb2;
+            let first_hop = if with_middlebox {
+                _mb2 = w.mb2_to(forwarder).await;
+                _mb2.local_addr()
+            } else {
+                forwarder
+            };
+            let mut client = w.client_alone(first_hop, version, UPLOAD).await;
+            // The server's close_notify.
+            let closed = timeout(BOUND, client.read()).await.unwrap().unwrap();
+            assert_eq!(closed, None);
+            let cut_a_record = !tail.is_empty();
+            cut.send(tail).unwrap();
+            let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+            let summary = report.summary.as_ref().unwrap();
+            assert_eq!(summary.middlebox_joined(), with_middlebox, "{report:?}");
+            assert_eq!(report.outcome.is_err(), cut_a_record, "{report:?}");
+            assert_eq!(
+                report.peer_left_without_close_notify, !cut_a_record,
+                "{report:?}"
+            );
+            if cut_a_record {
+                let why = report.outcome.unwrap_err();
+                assert!(why.contains("part-way through a record"), "{why}");
+            }
+        }
+    }
+}
+
+/// The client's twin: after the client proxy's close_notify (its local application ended its
+/// side), a server that leaves part-way through a record cut it, and the proxy reports a
+/// possible truncation; one that leaves between records ends the session cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_leaving_mid_record_after_the_proxys_close_notify_is_a_cut() {
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    for tail in [Vec::new(), partial_record()] {
+        // A backend that reads to the end and keeps its side open: the server sends no
+        // close_notify of its own.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = listener.local_addr().unwrap();
+        let (got_end, client_ended) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got).await;
+            let _ = got_end.send(got);
+            let _ = s.read(&mut [0u8; 1]).await;
+        });
+        let mut cfg = w.server(version, backend);
+        cfg.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let _server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        let (forwarder, cut) = cutting_forwarder(_server.local_addr(), false).await;
+        let mut handshake = w.client(version);
+        handshake.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let mut proxy = ClientProxy::bind(
+            "127.0.0.1:0",
+            ClientProxyConfig {
+                handshake,
+                first_hop: forwarder.to_string(),
+                limits: Limits::default(),
+            },
+        )
+        .await
+        .unwrap();
+        let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+            .await
+            .unwrap();
+        local.write_all(b"hello").await.unwrap();
+        local.shutdown().await.unwrap();
+        // The proxy's close_notify reached the server: its backend read to the end.
+        let got = timeout(BOUND, client_ended).await.unwrap().unwrap();
+        assert_eq!(got, b"hello");
+        let cut_a_record = !tail.is_empty();
+        cut.send(tail).unwrap();
+        let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+        assert!(report.connected, "{report:?}");
+        assert_eq!(report.outcome.is_err(), cut_a_record, "{report:?}");
+        assert_eq!(
+            report.peer_left_without_close_notify, !cut_a_record,
+            "{report:?}"
+        );
+        if cut_a_record {
+            let why = report.outcome.unwrap_err();
+            assert!(why.contains("part-way through a record"), "{why}");
+        }
+    }
+}
+
 /// A session still open at the end of a drain is cut and reported as cut, with what it
 /// carried so far; then the report stream ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,7 @@ pub trait EndpointHandshake: sealed::Sealed + Send {
     fn poll_event(&mut self) -> Option<ClientHandshakeEvent>;
     fn data_phase_started(&self) -> bool;
     fn release_idle_buffers(&mut self);
+    fn has_partial_record(&self) -> bool;
 }
 
 mod sealed {
@@ -78,6 +79,9 @@ macro_rules! endpoint_handshake {
             }
             fn release_idle_buffers(&mut self) {
                 <$core>::release_idle_buffers(self)
+            }
+            fn has_partial_record(&self) -> bool {
+                <$core>::has_partial_record(self)
             }
         }
     };
@@ -190,6 +194,9 @@ impl<H: EndpointHandshake> EndpointSession for Session<H> {
     }
     fn peer_key_updates(&self) -> u32 {
         self.peer_key_updates
+    }
+    fn has_partial_record(&self) -> bool {
+        self.hs.has_partial_record()
     }
 }
 

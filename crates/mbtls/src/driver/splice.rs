@@ -44,6 +44,8 @@ pub(crate) trait EndpointSession {
     fn release_idle_buffers(&mut self);
     /// TLS 1.3 KeyUpdates the peer sent, followed so far.
     fn peer_key_updates(&self) -> u32;
+    /// Whether part of a record from the peer waits for the rest.
+    fn has_partial_record(&self) -> bool;
 }
 
 /// The two sockets' names in errors.
@@ -154,7 +156,10 @@ async fn splice_halves<S: EndpointSession>(
                         tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
                     })
                     .await;
-                    if !plain_open && carried.to_plain == to_plain_at_our_close {
+                    // After our close_notify, a peer that leaves having sent nothing more
+                    // (no data, no part of a record) cut nothing.
+                    let cut_record = session.has_partial_record();
+                    if !plain_open && carried.to_plain == to_plain_at_our_close && !cut_record {
                         carried.peer_left_without_close_notify = true;
                         return Ok(());
                     }
@@ -162,6 +167,8 @@ async fn splice_halves<S: EndpointSession>(
                         peer: sides.path,
                         when: if plain_open {
                             "without close_notify (the session may be truncated)"
+                        } else if cut_record {
+                            "part-way through a record, after our close_notify (the session may be truncated)"
                         } else {
                             "without close_notify after sending data past ours (the session may be truncated)"
                         },

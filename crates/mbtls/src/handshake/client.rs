@@ -236,6 +236,13 @@ impl ClientHandshake {
         self.demux.release_if_empty();
         self.core.release_idle_buffers();
     }
+
+    /// Whether part of a record from the neighbour waits for the rest (in the data phase: a
+    /// neighbour that leaves now, even after close_notify from us, cut that record). The
+    /// demultiplexer keeps it: the record layer behind it gets whole records only.
+    pub fn has_partial_record(&self) -> bool {
+        self.demux.buffered() > 0
+    }
 }
 
 /// True when `rec` begins with a complete ServerHello that is not a HelloRetryRequest: the

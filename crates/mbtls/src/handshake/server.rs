@@ -208,6 +208,13 @@ impl ServerHandshake {
         self.demux.release_if_empty();
         self.core.release_idle_buffers();
     }
+
+    /// Whether part of a record from the neighbour waits for the rest (in the data phase: a
+    /// neighbour that leaves now, even after close_notify from us, cut that record). The
+    /// demultiplexer keeps it: the record layer behind it gets whole records only.
+    pub fn has_partial_record(&self) -> bool {
+        self.demux.buffered() > 0
+    }
 }
 
 /// The primary engine, made when the ClientHello arrives. Without pre-configured middleboxes
