@@ -921,7 +921,9 @@ async fn a_server_leaving_mid_record_after_the_proxys_close_notify_is_a_cut() {
             let mut got = Vec::new();
             let _ = s.read_to_end(&mut got).await;
             let _ = got_end.send(got);
-            let _ = s.read(&mut [0u8; 1]).await;
+            // Held open until the test ends.
+            std::future::pending::<()>().await;
+            drop(s);
         });
         let mut cfg = w.server(version, backend);
         cfg.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
