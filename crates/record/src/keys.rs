@@ -60,8 +60,8 @@ impl TrafficKeys {
     /// reused; the domain string separates it from every other hash of key material. 64 bits
     /// identify keys among a handful of hops; it is not meant to resist chosen collisions.
     pub fn fingerprint(&self) -> [u8; 8] {
-        let inner = ring::digest::digest(&ring::digest::SHA256, &self.key);
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let inner = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &self.key);
+        let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         ctx.update(FINGERPRINT_DOMAIN);
         ctx.update(&[aead_code(self.aead)]);
         ctx.update(inner.as_ref());
@@ -129,7 +129,7 @@ mod tests {
         assert_ne!(a.fingerprint(), c.fingerprint());
         assert_ne!(a.fingerprint(), d.fingerprint());
         // not a prefix of the plain hash of the key
-        let plain = ring::digest::digest(&ring::digest::SHA256, &[1; 32]);
+        let plain = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &[1; 32]);
         assert_ne!(&a.fingerprint()[..], &plain.as_ref()[..8]);
         // Debug never shows key bytes
         let dbg = format!("{a:?}");

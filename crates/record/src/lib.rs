@@ -6,10 +6,14 @@
 //! TLS 1.2 PRF / TLS 1.3 HKDF-Expand-Label key derivations. It is sans-I/O: callers feed whole
 //! records (see `mbx_wire::RecordReader`) and get plaintext back, or the reverse.
 //!
-//! The record AEAD is `aws-lc-rs`'s (faster AES-GCM than `ring`'s on VAES/AVX-512 CPUs); key
-//! schedules and hashes are `ring`'s. Key material and plaintext we hold are zeroized on drop
+//! The record AEAD, the key schedules and the hashes are `aws-lc-rs`'s (faster AES-GCM than
+//! `ring`'s on VAES/AVX-512 CPUs). Key material and plaintext we hold are zeroized on drop
 //! (plaintext word-wise, see [`wipe`]); AWS-LC clears its expanded AEAD key when the key is
-//! dropped (`OPENSSL_free` cleanses), while `ring`'s HKDF/HMAC state is outside our control.
+//! dropped (`OPENSSL_free` cleanses), and its HKDF and HMAC state too: an HKDF key's bytes are
+//! zeroized with it, an HMAC context (whose inner and outer hash states would let anyone go on
+//! computing HMACs under the secret) is cleansed by `HMAC_CTX_cleanup`. `ring`'s, used before
+//! the twenty-fourth round, left both where they were, an equivalent of each traffic secret
+//! after the secret itself was wiped (found in a review).
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(

@@ -96,27 +96,27 @@ impl HashAlg {
         }
     }
 
-    pub(crate) fn hkdf(self) -> ring::hkdf::Algorithm {
+    pub(crate) fn hkdf(self) -> aws_lc_rs::hkdf::Algorithm {
         match self {
-            HashAlg::Sha256 => ring::hkdf::HKDF_SHA256,
-            HashAlg::Sha384 => ring::hkdf::HKDF_SHA384,
+            HashAlg::Sha256 => aws_lc_rs::hkdf::HKDF_SHA256,
+            HashAlg::Sha384 => aws_lc_rs::hkdf::HKDF_SHA384,
         }
     }
 
-    pub(crate) fn hmac(self) -> ring::hmac::Algorithm {
+    pub(crate) fn hmac(self) -> aws_lc_rs::hmac::Algorithm {
         match self {
-            HashAlg::Sha256 => ring::hmac::HMAC_SHA256,
-            HashAlg::Sha384 => ring::hmac::HMAC_SHA384,
+            HashAlg::Sha256 => aws_lc_rs::hmac::HMAC_SHA256,
+            HashAlg::Sha384 => aws_lc_rs::hmac::HMAC_SHA384,
         }
     }
 
     /// Hash `data` (e.g. a transcript).
     pub fn digest(self, data: &[u8]) -> Vec<u8> {
         let alg = match self {
-            HashAlg::Sha256 => &ring::digest::SHA256,
-            HashAlg::Sha384 => &ring::digest::SHA384,
+            HashAlg::Sha256 => &aws_lc_rs::digest::SHA256,
+            HashAlg::Sha384 => &aws_lc_rs::digest::SHA384,
         };
-        ring::digest::digest(alg, data).as_ref().to_vec()
+        aws_lc_rs::digest::digest(alg, data).as_ref().to_vec()
     }
 }
 

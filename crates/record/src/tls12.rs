@@ -1,6 +1,6 @@
 //! TLS 1.2 PRF and key block (RFC 5246 §5, §6.3).
 
-use ring::hmac;
+use aws_lc_rs::hmac;
 use zeroize::Zeroizing;
 
 use crate::error::RecordError;

@@ -1,6 +1,6 @@
 //! TLS 1.3 key schedule pieces the record layer needs (RFC 8446 §7.1–§7.3).
 
-use ring::hkdf;
+use aws_lc_rs::hkdf;
 use zeroize::Zeroizing;
 
 use crate::error::RecordError;
@@ -9,7 +9,7 @@ use crate::suite::{CipherSuite, HashAlg, TlsVersion};
 
 const LABEL_PREFIX: &[u8] = b"tls13 ";
 
-/// An output length for `ring`'s HKDF.
+/// An output length for `aws-lc-rs`'s HKDF.
 struct Len(usize);
 
 impl hkdf::KeyType for Len {
