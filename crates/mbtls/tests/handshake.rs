@@ -1015,6 +1015,56 @@ mod discovered {
         }
     }
 
+    /// A discovered middlebox that passed its checks and was sent its keys is no longer one
+    /// that may be left out: a record on its subchannel that fails (here its switch marker,
+    /// altered on the way) ends the session, as a failed record does anywhere, instead of
+    /// excluding it while it holds the keys of two hops.
+    #[test]
+    fn a_failed_record_from_a_discovered_middlebox_after_its_keys_is_fatal() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            discover(&mut s, "mb.test");
+            let mut net = Net::new(&s, tagger());
+            // Every flight delivered but the middlebox's last one toward the client.
+            let mut to_client = Vec::new();
+            for _ in 0..8 {
+                let c = net.client.take_outgoing();
+                net.mbox.receive(Side::Client, &c).unwrap();
+                net.server.feed(&net.mbox.take_outgoing(Side::Server));
+                let _ = net.server.process();
+                net.mbox
+                    .receive(Side::Server, &net.server.take_outgoing())
+                    .unwrap();
+                to_client = net.mbox.take_outgoing(Side::Client);
+                if net.mbox.keys_installed() {
+                    break;
+                }
+                net.client.receive(&to_client).unwrap();
+            }
+            assert!(
+                net.client.keys_sent() && net.mbox.keys_installed(),
+                "{version:?}"
+            );
+            let _ = client_events(&mut net.client);
+            // Its marker, the close_notify of its secondary session, has its last byte flipped.
+            let mut records = common::records(&to_client);
+            let marker = records.iter_mut().find(|r| r[0] == 30).expect("the marker");
+            *marker.last_mut().unwrap() ^= 1;
+            let err = net.client.receive(&records.concat()).unwrap_err();
+            assert!(
+                matches!(&err, HandshakeError::Middlebox { name, .. } if name == "mb.test"),
+                "{version:?}: {err:?}"
+            );
+            let ce = client_events(&mut net.client);
+            assert!(
+                !ce.iter()
+                    .any(|e| matches!(e, ClientHandshakeEvent::MiddleboxExcluded { .. })),
+                "{version:?}: {ce:?}"
+            );
+            assert!(!net.client.is_ready());
+        }
+    }
+
     /// Runs a direct session between `client` and a legacy `server`: "hello server" from the
     /// client, "hello client" from the server once its handshake is done.
     fn exchange_with_legacy_server(client: &mut ClientHandshake, server: &mut OpenSslEngine) {

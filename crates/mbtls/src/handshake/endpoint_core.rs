@@ -722,6 +722,12 @@ impl EndpointCore {
         let handshaking = slot.engine.is_handshaking();
         self.flush_secondary(id)?;
         if let Err(e) = processed {
+            // Once key material went out, every middlebox still in is part of the session: a
+            // failure on its subchannel is an attack or a fault, and leaving it out would leave
+            // it with the keys of two hops while the session went on.
+            if self.data.is_some() {
+                return Err(self.about(id, e.into()));
+            }
             return self.exclude(id, "secondary handshake failed", e.into());
         }
         if handshaking {
