@@ -977,6 +977,21 @@ fn up_to_finished_with_request(
     ServerHandshake,
     Vec<u8>,
 ) {
+    up_to_finished_with(s, version, false)
+}
+
+/// [`up_to_finished_with_request`]; `key_update`: the client updates its keys (asking for the
+/// server's) in that flight, before its request (TLS 1.3).
+fn up_to_finished_with(
+    s: &Setup,
+    version: TlsVersion,
+    key_update: bool,
+) -> (
+    OpenSslEngine,
+    ServerSideMiddlebox<Box<dyn MiddleboxApp>>,
+    ServerHandshake,
+    Vec<u8>,
+) {
     let mut client = s.legacy_client(version);
     let mut mb =
         ServerSideMiddlebox::new(s.middlebox("mb2.test", PROGRAM), tagger("mb2"), true).unwrap();
@@ -995,6 +1010,9 @@ fn up_to_finished_with_request(
         mb.receive(Side::Server, &server.take_outgoing()).unwrap();
         client.feed(&mb.take_outgoing(Side::Client));
         client.process().unwrap();
+    }
+    if key_update {
+        client.update_keys(true).unwrap();
     }
     client.write_plaintext(REQUEST).unwrap();
     mb.receive(Side::Client, &client.take_outgoing()).unwrap();
@@ -1062,6 +1080,43 @@ fn request_in_the_clients_finished_flight_is_replayed_through_the_app_exactly_on
                 "{version:?}"
             );
         }
+    }
+}
+
+/// TLS 1.3: a client may update its keys right after its Finished (RFC 8446 §4.6.3), while
+/// the server's key material is still on its way to the middlebox. The server checks those
+/// raw records before the middlebox's marker under the bridge keys and follows the KeyUpdate
+/// among them; the middlebox re-sends them through its app; the request arrives and the
+/// client's request for the server's KeyUpdate is answered (the answer crosses the middlebox).
+#[test]
+fn a_key_update_in_the_clients_finished_flight_is_followed_before_the_marker() {
+    for s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        let (client, mb, mut server, to_server) = up_to_finished_with(&s, TlsVersion::Tls13, true);
+        server.receive(&to_server).unwrap();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(client),
+            Node::ServerSideMb(mb),
+            Node::Server(server),
+        ]);
+        path.pump();
+        path.assert_no_errors();
+        // The KeyUpdate and the request were dropped at the server once authenticated.
+        assert!(path.server().discarded_records() >= 2);
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb2\r\n\r\n",
+        );
+        path.last().write(b"answer");
+        path.pump();
+        path.assert_no_errors();
+        // Upper-cased by the middlebox's app on its way.
+        assert_eq!(path.first().read(), b"ANSWER");
+        let Node::LegacyClient(client) = path.first() else {
+            unreachable!()
+        };
+        // The server's KeyUpdate, answering the client's request, reached the client.
+        assert_eq!(client.peer_key_updates().0, 1);
     }
 }
 

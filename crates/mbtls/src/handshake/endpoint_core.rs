@@ -18,6 +18,7 @@ use mbx_wire::{version, Record};
 use zeroize::Zeroizing;
 
 use super::kept::Kept;
+use super::pre_marker::PreMarker;
 use super::HandshakeError;
 use crate::direct::DirectDataPhase;
 use crate::endpoint::{EndpointDataPhase, EndpointEvent};
@@ -402,7 +403,8 @@ pub(super) struct EndpointCore {
     /// Authenticates those records under the bridge keys before dropping them: the middlebox
     /// re-sends their content through its app, but a forged or altered record is still fatal
     /// (fail closed), never silently ignored.
-    pre_marker: Option<mbx_record::RecordOpener>,
+    /// Boxed: only sessions with a middlebox have one, until its marker.
+    pre_marker: Option<Box<PreMarker>>,
     failed: bool,
     summary: Option<SessionSummary>,
     pub(super) events: VecDeque<ClientHandshakeEvent>,
@@ -536,13 +538,11 @@ impl EndpointCore {
     /// Drops one raw primary-key record that arrived before the middlebox's switch marker, after
     /// checking it authenticates under the bridge keys at the next sequence number.
     fn drop_authenticated(&mut self, record: &[u8]) -> Result<(), HandshakeError> {
-        let opener = self
+        let check = self
             .pre_marker
             .as_mut()
             .ok_or(HandshakeError::Protocol("record before the export"))?;
-        opener.open(record).map_err(|_| {
-            HandshakeError::Protocol("a record before the middlebox's switch failed authentication")
-        })?;
+        check.check(record)?;
         self.discarded += 1;
         Ok(())
     }
@@ -905,15 +905,15 @@ impl EndpointCore {
         // middlebox re-sends them through its app after the marker, so they are dropped here,
         // once authenticated.
         let session = handoff.session;
-        self.pre_marker = Some(mbx_record::RecordOpener::new(
-            session.version,
-            session.rx.keys.clone(),
-            session.rx.next_seq,
-        ));
+        let bridge = HopKeys::from_export(self.role, &session)?;
+        let read = match self.role {
+            Role::Client => bridge.s2c.clone(),
+            Role::Server => bridge.c2s.clone(),
+        };
+        self.pre_marker = Some(Box::new(PreMarker::new(session.version, read)));
         for rec in split_records(&handoff.unprocessed_incoming) {
             self.drop_authenticated(rec)?;
         }
-        let bridge = HopKeys::from_export(self.role, &session)?;
         let n = joined.len();
         let side = match self.role {
             Role::Client => client_side_keys(session.version, session.suite, bridge, n)?,

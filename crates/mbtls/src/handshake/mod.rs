@@ -13,6 +13,7 @@ mod demux;
 mod endpoint_core;
 mod kept;
 mod middlebox;
+mod pre_marker;
 mod server;
 mod server_side;
 mod wires;
