@@ -283,13 +283,14 @@ impl EndpointDataPhase {
         }
     }
 
-    /// One TLS 1.3 post-handshake record: tickets go to the ticket sink if there is one and
-    /// are ignored otherwise, a KeyUpdate is followed (and answered when the peer asks),
-    /// anything else ends the session.
+    /// One TLS 1.3 post-handshake record: a server's tickets go to the ticket sink if there is
+    /// one and are ignored otherwise, a KeyUpdate is followed (and answered when the peer
+    /// asks), anything else (a client's ticket too, RFC 8446 §4.6.1) ends the session.
     fn post_handshake_record(&mut self, pt: &[u8]) {
         let (events, tickets) = (&mut self.events, &mut self.tickets);
+        let from_server = self.role == Role::Client;
         let update = self.post_handshake.record(pt, |msg| {
-            if msg.typ() == HandshakeType::NEW_SESSION_TICKET {
+            if msg.typ() == HandshakeType::NEW_SESSION_TICKET && from_server {
                 let kept = match tickets.as_mut().map(|sink| sink.take(msg.as_bytes())) {
                     Some(Ok(())) => true,
                     Some(Err(e)) => {

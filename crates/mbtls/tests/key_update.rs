@@ -7,8 +7,9 @@ mod common;
 use common::{App, Chain, SUITES};
 use mbx_apps::PassThrough;
 use mbx_engine::AlertDescription;
+use mbx_engine::Role;
 use mbx_mbtls::relay::FailCause;
-use mbx_mbtls::{Alert, EndpointEvent};
+use mbx_mbtls::{Alert, EndpointDataPhase, EndpointEvent};
 use mbx_mbtls::{MbtlsError, MiddleboxRelay, RelayEvent, Side};
 use mbx_record::{ContentType, RecordSealer, TlsVersion};
 
@@ -214,6 +215,40 @@ fn a_key_update_that_breaks_the_rules_ends_the_session() {
     // The same bytes split well are fine: a ticket, then a KeyUpdate ending its record.
     let relay = relay_after_handshake_record(&[&ticket[..], &[24, 0, 0, 1, 1]].concat());
     assert!(!relay.is_failed());
+}
+
+/// A NewSessionTicket comes from servers only (RFC 8446 §4.6.1): a server endpoint that gets
+/// one ends the session with `unexpected_message`; a client takes it.
+#[test]
+fn a_session_ticket_from_the_client_ends_the_session() {
+    let ticket = [4u8, 0, 0, 1, 0];
+    for role in [Role::Server, Role::Client] {
+        let (_, keys, _) = common::lone_relay(Box::new(PassThrough));
+        let hop = keys.endpoint;
+        // What the endpoint's peer sends, sealed under the peer's write keys.
+        let from = match role {
+            Role::Server => &hop.c2s,
+            Role::Client => &hop.s2c,
+        };
+        let mut peer = RecordSealer::new(TlsVersion::Tls13, from.keys.clone(), from.next_seq);
+        let mut end = EndpointDataPhase::new(role, TlsVersion::Tls13, hop.clone());
+        let mut wire = Vec::new();
+        peer.seal(ContentType::HANDSHAKE, &ticket, &mut wire)
+            .unwrap();
+        end.receive(&wire);
+        let events: Vec<_> = std::iter::from_fn(|| end.poll_event()).collect();
+        match role {
+            Role::Server => assert_eq!(
+                end.failure(),
+                Some(Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE)),
+                "{events:?}"
+            ),
+            Role::Client => {
+                assert_eq!(end.failure(), None);
+                assert_eq!(events, [EndpointEvent::SessionTicketIgnored]);
+            }
+        }
+    }
 }
 
 /// An idle relay gives back the buffer in which it reassembled post-handshake messages, once it
