@@ -1006,6 +1006,172 @@ async fn a_session_cut_at_the_end_of_a_drain_is_reported() {
     assert_eq!(server.connections_cut(), 1);
 }
 
+/// A TCP forwarder toward `to` for one connection that stops reading from `to` while `paused`
+/// holds (its socket toward `to` has a small receive buffer, so `to` soon cannot write).
+async fn pausing_forwarder(to: SocketAddr) -> (SocketAddr, tokio::sync::watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (pause, mut paused) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let (inbound, _) = listener.accept().await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let outbound = socket.connect(to).await.unwrap();
+        let (mut in_r, mut in_w) = inbound.into_split();
+        let (mut out_r, mut out_w) = outbound.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut in_r, &mut out_w).await;
+            let _ = out_w.shutdown().await;
+        });
+        let mut buf = vec![0u8; 4096];
+        loop {
+            while *paused.borrow() {
+                if paused.changed().await.is_err() {
+                    return;
+                }
+            }
+            match out_r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if in_w.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = in_w.shutdown().await;
+    });
+    (addr, pause)
+}
+
+/// How many bytes a loopback connection takes from its writer while its reader (with the
+/// pausing forwarder's receive buffer) reads nothing.
+async fn bytes_the_kernel_takes() -> usize {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let _reader = socket
+        .connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (writer, _) = listener.accept().await.unwrap();
+    let (mut taken, chunk) = (0, vec![0u8; 16 * 1024]);
+    loop {
+        writer.writable().await.unwrap();
+        match writer.try_write(&chunk) {
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Full once a short wait brings no more room.
+                let more = timeout(Duration::from_millis(50), writer.writable()).await;
+                if more.is_err() {
+                    return taken;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// After both close_notifys the middlebox still delivers what it had queued, at its reader's
+/// pace, and only then reports a clean end: a client that reads slowly (here: not at all for
+/// longer than the middlebox's 5 s close grace) gets the whole answer and the server's
+/// close_notify. (Before, the middlebox gave up after the grace and reported a clean end while
+/// the client saw a truncated session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_everything_queued_after_both_close_notifys() {
+    // What the kernel takes of a connection whose reader stopped, then a little more, which
+    // the middlebox holds in its outbox with the close_notify (more would stop its reads
+    // before the close_notify).
+    let answer_len = bytes_the_kernel_takes().await + 192 * 1024;
+    let w = World::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        // The client's close_notify ends the request; then the whole answer, and the end.
+        let _ = s.read_to_end(&mut Vec::new()).await;
+        s.write_all(&vec![b'a'; answer_len]).await.unwrap();
+        s.shutdown().await.unwrap();
+    });
+    let version = TlsVersion::Tls13;
+    let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
+    let (forwarder, pause) = pausing_forwarder(mb2.local_addr()).await;
+    let mut client = w.client_alone(forwarder, version, b"request").await;
+    pause.send(true).unwrap();
+    client.close().await.unwrap();
+    // Longer than the middlebox's close grace (5 s), which it once gave queued bytes.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    pause.send(false).unwrap();
+    let answer = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+    assert_eq!(answer.len(), answer_len);
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    assert!(report.outcome.is_ok(), "{report:?}");
+}
+
+/// A session cut by a stop (the end of a drain aborts it) resets the backend's connection:
+/// dropped mid-way, the server's splice must not leave the backend a clean end of stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
+    let w = World::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let (got_data, data_arrived) = tokio::sync::oneshot::channel();
+    let (end_seen, end) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = accept_upload(listener).await;
+        let _ = got_data.send(());
+        let _ = end_seen.send(s.read(&mut [0u8; 1024]).await.map_err(|e| e.kind()));
+    });
+    let version = TlsVersion::Tls13;
+    let (mut server, mb2) = w.server_behind_mb2(version, backend).await;
+    let _client = w.client_alone(mb2.local_addr(), version, UPLOAD).await;
+    // The upload reached the backend, which waits for more; the stop cuts the session.
+    timeout(BOUND, data_arrived).await.unwrap().unwrap();
+    server.drain(Duration::from_millis(100));
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    assert!(report
+        .outcome
+        .unwrap_err()
+        .contains("end of the drain time"));
+    let end = timeout(BOUND, end).await.unwrap().unwrap();
+    assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+}
+
+/// A client proxy whose session cannot start (its first hop refuses the connection) resets
+/// the local connection instead of closing it: an application that waits for a server's
+/// first words must not read an empty, complete stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_session_that_cannot_start_resets_the_local_connection() {
+    let w = World::new();
+    // A port nobody listens on.
+    let refusing = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client(TlsVersion::Tls13),
+            first_hop: refusing.to_string(),
+            limits: Limits::default(),
+        },
+    )
+    .await
+    .unwrap();
+    // The reset can come before the connection is even reported as made.
+    let seen = match tokio::net::TcpStream::connect(proxy.local_addr()).await {
+        Ok(mut local) => timeout(BOUND, local.read(&mut [0u8; 16]))
+            .await
+            .unwrap()
+            .map_err(|e| e.kind()),
+        Err(e) => Err(e.kind()),
+    };
+    assert_eq!(seen, Err(std::io::ErrorKind::ConnectionReset));
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(!report.connected && report.outcome.is_err(), "{report:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_side_middlebox_makes_both_endpoints_fail_with_an_error() {
     let w = World::new();

@@ -568,6 +568,8 @@ async fn relay(
         failure: None,
     };
     let mut open = [true, true]; // reading from client, from server
+                                 // Both directions ended; what is queued is leaving.
+    let mut draining = false;
     let (mut buf_c, mut buf_s) = (ReadBuf::new(READ_BUF_MAX), ReadBuf::new(READ_BUF_MAX));
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
@@ -581,7 +583,16 @@ async fn relay(
         if let Some(f) = conn.failure.take() {
             break Err(DriverError::Relay(f));
         }
-        if conn.finished() || (!open[0] && !open[1]) {
+        if !draining && (conn.finished() || (!open[0] && !open[1])) {
+            // Both directions ended. What is queued (the last data, the close_notifys, each
+            // side's FIN) leaves at its reader's pace before the end is told; the idle timeout
+            // bounds a reader that stopped. Nothing more is read.
+            draining = true;
+            open = [false, false];
+            conn.to_client.finish();
+            conn.to_server.finish();
+        }
+        if draining && !conn.to_client.wants_write() && !conn.to_server.wants_write() {
             break Ok(());
         }
         let holding = activity.trim_pending() || holds_memory(&buf_c, &buf_s, &conn);
@@ -597,11 +608,21 @@ async fn relay(
                     activity.wrote_now();
                     continue;
                 }
+                // After both close_notifys a side that left takes nothing more: its own
+                // choice, not a cut.
+                Err(_) if draining => {
+                    conn.to_client = Outbox::new();
+                    continue;
+                }
                 Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
             },
             w = conn.to_server.write_some(&mut server_w), if want_s => match w {
                 Ok(()) => {
                     activity.wrote_now();
+                    continue;
+                }
+                Err(_) if draining => {
+                    conn.to_server = Outbox::new();
                     continue;
                 }
                 Err(_) => break Err(DriverError::PeerGone { peer: "server", when: "while we were writing to it" }),
@@ -698,11 +719,18 @@ async fn relay(
         }
         // Each read puts the idle trim and the idle timeout off.
         activity.read_now();
-        received?;
+        if let Err(e) = received {
+            break Err(e.into());
+        }
         if prepare_at.is_none() && conn.hs.wants_prepare() {
             prepare_at = Some(tokio::time::Instant::now() + PREPARE_DELAY);
         }
     };
+    // A failure is known now: a stop that cuts the connection while its alerts leave must
+    // not report only the cut.
+    if let Err(e) = &result {
+        report.outcome = Err(e.to_string());
+    }
     // Orderly or not, let queued bytes (close_notify, alerts) leave, then close both sockets.
     conn.to_client.finish();
     conn.to_server.finish();

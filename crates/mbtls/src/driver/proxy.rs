@@ -11,7 +11,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
 use super::reports::{Absorb, Pending};
-use super::splice::Carried;
+use super::splice::{reset_when_closed, Carried};
 use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
 
@@ -143,6 +143,9 @@ async fn serve(
     cfg: &ClientProxyConfig,
 ) {
     let _ = local.set_nodelay(true);
+    // A local connection whose session never carried it in order is reset, not closed: from
+    // its handshake on (failed, timed out, or cut by a stop) to the splice's end.
+    reset_when_closed(&local, true);
     if let Err(e) = proxy_one(local, cfg, report, carried).await {
         report.outcome = Err(e.to_string());
     }

@@ -5,7 +5,7 @@
 
 use mbx_record::wipe;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 /// Bytes a middlebox reads from a socket at once, at most: several 16 KB records per system
 /// call when the peer is sending in bulk (fewer reads, and records are opened in this buffer,
@@ -108,7 +108,10 @@ impl ReadBuf {
 /// (bytes or its end): an idle connection holds no read buffer. Readiness can be reported
 /// without bytes (tokio says so; a new socket does it here): a read that would block gives the
 /// buffer back and waits again. Cancel safe, like `read`: a dropped future read nothing.
-pub(crate) async fn read_into(r: &mut OwnedReadHalf, buf: &mut ReadBuf) -> std::io::Result<usize> {
+pub(crate) async fn read_into<R: TcpReadHalf>(
+    r: &mut R,
+    buf: &mut ReadBuf,
+) -> std::io::Result<usize> {
     if !buf.bytes.is_empty() {
         return r.read(&mut buf.bytes).await;
     }
@@ -121,6 +124,28 @@ pub(crate) async fn read_into(r: &mut OwnedReadHalf, buf: &mut ReadBuf) -> std::
         }
     }
 }
+
+/// The read half of a TCP stream, owned or borrowed: what [`read_into`] needs of it.
+pub(crate) trait TcpReadHalf: tokio::io::AsyncRead + Unpin {
+    async fn readable(&self) -> std::io::Result<()>;
+    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize>;
+}
+
+/// The same methods, by the same names, on both halves.
+macro_rules! tcp_read_half {
+    ($half:ty) => {
+        impl TcpReadHalf for $half {
+            async fn readable(&self) -> std::io::Result<()> {
+                <$half>::readable(self).await
+            }
+            fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+                <$half>::try_read(self, buf)
+            }
+        }
+    };
+}
+tcp_read_half!(OwnedReadHalf);
+tcp_read_half!(ReadHalf<'_>);
 
 #[cfg(test)]
 mod tests {

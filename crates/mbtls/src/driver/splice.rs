@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -85,7 +86,14 @@ pub(crate) async fn splice<S: EndpointSession>(
     sides: &Sides,
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
-    let (plain_r, mut plain_w) = plain.into_split();
+    let mut plain = plain;
+    // A session that failed or was cut must not look like one that ended to the plain side (an
+    // HTTP body delimited by the close would pass for whole): until it ends in order, closing
+    // the plain socket resets it, however it closes: an error here, or this future dropped by
+    // a stop at the end of a drain or by a panic. (Borrowed halves: tokio's owned write half
+    // would send a FIN when dropped, before the reset.)
+    reset_when_closed(&plain, true);
+    let (plain_r, mut plain_w) = plain.split();
     let ended = splice_halves(
         session,
         path,
@@ -97,25 +105,33 @@ pub(crate) async fn splice<S: EndpointSession>(
     )
     .await;
     // An idle timeout is the service's own orderly end (as nginx's proxy_timeout): closed.
-    let reset = match &ended {
-        Ok(()) => carried.peer_left_without_close_notify,
-        Err(e) => !matches!(e, DriverError::IdleTimeout(_)),
+    let in_order = match &ended {
+        Ok(()) => !carried.peer_left_without_close_notify,
+        Err(e) => matches!(e, DriverError::IdleTimeout(_)),
     };
-    if reset {
-        // A session that failed or was cut must not look like one that ended to the plain
-        // side (an HTTP body delimited by the close would pass for whole): it is reset, not
-        // closed. (Dropped, the write half would send a FIN first.)
-        let _ = plain_w.as_ref().set_zero_linger();
-        plain_w.forget();
+    if in_order {
+        // A FIN (the outbox sent it already when the peer's close_notify came), then a
+        // normal close.
+        reset_when_closed(&plain, false);
+        let _ = plain.shutdown().await;
     }
     ended
+}
+
+/// Whether closing `socket` resets the connection (`SO_LINGER` 0: an RST, queued bytes
+/// dropped) or ends it normally (a FIN after what is queued).
+pub(crate) fn reset_when_closed(socket: &TcpStream, reset: bool) {
+    let linger = reset.then_some(Duration::ZERO);
+    if let Err(e) = socket2::SockRef::from(socket).set_linger(linger) {
+        tracing::debug!(error = %e, "cannot set SO_LINGER");
+    }
 }
 
 async fn splice_halves<S: EndpointSession>(
     session: &mut S,
     path: TcpStream,
-    mut plain_r: tokio::net::tcp::OwnedReadHalf,
-    plain_w: &mut tokio::net::tcp::OwnedWriteHalf,
+    mut plain_r: tokio::net::tcp::ReadHalf<'_>,
+    plain_w: &mut tokio::net::tcp::WriteHalf<'_>,
     idle_timeout: Option<Duration>,
     sides: &Sides,
     carried: &mut Carried,
@@ -187,14 +203,21 @@ async fn splice_halves<S: EndpointSession>(
             }
             r = read_into(&mut plain_r, &mut plain_buf), if plain_open && to_path.has_room() => {
                 let n = r.map_err(DriverError::io(sides.reading_plain))?;
-                if n == 0 {
+                let sealed = if n == 0 {
                     plain_open = false;
                     to_plain_at_our_close = carried.to_plain;
-                    session.close()?;
+                    session.close()
                 } else {
                     carried.from_plain += n as u64;
-                    plain_buf.seal_read(n, |plain| session.write(plain))?;
                     activity.read_now();
+                    plain_buf.seal_read(n, |plain| session.write(plain))
+                };
+                if let Err(e) = sealed {
+                    // The alert the core sealed when it failed (e.g. keys at their limit)
+                    // goes out before the error.
+                    to_path.push(session.take_outgoing());
+                    let _ = timeout(CLOSE_GRACE, to_path.flush(&mut path_w)).await;
+                    return Err(e);
                 }
             }
             due = activity.due(activity.trim_pending()), if activity.trim_pending() || activity.has_timeout() => match due {
