@@ -81,22 +81,107 @@ pub(crate) fn first_handshake_message(
     Ok(None)
 }
 
-/// The server random of the (non-HelloRetryRequest) ServerHello in a server→client byte stream.
-pub(crate) fn server_random(stream: &[u8]) -> Result<Option<[u8; 32]>, EngineError> {
-    let mut off = 0;
-    while let Some(rest) = stream.get(off..) {
-        let Some((msg, used)) = first_handshake_message(rest, HandshakeType::SERVER_HELLO.0)?
-        else {
-            return Ok(None);
-        };
-        let hello = ServerHello::parse_message(&msg)
-            .map_err(|_| EngineError::Malformed("bad ServerHello"))?;
-        if !hello.is_hello_retry_request() {
-            return Ok(Some(hello.random));
+/// Stop looking for the ServerHello after this many bytes of the server's flight.
+const SERVER_FLIGHT_CAP: usize = 64 * 1024;
+
+/// Finds the server random of the (non-HelloRetryRequest) ServerHello in a server→client
+/// byte stream, fed as it arrives: each byte is looked at once, however the flight is split
+/// into records (a ServerHello sent one byte per record costs what a whole one does). Gives
+/// up on a record that cannot come before the ServerHello, bad message framing, or past
+/// `SERVER_FLIGHT_CAP` bytes.
+pub(crate) struct ServerRandomWatch {
+    /// The end of the stream that is not a whole record yet.
+    partial: Vec<u8>,
+    messages: HandshakeDeframer,
+    seen: usize,
+    outcome: Watch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    Looking,
+    Found([u8; 32]),
+    GaveUp,
+}
+
+impl ServerRandomWatch {
+    pub(crate) fn new() -> Self {
+        ServerRandomWatch {
+            partial: Vec::new(),
+            messages: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
+            seen: 0,
+            outcome: Watch::Looking,
         }
-        off += used;
     }
-    Ok(None)
+
+    /// The random, once found.
+    pub(crate) fn random(&self) -> Option<[u8; 32]> {
+        match self.outcome {
+            Watch::Found(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// More of the stream, split anywhere.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        if self.outcome != Watch::Looking {
+            return;
+        }
+        self.seen += bytes.len();
+        if self.seen > SERVER_FLIGHT_CAP {
+            return self.stop(Watch::GaveUp);
+        }
+        self.partial.extend_from_slice(bytes);
+        let mut off = 0;
+        while self.outcome == Watch::Looking {
+            let rest = self.partial.get(off..).unwrap_or_default();
+            let n = match complete_record_len(rest) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(_) => return self.stop(Watch::GaveUp),
+            };
+            let record = rest.get(..n).unwrap_or_default();
+            off += n;
+            match record.first().copied() {
+                Some(CT_HANDSHAKE) => {
+                    let payload = record
+                        .get(mbx_wire::record::HEADER_LEN..)
+                        .unwrap_or_default();
+                    self.messages.push(payload);
+                    self.messages_so_far();
+                }
+                // TLS 1.3 compatibility ChangeCipherSpec.
+                Some(CT_CHANGE_CIPHER_SPEC) => {}
+                _ => return self.stop(Watch::GaveUp),
+            }
+        }
+        self.partial.drain(..off.min(self.partial.len()));
+    }
+
+    fn messages_so_far(&mut self) {
+        loop {
+            let msg = match self.messages.next_message() {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return,
+                Err(_) => return self.stop(Watch::GaveUp),
+            };
+            if msg.typ() != HandshakeType::SERVER_HELLO {
+                continue;
+            }
+            match ServerHello::parse_message(msg.as_bytes()) {
+                Ok(hello) if hello.is_hello_retry_request() => {}
+                Ok(hello) => return self.stop(Watch::Found(hello.random)),
+                Err(_) => return self.stop(Watch::GaveUp),
+            }
+        }
+    }
+
+    /// Settled: what it kept is freed.
+    fn stop(&mut self, outcome: Watch) {
+        self.outcome = outcome;
+        self.partial = Vec::new();
+        self.messages = HandshakeDeframer::new(0);
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +204,60 @@ mod tests {
         assert_eq!(complete_prefix_len(&s).unwrap(), whole);
         assert!(complete_prefix_len(&[99, 3, 3, 0, 0]).is_err());
         assert!(complete_prefix_len(&[23, 3, 3, 0xff, 0xff]).is_err());
+    }
+
+    /// A ServerHello handshake message (header included) with `random`.
+    fn server_hello(random: [u8; 32]) -> Vec<u8> {
+        let mut body = vec![3, 3];
+        body.extend(random);
+        body.extend([0, 0xc0, 0x2f, 0]);
+        let mut msg = vec![2, 0, 0, body.len() as u8];
+        msg.extend(body);
+        msg
+    }
+
+    /// `payload` as handshake records of at most `size` bytes each.
+    fn records_of(payload: &[u8], size: usize) -> Vec<u8> {
+        payload.chunks(size).flat_map(|c| rec(22, c)).collect()
+    }
+
+    #[test]
+    fn the_server_random_is_found_however_the_flight_is_split() {
+        let hrr = server_hello(mbx_wire::hello::HELLO_RETRY_REQUEST_RANDOM);
+        let flight = [hrr, server_hello([7; 32])].concat();
+        for size in [1, 3, flight.len()] {
+            let stream = [rec(20, &[1]), records_of(&flight, size)].concat();
+            // Fed one byte at a time, and all at once.
+            let mut w = ServerRandomWatch::new();
+            for b in &stream {
+                w.feed(core::slice::from_ref(b));
+            }
+            assert_eq!(w.random(), Some([7; 32]), "{size}");
+            let mut w = ServerRandomWatch::new();
+            w.feed(&stream);
+            assert_eq!(w.random(), Some([7; 32]), "{size}");
+        }
+    }
+
+    #[test]
+    fn the_watch_gives_up_on_what_cannot_precede_a_server_hello_and_past_its_cap() {
+        let hello = records_of(&server_hello([7; 32]), 16);
+        for before in [rec(23, b"data"), rec(21, &[2, 40]), vec![99, 3, 3, 0, 1, 0]] {
+            let mut w = ServerRandomWatch::new();
+            w.feed(&before);
+            w.feed(&hello);
+            assert_eq!(w.random(), None);
+        }
+        // A ServerHello announced at 64 KB, sent one byte per record, past the cap.
+        let mut w = ServerRandomWatch::new();
+        w.feed(&rec(22, &[2, 1, 0, 0]));
+        for _ in 0..SERVER_FLIGHT_CAP / 6 {
+            w.feed(&rec(22, &[0]));
+        }
+        assert_eq!(w.outcome, Watch::GaveUp);
+        assert!(w.partial.capacity() == 0 && w.messages.buffered() == 0);
+        w.feed(&hello);
+        assert_eq!(w.random(), None);
     }
 
     #[test]

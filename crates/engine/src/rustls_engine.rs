@@ -147,19 +147,15 @@ pub struct RustlsEngine {
     incoming: Vec<u8>,
     outgoing: Vec<u8>,
     plaintext: Vec<u8>,
-    /// Server→client bytes kept until the ServerHello random is found (rustls does not expose
+    /// The ServerHello random, looked for in the server→client bytes (rustls does not expose
     /// it; TLS 1.2 key expansion needs it).
-    server_flight: Vec<u8>,
-    server_random: Option<[u8; 32]>,
+    server_random: records::ServerRandomWatch,
     pause_after_handshake: bool,
     failed: bool,
     peer_closed: bool,
     /// Client of a context that resumes vouched sessions: this connection's store.
     capture: Option<Arc<SessionCapture>>,
 }
-
-/// Stop looking for the ServerHello after this many bytes.
-const SERVER_FLIGHT_CAP: usize = 64 * 1024;
 
 impl RustlsEngine {
     pub fn new(config: &TlsConfig) -> Result<Self, EngineError> {
@@ -251,8 +247,7 @@ impl RustlsEngine {
             incoming: Vec::new(),
             outgoing: Vec::new(),
             plaintext: Vec::new(),
-            server_flight: Vec::new(),
-            server_random: None,
+            server_random: records::ServerRandomWatch::new(),
             pause_after_handshake: config.pause_after_handshake,
             failed: false,
             peer_closed: false,
@@ -276,14 +271,7 @@ impl RustlsEngine {
     }
 
     fn watch_server_flight(&mut self, bytes: &[u8]) {
-        if self.server_random.is_some() || self.server_flight.len() > SERVER_FLIGHT_CAP {
-            return;
-        }
-        self.server_flight.extend_from_slice(bytes);
-        if let Ok(Some(r)) = records::server_random(&self.server_flight) {
-            self.server_random = Some(r);
-            self.server_flight = Vec::new();
-        }
+        self.server_random.feed(bytes);
     }
 
     fn flush(&mut self) -> Result<(), EngineError> {
@@ -512,6 +500,7 @@ impl TlsEngine for RustlsEngine {
             .ok_or(EngineError::HandshakeIncomplete)?;
         let server_random = self
             .server_random
+            .random()
             .ok_or(EngineError::InexactExport("ServerHello random not seen"))?;
         let client_random = self
             .secrets
@@ -714,8 +703,7 @@ impl RustlsClientContext {
             incoming: Vec::new(),
             outgoing: Vec::new(),
             plaintext: Vec::new(),
-            server_flight: Vec::new(),
-            server_random: None,
+            server_random: records::ServerRandomWatch::new(),
             pause_after_handshake: self.pause_after_handshake,
             failed: false,
             peer_closed: false,

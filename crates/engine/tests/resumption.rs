@@ -202,6 +202,57 @@ fn an_exported_tls12_session_is_resumed_until_forgotten() {
     assert!(connect(&client, &server, HOST).0);
 }
 
+/// TLS 1.2: a connection made before its session was forgotten (a session that failed
+/// elsewhere) still resumes it, but does not bring it back when it ends: the next connection
+/// makes a full handshake. (Before, the connection's end kept the session again, and a
+/// client proxy with several connections to one server resumed a failed session.)
+#[test]
+fn a_forgotten_tls12_session_is_not_brought_back_by_a_connection_made_before() {
+    let pki = Pki::new();
+    for tickets in [true, false] {
+        let (client, server) = contexts_with(&pki, V12, 8, tickets);
+        assert_eq!(connect(&client, &server, HOST), (false, false));
+        let (mut c, mut s) = engines(&client, &server, HOST);
+        client.forget_sessions(HOST);
+        pump(&mut c, &mut s).unwrap();
+        close(&mut c, &mut s);
+        assert!(c.session_reused(), "offered before the forget");
+        assert_eq!(
+            connect(&client, &server, HOST),
+            (false, false),
+            "tickets {tickets}"
+        );
+        assert!(connect(&client, &server, HOST).0);
+    }
+}
+
+/// A connection that fails (here an altered record from the server) leaves nothing of its
+/// server's to resume, TLS 1.3 tickets included: OpenSSL marks only the connection's own
+/// session, and the tickets the store kept are copies of it.
+#[test]
+fn a_failed_connection_leaves_no_session_to_resume_both_versions() {
+    let pki = Pki::new();
+    for v in [V12, V13] {
+        let (client, server) = contexts(&pki, v, 8);
+        assert_eq!(connect(&client, &server, HOST), (false, false));
+        let (mut c, mut s) = engines(&client, &server, HOST);
+        pump(&mut c, &mut s).unwrap();
+        assert!(c.session_reused(), "{v:?}");
+        s.write_plaintext(b"hello").unwrap();
+        let mut record = s.take_outgoing();
+        *record.last_mut().unwrap() ^= 1;
+        c.feed(&record);
+        assert!(c.process().is_err(), "{v:?}");
+        drop((c, s));
+        // Connections made before any of them runs take whatever the store still offers.
+        let mut pairs: Vec<_> = (0..3).map(|_| engines(&client, &server, HOST)).collect();
+        for (c, s) in &mut pairs {
+            pump(c, s).unwrap();
+            assert!(!c.session_reused(), "{v:?}");
+        }
+    }
+}
+
 /// The handshake messages in `plaintext` (whole messages; 4-byte headers).
 fn messages(mut plaintext: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

@@ -702,7 +702,14 @@ impl OpenSslContext {
             }
             _ => None,
         };
-        let renewals = self.sessions.clone().zip(resumption_name.clone());
+        let renewals = self
+            .sessions
+            .clone()
+            .zip(resumption_name.clone())
+            .map(|(store, name)| {
+                let forgets = store.forgets();
+                (store, name, forgets)
+            });
         let state = Arc::new(Mutex::new(ConnState {
             ext_send: self.ext_send.clone(),
             handlers: self.handlers.clone(),
@@ -809,7 +816,9 @@ pub struct OpenSslEngine {
     plaintext: Vec<u8>,
     /// Client that resumes: where a session renewed in a resumed TLS 1.2 handshake goes, and
     /// the server name it is kept under.
-    renewals: Option<(Arc<ClientSessions>, String)>,
+    /// With the store's count of forgets when the connection was made (a session forgotten
+    /// since is not brought back).
+    renewals: Option<(Arc<ClientSessions>, String, u64)>,
 }
 
 impl OpenSslEngine {
@@ -1020,6 +1029,12 @@ impl OpenSslEngine {
     /// Turns a library failure into a typed error, preferring alerts seen on the wire.
     fn fail(&mut self, e: openssl::ssl::Error) -> EngineError {
         self.failed = true;
+        // A failed session is not resumed (RFC 5246 §7.2.2, RFC 8446 §6): OpenSSL marks the
+        // connection's own session so, but the tickets it gave the store are copies it does
+        // not reach.
+        if let Some((store, name, _)) = &self.renewals {
+            store.forget(name);
+        }
         let st = lock(&self.state);
         if let Some((_, alert)) = st
             .alert_received
@@ -1335,14 +1350,14 @@ impl OpenSslEngine {
     /// the old ticket would be offered until its key is gone. A session resumed by ID or with
     /// its ticket unchanged replaces itself.
     fn keep_renewed_session(&self) {
-        let Some((store, name)) = &self.renewals else {
+        let Some((store, name, forgets)) = &self.renewals else {
             return;
         };
         if self.version() != Some(TlsVersion::Tls12) || !self.session_reused() {
             return;
         }
         if let Some(session) = self.stream.ssl().session() {
-            store.put(name, session.to_owned());
+            store.put_renewed(name, session.to_owned(), *forgets);
         }
     }
 

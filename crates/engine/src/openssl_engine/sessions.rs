@@ -1,6 +1,7 @@
 //! A client context's resumable sessions, by server name ([`crate::TlsConfig::resume_sessions`]).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use openssl::ssl::{SslSession, SslVersion};
@@ -17,6 +18,9 @@ pub(super) struct ClientSessions {
     /// Per name, its sessions (newest last); names least recently given a session first. A
     /// context meets few names, so a list searched in order is all the index it needs.
     kept: Mutex<VecDeque<(String, VecDeque<SslSession>)>>,
+    /// How many times a name was forgotten: a connection made before the latest forget may
+    /// hold a forgotten session, which its renewal must not bring back.
+    forgets: AtomicU64,
 }
 
 impl ClientSessions {
@@ -25,6 +29,7 @@ impl ClientSessions {
         ClientSessions {
             names: names.max(1),
             kept: Mutex::new(VecDeque::new()),
+            forgets: AtomicU64::new(0),
         }
     }
 
@@ -36,7 +41,15 @@ impl ClientSessions {
     /// A session the server of `name` gave us. A TLS 1.2 session replaces what was kept for
     /// the name; TLS 1.3 tickets queue up, newest last, the oldest dropped beyond the limit.
     pub(super) fn put(&self, name: &str, session: SslSession) {
-        let mut kept = self.kept();
+        self.put_into(&mut self.kept(), name, session);
+    }
+
+    fn put_into(
+        &self,
+        kept: &mut VecDeque<(String, VecDeque<SslSession>)>,
+        name: &str,
+        session: SslSession,
+    ) {
         let mut sessions = match kept.iter().position(|(n, _)| n == name) {
             Some(at) => kept.remove(at).map(|(_, s)| s).unwrap_or_default(),
             None => VecDeque::new(),
@@ -75,6 +88,26 @@ impl ClientSessions {
 
     /// Drops what is kept for `name`.
     pub(super) fn forget(&self, name: &str) {
-        self.kept().retain(|(n, _)| n != name);
+        let mut kept = self.kept();
+        kept.retain(|(n, _)| n != name);
+        self.forgets.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts forgets, for [`put_renewed`](Self::put_renewed).
+    pub(super) fn forgets(&self) -> u64 {
+        self.forgets.load(Ordering::SeqCst)
+    }
+
+    /// A TLS 1.2 session a connection resumed (and its server may have renewed), from a
+    /// connection made when [`forgets`](Self::forgets) read `forgets_then`: kept unless a name
+    /// was forgotten since, since the session it resumed may be the one forgotten (any name's
+    /// forget counts: a renewal then goes unkept, and the next connection makes a full
+    /// handshake at worst).
+    pub(super) fn put_renewed(&self, name: &str, session: SslSession, forgets_then: u64) {
+        // Under the lock, which a forget takes too: none can fall between check and put.
+        let mut kept = self.kept();
+        if self.forgets() == forgets_then {
+            self.put_into(&mut kept, name, session);
+        }
     }
 }
