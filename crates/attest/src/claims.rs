@@ -116,7 +116,8 @@ impl FromStr for TcbStatus {
 pub struct Claims {
     /// Which TEE produced the evidence.
     pub tee: TeeKind,
-    /// Code measurement: MRENCLAVE (SGX, 32 bytes), MRTD (TDX, 48 bytes) or the simulated hash.
+    /// Code measurement: MRENCLAVE (SGX, 32 bytes), the hash of MRTD, MRCONFIGID, MROWNER,
+    /// MROWNERCONFIG and RTMR0–3 (TDX, 48 bytes; docs/foundation.md) or the simulated hash.
     pub measurement: Vec<u8>,
     /// Signer measurement: MRSIGNER (SGX) or the simulated signer; empty for TDX, which has none.
     pub signer: Vec<u8>,

@@ -167,13 +167,42 @@ impl Body {
             .ok_or_else(|| AttestError::Dcap("a report body of no known kind".into()))?;
         Ok(Body {
             tee: TeeKind::Tdx,
-            measurement: r.mr_td.to_vec(),
+            measurement: tdx_measurement(r).to_vec(),
             signer: Vec::new(),
             product_id: 0,
             svn: 0,
             debug: r.td_attributes[0] & TDX_TUD_MASK != 0,
         })
     }
+}
+
+/// Domain separation of [`tdx_measurement`].
+const TDX_MEASUREMENT_LABEL: &[u8] = b"mbx tdx measurement v1\0";
+
+/// A trust domain's code measurement, as policies pin it:
+/// `SHA-384("mbx tdx measurement v1\0" ‖ MRTD ‖ MRCONFIGID ‖ MROWNER ‖ MROWNERCONFIG ‖
+/// RTMR0 ‖ RTMR1 ‖ RTMR2 ‖ RTMR3)`. MRTD alone measures only the TD's initial image (its
+/// firmware): a TD booted from the expected firmware with another kernel, initrd or
+/// middlebox program differs only in the RTMRs, and the host sets MRCONFIGID, MROWNER and
+/// MROWNERCONFIG. Pinning all of them pins the software the TD runs and its configuration,
+/// as MRENCLAVE does for an enclave.
+fn tdx_measurement(r: &dcap_qvl::quote::TDReport10) -> [u8; 48] {
+    use sha2::{Digest, Sha384};
+    let mut h = Sha384::new();
+    h.update(TDX_MEASUREMENT_LABEL);
+    for field in [
+        &r.mr_td,
+        &r.mr_config_id,
+        &r.mr_owner,
+        &r.mr_owner_config,
+        &r.rt_mr0,
+        &r.rt_mr1,
+        &r.rt_mr2,
+        &r.rt_mr3,
+    ] {
+        h.update(field);
+    }
+    h.finalize().into()
 }
 
 /// The report_data field of a quote, read **without verifying anything**.
@@ -183,8 +212,8 @@ pub fn quote_report_data_unverified(quote: &[u8]) -> Result<[u8; REPORT_DATA_LEN
     Ok(ParsedQuote::parse(quote)?.report_data())
 }
 
-/// The code measurement of a quote (SGX MRENCLAVE, TDX MRTD), read **without verifying
-/// anything**: for a middlebox to show what it runs, never a basis for trust.
+/// The code measurement of a quote (SGX MRENCLAVE, TDX [`tdx_measurement`]), read **without
+/// verifying anything**: for a middlebox to show what it runs, never a basis for trust.
 pub fn quote_measurement_unverified(quote: &[u8]) -> Result<Vec<u8>, AttestError> {
     let q = Quote::parse(quote).map_err(|e| AttestError::Dcap(format!("{e:#}")))?;
     Ok(Body::of(&q.report)?.measurement)

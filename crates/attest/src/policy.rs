@@ -187,6 +187,7 @@ impl Policy {
                 }
             }
         }
+        self.svn_needs_a_signer()?;
         for k in &self.sim_platform_keys {
             if k.0.len() != ED25519_PUBLIC_KEY_LEN {
                 return Err(AttestError::Policy(format!(
@@ -194,6 +195,21 @@ impl Policy {
                     k.0.len()
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// A security version means something only under a pinned signer: an SGX enclave's SVN
+    /// comes from its SIGSTRUCT, outside MRENCLAVE, so anyone can sign an old enclave again
+    /// with any SVN under a key of their own, and `min_svn` without `signers` would not keep
+    /// the old build out.
+    fn svn_needs_a_signer(&self) -> Result<(), AttestError> {
+        if self.min_svn > 0 && self.signers.is_empty() {
+            return Err(AttestError::Policy(
+                "min_svn needs signers: a security version is only as good as the signer it \
+                 is bound to (anyone can sign an enclave again with any SVN)"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -225,6 +241,8 @@ impl Policy {
         if self.measurements.is_empty() {
             return Err(AttestError::NoMeasurementsConfigured);
         }
+        // Also for a policy built in code, which `validate` never saw.
+        self.svn_needs_a_signer()?;
         if !ct_contains(&self.measurements, &claims.measurement) {
             return Err(AttestError::MeasurementNotAllowed(hex::encode(
                 &claims.measurement,
@@ -414,6 +432,7 @@ mod tests {
             "allow_simulate = true",
             "accepted_tcb_statuses = [\"Fine\"]",
             "attestation = 3",
+            "min_svn = 2",
         ] {
             assert!(
                 matches!(Policy::from_toml_str(bad), Err(AttestError::Policy(_))),
@@ -446,6 +465,14 @@ mod tests {
         assert!(matches!(
             accepting().check_claims(&c),
             Err(AttestError::SvnTooLow { svn: 2, min: 3 })
+        ));
+        // A version floor without a signer is refused, even built in code: a high SVN under
+        // any signer would pass it.
+        let mut unsigned = accepting();
+        unsigned.signers.clear();
+        assert!(matches!(
+            unsigned.check_claims(&claims()),
+            Err(AttestError::Policy(_))
         ));
         let mut c = claims();
         c.debug = true;

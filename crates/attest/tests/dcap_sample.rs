@@ -11,6 +11,7 @@ use mbx_attest::{
     verify_dcap_quote, AttestError, Collateral, DcapEvidence, Evidence, EvidenceKind, HexBytes,
     Policy, TcbStatus, TeeKind,
 };
+use sha2::{Digest, Sha384};
 
 struct SgxFacts {
     mr_enclave: [u8; 32],
@@ -293,8 +294,42 @@ fn tdx_sample_accepted_and_mapped() {
     let q = Quote::parse(&s.quote).expect("TDX sample parses");
     let td = q.report.as_td10().expect("TDX report");
     let now = valid_now(&s);
-    let mut policy = Policy {
+    // The measurement pins MRTD, the host-set identities and the RTMRs, restated here.
+    let mut h = Sha384::new();
+    h.update(b"mbx tdx measurement v1\0");
+    for field in [
+        td.mr_td,
+        td.mr_config_id,
+        td.mr_owner,
+        td.mr_owner_config,
+        td.rt_mr0,
+        td.rt_mr1,
+        td.rt_mr2,
+        td.rt_mr3,
+    ] {
+        h.update(field);
+    }
+    let measurement: [u8; 48] = h.finalize().into();
+    // MRTD alone, which measures only the TD's firmware, is not a measurement the TD meets.
+    let firmware_only = Policy {
         measurements: vec![HexBytes::from(td.mr_td)],
+        allow_debug: true,
+        accepted_tcb_statuses: TcbStatus::ALL.to_vec(),
+        ..Policy::default()
+    };
+    let r = verify_dcap_quote(
+        &s.quote,
+        &s.collateral_json,
+        &td.report_data,
+        &firmware_only,
+        now,
+    );
+    assert!(
+        matches!(r, Err(AttestError::MeasurementNotAllowed(_))),
+        "{r:?}"
+    );
+    let mut policy = Policy {
+        measurements: vec![HexBytes::from(measurement)],
         allow_debug: td.td_attributes[0] != 0,
         accepted_tcb_statuses: vec![TcbStatus::UpToDate],
         ..Policy::default()
@@ -313,8 +348,8 @@ fn tdx_sample_accepted_and_mapped() {
     };
     assert_eq!(claims.tee, TeeKind::Tdx);
     assert_eq!(claims.measurement.len(), 48);
-    assert_eq!(claims.measurement, td.mr_td);
-    assert_eq!(quote_measurement_unverified(&s.quote).unwrap(), td.mr_td);
+    assert_eq!(claims.measurement, measurement);
+    assert_eq!(quote_measurement_unverified(&s.quote).unwrap(), measurement);
     assert!(claims.signer.is_empty());
 
     // TDX has no signer: a policy that requires one refuses it.

@@ -217,7 +217,11 @@ pub fn platform(s: Sample) -> Platform {
             r.mr_enclave.to_vec(),
             r.attributes[0] & 2 != 0,
         ),
-        Report::TD10(r) => (r.report_data, r.mr_td.to_vec(), r.td_attributes[0] != 0),
+        Report::TD10(r) => (
+            r.report_data,
+            mbx_attest::quote_measurement_unverified(&s.quote).expect("TDX measurement"),
+            r.td_attributes[0] != 0,
+        ),
         other => panic!("unexpected sample body {other:?}"),
     };
     let w = validity_window(&s);
