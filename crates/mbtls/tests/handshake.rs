@@ -1015,6 +1015,31 @@ mod discovered {
         }
     }
 
+    /// The application's approver is asked once per middlebox, however many records its
+    /// evidence and the end of its handshake take.
+    #[test]
+    fn the_approver_is_asked_once() {
+        for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counter = asked.clone();
+            s.client_cfg.middlebox = ClientMiddlebox::Discover(Arc::new(move |_: &[Vec<u8>]| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                true
+            }));
+            let net = run(&s);
+            assert!(
+                net.client_err.is_none() && net.client.keys_sent(),
+                "{version:?}"
+            );
+            assert_eq!(
+                asked.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "{version:?}"
+            );
+        }
+    }
+
     /// A discovered middlebox that passed its checks and was sent its keys is no longer one
     /// that may be left out: a record on its subchannel that fails (here its switch marker,
     /// altered on the way) ends the session, as a failed record does anywhere, instead of

@@ -734,12 +734,12 @@ impl EndpointCore {
             return Ok(());
         }
         let slot = self.slot_mut(id)?;
-        let (running, late, chain) = (
-            slot.state == Secondary::Running,
-            slot.late,
-            slot.engine.peer_certificates(),
-        );
-        if slot.name.is_none() {
+        let (running, late) = (slot.state == Secondary::Running, slot.late);
+        // A discovered middlebox has no name until its handshake ends: its certificate is
+        // looked at once, on the record that ended it (the approver too is asked once, not
+        // again for each record until the evidence is whole).
+        let chain = if slot.name.is_none() {
+            let chain = slot.engine.peer_certificates();
             // The engine verified the chain: its leaf names the middlebox.
             slot.name = Some(
                 chain
@@ -747,7 +747,10 @@ impl EndpointCore {
                     .and_then(|c| certificate_name(c))
                     .unwrap_or_else(|| "(certificate without a name)".to_string()),
             );
-        }
+            Some(chain)
+        } else {
+            None
+        };
         if running && late {
             return self.exclude(
                 id,
@@ -755,15 +758,13 @@ impl EndpointCore {
                 HandshakeError::Protocol("a middlebox answered after the primary ServerHello"),
             );
         }
-        if running {
-            if let Some(approve) = &self.approver {
-                if !approve(&chain) {
-                    return self.exclude(
-                        id,
-                        "not approved by the application",
-                        HandshakeError::Protocol("middlebox not approved"),
-                    );
-                }
+        if let (true, Some(chain), Some(approve)) = (running, &chain, &self.approver) {
+            if !approve(chain) {
+                return self.exclude(
+                    id,
+                    "not approved by the application",
+                    HandshakeError::Protocol("middlebox not approved"),
+                );
             }
         }
         let slot = self.slot_mut(id)?;
