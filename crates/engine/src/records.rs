@@ -128,9 +128,6 @@ impl ServerRandomWatch {
             return;
         }
         self.seen += bytes.len();
-        if self.seen > SERVER_FLIGHT_CAP {
-            return self.stop(Watch::GaveUp);
-        }
         self.partial.extend_from_slice(bytes);
         let mut off = 0;
         while self.outcome == Watch::Looking {
@@ -156,6 +153,9 @@ impl ServerRandomWatch {
             }
         }
         self.partial.drain(..off.min(self.partial.len()));
+        if self.outcome == Watch::Looking && self.seen > SERVER_FLIGHT_CAP {
+            self.stop(Watch::GaveUp);
+        }
     }
 
     fn messages_so_far(&mut self) {
@@ -258,6 +258,40 @@ mod tests {
         assert!(w.partial.capacity() == 0 && w.messages.buffered() == 0);
         w.feed(&hello);
         assert_eq!(w.random(), None);
+        // A ServerHello at the start of one feed larger than the cap is still found.
+        let mut w = ServerRandomWatch::new();
+        w.feed(&[hello.clone(), rec(23, &vec![0; 16_000]).repeat(5)].concat());
+        assert_eq!(w.random(), Some([7; 32]));
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes and however they are split, the watch finds what it finds in
+        /// them whole (within its cap), and never panics.
+        #[test]
+        fn the_watch_depends_on_the_bytes_not_their_split(
+            stream in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            hello_at in 0usize..600,
+            cuts in proptest::collection::vec(1usize..64, 1..40),
+        ) {
+            // Some runs carry a real ServerHello somewhere in the noise.
+            let mut stream = stream;
+            let at = hello_at.min(stream.len());
+            stream.splice(at..at, records_of(&server_hello([9; 32]), 7));
+            let mut whole = ServerRandomWatch::new();
+            whole.feed(&stream);
+            let mut pieces = ServerRandomWatch::new();
+            let mut rest = stream.as_slice();
+            for cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at((*cut).min(rest.len()));
+                pieces.feed(piece);
+                rest = tail;
+            }
+            proptest::prop_assert_eq!(whole.random(), pieces.random());
+            proptest::prop_assert_eq!(whole.outcome, pieces.outcome);
+        }
     }
 
     #[test]
