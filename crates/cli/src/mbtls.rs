@@ -650,6 +650,35 @@ fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     Ok((host.to_owned(), authority.to_owned(), path.to_owned()))
 }
 
+/// What a service's attestation policy accepts, for its banner; it says so when no middlebox
+/// can pass it (evidence required and no measurement accepted), which every session with a
+/// required middlebox would otherwise show only by failing.
+fn policy_line(p: &Policy) -> String {
+    let evidence = if p.required {
+        "evidence required"
+    } else {
+        "evidence optional"
+    };
+    let simulated = match (p.allow_simulated, p.sim_platform_keys.len()) {
+        (false, _) => "simulated TEE refused".to_string(),
+        (true, n) => format!(
+            "simulated TEE accepted from {}",
+            count_of(n as u64, "platform keys")
+        ),
+    };
+    let mut line = format!(
+        "attestation policy: {evidence}, {} accepted, {simulated}",
+        count_of(p.measurements.len() as u64, "measurements")
+    );
+    if p.required && p.measurements.is_empty() {
+        line.push_str(NONE_CAN_PASS);
+    }
+    line
+}
+
+const NONE_CAN_PASS: &str = "; WARNING: no middlebox can pass it (no measurement is accepted: \
+     give --measurement, or a policy file or [attestation] table)";
+
 /// The attestation policy from a file or an inline table, plus the flags' additions.
 struct PolicyParts<'a> {
     file: &'a Option<PathBuf>,
@@ -782,25 +811,12 @@ fn client(
                     .await
                     // The driver's message names every cause already: no source chain on top.
                     .map_err(|e| {
-                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}")
+                        let hint = ended_behind_hint(&e);
+                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}")
                     })?;
             print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
             let body = c.read_to_end().await.map_err(|e| {
-                use mbx_mbtls::driver::DriverError;
-                // The first hop only passes a close or a reset on: who ended the session
-                // is in the middleboxes' and the server's reports.
-                let ended_behind = match &e {
-                    DriverError::PeerGone { .. } => true,
-                    DriverError::Io { source, .. } => {
-                        source.kind() == std::io::ErrorKind::ConnectionReset
-                    }
-                    _ => false,
-                };
-                let hint = if ended_behind {
-                    "; a middlebox or the server ended the session (their report lines say why)"
-                } else {
-                    ""
-                };
+                let hint = ended_behind_hint(&e);
                 anyhow::anyhow!("reading the response failed: {e}{hint}")
             })?;
             // Best effort: the server already ended its direction.
@@ -813,6 +829,23 @@ fn client(
         print_response(&body);
         Ok(())
     })
+}
+
+/// The first hop only passes a close or a reset on (in the handshake too, e.g. when the
+/// server behind a middlebox is down): who ended the session, and why, is in the
+/// middleboxes' and the server's reports.
+fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
+    use mbx_mbtls::driver::DriverError;
+    let ended_behind = match e {
+        DriverError::PeerGone { .. } => true,
+        DriverError::Io { source, .. } => source.kind() == std::io::ErrorKind::ConnectionReset,
+        _ => false,
+    };
+    if ended_behind {
+        "; a middlebox or the server ended the session (their report lines say why)"
+    } else {
+        ""
+    }
 }
 
 fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<ClientSetup> {
@@ -995,6 +1028,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     })
 }
 
+/// The client's last hop: it cannot see past the server's name, and a server-side middlebox
+/// there holds the same keys (its server chose it, and checked it).
+const BRIDGE: &str = "primary session keys, also held by any middlebox on the server's side";
+
 /// `names`: the pre-configured middleboxes in path order; `None` with discovery (the session
 /// names those that joined, by their certificates).
 fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, server: &str) {
@@ -1016,7 +1053,7 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
                 .enumerate()
                 .map(|(i, w)| {
                     let what = if i + 2 == nodes.len() {
-                        "primary session keys"
+                        BRIDGE
                     } else {
                         "fresh keys"
                     };
@@ -1024,7 +1061,7 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
                 })
                 .collect()
         } else {
-            vec![format!("client <-> {server} (primary session keys)")]
+            vec![format!("client <-> {server} ({BRIDGE})")]
         };
         for (i, (hop, name)) in sum.hops.iter().zip(&labels).enumerate() {
             println!("hop {}: {name}: {}", i + 1, fp(hop));
@@ -2103,6 +2140,9 @@ fn server(
         Ok((new.cfg, String::new()))
     };
     let limits = cfg.limits;
+    // Only when middleboxes may join.
+    let policy = (!s.middlebox_names.is_empty() || !s.allow_middleboxes.is_empty())
+        .then(|| policy_line(&cfg.handshake.policy));
     runtime()?.block_on(async {
         let signals = ServiceSignals::new()?;
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
@@ -2113,7 +2153,10 @@ fn server(
             server.local_addr(),
             s.backend
         );
-        println!("server-side middlebox: {described}");
+        match &policy {
+            Some(policy) => println!("server-side middlebox: {described}; {policy}"),
+            None => println!("server-side middlebox: {described}"),
+        }
         println!("{}", limits_line(&limits, "sessions"));
         let names = ("server", "sessions");
         let print = print_server_report;
@@ -2338,6 +2381,12 @@ fn local_proxy(
     let limits = cfg.limits;
     let server_name = cfg.handshake.server_name.clone();
     let first_hop = cfg.first_hop.clone();
+    // A warning when middleboxes of ours may join and none can pass (what a fetch prints
+    // with its verdicts, a proxy would show only in each session's failure).
+    let policy = policy_line(&cfg.handshake.policy);
+    let policy = (!matches!(cfg.handshake.middlebox, ClientMiddlebox::Disabled)
+        && policy.contains(NONE_CAN_PASS))
+    .then_some(policy);
     runtime()?.block_on(async move {
         let signals = ServiceSignals::new()?;
         let mut proxy = ClientProxy::bind(listen, cfg)
@@ -2347,6 +2396,9 @@ fn local_proxy(
             "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
             proxy.local_addr(),
         );
+        if let Some(line) = &policy {
+            println!("{line}");
+        }
         println!("{}", limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
         serve_until_stopped(
@@ -2527,6 +2579,36 @@ mod tests {
             shown,
             [verified("mb1.test"), verified("mb2.test"), excluded]
         );
+    }
+
+    /// A service's banner says what its attestation policy accepts, and warns when no
+    /// middlebox can pass it (the default policy: evidence required, no measurement).
+    #[test]
+    fn the_policy_line_warns_when_no_middlebox_can_pass() {
+        let default = policy_line(&Policy::default());
+        assert!(
+            default.contains("evidence required, 0 measurements accepted, simulated TEE refused"),
+            "{default}"
+        );
+        assert!(
+            default.contains("WARNING: no middlebox can pass it"),
+            "{default}"
+        );
+        let pinned = Policy {
+            measurements: vec![HexBytes(vec![1; 32])],
+            allow_simulated: true,
+            sim_platform_keys: vec![HexBytes(vec![2; 32])],
+            ..Policy::default()
+        };
+        assert_eq!(
+            policy_line(&pinned),
+            "attestation policy: evidence required, 1 measurement accepted, simulated TEE accepted from 1 platform key"
+        );
+        let optional = Policy {
+            required: false,
+            ..Policy::default()
+        };
+        assert!(!policy_line(&optional).contains("WARNING"));
     }
 
     #[test]

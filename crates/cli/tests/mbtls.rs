@@ -121,7 +121,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         "path: client -> mb.test",
         "TLS 1.3, TLS_",
         "hop 1: client <-> mb.test (fresh keys): c2s ",
-        "hop 2: mb.test <-> server.test (primary session keys): c2s ",
+        "hop 2: mb.test <-> server.test (primary session keys, also held by any middlebox on the server's side): c2s ",
         &format!("attestation: mb.test verified (sim TEE, measurement {measurement}"),
         "status: HTTP/1.1 200 OK",
         "x-mbtls: mb.test",
@@ -550,6 +550,35 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         err.contains("first hop") && err.contains("a middlebox or the server ended the session"),
         "{err}"
     );
+
+    // A first hop that closes during the handshake (a middlebox whose server is down does
+    // so): the same hint.
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closing.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        for mut conn in closing.incoming().flatten() {
+            // The ClientHello read, then the end of stream (a FIN, not a reset).
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+            while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    });
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args(["--middlebox", &addr, "--no-client-middleboxes"])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("during the handshake")
+            && err.contains("a middlebox or the server ended the session"),
+        "{err}"
+    );
 }
 
 /// `mbx mbtls server` listening on `listen` in front of `backend`, with the certificate and key
@@ -763,7 +792,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         for expected in [
             "no client-side middleboxes: the session's keys stay inside OpenSSL",
             &format!("path: client -> server.test ({mb_addr})"),
-            "hop 1: client <-> server.test (primary session keys): no fingerprint",
+            "hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side): no fingerprint",
             "GET /direct HTTP/1.1",
             "X-Mbtls: mb2.test",
         ] {
@@ -946,7 +975,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         ") -> mb0.test -> server.test",
         "hop 1: client <-> mb1.test (fresh keys)",
         "hop 2: mb1.test <-> mb0.test (fresh keys)",
-        "hop 3: mb0.test <-> server.test (primary session keys)",
+        "hop 3: mb0.test <-> server.test (primary session keys, also held by any middlebox on the server's side)",
         "status: HTTP/1.1 200 OK",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
@@ -986,7 +1015,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         "{text}"
     );
     assert!(
-        text.contains("hop 1: client <-> server.test (primary session keys)"),
+        text.contains("hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side)"),
         "{text}"
     );
     // Discovery with no middlebox on the path (straight to nginx): none answered by the
@@ -1004,7 +1033,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
             .arg(&server.ca),
     );
     for expected in [
-        "hop 1: client <-> server.test (primary session keys): no fingerprint",
+        "hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side): no fingerprint",
         "attestation: no middlebox took part",
         "status: HTTP/1.1 200 OK",
     ] {
@@ -1026,7 +1055,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     assert!(ok, "{text}{err}");
     for expected in [
         "hop 2: mb1.test <-> mb0.test (fresh keys)",
-        "hop 3: mb0.test <-> server.test (primary session keys)",
+        "hop 3: mb0.test <-> server.test (primary session keys, also held by any middlebox on the server's side)",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
@@ -1041,7 +1070,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     for expected in [
         "attestation: mb0.test was excluded: not in the allow-list",
         "attestation: mb1.test verified (sim TEE",
-        "hop 2: mb1.test <-> server.test (primary session keys)",
+        "hop 2: mb1.test <-> server.test (primary session keys, also held by any middlebox on the server's side)",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
@@ -2147,8 +2176,10 @@ fn options_that_would_be_ignored_are_refused() {
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(err.contains("applies with session_tickets"), "{err}");
     let (_srv, _lines, head) = start(&with(&["--middlebox-name", "mb.test"]), 2);
-    assert_eq!(
-        head[1], "server-side middlebox: pre-configured mb.test (required)",
+    // With the default attestation policy no middlebox can pass: the banner says so at once.
+    assert!(
+        head[1].starts_with("server-side middlebox: pre-configured mb.test (required); attestation policy: evidence required, 0 measurements accepted")
+            && head[1].contains("WARNING: no middlebox can pass it"),
         "{head:?}"
     );
 }

@@ -76,8 +76,10 @@ pub enum EngineError {
     /// The peer sent a fatal alert.
     #[error("peer sent fatal alert {alert}")]
     AlertReceived { alert: AlertDescription },
-    /// The TLS library failed; `alert` is the alert it sent to the peer, when it sent one.
-    #[error("TLS failure (sent alert: {}): {detail}", .alert.map(|a| a.to_string()).unwrap_or_else(|| "none".into()))]
+    /// The TLS library failed; `alert` is the alert it sent to the peer, when it sent one we
+    /// could read (rustls's are encrypted once the handshake has keys: `detail` then says an
+    /// alert went out).
+    #[error("TLS failure{}: {detail}", .alert.map(|a| format!(" (sent alert: {a})")).unwrap_or_default())]
     Fatal {
         alert: Option<AlertDescription>,
         /// OpenSSL error stack or rustls error text.

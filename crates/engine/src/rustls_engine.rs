@@ -302,14 +302,14 @@ impl RustlsEngine {
         let start = self.outgoing.len();
         let _ = self.flush();
         let out = self.outgoing.get(start..).unwrap_or_default();
-        let alert = match out {
-            [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => Some(AlertDescription(*desc)),
-            _ => None,
+        let (alert, detail) = match out {
+            [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => {
+                (Some(AlertDescription(*desc)), e.to_string())
+            }
+            [] => (None, e.to_string()),
+            _ => (None, format!("{e} (an encrypted alert went to the peer)")),
         };
-        EngineError::Fatal {
-            alert,
-            detail: e.to_string(),
-        }
+        EngineError::Fatal { alert, detail }
     }
 
     fn drain_plaintext(&mut self) -> Result<(), EngineError> {

@@ -423,6 +423,12 @@ fn middlebox_with_wrong_certificate_gets_no_key_material() {
         assert!(!net.client.keys_sent());
         assert!(!net.mbox.keys_installed());
         assert!(net.server.take_plaintext().is_empty());
+        // The middlebox learns why it is out: the client's alert named its certificate.
+        let me = mbox_events(&mut net.mbox);
+        assert!(
+            me.iter().any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(why) if why.starts_with("the client refused our certificate"))),
+            "{version:?}: {me:?}"
+        );
     }
 }
 

@@ -658,6 +658,9 @@ impl EndpointCore {
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
         if self.preconfigured() {
+            // The session fails. (A close_notify on its secondary session first would make
+            // the middlebox go passive and report the session's end as clean; without one it
+            // reports that it got no key material.)
             return Err(self.about(subchannel, err));
         }
         // Our own protocol reasons are `why` already; a check's error says more.

@@ -505,10 +505,10 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         engine.feed(inner.as_bytes());
         let processed = engine.process();
         self.wires.send_to_endpoint(self.subchannel, engine)?;
-        if processed.is_err() {
+        if let Err(e) = processed {
             // The client refused us (certificate, approval) or the session broke: we get no
             // keys, so we can only pass ciphertext on.
-            self.go_passive("secondary session failed");
+            self.go_passive(wires::why_secondary_failed(&e, Side::Client));
             return Ok(());
         }
         if engine.is_handshaking() {

@@ -313,9 +313,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             }
         }
         self.wires.send_to_endpoint(self.subchannel, engine)?;
-        if processed.is_err() {
+        if let Err(e) = processed {
             // The server refused us (certificate, approval): no keys, ciphertext only.
-            self.go_passive("secondary session failed");
+            self.go_passive(wires::why_secondary_failed(&e, Side::Server));
             return Ok(());
         }
         if engine.is_handshaking() {

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use mbx_apps::MiddleboxApp;
-use mbx_engine::{OpenSslEngine, TlsEngine};
+use mbx_engine::{AlertDescription, EngineError, OpenSslEngine, TlsEngine};
 use mbx_record::TlsVersion;
 use mbx_wire::{version, Record};
 
@@ -298,6 +298,28 @@ pub(super) struct PathNews {
 
 /// Reports that the evidence went out, and before it whether the session resumed (the
 /// evidence is then empty).
+/// Why a middlebox's secondary session with its endpoint (`endpoint`: the client or the
+/// server) failed, for its report: the endpoint's alert says whether it refused our
+/// certificate or us, which the operator needs to know.
+pub(super) fn why_secondary_failed(e: &EngineError, endpoint: Side) -> &'static str {
+    let refused_certificate = |a: AlertDescription| matches!(a.0, 42..=46 | 48);
+    match (e, endpoint) {
+        (EngineError::AlertReceived { alert }, Side::Client) if refused_certificate(*alert) => {
+            "the client refused our certificate (its own error says why)"
+        }
+        (EngineError::AlertReceived { alert }, Side::Server) if refused_certificate(*alert) => {
+            "the server refused our certificate (its own error says why)"
+        }
+        (EngineError::AlertReceived { .. }, Side::Client) => {
+            "the client ended the secondary session with an alert"
+        }
+        (EngineError::AlertReceived { .. }, Side::Server) => {
+            "the server ended the secondary session with an alert"
+        }
+        _ => "secondary session failed",
+    }
+}
+
 pub(super) fn evidence_sent(events: &mut VecDeque<MiddleboxHandshakeEvent>, resumed: bool) {
     if resumed {
         events.push_back(MiddleboxHandshakeEvent::Resumed);
