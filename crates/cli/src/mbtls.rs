@@ -2164,6 +2164,11 @@ fn server(
     })
 }
 
+/// What the server answers when its backend cannot be reached, before its close_notify: an
+/// HTTP 502, as a reverse proxy does (the backend is an HTTP server), not a silent close.
+const BAD_GATEWAY: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\n\
+Content-Length: 30\r\nConnection: close\r\n\r\nthe backend cannot be reached\n";
+
 fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSetup> {
     let s = server_settings(flags, config)?;
     let policy = build_policy(PolicyParts {
@@ -2254,6 +2259,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         },
         backend: s.backend.clone(),
         limits: s.service.limits()?,
+        backend_unavailable: Some(BAD_GATEWAY.to_vec()),
     };
     Ok(ServerSetup {
         cfg,
@@ -2578,6 +2584,19 @@ mod tests {
         assert_eq!(
             shown,
             [verified("mb1.test"), verified("mb2.test"), excluded]
+        );
+    }
+
+    /// The server's answer when its backend is down is a whole HTTP response: its
+    /// Content-Length is its body's.
+    #[test]
+    fn the_bad_gateway_answer_is_a_whole_response() {
+        let text = std::str::from_utf8(BAD_GATEWAY).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("\r\nContent-Length: {}\r\n", body.len())),
+            "{head}"
         );
     }
 

@@ -179,6 +179,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
             },
             backend: backend.to_string(),
             limits: mbx_mbtls::driver::Limits::default(),
+            backend_unavailable: None,
         },
     )
     .await?;

@@ -299,6 +299,7 @@ fn main() -> Res<()> {
             handshake: setup.mbtls_server(version, ServerMiddlebox::Discover(refuse), true)?,
             backend: backend.to_string(),
             limits: Limits::default(),
+            backend_unavailable: None,
         },
     ))?;
     let server_addr = mbtls_server.local_addr();

@@ -64,6 +64,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
             },
             backend: refused.to_string(),
             limits: Limits::default(),
+            backend_unavailable: None,
         },
     )
     .await

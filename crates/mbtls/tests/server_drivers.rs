@@ -131,6 +131,7 @@ impl World {
             },
             backend: backend.to_string(),
             limits: mbx_mbtls::driver::Limits::default(),
+            backend_unavailable: None,
         }
     }
 
@@ -1459,6 +1460,34 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     let why = report.outcome.clone().unwrap_err();
     assert!(why.contains("cannot connect to the backend"), "{report:?}");
+}
+
+/// A backend that refuses the connection: with `backend_unavailable` the client gets that
+/// answer and a clean close_notify (a request it sent meanwhile does not reset the answer away),
+/// through both middleboxes, and the server still reports the session as failed; without it the
+/// session just ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
+    let w = World::new();
+    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down = unused.local_addr().unwrap();
+    drop(unused);
+    for answer in [Some(b"502, sorry".to_vec()), None] {
+        let wanted = answer.clone();
+        let (mut server, _mbs, mut client) =
+            path_to(&w, down, |cfg| cfg.backend_unavailable = wanted).await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let read = timeout(BOUND, client.read_to_end()).await.unwrap();
+        match &answer {
+            Some(a) => assert_eq!(read.as_deref().ok(), Some(a.as_slice()), "{read:?}"),
+            None => assert!(read.is_err(), "{read:?}"),
+        }
+        // The server reads until the client leaves (within its close grace).
+        drop(client);
+        let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        let why = report.outcome.clone().unwrap_err();
+        assert!(why.contains("cannot connect to the backend"), "{report:?}");
+    }
 }
 
 /// An established session that carries nothing for the mbTLS server's idle timeout is closed by

@@ -13,8 +13,8 @@ use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
 use super::reports::{Absorb, Pending};
-use super::splice::{splice, Carried, Sides};
-use super::{DriverError, Limits, READ_BUF};
+use super::splice::{splice, Carried, EndpointSession, Sides};
+use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
 /// What an mbTLS server needs.
@@ -28,6 +28,11 @@ pub struct MbtlsServerConfig {
     /// When a stalled handshake or an idle session is closed (the session's sockets to the
     /// previous hop and to the backend), and how many sessions are served at once.
     pub limits: Limits,
+    /// What the client is sent, then our close_notify, when the backend cannot be reached
+    /// (`None`: the session just ends, and the client sees its connection close). The CLI
+    /// sends an HTTP `502 Bad Gateway`, as a reverse proxy does; the session is reported as
+    /// failed either way.
+    pub backend_unavailable: Option<Vec<u8>>,
 }
 
 /// The outcome of one session.
@@ -238,7 +243,7 @@ async fn run(
     report.verdicts = session.take_verdicts();
     // Bounded like the handshake: a backend that drops our SYNs must not hold the session
     // for the kernel's two minutes of retries.
-    let backend = timeout(
+    let connected = timeout(
         cfg.limits.handshake_timeout,
         TcpStream::connect(cfg.backend.as_str()),
     )
@@ -246,8 +251,17 @@ async fn run(
     .map_err(|_| DriverError::Io {
         context: "cannot connect to the backend",
         source: std::io::ErrorKind::TimedOut.into(),
-    })?
-    .map_err(DriverError::io("cannot connect to the backend"))?;
+    })
+    .and_then(|c| c.map_err(DriverError::io("cannot connect to the backend")));
+    let backend = match connected {
+        Ok(backend) => backend,
+        Err(e) => {
+            if let Some(answer) = &cfg.backend_unavailable {
+                answer_and_close(session, &mut stream, answer).await;
+            }
+            return Err(e);
+        }
+    };
     let _ = backend.set_nodelay(true);
     super::keep_alive(&backend);
     // The data phase reads into buffers sized by the traffic, which an idle session frees.
@@ -264,6 +278,29 @@ const SIDES: Sides = Sides {
     reading_plain: "reading from the backend",
     writing_plain: "writing to the backend",
 };
+
+/// Best effort, for a session that fails anyway: `answer`, our close_notify and the end of
+/// our stream, then what the client still sends is read and dropped until it closes (within
+/// the close grace): closing with its request unread would reset the connection, and the
+/// reset could overtake the answer.
+async fn answer_and_close(
+    session: &mut Session<ServerHandshake>,
+    stream: &mut TcpStream,
+    answer: &[u8],
+) {
+    if session.write(answer).is_err() || session.close().is_err() {
+        return;
+    }
+    let out = session.take_outgoing();
+    let _ = timeout(CLOSE_GRACE, async {
+        stream.write_all(&out).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    })
+    .await;
+}
 
 async fn flush(hs: &mut ServerHandshake, stream: &mut TcpStream) -> Result<(), DriverError> {
     let out = hs.take_outgoing();
