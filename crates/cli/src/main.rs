@@ -122,9 +122,14 @@ fn not_yet(system: &str) -> anyhow::Result<()> {
     anyhow::bail!("`{system}` is not implemented yet")
 }
 
+/// The log filter unless `--log`, `MBX_LOG` or the config file's `log` says otherwise.
+const DEFAULT_LOG: &str = "warn,mbx_mbtls::driver::reports=error";
+
 fn init_tracing(filter: Option<&str>) -> anyhow::Result<()> {
     use anyhow::Context;
-    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or("warn"))
+    // The services print a report line per connection on stdout: the drivers' own warning
+    // for each failed one would say it again on stderr.
+    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(DEFAULT_LOG))
         .context("invalid log filter (--log, MBX_LOG or the config file's log)")?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -720,9 +720,19 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
             .push(HexBytes::from_hex(m).context("--measurement")?);
     }
     for k in s.sim_platform_keys {
-        policy
-            .sim_platform_keys
-            .push(HexBytes::from_hex(k).context("--sim-platform-key")?);
+        let key = HexBytes::from_hex(k).map_err(|_| {
+            // The middlebox's flag of the same name is its key file.
+            let file = if std::path::Path::new(k).exists() {
+                " (a file: that is the middlebox's --sim-platform-key; an endpoint takes the \
+                 public key the middlebox prints, in hex)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!(
+                "--sim-platform-key takes a simulated platform's public key in hex, not {k:?}{file}"
+            )
+        })?;
+        policy.sim_platform_keys.push(key);
     }
     // The error names the policy itself ("invalid attestation policy: …").
     policy.validate()?;
@@ -812,7 +822,10 @@ fn client(
                     // The driver's message names every cause already: no source chain on top.
                     .map_err(|e| {
                         let hint = ended_behind_hint(&e);
-                        anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}")
+                        let fix = attestation_fix(&e);
+                        anyhow::anyhow!(
+                            "mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}"
+                        )
                     })?;
             print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
             let body = c.read_to_end().await.map_err(|e| {
@@ -845,6 +858,35 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
         "; a middlebox or the server ended the session (their report lines say why)"
     } else {
         ""
+    }
+}
+
+/// The flag that would accept what a middlebox's evidence showed, when the policy refused it
+/// for a reason one flag changes (an operator setting up a client meets these one at a time).
+fn attestation_fix(e: &mbx_mbtls::driver::DriverError) -> String {
+    use mbx_attest::AttestError;
+    use mbx_mbtls::driver::DriverError;
+    use mbx_mbtls::handshake::HandshakeError;
+    let DriverError::Handshake(h) = e else {
+        return String::new();
+    };
+    let HandshakeError::Attestation(a) = h.cause() else {
+        return String::new();
+    };
+    match a {
+        AttestError::SimulatedNotAllowed => {
+            " (to accept a simulated TEE, for a demo or a test only: --allow-simulated)".into()
+        }
+        AttestError::UntrustedPlatformKey(key) => {
+            format!(" (to trust that simulated platform: --sim-platform-key {key})")
+        }
+        AttestError::MeasurementNotAllowed(m) => {
+            format!(" (to accept that code: --measurement {m})")
+        }
+        AttestError::NoMeasurementsConfigured => {
+            " (give the code measurements to accept: --measurement, or a policy)".into()
+        }
+        _ => String::new(),
     }
 }
 

@@ -60,10 +60,9 @@ pub fn exit_quietly_when_stdout_closes() {
 /// One line of a long-running command's report on stdout. A closed stdout (its reader went
 /// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
 /// A SIGHUP whose configuration did not build: the running one stays, and the operator is told
-/// why, on standard error and in the log.
+/// why on standard error (once: the log writes there too, so it is not logged as well).
 pub fn reload_failed(e: &anyhow::Error) {
     let text = error_text(e);
-    tracing::error!(error = %text, "reload failed; keeping the previous configuration");
     eprintln!(
         "mbx: reload failed, configuration unchanged: {}",
         escape_controls(&text, true)

@@ -164,6 +164,14 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .output()
         .unwrap();
     refused_attestation(&out, &mut lines, "is not accepted by policy");
+    // And which flag would accept it.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "(to accept that code: --measurement {measurement})"
+        )),
+        "{err}"
+    );
 
     // A policy file as a flag replaces the config file's policy with what the file adds to it:
     // the file's allow_simulated, measurements and platform keys no longer widen it.
@@ -201,6 +209,20 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         &out,
         &mut lines,
         "simulated attestation evidence is not allowed",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-simulated)"), "{err}");
+    // The middlebox's key file given to the client, whose flag of that name takes the key.
+    let out = client()
+        .arg("--sim-platform-key")
+        .arg(dir.path().join("strict.toml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("takes a simulated platform's public key in hex") && err.contains("a file"),
+        "{err}"
     );
     child.kill();
 }
