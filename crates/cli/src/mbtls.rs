@@ -32,7 +32,9 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 
-use crate::subcommand::{escape_controls, parse_version, path_str, print_line, read, runtime, set};
+use crate::subcommand::{
+    escape_controls, parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
+};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
@@ -1013,9 +1015,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     };
     let version = s.tls.as_deref().map(parse_version).transpose()?;
     let policy = client_policy(&s)?;
-    let server_ca = read(&s.server_ca, "server CA file")?;
+    let server_ca = read_pem(&s.server_ca, "server CA file", PemKind::Certificates)?;
     let mbox_ca = match &s.middlebox_ca {
-        Some(p) => read(p, "middlebox CA file")?,
+        Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
         None => server_ca.clone(),
     };
     let mut primary = TlsConfig::client(&server_name, server_ca);
@@ -1499,8 +1501,12 @@ fn middlebox_setup(
     s.service = service;
     attester_options_match(&s)?;
 
-    let chain = read(&s.certificate, "certificate")?;
-    let key = Zeroizing::new(read(&s.private_key, "private key")?);
+    let chain = read_pem(&s.certificate, "certificate", PemKind::Certificates)?;
+    let key = Zeroizing::new(read_pem(
+        &s.private_key,
+        "private key",
+        PemKind::PrivateKey,
+    )?);
     let mut tls = TlsConfig::server(Identity {
         cert_chain_pem: chain,
         key_pem: key,
@@ -2220,8 +2226,12 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         measurements: &s.measurements,
         sim_platform_keys: &s.sim_platform_keys,
     })?;
-    let chain = read(&s.certificate, "certificate")?;
-    let key = Zeroizing::new(read(&s.private_key, "private key")?);
+    let chain = read_pem(&s.certificate, "certificate", PemKind::Certificates)?;
+    let key = Zeroizing::new(read_pem(
+        &s.private_key,
+        "private key",
+        PemKind::PrivateKey,
+    )?);
     let mut primary = TlsConfig::server(Identity {
         cert_chain_pem: chain.clone(),
         key_pem: key,
@@ -2278,7 +2288,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // Without a middlebox CA nothing can verify: the server's own chain stands in as the trust
     // store, so only a middlebox certified by the server's own CA chain could pass.
     let mbox_ca = match &s.middlebox_ca {
-        Some(p) => read(p, "middlebox CA file")?,
+        Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
         None if !names.is_empty() || !s.allow_middleboxes.is_empty() => {
             bail!("--middlebox-ca is required with --middlebox-name or --allow-middlebox")
         }

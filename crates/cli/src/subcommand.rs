@@ -29,6 +29,39 @@ pub fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
 }
 
+/// What a PEM file given to a flag must hold.
+#[derive(Clone, Copy)]
+pub enum PemKind {
+    /// Certificates (a chain, or trust roots).
+    Certificates,
+    PrivateKey,
+}
+
+/// [`read`] a PEM file, refused at once, naming the file, when it holds none of what it should:
+/// a swapped certificate and key, or a CA's key given as its certificate, are otherwise found
+/// deep in the TLS library ("empty certificate chain", "no certificate found").
+pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8>> {
+    let bytes = read(path, what)?;
+    let (marker, holds) = match kind {
+        PemKind::Certificates => ("CERTIFICATE-----", "no PEM certificate"),
+        PemKind::PrivateKey => ("PRIVATE KEY-----", "no PEM private key"),
+    };
+    let has = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
+    if !has {
+        let other = match kind {
+            PemKind::Certificates if bytes.windows(16).any(|w| w == b"PRIVATE KEY-----") => {
+                " (it holds a private key: certificate and key swapped?)"
+            }
+            PemKind::PrivateKey if bytes.windows(16).any(|w| w == b"CERTIFICATE-----") => {
+                " (it holds a certificate: certificate and key swapped?)"
+            }
+            _ => "",
+        };
+        bail!("{what} {} holds {holds}{other}", path.display());
+    }
+    Ok(bytes)
+}
+
 /// `1.2` or `1.3`, as flags and config files spell TLS versions.
 pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
     match s {

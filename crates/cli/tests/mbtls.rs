@@ -2011,6 +2011,48 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
     assert!(!target.exists());
 }
 
+/// A certificate and a key given the wrong way round, or a CA's key given as its certificate,
+/// are refused at start with the file named, not deep in the TLS library.
+#[test]
+fn pem_files_of_the_wrong_kind_are_named() {
+    use std::ffi::OsStr;
+    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls pem root", "mb.test");
+    let swapped: Vec<&OsStr> = vec![
+        OsStr::new("mbtls"),
+        OsStr::new("server"),
+        OsStr::new("--listen"),
+        OsStr::new("127.0.0.1:0"),
+        OsStr::new("--backend"),
+        OsStr::new("127.0.0.1:9"),
+        OsStr::new("--certificate"),
+        server.key.as_os_str(),
+        OsStr::new("--private-key"),
+        server.chain.as_os_str(),
+    ];
+    let (status, err) = refused_at_start(&swapped);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains(&format!(
+            "certificate {} holds no PEM certificate",
+            server.key.display()
+        )) && err.contains("swapped?"),
+        "{err}"
+    );
+    let mut key_as_ca = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    key_as_ca.extend([
+        OsStr::new("--middlebox-name"),
+        OsStr::new("mb.test"),
+        OsStr::new("--middlebox-ca"),
+        server.key.as_os_str(),
+    ]);
+    let (status, err) = refused_at_start(&key_as_ca);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains("middlebox CA file") && err.contains("holds no PEM certificate"),
+        "{err}"
+    );
+}
+
 /// Runs `mbx` with `args`, expecting it to stop by itself at once: its exit status (`None` if
 /// it was still running after a minute, then killed) and its standard error.
 fn refused_at_start(args: &[&std::ffi::OsStr]) -> (Option<std::process::ExitStatus>, String) {
