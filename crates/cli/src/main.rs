@@ -90,7 +90,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref())) {
+    // A demo says itself that its middleboxes run in a simulated TEE: the warning each
+    // acceptance of simulated evidence logs (a dozen per run) is left out unless asked for.
+    let demo = match &cli.command {
+        Command::Demo(_) => true,
+        Command::Mbtls(args) => args.is_demo(),
+        _ => false,
+    };
+    let default = if demo { DEMO_LOG } else { DEFAULT_LOG };
+    if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref()), default) {
         eprintln!(
             "mbx: {}",
             subcommand::escape_controls(&subcommand::error_text(&e), false)
@@ -125,11 +133,14 @@ fn not_yet(system: &str) -> anyhow::Result<()> {
 /// The log filter unless `--log`, `MBX_LOG` or the config file's `log` says otherwise.
 const DEFAULT_LOG: &str = "warn,mbx_mbtls::driver::reports=error";
 
-fn init_tracing(filter: Option<&str>) -> anyhow::Result<()> {
+/// [`DEFAULT_LOG`] for the demos.
+const DEMO_LOG: &str = "warn,mbx_mbtls::driver::reports=error,mbx_attest=error";
+
+fn init_tracing(filter: Option<&str>, default: &str) -> anyhow::Result<()> {
     use anyhow::Context;
     // The services print a report line per connection on stdout: the drivers' own warning
     // for each failed one would say it again on stderr.
-    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(DEFAULT_LOG))
+    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(default))
         .context("invalid log filter (--log, MBX_LOG or the config file's log)")?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -47,6 +47,13 @@ pub struct MbtlsArgs {
     command: MbtlsCommand,
 }
 
+impl MbtlsArgs {
+    /// `mbx mbtls demo`.
+    pub fn is_demo(&self) -> bool {
+        matches!(self.command, MbtlsCommand::Demo(_))
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 enum MbtlsCommand {
     /// Fetch an https:// URL through pre-configured mbTLS middleboxes (or any approved middlebox

@@ -110,6 +110,10 @@ fn demo_runs_both_versions_and_every_check_passes() {
             "demo output lacks {expected:?}:\n{stdout}"
         );
     }
+    // The demo says its TEE is simulated; the warning each acceptance logs stays out of its
+    // output unless asked for.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("SIMULATED"), "{stderr}");
 }
 
 #[test]
