@@ -295,7 +295,9 @@ async fn answer_and_close(
     let _ = timeout(CLOSE_GRACE, async {
         stream.write_all(&out).await?;
         stream.shutdown().await?;
-        let mut sink = [0u8; 4096];
+        // On the heap: an array here would sit in every session's future, which an idle
+        // session holds (measured: 2.8 KB more per idle session).
+        let mut sink = vec![0u8; 4096];
         while stream.read(&mut sink).await? > 0 {}
         std::io::Result::Ok(())
     })
