@@ -1508,16 +1508,7 @@ fn middlebox_setup(
     s.service = service;
     attester_options_match(&s)?;
 
-    let chain = read_pem(&s.certificate, "certificate", PemKind::Certificates)?;
-    let key = Zeroizing::new(read_pem(
-        &s.private_key,
-        "private key",
-        PemKind::PrivateKey,
-    )?);
-    let mut tls = TlsConfig::server(Identity {
-        cert_chain_pem: chain,
-        key_pem: key,
-    });
+    let mut tls = TlsConfig::server(identity(&s.certificate, &s.private_key)?);
     tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let app = app_factory(&s.app)?;
     // The measured configuration: what the middlebox does to traffic.
@@ -2219,6 +2210,17 @@ fn server(
     })
 }
 
+/// A service's certificate chain and private key, each checked to hold PEM of its kind.
+fn identity(
+    certificate: &std::path::Path,
+    private_key: &std::path::Path,
+) -> anyhow::Result<Identity> {
+    Ok(Identity {
+        cert_chain_pem: read_pem(certificate, "certificate", PemKind::Certificates)?,
+        key_pem: Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?),
+    })
+}
+
 /// What the server answers when its backend cannot be reached, before its close_notify: an
 /// HTTP 502, as a reverse proxy does (the backend is an HTTP server), not a silent close.
 const BAD_GATEWAY: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\n\
@@ -2233,16 +2235,9 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         measurements: &s.measurements,
         sim_platform_keys: &s.sim_platform_keys,
     })?;
-    let chain = read_pem(&s.certificate, "certificate", PemKind::Certificates)?;
-    let key = Zeroizing::new(read_pem(
-        &s.private_key,
-        "private key",
-        PemKind::PrivateKey,
-    )?);
-    let mut primary = TlsConfig::server(Identity {
-        cert_chain_pem: chain.clone(),
-        key_pem: key,
-    });
+    let id = identity(&s.certificate, &s.private_key)?;
+    let chain = id.cert_chain_pem.clone();
+    let mut primary = TlsConfig::server(id);
     if let Some(v) = s.tls.as_deref().map(parse_version).transpose()? {
         primary = primary.only(v);
     }
