@@ -479,7 +479,11 @@ fn a_listening_address_in_use_is_one_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
-    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert_eq!(err.matches("cannot listen").count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {addr}: bind: ")),
+        "{err}"
+    );
 }
 
 /// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.

@@ -141,7 +141,8 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
     {
         let listener = TcpListener::bind(listen)
             .await
-            .map_err(DriverError::io("cannot listen"))?;
+            // The caller names the address ("cannot listen on …: bind: …").
+            .map_err(DriverError::io("bind"))?;
         let local_addr = listener
             .local_addr()
             .map_err(DriverError::io("cannot read the listening address"))?;
