@@ -771,6 +771,11 @@ fn client(
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let proxy = flags.proxy.clone();
+    if proxy.is_some() {
+        // Before the settings: the default connection limit follows the open-files limit (a
+        // reload would otherwise find a higher one and change the limit by itself).
+        raise_open_files_limit();
+    }
     let setup = client_setup(flags.clone(), config)?;
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
@@ -2437,7 +2442,6 @@ fn local_proxy(
     service: &Service,
     reload: &dyn Fn() -> anyhow::Result<(ClientProxyConfig, String)>,
 ) -> anyhow::Result<()> {
-    raise_open_files_limit();
     let limits = cfg.limits;
     let server_name = cfg.handshake.server_name.clone();
     let first_hop = cfg.first_hop.clone();
