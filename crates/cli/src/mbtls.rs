@@ -726,7 +726,9 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
     for m in s.measurements {
         policy
             .measurements
-            .push(HexBytes::from_hex(m).context("--measurement")?);
+            .push(HexBytes::from_hex(m).with_context(|| {
+                format!("measurement {m:?} (--measurement, or `measurements` in the file)")
+            })?);
     }
     for k in s.sim_platform_keys {
         let key = HexBytes::from_hex(k).map_err(|_| {
@@ -738,7 +740,8 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
                 ""
             };
             anyhow::anyhow!(
-                "--sim-platform-key takes a simulated platform's public key in hex, not {k:?}{file}"
+                "a simulated platform key (--sim-platform-key, or `sim_platform_keys` in the \
+                 file) is the platform's public key in hex, not {k:?}{file}"
             )
         })?;
         policy.sim_platform_keys.push(key);
@@ -780,10 +783,11 @@ fn client(
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
         let running = setup.s.service.clone();
-        let running_primary = RunningContext::new(&setup.primary_tls, None, &setup.cfg.primary);
+        let running_primary =
+            RunningContext::new(&setup.primary_tls, &NOT_VOUCHED, &setup.cfg.primary);
         let running_secondary = RunningContext::new(
             &setup.secondary_tls,
-            Some(&setup.cfg.policy),
+            &Some(setup.cfg.policy.clone()),
             &setup.cfg.secondary,
         );
         let reload = || {
@@ -1354,7 +1358,12 @@ fn platform(
     }
     let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
     Ok((
-        Arc::new(SimulatedPlatform::from_pkcs8(&pkcs8)?),
+        Arc::new(SimulatedPlatform::from_pkcs8(&pkcs8).with_context(|| {
+            format!(
+                "simulated platform key {} (an Ed25519 PKCS#8 key in DER, as the middlebox writes it)",
+                path.display()
+            )
+        })?),
         format!("from {}", path.display()),
     ))
 }
@@ -1363,6 +1372,8 @@ fn platform(
 /// says of it.
 struct MiddleboxSetup {
     cfg: MiddleboxServerConfig,
+    /// What `cfg.handshake.tls` was built from (a reload compares them).
+    tls: TlsConfig,
     s: MiddleboxSettings,
     attestation_line: String,
 }
@@ -1376,13 +1387,20 @@ fn middlebox(
     let fresh_platform = OnceLock::new();
     let MiddleboxSetup {
         cfg,
+        tls,
         s,
         attestation_line,
     } = middlebox_setup(flags.clone(), config, &fresh_platform)?;
+    // Its ticket keys live in its context: kept across a reload that changes neither its TLS
+    // settings nor what its evidence shows, or every endpoint's next session would be a full
+    // handshake with fresh evidence (a quote each, one at a time, on DCAP).
+    let running = RunningContext::new(&tls, &attestation_line, &cfg.handshake.tls);
     let reload = || -> anyhow::Result<(MiddleboxServerConfig, String)> {
         let config = reread(config, config_path)?;
-        let setup = middlebox_setup(flags.clone(), &config, &fresh_platform)?;
+        let mut setup = middlebox_setup(flags.clone(), &config, &fresh_platform)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
+        let shown = setup.attestation_line.clone();
+        running.keep_unless_changed(setup.tls, shown, &mut setup.cfg.handshake.tls);
         // The measurement covers the app, which a reload may change.
         Ok((
             setup.cfg,
@@ -1554,6 +1572,7 @@ fn middlebox_setup(
     };
     Ok(MiddleboxSetup {
         cfg,
+        tls,
         s,
         attestation_line,
     })
@@ -1976,7 +1995,8 @@ fn service_metrics_text(
 /// A number from a flag overrides the config file's.
 fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
     if let Some(t) = secs {
-        table.insert(key.into(), toml::Value::Integer(i64::try_from(t)?));
+        let t = i64::try_from(t).with_context(|| format!("{key} {t} is too large"))?;
+        table.insert(key.into(), toml::Value::Integer(t));
     }
     Ok(())
 }
@@ -2179,8 +2199,9 @@ fn server(
         described,
     } = server_setup(flags.clone(), config)?;
     let hs = &cfg.handshake;
-    let running_primary = RunningContext::new(&primary_tls, None, &hs.primary);
-    let running_secondary = RunningContext::new(&secondary_tls, Some(&hs.policy), &hs.secondary);
+    let running_primary = RunningContext::new(&primary_tls, &NOT_VOUCHED, &hs.primary);
+    let running_secondary =
+        RunningContext::new(&secondary_tls, &Some(hs.policy.clone()), &hs.secondary);
     let reload = || -> anyhow::Result<(MbtlsServerConfig, String)> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
@@ -2402,33 +2423,36 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 /// would make; for the secondary context so does a new attestation policy, under which the
 /// sessions vouched for by the old one would be offered until their old end and then fail
 /// (a shorter `resumed_evidence_max_age`) instead of making full handshakes.
-struct RunningContext<C: ?Sized>(std::sync::Mutex<Running<C>>);
+/// A middlebox's context holds its ticket keys, and a resumed session brings no new evidence:
+/// it is kept only while what its evidence shows (the attestation line: the measurement, which
+/// covers the app, and the platform) is the same (`V` = that line).
+struct RunningContext<C: ?Sized, V = Option<Policy>>(std::sync::Mutex<Running<C, V>>);
 
-/// The settings a context was built from (and the policy its sessions were vouched under).
-type Running<C> = (TlsConfig, Option<Policy>, Arc<C>);
+/// A primary context's sessions are vouched under nothing of ours.
+const NOT_VOUCHED: Option<Policy> = None;
 
-impl<C: ?Sized> RunningContext<C> {
-    fn new(tls: &TlsConfig, policy: Option<&Policy>, context: &Arc<C>) -> Self {
-        let running = (tls.clone(), policy.cloned(), context.clone());
+/// The settings a context was built from, and what its sessions were vouched under (an
+/// endpoint's secondary context: the attestation policy; a middlebox's: what its evidence
+/// shows).
+type Running<C, V> = (TlsConfig, V, Arc<C>);
+
+impl<C: ?Sized, V: PartialEq + Clone> RunningContext<C, V> {
+    fn new(tls: &TlsConfig, vouched: &V, context: &Arc<C>) -> Self {
+        let running = (tls.clone(), vouched.clone(), context.clone());
         RunningContext(std::sync::Mutex::new(running))
     }
 
-    /// Puts the running context in `new_context` if `new_tls` and `new_policy` ask for the
+    /// Puts the running context in `new_context` if `new_tls` and `new_vouched` ask for the
     /// same, else makes the new one the running one.
-    fn keep_unless_changed(
-        &self,
-        new_tls: TlsConfig,
-        new_policy: Option<Policy>,
-        new_context: &mut Arc<C>,
-    ) {
+    fn keep_unless_changed(&self, new_tls: TlsConfig, new_vouched: V, new_context: &mut Arc<C>) {
         let mut running = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if running.0.same_settings(&new_tls) && running.1 == new_policy {
+        if running.0.same_settings(&new_tls) && running.1 == new_vouched {
             *new_context = running.2.clone();
         } else {
-            *running = (new_tls, new_policy, new_context.clone());
+            *running = (new_tls, new_vouched, new_context.clone());
         }
     }
 }
@@ -2720,7 +2744,7 @@ mod tests {
         let tls = TlsConfig::client("mb.test", b"roots".to_vec());
         let policy = Policy::default();
         let first = Arc::new(1u32);
-        let running = RunningContext::new(&tls, Some(&policy), &first);
+        let running = RunningContext::new(&tls, &Some(policy.clone()), &first);
         let kept = |tls: &TlsConfig, policy: &Policy| {
             let mut new = Arc::new(0u32);
             running.keep_unless_changed(tls.clone(), Some(policy.clone()), &mut new);

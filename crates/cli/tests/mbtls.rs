@@ -221,7 +221,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("takes a simulated platform's public key in hex") && err.contains("a file"),
+        err.contains("is the platform's public key in hex") && err.contains("a file"),
         "{err}"
     );
     child.kill();
@@ -1375,6 +1375,45 @@ fn the_client_proxy_resumes_sessions_unless_told_not_to() {
     refused_without_proxy(server, &["--no-resume"]);
 }
 
+/// A middlebox reloaded with nothing changed keeps its ticket keys: a session resumed before
+/// the reload resumes after it too (it once made new keys on every SIGHUP, and every
+/// endpoint's next session was a full handshake with fresh evidence).
+#[test]
+fn a_middlebox_reload_that_changes_nothing_keeps_its_tickets() {
+    let setup = Setup::new("mbx cli mbtls reload tickets root");
+    let app = "http-header:X-Mbtls:kept";
+    let nginx = setup.nginx.addr().to_string();
+    let (mut mb, mut mb_lines, head) = start_middlebox(&nginx, &setup.mbox, &["--app", app], 4);
+    let mb_addr = listening_addr(&head[0]);
+    let policy = no_evidence_policy(&setup.dir);
+    let flags = [
+        "--middlebox",
+        &mb_addr,
+        "--middlebox-name",
+        "mb.test",
+        "--tls",
+        "1.3",
+    ];
+    let (_proxy, mut lines, head) = start_proxy(&setup.server, &policy, &flags);
+    let proxy_addr = listening_addr(&head[0]);
+    let mut fetch = || {
+        let headers = headers_through_proxy(&proxy_addr);
+        assert!(headers.contains("x-mbtls: kept"), "{headers}");
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.contains("bytes up"), "{line}");
+        line.contains("middlebox sessions resumed: mb.test; ")
+    };
+    assert!(!fetch());
+    assert!(fetch());
+    for _ in 0..2 {
+        let _ = mb_lines.next();
+    }
+    signal(&mut mb, Signal::HUP);
+    let reloaded = mb_lines.next().unwrap().unwrap();
+    assert!(reloaded.starts_with("middlebox reloaded"), "{reloaded}");
+    assert!(fetch(), "the ticket from before the reload");
+}
+
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
 /// their sessions through the middlebox the file names now; a file that no longer builds a
 /// configuration changes nothing. The session with the server is resumed across reloads that
@@ -2070,6 +2109,37 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
     let (status, err) = refused_at_start(&args);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
     assert!(!target.exists());
+    // A number past what a setting can hold names the setting; a platform key file that is
+    // not a key names the file.
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    args.extend(["--ticket-key-secs", "18446744073709551615"].map(std::ffi::OsStr::new));
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    assert!(
+        err.contains("ticket_key_secs 18446744073709551615 is too large"),
+        "{err}"
+    );
+    let not_a_key = dir.path().join("not-a.key");
+    std::fs::write(&not_a_key, "ca14aa\n").unwrap();
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    args.extend(["--attester", "sim", "--sim-platform-key"].map(std::ffi::OsStr::new));
+    args.push(not_a_key.as_os_str());
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    assert!(
+        err.contains(&format!("simulated platform key {}", not_a_key.display())),
+        "{err}"
+    );
 }
 
 /// A certificate and a key given the wrong way round, or a CA's key given as its certificate,
