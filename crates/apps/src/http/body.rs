@@ -91,10 +91,14 @@ impl Body {
 
     /// Reads body bytes from the front of `data`: returns how many belong to this body and
     /// whether it ended with them (the rest of `data` is the next message).
+    /// `refused_trailer`: a field name no trailer may carry (compared without case; empty:
+    /// any), for the request bodies of a proxy that inserts that field: a server that merges
+    /// trailers into the header section would read a client's value after the inserted one.
     pub(super) fn read(
         &mut self,
         data: &[u8],
         limits: &HttpLimits,
+        refused_trailer: &[u8],
     ) -> Result<(usize, bool), HttpError> {
         let mut used = 0;
         while self.part != Part::Ended {
@@ -102,14 +106,19 @@ impl Body {
             if rest.is_empty() {
                 break;
             }
-            used += self.read_part(rest, limits)?;
+            used += self.read_part(rest, limits, refused_trailer)?;
         }
         Ok((used, self.part == Part::Ended))
     }
 
     /// Reads from the front of non-empty `data` within the current part; returns how many bytes
     /// it took (at least one).
-    fn read_part(&mut self, data: &[u8], limits: &HttpLimits) -> Result<usize, HttpError> {
+    fn read_part(
+        &mut self,
+        data: &[u8],
+        limits: &HttpLimits,
+        refused_trailer: &[u8],
+    ) -> Result<usize, HttpError> {
         match self.part {
             Part::Ended => Ok(0),
             Part::UntilClose => Ok(data.len()),
@@ -128,6 +137,9 @@ impl Body {
                 }
                 self.line
                     .extend_from_slice(data.get(..content).unwrap_or_default());
+                // Checked as it comes, not only at its LF: the bytes taken here are passed on,
+                // and none of a line that turns out bad may be.
+                check_chunk_line_start(&self.line)?;
                 let Some(end) = end else {
                     return Ok(data.len());
                 };
@@ -165,6 +177,25 @@ impl Body {
                 // Lines end in CRLF, and hold no other control byte than HTAB: a lenient
                 // server could otherwise end a line, or the section, elsewhere than we do.
                 let b = data.first().copied().unwrap_or_default();
+                // The start of each line, up to the refused name's length, is kept: a field of
+                // that name is refused at its colon, which is never passed on.
+                if line_len == 0 {
+                    self.line.clear();
+                }
+                if !refused_trailer.is_empty() && !cr {
+                    // The name whole, then its colon (or a blank, which some servers allow
+                    // before it).
+                    let named = line_len == refused_trailer.len()
+                        && self.line.eq_ignore_ascii_case(refused_trailer);
+                    if named && matches!(b, b':' | b' ' | b'\t') {
+                        return Err(HttpError::BadChunk(
+                            "a trailer field has the name of the inserted field",
+                        ));
+                    }
+                    if line_len < refused_trailer.len() {
+                        self.line.push(b);
+                    }
+                }
                 self.part = match (cr, b) {
                     (true, b'\n') if line_len == 0 => Part::Ended,
                     (true, b'\n') => Part::Trailer {
@@ -189,6 +220,36 @@ impl Body {
                 Ok(1)
             }
         }
+    }
+}
+
+/// The bytes of a chunk-size line so far (before its LF) can still begin a valid one
+/// ([`parse_chunk_size`]'s rules): a CR only last, hex digits first, then blanks, then a `;`
+/// and extension bytes without control bytes but HTAB.
+fn check_chunk_line_start(line: &[u8]) -> Result<(), HttpError> {
+    let bad = HttpError::BadChunk("invalid chunk size");
+    let body = match line.iter().position(|b| *b == b'\r') {
+        Some(at) if at + 1 == line.len() => line.get(..at).unwrap_or_default(),
+        Some(_) => return Err(HttpError::BadChunk("chunk-size line not ended by CRLF")),
+        None => line,
+    };
+    let digits = body.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = body.get(digits..).unwrap_or_default();
+    if digits > 16 || (digits == 0 && !rest.is_empty()) {
+        return Err(bad);
+    }
+    let blanks = rest
+        .iter()
+        .take_while(|b| **b == b' ' || **b == b'\t')
+        .count();
+    let ext = rest.get(blanks..).unwrap_or_default();
+    let ext_ok = ext.is_empty()
+        || (ext.first() == Some(&b';')
+            && ext.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)));
+    if ext_ok {
+        Ok(())
+    } else {
+        Err(bad)
     }
 }
 

@@ -250,7 +250,8 @@ impl HttpHeaderInsert {
                     }
                 }
                 State::Body => {
-                    let (used, ended) = self.body.read(data, &self.limits)?;
+                    let name = self.line.get(..self.name_len).unwrap_or_default();
+                    let (used, ended) = self.body.read(data, &self.limits, name)?;
                     let (body, rest) = data.split_at(used.min(data.len()));
                     out.extend_from_slice(body);
                     data = rest;
@@ -280,10 +281,14 @@ impl HttpHeaderInsert {
             return Err(HttpError::ConnectRefused);
         }
         let head_method = method == "HEAD";
-        // A proxy in front of the application removes the fields `Connection` names.
+        // A proxy in front of the application removes the fields `Connection` names. Its
+        // tokens are split on blanks and `;` too, not only on commas: older Apache
+        // `mod_proxy` releases read `close X-Mbtls` as two names.
         if req.headers.iter().any(|h| {
             h.name.eq_ignore_ascii_case("connection")
-                && split_list(h.value).any(|t| t.eq_ignore_ascii_case(self.inserted_name()))
+                && h.value
+                    .split(|b| matches!(b, b',' | b' ' | b'\t' | b';'))
+                    .any(|t| t.eq_ignore_ascii_case(self.inserted_name()))
         }) {
             return Err(HttpError::ConnectionNamesTheHeader);
         }
@@ -975,13 +980,93 @@ mod tests {
         }
     }
 
-    /// A proxy in front of the application would drop a field the request's `Connection` names.
+    /// A proxy in front of the application would drop a field the request's `Connection` names,
+    /// separated by commas or, for older Apache releases, by blanks.
     #[test]
     fn a_connection_field_naming_the_header_closes_the_session() {
-        refused_unforwarded(
-            b"GET /admin HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, x-mbtls\r\n\r\n",
-            HttpError::ConnectionNamesTheHeader,
-        );
+        for value in [
+            "keep-alive, x-mbtls",
+            "close X-Mbtls",
+            "close\tx-mbtls",
+            "a;X-MBTLS",
+        ] {
+            let request = format!("GET /admin HTTP/1.1\r\nHost: a\r\nConnection: {value}\r\n\r\n");
+            refused_unforwarded(request.as_bytes(), HttpError::ConnectionNamesTheHeader);
+        }
+        // A longer token is another name.
+        let mut app = proxy();
+        let request = b"GET / HTTP/1.1\r\nConnection: close, x-mbtls-other\r\n\r\n";
+        let (_, v) = run(&mut app, &[request]);
+        assert_eq!(v, Verdict::Continue);
+    }
+
+    /// A chunk-size line is checked as its bytes come: one that cannot be a valid line is
+    /// refused before any byte of it is passed on, however the stream is cut (a bare CR ends a
+    /// line for lenient servers, which would read what follows as a new request).
+    #[test]
+    fn a_bad_chunk_size_line_is_refused_before_it_is_passed_on() {
+        let head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for line in [
+            &b"0\r\rGET /admin HTTP/1.1\rHost: a\r\r"[..],
+            b"1;ext\rx",
+            b"zz",
+            b"1 2",
+        ] {
+            for cut in 1..=line.len() {
+                let mut app = proxy();
+                let (out, v) = run(&mut app, &[head, &line[..cut]]);
+                let (out2, v2) = if v == Verdict::Continue {
+                    run(&mut app, &[&line[cut..]])
+                } else {
+                    (Vec::new(), v)
+                };
+                let all = [out, out2].concat();
+                let forwarded = all
+                    .len()
+                    .saturating_sub(head.len() + b"X-Mbtls: seen\r\n".len());
+                // Whatever was passed on of the line is what could still begin a good one.
+                assert!(
+                    forwarded == 0 || check_line_start_ok(&line[..forwarded]),
+                    "{line:?} cut at {cut}: {all:?}"
+                );
+                if cut == line.len() && !line.ends_with(b"x") {
+                    assert_eq!(v2, Verdict::Close(CloseAlert::ACCESS_DENIED), "{line:?}");
+                }
+            }
+        }
+    }
+
+    /// Hex digits first, and a CR, if any, only last (the LF it waits for may still come: a
+    /// server that ends a line at a bare CR then has a line as good as ours, and nothing after
+    /// that CR but its LF is ever passed on).
+    fn check_line_start_ok(bytes: &[u8]) -> bool {
+        let cr = bytes.iter().position(|b| *b == b'\r');
+        bytes.first().is_some_and(u8::is_ascii_hexdigit)
+            && cr.is_none_or(|at| at + 1 == bytes.len())
+    }
+
+    /// A trailer field with the inserted field's name is refused at its colon (a server that
+    /// merges trailers into the header section would read the client's value last).
+    #[test]
+    fn a_trailer_with_the_inserted_name_is_refused() {
+        let stream =
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nx-mbtls: forged\r\n\r\n";
+        for cut in 0..stream.len() {
+            let mut app = proxy();
+            let (out, v) = run(&mut app, &[&stream[..cut], &stream[cut..]]);
+            assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED), "cut at {cut}");
+            assert!(
+                !String::from_utf8_lossy(&out).contains("x-mbtls:"),
+                "cut at {cut}"
+            );
+        }
+        // Another name that begins the same is fine.
+        let fine =
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Mbtls-Other: a\r\n\r\n";
+        let mut app = proxy();
+        let (_, v) = run(&mut app, &[fine]);
+        assert_eq!(v, Verdict::Continue);
+        assert_eq!(app.requests(), 1);
     }
 
     /// `request` ends the session with access_denied for `why`, nothing of it forwarded.

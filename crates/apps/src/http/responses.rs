@@ -100,7 +100,7 @@ impl Responses {
         while !data.is_empty() {
             match self.state {
                 State::Stopped => break,
-                State::Body => match self.body.read(data, limits) {
+                State::Body => match self.body.read(data, limits, b"") {
                     Ok((used, ended)) => {
                         data = data.get(used..).unwrap_or_default();
                         if ended {
