@@ -261,19 +261,14 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, HttpError> {
     let line = line
         .strip_suffix(b"\r")
         .ok_or(HttpError::BadChunk("chunk-size line not ended by CRLF"))?;
+    // The same rules as for its start (which its bytes met as they came, a CR only last), on
+    // the whole line, and at least one digit.
+    check_chunk_line_start(line)?;
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    let (size, rest) = line.split_at(digits);
-    let blanks = rest
-        .iter()
-        .take_while(|b| **b == b' ' || **b == b'\t')
-        .count();
-    let ext = rest.get(blanks..).unwrap_or_default();
-    let ext_ok = ext.is_empty()
-        || (ext.first() == Some(&b';')
-            && ext.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)));
-    if size.is_empty() || size.len() > 16 || !ext_ok {
+    let size = line.get(..digits).unwrap_or_default();
+    let s = core::str::from_utf8(size).map_err(|_| HttpError::BadChunk("invalid chunk size"))?;
+    if s.is_empty() {
         return Err(HttpError::BadChunk("invalid chunk size"));
     }
-    let s = core::str::from_utf8(size).map_err(|_| HttpError::BadChunk("invalid chunk size"))?;
     u64::from_str_radix(s, 16).map_err(|_| HttpError::BadChunk("invalid chunk size"))
 }

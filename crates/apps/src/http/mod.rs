@@ -1034,6 +1034,12 @@ mod tests {
                 }
             }
         }
+        // A CR before the line's CRLF: refused at its LF as before.
+        {
+            let mut app = proxy();
+            let (_, v) = run(&mut app, &[head, b"0\r\r\n"]);
+            assert_eq!(v, Verdict::Close(CloseAlert::ACCESS_DENIED));
+        }
     }
 
     /// Hex digits first, and a CR, if any, only last (the LF it waits for may still come: a
