@@ -146,6 +146,11 @@ pub struct Claims {
     /// ([`crate::recheck_claims`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collateral_valid_until: Option<u64>,
+    /// When (seconds since the Unix epoch) the oldest part of the evidence's collateral was
+    /// issued (DCAP only): what a policy's `max_collateral_age` bounds, since the collateral,
+    /// revocation lists included, is the attester's to send and stays valid for weeks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collateral_issued_at: Option<u64>,
 }
 
 impl fmt::Display for Claims {
@@ -207,6 +212,7 @@ mod tests {
             tcb_evaluation_data_number: Some(17),
             platform_key: None,
             collateral_valid_until: Some(1_900_000_000),
+            collateral_issued_at: None,
         };
         assert_eq!(
             c.to_string(),

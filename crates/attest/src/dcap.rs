@@ -92,6 +92,7 @@ impl DcapVerifier {
             return Err(AttestError::ReportDataMismatch);
         }
         policy.check_claims(&claims)?;
+        policy.check_collateral_age(&claims, now_unix)?;
         Ok(claims)
     }
 }
@@ -133,6 +134,7 @@ fn full_check(quote: &[u8], collateral_json: &[u8], now_unix: u64) -> Result<Cla
         tcb_evaluation_data_number: Some(verified.tcb.eval_data_number),
         platform_key: None,
         collateral_valid_until: Some(verified.earliest_expiration_date),
+        collateral_issued_at: Some(verified.earliest_issue_date),
     };
     Ok(claims)
 }

@@ -44,6 +44,14 @@ pub enum AttestError {
     /// Claims checked earlier rest on DCAP collateral that has expired since.
     #[error("the collateral of the evidence these claims rest on expired at {0} (seconds since the Unix epoch)")]
     CollateralExpired(u64),
+    /// The oldest part of the evidence's collateral is older than the policy allows.
+    #[error("the oldest part of the evidence's collateral was issued at {issued} (seconds since the Unix epoch), more than {max} s ago (max_collateral_age)")]
+    CollateralTooOld {
+        /// When the oldest part was issued (seconds since the Unix epoch).
+        issued: u64,
+        /// The policy's `max_collateral_age`.
+        max: u64,
+    },
     /// The peer presented no evidence but the policy requires it.
     #[error("attestation evidence is required by policy but none was presented")]
     EvidenceRequired,

@@ -124,6 +124,13 @@ pub struct Policy {
     /// from the check: a chain of resumptions, each with a new ticket, never stretches it.
     /// Default 7200, the lifetime of one OpenSSL session ticket; 0 resumes nothing.
     pub resumed_evidence_max_age: u64,
+    /// DCAP: the most seconds since the oldest part of the evidence's collateral was issued
+    /// (default 0: any age within the collateral's validity). The collateral, revocation lists
+    /// included, is the attester's to send and stays valid for weeks: without a bound, a
+    /// middlebox whose PCK key Intel revoked can go on sending the lists from before. Intel
+    /// reissues its CRLs and TCB info daily, so a day or two is a typical bound (the attester
+    /// must then refresh its collateral as often).
+    pub max_collateral_age: u64,
 }
 
 impl Default for Policy {
@@ -140,6 +147,7 @@ impl Default for Policy {
             sim_platform_keys: Vec::new(),
             min_tcb_evaluation_data_number: 0,
             resumed_evidence_max_age: DEFAULT_RESUMED_EVIDENCE_MAX_AGE,
+            max_collateral_age: 0,
         }
     }
 }
@@ -234,6 +242,17 @@ impl Policy {
         self.sim_platform_keys.iter().any(|k| k.0 == key)
     }
 
+    /// `max_collateral_age` at `now` (seconds since the Unix epoch): claims whose collateral's
+    /// oldest part is older are refused. Claims without collateral (simulated) pass.
+    pub fn check_collateral_age(&self, claims: &Claims, now: u64) -> Result<(), AttestError> {
+        match (self.max_collateral_age, claims.collateral_issued_at) {
+            (max, Some(issued)) if max > 0 && now > issued.saturating_add(max) => {
+                Err(AttestError::CollateralTooOld { issued, max })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Apply the policy to claims whose signature and binding were already verified.
     ///
     /// Measurement and signer comparisons are constant-time over the whole list.
@@ -295,6 +314,7 @@ mod tests {
             tcb_evaluation_data_number: Some(17),
             platform_key: None,
             collateral_valid_until: Some(5_000),
+            collateral_issued_at: Some(500),
         }
     }
 
@@ -387,6 +407,7 @@ mod tests {
             tcb_status: None,
             tcb_evaluation_data_number: None,
             collateral_valid_until: None,
+            collateral_issued_at: None,
             platform_key: Some(vec![9; 32]),
             ..claims()
         };

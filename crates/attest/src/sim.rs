@@ -184,6 +184,7 @@ pub fn verify_simulated(
         tcb_evaluation_data_number: None,
         platform_key: Some(ev.platform_key.to_vec()),
         collateral_valid_until: None,
+        collateral_issued_at: None,
     };
     policy.check_claims(&claims)?;
     tracing::warn!(

@@ -86,6 +86,7 @@ pub fn recheck_claims(
             return Err(AttestError::CollateralExpired(last));
         }
     }
+    policy.check_collateral_age(claims, now)?;
     if claims.tee == crate::claims::TeeKind::Simulated {
         if !policy.allow_simulated {
             return Err(AttestError::SimulatedNotAllowed);

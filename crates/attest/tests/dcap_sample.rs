@@ -95,6 +95,38 @@ fn sgx_sample_accepted_at_a_valid_time() {
     assert!(last >= now && at(last).is_ok());
     assert!(at(last + 1).is_err());
 
+    // A policy that bounds the collateral's age: accepted up to the bound, refused a second
+    // after it, also when the claims are used again for a resumed session.
+    let issued = claims
+        .collateral_issued_at
+        .expect("DCAP claims carry when their collateral was issued");
+    assert!(issued <= now, "{issued} {now}");
+    let bounded = |max| Policy {
+        max_collateral_age: max,
+        ..sgx_policy(&f)
+    };
+    let age = now - issued;
+    let at_age = |max| {
+        verify_dcap_quote(
+            &s.quote,
+            &s.collateral_json,
+            &f.report_data,
+            &bounded(max),
+            now,
+        )
+    };
+    assert!(at_age(age).is_ok());
+    assert!(
+        matches!(at_age(age - 1), Err(AttestError::CollateralTooOld { max, .. }) if max == age - 1),
+        "{:?}",
+        at_age(age - 1)
+    );
+    assert!(mbx_attest::recheck_claims(&claims, now, now, &bounded(age)).is_ok());
+    assert!(matches!(
+        mbx_attest::recheck_claims(&claims, now, now + 1, &bounded(age)),
+        Err(AttestError::CollateralTooOld { .. })
+    ));
+
     // The same through the evidence encoding and the dispatching entry point.
     let ev = Evidence::Dcap(DcapEvidence::new(s.quote.clone(), s.collateral_json.clone()).unwrap());
     assert_eq!(

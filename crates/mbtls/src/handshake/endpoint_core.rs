@@ -179,18 +179,25 @@ struct VouchedCheck {
 
 impl VouchedCheck {
     /// Until when (exclusive) later sessions may resume on this check: while it is young
-    /// enough for the policy, and the certificate it saw and the evidence's collateral (DCAP)
-    /// are still valid.
+    /// enough for the policy, the certificate it saw and the evidence's collateral (DCAP) are
+    /// still valid, and that collateral young enough for the policy's `max_collateral_age`.
     fn valid_until(&self, policy: &Policy) -> u64 {
-        let collateral = self
-            .claims
-            .as_ref()
+        let claims = self.claims.as_ref();
+        let collateral = claims
             .and_then(|c| c.collateral_valid_until)
             .unwrap_or(u64::MAX);
+        let young = match (
+            policy.max_collateral_age,
+            claims.and_then(|c| c.collateral_issued_at),
+        ) {
+            (max, Some(issued)) if max > 0 => issued.saturating_add(max),
+            _ => u64::MAX,
+        };
         policy
             .resumed_evidence_valid_until(self.checked_at)
             .min(self.certificate_not_after.saturating_add(1))
             .min(collateral.saturating_add(1))
+            .min(young.saturating_add(1))
     }
 }
 
@@ -1289,6 +1296,7 @@ mod tests {
             tcb_evaluation_data_number: None,
             platform_key: None,
             collateral_valid_until: collateral,
+            collateral_issued_at: None,
         };
         let check = |claims, certificate_not_after| VouchedCheck {
             claims,
@@ -1309,5 +1317,19 @@ mod tests {
             check(Some(claims(Some(u64::MAX))), u64::MAX).valid_until(&policy),
             11_000
         );
+        // With a bound on the collateral's age: until the collateral grows too old.
+        let bounded = Policy {
+            max_collateral_age: 600,
+            ..policy.clone()
+        };
+        let issued = Claims {
+            collateral_issued_at: Some(9_900),
+            ..claims(None)
+        };
+        assert_eq!(
+            check(Some(issued.clone()), u64::MAX).valid_until(&bounded),
+            10_501
+        );
+        assert_eq!(check(Some(issued), u64::MAX).valid_until(&policy), 11_000);
     }
 }
