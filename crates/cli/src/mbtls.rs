@@ -679,14 +679,19 @@ fn policy_line(p: &Policy) -> String {
         "attestation policy: {evidence}, {} accepted, {simulated}",
         count_of(p.measurements.len() as u64, "measurements")
     );
-    if p.required && p.measurements.is_empty() {
-        line.push_str(NONE_CAN_PASS);
+    if no_middlebox_can_pass(p) {
+        line.push_str(
+            "; WARNING: no middlebox can pass it (no measurement is accepted: give \
+             --measurement, or a policy file or [attestation] table)",
+        );
     }
     line
 }
 
-const NONE_CAN_PASS: &str = "; WARNING: no middlebox can pass it (no measurement is accepted: \
-     give --measurement, or a policy file or [attestation] table)";
+/// Evidence required and no measurement accepted (the default policy).
+fn no_middlebox_can_pass(p: &Policy) -> bool {
+    p.required && p.measurements.is_empty()
+}
 
 /// The attestation policy from a file or an inline table, plus the flags' additions.
 struct PolicyParts<'a> {
@@ -2471,10 +2476,10 @@ fn local_proxy(
     let first_hop = cfg.first_hop.clone();
     // A warning when middleboxes of ours may join and none can pass (what a fetch prints
     // with its verdicts, a proxy would show only in each session's failure).
-    let policy = policy_line(&cfg.handshake.policy);
-    let policy = (!matches!(cfg.handshake.middlebox, ClientMiddlebox::Disabled)
-        && policy.contains(NONE_CAN_PASS))
-    .then_some(policy);
+    let hs = &cfg.handshake;
+    let policy = (!matches!(hs.middlebox, ClientMiddlebox::Disabled)
+        && no_middlebox_can_pass(&hs.policy))
+    .then(|| policy_line(&hs.policy));
     runtime()?.block_on(async move {
         let signals = ServiceSignals::new()?;
         let mut proxy = ClientProxy::bind(listen, cfg)
