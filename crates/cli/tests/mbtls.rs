@@ -2071,16 +2071,25 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
 fn service_settings_and_the_simulated_key_file_are_checked() {
     use std::os::unix::fs::PermissionsExt;
     let (dir, _pki, _server, mbox) = pki_files("mbx cli mbtls service settings root", "mb.test");
-    for flag in ["--handshake-timeout-secs", "--idle-timeout-secs"] {
+    // A middlebox with `extra` flags refused at start: its error.
+    let refused_middlebox = |extra: &[&std::ffi::OsStr]| -> String {
         let mut args = service_args(
             "middlebox",
             "127.0.0.1:0",
             ("--next-hop", "127.0.0.1:9"),
             &mbox,
         );
-        args.extend([flag, "18446744073709551615"].map(std::ffi::OsStr::new));
+        args.extend(extra);
         let (status, err) = refused_at_start(&args);
-        assert!(status.is_some_and(|s| !s.success()), "{flag}: {status:?}");
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{extra:?}: {status:?}: {err}"
+        );
+        err
+    };
+    let os = std::ffi::OsStr::new;
+    for flag in ["--handshake-timeout-secs", "--idle-timeout-secs"] {
+        let err = refused_middlebox(&[os(flag), os("18446744073709551615")]);
         assert!(err.contains("must be at most 31536000"), "{flag}: {err}");
     }
     let key = dir.path().join("platform.key");
@@ -2098,44 +2107,28 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
     let link = dir.path().join("linked.key");
     let target = dir.path().join("elsewhere.key");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    let mut args = service_args(
-        "middlebox",
-        "127.0.0.1:0",
-        ("--next-hop", "127.0.0.1:9"),
-        &mbox,
-    );
-    args.extend(["--attester", "sim", "--sim-platform-key"].map(std::ffi::OsStr::new));
-    args.push(link.as_os_str());
-    let (status, err) = refused_at_start(&args);
-    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    refused_middlebox(&[
+        os("--attester"),
+        os("sim"),
+        os("--sim-platform-key"),
+        link.as_os_str(),
+    ]);
     assert!(!target.exists());
     // A number past what a setting can hold names the setting; a platform key file that is
     // not a key names the file.
-    let mut args = service_args(
-        "middlebox",
-        "127.0.0.1:0",
-        ("--next-hop", "127.0.0.1:9"),
-        &mbox,
-    );
-    args.extend(["--ticket-key-secs", "18446744073709551615"].map(std::ffi::OsStr::new));
-    let (status, err) = refused_at_start(&args);
-    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    let err = refused_middlebox(&[os("--ticket-key-secs"), os("18446744073709551615")]);
     assert!(
         err.contains("ticket_key_secs 18446744073709551615 is too large"),
         "{err}"
     );
     let not_a_key = dir.path().join("not-a.key");
     std::fs::write(&not_a_key, "ca14aa\n").unwrap();
-    let mut args = service_args(
-        "middlebox",
-        "127.0.0.1:0",
-        ("--next-hop", "127.0.0.1:9"),
-        &mbox,
-    );
-    args.extend(["--attester", "sim", "--sim-platform-key"].map(std::ffi::OsStr::new));
-    args.push(not_a_key.as_os_str());
-    let (status, err) = refused_at_start(&args);
-    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {err}");
+    let err = refused_middlebox(&[
+        os("--attester"),
+        os("sim"),
+        os("--sim-platform-key"),
+        not_a_key.as_os_str(),
+    ]);
     assert!(
         err.contains(&format!("simulated platform key {}", not_a_key.display())),
         "{err}"
