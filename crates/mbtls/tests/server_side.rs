@@ -1052,20 +1052,27 @@ fn empty_records_count_against_the_bound_for_more_than_their_bytes() {
     assert!(e.to_string().contains("too much client data"), "{e}");
 }
 
+/// [`up_to_finished_with`], the flight delivered to the server, then the path run until quiet
+/// without an error.
+fn finished_flight_delivered(s: &Setup, version: TlsVersion, key_update: bool) -> Path {
+    let (client, mb, mut server, to_server) = up_to_finished_with(s, version, key_update);
+    server.receive(&to_server).unwrap();
+    let mut path = Path::new(vec![
+        Node::LegacyClient(client),
+        Node::ServerSideMb(mb),
+        Node::Server(server),
+    ]);
+    path.pump();
+    path.assert_no_errors();
+    path
+}
+
 #[test]
 fn request_in_the_clients_finished_flight_is_replayed_through_the_app_exactly_once() {
     for s in Setup::both() {
         eprintln!("secondary sessions: {}", s.secondary_engine);
         for version in VERSIONS {
-            let (client, mb, mut server, to_server) = up_to_finished_with_request(&s, version);
-            server.receive(&to_server).unwrap();
-            let mut path = Path::new(vec![
-                Node::LegacyClient(client),
-                Node::ServerSideMb(mb),
-                Node::Server(server),
-            ]);
-            path.pump();
-            path.assert_no_errors();
+            let mut path = finished_flight_delivered(&s, version, false);
             // TLS 1.3: the raw request reached the server before the middlebox had keys and was
             // dropped there (after authentication); TLS 1.2: the keys came with the server's
             // Finished, before the client could send anything.
@@ -1092,15 +1099,7 @@ fn request_in_the_clients_finished_flight_is_replayed_through_the_app_exactly_on
 fn a_key_update_in_the_clients_finished_flight_is_followed_before_the_marker() {
     for s in Setup::both() {
         eprintln!("secondary sessions: {}", s.secondary_engine);
-        let (client, mb, mut server, to_server) = up_to_finished_with(&s, TlsVersion::Tls13, true);
-        server.receive(&to_server).unwrap();
-        let mut path = Path::new(vec![
-            Node::LegacyClient(client),
-            Node::ServerSideMb(mb),
-            Node::Server(server),
-        ]);
-        path.pump();
-        path.assert_no_errors();
+        let mut path = finished_flight_delivered(&s, TlsVersion::Tls13, true);
         // The KeyUpdate and the request were dropped at the server once authenticated.
         assert!(path.server().discarded_records() >= 2);
         assert_eq!(
