@@ -5,7 +5,6 @@
 
 use mbx_record::wipe;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 /// Bytes a middlebox reads from a socket at once, at most: several 16 KB records per system
 /// call when the peer is sending in bulk (fewer reads, and records are opened in this buffer,
@@ -108,44 +107,23 @@ impl ReadBuf {
 /// (bytes or its end): an idle connection holds no read buffer. Readiness can be reported
 /// without bytes (tokio says so; a new socket does it here): a read that would block gives the
 /// buffer back and waits again. Cancel safe, like `read`: a dropped future read nothing.
-pub(crate) async fn read_into<R: TcpReadHalf>(
-    r: &mut R,
-    buf: &mut ReadBuf,
-) -> std::io::Result<usize> {
+/// `r`: a read half, owned or borrowed, of a TCP stream.
+pub(crate) async fn read_into<R>(r: &mut R, buf: &mut ReadBuf) -> std::io::Result<usize>
+where
+    R: tokio::io::AsyncRead + Unpin + AsRef<tokio::net::TcpStream>,
+{
     if !buf.bytes.is_empty() {
         return r.read(&mut buf.bytes).await;
     }
     loop {
-        r.readable().await?;
+        r.as_ref().readable().await?;
         buf.bytes.resize(READ_BUF_START, 0);
-        match r.try_read(&mut buf.bytes) {
+        match r.as_ref().try_read(&mut buf.bytes) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => buf.release(),
             done => return done,
         }
     }
 }
-
-/// The read half of a TCP stream, owned or borrowed: what [`read_into`] needs of it.
-pub(crate) trait TcpReadHalf: tokio::io::AsyncRead + Unpin {
-    async fn readable(&self) -> std::io::Result<()>;
-    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize>;
-}
-
-/// The same methods, by the same names, on both halves.
-macro_rules! tcp_read_half {
-    ($half:ty) => {
-        impl TcpReadHalf for $half {
-            async fn readable(&self) -> std::io::Result<()> {
-                <$half>::readable(self).await
-            }
-            fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
-                <$half>::try_read(self, buf)
-            }
-        }
-    };
-}
-tcp_read_half!(OwnedReadHalf);
-tcp_read_half!(ReadHalf<'_>);
 
 #[cfg(test)]
 mod tests {
