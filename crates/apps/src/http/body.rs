@@ -137,10 +137,10 @@ impl Body {
                 }
                 self.line
                     .extend_from_slice(data.get(..content).unwrap_or_default());
-                // Checked as it comes, not only at its LF: the bytes taken here are passed on,
-                // and none of a line that turns out bad may be.
-                check_chunk_line_start(&self.line)?;
                 let Some(end) = end else {
+                    // Checked as it comes, not only at its LF: the bytes taken here are passed
+                    // on, and none of a line that turns out bad may be.
+                    check_chunk_line_start(&self.line)?;
                     return Ok(data.len());
                 };
                 let size = parse_chunk_size(&self.line)?;
@@ -258,12 +258,12 @@ fn check_chunk_line_start(line: &[u8]) -> Result<(), HttpError> {
 /// control bytes. Servers differ in what they tolerate here, and a proxy that reads a line
 /// otherwise than its server opens the door to request smuggling.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, HttpError> {
+    // The rules for its start (a CR only last among them), on the whole line; then its CR,
+    // and at least one digit.
+    check_chunk_line_start(line)?;
     let line = line
         .strip_suffix(b"\r")
         .ok_or(HttpError::BadChunk("chunk-size line not ended by CRLF"))?;
-    // The same rules as for its start (which its bytes met as they came, a CR only last), on
-    // the whole line, and at least one digit.
-    check_chunk_line_start(line)?;
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     let size = line.get(..digits).unwrap_or_default();
     let s = core::str::from_utf8(size).map_err(|_| HttpError::BadChunk("invalid chunk size"))?;
