@@ -281,7 +281,7 @@ impl Hop {
 }
 
 /// The keys after a KeyUpdate, or why there are none (no traffic secret: TLS 1.2).
-fn next_generation(secret: Option<&TrafficSecret>) -> Result<DirectionKeys, MbtlsError> {
+pub(crate) fn next_generation(secret: Option<&TrafficSecret>) -> Result<DirectionKeys, MbtlsError> {
     let secret = secret.ok_or(MbtlsError::KeyMaterial(
         "this hop has no traffic secret (TLS 1.2): it cannot update its keys",
     ))?;

@@ -6,6 +6,7 @@
 use mbx_record::{ContentType, RecordOpener, TlsVersion};
 
 use super::HandshakeError;
+use crate::hop::next_generation;
 use crate::key_update::PostHandshake;
 use crate::keys::{DirectionKeys, TrafficSecret};
 
@@ -45,8 +46,7 @@ impl PreMarker {
             .record(&opened.plaintext, |_| Ok(()))
             .map_err(|v| HandshakeError::Protocol(v.what))?;
         if update.is_some() {
-            let secret = self.secret.as_ref().ok_or(FAILED)?;
-            let next = DirectionKeys::from_secret(secret.next()?, 0)?;
+            let next = next_generation(self.secret.as_ref())?;
             self.opener = RecordOpener::new(self.version, next.keys, 0);
             self.secret = next.secret;
         }
