@@ -242,15 +242,25 @@ impl Policy {
         self.sim_platform_keys.iter().any(|k| k.0 == key)
     }
 
-    /// `max_collateral_age` at `now` (seconds since the Unix epoch): claims whose collateral's
-    /// oldest part is older are refused. Claims without collateral (simulated) pass.
-    pub fn check_collateral_age(&self, claims: &Claims, now: u64) -> Result<(), AttestError> {
+    /// The last second (since the Unix epoch) at which `claims`' collateral is young enough for
+    /// `max_collateral_age` (`u64::MAX`: no bound, or no collateral, as for simulated claims).
+    pub fn collateral_young_until(&self, claims: &Claims) -> u64 {
         match (self.max_collateral_age, claims.collateral_issued_at) {
-            (max, Some(issued)) if max > 0 && now > issued.saturating_add(max) => {
-                Err(AttestError::CollateralTooOld { issued, max })
-            }
-            _ => Ok(()),
+            (max, Some(issued)) if max > 0 => issued.saturating_add(max),
+            _ => u64::MAX,
         }
+    }
+
+    /// `max_collateral_age` at `now` (seconds since the Unix epoch): claims whose collateral's
+    /// oldest part is older are refused.
+    pub fn check_collateral_age(&self, claims: &Claims, now: u64) -> Result<(), AttestError> {
+        if now > self.collateral_young_until(claims) {
+            return Err(AttestError::CollateralTooOld {
+                issued: claims.collateral_issued_at.unwrap_or_default(),
+                max: self.max_collateral_age,
+            });
+        }
+        Ok(())
     }
 
     /// Apply the policy to claims whose signature and binding were already verified.

@@ -186,13 +186,7 @@ impl VouchedCheck {
         let collateral = claims
             .and_then(|c| c.collateral_valid_until)
             .unwrap_or(u64::MAX);
-        let young = match (
-            policy.max_collateral_age,
-            claims.and_then(|c| c.collateral_issued_at),
-        ) {
-            (max, Some(issued)) if max > 0 => issued.saturating_add(max),
-            _ => u64::MAX,
-        };
+        let young = claims.map_or(u64::MAX, |c| policy.collateral_young_until(c));
         policy
             .resumed_evidence_valid_until(self.checked_at)
             .min(self.certificate_not_after.saturating_add(1))
