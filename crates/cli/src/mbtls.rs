@@ -788,11 +788,10 @@ fn client(
     if let Some(listen) = proxy {
         // The listening address is a flag only, so a reload cannot move it.
         let running = setup.s.service.clone();
-        let running_primary =
-            RunningContext::new(&setup.primary_tls, &NOT_VOUCHED, &setup.cfg.primary);
+        let running_primary = RunningContext::new(&setup.primary_tls, &(), &setup.cfg.primary);
         let running_secondary = RunningContext::new(
             &setup.secondary_tls,
-            &Some(setup.cfg.policy.clone()),
+            &setup.cfg.policy,
             &setup.cfg.secondary,
         );
         let reload = || {
@@ -801,8 +800,8 @@ fn client(
             let (primary_tls, secondary_tls) = (new.primary_tls.clone(), new.secondary_tls.clone());
             let mut cfg = proxy_config(new)?;
             let hs = &mut cfg.handshake;
-            running_primary.keep_unless_changed(primary_tls, None, &mut hs.primary);
-            let policy = Some(hs.policy.clone());
+            running_primary.keep_unless_changed(primary_tls, (), &mut hs.primary);
+            let policy = hs.policy.clone();
             running_secondary.keep_unless_changed(secondary_tls, policy, &mut hs.secondary);
             Ok((cfg, String::new()))
         };
@@ -2204,15 +2203,14 @@ fn server(
         described,
     } = server_setup(flags.clone(), config)?;
     let hs = &cfg.handshake;
-    let running_primary = RunningContext::new(&primary_tls, &NOT_VOUCHED, &hs.primary);
-    let running_secondary =
-        RunningContext::new(&secondary_tls, &Some(hs.policy.clone()), &hs.secondary);
+    let running_primary = RunningContext::new(&primary_tls, &(), &hs.primary);
+    let running_secondary = RunningContext::new(&secondary_tls, &hs.policy, &hs.secondary);
     let reload = || -> anyhow::Result<(MbtlsServerConfig, String)> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
         let hs = &mut new.cfg.handshake;
-        running_primary.keep_unless_changed(new.primary_tls, None, &mut hs.primary);
-        let policy = Some(hs.policy.clone());
+        running_primary.keep_unless_changed(new.primary_tls, (), &mut hs.primary);
+        let policy = hs.policy.clone();
         running_secondary.keep_unless_changed(new.secondary_tls, policy, &mut hs.secondary);
         Ok((new.cfg, String::new()))
     };
@@ -2430,15 +2428,12 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 /// (a shorter `resumed_evidence_max_age`) instead of making full handshakes.
 /// A middlebox's context holds its ticket keys, and a resumed session brings no new evidence:
 /// it is kept only while what its evidence shows (the attestation line: the measurement, which
-/// covers the app, and the platform) is the same (`V` = that line).
-struct RunningContext<C: ?Sized, V = Option<Policy>>(std::sync::Mutex<Running<C, V>>);
+/// covers the app, and the platform) is the same.
+struct RunningContext<C: ?Sized, V>(std::sync::Mutex<Running<C, V>>);
 
-/// A primary context's sessions are vouched under nothing of ours.
-const NOT_VOUCHED: Option<Policy> = None;
-
-/// The settings a context was built from, and what its sessions were vouched under (an
-/// endpoint's secondary context: the attestation policy; a middlebox's: what its evidence
-/// shows).
+/// The settings a context was built from, and what its sessions were vouched under (`V`: an
+/// endpoint's secondary context, the attestation policy; a middlebox's, what its evidence
+/// shows; a primary context, nothing of ours, `()`).
 type Running<C, V> = (TlsConfig, V, Arc<C>);
 
 impl<C: ?Sized, V: PartialEq + Clone> RunningContext<C, V> {
@@ -2749,10 +2744,10 @@ mod tests {
         let tls = TlsConfig::client("mb.test", b"roots".to_vec());
         let policy = Policy::default();
         let first = Arc::new(1u32);
-        let running = RunningContext::new(&tls, &Some(policy.clone()), &first);
+        let running = RunningContext::new(&tls, &policy, &first);
         let kept = |tls: &TlsConfig, policy: &Policy| {
             let mut new = Arc::new(0u32);
-            running.keep_unless_changed(tls.clone(), Some(policy.clone()), &mut new);
+            running.keep_unless_changed(tls.clone(), policy.clone(), &mut new);
             Arc::ptr_eq(&new, &first)
         };
         assert!(kept(&tls, &policy));
