@@ -90,8 +90,6 @@ pub fn exit_quietly_when_stdout_closes() {
     }));
 }
 
-/// One line of a long-running command's report on stdout. A closed stdout (its reader went
-/// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
 /// A SIGHUP whose configuration did not build: the running one stays, and the operator is told
 /// why on standard error (once: the log writes there too, so it is not logged as well).
 pub fn reload_failed(e: &anyhow::Error) {
@@ -102,6 +100,8 @@ pub fn reload_failed(e: &anyhow::Error) {
     );
 }
 
+/// One line of a long-running command's report on stdout. A closed stdout (its reader went
+/// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
 pub fn print_line(line: impl std::fmt::Display) {
     use std::io::Write;
     let _ = writeln!(
