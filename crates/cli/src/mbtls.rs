@@ -861,8 +861,7 @@ fn client(
         let body = tokio::time::timeout(bound, fetch)
             .await
             .with_context(|| format!("no complete response within {} s", bound.as_secs()))??;
-        print_response(&body);
-        Ok(())
+        print_response(&body)
     })
 }
 
@@ -1262,7 +1261,7 @@ fn seconds_since(unix: u64) -> u64 {
 /// the body as it came when standard output is a file or a pipe (so `> file` keeps binary
 /// bodies whole), or with control characters escaped on a terminal (a body could otherwise
 /// drive it).
-fn print_response(response: &[u8]) {
+fn print_response(response: &[u8]) -> anyhow::Result<()> {
     use std::io::{IsTerminal as _, Write as _};
     let end_of_head = response.windows(4).position(|w| w == b"\r\n\r\n");
     let body = match end_of_head {
@@ -1297,8 +1296,14 @@ fn print_response(response: &[u8]) {
     } else {
         out.write_all(body)
     };
-    // A reader that went away (`| head`) is not an error of the fetch.
-    let _ = written.and_then(|()| out.flush());
+    // A reader that went away (`| head`) is not an error of the fetch; a body that could not
+    // be written whole (a full disk behind `> file`) is.
+    match written.and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write the response body"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A body for a terminal: control characters escaped (as report lines escape them), line
