@@ -5,7 +5,7 @@ use mbx_attest::Claims;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::connection::Connection;
-use super::splice::{splice, Carried, Sides};
+use super::splice::{reset_when_closed, splice, Carried, Sides};
 use super::{keep_alive, DriverError};
 use crate::handshake::{ClientHandshake, ClientHandshakeConfig};
 
@@ -102,6 +102,10 @@ impl Connection<ClientHandshake> {
         local: TcpStream,
         idle_timeout: Option<std::time::Duration>,
     ) -> Result<(u64, u64), DriverError> {
+        // A cut session resets `local` (`splice`).
+        reset_when_closed(&local, true).map_err(DriverError::io(
+            "cannot set the local connection to reset when cut",
+        ))?;
         let mut carried = Carried::default();
         self.carry(local, idle_timeout, &mut carried).await?;
         Ok((carried.from_plain, carried.to_plain))
@@ -109,6 +113,7 @@ impl Connection<ClientHandshake> {
 
     /// [`proxy_until_idle`](Self::proxy_until_idle), counting into `carried` as it goes, so
     /// that a session that fails still says what it carried (the client proxy's report).
+    /// `local` is already set to reset when closed.
     pub(crate) async fn carry(
         self,
         local: TcpStream,

@@ -145,8 +145,14 @@ async fn serve(
     let _ = local.set_nodelay(true);
     // A local connection whose session never carried it in order is reset, not closed: from
     // its handshake on (failed, timed out, or cut by a stop) to the splice's end.
-    reset_when_closed(&local, true);
-    if let Err(e) = proxy_one(local, cfg, report, carried).await {
+    let ready = reset_when_closed(&local, true).map_err(DriverError::io(
+        "cannot set the local connection to reset when cut",
+    ));
+    let r = match ready {
+        Ok(()) => proxy_one(local, cfg, report, carried).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = r {
         report.outcome = Err(e.to_string());
     }
 }

@@ -13,7 +13,7 @@ use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
 use super::reports::{Absorb, Pending};
-use super::splice::{splice, Carried, EndpointSession, Sides};
+use super::splice::{reset_when_closed, splice, Carried, EndpointSession, Sides};
 use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
@@ -264,6 +264,10 @@ async fn run(
     };
     let _ = backend.set_nodelay(true);
     super::keep_alive(&backend);
+    // Until the session ends in order, a cut resets the backend's connection (`splice`).
+    reset_when_closed(&backend, true).map_err(DriverError::io(
+        "cannot set the backend connection to reset when cut",
+    ))?;
     // The data phase reads into buffers sized by the traffic, which an idle session frees.
     drop(buf);
     let idle = cfg.limits.idle_timeout;

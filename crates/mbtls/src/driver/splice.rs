@@ -87,12 +87,12 @@ pub(crate) async fn splice<S: EndpointSession>(
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
     let mut plain = plain;
-    // A session that failed or was cut must not look like one that ended to the plain side (an
-    // HTTP body delimited by the close would pass for whole): until it ends in order, closing
-    // the plain socket resets it, however it closes: an error here, or this future dropped by
-    // a stop at the end of a drain or by a panic. (Borrowed halves: tokio's owned write half
-    // would send a FIN when dropped, before the reset.)
-    reset_when_closed(&plain, true);
+    // The caller set `plain` to reset when closed (`reset_when_closed`) as soon as it had it, so
+    // that a session that fails or is cut, here or before (an error, this future dropped by a
+    // stop at the end of a drain or by a panic), never looks to the plain side like one that
+    // ended (an HTTP body delimited by the close would pass for whole); only an orderly end
+    // below sets it back. (Borrowed halves: tokio's owned write half would send a FIN when
+    // dropped, before the reset.)
     let (plain_r, mut plain_w) = plain.split();
     let ended = splice_halves(
         session,
@@ -111,8 +111,11 @@ pub(crate) async fn splice<S: EndpointSession>(
     };
     if in_order {
         // A FIN (the outbox sent it already when the peer's close_notify came), then a
-        // normal close.
-        reset_when_closed(&plain, false);
+        // normal close; a socket that cannot be set back would drop what it still queues.
+        if let Err(e) = reset_when_closed(&plain, false) {
+            let cannot = DriverError::io("cannot end the plain side's stream in order");
+            return ended.and(Err(cannot(e)));
+        }
         let _ = plain.shutdown().await;
     }
     ended
@@ -120,11 +123,8 @@ pub(crate) async fn splice<S: EndpointSession>(
 
 /// Whether closing `socket` resets the connection (`SO_LINGER` 0: an RST, queued bytes
 /// dropped) or ends it normally (a FIN after what is queued).
-pub(crate) fn reset_when_closed(socket: &TcpStream, reset: bool) {
-    let linger = reset.then_some(Duration::ZERO);
-    if let Err(e) = socket2::SockRef::from(socket).set_linger(linger) {
-        tracing::debug!(error = %e, "cannot set SO_LINGER");
-    }
+pub(crate) fn reset_when_closed(socket: &TcpStream, reset: bool) -> std::io::Result<()> {
+    socket2::SockRef::from(socket).set_linger(reset.then_some(Duration::ZERO))
 }
 
 async fn splice_halves<S: EndpointSession>(
