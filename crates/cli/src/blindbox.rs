@@ -25,14 +25,13 @@ use mbx_blindbox_net::driver::{
 use mbx_blindbox_net::middlebox::{Flow, MiddleboxEvent};
 use mbx_blindbox_net::{NetError, Policy, RuleBook, SetupConfig};
 use mbx_blindbox_setup::{EndpointConfig, MiddleboxConfig, RgKey, TaggedRules};
-use mbx_engine::{Identity, TlsConfig};
+use mbx_engine::TlsConfig;
 use mbx_record::TlsVersion;
 
 use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
 use mbx_net::Acceptor;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use zeroize::Zeroizing;
 
 /// Salt reset period P (bytes of stream); both endpoints must use the same.
 pub const PERIOD: u64 = 64 * 1024;
@@ -669,12 +668,7 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
         s.reply
     );
     let ch = channel(&s.channel)?;
-    let chain = read(&s.certificate, "certificate")?;
-    let key = Zeroizing::new(read(&s.private_key, "private key")?);
-    let mut tls = TlsConfig::server(Identity {
-        cert_chain_pem: chain,
-        key_pem: key,
-    });
+    let mut tls = TlsConfig::server(crate::subcommand::identity(&s.certificate, &s.private_key)?);
     tls.session_tickets = false;
     if let Some(v) = ch.version {
         tls = tls.only(v);

@@ -18,7 +18,7 @@ use mbx_attest::{
     GramineAttester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform, TcbStatus,
     TsmAttester, REPORT_DATA_LEN,
 };
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_engine::{CustomExtension, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
@@ -33,7 +33,8 @@ use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 
 use crate::subcommand::{
-    escape_controls, parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
+    escape_controls, identity, parse_version, path_str, print_line, read, read_pem, runtime, set,
+    PemKind,
 };
 use serde::Deserialize;
 use zeroize::Zeroizing;
@@ -2241,17 +2242,6 @@ fn server(
         let names = ("server", "sessions");
         let print = print_server_report;
         serve_until_stopped(&mut server, signals, &s.service, names, print, &reload).await
-    })
-}
-
-/// A service's certificate chain and private key, each checked to hold PEM of its kind.
-fn identity(
-    certificate: &std::path::Path,
-    private_key: &std::path::Path,
-) -> anyhow::Result<Identity> {
-    Ok(Identity {
-        cert_chain_pem: read_pem(certificate, "certificate", PemKind::Certificates)?,
-        key_pem: Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?),
     })
 }
 

@@ -62,6 +62,18 @@ pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8
     Ok(bytes)
 }
 
+/// A service's certificate chain and private key, each checked to hold PEM of its kind.
+pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_engine::Identity> {
+    Ok(mbx_engine::Identity {
+        cert_chain_pem: read_pem(certificate, "certificate", PemKind::Certificates)?,
+        key_pem: zeroize::Zeroizing::new(read_pem(
+            private_key,
+            "private key",
+            PemKind::PrivateKey,
+        )?),
+    })
+}
+
 /// `1.2` or `1.3`, as flags and config files spell TLS versions.
 pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
     match s {
