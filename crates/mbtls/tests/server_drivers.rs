@@ -1097,12 +1097,14 @@ async fn a_slow_reader_gets_everything_queued_after_both_close_notifys() {
     let w = World::new();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = listener.local_addr().unwrap();
+    let (answered, answer_sent) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         // The client's close_notify ends the request; then the whole answer, and the end.
         let _ = s.read_to_end(&mut Vec::new()).await;
         s.write_all(&vec![b'a'; answer_len]).await.unwrap();
         s.shutdown().await.unwrap();
+        let _ = answered.send(());
     });
     let version = TlsVersion::Tls13;
     let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
@@ -1110,7 +1112,9 @@ async fn a_slow_reader_gets_everything_queued_after_both_close_notifys() {
     let mut client = w.client_alone(forwarder, version, b"request").await;
     pause.send(true).unwrap();
     client.close().await.unwrap();
-    // Longer than the middlebox's close grace (5 s), which it once gave queued bytes.
+    // From the backend's end on (the server's close_notify follows it to the middlebox),
+    // longer than the middlebox's close grace (5 s), which it once gave queued bytes.
+    timeout(BOUND, answer_sent).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
     pause.send(false).unwrap();
     let answer = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
