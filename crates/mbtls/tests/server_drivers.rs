@@ -188,12 +188,18 @@ impl World {
         version: TlsVersion,
         data: &[u8],
     ) -> MbtlsClient {
-        let mut cfg = self.client(version);
-        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let cfg = self.client_without_middleboxes(version);
         timeout(BOUND, MbtlsClient::connect_with_data(first_hop, cfg, data))
             .await
             .unwrap()
             .unwrap()
+    }
+
+    /// [`client`](Self::client) with no middlebox of its own (discovery, none approved).
+    fn client_without_middleboxes(&self, version: TlsVersion) -> ClientHandshakeConfig {
+        let mut cfg = self.client(version);
+        cfg.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        cfg
     }
 
     fn client(&self, version: TlsVersion) -> ClientHandshakeConfig {
@@ -208,6 +214,12 @@ impl World {
             now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
         }
     }
+}
+
+/// A server's middlebox setting that takes sessions without one (it requires none and
+/// approves none that announces itself).
+fn no_server_middlebox() -> ServerMiddlebox {
+    ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false))
 }
 
 fn header_app(name: &str) -> AppFactory {
@@ -870,8 +882,7 @@ async fn a_peer_leaving_mid_record_after_the_servers_close_notify_is_a_cut() {
             });
             let mut cfg = w.server(version, backend);
             if !with_middlebox {
-                cfg.handshake.middlebox =
-                    ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+                cfg.handshake.middlebox = no_server_middlebox();
             }
             let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
             let (forwarder, cut) = cutting_forwarder(server.local_addr(), true).await;
@@ -924,11 +935,10 @@ async fn a_server_leaving_mid_record_after_the_proxys_close_notify_is_a_cut() {
             drop(s);
         });
         let mut cfg = w.server(version, backend);
-        cfg.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        cfg.handshake.middlebox = no_server_middlebox();
         let _server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
         let (forwarder, cut) = cutting_forwarder(_server.local_addr(), false).await;
-        let mut handshake = w.client(version);
-        handshake.middlebox = ClientMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        let handshake = w.client_without_middleboxes(version);
         let mut proxy = ClientProxy::bind(
             "127.0.0.1:0",
             ClientProxyConfig {
@@ -1656,7 +1666,7 @@ async fn legacy_clients_resume_directly_and_through_a_server_side_middlebox() {
         let (_server, mb2) = w.server_behind_mb2_with(cfg).await;
         // A second server that takes sessions without a middlebox (it requires none).
         let mut alone = w.server_with_tickets(version, backend, tickets);
-        alone.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+        alone.handshake.middlebox = no_server_middlebox();
         let alone = MbtlsServer::bind("127.0.0.1:0", alone).await.unwrap();
         for (addr, through_mb2) in [(alone.local_addr(), false), (mb2.local_addr(), true)] {
             let count = |out: &str, what: &str| out.lines().filter(|l| l.starts_with(what)).count();
