@@ -541,17 +541,20 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         answer
     })
     .to_string();
-    // The client straight to a server in front of `backend`.
-    let fetch_through = |backend: &str, path: &str| {
-        let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
-        let addr = listening_addr(&head[0]);
+    // The client straight to `addr`, taken for the server.
+    let fetch_from = |addr: &str, path: &str| {
         mbx()
             .args(["mbtls", "client", &format!("https://server.test{path}")])
-            .args(["--middlebox", &addr, "--no-client-middleboxes"])
+            .args(["--middlebox", addr, "--no-client-middleboxes"])
             .arg("--server-ca")
             .arg(&server.ca)
             .output()
             .unwrap()
+    };
+    // The client straight to a server in front of `backend`.
+    let fetch_through = |backend: &str, path: &str| {
+        let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
+        fetch_from(&listening_addr(&head[0]), path)
     };
     let out = fetch_through(&backend, "/bin");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -587,13 +590,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
             while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
         }
     });
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/"])
-        .args(["--middlebox", &addr, "--no-client-middleboxes"])
-        .arg("--server-ca")
-        .arg(&server.ca)
-        .output()
-        .unwrap();
+    let out = fetch_from(&addr, "/");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
