@@ -33,7 +33,7 @@
 //! deframer never buffers more than one frame. Every error is sticky (after a bad frame nothing
 //! more is returned) and nothing here panics on any input.
 
-use ring::hmac;
+use aws_lc_rs::hmac;
 
 use crate::dpienc::{EncToken, TokenMsg, C1, C1_LEN};
 use crate::rules::Direction;

@@ -31,7 +31,7 @@
 
 use aes::cipher::{BlockEncrypt, KeyInit};
 use aes::Aes128Enc as Aes128;
-use ring::aead;
+use aws_lc_rs::aead;
 use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
@@ -281,10 +281,10 @@ pub(crate) struct SeededTokenState([u64; 2]);
 
 impl SeededTokenState {
     pub(crate) fn random() -> Self {
-        use ring::rand::SecureRandom;
+        use aws_lc_rs::rand::SecureRandom;
         let mut b = [0u8; 16];
         // Without system randomness the table still works, only with a guessable hash.
-        let _ = ring::rand::SystemRandom::new().fill(&mut b);
+        let _ = aws_lc_rs::rand::SystemRandom::new().fill(&mut b);
         let mut lo = [0u8; 8];
         let mut hi = [0u8; 8];
         lo.copy_from_slice(&b[..8]);

@@ -8,9 +8,9 @@
 
 use std::path::Path;
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
-use ring::hkdf;
-use ring::rand::{SecureRandom, SystemRandom};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
+use aws_lc_rs::hkdf;
+use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 use rustls::server::ProducesTickets;
 use zeroize::Zeroizing;
 
