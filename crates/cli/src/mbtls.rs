@@ -1263,45 +1263,51 @@ fn seconds_since(unix: u64) -> u64 {
 /// bodies whole), or with control characters escaped on a terminal (a body could otherwise
 /// drive it).
 fn print_response(response: &[u8]) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
     use std::io::{IsTerminal as _, Write as _};
+    // The head is written with the body, through the same error handling (`println!` would
+    // panic on a full disk).
+    let mut head = String::new();
     let end_of_head = response.windows(4).position(|w| w == b"\r\n\r\n");
     let body = match end_of_head {
         Some(at) => {
-            let head = String::from_utf8_lossy(response.get(..at).unwrap_or_default());
-            let mut lines = head.split("\r\n");
+            let text = String::from_utf8_lossy(response.get(..at).unwrap_or_default());
+            let mut lines = text.split("\r\n");
             if let Some(status) = lines.next() {
-                println!("status: {}", escape_controls(status, false));
+                let _ = writeln!(head, "status: {}", escape_controls(status, false));
             }
-            println!("headers:");
+            head.push_str("headers:\n");
             for l in lines {
-                println!("  {}", escape_controls(l, false));
+                let _ = writeln!(head, "  {}", escape_controls(l, false));
             }
             let body = response.get(at + 4..).unwrap_or_default();
-            println!("body ({} bytes):", body.len());
+            let _ = writeln!(head, "body ({} bytes):", body.len());
             body
         }
         None => {
-            println!("response ({} bytes, no HTTP header):", response.len());
+            let _ = writeln!(head, "response ({} bytes, no HTTP header):", response.len());
             response
         }
     };
     let mut out = std::io::stdout().lock();
-    let written = if out.is_terminal() {
-        let text = String::from_utf8_lossy(body);
-        let shown = escape_body_controls(&text);
-        out.write_all(shown.as_bytes())
-            .and_then(|()| match shown.ends_with('\n') {
+    let written = out.write_all(head.as_bytes()).and_then(|()| {
+        if out.is_terminal() {
+            let text = String::from_utf8_lossy(body);
+            let shown = escape_body_controls(&text);
+            out.write_all(shown.as_bytes())?;
+            match shown.ends_with('\n') {
                 true => Ok(()),
                 false => out.write_all(b"\n"),
-            })
-    } else {
-        out.write_all(body)
-    };
-    // A reader that went away (`| head`) is not an error of the fetch; a body that could not
-    // be written whole (a full disk behind `> file`) is.
+            }
+        } else {
+            out.write_all(body)
+        }
+    });
+    // A reader that went away (`| head`) is not an error of the fetch; a response that could
+    // not be written whole (a full disk behind `> file`) is.
     match written.and_then(|()| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("cannot write the response body"))
+            Err(anyhow::Error::new(e).context("cannot write the response"))
         }
         _ => Ok(()),
     }

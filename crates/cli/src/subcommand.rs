@@ -83,9 +83,11 @@ pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
     }
 }
 
-/// For demos only: when the reader of stdout goes away (`mbx demo | head`), exit with success
-/// instead of panicking in `println!`. Servers and middleboxes do not install it: they must keep
-/// serving when whoever watched their output leaves.
+/// For demos and fetches only: when the reader of stdout goes away (`mbx demo | head`), exit
+/// with success instead of panicking in `println!`; when stdout cannot be written otherwise (a
+/// full disk behind `> file`), exit 1 with one line saying so instead of a panic's report.
+/// Servers and middleboxes do not install it: they must keep serving when whoever watched
+/// their output leaves.
 pub fn exit_quietly_when_stdout_closes() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -95,8 +97,12 @@ pub fn exit_quietly_when_stdout_closes() {
             .map(String::as_str)
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or_default();
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(0);
+        if let Some(why) = msg.strip_prefix("failed printing to stdout: ") {
+            if why.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("mbx: cannot write to standard output: {why}");
+            std::process::exit(1);
         }
         default(info);
     }));

@@ -531,26 +531,46 @@ fn backend_answering(answer: fn(&[u8]) -> Vec<u8>) -> std::net::SocketAddr {
 fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     const BODY: &[u8] = b"\x00\x01\xff\xfe binary\x1b[2J\r\n";
     let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls response root", "mb.test");
-    let backend = backend_answering(|_| {
+    // `/big` gets a body of 8 KiB, anything else `BODY`.
+    let backend = backend_answering(|request| {
+        let body = match request.starts_with(b"GET /big ") {
+            true => vec![b'x'; 8192],
+            false => BODY.to_vec(),
+        };
         let mut answer = format!(
             "HTTP/1.1 200 OK\r\nX-Evil: a\x1b[2Jb\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            BODY.len()
+            body.len()
         )
         .into_bytes();
-        answer.extend_from_slice(BODY);
+        answer.extend_from_slice(&body);
         answer
     })
     .to_string();
-    // The client straight to `addr`, taken for the server.
-    let fetch_from = |addr: &str, path: &str| {
-        mbx()
-            .args(["mbtls", "client", &format!("https://server.test{path}")])
-            .args(["--middlebox", addr, "--no-client-middleboxes"])
-            .arg("--server-ca")
-            .arg(&server.ca)
-            .output()
-            .unwrap()
-    };
+    // The client straight to `addr`, taken for the server; its stdout into `stdout`, if given,
+    // under a limit of `blocks` × 512 bytes per file written, if given.
+    let fetch_into =
+        |addr: &str, path: &str, stdout: Option<std::fs::File>, blocks: Option<u64>| {
+            // `trap`: past the limit a write fails with EFBIG instead of the process being killed.
+            let limit = blocks.map_or(String::new(), |b| {
+                format!("trap '' XFSZ && ulimit -f {b} && ")
+            });
+            let mut fetch = std::process::Command::new("sh");
+            fetch
+                .arg("-c")
+                .arg(format!("{limit}exec \"$0\" \"$@\""))
+                .arg(env!("CARGO_BIN_EXE_mbx"))
+                .args(["mbtls", "client", &format!("https://server.test{path}")])
+                .args(["--middlebox", addr, "--no-client-middleboxes"])
+                .arg("--server-ca")
+                .arg(&server.ca)
+                .env_remove("MBX_CONFIG")
+                .env_remove("MBX_LOG");
+            if let Some(file) = stdout {
+                fetch.stdout(file);
+            }
+            fetch.output().unwrap()
+        };
+    let fetch_from = |addr: &str, path: &str| fetch_into(addr, path, None, None);
     // The client straight to a server in front of `backend`.
     let fetch_through = |backend: &str, path: &str| {
         let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
@@ -565,6 +585,49 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // The lossy text and the bytes agree up to the body line (all ASCII before it).
     let body = &out.stdout[at + body_line.len()..];
     assert_eq!(body, BODY);
+
+    // A response that cannot be written whole (a full disk behind `> file`) fails the fetch
+    // with one line saying so: here the file may grow only to within 512 bytes past the start
+    // of an 8 KiB body.
+    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
+    let addr = listening_addr(&head[0]);
+    let whole = fetch_from(&addr, "/big");
+    let body_line = "body (8192 bytes):\n";
+    let body_at = String::from_utf8_lossy(&whole.stdout)
+        .find(body_line)
+        .unwrap()
+        + body_line.len();
+    let file = tempfile::tempfile().unwrap();
+    let blocks = u64::try_from(body_at / 512 + 1).unwrap();
+    let out = fetch_into(&addr, "/big", Some(file.try_clone().unwrap()), Some(blocks));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot write the response: File too large") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert_eq!(file.metadata().unwrap().len(), blocks * 512, "{err}");
+    // So does a report line before it (`println!` panicked).
+    let full = || {
+        std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args(["--allow-middlebox", "mb.test", "--server-ca"])
+        .arg(&server.ca)
+        .stdout(full())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("mbx: cannot write to standard output: No space left on device")
+            && !err.contains("panicked"),
+        "{err}"
+    );
 
     // A server whose backend is down answers as a reverse proxy does: 502, then close_notify.
     let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
