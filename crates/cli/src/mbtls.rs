@@ -1432,6 +1432,7 @@ fn middlebox(
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
+        let metrics = bind_metrics(&s.service).await?;
         println!(
             "mbTLS middlebox listening on {}, next hop {}, {} side",
             server.local_addr(),
@@ -1444,7 +1445,7 @@ fn middlebox(
         let names = ("middlebox", "connections");
         serve_until_stopped(
             &mut server,
-            signals,
+            (signals, metrics),
             &s.service,
             names,
             print_report,
@@ -1812,10 +1813,11 @@ fn raise_open_files_limit() {
 /// and gives the open `what` (connections, sessions) the service's drain time to end, and stops
 /// at once on a second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the
 /// configuration `reload` builds for the connections accepted from then on; one that fails to
-/// build changes nothing. With the service's `metrics_listen`, answers Prometheus scrapes there.
+/// build changes nothing. With a metrics listener (bound by [`bind_metrics`] before the
+/// banner), answers Prometheus scrapes there.
 async fn serve_until_stopped<R, C: ServiceConfig>(
     server: &mut Listening<R, C>,
-    signals: ServiceSignals,
+    (signals, metrics): (ServiceSignals, Option<tokio::net::TcpListener>),
     service: &Service,
     (who, what): (&str, &str),
     print: impl Fn(&R),
@@ -1828,10 +1830,13 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     let reloads = Arc::new(Reloads::default());
     let grace = service.drain_grace();
     // Stopped when this returns.
-    let _metrics = match service.metrics_listen.as_deref() {
-        Some(addr) => {
-            Some(serve_service_metrics(addr, who, server.stats(), reloads.clone()).await?)
-        }
+    let _metrics = match metrics {
+        Some(listener) => Some(serve_service_metrics(
+            listener,
+            who,
+            server.stats(),
+            reloads.clone(),
+        )?),
         None => None,
     };
     loop {
@@ -1876,17 +1881,26 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     }
 }
 
-/// A task answering Prometheus scrapes on `addr` with the counters of `stats` (`who`: the
+/// The service's metrics listener, if it has one: bound with the service's own, before the
+/// banner, so that an address in use fails the start instead of following a "listening" line.
+async fn bind_metrics(service: &Service) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = service.metrics_listen.as_deref() else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    Ok(Some(listener))
+}
+
+/// A task answering Prometheus scrapes on `listener` with the counters of `stats` (`who`: the
 /// metric names' role) and `reloads`; it stops when the guard drops.
-async fn serve_service_metrics(
-    addr: &str,
+fn serve_service_metrics(
+    listener: tokio::net::TcpListener,
     who: &str,
     stats: ListenerStats,
     reloads: Arc<Reloads>,
 ) -> anyhow::Result<AbortOnDrop> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
     print_line(format!(
         "metrics: http://{}/metrics",
         listener.local_addr().context("metrics listener")?
@@ -2235,6 +2249,7 @@ fn server(
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
+        let metrics = bind_metrics(&s.service).await?;
         println!(
             "mbTLS server listening on {}, backend {}",
             server.local_addr(),
@@ -2247,7 +2262,8 @@ fn server(
         println!("{}", limits_line(&limits, "sessions"));
         let names = ("server", "sessions");
         let print = print_server_report;
-        serve_until_stopped(&mut server, signals, &s.service, names, print, &reload).await
+        let started = (signals, metrics);
+        serve_until_stopped(&mut server, started, &s.service, names, print, &reload).await
     })
 }
 
@@ -2481,6 +2497,7 @@ fn local_proxy(
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
+        let metrics = bind_metrics(service).await?;
         println!(
             "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
             proxy.local_addr(),
@@ -2492,7 +2509,7 @@ fn local_proxy(
         let names = ("proxy", "connections");
         serve_until_stopped(
             &mut proxy,
-            signals,
+            (signals, metrics),
             service,
             names,
             print_proxy_report,

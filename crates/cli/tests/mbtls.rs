@@ -484,6 +484,24 @@ fn a_listening_address_in_use_is_one_clear_error() {
         err.contains(&format!("cannot listen on {addr}: bind: ")),
         "{err}"
     );
+    // A metrics address in use fails the start before the banner: no "listening" line for a
+    // service that is not running.
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    args.extend(["--metrics-listen", addr.as_str()].map(std::ffi::OsStr::new));
+    let out = mbx().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen for metrics on {addr}")),
+        "{err}"
+    );
+    assert!(!said.contains("listening"), "{said}");
 }
 
 /// A plain HTTP/1.1 backend on a thread: answers each request with its head as the body.
