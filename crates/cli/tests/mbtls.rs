@@ -648,9 +648,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     );
 
     // A server whose backend is down answers as a reverse proxy does: 502, then close_notify.
-    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let down = unused.local_addr().unwrap().to_string();
-    drop(unused);
+    let down = mbx_testbed::refusing_addr().to_string();
     let out = fetch_through(&down, "/down");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");

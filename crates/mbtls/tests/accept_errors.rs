@@ -29,10 +29,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
         Identity::from_pem(l.chain_pem(), l.key_pem().as_bytes())
     };
     // A next hop nobody listens on: an accepted middlebox connection ends at once.
-    let refused = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let refused = mbx_testbed::refusing_addr();
     let mut mbox = MiddleboxServer::bind(
         "127.0.0.1:0",
         MiddleboxServerConfig {

@@ -1096,10 +1096,7 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
 async fn unread_reports_are_bounded_and_counted() {
     let w = World::new();
     // A next hop nobody listens on: every connection ends at once, with a report.
-    let refused = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let refused = mbx_testbed::refusing_addr();
     let mut mbox = w.start_middlebox(refused, passthrough()).await;
     let extra = 3u64;
     for _ in 0..REPORTS_KEPT as u64 + extra {

@@ -1168,12 +1168,7 @@ async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_session_that_cannot_start_resets_the_local_connection() {
     let w = World::new();
-    // A port nobody listens on.
-    let refusing = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let refusing = mbx_testbed::refusing_addr();
     let mut proxy = ClientProxy::bind(
         "127.0.0.1:0",
         ClientProxyConfig {
@@ -1483,9 +1478,7 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
     let w = World::new();
-    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let down = unused.local_addr().unwrap();
-    drop(unused);
+    let down = mbx_testbed::refusing_addr();
     for answer in [Some(b"502, sorry".to_vec()), None] {
         let wanted = answer.clone();
         let (mut server, _mbs, mut client) =

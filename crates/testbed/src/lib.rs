@@ -35,8 +35,8 @@ pub mod wait;
 
 pub use netns::{Host, Topology};
 pub use peers::{
-    ensure_tool, free_port, Curl, InteractiveClient, Nginx, OpensslClient, OpensslServer,
-    ServerMode, TlsVersion,
+    ensure_tool, free_port, refusing_addr, Curl, InteractiveClient, Nginx, OpensslClient,
+    OpensslServer, ServerMode, TlsVersion,
 };
 pub use pki::{IssuedCert, KeyType, LeafSpec, PkiFiles, Role, TestPki, Validity};
 pub use relay::{DelayRelay, Direction, FlightCounter, Tap};

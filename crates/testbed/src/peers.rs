@@ -206,6 +206,13 @@ pub fn free_port() -> Result<u16, PeerError> {
     Ok(l.local_addr().map_err(io_err("local_addr"))?.port())
 }
 
+/// A loopback address nobody listens on (a connection to it is refused at once), for tests of
+/// a next hop or backend that is down. As with [`free_port`], another process could take it.
+pub fn refusing_addr() -> std::net::SocketAddr {
+    let port = free_port().expect("a free loopback port");
+    std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Processes
 
