@@ -1304,6 +1304,15 @@ impl OpenSslEngine {
             }
         }
         wipe::wipe(&mut buf);
+        // An engine that read on after its handshake may have taken the first records of a
+        // post-handshake message (a ticket, a KeyUpdate) split over several: OpenSSL is then
+        // back in its handshake state machine, holding that part. The caller's record layer
+        // would take the rest for the start of a message.
+        if !self.stream.ssl().is_init_finished() {
+            return Err(EngineError::InexactExport(
+                "OpenSSL holds part of a post-handshake message",
+            ));
+        }
         let version = self.version().ok_or(EngineError::Unsupported(
             "protocol version other than TLS 1.2/1.3",
         ))?;

@@ -1,0 +1,67 @@
+//! What an export refuses: a session whose next records the caller's record layer could not
+//! take up exactly.
+
+mod common;
+
+use common::{pump, Pki, V13};
+use mbx_engine::{EngineError, OpenSslContext, TlsEngine};
+use mbx_record::{ContentType, RecordSealer};
+
+/// A TLS 1.3 NewSessionTicket (RFC 8446 §4.6.1): lifetime, age add, a one-byte nonce, a
+/// 32-byte ticket, no extensions.
+fn new_session_ticket() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&7200u32.to_be_bytes());
+    body.extend_from_slice(&0x0102_0304u32.to_be_bytes());
+    body.extend_from_slice(&[1, 0]);
+    body.extend_from_slice(&32u16.to_be_bytes());
+    body.extend_from_slice(&[0x5a; 32]);
+    body.extend_from_slice(&0u16.to_be_bytes());
+    let len = u32::try_from(body.len()).unwrap().to_be_bytes();
+    let mut msg = vec![4, len[1], len[2], len[3]];
+    msg.extend_from_slice(&body);
+    msg
+}
+
+/// An engine that reads on after its handshake (not paused, as BlindBox's and the first
+/// demo's are) and has taken the first of two records that carry one post-handshake message
+/// holds that part inside OpenSSL: its export is refused (the record layer would take the
+/// second part for the start of a message). With both parts read, the export goes ahead.
+#[test]
+fn an_export_while_openssl_holds_part_of_a_post_handshake_message_is_refused() {
+    let pki = Pki::new();
+    let client = OpenSslContext::new(&pki.client_config().only(V13)).unwrap();
+    let mut server_cfg = pki.server_config().only(V13);
+    server_cfg.session_tickets = false;
+    let server = OpenSslContext::new(&server_cfg).unwrap();
+    let ticket = new_session_ticket();
+    for whole in [false, true] {
+        let mut c = client.engine().unwrap();
+        let mut s = server.engine().unwrap();
+        pump(&mut c, &mut s).unwrap();
+        assert!(!c.is_handshaking() && !s.is_handshaking());
+        let tx = s.export_session().unwrap().session.tx;
+        let mut sealer = RecordSealer::new(V13, tx.keys, tx.next_seq);
+        let mut records = Vec::new();
+        for part in [&ticket[..10], &ticket[10..]] {
+            sealer
+                .seal(ContentType::HANDSHAKE, part, &mut records)
+                .unwrap();
+        }
+        let first_len = 5 + usize::from(u16::from_be_bytes([records[3], records[4]]));
+        let fed = if whole {
+            &records[..]
+        } else {
+            &records[..first_len]
+        };
+        c.feed(fed);
+        c.process().unwrap();
+        match (whole, c.export_session()) {
+            (true, Ok(h)) => assert_eq!(h.session.rx.next_seq, 2),
+            (false, Err(EngineError::InexactExport(why))) => {
+                assert!(why.contains("post-handshake message"), "{why}")
+            }
+            (_, r) => panic!("whole={whole}: {:?}", r.map(|h| h.session.rx.next_seq)),
+        }
+    }
+}
