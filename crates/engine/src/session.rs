@@ -111,6 +111,16 @@ impl KeyLogSecrets {
     pub(crate) fn client_random(&self) -> Option<[u8; 32]> {
         self.client_random
     }
+
+    /// TLS 1.3 `CLIENT_TRAFFIC_SECRET_0`, once logged.
+    pub(crate) fn client_traffic_0(&self) -> Option<&[u8]> {
+        self.client_traffic_0.as_deref().map(Vec::as_slice)
+    }
+
+    /// TLS 1.3 `SERVER_TRAFFIC_SECRET_0`, once logged.
+    pub(crate) fn server_traffic_0(&self) -> Option<&[u8]> {
+        self.server_traffic_0.as_deref().map(Vec::as_slice)
+    }
 }
 
 /// What an engine knows at the export point.

@@ -1,10 +1,10 @@
-//! What an export refuses: a session whose next records the caller's record layer could not
-//! take up exactly.
+//! What the OpenSSL engine hands a caller's record layer: no export it could not take up
+//! exactly, and a sealed alert at OpenSSL's next sequence number.
 
 mod common;
 
-use common::{pump, Pki, V13};
-use mbx_engine::{EngineError, OpenSslContext, TlsEngine};
+use common::{pump, Pki, V12, V13};
+use mbx_engine::{AlertDescription, EngineError, OpenSslContext, TlsEngine};
 use mbx_record::{ContentType, RecordSealer};
 
 /// A TLS 1.3 NewSessionTicket (RFC 8446 §4.6.1): lifetime, age add, a one-byte nonce, a
@@ -64,4 +64,38 @@ fn an_export_while_openssl_holds_part_of_a_post_handshake_message_is_refused() {
             (_, r) => panic!("whole={whole}: {:?}", r.map(|h| h.session.rx.next_seq)),
         }
     }
+}
+
+/// A TLS 1.3 engine seals a fatal alert under its application traffic keys at OpenSSL's next
+/// sequence number (after the tickets its server sent), which the peer's OpenSSL reads as
+/// that alert; TLS 1.2 and an engine without the key log refuse.
+#[test]
+fn a_sealed_alert_is_read_by_the_peer_as_that_alert() {
+    let pki = Pki::new();
+    let client = OpenSslContext::new(&pki.client_config().only(V13)).unwrap();
+    let server = OpenSslContext::new(&pki.server_config().only(V13)).unwrap();
+    let (mut c, mut s) = (client.engine().unwrap(), server.engine().unwrap());
+    pump(&mut c, &mut s).unwrap();
+    let alert = s
+        .seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE)
+        .unwrap();
+    c.feed(&alert);
+    let err = c.process().unwrap_err().to_string();
+    assert!(err.contains("handshake_failure"), "{err}");
+
+    let server12 = OpenSslContext::new(&pki.server_config().only(V12)).unwrap();
+    let client12 = OpenSslContext::new(&pki.client_config().only(V12)).unwrap();
+    let (mut c, mut s) = (client12.engine().unwrap(), server12.engine().unwrap());
+    pump(&mut c, &mut s).unwrap();
+    assert!(matches!(
+        s.seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE),
+        Err(EngineError::Unsupported(_))
+    ));
+    let plain = OpenSslContext::new(&pki.server_config().only(V13).without_export()).unwrap();
+    let (mut c, mut s) = (client.engine().unwrap(), plain.engine().unwrap());
+    pump(&mut c, &mut s).unwrap();
+    assert!(matches!(
+        s.seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE),
+        Err(EngineError::Unsupported(_))
+    ));
 }

@@ -992,6 +992,46 @@ impl OpenSslEngine {
         ffi::mark_closed(self.stream.ssl());
     }
 
+    /// TLS 1.3, once our Finished is written (the peer's may still be due): a fatal alert
+    /// `description` sealed under our application traffic keys at the next sequence number,
+    /// for a caller that ends the connection for a reason of its own (OpenSSL has no call that
+    /// sends a chosen alert, and after our Finished a plaintext one would not be read). Nothing
+    /// may be written through the engine afterwards. Needs the key log (`exportable`).
+    pub fn seal_fatal_alert(&self, description: AlertDescription) -> Result<Vec<u8>, EngineError> {
+        self.check_usable()?;
+        if self.handshake_version() != Some(TlsVersion::Tls13) {
+            return Err(EngineError::Unsupported("a sealed alert outside TLS 1.3"));
+        }
+        if !self.exportable {
+            return Err(EngineError::Unsupported(
+                "a sealed alert on an engine built without export",
+            ));
+        }
+        let cipher = self
+            .stream
+            .ssl()
+            .current_cipher()
+            .ok_or(EngineError::HandshakeIncomplete)?;
+        let suite_id = u16::from_be_bytes(cipher.protocol_id());
+        let suite = mbx_record::CipherSuite::from_id(suite_id)
+            .ok_or(EngineError::UnsupportedSuite(suite_id))?;
+        let st = lock(&self.state);
+        let seq = st.tx.next_seq(TlsVersion::Tls13)?;
+        let secret = match self.role {
+            Role::Client => st.secrets.client_traffic_0(),
+            Role::Server => st.secrets.server_traffic_0(),
+        }
+        .ok_or(EngineError::MissingSecret("our TLS 1.3 traffic secret"))?;
+        let keys = mbx_record::tls13::traffic_keys(&suite, secret)?;
+        let mut record = Vec::new();
+        RecordSealer::new(TlsVersion::Tls13, keys, seq).seal(
+            ContentType::ALERT,
+            &[2, description.0],
+            &mut record,
+        )?;
+        Ok(record)
+    }
+
     /// Whether OpenSSL failed the connection (it then sent its own alert, when it had one).
     pub fn has_failed(&self) -> bool {
         self.failed

@@ -138,7 +138,7 @@ impl ServerHandshake {
             Ok(())
         });
         if r.is_err() {
-            self.core.alert_in_the_clear();
+            self.core.alert_on_own_failure();
         }
         r
     }
