@@ -866,6 +866,25 @@ fn client(
     })
 }
 
+/// An address used only when a connection comes (a next hop, a backend, a first hop), checked
+/// at the start: `host:port`, the host a name, an IPv4 address or an IPv6 address in brackets.
+fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
+    let example = "e.g. 127.0.0.1:8080, backend.example:80 or [::1]:8080";
+    let (host, port) = addr
+        .rsplit_once(':')
+        .with_context(|| format!("{setting} {addr:?} has no port: give host:port ({example})"))?;
+    ensure!(
+        port.parse::<u16>().is_ok_and(|p| p != 0),
+        "{setting} {addr:?}: the port must be a number from 1 to 65535 ({example})"
+    );
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    ensure!(
+        !host.is_empty() && (bracketed || !host.contains([':', '[', ']'])),
+        "{setting} {addr:?}: give host:port, an IPv6 address in brackets ({example})"
+    );
+    Ok(())
+}
+
 /// The first hop only passes a close or a reset on (in the handshake too, e.g. when the
 /// server behind a middlebox is down): who ended the session, and why, is in the
 /// middleboxes' and the server's reports.
@@ -1023,7 +1042,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         "no_client_middleboxes excludes middlebox names, an allow-list and max_discovered"
     );
     let first_hop = match &s.middlebox {
-        Some(m) => m.clone(),
+        Some(m) => {
+            check_host_port("middlebox", m)?;
+            m.clone()
+        }
         None if names.is_empty() => {
             if authority.contains(':') {
                 authority.clone()
@@ -1575,7 +1597,10 @@ fn middlebox_setup(
             .context("middlebox TLS configuration")?,
         next_hop: match (&s.next_hop, s.transparent) {
             (Some(_), true) => bail!("give next_hop or transparent, not both"),
-            (Some(addr), false) => NextHop::Address(addr.clone()),
+            (Some(addr), false) => {
+                check_host_port("next_hop", addr)?;
+                NextHop::Address(addr.clone())
+            }
             (None, true) => NextHop::OriginalDestination,
             (None, false) => bail!("give the next hop (--next-hop) or --transparent"),
         },
@@ -2357,7 +2382,10 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
             policy,
             now_unix: 0,
         },
-        backend: s.backend.clone(),
+        backend: {
+            check_host_port("backend", &s.backend)?;
+            s.backend.clone()
+        },
         limits: s.service.limits()?,
         backend_unavailable: Some(BAD_GATEWAY.to_vec()),
     };
@@ -2584,6 +2612,34 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Addresses used only when a connection comes are checked at the start (a backend
+    /// without a port was accepted, then every session failed with "invalid socket address").
+    #[test]
+    fn addresses_used_later_need_host_and_port() {
+        for good in [
+            "127.0.0.1:8080",
+            "backend.example:80",
+            "[::1]:8080",
+            "[fe80::1%eth0]:1",
+        ] {
+            check_host_port("backend", good).unwrap();
+        }
+        for (bad, says) in [
+            ("localhost", "has no port"),
+            ("127.0.0.1", "has no port"),
+            ("127.0.0.1:0", "from 1 to 65535"),
+            ("h:99999", "from 1 to 65535"),
+            ("h:x", "from 1 to 65535"),
+            ("::1", "in brackets"),
+            ("a:b:80", "in brackets"),
+            (":80", "in brackets"),
+            ("[]:80", "in brackets"),
+        ] {
+            let err = check_host_port("backend", bad).unwrap_err().to_string();
+            assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn a_session_left_without_close_notify_is_told_from_a_clean_one() {
