@@ -112,14 +112,14 @@ impl KeyLogSecrets {
         self.client_random
     }
 
-    /// TLS 1.3 `CLIENT_TRAFFIC_SECRET_0`, once logged.
-    pub(crate) fn client_traffic_0(&self) -> Option<&[u8]> {
-        self.client_traffic_0.as_deref().map(Vec::as_slice)
-    }
-
-    /// TLS 1.3 `SERVER_TRAFFIC_SECRET_0`, once logged.
-    pub(crate) fn server_traffic_0(&self) -> Option<&[u8]> {
-        self.server_traffic_0.as_deref().map(Vec::as_slice)
+    /// TLS 1.3: the traffic secret `role` writes with, once logged (a server logs its own
+    /// with its Finished, the client's only once that Finished arrives).
+    pub(crate) fn own_traffic_0(&self, role: crate::Role) -> Option<&[u8]> {
+        let secret = match role {
+            crate::Role::Client => &self.client_traffic_0,
+            crate::Role::Server => &self.server_traffic_0,
+        };
+        secret.as_deref().map(Vec::as_slice)
     }
 }
 

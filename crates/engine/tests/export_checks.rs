@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pump, Pki, V12, V13};
+use common::{pump, Pki, SUITES, V13};
 use mbx_engine::{AlertDescription, EngineError, OpenSslContext, TlsEngine};
 use mbx_record::{ContentType, RecordSealer};
 
@@ -66,36 +66,38 @@ fn an_export_while_openssl_holds_part_of_a_post_handshake_message_is_refused() {
     }
 }
 
-/// A TLS 1.3 engine seals a fatal alert under its application traffic keys at OpenSSL's next
-/// sequence number (after the tickets its server sent), which the peer's OpenSSL reads as
-/// that alert; TLS 1.2 and an engine without the key log refuse.
+/// After the handshake an engine seals a fatal alert under its write keys at OpenSSL's next
+/// sequence number (after the tickets its server sent), which the peer's OpenSSL reads as that
+/// alert, with each version and AEAD; without the key log a TLS 1.3 engine refuses.
 #[test]
 fn a_sealed_alert_is_read_by_the_peer_as_that_alert() {
     let pki = Pki::new();
+    for (version, suite) in SUITES {
+        let client = OpenSslContext::new(&pki.client_config().only(version)).unwrap();
+        let mut server_cfg = pki.server_config().only(version);
+        server_cfg.cipher_suites = vec![suite];
+        let server = OpenSslContext::new(&server_cfg).unwrap();
+        let (mut c, mut s) = (client.engine().unwrap(), server.engine().unwrap());
+        pump(&mut c, &mut s).unwrap();
+        // One record more under the same keys, so that the sequence number is not 0.
+        s.write_plaintext(b"first").unwrap();
+        let alert = s.fatal_alert(AlertDescription::HANDSHAKE_FAILURE).unwrap();
+        let mut records = s.take_outgoing();
+        records.extend_from_slice(&alert);
+        c.feed(&records);
+        let err = c.process().unwrap_err().to_string();
+        assert!(
+            err.contains("handshake_failure"),
+            "{version:?} {suite:#x}: {err}"
+        );
+        assert_eq!(c.take_plaintext(), b"first");
+    }
     let client = OpenSslContext::new(&pki.client_config().only(V13)).unwrap();
-    let server = OpenSslContext::new(&pki.server_config().only(V13)).unwrap();
-    let (mut c, mut s) = (client.engine().unwrap(), server.engine().unwrap());
-    pump(&mut c, &mut s).unwrap();
-    let alert = s
-        .seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE)
-        .unwrap();
-    c.feed(&alert);
-    let err = c.process().unwrap_err().to_string();
-    assert!(err.contains("handshake_failure"), "{err}");
-
-    let server12 = OpenSslContext::new(&pki.server_config().only(V12)).unwrap();
-    let client12 = OpenSslContext::new(&pki.client_config().only(V12)).unwrap();
-    let (mut c, mut s) = (client12.engine().unwrap(), server12.engine().unwrap());
-    pump(&mut c, &mut s).unwrap();
-    assert!(matches!(
-        s.seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE),
-        Err(EngineError::Unsupported(_))
-    ));
     let plain = OpenSslContext::new(&pki.server_config().only(V13).without_export()).unwrap();
     let (mut c, mut s) = (client.engine().unwrap(), plain.engine().unwrap());
     pump(&mut c, &mut s).unwrap();
     assert!(matches!(
-        s.seal_fatal_alert(AlertDescription::HANDSHAKE_FAILURE),
+        s.fatal_alert(AlertDescription::HANDSHAKE_FAILURE),
         Err(EngineError::Unsupported(_))
     ));
 }

@@ -317,13 +317,15 @@ async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions()
     }
 }
 
-/// A server that refuses its own middlebox (here: a measurement its policy does not list)
-/// tells the legacy client with a fatal `handshake_failure` alert, which the refused middlebox
-/// passes on: curl reports the alert instead of an empty reply. TLS 1.2: in the clear; TLS 1.3:
-/// under the server's application traffic keys (twenty-fifth round; before, the TLS 1.3 client
-/// saw only a close).
+/// A server that refuses its own middlebox (here: a measurement its policy does not list), or
+/// finds the middlebox it requires missing (a client that came straight to it), tells the
+/// legacy client with a fatal `handshake_failure` alert, which a refused middlebox passes on:
+/// curl reports the alert instead of an empty reply. TLS 1.2: in plaintext before the
+/// server's ChangeCipherSpec, sealed under the session's keys after it; TLS 1.3: under the
+/// server's application traffic keys (twenty-fifth round; before, a TLS 1.3 client and a TLS
+/// 1.2 client whose server had sent its Finished saw only a close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_legacy_client_is_told_when_the_server_refuses_its_middlebox_both_versions() {
+async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
@@ -331,26 +333,30 @@ async fn a_legacy_client_is_told_when_the_server_refuses_its_middlebox_both_vers
         cfg.handshake.policy.measurements =
             vec![HexBytes(measure("another program", b"").to_vec())];
         let (mut server, mb2) = w.server_behind_mb2_with(cfg).await;
-        let port = mb2.local_addr().port();
-        let ca = w.server_files.ca.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            Curl::new(&format!("https://server.test:{port}/refused"))
-                .cacert(ca)
-                .resolve("server.test", port, "127.0.0.1".parse().unwrap())
-                .version(tb(version))
-                .run()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        assert_ne!(out.exit_code, Some(0), "{version:?}: {}", out.verbose);
-        assert!(
-            out.verbose.contains("alert handshake failure"),
-            "{version:?}: {}",
-            out.verbose
-        );
-        let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
-        assert!(report.outcome.is_err(), "{report:?}");
+        let through_mb2 = mb2.local_addr().port();
+        let straight = server.local_addr().port();
+        for (port, case) in [(through_mb2, "refused"), (straight, "missing")] {
+            let ca = w.server_files.ca.clone();
+            let out = tokio::task::spawn_blocking(move || {
+                Curl::new(&format!("https://server.test:{port}/{case}"))
+                    .cacert(ca)
+                    .resolve("server.test", port, "127.0.0.1".parse().unwrap())
+                    .version(tb(version))
+                    .run()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            let what = format!("{version:?} {case}");
+            assert_ne!(out.exit_code, Some(0), "{what}: {}", out.verbose);
+            assert!(
+                out.verbose.contains("alert handshake failure"),
+                "{what}: {}",
+                out.verbose
+            );
+            let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+            assert!(report.outcome.is_err(), "{what}: {report:?}");
+        }
     }
 }
 

@@ -41,7 +41,7 @@ const HS_NEW_SESSION_TICKET: u8 = 4;
 /// Finished of each side). So the records reported after it are exactly those of the new epoch.
 /// (TLS 1.3 compatibility CCS records are unprotected and take no sequence number; they are not
 /// counted as application_data records.)
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 struct EpochCounter {
     /// Records (any type) since the last ChangeCipherSpec: the TLS 1.2 sequence number.
     since_ccs: u64,
@@ -992,41 +992,83 @@ impl OpenSslEngine {
         ffi::mark_closed(self.stream.ssl());
     }
 
-    /// TLS 1.3, once our Finished is written (the peer's may still be due): a fatal alert
-    /// `description` sealed under our application traffic keys at the next sequence number,
-    /// for a caller that ends the connection for a reason of its own (OpenSSL has no call that
-    /// sends a chosen alert, and after our Finished a plaintext one would not be read). Nothing
-    /// may be written through the engine afterwards. Needs the key log (`exportable`).
-    pub fn seal_fatal_alert(&self, description: AlertDescription) -> Result<Vec<u8>, EngineError> {
+    /// A fatal alert `description` as the peer reads it at this point, for a caller that ends
+    /// the connection for a reason of its own (OpenSSL has no call that sends a chosen alert).
+    /// In plaintext while our writes are (TLS 1.2 before our ChangeCipherSpec); otherwise
+    /// sealed under our current write keys at OpenSSL's next sequence number (TLS 1.2 after
+    /// our ChangeCipherSpec, TLS 1.3 after our Finished: the keys come from the session or
+    /// the key log, so the engine must be `exportable`). TLS 1.3 between our ServerHello and
+    /// our Finished, after a renegotiation or a KeyUpdate: an error. Nothing may be written
+    /// through the engine afterwards.
+    pub fn fatal_alert(&self, description: AlertDescription) -> Result<Vec<u8>, EngineError> {
         self.check_usable()?;
-        if self.handshake_version() != Some(TlsVersion::Tls13) {
-            return Err(EngineError::Unsupported("a sealed alert outside TLS 1.3"));
+        let payload = [2, description.0];
+        let version = self.handshake_version();
+        let tx = lock(&self.state).tx.clone();
+        let in_the_clear = match version {
+            None => true,
+            Some(TlsVersion::Tls12) => tx.ccs_seen == 0,
+            Some(TlsVersion::Tls13) => false,
+        };
+        if in_the_clear {
+            let mut record = Vec::with_capacity(7);
+            // Two bytes always fit a record.
+            mbx_wire::record::encode_record(ContentType::ALERT, 0x0303, &payload, &mut record)
+                .map_err(|_| EngineError::State("alert record"))?;
+            return Ok(record);
         }
+        let version = version.ok_or(EngineError::HandshakeIncomplete)?;
         if !self.exportable {
             return Err(EngineError::Unsupported(
                 "a sealed alert on an engine built without export",
             ));
         }
-        let cipher = self
-            .stream
-            .ssl()
+        let ssl = self.stream.ssl();
+        let cipher = ssl
             .current_cipher()
             .ok_or(EngineError::HandshakeIncomplete)?;
-        let suite_id = u16::from_be_bytes(cipher.protocol_id());
-        let suite = mbx_record::CipherSuite::from_id(suite_id)
-            .ok_or(EngineError::UnsupportedSuite(suite_id))?;
-        let st = lock(&self.state);
-        let seq = st.tx.next_seq(TlsVersion::Tls13)?;
-        let secret = match self.role {
-            Role::Client => st.secrets.client_traffic_0(),
-            Role::Server => st.secrets.server_traffic_0(),
+        let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
+        if ssl.client_random(&mut client_random) != 32
+            || ssl.server_random(&mut server_random) != 32
+        {
+            return Err(EngineError::InexactExport("hello randoms unavailable"));
         }
-        .ok_or(EngineError::MissingSecret("our TLS 1.3 traffic secret"))?;
-        let keys = mbx_record::tls13::traffic_keys(&suite, secret)?;
+        let suite_id = u16::from_be_bytes(cipher.protocol_id());
+        let keys = match version {
+            // The master secret gives both directions' keys.
+            TlsVersion::Tls12 => {
+                derive_session(ExportInputs {
+                    role: self.role,
+                    version,
+                    suite_id,
+                    client_random,
+                    server_random,
+                    secrets: &tls12_secrets(ssl, &client_random)?,
+                    tx_seq: 0,
+                    rx_seq: 0,
+                })?
+                .tx
+                .keys
+            }
+            // Only ours: a server that waits for the client's Finished has not logged the
+            // client's secret yet.
+            TlsVersion::Tls13 => {
+                let suite = mbx_record::CipherSuite::from_id(suite_id)
+                    .ok_or(EngineError::UnsupportedSuite(suite_id))?;
+                let st = lock(&self.state);
+                let secret = st
+                    .secrets
+                    .own_traffic_0(self.role)
+                    .ok_or(EngineError::MissingSecret("our TLS 1.3 traffic secret"))?;
+                mbx_record::tls13::traffic_keys(&suite, secret)?
+            }
+        };
         let mut record = Vec::new();
-        RecordSealer::new(TlsVersion::Tls13, keys, seq).seal(
+        // TLS 1.2 AES-GCM: the explicit nonce is the sequence number, while OpenSSL counts
+        // from a random start, so the two meet with a chance of about 2^-64 per record.
+        RecordSealer::new(version, keys, tx.next_seq(version)?).seal(
             ContentType::ALERT,
-            &[2, description.0],
+            &payload,
             &mut record,
         )?;
         Ok(record)

@@ -17,7 +17,7 @@ use super::outbox::Outbox;
 use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
 use super::reports::Pending;
-use super::{DriverError, Limits, CLOSE_GRACE};
+use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -741,7 +741,30 @@ async fn relay(
         )
     })
     .await;
+    let timed_out = matches!(
+        result,
+        Err(DriverError::HandshakeTimeout(_) | DriverError::IdleTimeout(_))
+    );
+    if result.is_err() && !timed_out && !conn.hs.keys_installed() {
+        // A handshake that failed (not one that stalled): see FAILED_HANDSHAKE_LINGER.
+        let _ = tokio::time::timeout(FAILED_HANDSHAKE_LINGER, async {
+            use tokio::io::AsyncWriteExt as _;
+            let _ = tokio::join!(client_w.shutdown(), server_w.shutdown());
+            tokio::join!(
+                discard_until_eof(&mut client_r),
+                discard_until_eof(&mut server_r)
+            );
+        })
+        .await;
+    }
     result
+}
+
+/// Reads and drops what `r` still delivers until its end or an error.
+async fn discard_until_eof(r: &mut (impl tokio::io::AsyncRead + Unpin)) {
+    use tokio::io::AsyncReadExt as _;
+    let mut sink = vec![0u8; 4096];
+    while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 #[cfg(test)]

@@ -53,6 +53,13 @@ pub(crate) const READ_BUF: usize = 32 * 1024;
 /// to leave before the sockets are dropped anyway.
 pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// After a handshake that failed with an alert to pass on: how long a middlebox or server keeps
+/// reading (and dropping) what its peers still send before it closes, so that a peer still
+/// sending (a TLS 1.3 client's Finished and first request follow the server's flight at once)
+/// is not answered with a reset, which would discard the alert its kernel holds unread. Ends
+/// sooner when the peers close; short, since the connection holds its slot meanwhile.
+pub(crate) const FAILED_HANDSHAKE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long a middlebox or server gives a connection to finish the mbTLS handshake (from the
 /// TCP accept to the data phase, or, at a middlebox, until it knows it stays out of the
 /// session) before it closes it: a peer that connects and then sends nothing, or stalls

@@ -3,7 +3,7 @@
 //! local HTTP server) and its answers back, both directions at once.
 
 use std::net::SocketAddr;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -14,7 +14,7 @@ use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
 use super::reports::{Absorb, Pending};
 use super::splice::{reset_when_closed, splice, Carried, EndpointSession, Sides};
-use super::{DriverError, Limits, CLOSE_GRACE, READ_BUF};
+use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
 /// What an mbTLS server needs.
@@ -234,6 +234,10 @@ async fn run(
             .await
             .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))
             .and_then(|f| f);
+        if r.is_err() && flushed.is_ok() {
+            // The alert just written must reach the client before the connection ends.
+            close_reading_the_rest(&mut stream, &[], FAILED_HANDSHAKE_LINGER).await;
+        }
         r?;
         session.events()?;
         flushed?;
@@ -283,10 +287,8 @@ const SIDES: Sides = Sides {
     writing_plain: "writing to the backend",
 };
 
-/// Best effort, for a session that fails anyway: `answer`, our close_notify and the end of
-/// our stream, then what the client still sends is read and dropped until it closes (within
-/// the close grace): closing with its request unread would reset the connection, and the
-/// reset could overtake the answer.
+/// Best effort, for a session that fails anyway: `answer` and our close_notify, then
+/// [`close_reading_the_rest`].
 async fn answer_and_close(
     session: &mut Session<ServerHandshake>,
     stream: &mut TcpStream,
@@ -296,8 +298,16 @@ async fn answer_and_close(
         return;
     }
     let out = session.take_outgoing();
-    let _ = timeout(CLOSE_GRACE, async {
-        stream.write_all(&out).await?;
+    close_reading_the_rest(stream, &out, CLOSE_GRACE).await;
+}
+
+/// Best effort, for a session that fails anyway: `out`, then the end of our stream, then what
+/// the peer still sends is read and dropped until it closes (within `grace`). Closing with
+/// bytes unread (a TLS 1.3 client's request follows its Finished at once) would reset the
+/// connection, and the reset could overtake what we sent last (an answer, an alert).
+async fn close_reading_the_rest(stream: &mut TcpStream, out: &[u8], grace: Duration) {
+    let _ = timeout(grace, async {
+        stream.write_all(out).await?;
         stream.shutdown().await?;
         // On the heap: an array here would sit in every session's future, which an idle
         // session holds (measured: 2.8 KB more per idle session).

@@ -496,13 +496,13 @@ impl EndpointCore {
         r
     }
 
-    /// A server whose handshake failed on its side (a middlebox refused, a record it cannot
-    /// take) after its ServerHello went out, before the data phase: a fatal `handshake_failure`
-    /// alert, so that a legacy client learns the session was refused instead of seeing a
-    /// close. TLS 1.2 while the primary handshake is still in the clear (a full handshake, its
-    /// ChangeCipherSpec not yet sent): in plaintext, as the client expects then. TLS 1.3:
-    /// sealed under the server's application traffic keys, which follow its Finished in the
-    /// same flight. An engine that failed sent its own alert.
+    /// A server whose handshake failed on its side (a middlebox refused or missing, a record it
+    /// cannot take) after its ServerHello went out, before the data phase: a fatal
+    /// `handshake_failure` alert, so that a legacy client learns the session was refused
+    /// instead of seeing a close; as the client reads it then (TLS 1.2: in plaintext before
+    /// our ChangeCipherSpec, sealed after it; TLS 1.3: sealed under the server's application
+    /// traffic keys, which follow its Finished in the same flight). An engine that failed sent
+    /// its own alert.
     pub(super) fn alert_on_own_failure(&mut self) {
         let Some(primary) = self.primary.as_ref() else {
             return;
@@ -510,27 +510,10 @@ impl EndpointCore {
         if !self.primary_spoke || primary.has_failed() || self.data.is_some() {
             return;
         }
-        let alert = crate::hop::Alert::fatal(mbx_engine::AlertDescription::HANDSHAKE_FAILURE);
-        match primary.handshake_version() {
-            Some(mbx_record::TlsVersion::Tls12)
-                if primary.is_handshaking() && !primary.session_reused() =>
-            {
-                // Two bytes always fit a record.
-                let _ = mbx_wire::record::encode_record(
-                    mbx_record::ContentType::ALERT,
-                    version::TLS1_2,
-                    &alert.encode(),
-                    &mut self.out,
-                );
-            }
-            Some(mbx_record::TlsVersion::Tls13) => {
-                // Without the key log (a session made without export) there is no key to
-                // seal with: the peer sees the close alone, as before.
-                if let Ok(record) = primary.seal_fatal_alert(alert.description) {
-                    self.out.extend_from_slice(&record);
-                }
-            }
-            _ => {}
+        // Without the key log (a session made without export) there is no key to seal with:
+        // the peer then sees the close alone.
+        if let Ok(record) = primary.fatal_alert(mbx_engine::AlertDescription::HANDSHAKE_FAILURE) {
+            self.out.extend_from_slice(&record);
         }
     }
 
