@@ -845,7 +845,7 @@ fn client(
                     // The driver's message names every cause already: no source chain on top.
                     .map_err(|e| {
                         let hint = ended_behind_hint(&e);
-                        let fix = attestation_fix(&e);
+                        let fix = fix_hint(&e);
                         anyhow::anyhow!(
                             "mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}"
                         )
@@ -902,15 +902,21 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
     }
 }
 
-/// The flag that would accept what a middlebox's evidence showed, when the policy refused it
-/// for a reason one flag changes (an operator setting up a client meets these one at a time).
-fn attestation_fix(e: &mbx_mbtls::driver::DriverError) -> String {
+/// What would fix a refusal: the flag that would accept what a middlebox's evidence showed,
+/// when the policy refused it for a reason one flag changes (an operator setting up a client
+/// meets these one at a time), or where a middlebox that did not join belongs.
+fn fix_hint(e: &mbx_mbtls::driver::DriverError) -> String {
     use mbx_attest::AttestError;
     use mbx_mbtls::driver::DriverError;
     use mbx_mbtls::handshake::HandshakeError;
     let DriverError::Handshake(h) = e else {
         return String::new();
     };
+    if matches!(h.cause(), HandshakeError::NotJoined) {
+        return " (the client's middleboxes are started without --server-side, and --middlebox \
+                 is the address of the first one)"
+            .into();
+    }
     let HandshakeError::Attestation(a) = h.cause() else {
         return String::new();
     };

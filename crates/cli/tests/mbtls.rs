@@ -915,6 +915,30 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_client_middleboxes excludes"));
 
+    // A client that takes the server-side middlebox for one of its own: the error names it and
+    // says where it belongs, as does the server's report (found in a user trial: "protocol
+    // violation: a pre-configured middlebox did not join").
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/wrong-side"])
+        .args(["--middlebox", &mb_addr, "--middlebox-name", "mb2.test"])
+        .arg("--middlebox-ca")
+        .arg(&server.ca)
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("middlebox mb2.test: a pre-configured middlebox did not join")
+            && err.contains("started without --server-side"),
+        "{err}"
+    );
+    let mb_report = mb_lines.next().unwrap().unwrap();
+    assert!(!mb_report.contains("keys installed"), "{mb_report}");
+    let srv_report = srv_lines.next().unwrap().unwrap();
+    assert!(srv_report.contains("ended with error"), "{srv_report}");
+
     // A peer that connects and sends nothing is closed after --handshake-timeout-secs by the
     // middlebox (which closes its connection to the server too) and by the server.
     let silent_peer_is_closed = |addr: &str| {

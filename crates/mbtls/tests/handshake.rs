@@ -851,7 +851,11 @@ fn missing_preconfigured_middlebox_fails_the_handshake() {
             }
         }
         assert!(
-            matches!(err, Some(HandshakeError::Protocol(m)) if m.contains("did not join")),
+            matches!(
+                &err,
+                Some(HandshakeError::Middlebox { name, inner })
+                    if name == "mb.test" && matches!(**inner, HandshakeError::NotJoined)
+            ),
             "{version:?}: {err:?}"
         );
         assert!(!client.data_phase_started());

@@ -381,6 +381,9 @@ pub(super) struct EndpointCore {
     approver: Option<Approver>,
     /// How many middleboxes must join (pre-configured); 0 when discovered.
     required: usize,
+    /// A server's pre-configured middleboxes in the order they announce themselves (named in
+    /// the error when one is missing; a client's slots carry their names).
+    pub(super) expected_names: Vec<String>,
     pub(super) primary: Option<OpenSslEngine>,
     /// Our middleboxes' secondary sessions, by subchannel.
     pub(super) slots: Vec<Slot>,
@@ -428,6 +431,7 @@ impl EndpointCore {
             now_unix,
             approver,
             required,
+            expected_names: Vec::new(),
             primary,
             slots: Vec::new(),
             out: Vec::new(),
@@ -592,9 +596,21 @@ impl EndpointCore {
             .filter(|s| s.state != Secondary::Waiting)
             .count();
         if self.preconfigured() && spoke < self.required {
-            return Err(HandshakeError::Protocol(
-                "a pre-configured middlebox did not join",
-            ));
+            // A client's slots carry their names from the start; a server's are made as its
+            // middleboxes announce themselves, so the first missing one is next in its list.
+            let missing = self
+                .slots
+                .iter()
+                .find(|s| s.state == Secondary::Waiting)
+                .and_then(|s| s.name.clone())
+                .or_else(|| self.expected_names.get(spoke).cloned());
+            return Err(match missing {
+                Some(name) => HandshakeError::Middlebox {
+                    name,
+                    inner: Box::new(HandshakeError::NotJoined),
+                },
+                None => HandshakeError::NotJoined,
+            });
         }
         for slot in &mut self.slots {
             if slot.state == Secondary::Waiting {

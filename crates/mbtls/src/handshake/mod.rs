@@ -113,6 +113,15 @@ pub enum HandshakeError {
     Protocol(&'static str),
     #[error("configuration: {0}")]
     Config(&'static str),
+    /// A pre-configured middlebox had not spoken when the primary handshake ended: it is not
+    /// on the path, or it serves the other side (named in a [`Middlebox`](Self::Middlebox)
+    /// error when its name is known).
+    #[error(
+        "a pre-configured middlebox did not join: it is not on the path, or it serves the \
+         other side (a client-side middlebox answers the client's hello, a server-side one \
+         announces itself to the server)"
+    )]
+    NotJoined,
     /// A resumed secondary session relies on an earlier check that no longer holds.
     #[error("resumed secondary session: {0}")]
     Resumed(&'static str),

@@ -84,7 +84,7 @@ impl ServerHandshake {
                 (Some(a.clone()), 0)
             }
         };
-        let core = EndpointCore::new(
+        let mut core = EndpointCore::new(
             Role::Server,
             cfg.policy.clone(),
             cfg.now_unix,
@@ -92,6 +92,11 @@ impl ServerHandshake {
             required,
             None,
         );
+        core.expected_names = match &cfg.middlebox {
+            ServerMiddlebox::Preconfigured(name) => vec![name.clone()],
+            ServerMiddlebox::PreconfiguredPath(names) => names.clone(),
+            _ => Vec::new(),
+        };
         Ok(ServerHandshake {
             cfg,
             core,
