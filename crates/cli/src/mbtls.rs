@@ -892,6 +892,8 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
     use mbx_mbtls::driver::DriverError;
     let ended_behind = match e {
         DriverError::PeerGone { .. } => true,
+        // A fatal alert from the path: the server's or a middlebox's refusal.
+        DriverError::Alert { what, .. } => *what == mbx_mbtls::driver::RECEIVED_FROM_THE_PATH,
         DriverError::Io { source, .. } => source.kind() == std::io::ErrorKind::ConnectionReset,
         _ => false,
     };
@@ -1164,8 +1166,9 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
             }
         }
     }
+    // The client knows only its own side: a server-side middlebox may well have joined.
     if c.verdicts().is_empty() {
-        println!("attestation: no middlebox took part");
+        println!("attestation: no client-side middlebox took part");
     }
     for v in in_path_order(c.verdicts(), names) {
         println!("attestation: {}", verdict_text(v, true));
@@ -1267,6 +1270,8 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
                 None => format!("{who} was excluded: {why}"),
             }
         }
+        // `long` is the client's report, which knows only its own side.
+        MiddleboxVerdict::Direct if long => "no client-side middlebox took part".to_string(),
         MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
     }
 }
@@ -2618,6 +2623,28 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A close, a reset or a fatal alert from the path points at the other parties' report
+    /// lines; an alert we sent ourselves does not.
+    #[test]
+    fn what_the_path_ended_points_at_its_report_lines() {
+        use mbx_mbtls::driver::{DriverError, RECEIVED_FROM_THE_PATH};
+        let from_path = DriverError::Alert {
+            description: 40,
+            what: RECEIVED_FROM_THE_PATH,
+        };
+        let text = format!("{from_path}{}", ended_behind_hint(&from_path));
+        assert_eq!(
+            text,
+            "session ended with alert handshake_failure(40) (received from the path); a \
+             middlebox or the server ended the session (their report lines say why)"
+        );
+        let ours = DriverError::Alert {
+            description: 20,
+            what: "sent",
+        };
+        assert_eq!(ended_behind_hint(&ours), "");
+    }
 
     /// Addresses used only when a connection comes are checked at the start (a backend
     /// without a port was accepted, then every session failed with "invalid socket address").

@@ -891,6 +891,8 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             "no client-side middleboxes: the session's keys stay inside OpenSSL",
             &format!("path: client -> server.test ({mb_addr})"),
             "hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side): no fingerprint",
+            // The server-side middlebox joined: the client can only speak for its side.
+            "attestation: no client-side middlebox took part",
             "GET /direct HTTP/1.1",
             "X-Mbtls: mb2.test",
         ] {
@@ -1156,7 +1158,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     for expected in [
         "hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side): no fingerprint",
-        "attestation: no middlebox took part",
+        "attestation: no client-side middlebox took part",
         "status: HTTP/1.1 200 OK",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");

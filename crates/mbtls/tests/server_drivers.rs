@@ -357,6 +357,21 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
             let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
             assert!(report.outcome.is_err(), "{what}: {report:?}");
         }
+        // An mbTLS client with no middlebox of its own reads the alert, named.
+        let cfg = w.client_without_middleboxes(version);
+        let connected = timeout(BOUND, MbtlsClient::connect(mb2.local_addr(), cfg))
+            .await
+            .unwrap();
+        let err = match connected {
+            Err(e) => e.to_string(),
+            Ok(mut c) => timeout(BOUND, c.read_to_end())
+                .await
+                .unwrap()
+                .unwrap_err()
+                .to_string(),
+        };
+        assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
+        timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     }
 }
 

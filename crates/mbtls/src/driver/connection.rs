@@ -157,7 +157,7 @@ impl<H: EndpointHandshake> Session<H> {
                     self.peer_key_updates = self.peer_key_updates.saturating_add(1)
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::PeerAlert(a)) => {
-                    return Err(DriverError::alert(a, "received from the path"))
+                    return Err(DriverError::alert(a, super::RECEIVED_FROM_THE_PATH))
                 }
                 ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what }) => {
                     return Err(DriverError::alert(alert, what))

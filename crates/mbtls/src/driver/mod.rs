@@ -146,7 +146,10 @@ pub enum DriverError {
         when: &'static str,
     },
     /// The session ended with a fatal alert (received, or sent by us).
-    #[error("session ended with alert {description} ({what})")]
+    #[error(
+        "session ended with alert {} ({what})",
+        mbx_engine::AlertDescription(*.description)
+    )]
     Alert { description: u8, what: &'static str },
     /// The data phase ended abnormally (bad record, alert, app verdict).
     #[error("relay: {0}")]
@@ -178,6 +181,10 @@ impl DriverError {
         }
     }
 }
+
+/// [`DriverError::Alert`]'s `what` for a fatal alert that came from the path (the peer, or a
+/// middlebox on the way), not one we sent.
+pub const RECEIVED_FROM_THE_PATH: &str = "received from the path";
 
 /// Hex of a key fingerprint, as printed by the CLI and logs.
 pub fn fingerprint_hex(fp: &[u8; 8]) -> String {
