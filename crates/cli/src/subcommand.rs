@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 use mbx_record::TlsVersion;
 
 /// Sets `key` in a config table when a flag gave it (flags win over the config file).
@@ -55,6 +55,11 @@ pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8
             PemKind::PrivateKey if bytes.windows(16).any(|w| w == b"CERTIFICATE-----") => {
                 " (it holds a certificate: certificate and key swapped?)"
             }
+            PemKind::Certificates
+                if bytes.windows(24).any(|w| w == b"CERTIFICATE REQUEST-----") =>
+            {
+                " (it holds a certificate signing request: give the certificate issued for it)"
+            }
             _ => "",
         };
         bail!("{what} {} holds {holds}{other}", path.display());
@@ -62,15 +67,26 @@ pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8
     Ok(bytes)
 }
 
-/// A service's certificate chain and private key, each checked to hold PEM of its kind.
+/// A service's certificate chain and private key, each checked to hold PEM of its kind, and
+/// the key checked to be the certificate's (OpenSSL's own message names neither file).
 pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_engine::Identity> {
+    let cert_chain_pem = read_pem(certificate, "certificate", PemKind::Certificates)?;
+    let key_pem =
+        zeroize::Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?);
+    // What does not parse is left to the TLS library, which says why.
+    let leaf_key = openssl::x509::X509::from_pem(&cert_chain_pem).and_then(|c| c.public_key());
+    let key = openssl::pkey::PKey::private_key_from_pem(&key_pem);
+    if let (Ok(leaf_key), Ok(key)) = (leaf_key, key) {
+        ensure!(
+            leaf_key.public_eq(&key),
+            "private key {} does not belong to certificate {} (their public keys differ)",
+            private_key.display(),
+            certificate.display()
+        );
+    }
     Ok(mbx_engine::Identity {
-        cert_chain_pem: read_pem(certificate, "certificate", PemKind::Certificates)?,
-        key_pem: zeroize::Zeroizing::new(read_pem(
-            private_key,
-            "private key",
-            PemKind::PrivateKey,
-        )?),
+        cert_chain_pem,
+        key_pem,
     })
 }
 

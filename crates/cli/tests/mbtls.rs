@@ -2232,7 +2232,7 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
 #[test]
 fn pem_files_of_the_wrong_kind_are_named() {
     use std::ffi::OsStr;
-    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls pem root", "mb.test");
+    let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls pem root", "mb.test");
     let swapped: Vec<&OsStr> = vec![
         OsStr::new("mbtls"),
         OsStr::new("server"),
@@ -2265,6 +2265,46 @@ fn pem_files_of_the_wrong_kind_are_named() {
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
         err.contains("middlebox CA file") && err.contains("holds no PEM certificate"),
+        "{err}"
+    );
+    // A key that is not the certificate's (the middlebox's key with the server's certificate)
+    // names both files, where OpenSSL said "key values mismatch"; a signing request given as
+    // the certificate says so.
+    let mut mismatched = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    let at = mismatched
+        .iter()
+        .position(|a| *a == OsStr::new("--private-key"))
+        .unwrap();
+    mismatched[at + 1] = mbox.key.as_os_str();
+    let (status, err) = refused_at_start(&mismatched);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains(&format!(
+            "private key {} does not belong to certificate {}",
+            mbox.key.display(),
+            server.chain.display()
+        )),
+        "{err}"
+    );
+    let csr = dir.path().join("server.csr");
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-new", "-subj", "/CN=server.test", "-key"])
+        .arg(&server.key)
+        .arg("-out")
+        .arg(&csr)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let mut request = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    let at = request
+        .iter()
+        .position(|a| *a == OsStr::new("--certificate"))
+        .unwrap();
+    request[at + 1] = csr.as_os_str();
+    let (status, err) = refused_at_start(&request);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains("it holds a certificate signing request"),
         "{err}"
     );
 }
