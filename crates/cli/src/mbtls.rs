@@ -1450,10 +1450,10 @@ fn middlebox(
         fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         let shown = setup.attestation_line.clone();
         running.keep_unless_changed(setup.tls, shown, &mut setup.cfg.handshake.tls);
-        // The measurement covers the app, which a reload may change.
+        // The measurement covers the app, which a reload may change: both are shown.
         Ok((
             setup.cfg,
-            format!("attestation: {}", setup.attestation_line),
+            format!("app: {}; attestation: {}", setup.s.app, setup.attestation_line),
         ))
     };
     let limits = cfg.limits;

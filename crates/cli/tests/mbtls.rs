@@ -1723,7 +1723,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         reloaded,
         "middlebox reloaded: new connections get the new configuration; \
          limits: handshake 60s, idle 600s, at most 7 connections at once; \
-         attestation: none (sends empty evidence)"
+         app: http-header:X-Mbtls:after; attestation: none (sends empty evidence)"
     );
     fetched_with("/second", "after", &mut lines);
 
