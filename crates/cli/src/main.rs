@@ -12,6 +12,7 @@ mod keyless;
 mod keyless_demo;
 mod mbtls;
 mod mbtls_demo;
+mod response_out;
 mod subcommand;
 
 use std::path::PathBuf;

@@ -32,9 +32,9 @@ use mbx_mbtls::handshake::{
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 
+use crate::response_out::ResponseOut;
 use crate::subcommand::{
-    escape_controls, identity, parse_version, path_str, print_line, read, read_pem, runtime, set,
-    PemKind,
+    identity, parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
 };
 use serde::Deserialize;
 use zeroize::Zeroizing;
@@ -200,10 +200,14 @@ struct ClientFlags {
     /// Only this TLS version (1.2 or 1.3); default: both offered.
     #[arg(long)]
     tls: Option<String>,
-    /// Give up after this many seconds (default 30; one fetch only: with --proxy the service
-    /// timeouts apply).
+    /// Give up when the handshake takes longer than this many seconds, or the response
+    /// pauses longer (default 30; one fetch only: with --proxy the service timeouts apply).
     #[arg(long)]
     timeout_secs: Option<u64>,
+    /// Write the response body to this file (the status and header fields still go to
+    /// standard output); without it the body follows them on standard output.
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
     /// Check every middlebox's evidence on every session: never resume a middlebox's
     /// secondary session (by default a pre-configured middlebox's session resumes from one
     /// whose evidence passed, without new evidence; docs/mbtls.md §4.7).
@@ -818,6 +822,7 @@ fn client(
         path,
         ..
     } = setup;
+    let output = flags.output;
     // A fetch piped into `head` ends quietly when its reader goes away.
     crate::subcommand::exit_quietly_when_stdout_closes();
     let request = format!(
@@ -837,32 +842,51 @@ fn client(
     } else {
         Some(names.clone())
     };
+    // Before connecting: a file that cannot be created fails the fetch at once.
+    let mut out = ResponseOut::new(output.as_deref())?;
+    let raise = "raise --timeout-secs";
     runtime()?.block_on(async move {
-        let fetch = async {
-            let mut c =
-                MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes())
-                    .await
-                    // The driver's message names every cause already: no source chain on top.
-                    .map_err(|e| {
-                        let hint = ended_behind_hint(&e);
-                        let fix = fix_hint(&e);
-                        anyhow::anyhow!(
-                            "mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}"
-                        )
-                    })?;
-            print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
-            let body = c.read_to_end().await.map_err(|e| {
-                let hint = ended_behind_hint(&e);
-                anyhow::anyhow!("reading the response failed: {e}{hint}")
-            })?;
-            // Best effort: the server already ended its direction.
-            let _ = c.close().await;
-            anyhow::Ok(body)
-        };
-        let body = tokio::time::timeout(bound, fetch)
+        let connect =
+            MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes());
+        let mut c = tokio::time::timeout(bound, connect)
             .await
-            .with_context(|| format!("no complete response within {} s", bound.as_secs()))??;
-        print_response(&body)
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "the mbTLS session through {middlebox_addr} was not set up within {} s ({raise})",
+                    bound.as_secs()
+                )
+            })?
+            // The driver's message names every cause already: no source chain on top.
+            .map_err(|e| {
+                let hint = ended_behind_hint(&e);
+                let fix = fix_hint(&e);
+                anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
+            })?;
+        print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
+        // Each piece as it comes, within the bound of the previous one: a long download goes
+        // on as long as it moves.
+        loop {
+            let piece = tokio::time::timeout(bound, c.read())
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "the response stopped: nothing came for {} s ({raise})",
+                        bound.as_secs()
+                    )
+                })?
+                .map_err(|e| {
+                    let hint = ended_behind_hint(&e);
+                    anyhow::anyhow!("reading the response failed: {e}{hint}")
+                })?;
+            let Some(piece) = piece else { break };
+            if !out.push(&piece)? {
+                // The reader of standard output went away: nothing more is wanted.
+                return Ok(());
+            }
+        }
+        // Best effort: the server already ended its direction.
+        let _ = c.close().await;
+        out.finish()
     })
 }
 
@@ -1011,6 +1035,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     }
     // A proxy's sessions are bounded by its service settings instead (a file's timeout_secs
     // serves its fetches and is left alone).
+    if flags.proxy.is_some() && flags.output.is_some() {
+        bail!("--output takes one fetch's body; a proxy passes each response on to its client");
+    }
     if flags.proxy.is_some() && flags.timeout_secs.is_some() {
         bail!(
             "--timeout-secs bounds one fetch; a proxy's sessions are bounded by \
@@ -1291,68 +1318,6 @@ fn seconds_since(unix: u64) -> u64 {
     mbx_attest::unix_seconds(std::time::SystemTime::now()).saturating_sub(unix)
 }
 
-/// Prints the response: status line and header fields (text from the server, escaped), then
-/// the body as it came when standard output is a file or a pipe (so `> file` keeps binary
-/// bodies whole), or with control characters escaped on a terminal (a body could otherwise
-/// drive it).
-fn print_response(response: &[u8]) -> anyhow::Result<()> {
-    use std::fmt::Write as _;
-    use std::io::{IsTerminal as _, Write as _};
-    // The head is written with the body, through the same error handling (`println!` would
-    // panic on a full disk).
-    let mut head = String::new();
-    let end_of_head = response.windows(4).position(|w| w == b"\r\n\r\n");
-    let body = match end_of_head {
-        Some(at) => {
-            let text = String::from_utf8_lossy(response.get(..at).unwrap_or_default());
-            let mut lines = text.split("\r\n");
-            if let Some(status) = lines.next() {
-                let _ = writeln!(head, "status: {}", escape_controls(status, false));
-            }
-            head.push_str("headers:\n");
-            for l in lines {
-                let _ = writeln!(head, "  {}", escape_controls(l, false));
-            }
-            let body = response.get(at + 4..).unwrap_or_default();
-            let _ = writeln!(head, "body ({} bytes):", body.len());
-            body
-        }
-        None => {
-            let _ = writeln!(head, "response ({} bytes, no HTTP header):", response.len());
-            response
-        }
-    };
-    let mut out = std::io::stdout().lock();
-    let written = out.write_all(head.as_bytes()).and_then(|()| {
-        if out.is_terminal() {
-            let text = String::from_utf8_lossy(body);
-            let shown = escape_body_controls(&text);
-            out.write_all(shown.as_bytes())?;
-            match shown.ends_with('\n') {
-                true => Ok(()),
-                false => out.write_all(b"\n"),
-            }
-        } else {
-            out.write_all(body)
-        }
-    });
-    // A reader that went away (`| head`) is not an error of the fetch; a response that could
-    // not be written whole (a full disk behind `> file`) is.
-    match written.and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("cannot write the response"))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// A body for a terminal: control characters escaped (as report lines escape them), line
-/// breaks (LF or CRLF) and tabs kept.
-fn escape_body_controls(text: &str) -> String {
-    let text = text.replace("\r\n", "\n");
-    crate::subcommand::escape_controls_but(&text, &['\n', '\t']).into_owned()
-}
-
 /// `passthrough` or `http-header:NAME:VALUE`.
 fn app_factory(spec: &str) -> anyhow::Result<AppFactory> {
     if spec == "passthrough" {
@@ -1453,7 +1418,10 @@ fn middlebox(
         // The measurement covers the app, which a reload may change: both are shown.
         Ok((
             setup.cfg,
-            format!("app: {}; attestation: {}", setup.s.app, setup.attestation_line),
+            format!(
+                "app: {}; attestation: {}",
+                setup.s.app, setup.attestation_line
+            ),
         ))
     };
     let limits = cfg.limits;
@@ -2740,14 +2708,6 @@ mod tests {
         assert!(
             line.starts_with("session 7 from : TLS 1.3; keys kept in OpenSSL; a middlebox was excluded: secondary handshake failed;"),
             "{line}"
-        );
-    }
-
-    #[test]
-    fn a_body_shown_on_a_terminal_keeps_lines_and_tabs_and_escapes_the_rest() {
-        assert_eq!(
-            escape_body_controls("a\tb\r\nc\u{1b}[2J\n\u{202e}x\ry"),
-            "a\tb\nc\\u{1b}[2J\n\\u{202e}x\\ry"
         );
     }
 

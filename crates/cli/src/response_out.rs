@@ -1,0 +1,316 @@
+//! A fetch's response on its way out, as it arrives: the status line and header fields as
+//! report lines (control characters escaped), then the body, streamed (so a large body is never
+//! held whole) to standard output or to a file. On a terminal the body is shown with control
+//! characters escaped; anywhere else it is written byte for byte.
+
+use std::fs::File;
+use std::io::{IsTerminal as _, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::subcommand::{escape_controls, escape_controls_but};
+
+/// A head longer than this without its blank line is not taken for an HTTP head.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// Where the body goes.
+enum Sink {
+    /// Standard output; `terminal`: shown escaped, with text cut only at whole characters.
+    Stdout {
+        terminal: bool,
+    },
+    File {
+        file: File,
+        path: PathBuf,
+    },
+}
+
+/// The response written so far; its report and (without a file) its body go to `W`, standard
+/// output outside tests.
+pub struct ResponseOut<W: Write = std::io::Stdout> {
+    out: W,
+    /// Bytes of the head until its blank line is seen; `None` once the body has begun.
+    head: Option<Vec<u8>>,
+    sink: Sink,
+    body_bytes: u64,
+    /// Terminal only: the end of what arrived that cannot be shown yet (a character cut
+    /// between two pieces, or a CR whose LF may follow).
+    held: Vec<u8>,
+    /// Terminal only: whether the last text shown ended a line.
+    at_line_start: bool,
+}
+
+impl ResponseOut {
+    /// The body goes to `output` (created, or emptied) if given, else to standard output.
+    pub fn new(output: Option<&Path>) -> anyhow::Result<Self> {
+        let sink = match output {
+            Some(path) => Sink::File {
+                file: File::create(path)
+                    .with_context(|| format!("cannot create {}", path.display()))?,
+                path: path.to_owned(),
+            },
+            None => Sink::Stdout {
+                terminal: std::io::stdout().is_terminal(),
+            },
+        };
+        Ok(ResponseOut::with_sink(std::io::stdout(), sink))
+    }
+}
+
+impl<W: Write> ResponseOut<W> {
+    fn with_sink(out: W, sink: Sink) -> Self {
+        ResponseOut {
+            out,
+            head: Some(Vec::new()),
+            sink,
+            body_bytes: 0,
+            held: Vec::new(),
+            at_line_start: true,
+        }
+    }
+
+    /// The next piece of the response. `Ok(false)`: the reader of standard output went away
+    /// (`| head`), so nothing more is wanted; that is not an error of the fetch.
+    pub fn push(&mut self, data: &[u8]) -> anyhow::Result<bool> {
+        let Some(head) = self.head.as_mut() else {
+            return self.body(data);
+        };
+        // The blank line may straddle two pieces: look from 3 bytes before the new ones.
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(data);
+        let end = head
+            .get(from..)
+            .unwrap_or_default()
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|at| from + at);
+        let (text, rest) = match end {
+            Some(at) => {
+                let head = self.head.take().unwrap_or_default();
+                let (text, rest) = head.split_at(at);
+                (head_lines(text), rest.get(4..).unwrap_or_default().to_vec())
+            }
+            None if head.len() > MAX_HEAD => (
+                "response (no HTTP header):\n".to_string(),
+                self.head.take().unwrap_or_default(),
+            ),
+            None => return Ok(true),
+        };
+        let opened = match &self.sink {
+            Sink::Stdout { .. } => "body:\n".to_string(),
+            Sink::File { path, .. } => format!("body: into {}\n", path.display()),
+        };
+        if !write_out(&mut self.out, format!("{text}{opened}").as_bytes())? {
+            return Ok(false);
+        }
+        self.body(&rest)
+    }
+
+    /// The response ended (the server's close_notify).
+    pub fn finish(&mut self) -> anyhow::Result<()> {
+        if let Some(head) = self.head.take() {
+            // It ended before its head did: all of it is shown as it came.
+            if !write_out(&mut self.out, b"response (no HTTP header):\n")? || !self.body(&head)? {
+                return Ok(());
+            }
+        }
+        match &mut self.sink {
+            Sink::Stdout { terminal: false } => gone_or_error(self.out.flush()).map(drop),
+            Sink::Stdout { terminal: true } => {
+                let rest = std::mem::take(&mut self.held);
+                let mut shown = escape_body(&String::from_utf8_lossy(&rest));
+                if let Some(last) = shown.chars().last() {
+                    self.at_line_start = last == '\n';
+                }
+                // The terminal's prompt starts on a line of its own.
+                if !self.at_line_start {
+                    shown.push('\n');
+                }
+                write_out(&mut self.out, shown.as_bytes()).map(drop)
+            }
+            Sink::File { file, path } => {
+                file.flush()
+                    .and_then(|()| file.sync_data())
+                    .with_context(|| {
+                        format!("cannot write the response body to {}", path.display())
+                    })?;
+                let line = format!(
+                    "body: {} bytes written to {}\n",
+                    self.body_bytes,
+                    path.display()
+                );
+                write_out(&mut self.out, line.as_bytes()).map(drop)
+            }
+        }
+    }
+
+    fn body(&mut self, data: &[u8]) -> anyhow::Result<bool> {
+        self.body_bytes += data.len() as u64;
+        match &mut self.sink {
+            Sink::Stdout { terminal: false } => write_out(&mut self.out, data),
+            Sink::Stdout { terminal: true } => {
+                self.held.extend_from_slice(data);
+                let ready = text_ready(&self.held);
+                let rest = self.held.split_off(ready);
+                let text = std::mem::replace(&mut self.held, rest);
+                let shown = escape_body(&String::from_utf8_lossy(&text));
+                if let Some(last) = shown.chars().last() {
+                    self.at_line_start = last == '\n';
+                }
+                write_out(&mut self.out, shown.as_bytes())
+            }
+            Sink::File { file, path } => {
+                file.write_all(data).with_context(|| {
+                    format!("cannot write the response body to {}", path.display())
+                })?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// The status line and header fields as report lines.
+fn head_lines(head: &[u8]) -> String {
+    let head = String::from_utf8_lossy(head);
+    let mut lines = head.split("\r\n");
+    let mut out = String::new();
+    if let Some(status) = lines.next() {
+        out.push_str(&format!(
+            "status: {}\nheaders:\n",
+            escape_controls(status, false)
+        ));
+    }
+    for l in lines {
+        out.push_str(&format!("  {}\n", escape_controls(l, false)));
+    }
+    out
+}
+
+/// How much of `held` can be shown now: all but a character cut at its end (up to 3 bytes
+/// of a longer UTF-8 sequence) and a final CR (its LF may come next, and CRLF shows as LF).
+fn text_ready(held: &[u8]) -> usize {
+    let mut ready = held.len();
+    for back in 1..=held.len().min(3) {
+        let at = held.len() - back;
+        let byte = held.get(at).copied().unwrap_or_default();
+        if byte & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for the lead byte
+        }
+        let needs = match byte {
+            0xF0..=0xF7 => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        if needs > back {
+            ready = at;
+        }
+        break;
+    }
+    if ready > 0 && held.get(ready - 1) == Some(&b'\r') {
+        ready -= 1;
+    }
+    ready
+}
+
+/// A body for a terminal: control characters escaped (as report lines escape them), line
+/// breaks (LF or CRLF) and tabs kept.
+pub fn escape_body(text: &str) -> String {
+    let text = text.replace("\r\n", "\n");
+    escape_controls_but(&text, &['\n', '\t']).into_owned()
+}
+
+/// `Ok(false)` when the reader went away (a closed pipe); any other failure is an error: the
+/// response could not be written whole (a full disk behind `> file`).
+fn write_out(out: &mut impl Write, bytes: &[u8]) -> anyhow::Result<bool> {
+    gone_or_error(out.write_all(bytes))
+}
+
+fn gone_or_error(r: std::io::Result<()>) -> anyhow::Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot write the response")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_shown_at_whole_characters_and_a_final_cr_waits() {
+        assert_eq!(text_ready(b"abc"), 3);
+        assert_eq!(text_ready(b"abc\r"), 3);
+        assert_eq!(text_ready(b"ab\r\n"), 4);
+        // "é" is C3 A9; "€" is E2 82 AC; "𝄞" is F0 9D 84 9E.
+        assert_eq!(text_ready(b"a\xc3"), 1);
+        assert_eq!(text_ready(b"a\xc3\xa9"), 3);
+        assert_eq!(text_ready(b"a\xe2\x82"), 1);
+        assert_eq!(text_ready(b"a\xe2\x82\xac"), 4);
+        assert_eq!(text_ready(b"a\xf0\x9d\x84"), 1);
+        assert_eq!(text_ready(b"a\xf0\x9d\x84\x9e"), 5);
+        // Not UTF-8 at all: shown (lossily) rather than held forever.
+        assert_eq!(text_ready(b"a\xff\xfe"), 3);
+        assert_eq!(text_ready(b""), 0);
+    }
+
+    /// What a terminal would be shown, the response cut into pieces of `piece` bytes.
+    fn on_terminal(response: &[u8], piece: usize) -> String {
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: true });
+        for p in response.chunks(piece) {
+            assert!(out.push(p).unwrap());
+        }
+        out.finish().unwrap();
+        String::from_utf8(out.out).unwrap()
+    }
+
+    /// However the response is cut, a terminal is shown the same: the head as report lines,
+    /// CRLF as one line break, characters whole, control characters escaped, and a final line
+    /// break.
+    #[test]
+    fn a_terminal_is_shown_the_same_however_the_response_is_cut() {
+        let response = "HTTP/1.1 200 OK\r\nX-A: \u{1b}b\r\n\r\nline 1\r\n€ and 𝄞\r\n\u{1b}[2J end";
+        let want = "status: HTTP/1.1 200 OK\nheaders:\n  X-A: \\u{1b}b\nbody:\n\
+                    line 1\n€ and 𝄞\n\\u{1b}[2J end\n";
+        for piece in 1..=response.len() {
+            assert_eq!(
+                on_terminal(response.as_bytes(), piece),
+                want,
+                "pieces of {piece}"
+            );
+        }
+        // A response without a head is shown as it came; an empty body adds nothing.
+        assert_eq!(
+            on_terminal(b"no head", 3),
+            "response (no HTTP header):\nno head\n"
+        );
+        assert_eq!(
+            on_terminal(b"HTTP/1.1 204 No Content\r\n\r\n", 5),
+            "status: HTTP/1.1 204 No Content\nheaders:\nbody:\n"
+        );
+    }
+
+    /// Anywhere but a terminal the body is written byte for byte.
+    #[test]
+    fn elsewhere_the_body_is_written_as_it_came() {
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        for p in b"HTTP/1.1 200 OK\r\n\r\n\x00\xff\r\n\x1b".chunks(2) {
+            assert!(out.push(p).unwrap());
+        }
+        out.finish().unwrap();
+        assert_eq!(
+            out.out,
+            b"status: HTTP/1.1 200 OK\nheaders:\nbody:\n\x00\xff\r\n\x1b"
+        );
+    }
+
+    #[test]
+    fn a_terminal_sees_control_characters_escaped_line_breaks_and_tabs_kept() {
+        assert_eq!(
+            escape_body("a\tb\r\nc\u{1b}[2J\n\u{202e}x\ry"),
+            "a\tb\nc\\u{1b}[2J\n\\u{202e}x\\ry"
+        );
+    }
+}
