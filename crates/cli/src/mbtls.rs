@@ -947,9 +947,12 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError) -> String {
         return String::new();
     };
     match a {
-        AttestError::SimulatedNotAllowed => {
-            " (to accept a simulated TEE, for a demo or a test only: --allow-simulated)".into()
-        }
+        // All it will take at once (a newcomer met them one run at a time), the values from
+        // the middlebox's own banner rather than from evidence not yet checked.
+        AttestError::SimulatedNotAllowed => " (to accept a simulated TEE, for a demo or a test \
+             only: --allow-simulated, with --sim-platform-key and --measurement as the \
+             middlebox's \"attestation:\" line shows them)"
+            .into(),
         AttestError::UntrustedPlatformKey(key) => {
             format!(" (to trust that simulated platform: --sim-platform-key {key})")
         }

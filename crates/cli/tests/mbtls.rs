@@ -211,7 +211,14 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         "simulated attestation evidence is not allowed",
     );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--allow-simulated)"), "{err}");
+    // Every flag it takes at once, their values to be read from the middlebox's banner.
+    assert!(
+        err.contains(
+            "--allow-simulated, with --sim-platform-key and --measurement as the middlebox's \
+             \"attestation:\" line shows them)"
+        ),
+        "{err}"
+    );
     // The middlebox's key file given to the client, whose flag of that name takes the key.
     let out = client()
         .arg("--sim-platform-key")
