@@ -2442,8 +2442,17 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
         limits: setup.s.service.limits()?,
         handshake: setup.cfg,
         first_hop: setup.first_hop,
+        session_failed_answer: Some(PROXY_SESSION_FAILED.to_vec()),
     })
 }
+
+/// What the client proxy's local connection is told when its mbTLS session cannot be set up,
+/// before the error's text: an HTTP 502, as the server answers when its backend is down (the
+/// proxy carries HTTP to an https URL), so that curl says why instead of "couldn't connect".
+const PROXY_SESSION_FAILED: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Connection: close\r\n\r\n\
+mbx mbtls proxy: no mbTLS session to the server: ";
 
 /// A TLS context in use, and the settings it was built from. A reload whose settings for it did
 /// not change keeps it, and with it what it holds across sessions: a client's sessions to

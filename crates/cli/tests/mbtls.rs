@@ -1494,6 +1494,29 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     // Without --proxy the service flags make no sense, and say so.
     refused_without_proxy(server, &["--idle-timeout-secs", "5"]);
+
+    // A first hop that cannot be reached: curl gets a 502 saying why, not "couldn't connect"
+    // (found in a user trial), and the proxy's line says the same.
+    let down = mbx_testbed::refusing_addr().to_string();
+    let (_proxy, mut proxy_lines, phead) = start_proxy(
+        server,
+        &policy,
+        &["--middlebox", &down, "--middlebox-name", "mb.test"],
+    );
+    let out = mbx_testbed::Curl::new(&format!("http://{}/down", listening_addr(&phead[0])))
+        .header("Host: server.test")
+        .run()
+        .unwrap();
+    assert_eq!(out.status, Some(502), "{}", out.verbose);
+    let body = out.body_str();
+    assert!(
+        body.starts_with(
+            "mbx mbtls proxy: no mbTLS session to the server: cannot connect to the first hop"
+        ),
+        "{body}"
+    );
+    let line = proxy_lines.next().unwrap().unwrap();
+    assert!(line.contains("cannot connect to the first hop"), "{line}");
 }
 
 /// `mbx mbtls client` fetching once with `flag` (and its value) fails, saying that the flag

@@ -401,6 +401,7 @@ async fn a_client_proxy_follows_and_counts_a_legacy_servers_key_update() {
     let config = ClientProxyConfig {
         handshake: w.client(TlsVersion::Tls13, measure(PROGRAM, b"")),
         first_hop: mbox.local_addr().to_string(),
+        session_failed_answer: None,
         // Ends the session after the test, whether or not s_server answers its close_notify.
         limits: Limits {
             idle_timeout: Some(Duration::from_secs(2)),

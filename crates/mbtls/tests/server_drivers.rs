@@ -1003,6 +1003,7 @@ async fn a_server_leaving_mid_record_after_the_proxys_close_notify_is_a_cut() {
                 handshake,
                 first_hop: forwarder.to_string(),
                 limits: Limits::default(),
+                session_failed_answer: None,
             },
         )
         .await
@@ -1224,7 +1225,7 @@ async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
 /// the local connection instead of closing it: an application that waits for a server's
 /// first words must not read an empty, complete stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_session_that_cannot_start_resets_the_local_connection() {
+async fn a_proxy_session_that_cannot_start_resets_or_answers_the_local_connection() {
     let w = World::new();
     let refusing = mbx_testbed::refusing_addr();
     let mut proxy = ClientProxy::bind(
@@ -1232,6 +1233,7 @@ async fn a_proxy_session_that_cannot_start_resets_the_local_connection() {
         ClientProxyConfig {
             handshake: w.client(TlsVersion::Tls13),
             first_hop: refusing.to_string(),
+            session_failed_answer: None,
             limits: Limits::default(),
         },
     )
@@ -1246,6 +1248,38 @@ async fn a_proxy_session_that_cannot_start_resets_the_local_connection() {
         Err(e) => Err(e.kind()),
     };
     assert_eq!(seen, Err(std::io::ErrorKind::ConnectionReset));
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(!report.connected && report.outcome.is_err(), "{report:?}");
+
+    // With an answer configured, the local connection gets it and the error's text, then an
+    // orderly end, even with its request unread.
+    let mut proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client(TlsVersion::Tls13),
+            first_hop: refusing.to_string(),
+            limits: Limits::default(),
+            session_failed_answer: Some(b"no session: ".to_vec()),
+        },
+    )
+    .await
+    .unwrap();
+    let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    local.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut told = Vec::new();
+    timeout(BOUND, local.read_to_end(&mut told))
+        .await
+        .unwrap()
+        .unwrap();
+    let told = String::from_utf8(told).unwrap();
+    assert!(
+        told.starts_with("no session: cannot connect to the first hop") && told.ends_with('\n'),
+        "{told}"
+    );
+    // The proxy reads until the local application closes.
+    drop(local);
     let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
     assert!(!report.connected && report.outcome.is_err(), "{report:?}");
 }
@@ -1615,6 +1649,7 @@ async fn a_client_proxy_serves_local_connections_within_its_limits() {
         ClientProxyConfig {
             handshake: w.client(TlsVersion::Tls13),
             first_hop: mbs[0].local_addr().to_string(),
+            session_failed_answer: None,
             limits: Limits {
                 idle_timeout: Some(Duration::from_secs(1)),
                 max_connections: Some(1),

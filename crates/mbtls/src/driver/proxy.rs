@@ -11,8 +11,8 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
 use super::reports::{Absorb, Pending};
-use super::splice::{reset_when_closed, Carried};
-use super::{DriverError, Limits};
+use super::splice::{close_reading_the_rest, reset_when_closed, Carried};
+use super::{DriverError, Limits, CLOSE_GRACE};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
 
 /// What a client proxy needs.
@@ -26,6 +26,10 @@ pub struct ClientProxyConfig {
     /// The session's handshake (connect included) must finish within `handshake_timeout`; a
     /// session idle for `idle_timeout` is closed; at most `max_connections` at once.
     pub limits: Limits,
+    /// When set, a local connection whose session cannot be set up (first hop unreachable,
+    /// handshake refused or timed out) is sent this, then the error's text and a line break,
+    /// and closed (e.g. an HTTP 502 head with `Connection: close`); otherwise it is reset.
+    pub session_failed_answer: Option<Vec<u8>>,
 }
 
 /// The outcome of one proxied connection.
@@ -166,11 +170,40 @@ async fn proxy_one(
 ) -> Result<(), DriverError> {
     let limits = cfg.limits;
     let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), cfg.handshake.clone());
-    let session = tokio::time::timeout(limits.handshake_timeout, connecting)
+    let connected = tokio::time::timeout(limits.handshake_timeout, connecting)
         .await
-        .map_err(|_| DriverError::HandshakeTimeout(limits.handshake_timeout))??;
+        .map_err(|_| DriverError::HandshakeTimeout(limits.handshake_timeout))
+        .and_then(|c| c);
+    let session = match connected {
+        Ok(session) => session,
+        Err(e) => {
+            if let Some(answer) = &cfg.session_failed_answer {
+                tell_and_close(local, answer, &e).await;
+            }
+            return Err(e);
+        }
+    };
     report.connected = true;
     report.verdicts = session.verdicts().to_vec();
     report.summary = session.summary().cloned();
     session.carry(local, limits.idle_timeout, carried).await
+}
+
+/// Best effort: `answer`, the error's text (control characters replaced, since it may quote
+/// what a peer sent) and a line break to a local connection whose session failed, then an
+/// orderly close (its request read and dropped, so that the close is not a reset that could
+/// overtake the answer).
+async fn tell_and_close(mut local: TcpStream, answer: &[u8], e: &DriverError) {
+    if reset_when_closed(&local, false).is_err() {
+        return;
+    }
+    let text: String = e
+        .to_string()
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let mut out = answer.to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.push(b'\n');
+    close_reading_the_rest(&mut local, &out, CLOSE_GRACE).await;
 }

@@ -3,7 +3,7 @@
 //! local HTTP server) and its answers back, both directions at once.
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -13,7 +13,9 @@ use super::accept::{Listening, ServiceConfig};
 use super::client::MiddleboxVerdict;
 use super::connection::{Connection, Session};
 use super::reports::{Absorb, Pending};
-use super::splice::{reset_when_closed, splice, Carried, EndpointSession, Sides};
+use super::splice::{
+    close_reading_the_rest, reset_when_closed, splice, Carried, EndpointSession, Sides,
+};
 use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, READ_BUF};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
@@ -299,23 +301,6 @@ async fn answer_and_close(
     }
     let out = session.take_outgoing();
     close_reading_the_rest(stream, &out, CLOSE_GRACE).await;
-}
-
-/// Best effort, for a session that fails anyway: `out`, then the end of our stream, then what
-/// the peer still sends is read and dropped until it closes (within `grace`). Closing with
-/// bytes unread (a TLS 1.3 client's request follows its Finished at once) would reset the
-/// connection, and the reset could overtake what we sent last (an answer, an alert).
-async fn close_reading_the_rest(stream: &mut TcpStream, out: &[u8], grace: Duration) {
-    let _ = timeout(grace, async {
-        stream.write_all(out).await?;
-        stream.shutdown().await?;
-        // On the heap: an array here would sit in every session's future, which an idle
-        // session holds (measured: 2.8 KB more per idle session).
-        let mut sink = vec![0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
-        std::io::Result::Ok(())
-    })
-    .await;
 }
 
 async fn flush(hs: &mut ServerHandshake, stream: &mut TcpStream) -> Result<(), DriverError> {

@@ -242,3 +242,25 @@ async fn splice_halves<S: EndpointSession>(
         }
     }
 }
+
+/// Best effort, for a session that fails anyway: `out`, then the end of our stream, then what
+/// the peer still sends is read and dropped until it closes (within `grace`). Closing with
+/// bytes unread (a TLS 1.3 client's request follows its Finished at once) would reset the
+/// connection, and the reset could overtake what we sent last (an answer, an alert).
+pub(crate) async fn close_reading_the_rest(
+    stream: &mut TcpStream,
+    out: &[u8],
+    grace: std::time::Duration,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = tokio::time::timeout(grace, async {
+        stream.write_all(out).await?;
+        stream.shutdown().await?;
+        // On the heap: an array here would sit in every session's future, which an idle
+        // session holds (measured: 2.8 KB more per idle session).
+        let mut sink = vec![0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    })
+    .await;
+}
