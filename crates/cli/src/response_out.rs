@@ -292,6 +292,56 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any response, cut anywhere, is shown the same as when it comes whole, on a terminal
+        /// and elsewhere, and nothing panics.
+        #[test]
+        fn any_response_cut_anywhere_shows_the_same(
+            // Bytes that matter at a cut: CR and LF, the parts of multi-byte characters,
+            // control characters, bytes that are never UTF-8, and any byte at all.
+            response in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(
+                        b"\r\n\r\na\x1b\xe2\x82\xac\xc3\xa9\xf0\x9d\x84\x9e\xff".to_vec()
+                    ),
+                    proptest::prelude::any::<u8>(),
+                ],
+                0..300,
+            ),
+            cuts in proptest::collection::vec(1usize..40, 1..20),
+            head_first in proptest::prelude::any::<bool>(),
+        ) {
+            let mut response = response;
+            if head_first {
+                let mut with_head = b"HTTP/1.1 200 OK\r\nX: y\r\n\r\n".to_vec();
+                with_head.extend_from_slice(&response);
+                response = with_head;
+            }
+            for terminal in [true, false] {
+                let show = |pieces: &[&[u8]]| {
+                    let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal });
+                    for p in pieces {
+                        assert!(out.push(p).unwrap());
+                    }
+                    out.finish().unwrap();
+                    out.out
+                };
+                let whole = show(&[&response]);
+                let mut pieces = Vec::new();
+                let mut rest = &response[..];
+                for &c in cuts.iter().cycle().take(response.len() + 1) {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let (p, r) = rest.split_at(c.min(rest.len()));
+                    pieces.push(p);
+                    rest = r;
+                }
+                proptest::prop_assert_eq!(show(&pieces), whole, "terminal {}", terminal);
+            }
+        }
+    }
+
     /// Anywhere but a terminal the body is written byte for byte.
     #[test]
     fn elsewhere_the_body_is_written_as_it_came() {
