@@ -1724,6 +1724,10 @@ fn print_report(r: &ConnectionReport) {
     } else {
         line.push_str("no key material received");
     }
+    // The endpoint's own words (escaped with the rest of the line when printed).
+    if let Some(why) = &r.refused_by_endpoint {
+        line.push_str(&format!("; refused by the endpoint: {why}"));
+    }
     line.push_str(&format!(
         "; {} bytes from the client, {} from the server",
         r.bytes_from_client, r.bytes_from_server

@@ -375,6 +375,11 @@ fn refused_attestation(out: &std::process::Output, lines: &mut TimedLines, why: 
     assert!(err.contains(why), "{err}");
     let report = lines.next().unwrap().unwrap();
     assert!(report.contains("no key material received"), "{report}");
+    // The middlebox's operator reads why, in the client's words.
+    let told = report
+        .split_once("; refused by the endpoint: evidence refused: attestation: ")
+        .map(|(_, t)| t);
+    assert!(told.is_some_and(|t| t.contains(why)), "{report}");
 }
 
 /// `--session-tickets`: a legacy TLS 1.3 client resumes its session with the mbTLS server

@@ -1010,6 +1010,21 @@ mod discovered {
                         .any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(_))),
                     "{what}: {me:?}"
                 );
+                // Told why, when its session was up to carry it (a certificate the client
+                // refused ends that session in the handshake, with the client's alert).
+                let told = me.iter().find_map(|e| match e {
+                    MiddleboxHandshakeEvent::RefusedByEndpoint(why) => Some(why.as_str()),
+                    _ => None,
+                });
+                match what {
+                    "not approved" => assert_eq!(told, Some("not approved by the application")),
+                    "untrusted certificate" => assert_eq!(told, None),
+                    _ => assert!(
+                        told.is_some_and(|t| t.starts_with("evidence refused: attestation: ")
+                            && t.ends_with("is not accepted by policy")),
+                        "{me:?}"
+                    ),
+                }
                 assert_eq!(
                     net.server.take_plaintext(),
                     b"GET / HTTP/1.1\r\n\r\n",

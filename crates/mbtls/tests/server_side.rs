@@ -774,6 +774,18 @@ fn server_side_middlebox_failing_policy_gets_no_key_material() {
             path.pump();
             path.assert_server_refused(&["attestation"], version);
             assert!(!path.server_side_mb(1).keys_installed());
+            // The middlebox was told why, in the server's words.
+            let mb = path.server_side_mb(1);
+            let told = std::iter::from_fn(|| mb.poll_event()).find_map(|e| match e {
+                MiddleboxHandshakeEvent::RefusedByEndpoint(why) => Some(why),
+                _ => None,
+            });
+            assert!(
+                told.as_deref()
+                    .is_some_and(|t| t.starts_with("evidence refused: attestation: ")
+                        && t.contains("is not accepted by policy")),
+                "{version:?}: {told:?}"
+            );
             assert!(path.last().read().is_empty());
             // The legacy client is told, through the middlebox: TLS 1.2 in the clear, TLS
             // 1.3 under the server's application traffic keys.

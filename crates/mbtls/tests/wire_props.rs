@@ -2,7 +2,7 @@
 
 use mbx_mbtls::wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader,
-    MAX_INNER_PAYLOAD_LEN,
+    MAX_INNER_PAYLOAD_LEN, MAX_REFUSED_LEN,
 };
 use mbx_mbtls::{DirectionKeys, HopKeys, TrafficSecret};
 use mbx_record::{CipherSuite, TlsVersion, TrafficKeys};
@@ -174,6 +174,29 @@ proptest! {
                 prop_assert_eq!(far_neighbour_joined, far);
                 prop_assert_eq!(ticket_wanted, ticket);
             }
+            other => prop_assert!(false, "{:?}", other),
+        }
+        prop_assert_eq!(r.buffered(), 0);
+    }
+
+    /// A refusal's text survives encoding and any split: whole up to MAX_REFUSED_LEN bytes,
+    /// else cut there at a character boundary.
+    #[test]
+    fn a_refusal_round_trips_cut_to_its_limit(why in ".{0,700}", cut in 0usize..3000) {
+        let bytes = SecondaryMessage::Refused(why.clone()).encode().unwrap();
+        let mut r = SecondaryReader::new();
+        let cut = cut.min(bytes.len());
+        r.push(&bytes[..cut]);
+        if cut < bytes.len() {
+            prop_assert!(r.next_message().unwrap().is_none());
+            r.push(&bytes[cut..]);
+        }
+        let mut end = why.len().min(MAX_REFUSED_LEN);
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        match r.next_message().unwrap() {
+            Some(SecondaryMessage::Refused(got)) => prop_assert_eq!(got.as_str(), &why[..end]),
             other => prop_assert!(false, "{:?}", other),
         }
         prop_assert_eq!(r.buffered(), 0);

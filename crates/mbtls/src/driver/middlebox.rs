@@ -171,6 +171,9 @@ pub struct ConnectionReport {
     pub keys_installed: bool,
     /// Why the middlebox did not take part, if it did not.
     pub passive: Option<&'static str>,
+    /// The endpoint refused this middlebox and said why (its evidence, its approval), in the
+    /// endpoint's words.
+    pub refused_by_endpoint: Option<String>,
     pub version: Option<TlsVersion>,
     /// Key fingerprints of the hop toward the client and the hop toward the server.
     pub client_hop: Option<HopFingerprint>,
@@ -204,6 +207,7 @@ impl ConnectionReport {
             resumed: false,
             keys_installed: false,
             passive: None,
+            refused_by_endpoint: None,
             version: None,
             client_hop: None,
             server_hop: None,
@@ -474,6 +478,9 @@ impl Conn {
                 MiddleboxHandshakeEvent::Announced { .. } => report.announced = true,
                 MiddleboxHandshakeEvent::Joined { .. } => report.joined = true,
                 MiddleboxHandshakeEvent::Passive(why) => report.passive = Some(why),
+                MiddleboxHandshakeEvent::RefusedByEndpoint(why) => {
+                    report.refused_by_endpoint = Some(why)
+                }
                 MiddleboxHandshakeEvent::EvidenceSent => report.evidence_sent = true,
                 MiddleboxHandshakeEvent::Resumed => report.resumed = true,
                 MiddleboxHandshakeEvent::KeysInstalled => {

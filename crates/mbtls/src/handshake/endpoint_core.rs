@@ -668,10 +668,12 @@ impl EndpointCore {
         why: &'static str,
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
+        self.tell_refused(subchannel, why, &err);
         if self.preconfigured() {
-            // The session fails. (A close_notify on its secondary session first would make
-            // the middlebox go passive and report the session's end as clean; without one it
-            // reports that it got no key material.)
+            // The session fails, with what we told the middlebox on its way. (A close_notify
+            // on its secondary session first would make the middlebox go passive and report
+            // the session's end as clean; without one it reports that it got no key material.)
+            let _ = self.flush_secondary(subchannel);
             return Err(self.about(subchannel, err));
         }
         // Our own protocol reasons are `why` already; a check's error says more.
@@ -681,6 +683,25 @@ impl EndpointCore {
         };
         self.shut_out(subchannel, why, detail)?;
         self.maybe_finish()
+    }
+
+    /// Best effort: tells the middlebox on `subchannel` why it gets no key material, over its
+    /// secondary session when that is up (its operator then reads more than a close). What a
+    /// check said is its own business: its evidence, its certificate, our approval of it.
+    fn tell_refused(&mut self, subchannel: u8, why: &'static str, err: &HandshakeError) {
+        let text = match err {
+            HandshakeError::Protocol(_) => why.to_string(),
+            err => format!("{why}: {err}"),
+        };
+        let Ok(slot) = self.slot_mut(subchannel) else {
+            return;
+        };
+        if slot.engine.is_handshaking() {
+            return;
+        }
+        if let Ok(message) = SecondaryMessage::Refused(text).encode() {
+            let _ = slot.engine.write_plaintext(&message);
+        }
     }
 
     /// `err` about the middlebox on `subchannel`, named when its name is known (configured, or

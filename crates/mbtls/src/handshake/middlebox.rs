@@ -103,6 +103,9 @@ pub enum MiddleboxHandshakeEvent {
     /// Not taking part (no MiddleboxSupport, no hello left, unsupported version): forwarding
     /// bytes unchanged.
     Passive(&'static str),
+    /// The endpoint refused us (our evidence, its approval) and said why, in its words; it
+    /// closes the secondary session next, or ends the whole session.
+    RefusedByEndpoint(String),
     /// Evidence was sent, right after our secondary Finished (TLS 1.3: 0.5-RTT data, before
     /// the client's Finished; TLS 1.2: after it). Empty after [`Self::Resumed`].
     EvidenceSent,
@@ -514,28 +517,34 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         if engine.is_handshaking() {
             return Ok(());
         }
-        if engine.peer_closed() {
-            self.go_passive("the client closed the secondary session without key material");
-            return Ok(());
-        }
-        if !self.evidence_sent {
+        if !self.evidence_sent && !engine.peer_closed() {
             // TLS 1.2 secondary session: the evidence follows our Finished in its flight.
             write_evidence(&self.cfg, engine)?;
             self.wires.send_to_endpoint(self.subchannel, engine)?;
             self.evidence_sent = true;
             wires::evidence_sent(&mut self.wires.events, engine.session_reused());
         }
-        // May hold key material: wiped when dropped.
+        // May hold key material: wiped when dropped. Read before a close is looked at: a
+        // refusal comes right before it.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
+        let peer_closed = engine.peer_closed();
         self.secondary.push(&plain);
         match wires::endpoint_messages(
             &mut self.secondary,
             &mut self.path,
             "a client sent evidence",
         )? {
-            Some((km, path)) => self.install(km, path),
-            None => Ok(()),
+            Some(wires::FromEndpoint::Keys(km, path)) => return self.install(*km, path),
+            Some(wires::FromEndpoint::Refused(why)) => self
+                .wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why)),
+            None => {}
         }
+        if peer_closed {
+            self.go_passive("the client closed the secondary session without key material");
+        }
+        Ok(())
     }
 
     /// Stop taking part: release what was held and forward everything unchanged from now on.

@@ -321,21 +321,27 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         if engine.is_handshaking() {
             return Ok(());
         }
-        if engine.peer_closed() {
-            self.go_passive("the server closed the secondary session without key material");
-            return Ok(());
-        }
-        // May hold key material: wiped when dropped.
+        // May hold key material: wiped when dropped. Read before a close is looked at: a
+        // refusal comes right before it.
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
+        let peer_closed = engine.peer_closed();
         self.secondary.push(&plain);
         match wires::endpoint_messages(
             &mut self.secondary,
             &mut self.path,
             "a server sent evidence",
         )? {
-            Some((km, path)) => self.install(km, path),
-            None => Ok(()),
+            Some(wires::FromEndpoint::Keys(km, path)) => return self.install(*km, path),
+            Some(wires::FromEndpoint::Refused(why)) => self
+                .wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why)),
+            None => {}
         }
+        if peer_closed {
+            self.go_passive("the server closed the secondary session without key material");
+        }
+        Ok(())
     }
 
     /// Stop taking part and forward everything unchanged from now on (nothing is held).

@@ -247,14 +247,23 @@ impl<A: MiddleboxApp> Wires<A> {
     }
 }
 
+/// What the endpoint's messages on our secondary session came to.
+pub(super) enum FromEndpoint {
+    /// The key material and the path message before it (boxed: the refusal is small).
+    Keys(Box<KeyMaterial>, PathNews),
+    /// It refused us, saying why (its close follows).
+    Refused(String),
+}
+
 /// The endpoint's messages on our secondary session so far: one path message (kept in
 /// `path` until the rest arrives), then the key material, which must be the last thing on
-/// the stream. Once both are in: the key material and the path message. `sent_evidence` is the error for evidence from the endpoint.
+/// the stream; or a refusal instead. `sent_evidence` is the error for evidence from the
+/// endpoint.
 pub(super) fn endpoint_messages(
     reader: &mut SecondaryReader,
     path: &mut Option<PathNews>,
     sent_evidence: &'static str,
-) -> Result<Option<(KeyMaterial, PathNews)>, HandshakeError> {
+) -> Result<Option<FromEndpoint>, HandshakeError> {
     loop {
         match reader.next_message()? {
             Some(SecondaryMessage::Path {
@@ -278,8 +287,14 @@ pub(super) fn endpoint_messages(
                 let path = path.ok_or(HandshakeError::Protocol(
                     "key material without a path message",
                 ))?;
-                return Ok(Some((*km, path)));
+                return Ok(Some(FromEndpoint::Keys(km, path)));
             }
+            Some(SecondaryMessage::Refused(_)) if path.is_some() => {
+                return Err(HandshakeError::Protocol(
+                    "a refusal after the path message on the secondary session",
+                ))
+            }
+            Some(SecondaryMessage::Refused(why)) => return Ok(Some(FromEndpoint::Refused(why))),
             Some(SecondaryMessage::Evidence(_)) => {
                 return Err(HandshakeError::Protocol(sent_evidence))
             }
@@ -382,7 +397,10 @@ mod tests {
         );
         assert!(endpoint_messages(&mut r, &mut far, "e").unwrap().is_none());
         push(&mut r, SecondaryMessage::KeyMaterial(Box::new(km())));
-        let (_, path) = endpoint_messages(&mut r, &mut far, "e").unwrap().unwrap();
+        let Some(FromEndpoint::Keys(_, path)) = endpoint_messages(&mut r, &mut far, "e").unwrap()
+        else {
+            panic!("no key material");
+        };
         assert_eq!(
             path,
             PathNews {
@@ -390,15 +408,23 @@ mod tests {
                 ticket: false
             }
         );
-        // Refused: key material without a path message, two path messages, anything after the
-        // key material, evidence.
+        // A refusal instead: its text.
+        let (mut r, mut far) = (SecondaryReader::new(), None);
+        push(&mut r, SecondaryMessage::Refused("evidence refused".into()));
+        assert!(matches!(
+            endpoint_messages(&mut r, &mut far, "e").unwrap(),
+            Some(FromEndpoint::Refused(why)) if why == "evidence refused"
+        ));
+        // Refused: key material without a path message, two path messages, a refusal after
+        // the path message, anything after the key material, evidence.
         let path = || SecondaryMessage::Path {
             far_neighbour_joined: false,
             ticket_wanted: true,
         };
-        let refused: [Vec<SecondaryMessage>; 4] = [
+        let refused: [Vec<SecondaryMessage>; 5] = [
             vec![SecondaryMessage::KeyMaterial(Box::new(km()))],
             vec![path(), path()],
+            vec![path(), SecondaryMessage::Refused("too late".into())],
             vec![
                 path(),
                 SecondaryMessage::KeyMaterial(Box::new(km())),

@@ -12,7 +12,9 @@ pub use encapsulated::{
     announcement_record, Encapsulated, MAX_INNER_PAYLOAD_LEN, MAX_INNER_PLAINTEXT_LEN,
 };
 pub use key_material::{KeyMaterial, MAX_KEY_MATERIAL_LEN};
-pub use secondary::{SecondaryMessage, SecondaryReader, MSG_EVIDENCE, MSG_KEY_MATERIAL};
+pub use secondary::{
+    SecondaryMessage, SecondaryReader, MAX_REFUSED_LEN, MSG_EVIDENCE, MSG_KEY_MATERIAL, MSG_REFUSED,
+};
 pub use support::{MiddleboxSupport, MAX_IDENTITY_LEN};
 
 use mbx_wire::{ContentType, DeframerConfig, WireError};

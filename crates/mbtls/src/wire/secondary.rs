@@ -5,7 +5,7 @@
 //! (so encrypted under the secondary keys, inside encapsulated records). No TLS engine lets us
 //! add record or handshake types, so the stream is framed by us:
 //! ```text
-//! uint8  msg_type      /* 17 = evidence, 18 = path, 31 = key material */
+//! uint8  msg_type      /* 17 = evidence, 18 = path, 19 = refused, 31 = key material */
 //! uint24 length
 //! opaque body[length]
 //! ```
@@ -13,6 +13,8 @@
 //! An evidence body is `mbx-attest`'s evidence encoding; an empty one means "no evidence".
 //! A path body (ours, sent right before the key material) is one byte: 1 if a middlebox
 //! farther from the endpoint joined too (so this one waits for its switch marker), else 0.
+//! A refused body (ours) is UTF-8 text, why the endpoint refused the middlebox (its evidence,
+//! its approval), sent instead of the key material before the endpoint closes the session.
 
 use mbx_wire::{Reader, WireError, Writer};
 use zeroize::Zeroizing;
@@ -23,8 +25,12 @@ use super::{malformed, KeyMaterial, MAX_KEY_MATERIAL_LEN};
 pub const MSG_EVIDENCE: u8 = 17;
 /// Message type of the path message (whether a middlebox farther from the endpoint joined).
 pub const MSG_PATH: u8 = 18;
+/// Message type of a refusal: why the endpoint gives the middlebox no key material.
+pub const MSG_REFUSED: u8 = 19;
 /// Message type of key material.
 pub const MSG_KEY_MATERIAL: u8 = 31;
+/// Longest refusal text sent (longer is cut at a character boundary) and accepted.
+pub const MAX_REFUSED_LEN: usize = 1024;
 /// Largest evidence body accepted (mbx-attest's evidence is at most 192 KiB).
 pub const MAX_EVIDENCE_LEN: usize = 256 * 1024;
 
@@ -48,6 +54,11 @@ pub enum SecondaryMessage {
         ticket_wanted: bool,
     },
     KeyMaterial(Box<KeyMaterial>),
+    /// Sent by the endpoint instead of the path message and key material when it refuses the
+    /// middlebox (its evidence, or its approval), right before it closes the secondary
+    /// session: why, as text for the middlebox's report (so its operator learns more than
+    /// "closed"). Cut to [`MAX_REFUSED_LEN`] bytes when encoded.
+    Refused(String),
 }
 
 impl SecondaryMessage {
@@ -66,6 +77,7 @@ impl SecondaryMessage {
             SecondaryMessage::Evidence(e) => e.len(),
             SecondaryMessage::Path { .. } => 1,
             SecondaryMessage::KeyMaterial(_) => MAX_KEY_MATERIAL_LEN,
+            SecondaryMessage::Refused(why) => why.len().min(MAX_REFUSED_LEN),
         }
     }
 
@@ -95,6 +107,14 @@ impl SecondaryMessage {
                 let body = km.encode()?;
                 w.u8(MSG_KEY_MATERIAL);
                 w.vec_u24(&body)?;
+            }
+            SecondaryMessage::Refused(why) => {
+                let mut end = why.len().min(MAX_REFUSED_LEN);
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                w.u8(MSG_REFUSED);
+                w.vec_u24(why.get(..end).unwrap_or_default().as_bytes())?;
             }
         }
         Ok(())
@@ -152,6 +172,7 @@ impl SecondaryReader {
             MSG_EVIDENCE => MAX_EVIDENCE_LEN,
             MSG_PATH => 1,
             MSG_KEY_MATERIAL => MAX_KEY_MATERIAL_LEN,
+            MSG_REFUSED => MAX_REFUSED_LEN,
             _ => return Err(malformed("unknown secondary message type")),
         };
         if len > max {
@@ -169,6 +190,8 @@ impl SecondaryReader {
                 },
                 _ => return Err(malformed("path message body")),
             },
+            // Text for a report: whatever it holds is shown, never interpreted.
+            MSG_REFUSED => SecondaryMessage::Refused(String::from_utf8_lossy(body).into_owned()),
             _ => SecondaryMessage::KeyMaterial(Box::new(KeyMaterial::decode(body)?)),
         };
         let used = 4 + len;
