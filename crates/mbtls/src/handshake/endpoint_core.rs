@@ -381,9 +381,6 @@ pub(super) struct EndpointCore {
     approver: Option<Approver>,
     /// How many middleboxes must join (pre-configured); 0 when discovered.
     required: usize,
-    /// A server's pre-configured middleboxes in the order they announce themselves (named in
-    /// the error when one is missing; a client's slots carry their names).
-    pub(super) expected_names: Vec<String>,
     pub(super) primary: Option<OpenSslEngine>,
     /// Our middleboxes' secondary sessions, by subchannel.
     pub(super) slots: Vec<Slot>,
@@ -431,7 +428,6 @@ impl EndpointCore {
             now_unix,
             approver,
             required,
-            expected_names: Vec::new(),
             primary,
             slots: Vec::new(),
             out: Vec::new(),
@@ -596,14 +592,13 @@ impl EndpointCore {
             .filter(|s| s.state != Secondary::Waiting)
             .count();
         if self.preconfigured() && spoke < self.required {
-            // A client's slots carry their names from the start; a server's are made as its
-            // middleboxes announce themselves, so the first missing one is next in its list.
+            // A client's slots carry their names from the start (a server names the missing
+            // one itself: its slots are made as its middleboxes announce themselves).
             let missing = self
                 .slots
                 .iter()
                 .find(|s| s.state == Secondary::Waiting)
-                .and_then(|s| s.name.clone())
-                .or_else(|| self.expected_names.get(spoke).cloned());
+                .and_then(|s| s.name.clone());
             return Err(match missing {
                 Some(name) => HandshakeError::Middlebox {
                     name,

@@ -84,7 +84,7 @@ impl ServerHandshake {
                 (Some(a.clone()), 0)
             }
         };
-        let mut core = EndpointCore::new(
+        let core = EndpointCore::new(
             Role::Server,
             cfg.policy.clone(),
             cfg.now_unix,
@@ -92,11 +92,6 @@ impl ServerHandshake {
             required,
             None,
         );
-        core.expected_names = match &cfg.middlebox {
-            ServerMiddlebox::Preconfigured(name) => vec![name.clone()],
-            ServerMiddlebox::PreconfiguredPath(names) => names.clone(),
-            _ => Vec::new(),
-        };
         Ok(ServerHandshake {
             cfg,
             core,
@@ -145,7 +140,26 @@ impl ServerHandshake {
         if r.is_err() {
             self.core.alert_on_own_failure();
         }
-        r
+        r.map_err(|e| match e {
+            // Our slots are made as middleboxes announce themselves: the first missing one
+            // is next in the configured list.
+            HandshakeError::NotJoined => {
+                let next = self.core.slots.len();
+                let name = match &self.cfg.middlebox {
+                    ServerMiddlebox::Preconfigured(name) if next == 0 => Some(name.clone()),
+                    ServerMiddlebox::PreconfiguredPath(names) => names.get(next).cloned(),
+                    _ => None,
+                };
+                match name {
+                    Some(name) => HandshakeError::Middlebox {
+                        name,
+                        inner: Box::new(HandshakeError::NotJoined),
+                    },
+                    None => HandshakeError::NotJoined,
+                }
+            }
+            e => e,
+        })
     }
 
     /// Application data for the client; held until the data phase starts.
