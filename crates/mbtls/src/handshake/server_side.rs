@@ -326,17 +326,12 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
         let peer_closed = engine.peer_closed();
         self.secondary.push(&plain);
-        match wires::endpoint_messages(
-            &mut self.secondary,
-            &mut self.path,
-            "a server sent evidence",
-        )? {
-            Some(wires::FromEndpoint::Keys(km, path)) => return self.install(*km, path),
-            Some(wires::FromEndpoint::Refused(why)) => self
-                .wires
-                .events
-                .push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why)),
-            None => {}
+        let events = &mut self.wires.events;
+        let sent_evidence = "a server sent evidence";
+        if let Some((km, path)) =
+            wires::endpoint_keys(events, &mut self.secondary, &mut self.path, sent_evidence)?
+        {
+            return self.install(*km, path);
         }
         if peer_closed {
             self.go_passive("the server closed the secondary session without key material");

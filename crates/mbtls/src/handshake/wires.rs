@@ -247,6 +247,24 @@ impl<A: MiddleboxApp> Wires<A> {
     }
 }
 
+/// [`endpoint_messages`] for a middlebox core: the key material and path message once both
+/// are in; a refusal becomes a [`MiddleboxHandshakeEvent::RefusedByEndpoint`] in `events`.
+pub(super) fn endpoint_keys(
+    events: &mut VecDeque<MiddleboxHandshakeEvent>,
+    reader: &mut SecondaryReader,
+    path: &mut Option<PathNews>,
+    sent_evidence: &'static str,
+) -> Result<Option<(Box<KeyMaterial>, PathNews)>, HandshakeError> {
+    match endpoint_messages(reader, path, sent_evidence)? {
+        Some(FromEndpoint::Keys(km, path)) => Ok(Some((km, path))),
+        Some(FromEndpoint::Refused(why)) => {
+            events.push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why));
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
 /// What the endpoint's messages on our secondary session came to.
 pub(super) enum FromEndpoint {
     /// The key material and the path message before it (boxed: the refusal is small).
