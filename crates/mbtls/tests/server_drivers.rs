@@ -155,6 +155,35 @@ impl World {
         (server, mb2)
     }
 
+    /// curl (a legacy client) fetching `https://server.test{path}` from 127.0.0.1:`port`,
+    /// trusting the test CA; `version`: only that TLS version.
+    async fn curl(
+        &self,
+        port: u16,
+        path: &str,
+        version: Option<TlsVersion>,
+    ) -> mbx_testbed::peers::CurlOutput {
+        let (ca, url) = (
+            self.server_files.ca.clone(),
+            format!("https://server.test:{port}{path}"),
+        );
+        tokio::task::spawn_blocking(move || {
+            let curl = Curl::new(&url).cacert(ca).resolve(
+                "server.test",
+                port,
+                "127.0.0.1".parse().unwrap(),
+            );
+            match version {
+                Some(v) => curl.version(tb(v)),
+                None => curl,
+            }
+            .run()
+            .unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
     /// The server-side middlebox mb2, in front of `next_hop`.
     async fn mb2_to(&self, next_hop: SocketAddr) -> MiddleboxServer {
         MiddleboxServer::bind(
@@ -267,17 +296,7 @@ async fn curl_through_a_server_side_middlebox_to_an_mbtls_server_both_versions()
     for version in VERSIONS {
         let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
         let port = mb2.local_addr().port();
-        let ca = w.server_files.ca.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            Curl::new(&format!("https://server.test:{port}/legacy-client"))
-                .cacert(ca)
-                .resolve("server.test", port, "127.0.0.1".parse().unwrap())
-                .version(tb(version))
-                .run()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        let out = w.curl(port, "/legacy-client", Some(version)).await;
         assert_eq!(out.exit_code, Some(0), "{version:?}: {}", out.verbose);
         assert_eq!(out.status, Some(200));
         let body = out.body_str();
@@ -336,17 +355,7 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
         let through_mb2 = mb2.local_addr().port();
         let straight = server.local_addr().port();
         for (port, case) in [(through_mb2, "refused"), (straight, "missing")] {
-            let ca = w.server_files.ca.clone();
-            let out = tokio::task::spawn_blocking(move || {
-                Curl::new(&format!("https://server.test:{port}/{case}"))
-                    .cacert(ca)
-                    .resolve("server.test", port, "127.0.0.1".parse().unwrap())
-                    .version(tb(version))
-                    .run()
-                    .unwrap()
-            })
-            .await
-            .unwrap();
+            let out = w.curl(port, &format!("/{case}"), Some(version)).await;
             let what = format!("{version:?} {case}");
             assert_ne!(out.exit_code, Some(0), "{what}: {}", out.verbose);
             assert!(
@@ -625,18 +634,9 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         .unwrap();
     let mut mb2 = w.mb2_to(s_server.addr()).await;
     let port = mb2.local_addr().port();
-    let run = |path: &'static str| {
-        let ca = w.server_files.ca.clone();
-        tokio::task::spawn_blocking(move || {
-            Curl::new(&format!("https://server.test:{port}{path}"))
-                .cacert(ca)
-                .resolve("server.test", port, "127.0.0.1".parse().unwrap())
-                .run()
-                .unwrap()
-        })
-    };
+    let run = |path: &'static str| w.curl(port, path, None);
     // First session: the announcement makes the legacy server fail.
-    let first = run("/first").await.unwrap();
+    let first = run("/first").await;
     assert_ne!(first.exit_code, Some(0), "{}", first.verbose);
     let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
     assert!(report.announced && report.legacy_server, "{report:?}");
@@ -647,7 +647,7 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         "{why}"
     );
     // Second session: not announced, forwarded unchanged, works.
-    let second = run("/second").await.unwrap();
+    let second = run("/second").await;
     assert_eq!(second.exit_code, Some(0), "{}", second.verbose);
     let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
     assert!(!report.announced && !report.keys_installed, "{report:?}");
@@ -727,16 +727,7 @@ async fn a_client_leaving_early_does_not_make_the_middlebox_forget_an_mbtls_serv
         }
     }
     let port = mb2.local_addr().port();
-    let ca = w.server_files.ca.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Curl::new(&format!("https://server.test:{port}/after"))
-            .cacert(ca)
-            .resolve("server.test", port, "127.0.0.1".parse().unwrap())
-            .run()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = w.curl(port, "/after", None).await;
     assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
     assert!(
         out.body_str().contains("X-Mbtls: mb2.test"),

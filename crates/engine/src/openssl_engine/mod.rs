@@ -759,6 +759,15 @@ fn session_id_context(config: &TlsConfig) -> [u8; 32] {
 }
 
 /// The TLS 1.2 (extended) master secret, from the session rather than the key log.
+/// The ClientHello's and ServerHello's randoms of the connection.
+fn hello_randoms(ssl: &SslRef) -> Result<([u8; 32], [u8; 32]), EngineError> {
+    let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
+    if ssl.client_random(&mut client_random) != 32 || ssl.server_random(&mut server_random) != 32 {
+        return Err(EngineError::InexactExport("hello randoms unavailable"));
+    }
+    Ok((client_random, server_random))
+}
+
 fn tls12_secrets(ssl: &SslRef, client_random: &[u8; 32]) -> Result<KeyLogSecrets, EngineError> {
     let session = ssl.session().ok_or(EngineError::MissingSecret(
         "TLS 1.2 session (master secret)",
@@ -1027,12 +1036,7 @@ impl OpenSslEngine {
         let cipher = ssl
             .current_cipher()
             .ok_or(EngineError::HandshakeIncomplete)?;
-        let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
-        if ssl.client_random(&mut client_random) != 32
-            || ssl.server_random(&mut server_random) != 32
-        {
-            return Err(EngineError::InexactExport("hello randoms unavailable"));
-        }
+        let (client_random, server_random) = hello_randoms(ssl)?;
         let suite_id = u16::from_be_bytes(cipher.protocol_id());
         let keys = match version {
             // The master secret gives both directions' keys.
@@ -1402,12 +1406,7 @@ impl OpenSslEngine {
             .cipher_suite()
             .ok_or(EngineError::HandshakeIncomplete)?;
         let ssl = self.stream.ssl();
-        let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
-        if ssl.client_random(&mut client_random) != 32
-            || ssl.server_random(&mut server_random) != 32
-        {
-            return Err(EngineError::InexactExport("hello randoms unavailable"));
-        }
+        let (client_random, server_random) = hello_randoms(ssl)?;
         let tls12 = match version {
             TlsVersion::Tls12 => Some(tls12_secrets(ssl, &client_random)?),
             TlsVersion::Tls13 => None,
