@@ -901,7 +901,8 @@ fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
         port.parse::<u16>().is_ok_and(|p| p != 0),
         "{setting} {addr:?}: the port must be a number from 1 to 65535 ({example})"
     );
-    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    // An IPv6 address must be one the connection can use (a zone, if any, by number).
+    let bracketed = host.starts_with('[') && addr.parse::<std::net::SocketAddr>().is_ok();
     ensure!(
         !host.is_empty() && (bracketed || !host.contains([':', '[', ']'])),
         "{setting} {addr:?}: give host:port, an IPv6 address in brackets ({example})"
@@ -2638,7 +2639,7 @@ mod tests {
             "127.0.0.1:8080",
             "backend.example:80",
             "[::1]:8080",
-            "[fe80::1%eth0]:1",
+            "[fe80::1%2]:1",
         ] {
             check_host_port("backend", good).unwrap();
         }
@@ -2652,6 +2653,9 @@ mod tests {
             ("a:b:80", "in brackets"),
             (":80", "in brackets"),
             ("[]:80", "in brackets"),
+            // Accepted in form, but no connection could use it (a zone by name).
+            ("[fe80::1%eth0]:1", "in brackets"),
+            ("[not-ipv6]:80", "in brackets"),
         ] {
             let err = check_host_port("backend", bad).unwrap_err().to_string();
             assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");

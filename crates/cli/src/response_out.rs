@@ -17,13 +17,10 @@ const MAX_HEAD: usize = 64 * 1024;
 /// Where the body goes.
 enum Sink {
     /// Standard output; `terminal`: shown escaped, with text cut only at whole characters.
-    Stdout {
-        terminal: bool,
-    },
-    File {
-        file: File,
-        path: PathBuf,
-    },
+    Stdout { terminal: bool },
+    /// Created (or emptied) only when the body begins, as curl does: a fetch that fails
+    /// before leaves an existing file alone.
+    File { file: Option<File>, path: PathBuf },
 }
 
 /// The response written so far; its report and (without a file) its body go to `W`, standard
@@ -42,12 +39,12 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
 }
 
 impl ResponseOut {
-    /// The body goes to `output` (created, or emptied) if given, else to standard output.
+    /// The body goes to `output` (created, or emptied, when the body begins) if given, else
+    /// to standard output.
     pub fn new(output: Option<&Path>) -> anyhow::Result<Self> {
         let sink = match output {
             Some(path) => Sink::File {
-                file: File::create(path)
-                    .with_context(|| format!("cannot create {}", path.display()))?,
+                file: None,
                 path: path.to_owned(),
             },
             None => Sink::Stdout {
@@ -79,17 +76,24 @@ impl<W: Write> ResponseOut<W> {
         // The blank line may straddle two pieces: look from 3 bytes before the new ones.
         let from = head.len().saturating_sub(3);
         head.extend_from_slice(data);
+        // However the response is cut: a blank line past the limit does not end a head.
         let end = head
             .get(from..)
             .unwrap_or_default()
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
-            .map(|at| from + at);
+            .map(|at| from + at)
+            .filter(|&at| at <= MAX_HEAD);
+        let opened = match &self.sink {
+            Sink::Stdout { .. } => "body:\n".to_string(),
+            Sink::File { path, .. } => format!("body: into {}\n", path.display()),
+        };
         let (text, rest) = match end {
             Some(at) => {
                 let head = self.head.take().unwrap_or_default();
                 let (text, rest) = head.split_at(at);
-                (head_lines(text), rest.get(4..).unwrap_or_default().to_vec())
+                let text = head_lines(text) + &opened;
+                (text, rest.get(4..).unwrap_or_default().to_vec())
             }
             None if head.len() > MAX_HEAD => (
                 "response (no HTTP header):\n".to_string(),
@@ -97,11 +101,7 @@ impl<W: Write> ResponseOut<W> {
             ),
             None => return Ok(true),
         };
-        let opened = match &self.sink {
-            Sink::Stdout { .. } => "body:\n".to_string(),
-            Sink::File { path, .. } => format!("body: into {}\n", path.display()),
-        };
-        if !write_out(&mut self.out, format!("{text}{opened}").as_bytes())? {
+        if !write_out(&mut self.out, text.as_bytes())? {
             return Ok(false);
         }
         self.body(&rest)
@@ -130,6 +130,7 @@ impl<W: Write> ResponseOut<W> {
                 write_out(&mut self.out, shown.as_bytes()).map(drop)
             }
             Sink::File { file, path } => {
+                let file = open_once(file, path)?;
                 file.flush()
                     .and_then(|()| file.sync_data())
                     .with_context(|| {
@@ -161,13 +162,23 @@ impl<W: Write> ResponseOut<W> {
                 write_out(&mut self.out, shown.as_bytes())
             }
             Sink::File { file, path } => {
-                file.write_all(data).with_context(|| {
+                open_once(file, path)?.write_all(data).with_context(|| {
                     format!("cannot write the response body to {}", path.display())
                 })?;
                 Ok(true)
             }
         }
     }
+}
+
+/// The body's file, created (or emptied) on its first use.
+fn open_once<'a>(file: &'a mut Option<File>, path: &Path) -> anyhow::Result<&'a mut File> {
+    if file.is_none() {
+        let created =
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        *file = Some(created);
+    }
+    file.as_mut().context("the body's file")
 }
 
 /// The status line and header fields as report lines.
@@ -339,6 +350,27 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(show(&pieces), whole, "terminal {}", terminal);
             }
+        }
+    }
+
+    /// A blank line past the head's limit does not end a head, whether it comes in one piece
+    /// or in many.
+    #[test]
+    fn a_head_too_long_is_no_head_however_it_is_cut() {
+        let mut response = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        response.extend(std::iter::repeat_n(b'a', MAX_HEAD));
+        response.extend_from_slice(b"\r\n\r\nbody");
+        for piece in [response.len(), 1000, 7] {
+            let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+            for p in response.chunks(piece) {
+                assert!(out.push(p).unwrap());
+            }
+            out.finish().unwrap();
+            assert!(
+                out.out
+                    .starts_with(b"response (no HTTP header):\nHTTP/1.1 200 OK"),
+                "pieces of {piece}"
+            );
         }
     }
 

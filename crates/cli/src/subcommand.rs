@@ -74,7 +74,13 @@ pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_en
     let key_pem =
         zeroize::Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?);
     // What does not parse is left to the TLS library, which says why.
-    let leaf_key = openssl::x509::X509::from_pem(&cert_chain_pem).and_then(|c| c.public_key());
+    // The first certificate, as the TLS engine takes it (`TRUSTED CERTIFICATE` blocks too).
+    let leaf_key = openssl::x509::X509::stack_from_pem(&cert_chain_pem).and_then(|chain| {
+        chain
+            .first()
+            .map(|leaf| leaf.public_key())
+            .unwrap_or_else(|| Err(openssl::error::ErrorStack::get()))
+    });
     let key = openssl::pkey::PKey::private_key_from_pem(&key_pem);
     if let (Ok(leaf_key), Ok(key)) = (leaf_key, key) {
         ensure!(

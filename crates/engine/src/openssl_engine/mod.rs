@@ -758,7 +758,6 @@ fn session_id_context(config: &TlsConfig) -> [u8; 32] {
     h.finish()
 }
 
-/// The TLS 1.2 (extended) master secret, from the session rather than the key log.
 /// The ClientHello's and ServerHello's randoms of the connection.
 fn hello_randoms(ssl: &SslRef) -> Result<([u8; 32], [u8; 32]), EngineError> {
     let (mut client_random, mut server_random) = ([0u8; 32], [0u8; 32]);
@@ -768,6 +767,7 @@ fn hello_randoms(ssl: &SslRef) -> Result<([u8; 32], [u8; 32]), EngineError> {
     Ok((client_random, server_random))
 }
 
+/// The TLS 1.2 (extended) master secret, from the session rather than the key log.
 fn tls12_secrets(ssl: &SslRef, client_random: &[u8; 32]) -> Result<KeyLogSecrets, EngineError> {
     let session = ssl.session().ok_or(EngineError::MissingSecret(
         "TLS 1.2 session (master secret)",

@@ -529,11 +529,13 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         let plain = zeroize::Zeroizing::new(engine.take_plaintext());
         let peer_closed = engine.peer_closed();
         self.secondary.push(&plain);
-        let events = &mut self.wires.events;
         let sent_evidence = "a client sent evidence";
-        if let Some((km, path)) =
-            wires::endpoint_keys(events, &mut self.secondary, &mut self.path, sent_evidence)?
-        {
+        if let Some((km, path)) = wires::endpoint_keys(
+            &mut self.wires,
+            &mut self.secondary,
+            &mut self.path,
+            sent_evidence,
+        )? {
             return self.install(*km, path);
         }
         if peer_closed {

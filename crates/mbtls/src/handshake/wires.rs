@@ -34,6 +34,8 @@ pub(super) struct Wires<A: MiddleboxApp> {
     /// marker — the first encapsulated record from it after our switch (its secondary
     /// close_notify).
     pub(super) awaiting_neighbour_marker: bool,
+    /// Our endpoint refused us: nothing more may come on the secondary session but its close.
+    endpoint_refused: bool,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -135,6 +137,7 @@ impl<A: MiddleboxApp> Wires<A> {
             failed: false,
             far,
             awaiting_neighbour_marker: false,
+            endpoint_refused: false,
         }
     }
 
@@ -248,18 +251,28 @@ impl<A: MiddleboxApp> Wires<A> {
 }
 
 /// [`endpoint_messages`] for a middlebox core: the key material and path message once both
-/// are in; a refusal becomes a [`MiddleboxHandshakeEvent::RefusedByEndpoint`] in `events`.
-pub(super) fn endpoint_keys(
-    events: &mut VecDeque<MiddleboxHandshakeEvent>,
+/// are in; a refusal becomes a [`MiddleboxHandshakeEvent::RefusedByEndpoint`] in the wires'
+/// events, after which any message is refused.
+pub(super) fn endpoint_keys<A: MiddleboxApp>(
+    wires: &mut Wires<A>,
     reader: &mut SecondaryReader,
     path: &mut Option<PathNews>,
     sent_evidence: &'static str,
 ) -> Result<Option<(Box<KeyMaterial>, PathNews)>, HandshakeError> {
+    if wires.endpoint_refused && reader.buffered() > 0 {
+        return Err(HandshakeError::Protocol(
+            "a message after the endpoint's refusal on the secondary session",
+        ));
+    }
     match endpoint_messages(reader, path, sent_evidence)? {
         Some(FromEndpoint::Keys(km, path)) => Ok(Some((km, path))),
         Some(FromEndpoint::Refused(why)) => {
-            events.push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why));
-            Ok(None)
+            wires.endpoint_refused = true;
+            wires
+                .events
+                .push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why));
+            // Whatever followed it in the same piece is refused now.
+            endpoint_keys(wires, reader, path, sent_evidence)
         }
         None => Ok(None),
     }
@@ -400,6 +413,38 @@ mod tests {
 
     fn push(r: &mut SecondaryReader, m: SecondaryMessage) {
         r.push(&m.encode().unwrap());
+    }
+
+    /// A refusal is told once, as an event; anything after it on the secondary session is
+    /// refused (a "joined and refused" middlebox could otherwise follow).
+    #[test]
+    fn nothing_may_follow_a_refusal() {
+        let mut wires: Wires<mbx_apps::PassThrough> = Wires::new(Side::Server);
+        let (mut r, mut path) = (SecondaryReader::new(), None);
+        push(&mut r, SecondaryMessage::Refused("evidence refused".into()));
+        assert!(endpoint_keys(&mut wires, &mut r, &mut path, "e")
+            .unwrap()
+            .is_none());
+        assert_eq!(
+            wires.events.pop_front(),
+            Some(MiddleboxHandshakeEvent::RefusedByEndpoint(
+                "evidence refused".into()
+            ))
+        );
+        push(
+            &mut r,
+            SecondaryMessage::Path {
+                far_neighbour_joined: false,
+                ticket_wanted: false,
+            },
+        );
+        assert!(endpoint_keys(&mut wires, &mut r, &mut path, "e").is_err());
+        // Also when it comes in the same piece as the refusal.
+        let mut wires: Wires<mbx_apps::PassThrough> = Wires::new(Side::Server);
+        let (mut r, mut path) = (SecondaryReader::new(), None);
+        push(&mut r, SecondaryMessage::Refused("no".into()));
+        push(&mut r, SecondaryMessage::Evidence(Vec::new()));
+        assert!(endpoint_keys(&mut wires, &mut r, &mut path, "e").is_err());
     }
 
     #[test]
