@@ -859,7 +859,7 @@ fn client(
             // The driver's message names every cause already: no source chain on top.
             .map_err(|e| {
                 let hint = ended_behind_hint(&e);
-                let fix = fix_hint(&e);
+                let fix = fix_hint(&e, mbx_engine::Role::Client);
                 anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
             })?;
         print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
@@ -932,7 +932,7 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
 /// What would fix a refusal: the flag that would accept what a middlebox's evidence showed,
 /// when the policy refused it for a reason one flag changes (an operator setting up a client
 /// meets these one at a time), or where a middlebox that did not join belongs.
-fn fix_hint(e: &mbx_mbtls::driver::DriverError) -> String {
+fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> String {
     use mbx_attest::AttestError;
     use mbx_mbtls::driver::DriverError;
     use mbx_mbtls::handshake::HandshakeError;
@@ -940,9 +940,17 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError) -> String {
         return String::new();
     };
     if matches!(h.cause(), HandshakeError::NotJoined) {
-        return " (the client's middleboxes are started without --server-side, and --middlebox \
-                 is the address of the first one)"
-            .into();
+        return match role {
+            mbx_engine::Role::Client => {
+                " (the client's middleboxes are started without \
+                 --server-side, and --middlebox is the address of the first one)"
+            }
+            mbx_engine::Role::Server => {
+                " (clients must reach this server through its \
+                 middleboxes, which are started with --server-side and --next-hop this server)"
+            }
+        }
+        .into();
     }
     let HandshakeError::Attestation(a) = h.cause() else {
         return String::new();
@@ -2438,6 +2446,10 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         ("client", "backend"),
     );
     line.push_str(&end);
+    // What would fix a refusal, as the client's error says it.
+    if let Some(e) = &r.error {
+        line.push_str(&fix_hint(e, mbx_engine::Role::Server));
+    }
     line
 }
 
@@ -2713,6 +2725,7 @@ mod tests {
             key_updates: 0,
             peer_left_without_close_notify: false,
             outcome: Ok(()),
+            error: None,
         };
         assert_eq!(
             server_report_line(&r),

@@ -1068,6 +1068,24 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     assert!(!mb_report.contains("keys installed"), "{mb_report}");
     let srv_report = srv_lines.next().unwrap().unwrap();
     assert!(srv_report.contains("ended with error"), "{srv_report}");
+    // A legacy client straight to the server: curl reads the server's alert, and the server's
+    // report names the middlebox it misses and where clients must come from.
+    let out = mbx_testbed::Curl::new(&format!("https://server.test:{server_port}/bypass"))
+        .cacert(&server.ca)
+        .resolve("server.test", server_port, "127.0.0.1".parse().unwrap())
+        .run()
+        .unwrap();
+    assert!(
+        out.verbose.contains("alert handshake failure"),
+        "{}",
+        out.verbose
+    );
+    let srv_report = srv_lines.next().unwrap().unwrap();
+    assert!(
+        srv_report.contains("middlebox mb2.test: a pre-configured middlebox did not join")
+            && srv_report.contains("(clients must reach this server through its middleboxes"),
+        "{srv_report}"
+    );
 
     // A peer that connects and sends nothing is closed after --handshake-timeout-secs by the
     // middlebox (which closes its connection to the server too) and by the server.

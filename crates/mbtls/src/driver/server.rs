@@ -60,6 +60,10 @@ pub struct ServerConnectionReport {
     pub peer_left_without_close_notify: bool,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
+    /// The error itself, when the session failed with one (the outcome's text comes from it),
+    /// for a caller that says what would fix it (a policy that refused a middlebox, one that
+    /// did not join).
+    pub error: Option<std::sync::Arc<DriverError>>,
 }
 
 impl super::reports::Report for ServerConnectionReport {
@@ -163,6 +167,7 @@ impl ServerConnectionReport {
             key_updates: 0,
             peer_left_without_close_notify: false,
             outcome: Ok(()),
+            error: None,
         }
     }
 }
@@ -205,6 +210,7 @@ async fn serve(
     report.verdicts.extend(session.take_verdicts());
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
+        report.error = Some(std::sync::Arc::new(e));
     }
 }
 
