@@ -24,6 +24,15 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+        toml::from_str(&text).map_err(|e| {
+            // A policy table at the top, where the spec's example shows it, belongs to a role.
+            let hint = match e.message().contains("unknown field `attestation`") {
+                true => " (an attestation policy belongs to the endpoint that checks it: \
+                         [mbtls.client.attestation] or [mbtls.server.attestation], or --policy \
+                         FILE)",
+                false => "",
+            };
+            anyhow::anyhow!("invalid config file {}{hint}: {e}", path.display())
+        })
     }
 }

@@ -106,11 +106,12 @@ struct ServerFlags {
     #[arg(long = "middlebox-name")]
     middlebox_names: Vec<String>,
     /// Approve a discovered (announcing) middlebox whose certificate carries this DNS name
-    /// (repeatable). Without this and --middlebox-name every announcing middlebox is excluded.
+    /// (repeatable; replaces the config file's names and discovery settings). Without this and
+    /// --middlebox-name every announcing middlebox is excluded.
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
-    /// How many middleboxes may announce themselves in one session (default 1); more fail
-    /// the handshake.
+    /// How many middleboxes may announce themselves in one session (default 1), approved or
+    /// not: more fail the handshake, so set it to the number on the path.
     #[arg(long)]
     max_discovered: Option<u8>,
     /// CA certificates (PEM) that issue middlebox certificates.
@@ -154,23 +155,27 @@ struct ServerFlags {
 #[derive(clap::Args, Debug, Clone)]
 struct ClientFlags {
     /// The URL to fetch (https://host[:port]/path); host is the server name checked in its
-    /// certificate. The TCP connection goes to the middlebox, which knows the server's address.
+    /// certificate. The TCP connection goes to --middlebox if given (which knows the server's
+    /// address), else to the URL's host and port.
     url: String,
     /// Address of the first middlebox (host:port); without it the client connects to the URL's
     /// host and port (discovery: a transparent middlebox on the path may join).
     #[arg(long)]
     middlebox: Option<String>,
     /// Name the middlebox's certificate must carry (default: the host of --middlebox). Repeat
-    /// for several pre-configured middleboxes, in path order from the client (these replace
-    /// the config file's names and discovery settings).
+    /// for several pre-configured middleboxes, in path order from the client, every middlebox
+    /// on the path named (names are taken from the server's end: one not named here takes a
+    /// name); these replace the config file's names and discovery settings.
     #[arg(long = "middlebox-name")]
     middlebox_names: Vec<String>,
     /// Discovery: let a middlebox on the path join if its certificate carries this DNS name
-    /// (repeatable; the allow-list policy for discovered middleboxes).
+    /// (repeatable; the allow-list policy for discovered middleboxes; replaces the config
+    /// file's names and discovery settings).
     #[arg(long = "allow-middlebox")]
     allow_middleboxes: Vec<String>,
     /// Discovery: how many middleboxes on the path may join (default 1; each costs an
-    /// optimistic ClientHello).
+    /// optimistic ClientHello). The middleboxes nearest the server take them first, approved
+    /// or not: set it to the number on the path.
     #[arg(long)]
     max_discovered: Option<u8>,
     /// No middlebox on the client's side (the server's middleboxes may still join): no
@@ -951,6 +956,23 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
             }
         }
         .into();
+    }
+    // What the TLS libraries say, read for what an operator most likely got wrong.
+    let said = h.cause().to_string();
+    let named = matches!(h, HandshakeError::Middlebox { .. });
+    if role == mbx_engine::Role::Client
+        && named
+        && (said.contains("not valid for name") || said.contains("hostname mismatch"))
+    {
+        return " (pre-configured middleboxes are named in path order from the client, every \
+                 one on the path: is another middlebox on the path, or are the names in another \
+                 order?)"
+            .into();
+    }
+    if said.contains("protocol_version") {
+        return " (the two ends share no TLS version: see --tls, or tls in the config file, \
+                 on each endpoint; middleboxes take the version the endpoints agree on)"
+            .into();
     }
     let HandshakeError::Attestation(a) = h.cause() else {
         return String::new();

@@ -87,7 +87,7 @@ pub async fn run(versions: &[TlsVersion], latency: Duration) -> anyhow::Result<(
         CLIENT_MBS[0], CLIENT_MBS[1]
     );
     println!(
-        "  PKI: test CA \"mbx mbtls demo CA\" (ECDSA P-256); middleboxes in a simulated TEE, measurement {} (policies opt in to simulated evidence explicitly; the warning each acceptance logs shows with --log warn)",
+        "  PKI: test CA \"mbx mbtls demo CA\" (ECDSA P-256); middleboxes in a simulated TEE, measurement {} (policies opt in to simulated evidence explicitly; run with --log warn to see the warning logged at each acceptance)",
         hex::encode(sim::measure(PROGRAM, b""))
     );
     for v in versions {

@@ -165,6 +165,19 @@ fn bad_config_is_one_clear_error() {
         err.contains("invalid config file") && err.contains("no_such_option"),
         "{err}"
     );
+    // A policy table at the top, where the spec's example has it: where it belongs.
+    std::fs::write(&path, "[attestation]\nallow_simulated = true\n").unwrap();
+    let out = mbx()
+        .arg("--config")
+        .arg(&path)
+        .arg("demo")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[mbtls.client.attestation] or [mbtls.server.attestation]"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -682,6 +682,24 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
+    // A server that takes TLS 1.3 only and a client that offers TLS 1.2 only: the error says
+    // where the version is set.
+    let mut only13 = mbtls_server_args("127.0.0.1:0", &backend, &server);
+    only13.extend(["--tls", "1.3"].map(std::ffi::OsStr::new));
+    let (_srv13, _lines13, head13) = start(&only13, 1);
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/old"])
+        .args(["--middlebox", &listening_addr(&head13[0])])
+        .args(["--no-client-middleboxes", "--tls", "1.2", "--server-ca"])
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("protocol_version") && err.contains("the two ends share no TLS version"),
+        "{err}"
+    );
     // So does a report line before it (`println!` panicked).
     let full = || {
         std::fs::File::options()
@@ -1252,6 +1270,19 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     }
     // Both apps ran, each once.
     both_verified_and_both_apps_ran(&text, "/path");
+    // The names in the other order: the certificate check fails, and the error says how the
+    // names are matched (found in a user trial: it named the wrong middlebox, no more).
+    let (ok, text, err) = fetch(&[
+        "--middlebox-name",
+        "mb0.test",
+        "--middlebox-name",
+        "mb1.test",
+    ]);
+    assert!(!ok, "{text}");
+    assert!(
+        err.contains("pre-configured middleboxes are named in path order from the client"),
+        "{err}"
+    );
 
     // Discovery through the same two: only one optimistic hello is offered, so the middlebox
     // nearest the server (mb0) joins if the allow-list names it; mb1 forwards unchanged.
