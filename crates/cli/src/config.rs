@@ -27,9 +27,11 @@ impl Config {
         toml::from_str(&text).map_err(|e| {
             // A policy table at the top, where the spec's example shows it, belongs to a role.
             let hint = match e.message().contains("unknown field `attestation`") {
-                true => " (an attestation policy belongs to the endpoint that checks it: \
+                true => {
+                    " (an attestation policy belongs to the endpoint that checks it: \
                          [mbtls.client.attestation] or [mbtls.server.attestation], or --policy \
-                         FILE)",
+                         FILE)"
+                }
                 false => "",
             };
             anyhow::anyhow!("invalid config file {}{hint}: {e}", path.display())

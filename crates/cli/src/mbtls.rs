@@ -1450,13 +1450,11 @@ fn middlebox(
         let shown = setup.attestation_line.clone();
         running.keep_unless_changed(setup.tls, shown, &mut setup.cfg.handshake.tls);
         // The measurement covers the app, which a reload may change: both are shown.
-        Ok((
-            setup.cfg,
-            format!(
-                "app: {}; attestation: {}",
-                setup.s.app, setup.attestation_line
-            ),
-        ))
+        let shown = format!(
+            "next hop {}; app: {}; attestation: {}",
+            setup.cfg.next_hop, setup.s.app, setup.attestation_line
+        );
+        Ok((setup.cfg, shown))
     };
     let limits = cfg.limits;
     let next_hop = cfg.next_hop.clone();
@@ -2293,9 +2291,13 @@ fn server(
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         println!(
-            "mbTLS server listening on {}, backend {}",
+            "mbTLS server listening on {}, backend {}, {}",
             server.local_addr(),
-            s.backend
+            s.backend,
+            match s.tls.as_deref() {
+                Some(v) => format!("TLS {v} only"),
+                None => "TLS 1.2 and 1.3".to_string(),
+            }
         );
         match &policy {
             Some(policy) => println!("server-side middlebox: {described}; {policy}"),

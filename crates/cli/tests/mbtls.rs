@@ -1921,9 +1921,12 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     let reloaded = lines.next().unwrap().unwrap();
     assert_eq!(
         reloaded,
-        "middlebox reloaded: new connections get the new configuration; \
-         limits: handshake 60s, idle 600s, at most 7 connections at once; \
-         app: http-header:X-Mbtls:after; attestation: none (sends empty evidence)"
+        format!(
+            "middlebox reloaded: new connections get the new configuration; \
+             limits: handshake 60s, idle 600s, at most 7 connections at once; \
+             next hop {}; app: http-header:X-Mbtls:after; attestation: none (sends empty evidence)",
+            nginx.addr()
+        )
     );
     fetched_with("/second", "after", &mut lines);
 
