@@ -2594,7 +2594,12 @@ fn print_proxy_report(r: &ProxyReport) {
     let line = match (&r.outcome, r.connected) {
         (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
         (outcome, _) => {
-            let bytes = format!("{} bytes up, {} down; ", r.bytes_up, r.bytes_down);
+            // As the server's and the middlebox's lines say it (a reload may change `tls`).
+            let version = r
+                .summary
+                .as_ref()
+                .map_or(String::new(), |s| format!("{}; ", version_name(s.version)));
+            let bytes = format!("{version}{} bytes up, {} down; ", r.bytes_up, r.bytes_down);
             let via = match r.summary.as_ref().map(|s| s.middleboxes.join(", ")) {
                 Some(names) if !names.is_empty() => format!("via {names}; "),
                 _ => String::new(),

@@ -1537,7 +1537,9 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     assert_eq!(header_through_proxy(&proxy_addr), "via-proxy");
     let line = proxy_lines.next().unwrap().unwrap();
     assert!(
-        line.contains("bytes up") && line.contains("; via mb.test; hops "),
+        line.contains(": TLS 1.")
+            && line.contains("bytes up")
+            && line.contains("; via mb.test; hops "),
         "{line}"
     );
     // A local connection that sends nothing gets its session, which the proxy closes once it
