@@ -90,6 +90,15 @@ pub async fn run(versions: &[TlsVersion], latency: Duration) -> anyhow::Result<(
         "  PKI: test CA \"mbx mbtls demo CA\" (ECDSA P-256); middleboxes in a simulated TEE, measurement {} (policies opt in to simulated evidence explicitly; run with --log warn to see the warning logged at each acceptance)",
         hex::encode(sim::measure(PROGRAM, b""))
     );
+    // The words below, once, for a reader new to mbTLS.
+    println!(
+        "  terms: a link is one TCP connection of the path (each watched by a tapping relay);"
+    );
+    println!("    a hop is the keys of one link: a middlebox decrypts with one hop's keys and");
+    println!("    encrypts with the next's; the bridge is the hop that keeps the end-to-end TLS");
+    println!("    session's own keys, joining the client's side to the server's; a secondary");
+    println!("    session is the TLS session between an endpoint and one of its middleboxes, over");
+    println!("    which the middlebox shows its attestation and receives its two hops' keys");
     for v in versions {
         run_version(&world, *v, latency).await?;
     }
@@ -287,7 +296,9 @@ fn resumption_report(
         String::from_utf8_lossy(response).starts_with("HTTP/1.1 200 OK"),
         "second response"
     );
-    println!("  a second fetch with the same contexts resumes secondary sessions (paper §3.5):");
+    println!(
+        "  a second fetch with the same contexts resumes secondary sessions (the mbTLS paper, §3.5):"
+    );
     let names = [CLIENT_MBS[0], CLIENT_MBS[1], SERVER_MB];
     let verdicts: Vec<(&str, &MiddleboxVerdict)> = client
         .verdicts()
@@ -313,7 +324,7 @@ fn resumption_report(
             if resumed {
                 "resumed, no new evidence (the claims checked on the first fetch, checked against the policy again)"
             } else {
-                "full handshake with fresh evidence (its secondary session is TLS 1.3, where a middlebox with a nearer neighbour sends no ticket)"
+                "full handshake with fresh evidence (secondary sessions are TLS 1.3 whatever the primary session's version, and there a middlebox with a nearer neighbour sends no ticket)"
             }
         );
     }
