@@ -559,6 +559,7 @@ fn backend_answering(answer: fn(&[u8]) -> Vec<u8>) -> std::net::SocketAddr {
 /// not a terminal (binary bodies survive `> file`).
 #[test]
 fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
+    use std::ffi::OsStr;
     const BODY: &[u8] = b"\x00\x01\xff\xfe binary\x1b[2J\r\n";
     let (dir, _pki, server, _mbox) = pki_files("mbx cli mbtls response root", "mb.test");
     // `/big` gets a body of 8 KiB, anything else `BODY`.
@@ -601,6 +602,21 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
             fetch.output().unwrap()
         };
     let fetch_from = |addr: &str, path: &str| fetch_into(addr, path, None, None);
+    // The same, with more flags.
+    let fetch_with = |addr: &str, path: &str, extra: &[&OsStr]| {
+        mbx()
+            .args(["mbtls", "client", &format!("https://server.test{path}")])
+            .args([
+                "--middlebox",
+                addr,
+                "--no-client-middleboxes",
+                "--server-ca",
+            ])
+            .arg(&server.ca)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
     // The client straight to a server in front of `backend`.
     let fetch_through = |backend: &str, path: &str| {
         let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
@@ -637,22 +653,28 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         "{err}"
     );
     assert_eq!(file.metadata().unwrap().len(), blocks * 512, "{err}");
+    // So does a report line before it (`println!` panicked).
+    let full = std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args(["--allow-middlebox", "mb.test", "--server-ca"])
+        .arg(&server.ca)
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("mbx: cannot write to standard output: No space left on device")
+            && !err.contains("panicked"),
+        "{err}"
+    );
     // With --output the body goes to the file, whole, and only the report to stdout.
     let saved = dir.path().join("big.out");
-    let mut fetch = mbx();
-    fetch
-        .args([
-            "mbtls",
-            "client",
-            "https://server.test/big",
-            "--middlebox",
-            &addr,
-        ])
-        .args(["--no-client-middleboxes", "--server-ca"])
-        .arg(&server.ca)
-        .arg("--output")
-        .arg(&saved);
-    let out = fetch.output().unwrap();
+    let out = fetch_with(&addr, "/big", &[OsStr::new("--output"), saved.as_os_str()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
@@ -666,59 +688,23 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // A fetch that fails before its body leaves the file as it was (created only when the
     // body begins, as curl does).
     let down = mbx_testbed::refusing_addr().to_string();
-    let out = mbx()
-        .args([
-            "mbtls",
-            "client",
-            "https://server.test/big",
-            "--middlebox",
-            &down,
-        ])
-        .args(["--no-client-middleboxes", "--server-ca"])
-        .arg(&server.ca)
-        .arg("--output")
-        .arg(&saved)
-        .output()
-        .unwrap();
+    let out = fetch_with(&down, "/big", &[OsStr::new("--output"), saved.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
     // A server that takes TLS 1.3 only and a client that offers TLS 1.2 only: the error says
     // where the version is set.
     let mut only13 = mbtls_server_args("127.0.0.1:0", &backend, &server);
-    only13.extend(["--tls", "1.3"].map(std::ffi::OsStr::new));
+    only13.extend(["--tls", "1.3"].map(OsStr::new));
     let (_srv13, _lines13, head13) = start(&only13, 1);
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/old"])
-        .args(["--middlebox", &listening_addr(&head13[0])])
-        .args(["--no-client-middleboxes", "--tls", "1.2", "--server-ca"])
-        .arg(&server.ca)
-        .output()
-        .unwrap();
+    let out = fetch_with(
+        &listening_addr(&head13[0]),
+        "/old",
+        &["--tls", "1.2"].map(OsStr::new),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("protocol_version") && err.contains("the two ends share no TLS version"),
-        "{err}"
-    );
-    // So does a report line before it (`println!` panicked).
-    let full = || {
-        std::fs::File::options()
-            .write(true)
-            .open("/dev/full")
-            .unwrap()
-    };
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/"])
-        .args(["--allow-middlebox", "mb.test", "--server-ca"])
-        .arg(&server.ca)
-        .stdout(full())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("mbx: cannot write to standard output: No space left on device")
-            && !err.contains("panicked"),
         "{err}"
     );
 
