@@ -152,28 +152,28 @@ fn config_file_sets_demo_options_and_flags_win() {
 fn bad_config_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[demo]\nno_such_option = 1\n").unwrap();
-    let out = mbx()
-        .arg("--config")
-        .arg(&path)
-        .arg("demo")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // `mbx demo` with `text` as its config file: its exit status and its standard error.
+    let demo_with = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        let out = mbx()
+            .arg("--config")
+            .arg(&path)
+            .arg("demo")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = demo_with("[demo]\nno_such_option = 1\n");
+    assert_eq!(code, Some(2));
     assert!(
         err.contains("invalid config file") && err.contains("no_such_option"),
         "{err}"
     );
     // A policy table at the top, where the spec's example has it: where it belongs.
-    std::fs::write(&path, "[attestation]\nallow_simulated = true\n").unwrap();
-    let out = mbx()
-        .arg("--config")
-        .arg(&path)
-        .arg("demo")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, err) = demo_with("[attestation]\nallow_simulated = true\n");
     assert!(
         err.contains("[mbtls.client.attestation] or [mbtls.server.attestation]"),
         "{err}"
