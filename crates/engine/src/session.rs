@@ -112,14 +112,37 @@ impl KeyLogSecrets {
         self.client_random
     }
 
-    /// TLS 1.3: the traffic secret `role` writes with, once logged (a server logs its own
-    /// with its Finished, the client's only once that Finished arrives).
-    pub(crate) fn own_traffic_0(&self, role: crate::Role) -> Option<&[u8]> {
-        let secret = match role {
-            crate::Role::Client => &self.client_traffic_0,
-            crate::Role::Server => &self.server_traffic_0,
-        };
-        secret.as_deref().map(Vec::as_slice)
+    /// The keys `role` writes with now (after its ChangeCipherSpec or Finished): TLS 1.2 from
+    /// the master secret, TLS 1.3 from its own traffic secret alone (a server that waits for
+    /// the client's Finished has not logged the client's yet).
+    pub(crate) fn own_write_keys(
+        &self,
+        role: Role,
+        suite: &CipherSuite,
+        client_random: &[u8; 32],
+        server_random: &[u8; 32],
+    ) -> Result<TrafficKeys, EngineError> {
+        match suite.version {
+            TlsVersion::Tls12 => {
+                let ms = self
+                    .master_secret
+                    .as_ref()
+                    .ok_or(EngineError::MissingSecret("CLIENT_RANDOM (master secret)"))?;
+                let kb = mbx_record::tls12::key_block(suite, ms, client_random, server_random)?;
+                Ok(match role {
+                    Role::Client => kb.client_write,
+                    Role::Server => kb.server_write,
+                })
+            }
+            TlsVersion::Tls13 => {
+                let (secret, label) = match role {
+                    Role::Client => (&self.client_traffic_0, "CLIENT_TRAFFIC_SECRET_0"),
+                    Role::Server => (&self.server_traffic_0, "SERVER_TRAFFIC_SECRET_0"),
+                };
+                let secret = secret.as_ref().ok_or(EngineError::MissingSecret(label))?;
+                Ok(mbx_record::tls13::traffic_keys(suite, secret)?)
+            }
+        }
     }
 }
 

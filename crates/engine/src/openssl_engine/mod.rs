@@ -1038,34 +1038,21 @@ impl OpenSslEngine {
             .ok_or(EngineError::HandshakeIncomplete)?;
         let (client_random, server_random) = hello_randoms(ssl)?;
         let suite_id = u16::from_be_bytes(cipher.protocol_id());
+        let suite = mbx_record::CipherSuite::from_id(suite_id)
+            .ok_or(EngineError::UnsupportedSuite(suite_id))?;
         let keys = match version {
-            // The master secret gives both directions' keys.
-            TlsVersion::Tls12 => {
-                derive_session(ExportInputs {
-                    role: self.role,
-                    version,
-                    suite_id,
-                    client_random,
-                    server_random,
-                    secrets: &tls12_secrets(ssl, &client_random)?,
-                    tx_seq: 0,
-                    rx_seq: 0,
-                })?
-                .tx
-                .keys
-            }
-            // Only ours: a server that waits for the client's Finished has not logged the
-            // client's secret yet.
-            TlsVersion::Tls13 => {
-                let suite = mbx_record::CipherSuite::from_id(suite_id)
-                    .ok_or(EngineError::UnsupportedSuite(suite_id))?;
-                let st = lock(&self.state);
-                let secret = st
-                    .secrets
-                    .own_traffic_0(self.role)
-                    .ok_or(EngineError::MissingSecret("our TLS 1.3 traffic secret"))?;
-                mbx_record::tls13::traffic_keys(&suite, secret)?
-            }
+            TlsVersion::Tls12 => tls12_secrets(ssl, &client_random)?.own_write_keys(
+                self.role,
+                &suite,
+                &client_random,
+                &server_random,
+            )?,
+            TlsVersion::Tls13 => lock(&self.state).secrets.own_write_keys(
+                self.role,
+                &suite,
+                &client_random,
+                &server_random,
+            )?,
         };
         let mut record = Vec::new();
         // TLS 1.2 AES-GCM: the explicit nonce is the sequence number, while OpenSSL counts
