@@ -4,7 +4,7 @@
 mod common;
 
 use common::{pump, Pki, HOST, SUITES, V12, V13};
-use mbx_engine::{AlertDescription, EngineError, OpenSslContext, TlsEngine};
+use mbx_engine::{AlertDescription, EngineError, OpenSslContext, OpenSslEngine, TlsEngine};
 use mbx_record::{ContentType, RecordSealer};
 
 /// A TLS 1.3 NewSessionTicket (RFC 8446 §4.6.1): lifetime, age add, a one-byte nonce, a
@@ -102,6 +102,21 @@ fn a_sealed_alert_is_read_by_the_peer_as_that_alert() {
     ));
 }
 
+/// `c` sends its hello, `s` answers with its first flight and then a fatal
+/// `handshake_failure`, which `c` reads as that alert after the flight; the alert's record.
+fn alert_after_first_flight(c: &mut OpenSslEngine, s: &mut OpenSslEngine) -> Vec<u8> {
+    c.process().unwrap();
+    s.feed(&c.take_outgoing());
+    s.process().unwrap();
+    let flight = s.take_outgoing();
+    let alert = s.fatal_alert(AlertDescription::HANDSHAKE_FAILURE).unwrap();
+    c.feed(&flight);
+    c.feed(&alert);
+    let err = c.process().unwrap_err().to_string();
+    assert!(err.contains("handshake_failure"), "{err}");
+    alert
+}
+
 /// TLS 1.2, the other two states: a server that has sent its first flight and not yet its
 /// ChangeCipherSpec answers in plaintext (the exact record); a resumed one, whose
 /// ChangeCipherSpec goes first, seals under the resumed session's keys. The client reads
@@ -113,47 +128,27 @@ fn a_tls12_alert_is_in_plaintext_before_our_change_cipher_spec_and_sealed_after(
     client_cfg.resume_sessions = 4;
     let client = OpenSslContext::new(&client_cfg).unwrap();
     let server = OpenSslContext::new(&pki.server_config().only(V12)).unwrap();
-    let alert = AlertDescription::HANDSHAKE_FAILURE;
+    let engines = || {
+        (
+            client.engine_for(Some(HOST)).unwrap(),
+            server.engine().unwrap(),
+        )
+    };
 
     // A full handshake, the server's first flight out.
-    let (mut c, mut s) = (
-        client.engine_for(Some(HOST)).unwrap(),
-        server.engine().unwrap(),
-    );
-    c.process().unwrap();
-    s.feed(&c.take_outgoing());
-    s.process().unwrap();
-    let flight = s.take_outgoing();
-    let plain = s.fatal_alert(alert).unwrap();
+    let (mut c, mut s) = engines();
+    let plain = alert_after_first_flight(&mut c, &mut s);
     assert_eq!(plain, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 40]);
-    c.feed(&flight);
-    c.feed(&plain);
-    let err = c.process().unwrap_err().to_string();
-    assert!(err.contains("handshake_failure"), "{err}");
 
     // A session to resume, then a resumed handshake: the server's CCS and Finished come first.
-    let (mut c, mut s) = (
-        client.engine_for(Some(HOST)).unwrap(),
-        server.engine().unwrap(),
-    );
+    let (mut c, mut s) = engines();
     pump(&mut c, &mut s).unwrap();
     c.close().unwrap();
     s.feed(&c.take_outgoing());
     s.process().unwrap();
-    let (mut c, mut s) = (
-        client.engine_for(Some(HOST)).unwrap(),
-        server.engine().unwrap(),
-    );
-    c.process().unwrap();
-    s.feed(&c.take_outgoing());
-    s.process().unwrap();
+    let (mut c, mut s) = engines();
+    let sealed = alert_after_first_flight(&mut c, &mut s);
     assert!(s.session_reused() && s.is_handshaking());
-    let flight = s.take_outgoing();
-    let sealed = s.fatal_alert(alert).unwrap();
     assert_eq!(sealed.first(), Some(&0x15));
     assert_ne!(sealed.len(), 7, "sealed, not in plaintext");
-    c.feed(&flight);
-    c.feed(&sealed);
-    let err = c.process().unwrap_err().to_string();
-    assert!(err.contains("handshake_failure"), "{err}");
 }
