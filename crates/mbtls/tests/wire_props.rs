@@ -76,6 +76,21 @@ fn client_hello() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// The one message `bytes` hold, read from a reader given them in two pieces cut at `cut`:
+/// nothing is read from the first piece alone, and nothing is left over.
+fn read_in_two(bytes: &[u8], cut: usize) -> Result<SecondaryMessage, TestCaseError> {
+    let mut r = SecondaryReader::new();
+    let cut = cut.min(bytes.len());
+    r.push(&bytes[..cut]);
+    if cut < bytes.len() {
+        prop_assert!(r.next_message().unwrap().is_none());
+        r.push(&bytes[cut..]);
+    }
+    let msg = r.next_message().unwrap();
+    prop_assert_eq!(r.buffered(), 0);
+    msg.ok_or_else(|| TestCaseError::fail("no message"))
+}
+
 proptest! {
     #[test]
     fn encapsulated_round_trip(
@@ -162,21 +177,13 @@ proptest! {
         let bytes = SecondaryMessage::Path { far_neighbour_joined: far, ticket_wanted: ticket }
             .encode()
             .unwrap();
-        let mut r = SecondaryReader::new();
-        let cut = cut.min(bytes.len());
-        r.push(&bytes[..cut]);
-        if cut < bytes.len() {
-            prop_assert!(r.next_message().unwrap().is_none());
-            r.push(&bytes[cut..]);
-        }
-        match r.next_message().unwrap() {
-            Some(SecondaryMessage::Path { far_neighbour_joined, ticket_wanted }) => {
+        match read_in_two(&bytes, cut)? {
+            SecondaryMessage::Path { far_neighbour_joined, ticket_wanted } => {
                 prop_assert_eq!(far_neighbour_joined, far);
                 prop_assert_eq!(ticket_wanted, ticket);
             }
             other => prop_assert!(false, "{:?}", other),
         }
-        prop_assert_eq!(r.buffered(), 0);
     }
 
     /// A refusal's text survives encoding and any split: whole up to MAX_REFUSED_LEN bytes,
@@ -184,22 +191,14 @@ proptest! {
     #[test]
     fn a_refusal_round_trips_cut_to_its_limit(why in ".{0,700}", cut in 0usize..3000) {
         let bytes = SecondaryMessage::Refused(why.clone()).encode().unwrap();
-        let mut r = SecondaryReader::new();
-        let cut = cut.min(bytes.len());
-        r.push(&bytes[..cut]);
-        if cut < bytes.len() {
-            prop_assert!(r.next_message().unwrap().is_none());
-            r.push(&bytes[cut..]);
-        }
         let mut end = why.len().min(MAX_REFUSED_LEN);
         while !why.is_char_boundary(end) {
             end -= 1;
         }
-        match r.next_message().unwrap() {
-            Some(SecondaryMessage::Refused(got)) => prop_assert_eq!(got.as_str(), &why[..end]),
+        match read_in_two(&bytes, cut)? {
+            SecondaryMessage::Refused(got) => prop_assert_eq!(got.as_str(), &why[..end]),
             other => prop_assert!(false, "{:?}", other),
         }
-        prop_assert_eq!(r.buffered(), 0);
     }
 
     #[test]
