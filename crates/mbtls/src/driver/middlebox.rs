@@ -17,6 +17,7 @@ use super::outbox::Outbox;
 use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
 use super::reports::Pending;
+use super::splice::discard_until_eof;
 use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
@@ -765,13 +766,6 @@ async fn relay(
         .await;
     }
     result
-}
-
-/// Reads and drops what `r` still delivers until its end or an error.
-async fn discard_until_eof(r: &mut (impl tokio::io::AsyncRead + Unpin)) {
-    use tokio::io::AsyncReadExt as _;
-    let mut sink = vec![0u8; 4096];
-    while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 #[cfg(test)]
