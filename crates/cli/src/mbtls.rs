@@ -847,8 +847,8 @@ fn client(
     } else {
         Some(names.clone())
     };
-    // Before connecting: a file that cannot be created fails the fetch at once.
-    let mut out = ResponseOut::new(output.as_deref())?;
+    // A body file is created only when the body begins (a failed fetch leaves it alone).
+    let mut out = ResponseOut::new(output.as_deref());
     let raise = "raise --timeout-secs";
     runtime()?.block_on(async move {
         let connect =

@@ -41,7 +41,7 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
 impl ResponseOut {
     /// The body goes to `output` (created, or emptied, when the body begins) if given, else
     /// to standard output.
-    pub fn new(output: Option<&Path>) -> anyhow::Result<Self> {
+    pub fn new(output: Option<&Path>) -> Self {
         let sink = match output {
             Some(path) => Sink::File {
                 file: None,
@@ -51,7 +51,7 @@ impl ResponseOut {
                 terminal: std::io::stdout().is_terminal(),
             },
         };
-        Ok(ResponseOut::with_sink(std::io::stdout(), sink))
+        ResponseOut::with_sink(std::io::stdout(), sink)
     }
 }
 
@@ -84,14 +84,14 @@ impl<W: Write> ResponseOut<W> {
             .position(|w| w == b"\r\n\r\n")
             .map(|at| from + at)
             .filter(|&at| at <= MAX_HEAD);
-        let opened = match &self.sink {
-            Sink::Stdout { .. } => "body:\n".to_string(),
-            Sink::File { path, .. } => format!("body: into {}\n", path.display()),
-        };
         let (text, rest) = match end {
             Some(at) => {
                 let head = self.head.take().unwrap_or_default();
                 let (text, rest) = head.split_at(at);
+                let opened = match &self.sink {
+                    Sink::Stdout { .. } => "body:\n".to_string(),
+                    Sink::File { path, .. } => format!("body: into {}\n", path.display()),
+                };
                 let text = head_lines(text) + &opened;
                 (text, rest.get(4..).unwrap_or_default().to_vec())
             }
