@@ -342,13 +342,16 @@ pub(super) struct PathNews {
     pub(super) ticket: bool,
 }
 
-/// Reports that the evidence went out, and before it whether the session resumed (the
-/// evidence is then empty).
 /// Why a middlebox's secondary session with its endpoint (`endpoint`: the client or the
 /// server) failed, for its report: the endpoint's alert says whether it refused our
 /// certificate or us, which the operator needs to know.
 pub(super) fn why_secondary_failed(e: &EngineError, endpoint: Side) -> &'static str {
-    let refused_certificate = |a: AlertDescription| matches!(a.0, 42..=46 | 48);
+    // bad_certificate to certificate_unknown (RFC 8446 §6.2: 42 to 46), and unknown_ca.
+    let refused_certificate = |a: AlertDescription| {
+        (AlertDescription::BAD_CERTIFICATE.0..=AlertDescription::CERTIFICATE_UNKNOWN.0)
+            .contains(&a.0)
+            || a == AlertDescription::UNKNOWN_CA
+    };
     match (e, endpoint) {
         (EngineError::AlertReceived { alert }, Side::Client) if refused_certificate(*alert) => {
             "the client refused our certificate (its own error says why)"
@@ -366,6 +369,8 @@ pub(super) fn why_secondary_failed(e: &EngineError, endpoint: Side) -> &'static 
     }
 }
 
+/// Reports that the evidence went out, and before it whether the session resumed (the
+/// evidence is then empty).
 pub(super) fn evidence_sent(events: &mut VecDeque<MiddleboxHandshakeEvent>, resumed: bool) {
     if resumed {
         events.push_back(MiddleboxHandshakeEvent::Resumed);
