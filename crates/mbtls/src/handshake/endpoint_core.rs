@@ -599,13 +599,7 @@ impl EndpointCore {
                 .iter()
                 .find(|s| s.state == Secondary::Waiting)
                 .and_then(|s| s.name.clone());
-            return Err(match missing {
-                Some(name) => HandshakeError::Middlebox {
-                    name,
-                    inner: Box::new(HandshakeError::NotJoined),
-                },
-                None => HandshakeError::NotJoined,
-            });
+            return Err(HandshakeError::not_joined(missing));
         }
         for slot in &mut self.slots {
             if slot.state == Secondary::Waiting {
@@ -663,7 +657,12 @@ impl EndpointCore {
         why: &'static str,
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
-        self.tell_refused(subchannel, why, &err);
+        // Our own protocol reasons are `why` already; a check's error says more.
+        let detail = match &err {
+            HandshakeError::Protocol(_) => None,
+            err => Some(err.to_string()),
+        };
+        self.tell_refused(subchannel, why, detail.as_deref());
         if self.preconfigured() {
             // The session fails, with what we told the middlebox on its way. (A close_notify
             // on its secondary session first would make the middlebox go passive and report
@@ -671,11 +670,6 @@ impl EndpointCore {
             let _ = self.flush_secondary(subchannel);
             return Err(self.about(subchannel, err));
         }
-        // Our own protocol reasons are `why` already; a check's error says more.
-        let detail = match err {
-            HandshakeError::Protocol(_) => None,
-            err => Some(err.to_string()),
-        };
         self.shut_out(subchannel, why, detail)?;
         self.maybe_finish()
     }
@@ -683,11 +677,8 @@ impl EndpointCore {
     /// Best effort: tells the middlebox on `subchannel` why it gets no key material, over its
     /// secondary session when that is up (its operator then reads more than a close). What a
     /// check said is its own business: its evidence, its certificate, our approval of it.
-    fn tell_refused(&mut self, subchannel: u8, why: &'static str, err: &HandshakeError) {
-        let text = match err {
-            HandshakeError::Protocol(_) => why.to_string(),
-            err => format!("{why}: {err}"),
-        };
+    fn tell_refused(&mut self, subchannel: u8, why: &'static str, detail: Option<&str>) {
+        let text = detail.map_or_else(|| why.to_string(), |d| format!("{why}: {d}"));
         let Ok(slot) = self.slot_mut(subchannel) else {
             return;
         };

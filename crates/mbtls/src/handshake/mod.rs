@@ -137,6 +137,17 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
+    /// [`NotJoined`](Self::NotJoined), about the missing middlebox when its name is known.
+    pub(crate) fn not_joined(name: Option<String>) -> HandshakeError {
+        match name {
+            Some(name) => HandshakeError::Middlebox {
+                name,
+                inner: Box::new(HandshakeError::NotJoined),
+            },
+            None => HandshakeError::NotJoined,
+        }
+    }
+
     /// The error itself, without the middlebox it concerned.
     pub fn cause(&self) -> &HandshakeError {
         match self {

@@ -150,13 +150,7 @@ impl ServerHandshake {
                     ServerMiddlebox::PreconfiguredPath(names) => names.get(next).cloned(),
                     _ => None,
                 };
-                match name {
-                    Some(name) => HandshakeError::Middlebox {
-                        name,
-                        inner: Box::new(HandshakeError::NotJoined),
-                    },
-                    None => HandshakeError::NotJoined,
-                }
+                HandshakeError::not_joined(name)
             }
             e => e,
         })
