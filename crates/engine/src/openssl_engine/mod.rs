@@ -41,7 +41,7 @@ const HS_NEW_SESSION_TICKET: u8 = 4;
 /// Finished of each side). So the records reported after it are exactly those of the new epoch.
 /// (TLS 1.3 compatibility CCS records are unprotected and take no sequence number; they are not
 /// counted as application_data records.)
-#[derive(Default, Debug, Clone)]
+#[derive(Default, Debug)]
 struct EpochCounter {
     /// Records (any type) since the last ChangeCipherSpec: the TLS 1.2 sequence number.
     since_ccs: u64,
@@ -1013,10 +1013,14 @@ impl OpenSslEngine {
         self.check_usable()?;
         let payload = [2, description.0];
         let version = self.handshake_version();
-        let tx = lock(&self.state).tx.clone();
+        // What our records have been so far (the next sequence number, for a sealed alert).
+        let (ccs_seen, next_seq) = {
+            let st = lock(&self.state);
+            (st.tx.ccs_seen, version.map(|v| st.tx.next_seq(v)))
+        };
         let in_the_clear = match version {
             None => true,
-            Some(TlsVersion::Tls12) => tx.ccs_seen == 0,
+            Some(TlsVersion::Tls12) => ccs_seen == 0,
             Some(TlsVersion::Tls13) => false,
         };
         if in_the_clear {
@@ -1057,7 +1061,8 @@ impl OpenSslEngine {
         let mut record = Vec::new();
         // TLS 1.2 AES-GCM: the explicit nonce is the sequence number, while OpenSSL counts
         // from a random start, so the two meet with a chance of about 2^-64 per record.
-        RecordSealer::new(version, keys, tx.next_seq(version)?).seal(
+        let next_seq = next_seq.ok_or(EngineError::HandshakeIncomplete)??;
+        RecordSealer::new(version, keys, next_seq).seal(
             ContentType::ALERT,
             &payload,
             &mut record,
