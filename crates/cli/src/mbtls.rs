@@ -969,7 +969,18 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
                  order?)"
             .into();
     }
-    if said.contains("protocol_version") {
+    let version_alert =
+        |a: &mbx_engine::AlertDescription| *a == mbx_engine::AlertDescription::PROTOCOL_VERSION;
+    let no_shared_version = match h.cause() {
+        HandshakeError::Engine(mbx_engine::EngineError::AlertReceived { alert }) => {
+            version_alert(alert)
+        }
+        HandshakeError::Engine(mbx_engine::EngineError::Fatal { alert, .. }) => {
+            alert.as_ref().is_some_and(version_alert)
+        }
+        _ => false,
+    };
+    if no_shared_version {
         return " (the two ends share no TLS version: see --tls, or tls in the config file, \
                  on each endpoint; middleboxes take the version the endpoints agree on)"
             .into();
