@@ -96,11 +96,7 @@ pub enum Control {
 }
 
 fn put_reason(v: &mut Vec<u8>, why: &str) {
-    let mut end = why.len().min(255);
-    while !why.is_char_boundary(end) {
-        end -= 1;
-    }
-    v.extend_from_slice(why.get(..end).unwrap_or_default().as_bytes());
+    v.extend_from_slice(mbx_wire::text_prefix(why, 255).as_bytes());
 }
 
 fn reason(why: &[u8]) -> Result<String, NetError> {

@@ -129,6 +129,16 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The longest prefix of `text` of at most `max` bytes that ends at a character boundary: text
+/// cut to fit a length field without splitting a character.
+pub fn text_prefix(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
 /// Appends TLS encodings to a `Vec<u8>`.
 #[derive(Debug)]
 pub struct Writer<'a> {
@@ -243,6 +253,16 @@ impl<'a> Writer<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_is_cut_at_a_character_boundary() {
+        assert_eq!(text_prefix("abc", 5), "abc");
+        assert_eq!(text_prefix("abc", 2), "ab");
+        // "é" is two bytes: a cut inside it keeps the text before it.
+        assert_eq!(text_prefix("aé", 2), "a");
+        assert_eq!(text_prefix("aé", 3), "aé");
+        assert_eq!(text_prefix("", 0), "");
+    }
 
     #[test]
     fn reader_reads_integers_and_vectors() {

@@ -109,12 +109,8 @@ impl SecondaryMessage {
                 w.vec_u24(&body)?;
             }
             SecondaryMessage::Refused(why) => {
-                let mut end = why.len().min(MAX_REFUSED_LEN);
-                while !why.is_char_boundary(end) {
-                    end -= 1;
-                }
                 w.u8(MSG_REFUSED);
-                w.vec_u24(why.get(..end).unwrap_or_default().as_bytes())?;
+                w.vec_u24(mbx_wire::text_prefix(why, MAX_REFUSED_LEN).as_bytes())?;
             }
         }
         Ok(())
