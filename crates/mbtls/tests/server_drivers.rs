@@ -1181,6 +1181,13 @@ async fn a_slow_reader_gets_everything_queued_after_both_close_notifys() {
     // longer than the middlebox's close grace (5 s), which it once gave queued bytes.
     timeout(BOUND, answer_sent).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
+    // The middlebox still holds part of the answer (else this test would show nothing).
+    assert!(
+        timeout(Duration::from_millis(200), mb2.next_report())
+            .await
+            .is_err(),
+        "the middlebox ended before the reader went on: nothing was left queued"
+    );
     pause.send(false).unwrap();
     let answer = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
     assert_eq!(answer.len(), answer_len);
