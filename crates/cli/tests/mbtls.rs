@@ -2424,18 +2424,17 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
 fn pem_files_of_the_wrong_kind_are_named() {
     use std::ffi::OsStr;
     let (dir, _pki, server, mbox) = pki_files("mbx cli mbtls pem root", "mb.test");
-    let swapped: Vec<&OsStr> = vec![
-        OsStr::new("mbtls"),
-        OsStr::new("server"),
-        OsStr::new("--listen"),
-        OsStr::new("127.0.0.1:0"),
-        OsStr::new("--backend"),
-        OsStr::new("127.0.0.1:9"),
-        OsStr::new("--certificate"),
-        server.key.as_os_str(),
-        OsStr::new("--private-key"),
-        server.chain.as_os_str(),
-    ];
+    // The server's arguments with the values of --certificate and --private-key swapped.
+    let mut swapped = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    let cert = swapped
+        .iter()
+        .position(|a| *a == OsStr::new("--certificate"))
+        .unwrap();
+    let key = swapped
+        .iter()
+        .position(|a| *a == OsStr::new("--private-key"))
+        .unwrap();
+    swapped.swap(cert + 1, key + 1);
     let (status, err) = refused_at_start(&swapped);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
