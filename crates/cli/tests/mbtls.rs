@@ -603,20 +603,8 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         };
     let fetch_from = |addr: &str, path: &str| fetch_into(addr, path, None, None);
     // The same, with more flags.
-    let fetch_with = |addr: &str, path: &str, extra: &[&OsStr]| {
-        mbx()
-            .args(["mbtls", "client", &format!("https://server.test{path}")])
-            .args([
-                "--middlebox",
-                addr,
-                "--no-client-middleboxes",
-                "--server-ca",
-            ])
-            .arg(&server.ca)
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let fetch_with =
+        |addr: &str, path: &str, extra: &[&OsStr]| fetch_directly(&server, addr, path, extra);
     // The client straight to a server in front of `backend`.
     let fetch_through = |backend: &str, path: &str| {
         let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", backend, &server), 1);
@@ -740,6 +728,28 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     );
 }
 
+/// `mbx mbtls client https://server.test{path}` straight to `addr`, taken for the server (no
+/// client-side middleboxes), trusting `server`'s CA, with `extra` flags.
+fn fetch_directly(
+    server: &PkiFiles,
+    addr: &str,
+    path: &str,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    mbx()
+        .args(["mbtls", "client", &format!("https://server.test{path}")])
+        .args([
+            "--middlebox",
+            addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 /// A plain HTTP backend that answers every request with a head, then `pieces` pieces of 1,000
 /// bytes each after a pause of `pause`, then closes.
 fn paced_backend(pieces: usize, pause: std::time::Duration) -> std::net::SocketAddr {
@@ -777,18 +787,8 @@ fn a_fetch_goes_on_while_the_response_moves_and_ends_when_it_stops() {
     let fetch = |backend: std::net::SocketAddr| {
         let backend = backend.to_string();
         let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
-        mbx()
-            .args(["mbtls", "client", "https://server.test/paced"])
-            .args(["--middlebox", &listening_addr(&head[0])])
-            .args([
-                "--no-client-middleboxes",
-                "--timeout-secs",
-                "4",
-                "--server-ca",
-            ])
-            .arg(&server.ca)
-            .output()
-            .unwrap()
+        let extra = ["--timeout-secs", "4"].map(std::ffi::OsStr::new);
+        fetch_directly(&server, &listening_addr(&head[0]), "/paced", &extra)
     };
     let moving = fetch(paced_backend(6, std::time::Duration::from_secs(1)));
     let text = String::from_utf8_lossy(&moving.stdout);
