@@ -209,7 +209,7 @@ async fn run_case(
     );
     if let Some(ext) = &server.extension {
         println!(
-            "  extension {DEMO_EXTENSION:#06x}: server received {:?}, client received {:?}",
+            "  private ClientHello extension {DEMO_EXTENSION:#06x} (the kind of hook mbTLS's MiddleboxSupport rides on): server received {:?}, client received {:?}",
             String::from_utf8_lossy(ext),
             String::from_utf8_lossy(client.extension_reply.as_deref().unwrap_or_default()),
         );

@@ -389,6 +389,43 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
     }
 }
 
+/// The server's alert also reaches an mbTLS client through its own middlebox, which holds
+/// the alert until its keys come (TLS 1.3: under the server's application traffic keys; TLS
+/// 1.2: after the server's Finished): the server closes its connection right after the alert,
+/// and a middlebox that took that close for the end lost the alert (before the twenty-sixth
+/// round the client read only a close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_its_keys() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut cfg = w.server(version, backend);
+        cfg.handshake.policy.measurements =
+            vec![HexBytes(measure("another program", b"").to_vec())];
+        let (mut server, mb2) = w.server_behind_mb2_with(cfg).await;
+        let mut mb1 = MiddleboxServer::bind(
+            "127.0.0.1:0",
+            w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
+        )
+        .await
+        .unwrap();
+        let connecting = MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), b"x");
+        let err = match timeout(BOUND, connecting).await.unwrap() {
+            Err(e) => e.to_string(),
+            Ok(mut c) => timeout(BOUND, c.read_to_end())
+                .await
+                .unwrap()
+                .unwrap_err()
+                .to_string(),
+        };
+        assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
+        let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+        let why = r1.outcome.unwrap_err();
+        assert!(why.contains("handshake_failure"), "{version:?}: {why}");
+        timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
     let w = World::new();

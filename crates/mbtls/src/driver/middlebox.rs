@@ -428,6 +428,23 @@ impl Core {
         self.relay().is_some()
     }
 
+    /// See [`MiddleboxHandshake::server_alert_passed_on`].
+    fn server_alert_passed_on(&self) -> Option<u8> {
+        match self {
+            Core::ClientSide(c) => c.server_alert_passed_on(),
+            Core::ServerSide(_) => None,
+        }
+    }
+
+    /// See [`MiddleboxHandshake::keeps_server_records_for_its_keys`]; a server-side
+    /// middlebox's keys come from the server, so its close means none will.
+    fn keeps_server_records_for_its_keys(&self) -> bool {
+        match self {
+            Core::ClientSide(c) => c.keeps_server_records_for_its_keys(),
+            Core::ServerSide(_) => false,
+        }
+    }
+
     fn release_idle_buffers(&mut self) {
         match self {
             Core::ClientSide(c) => c.release_idle_buffers(),
@@ -503,12 +520,30 @@ impl Conn {
                     }
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::Failed { cause, alert }) => {
-                    let alert = alert.description.0;
+                    let alert = alert.description;
                     self.failure.get_or_insert_with(|| match cause {
                         FailCause::App { why: Some(why) } => {
                             format!("the app ended the session ({why}), alert {alert}")
                         }
-                        _ => format!("relay failed ({cause:?}), alert {alert}"),
+                        FailCause::App { why: None } => {
+                            format!("the app ended the session, alert {alert}")
+                        }
+                        FailCause::PeerAlert { from } => format!(
+                            "the {} sent alert {alert}, passed on to the {}",
+                            side_name(from),
+                            side_name(from.other())
+                        ),
+                        FailCause::BadRecord { from } => format!(
+                            "a record from the {} failed authentication or framing (bad record), alert {alert} to both sides",
+                            side_name(from)
+                        ),
+                        FailCause::Protocol { from, what } => format!(
+                            "the {} broke the protocol ({what}), alert {alert} to both sides",
+                            side_name(from)
+                        ),
+                        FailCause::Local => {
+                            format!("sealing failed here, alert {alert} to both sides")
+                        }
                     });
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::KeysUpdated { from }) => {
@@ -531,7 +566,60 @@ impl Conn {
     fn finished(&self) -> bool {
         self.hs.relay().is_some_and(|r| r.is_closed())
     }
+
+    /// What a read of nothing from `from` (EOF, or a reset: `reset`) does to the session:
+    /// `None` while it goes on (that direction had ended with close_notify: the other side is
+    /// sent a FIN), else how it ends.
+    fn on_close(
+        &mut self,
+        open: &mut [bool; 2],
+        from: Side,
+        reset: bool,
+        report: &mut ConnectionReport,
+    ) -> Option<Result<(), DriverError>> {
+        if self.direction_ended(from) {
+            if let Some(slot) = open.get_mut(usize::from(from == Side::Server)) {
+                *slot = false;
+            }
+            self.outbox(from.other()).finish();
+            return None;
+        }
+        // A clean leave ends the session: the other side's connection is closed without a
+        // close_notify of ours, so an endpoint there tells this apart from a clean end too.
+        // A reset is a cut whatever came before.
+        let leaving = self.hs.relay().map(|r| r.leaving(from));
+        if let (None, Some(description)) = (leaving, self.hs.server_alert_passed_on()) {
+            // The server ended the handshake with an alert, which went on to the client:
+            // whichever of them closes first, that is why the session ended.
+            return Some(Err(DriverError::Alert {
+                description,
+                what: "sent by the server during the handshake and passed on",
+            }));
+        }
+        if leaving == Some(Leaving::Clean) && !reset {
+            report.left_without_close_notify = Some(from);
+            return Some(Ok(()));
+        }
+        Some(Err(DriverError::PeerGone {
+            peer: side_name(from),
+            when: if matches!(leaving, Some(Leaving::Clean | Leaving::MayCut)) {
+                "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
+            } else if self.hs.keys_installed() {
+                "mid-session, without close_notify"
+            } else {
+                // Its own TLS handshake may be over (a legacy client that leaves at once):
+                // what this middlebox knows is that its keys had not come yet.
+                "during the handshake (before this middlebox received its keys)"
+            },
+        }))
+    }
 }
+
+/// How long a client-side middlebox whose server closed before its keys came still waits for
+/// them, when it keeps server records that need them: the server's last words (a fatal alert
+/// after its Finished) are then passed on. The client sends the keys as soon as its own
+/// handshakes end, a round trip at most; the handshake timeout bounds it too.
+const SERVER_LAST_WORDS_WAIT: Duration = Duration::from_secs(2);
 
 fn side_name(side: Side) -> &'static str {
     match side {
@@ -581,6 +669,9 @@ async fn relay(
     let (mut buf_c, mut buf_s) = (ReadBuf::new(READ_BUF_MAX), ReadBuf::new(READ_BUF_MAX));
     // When to answer the optimistic hello ahead of the ServerHello (see PREPARE_DELAY).
     let mut prepare_at: Option<tokio::time::Instant> = None;
+    // The server closed before our keys came while we kept records that need them: until
+    // when we wait for the keys, and whether it was a reset.
+    let mut server_left: Option<(tokio::time::Instant, bool)> = None;
     // Gives memory back once nothing was read for IDLE_TRIM_AFTER, and closes a session that
     // carries nothing for the idle timeout.
     let mut activity = Activity::new(cfg.limits.idle_timeout);
@@ -645,6 +736,14 @@ async fn relay(
                 }
                 continue;
             }
+            _ = sleep_until_opt(server_left.map(|(at, _)| at)), if server_left.is_some() => {
+                // No keys: the server's close stands as it came.
+                let reset = server_left.take().is_some_and(|(_, reset)| reset);
+                match conn.on_close(&mut open, Side::Server, reset, report) {
+                    Some(end) => break end,
+                    None => continue,
+                }
+            }
             _ = &mut handshake_deadline, if in_handshake => {
                 break Err(DriverError::HandshakeTimeout(cfg.limits.handshake_timeout));
             }
@@ -666,34 +765,16 @@ async fn relay(
         let reset = read.is_err();
         let bytes = read.unwrap_or_default();
         if bytes.is_empty() {
-            if conn.direction_ended(from) {
-                let idx = usize::from(from == Side::Server);
-                if let Some(slot) = open.get_mut(idx) {
-                    *slot = false;
-                }
-                conn.outbox(from.other()).finish();
+            if from == Side::Server && conn.hs.keeps_server_records_for_its_keys() {
+                // Its close is taken once the keys have passed on what it sent before.
+                open[1] = false;
+                server_left = Some((tokio::time::Instant::now() + SERVER_LAST_WORDS_WAIT, reset));
                 continue;
             }
-            // A clean leave ends the session: the other side's connection is closed without a
-            // close_notify of ours, so an endpoint there tells this apart from a clean end too.
-            // A reset is a cut whatever came before.
-            let leaving = conn.hs.relay().map(|r| r.leaving(from));
-            if leaving == Some(Leaving::Clean) && !reset {
-                report.left_without_close_notify = Some(from);
-                break Ok(());
+            match conn.on_close(&mut open, from, reset, report) {
+                Some(end) => break end,
+                None => continue,
             }
-            break Err(DriverError::PeerGone {
-                peer: side_name(from),
-                when: if matches!(leaving, Some(Leaving::Clean | Leaving::MayCut)) {
-                    "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
-                } else if conn.hs.keys_installed() {
-                    "mid-session, without close_notify"
-                } else {
-                    // Its own TLS handshake may be over (a legacy client that leaves at once):
-                    // what this middlebox knows is that its keys had not come yet.
-                    "during the handshake (before this middlebox received its keys)"
-                },
-            });
         }
         let n = bytes.len();
         *match from {
@@ -729,6 +810,15 @@ async fn relay(
         activity.read_now();
         if let Err(e) = received {
             break Err(e.into());
+        }
+        if let Some((_, reset)) = server_left {
+            if conn.hs.keys_installed() && conn.failure.is_none() {
+                // The keys came and what the server had sent went on: now its close.
+                server_left = None;
+                if let Some(end) = conn.on_close(&mut open, Side::Server, reset, report) {
+                    break end;
+                }
+            }
         }
         if prepare_at.is_none() && conn.hs.wants_prepare() {
             prepare_at = Some(tokio::time::Instant::now() + PREPARE_DELAY);

@@ -22,7 +22,7 @@ use super::demux::{hello_records, Piece};
 use super::kept::Kept;
 use super::wires::{self, Core, Wires};
 use super::HandshakeError;
-use crate::hop::{Input, Side};
+use crate::hop::{Alert, Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{
     KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader, MIDDLEBOX_SUPPORT_EXTENSION,
@@ -170,6 +170,8 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     copies: Vec<Record>,
     /// What `held` and `copies` keep together, within its bound.
     kept: Kept,
+    /// A fatal alert the server sent in the clear before our keys, passed on as it came.
+    server_alert: Option<u8>,
     /// What the client's path message said (until it arrives): whether a middlebox nearer the
     /// server joined, and whether the client wants our session ticket. Such a middlebox
     /// re-sends every application record through its own app once it switches, so what it
@@ -208,6 +210,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             held: Vec::new(),
             copies: Vec::new(),
             kept: Kept::default(),
+            server_alert: None,
             path: None,
             wires: Wires::new(Side::Server),
         })
@@ -347,6 +350,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     fn before_server_hello(&mut self, rec: Record) -> Result<(), HandshakeError> {
         if rec.content_type() != ContentType::HANDSHAKE {
             // An alert before the ServerHello: the handshake is failing; pass it on.
+            self.note_server_alert(&rec);
             self.wires.out_client.extend_from_slice(rec.as_bytes());
             return Ok(());
         }
@@ -482,6 +486,9 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         match self.version {
             Some(TlsVersion::Tls12) => {
+                if !self.after_ccs {
+                    self.note_server_alert(&rec);
+                }
                 if self.after_ccs {
                     // This is the server's Finished; everything after it is application data.
                     self.hold = true;
@@ -499,6 +506,16 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         self.wires.out_client.extend_from_slice(rec.as_bytes());
         Ok(())
+    }
+
+    /// Notes `rec` if it is a fatal alert in the clear (what the server ended the handshake
+    /// with, for the report).
+    fn note_server_alert(&mut self, rec: &Record) {
+        if let (ContentType::ALERT, [Alert::LEVEL_FATAL, description]) =
+            (rec.content_type(), rec.payload())
+        {
+            self.server_alert.get_or_insert(*description);
+        }
     }
 
     fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
@@ -629,6 +646,23 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
         self.wires.relay.is_some()
+    }
+
+    /// The fatal alert the server sent in the clear before this middlebox's keys (and that
+    /// it passed on), if any: why a handshake the server then closed ended.
+    pub fn server_alert_passed_on(&self) -> Option<u8> {
+        self.server_alert
+    }
+
+    /// True while this middlebox, in the session and without its keys, keeps server records
+    /// that only its keys let it pass on (TLS 1.2: after the server's Finished; TLS 1.3: any
+    /// encrypted one, which may be application epoch). A server that fails after its Finished
+    /// sends its fatal alert so and closes at once: its close must wait for the keys, or the
+    /// alert is lost.
+    pub fn keeps_server_records_for_its_keys(&self) -> bool {
+        self.mode == Mode::Joined
+            && !self.keys_installed()
+            && !(self.held.is_empty() && self.copies.is_empty())
     }
 
     /// The data phase, once keys are installed.
