@@ -675,7 +675,8 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     );
     // A fetch that fails before its body leaves the file as it was (created only when the
     // body begins, as curl does).
-    let down = mbx_testbed::refusing_addr().to_string();
+    let refusing = mbx_testbed::refusing_addr();
+    let down = refusing.addr().to_string();
     let out = fetch_with(&down, "/big", &[OsStr::new("--output"), saved.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
@@ -697,7 +698,8 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     );
 
     // A server whose backend is down answers as a reverse proxy does: 502, then close_notify.
-    let down = mbx_testbed::refusing_addr().to_string();
+    let refusing = mbx_testbed::refusing_addr();
+    let down = refusing.addr().to_string();
     let out = fetch_through(&down, "/down");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
@@ -1558,7 +1560,8 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
 
     // A first hop that cannot be reached: curl gets a 502 saying why, not "couldn't connect"
     // (found in a user trial), and the proxy's line says the same.
-    let down = mbx_testbed::refusing_addr().to_string();
+    let refusing = mbx_testbed::refusing_addr();
+    let down = refusing.addr().to_string();
     let (_proxy, mut proxy_lines, phead) = start_proxy(
         server,
         &policy,

@@ -29,7 +29,8 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
         Identity::from_pem(l.chain_pem(), l.key_pem().as_bytes())
     };
     // A next hop nobody listens on: an accepted middlebox connection ends at once.
-    let refused = mbx_testbed::refusing_addr();
+    let refusing = mbx_testbed::refusing_addr();
+    let refused = refusing.addr();
     let mut mbox = MiddleboxServer::bind(
         "127.0.0.1:0",
         MiddleboxServerConfig {

@@ -1098,7 +1098,8 @@ async fn an_idle_middlebox_connection_gives_its_buffers_back_and_carries_on() {
 async fn unread_reports_are_bounded_and_counted() {
     let w = World::new();
     // A next hop nobody listens on: every connection ends at once, with a report.
-    let refused = mbx_testbed::refusing_addr();
+    let refusing = mbx_testbed::refusing_addr();
+    let refused = refusing.addr();
     let mut mbox = w.start_middlebox(refused, passthrough()).await;
     let extra = 3u64;
     for _ in 0..REPORTS_KEPT as u64 + extra {

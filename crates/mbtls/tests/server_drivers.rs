@@ -1267,7 +1267,8 @@ async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_session_that_cannot_start_resets_or_answers_the_local_connection() {
     let w = World::new();
-    let refusing = mbx_testbed::refusing_addr();
+    let refusing_guard = mbx_testbed::refusing_addr();
+    let refusing = refusing_guard.addr();
     let mut proxy = ClientProxy::bind(
         "127.0.0.1:0",
         ClientProxyConfig {
@@ -1610,7 +1611,8 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
     let w = World::new();
-    let down = mbx_testbed::refusing_addr();
+    let refusing = mbx_testbed::refusing_addr();
+    let down = refusing.addr();
     for answer in [Some(b"502, sorry".to_vec()), None] {
         let wanted = answer.clone();
         let (mut server, _mbs, mut client) =

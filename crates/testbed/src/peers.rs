@@ -207,10 +207,33 @@ pub fn free_port() -> Result<u16, PeerError> {
 }
 
 /// A loopback address nobody listens on (a connection to it is refused at once), for tests of
-/// a next hop or backend that is down. As with [`free_port`], another process could take it.
-pub fn refusing_addr() -> std::net::SocketAddr {
-    let port = free_port().expect("a free loopback port");
-    std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+/// a next hop or backend that is down. Its port stays bound, never listening, while this
+/// lives: a port only released (as [`free_port`] does) could be taken by a listener of a test
+/// running beside it, whose connections the "down" one would then steal.
+#[derive(Debug)]
+pub struct RefusingAddr {
+    addr: std::net::SocketAddr,
+    _bound: tokio::net::TcpSocket,
+}
+
+impl RefusingAddr {
+    /// The address (connections to it are refused).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+/// A [`RefusingAddr`] on 127.0.0.1.
+pub fn refusing_addr() -> RefusingAddr {
+    let bound = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    bound
+        .bind(std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .expect("a free loopback port");
+    let addr = bound.local_addr().expect("its address");
+    RefusingAddr {
+        addr,
+        _bound: bound,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
