@@ -256,8 +256,8 @@ async fn drop_stops_listener_and_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_closes_client() {
-    let port = mbx_testbed::free_port().unwrap();
-    let relay = DelayRelay::start(SocketAddr::from(([127, 0, 0, 1], port)), Duration::ZERO)
+    let down = mbx_testbed::refusing_addr();
+    let relay = DelayRelay::start(down.addr(), Duration::ZERO)
         .await
         .unwrap();
     let mut c = TcpStream::connect(relay.local_addr()).await.unwrap();
