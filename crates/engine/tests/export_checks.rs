@@ -117,6 +117,24 @@ fn alert_after_first_flight(c: &mut OpenSslEngine, s: &mut OpenSslEngine) -> Vec
     alert
 }
 
+/// TLS 1.3, a server whose first flight is a HelloRetryRequest (it takes only P-384, the
+/// client sent an X25519 key share) has no keys yet: its alert is in plaintext, which the
+/// client reads as `handshake_failure` (before the twenty-sixth round: an error, no alert).
+#[test]
+fn a_tls13_alert_after_a_hello_retry_request_is_in_plaintext() {
+    let pki = Pki::new();
+    let client = OpenSslContext::new(&pki.client_config().only(V13)).unwrap();
+    let mut server_cfg = pki.server_config().only(V13);
+    server_cfg.groups = vec!["P-384".into()];
+    let server = OpenSslContext::new(&server_cfg).unwrap();
+    let (mut c, mut s) = (
+        client.engine_for(Some(HOST)).unwrap(),
+        server.engine().unwrap(),
+    );
+    let plain = alert_after_first_flight(&mut c, &mut s);
+    assert_eq!(plain, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 40]);
+}
+
 /// TLS 1.2, the other two states: a server that has sent its first flight and not yet its
 /// ChangeCipherSpec answers in plaintext (the exact record); a resumed one, whose
 /// ChangeCipherSpec goes first, seals under the resumed session's keys. The client reads

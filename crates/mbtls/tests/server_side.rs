@@ -1634,6 +1634,13 @@ fn a_third_announcing_middlebox_is_refused() {
     }
 }
 
+/// A HelloRetryRequest is a ServerHello whose random is SHA-256("HelloRetryRequest") (RFC 8446
+/// §4.1.3).
+const HRR_RANDOM: [u8; 32] = [
+    0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65, 0xB8, 0x91,
+    0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2, 0xC8, 0xA8, 0x33, 0x9C,
+];
+
 /// A TLS 1.3 server that only takes P-384 answers the clients' X25519 key share with a
 /// HelloRetryRequest: the client-side middleboxes join on the real ServerHello that follows
 /// (they would stay passive if they took the retry request for it), server-side ones as usual.
@@ -1699,16 +1706,49 @@ fn hello_retry_request_on_the_primary_handshake() {
             want.extend_from_slice(b"\r\n");
             assert_eq!(path.last().read(), want, "{what}");
             assert_eq!(path.first().read(), b"ANSWER", "{what}");
-            // The server sent a HelloRetryRequest (else this test proves nothing): a ServerHello
-            // whose random is SHA-256("HelloRetryRequest") (RFC 8446 §4.1.3).
-            const HRR_RANDOM: [u8; 32] = [
-                0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65,
-                0xB8, 0x91, 0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2,
-                0xC8, 0xA8, 0x33, 0x9C,
-            ];
+            // The server sent a HelloRetryRequest (else this test proves nothing).
             let from_server = path.tap_s2c.last().unwrap();
             assert!(from_server.windows(32).any(|w| w == HRR_RANDOM), "{what}");
         }
+    }
+}
+
+/// A server that refuses its middlebox while its HelloRetryRequest is out (the middlebox's
+/// evidence comes back before the client's second ClientHello) has no keys yet: the legacy
+/// client still reads `handshake_failure`, in plaintext (twenty-sixth round; before, the
+/// server had no alert to send there and the client saw a close).
+#[test]
+fn a_server_refusing_its_middlebox_after_a_hello_retry_request_sends_an_alert() {
+    for mut s in Setup::both() {
+        eprintln!("secondary sessions: {}", s.secondary_engine);
+        s.server_groups = vec!["P-384".into()];
+        let v = TlsVersion::Tls13;
+        let mb = ServerSideMiddlebox::new(
+            s.middlebox("mb2.test", "some other program"),
+            tagger("mb2.test"),
+            true,
+        )
+        .unwrap();
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(v)),
+            Node::ServerSideMb(mb),
+            Node::Server(s.server(v, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.assert_server_refused(&["attestation"], v);
+        // The retry request went out, and nothing protected after it: the refusal came in
+        // the window this test is about.
+        let from_server = path.tap_s2c.last().unwrap().clone();
+        assert!(from_server.windows(32).any(|w| w == HRR_RANDOM));
+        assert!(
+            !common::records(&from_server)
+                .iter()
+                .any(|r| r.first() == Some(&23)),
+            "a protected record left the server"
+        );
+        let client = path.errors[0].clone().unwrap_or_default();
+        assert!(client.contains("handshake_failure"), "{:?}", path.errors);
     }
 }
 

@@ -1006,22 +1006,30 @@ impl OpenSslEngine {
     /// In plaintext while our writes are (TLS 1.2 before our ChangeCipherSpec); otherwise
     /// sealed under our current write keys at OpenSSL's next sequence number (TLS 1.2 after
     /// our ChangeCipherSpec, TLS 1.3 after our Finished: the keys come from the session or
-    /// the key log, so the engine must be `exportable`). TLS 1.3 between our ServerHello and
-    /// our Finished, after a renegotiation or a KeyUpdate: an error. Nothing may be written
+    /// the key log, so the engine must be `exportable`); TLS 1.3 before any protected record
+    /// of ours (a server that has sent a HelloRetryRequest) in plaintext too. TLS 1.3 between
+    /// our ServerHello and our Finished, after a renegotiation or a KeyUpdate: an error. Nothing may be written
     /// through the engine afterwards.
     pub fn fatal_alert(&self, description: AlertDescription) -> Result<Vec<u8>, EngineError> {
         self.check_usable()?;
         let payload = [2, description.0];
         let version = self.handshake_version();
         // What our records have been so far (the next sequence number, for a sealed alert).
-        let (ccs_seen, next_seq) = {
+        let (ccs_seen, protected_sent, next_seq) = {
             let st = lock(&self.state);
-            (st.tx.ccs_seen, version.map(|v| st.tx.next_seq(v)))
+            let protected = st.tx.finished_seen > 0 || st.tx.since_finished > 0;
+            (
+                st.tx.ccs_seen,
+                protected,
+                version.map(|v| st.tx.next_seq(v)),
+            )
         };
         let in_the_clear = match version {
             None => true,
             Some(TlsVersion::Tls12) => ccs_seen == 0,
-            Some(TlsVersion::Tls13) => false,
+            // Nothing protected written yet: at most a HelloRetryRequest (and a compatibility
+            // ChangeCipherSpec), before any key.
+            Some(TlsVersion::Tls13) => !protected_sent,
         };
         if in_the_clear {
             let mut record = Vec::with_capacity(7);
