@@ -389,11 +389,12 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
     }
 }
 
-/// The server's alert also reaches an mbTLS client through its own middlebox, which holds
-/// the alert until its keys come (TLS 1.3: under the server's application traffic keys; TLS
-/// 1.2: after the server's Finished): the server closes its connection right after the alert,
-/// and a middlebox that took that close for the end lost the alert (before the twenty-sixth
-/// round the client read only a close).
+/// The server's alert also reaches an mbTLS client through its own middlebox. TLS 1.3: the
+/// alert is under the server's application traffic keys, which the middlebox holds until its
+/// keys come, and the server closes right after it; a middlebox that took that close for the
+/// end lost the alert (before the twenty-sixth round the client read only a close). TLS 1.2:
+/// the server refuses before its ChangeCipherSpec, so the alert is in plaintext and passes at
+/// once; the middlebox reports it (before: "the server closed the connection").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_its_keys() {
     let w = World::new();

@@ -1008,7 +1008,9 @@ impl OpenSslEngine {
     /// our ChangeCipherSpec, TLS 1.3 after our Finished: the keys come from the session or
     /// the key log, so the engine must be `exportable`); TLS 1.3 before any protected record
     /// of ours (a server that has sent a HelloRetryRequest) in plaintext too. TLS 1.3 between
-    /// our ServerHello and our Finished, after a renegotiation or a KeyUpdate: an error. Nothing may be written
+    /// our ServerHello and our Finished (a server's), after a renegotiation or a KeyUpdate: an
+    /// error. (A TLS 1.3 client before its Finished has written nothing protected: plaintext,
+    /// as OpenSSL's own alerts there.) Nothing may be written
     /// through the engine afterwards.
     pub fn fatal_alert(&self, description: AlertDescription) -> Result<Vec<u8>, EngineError> {
         self.check_usable()?;

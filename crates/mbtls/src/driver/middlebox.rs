@@ -720,7 +720,9 @@ async fn relay(
                     activity.wrote_now();
                     continue;
                 }
-                Err(_) if draining => {
+                // After both close_notifys, or once the server left while we wait to pass on
+                // its last words: what it no longer takes is not the error.
+                Err(_) if draining || server_left.is_some() => {
                     conn.to_server = Outbox::new();
                     continue;
                 }
@@ -771,6 +773,11 @@ async fn relay(
                 server_left = Some((tokio::time::Instant::now() + SERVER_LAST_WORDS_WAIT, reset));
                 continue;
             }
+            // The client leaving while we wait: the server's close, which came first, stands.
+            let (from, reset) = match server_left {
+                Some((_, server_reset)) => (Side::Server, server_reset),
+                None => (from, reset),
+            };
             match conn.on_close(&mut open, from, reset, report) {
                 Some(end) => break end,
                 None => continue,
@@ -812,8 +819,9 @@ async fn relay(
             break Err(e.into());
         }
         if let Some((_, reset)) = server_left {
-            if conn.hs.keys_installed() && conn.failure.is_none() {
-                // The keys came and what the server had sent went on: now its close.
+            if !conn.hs.keeps_server_records_for_its_keys() && conn.failure.is_none() {
+                // The keys came and what the server had sent went on (or the middlebox went
+                // passive and passed it on raw): now its close.
                 server_left = None;
                 if let Some(end) = conn.on_close(&mut open, Side::Server, reset, report) {
                     break end;

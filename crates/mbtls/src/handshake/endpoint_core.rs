@@ -501,8 +501,8 @@ impl EndpointCore {
     /// `handshake_failure` alert, so that a legacy client learns the session was refused
     /// instead of seeing a close; as the client reads it then (TLS 1.2: in plaintext before
     /// our ChangeCipherSpec, sealed after it; TLS 1.3: sealed under the server's application
-    /// traffic keys, which follow its Finished in the same flight). An engine that failed sent
-    /// its own alert.
+    /// traffic keys, which follow its Finished in the same flight, or in plaintext while only
+    /// a HelloRetryRequest is out). An engine that failed sent its own alert.
     pub(super) fn alert_on_own_failure(&mut self) {
         let Some(primary) = self.primary.as_ref() else {
             return;

@@ -655,10 +655,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     }
 
     /// True while this middlebox, in the session and without its keys, keeps server records
-    /// that only its keys let it pass on (TLS 1.2: after the server's Finished; TLS 1.3: any
-    /// encrypted one, which may be application epoch). A server that fails after its Finished
-    /// sends its fatal alert so and closes at once: its close must wait for the keys, or the
-    /// alert is lost.
+    /// that its keys may have to pass on (TLS 1.2: those after the server's Finished; TLS 1.3:
+    /// any encrypted one, handshake-epoch ones included, which went on raw: which of them are
+    /// application epoch only the keys tell). A server that fails after its Finished sends its
+    /// fatal alert so and closes at once: its close must wait for the keys, or the alert is
+    /// lost. A TLS 1.3 handshake that fails for good (no keys will come) thus has its close
+    /// passed on up to the driver's wait later.
     pub fn keeps_server_records_for_its_keys(&self) -> bool {
         self.mode == Mode::Joined
             && !self.keys_installed()
