@@ -420,7 +420,7 @@ struct Service {
     #[arg(long)]
     max_connections: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
-    /// end before cutting them (default 10; a second signal stops at once).
+    /// end before cutting them (default 10; a second signal cuts them at once).
     #[arg(long)]
     drain_secs: Option<u64>,
     /// Answer Prometheus scrapes (`GET /metrics`, plain HTTP) on this address: connections
@@ -1861,8 +1861,9 @@ fn raise_open_files_limit() {
 }
 
 /// Prints each connection's report until the first Ctrl-C or SIGTERM; then stops accepting
-/// and gives the open `what` (connections, sessions) the service's drain time to end, and stops
-/// at once on a second signal. On SIGHUP the `who` (middlebox, server, proxy) takes the
+/// and gives the open `what` (connections, sessions) the service's drain time to end, and cuts
+/// them at once on a second signal (their reports, then the "stopped" line, still come; a
+/// third signal leaves without them). On SIGHUP the `who` (middlebox, server, proxy) takes the
 /// configuration `reload` builds for the connections accepted from then on; one that fails to
 /// build changes nothing. With a metrics listener (bound by [`bind_metrics`] before the
 /// banner), answers Prometheus scrapes there.
@@ -1910,9 +1911,16 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
             },
             r = stop.next() => {
                 r?;
-                if stop.count > 1 {
-                    print_line(format!("{who} stopping now"));
+                if stop.count > 2 {
+                    // The cut connections' reports did not come: leave without them.
+                    print_line(format!("{who} stopped without waiting for the cut {what}'s reports"));
                     return Ok(());
+                }
+                if stop.count > 1 {
+                    // Their reports follow, then the "stopped" line.
+                    server.cut_now();
+                    print_line(format!("{who} stopping now: the open {what} are cut"));
+                    continue;
                 }
                 server.drain(grace);
                 print_line(format!(

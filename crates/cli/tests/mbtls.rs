@@ -1158,6 +1158,44 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     }
 }
 
+/// A second stop signal cuts what the drain still waits for at once, and the cut connection's
+/// report and the "stopped" line still come (twenty-sixth round: before, the process left at
+/// the second signal without them, though the client's error pointed at those lines).
+#[test]
+fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
+    let (_dir, _pki, _server, mbox) = pki_files("mbx cli second signal root", "mb.test");
+    // A next hop that takes the connection (into its backlog) and never answers.
+    let next_hop = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let next_hop = next_hop.local_addr().unwrap().to_string();
+    let (mut mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &["--drain-secs", "3600"], 4);
+    // A client that connects and says nothing: open until its handshake timeout (60 s).
+    let _client = std::net::TcpStream::connect(listening_addr(&head[0])).unwrap();
+    signal(&mut mb, Signal::TERM);
+    let stopping = lines.next().unwrap().unwrap();
+    assert!(
+        stopping.starts_with("middlebox stopping: no new connections"),
+        "{stopping}"
+    );
+    signal(&mut mb, Signal::TERM);
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert_eq!(
+        rest.first().map(String::as_str),
+        Some("middlebox stopping now: the open connections are cut"),
+        "{rest:?}"
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("cut: the service stopped")),
+        "{rest:?}"
+    );
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("middlebox stopped (1 connection cut)"),
+        "{rest:?}"
+    );
+    let status = mb.wait_timeout(std::time::Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
 #[test]
 fn client_through_two_middleboxes_and_through_a_discovered_one() {
     let dir = tempfile::tempdir().unwrap();

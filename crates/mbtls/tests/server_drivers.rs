@@ -1083,6 +1083,19 @@ fn assert_left_after_our_close(
 /// carried so far; then the report stream ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cut_at_the_end_of_a_drain_is_reported() {
+    a_session_cut_in_a_drain_is_reported(Duration::from_millis(200), false).await;
+}
+
+/// The same when the drain is cut short ([`MbtlsServer::cut_now`], the CLI's second stop
+/// signal): the session is cut at once, long before its grace period (an hour) ends, and
+/// reported (twenty-sixth round; before, the CLI returned at the second signal, without the
+/// reports of what it cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cut_by_ending_the_drain_early_is_reported() {
+    a_session_cut_in_a_drain_is_reported(Duration::from_secs(3600), true).await;
+}
+
+async fn a_session_cut_in_a_drain_is_reported(grace: Duration, cut_now: bool) {
     let w = World::new();
     let backend = stream_echo_backend().await;
     let version = TlsVersion::Tls13;
@@ -1095,7 +1108,10 @@ async fn a_session_cut_at_the_end_of_a_drain_is_reported() {
         let more = timeout(BOUND, client.read()).await.unwrap().unwrap();
         echoed.extend_from_slice(&more.unwrap());
     }
-    server.drain(Duration::from_millis(200));
+    server.drain(grace);
+    if cut_now {
+        server.cut_now();
+    }
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     let why = report.outcome.as_ref().unwrap_err();
     assert!(why.contains("end of the drain time"), "{report:?}");

@@ -69,6 +69,8 @@ pub struct Listening<R, C> {
     local_addr: SocketAddr,
     task: JoinHandle<()>,
     stop: Option<oneshot::Sender<Stop>>,
+    /// Ends a drain's grace period early ([`Listening::cut_now`]).
+    cut_now: Arc<Notify>,
     reports: ReportReceiver<R>,
     stats: ListenerStats,
     config: Arc<ConfigSlot<C>>,
@@ -155,6 +157,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         let cut = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
+        let cut_now = Arc::new(Notify::new());
         let config = Arc::new(ConfigSlot::new(config));
         let serve_and_report =
             move |id, stream, peer, config| serve(id, stream, peer, config, tx.clone());
@@ -165,7 +168,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         };
         let task = tokio::spawn(accept_loop(
             acceptor,
-            stopped,
+            (stopped, cut_now.clone()),
             config.clone(),
             counts,
             serve_and_report,
@@ -182,6 +185,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             local_addr,
             task,
             stop: Some(stop),
+            cut_now,
             reports,
             stats,
             config,
@@ -237,6 +241,13 @@ impl<R, C> Listening<R, C> {
         }
     }
 
+    /// Ends a [`drain`](Self::drain)'s grace period now: the connections still open are cut
+    /// at once, and reported as cut, as at the end of the grace period (an operator's second
+    /// stop signal). Called before the drain, that drain cuts at once.
+    pub fn cut_now(&self) {
+        self.cut_now.notify_one();
+    }
+
     /// Connections being served now ([`ListenerStats::open_connections`]).
     pub fn open_connections(&self) -> usize {
         self.stats.open_connections()
@@ -284,7 +295,7 @@ struct Counts {
 /// changed.
 async fn accept_loop<C: ServiceConfig, F, Fut>(
     mut acceptor: Acceptor,
-    mut stopped: oneshot::Receiver<Stop>,
+    (mut stopped, cut_now): (oneshot::Receiver<Stop>, Arc<Notify>),
     config: Arc<ConfigSlot<C>>,
     counts: Counts,
     mut serve: F,
@@ -305,7 +316,10 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 drop(acceptor);
                 if let Ok(Stop::Drain(grace)) = stop {
                     let _ = tokio::time::timeout(grace, async {
-                        while conns.join_next().await.is_some() {}
+                        tokio::select! {
+                            () = async { while conns.join_next().await.is_some() {} } => {}
+                            () = cut_now.notified() => {}
+                        }
                     })
                     .await;
                     while conns.try_join_next().is_some() {}
