@@ -22,5 +22,5 @@ pub mod http;
 pub mod passthrough;
 
 pub use app::{CloseAlert, Direction, MiddleboxApp, Verdict};
-pub use http::{HttpError, HttpHeaderInsert, HttpLimits};
+pub use http::{HttpError, HttpHeaderInsert, HttpLimits, ResponseBody};
 pub use passthrough::PassThrough;

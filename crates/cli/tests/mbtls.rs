@@ -562,8 +562,13 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     use std::ffi::OsStr;
     const BODY: &[u8] = b"\x00\x01\xff\xfe binary\x1b[2J\r\n";
     let (dir, _pki, server, _mbox) = pki_files("mbx cli mbtls response root", "mb.test");
-    // `/big` gets a body of 8 KiB, anything else `BODY`.
+    // `/big` gets a body of 8 KiB, anything else `BODY`; `/cut` (without the field the
+    // client cannot parse, which would turn its framing checks off) 5 bytes of the 100 its
+    // Content-Length says: the backend's end cuts it.
     let backend = backend_answering(|request| {
+        if request.starts_with(b"GET /cut ") {
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort".to_vec();
+        }
         let body = match request.starts_with(b"GET /big ") {
             true => vec![b'x'; 8192],
             false => BODY.to_vec(),
@@ -694,6 +699,20 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("protocol_version") && err.contains("the two ends share no TLS version"),
+        "{err}"
+    );
+
+    // A body its backend cut short of its Content-Length: written as far as it came, then an
+    // error that says so, exit status 1 (before the twenty-sixth round: exit 0, as if whole).
+    let out = fetch_through(&backend, "/cut");
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}{err}");
+    assert!(text.ends_with("body:\nshort"), "{text}");
+    assert!(
+        err.contains("the response body was cut: 5 of its 100 bytes"),
         "{err}"
     );
 

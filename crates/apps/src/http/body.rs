@@ -100,15 +100,40 @@ impl Body {
         limits: &HttpLimits,
         refused_trailer: &[u8],
     ) -> Result<(usize, bool), HttpError> {
+        self.read_data(data, limits, refused_trailer, |_| {})
+    }
+
+    /// [`read`](Self::read), also giving `data_out` each run of the body's data (without the
+    /// chunked framing and trailers), for a reader of the body itself.
+    pub(super) fn read_data(
+        &mut self,
+        data: &[u8],
+        limits: &HttpLimits,
+        refused_trailer: &[u8],
+        mut data_out: impl FnMut(&[u8]),
+    ) -> Result<(usize, bool), HttpError> {
         let mut used = 0;
         while self.part != Part::Ended {
             let rest = data.get(used..).unwrap_or_default();
             if rest.is_empty() {
                 break;
             }
-            used += self.read_part(rest, limits, refused_trailer)?;
+            let is_data = matches!(
+                self.part,
+                Part::Length { .. } | Part::ChunkData { .. } | Part::UntilClose
+            );
+            let n = self.read_part(rest, limits, refused_trailer)?;
+            if is_data {
+                data_out(rest.get(..n).unwrap_or_default());
+            }
+            used += n;
         }
         Ok((used, self.part == Part::Ended))
+    }
+
+    /// Whether the body ended as its framing says (a body delimited by the close never does).
+    pub(super) fn ended(&self) -> bool {
+        self.part == Part::Ended
     }
 
     /// Reads from the front of non-empty `data` within the current part; returns how many bytes

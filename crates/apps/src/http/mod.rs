@@ -34,7 +34,10 @@
 
 mod body;
 mod head;
+mod response_body;
 mod responses;
+
+pub use response_body::ResponseBody;
 
 use body::{Body, Framing};
 use head::Head;

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use super::body::{Body, Framing};
 use super::head::Head;
-use super::{framing_fields, HttpLimits};
+use super::{framing_fields, HttpError, HttpLimits};
 
 /// What the proxy must know of a request to follow its response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,17 +170,9 @@ impl Responses {
             return None;
         }
         self.awaited.pop_front();
-        let framing = if request.head_method || status == 204 || status == 304 {
-            Framing::None
-        } else {
-            match framing_fields(response.headers) {
-                Ok(f) => match (f.codings.last(), f.content_length) {
-                    (Some(last), _) if last == "chunked" => Framing::Chunked,
-                    (Some(_), _) | (None, None) => Framing::UntilClose,
-                    (None, Some(n)) => Framing::Length(n),
-                },
-                Err(_) => return self.lose(),
-            }
+        let Ok(framing) = final_response_framing(status, request.head_method, response.headers)
+        else {
+            return self.lose();
         };
         self.state = if self.body.start(framing) {
             State::Body
@@ -198,4 +190,22 @@ impl Responses {
         self.awaited = VecDeque::new();
         pending.then_some(false)
     }
+}
+
+/// How the body of a final (non-1xx) response with `status` and `headers` is delimited (RFC
+/// 9112 §6.3); `head_method`: it answers a HEAD request.
+pub(super) fn final_response_framing(
+    status: u16,
+    head_method: bool,
+    headers: &[httparse::Header],
+) -> Result<Framing, HttpError> {
+    if head_method || status == 204 || status == 304 {
+        return Ok(Framing::None);
+    }
+    let f = framing_fields(headers)?;
+    Ok(match (f.codings.last(), f.content_length) {
+        (Some(last), _) if last == "chunked" => Framing::Chunked,
+        (Some(_), _) | (None, None) => Framing::UntilClose,
+        (None, Some(n)) => Framing::Length(n),
+    })
 }
