@@ -529,7 +529,7 @@ impl Conn {
                             format!("the app ended the session, alert {alert}")
                         }
                         FailCause::PeerAlert { from } => format!(
-                            "the {} sent alert {alert}, passed on to the {}",
+                            "alert {alert} came from the {}, passed on to the {}",
                             side_name(from),
                             side_name(from.other())
                         ),
@@ -601,7 +601,7 @@ impl Conn {
             return Some(Ok(()));
         }
         Some(Err(DriverError::PeerGone {
-            peer: side_name(from),
+            peer: neighbour_name(from),
             when: if matches!(leaving, Some(Leaving::Clean | Leaving::MayCut)) {
                 "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
             } else if self.hs.keys_installed() {
@@ -621,10 +621,22 @@ impl Conn {
 /// handshakes end, a round trip at most; the handshake timeout bounds it too.
 const SERVER_LAST_WORDS_WAIT: Duration = Duration::from_secs(2);
 
+/// The connection toward `side`, in errors about that connection: the neighbour at its other
+/// end may be a middlebox rather than the endpoint (found in a user trial: a middlebox whose
+/// next middlebox was killed said "the server closed the connection").
+fn neighbour_name(side: Side) -> &'static str {
+    match side {
+        Side::Client => "previous hop (toward the client)",
+        Side::Server => "next hop (toward the server)",
+    }
+}
+
+/// Where something came from or went to beyond the neighbour: a record or an alert from the
+/// server's side may be the server's own or a middlebox's on the way.
 fn side_name(side: Side) -> &'static str {
     match side {
-        Side::Client => "client",
-        Side::Server => "server",
+        Side::Client => "client's side",
+        Side::Server => "server's side",
     }
 }
 
@@ -713,7 +725,7 @@ async fn relay(
                     conn.to_client = Outbox::new();
                     continue;
                 }
-                Err(_) => break Err(DriverError::PeerGone { peer: "client", when: "while we were writing to it" }),
+                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Client), when: "while we were writing to it" }),
             },
             w = conn.to_server.write_some(&mut server_w), if want_s => match w {
                 Ok(()) => {
@@ -726,7 +738,7 @@ async fn relay(
                     conn.to_server = Outbox::new();
                     continue;
                 }
-                Err(_) => break Err(DriverError::PeerGone { peer: "server", when: "while we were writing to it" }),
+                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Server), when: "while we were writing to it" }),
             },
             _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
                 prepare_at = None;
