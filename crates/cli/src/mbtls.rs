@@ -875,13 +875,15 @@ fn client(
                 .await
                 .map_err(|_| {
                     anyhow::anyhow!(
-                        "the response stopped: nothing came for {} s ({raise})",
-                        bound.as_secs()
+                        "the response stopped: nothing came for {} s ({raise}){}",
+                        bound.as_secs(),
+                        out.partial_note()
                     )
                 })?
                 .map_err(|e| {
                     let hint = ended_behind_hint(&e);
-                    anyhow::anyhow!("reading the response failed: {e}{hint}")
+                    let partial = out.partial_note();
+                    anyhow::anyhow!("reading the response failed: {e}{hint}{partial}")
                 })?;
             let Some(piece) = piece else { break };
             if !out.push(&piece)? {
@@ -927,12 +929,25 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
         DriverError::Io { source, .. } => source.kind() == std::io::ErrorKind::ConnectionReset,
         _ => false,
     };
+    if let DriverError::Alert { description, .. } = e {
+        if *description == mbx_engine::AlertDescription::HANDSHAKE_FAILURE.0 && ended_behind {
+            return SERVER_REFUSED_ITS_MIDDLEBOX;
+        }
+    }
     if ended_behind {
-        "; a middlebox or the server ended the session (their report lines say why)"
+        "; a middlebox or the server ended the session (their report lines say why; a process \
+         that was killed leaves none)"
     } else {
         ""
     }
 }
+
+/// A `handshake_failure` alert from the path: what an mbTLS server sends when it refuses or
+/// misses one of its own middleboxes (TLS 1.3: after the client's handshake looked done, since
+/// the server's Finished left first; found in a user trial, where nothing said so).
+const SERVER_REFUSED_ITS_MIDDLEBOX: &str = "; an mbTLS server sends handshake_failure when it \
+     refuses or misses one of its own (server-side) middleboxes: the server's report line says \
+     which and why";
 
 /// What would fix a refusal: the flag that would accept what a middlebox's evidence showed,
 /// when the policy refused it for a reason one flag changes (an operator setting up a client
@@ -984,6 +999,15 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
         return " (the two ends share no TLS version: see --tls, or tls in the config file, \
                  on each endpoint; middleboxes take the version the endpoints agree on)"
             .into();
+    }
+    if role == mbx_engine::Role::Client
+        && matches!(
+            h.cause(),
+            HandshakeError::Engine(mbx_engine::EngineError::AlertReceived { alert })
+                if *alert == mbx_engine::AlertDescription::HANDSHAKE_FAILURE
+        )
+    {
+        return SERVER_REFUSED_ITS_MIDDLEBOX.into();
     }
     let HandshakeError::Attestation(a) = h.cause() else {
         return String::new();

@@ -127,8 +127,24 @@ impl<W: Write> ResponseOut<W> {
         }
         self.write_the_end()?;
         match self.framing.as_ref().and_then(ResponseBody::cut_at_close) {
-            Some(why) => Err(anyhow::anyhow!("{why}")),
+            Some(why) => Err(anyhow::anyhow!("{why}{}", self.partial_note())),
             None => Ok(()),
+        }
+    }
+
+    /// For an error that ends the fetch part-way: where what came of the body is, if it went
+    /// to a file (which is left as it is, as curl leaves it).
+    pub fn partial_note(&self) -> String {
+        match &self.sink {
+            Sink::File {
+                file: Some(_),
+                path,
+            } => format!(
+                " ({} bytes of the body came and are in {}, which is incomplete)",
+                self.body_bytes,
+                path.display()
+            ),
+            _ => String::new(),
         }
     }
 
@@ -437,6 +453,27 @@ mod tests {
         let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
         let bad = out.push(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
         assert!(bad.unwrap_err().to_string().contains("malformed"));
+        // Into a file: the error says where the part that came is.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("body");
+        let sink = Sink::File {
+            file: None,
+            path: path.clone(),
+        };
+        let mut out = ResponseOut::with_sink(Vec::new(), sink);
+        assert_eq!(out.partial_note(), "");
+        assert!(out
+            .push(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhello")
+            .unwrap());
+        let why = out.finish().unwrap_err().to_string();
+        assert!(
+            why.contains(&format!(
+                "5 bytes of the body came and are in {}",
+                path.display()
+            )),
+            "{why}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"hello");
     }
 
     /// Anywhere but a terminal the body is written byte for byte.
