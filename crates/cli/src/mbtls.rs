@@ -2694,20 +2694,27 @@ mod tests {
     use super::*;
 
     /// A close, a reset or a fatal alert from the path points at the other parties' report
-    /// lines; an alert we sent ourselves does not.
+    /// lines (a handshake_failure at what an mbTLS server means by it); an alert we sent
+    /// ourselves does not.
     #[test]
     fn what_the_path_ended_points_at_its_report_lines() {
         use mbx_mbtls::driver::{DriverError, RECEIVED_FROM_THE_PATH};
         let from_path = DriverError::Alert {
-            description: 40,
+            description: 80,
             what: RECEIVED_FROM_THE_PATH,
         };
         let text = format!("{from_path}{}", ended_behind_hint(&from_path));
         assert_eq!(
             text,
-            "session ended with alert handshake_failure(40) (received from the path); a \
-             middlebox or the server ended the session (their report lines say why)"
+            "session ended with alert internal_error(80) (received from the path); a \
+             middlebox or the server ended the session (their report lines say why; a process \
+             that was killed leaves none)"
         );
+        let refused = DriverError::Alert {
+            description: 40,
+            what: RECEIVED_FROM_THE_PATH,
+        };
+        assert_eq!(ended_behind_hint(&refused), SERVER_REFUSED_ITS_MIDDLEBOX);
         let ours = DriverError::Alert {
             description: 20,
             what: "sent",

@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 
 use super::client::MiddleboxVerdict;
 use super::splice::EndpointSession;
-use super::{DriverError, READ_BUF};
+use super::{DriverError, READ_BUF, READ_RESET, WRITE_RESET};
 use crate::endpoint::EndpointEvent;
 use crate::handshake::{
     ClientHandshake, ClientHandshakeEvent, HandshakeError, ServerHandshake, SessionSummary,
@@ -302,7 +302,7 @@ impl<H: EndpointHandshake> Connection<H> {
             .stream
             .read(&mut self.buf)
             .await
-            .map_err(DriverError::io(H::READING))?;
+            .map_err(DriverError::on_path(H::NEIGHBOUR, H::READING, READ_RESET))?;
         if n == 0 {
             return Ok(false);
         }
@@ -324,7 +324,7 @@ impl<H: EndpointHandshake> Connection<H> {
             self.stream
                 .write_all(&out)
                 .await
-                .map_err(DriverError::io(H::WRITING))?;
+                .map_err(DriverError::on_path(H::NEIGHBOUR, H::WRITING, WRITE_RESET))?;
         }
         Ok(())
     }

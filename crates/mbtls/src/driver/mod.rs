@@ -174,6 +174,27 @@ impl DriverError {
         move |source| DriverError::Io { context, source }
     }
 
+    /// For a socket error on the path to `peer`: the neighbour resetting the connection (or
+    /// gone while we wrote) is said as the other ends of a session are, "the previous hop
+    /// closed the connection …" (`when`), not as an OS error (found in a user trial: "writing
+    /// to the previous hop: Connection reset by peer (os error 104)"); any other error is one,
+    /// under `context`.
+    pub(crate) fn on_path(
+        peer: &'static str,
+        context: &'static str,
+        when: &'static str,
+    ) -> impl FnOnce(std::io::Error) -> DriverError {
+        move |source| {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+            match source.kind() {
+                ConnectionReset | BrokenPipe | ConnectionAborted => {
+                    DriverError::PeerGone { peer, when }
+                }
+                _ => DriverError::Io { context, source },
+            }
+        }
+    }
+
     pub(crate) fn alert(alert: Alert, what: &'static str) -> DriverError {
         DriverError::Alert {
             description: alert.description.0,
@@ -182,6 +203,11 @@ impl DriverError {
     }
 }
 
+/// [`DriverError::PeerGone`]'s `when` for a reset read from a neighbour.
+pub(crate) const READ_RESET: &str = "with a reset (the session may be truncated)";
+/// [`DriverError::PeerGone`]'s `when` for a neighbour gone while we wrote to it.
+pub(crate) const WRITE_RESET: &str = "while we were writing to it";
+
 /// [`DriverError::Alert`]'s `what` for a fatal alert that came from the path (the peer, or a
 /// middlebox on the way), not one we sent.
 pub const RECEIVED_FROM_THE_PATH: &str = "received from the path";
@@ -189,4 +215,29 @@ pub const RECEIVED_FROM_THE_PATH: &str = "received from the path";
 /// Hex of a key fingerprint, as printed by the CLI and logs.
 pub fn fingerprint_hex(fp: &[u8; 8]) -> String {
     fp.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A neighbour's reset is said as its leaving; other socket errors stay OS errors.
+    #[test]
+    fn a_reset_on_the_path_is_the_neighbour_leaving() {
+        let on_path =
+            || DriverError::on_path("previous hop", "reading from the previous hop", READ_RESET);
+        let reset = on_path()(std::io::ErrorKind::ConnectionReset.into());
+        assert_eq!(
+            reset.to_string(),
+            "the previous hop closed the connection with a reset (the session may be truncated)"
+        );
+        let other = on_path()(std::io::ErrorKind::OutOfMemory.into());
+        assert!(matches!(
+            other,
+            DriverError::Io {
+                context: "reading from the previous hop",
+                ..
+            }
+        ));
+    }
 }

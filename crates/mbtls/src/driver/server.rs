@@ -16,7 +16,9 @@ use super::reports::{Absorb, Pending};
 use super::splice::{
     close_reading_the_rest, reset_when_closed, splice, Carried, EndpointSession, Sides,
 };
-use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, READ_BUF};
+use super::{
+    DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, READ_BUF, READ_RESET, WRITE_RESET,
+};
 use crate::handshake::{ServerHandshake, ServerHandshakeConfig, SessionSummary};
 
 /// What an mbTLS server needs.
@@ -230,7 +232,11 @@ async fn run(
         let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
             .await
             .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
-            .map_err(DriverError::io("reading from the previous hop"))?;
+            .map_err(DriverError::on_path(
+                "previous hop",
+                "reading from the previous hop",
+                READ_RESET,
+            ))?;
         if n == 0 {
             return Err(DriverError::PeerGone {
                 peer: "previous hop",
@@ -312,10 +318,11 @@ async fn answer_and_close(
 async fn flush(hs: &mut ServerHandshake, stream: &mut TcpStream) -> Result<(), DriverError> {
     let out = hs.take_outgoing();
     if !out.is_empty() {
-        stream
-            .write_all(&out)
-            .await
-            .map_err(DriverError::io("writing to the previous hop"))?;
+        stream.write_all(&out).await.map_err(DriverError::on_path(
+            "previous hop",
+            "writing to the previous hop",
+            WRITE_RESET,
+        ))?;
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use tokio::time::timeout;
 use super::outbox::Outbox;
 use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf};
-use super::{DriverError, CLOSE_GRACE, READ_BUF};
+use super::{DriverError, CLOSE_GRACE, READ_BUF, READ_RESET, WRITE_RESET};
 
 /// The endpoint core of a session in its data phase, with the handling of its events.
 pub(crate) trait EndpointSession {
@@ -163,7 +163,7 @@ async fn splice_halves<S: EndpointSession>(
         // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
         tokio::select! {
             r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
-                let n = r.map_err(DriverError::io(sides.reading_path))?;
+                let n = r.map_err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET))?;
                 if n == 0 {
                     // What was authenticated and queued goes out first, without an end of
                     // stream (best effort: the reset after it drops what the kernel still
@@ -231,7 +231,7 @@ async fn splice_halves<S: EndpointSession>(
                 Due::IdleTimeout(after) => return Err(DriverError::IdleTimeout(after)),
             },
             w = to_path.write_some(&mut path_w), if want_path => {
-                w.map_err(DriverError::io(sides.writing_path))?;
+                w.map_err(DriverError::on_path(sides.path, sides.writing_path, WRITE_RESET))?;
                 activity.wrote_now();
             }
             w = to_plain.write_some(&mut *plain_w), if want_plain => {
