@@ -18,7 +18,7 @@ use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
-    AppFactory, ClientProxy, ClientProxyConfig, Limits, MbtlsClient, MbtlsServer,
+    AppFactory, ClientProxy, ClientProxyConfig, DriverError, Limits, MbtlsClient, MbtlsServer,
     MbtlsServerConfig, MbtlsServerConnection, MiddleboxServer, MiddleboxServerConfig,
     MiddleboxVerdict, Placement,
 };
@@ -155,6 +155,19 @@ impl World {
         (server, mb2)
     }
 
+    /// [`server_behind_mb2`](Self::server_behind_mb2) with a server whose policy refuses
+    /// mb2's code.
+    async fn server_refusing_mb2(
+        &self,
+        version: TlsVersion,
+        backend: SocketAddr,
+    ) -> (MbtlsServer, MiddleboxServer) {
+        let mut cfg = self.server(version, backend);
+        cfg.handshake.policy.measurements =
+            vec![HexBytes(measure("another program", b"").to_vec())];
+        self.server_behind_mb2_with(cfg).await
+    }
+
     /// curl (a legacy client) fetching `https://server.test{path}` from 127.0.0.1:`port`,
     /// trusting the test CA; `version`: only that TLS version.
     async fn curl(
@@ -247,6 +260,21 @@ impl World {
 
 /// A server's middlebox setting that takes sessions without one (it requires none and
 /// approves none that announces itself).
+/// How a session that must fail fails: its handshake's error, or (TLS 1.3, whose client
+/// handshake is over before the server's refusal comes) the first read's.
+async fn session_error(
+    connecting: impl std::future::Future<Output = Result<MbtlsClient, DriverError>>,
+) -> String {
+    match timeout(BOUND, connecting).await.unwrap() {
+        Err(e) => e.to_string(),
+        Ok(mut c) => timeout(BOUND, c.read_to_end())
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string(),
+    }
+}
+
 fn no_server_middlebox() -> ServerMiddlebox {
     ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false))
 }
@@ -348,10 +376,7 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut cfg = w.server(version, backend);
-        cfg.handshake.policy.measurements =
-            vec![HexBytes(measure("another program", b"").to_vec())];
-        let (mut server, mb2) = w.server_behind_mb2_with(cfg).await;
+        let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
         let through_mb2 = mb2.local_addr().port();
         let straight = server.local_addr().port();
         for (port, case) in [(through_mb2, "refused"), (straight, "missing")] {
@@ -373,17 +398,7 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
         }
         // An mbTLS client with no middlebox of its own reads the alert, named.
         let cfg = w.client_without_middleboxes(version);
-        let connected = timeout(BOUND, MbtlsClient::connect(mb2.local_addr(), cfg))
-            .await
-            .unwrap();
-        let err = match connected {
-            Err(e) => e.to_string(),
-            Ok(mut c) => timeout(BOUND, c.read_to_end())
-                .await
-                .unwrap()
-                .unwrap_err()
-                .to_string(),
-        };
+        let err = session_error(MbtlsClient::connect(mb2.local_addr(), cfg)).await;
         assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     }
@@ -400,10 +415,7 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut cfg = w.server(version, backend);
-        cfg.handshake.policy.measurements =
-            vec![HexBytes(measure("another program", b"").to_vec())];
-        let (mut server, mb2) = w.server_behind_mb2_with(cfg).await;
+        let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
         let mut mb1 = MiddleboxServer::bind(
             "127.0.0.1:0",
             w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
@@ -411,14 +423,7 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
         .await
         .unwrap();
         let connecting = MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), b"x");
-        let err = match timeout(BOUND, connecting).await.unwrap() {
-            Err(e) => e.to_string(),
-            Ok(mut c) => timeout(BOUND, c.read_to_end())
-                .await
-                .unwrap()
-                .unwrap_err()
-                .to_string(),
-        };
+        let err = session_error(connecting).await;
         assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
         let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
         let why = r1.outcome.unwrap_err();

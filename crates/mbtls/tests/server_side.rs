@@ -749,24 +749,31 @@ fn undiscovered_middlebox_not_approved_gets_no_keys_and_the_session_is_direct() 
     }
 }
 
+/// A legacy client → mb2, whose code the server's policy refuses → a server requiring mb2,
+/// its first flight pumped through.
+fn legacy_client_to_a_refused_server_side_middlebox(s: &Setup, version: TlsVersion) -> Path {
+    let mb = ServerSideMiddlebox::new(
+        s.middlebox("mb2.test", "some other program"),
+        tagger("mb2.test"),
+        true,
+    )
+    .unwrap();
+    let mut path = Path::new(vec![
+        Node::LegacyClient(s.legacy_client(version)),
+        Node::ServerSideMb(mb),
+        Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+    ]);
+    path.first().receive(Side::Server, &[]).unwrap();
+    path.pump();
+    path
+}
+
 #[test]
 fn server_side_middlebox_failing_policy_gets_no_key_material() {
     for s in Setup::both() {
         eprintln!("secondary sessions: {}", s.secondary_engine);
         for version in VERSIONS {
-            let mb = ServerSideMiddlebox::new(
-                s.middlebox("mb2.test", "some other program"),
-                tagger("mb2.test"),
-                true,
-            )
-            .unwrap();
-            let mut path = Path::new(vec![
-                Node::LegacyClient(s.legacy_client(version)),
-                Node::ServerSideMb(mb),
-                Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-            ]);
-            path.first().receive(Side::Server, &[]).unwrap();
-            path.pump();
+            let mut path = legacy_client_to_a_refused_server_side_middlebox(&s, version);
             if let Node::LegacyClient(c) = path.first() {
                 // The server fails before finishing its handshake (TLS 1.2): nothing to write.
                 let _ = c.write_plaintext(REQUEST);
@@ -1723,19 +1730,7 @@ fn a_server_refusing_its_middlebox_after_a_hello_retry_request_sends_an_alert() 
         eprintln!("secondary sessions: {}", s.secondary_engine);
         s.server_groups = vec!["P-384".into()];
         let v = TlsVersion::Tls13;
-        let mb = ServerSideMiddlebox::new(
-            s.middlebox("mb2.test", "some other program"),
-            tagger("mb2.test"),
-            true,
-        )
-        .unwrap();
-        let mut path = Path::new(vec![
-            Node::LegacyClient(s.legacy_client(v)),
-            Node::ServerSideMb(mb),
-            Node::Server(s.server(v, ServerMiddlebox::Preconfigured("mb2.test".into()))),
-        ]);
-        path.first().receive(Side::Server, &[]).unwrap();
-        path.pump();
+        let mut path = legacy_client_to_a_refused_server_side_middlebox(&s, v);
         path.assert_server_refused(&["attestation"], v);
         // The retry request went out, and nothing protected after it: the refusal came in
         // the window this test is about.
