@@ -945,9 +945,9 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
 /// A `handshake_failure` alert from the path: what an mbTLS server sends when it refuses or
 /// misses one of its own middleboxes (TLS 1.3: after the client's handshake looked done, since
 /// the server's Finished left first; found in a user trial, where nothing said so).
-const SERVER_REFUSED_ITS_MIDDLEBOX: &str = "; an mbTLS server sends handshake_failure when it \
-     refuses or misses one of its own (server-side) middleboxes: the server's report line says \
-     which and why";
+const SERVER_REFUSED_ITS_MIDDLEBOX: &str = "; from an mbTLS server, handshake_failure may mean \
+     it refused or missed one of its own (server-side) middleboxes: the server's report line \
+     says why";
 
 /// What would fix a refusal: the flag that would accept what a middlebox's evidence showed,
 /// when the policy refused it for a reason one flag changes (an operator setting up a client
@@ -1000,7 +1000,10 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
                  on each endpoint; middleboxes take the version the endpoints agree on)"
             .into();
     }
+    // The primary session's alert only: one on a secondary session came from one of the
+    // client's own middleboxes.
     if role == mbx_engine::Role::Client
+        && !named
         && matches!(
             h.cause(),
             HandshakeError::Engine(mbx_engine::EngineError::AlertReceived { alert })
@@ -1835,7 +1838,7 @@ impl ServiceSignals {
 }
 
 /// Ctrl-C and SIGTERM, counted: the first asks a middlebox or server to drain, the second to
-/// stop at once.
+/// cut what is still open (reports still printed), a third to leave without them.
 struct StopSignals {
     term: tokio::signal::unix::Signal,
     interrupt: tokio::signal::unix::Signal,
@@ -1937,18 +1940,21 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 r?;
                 if stop.count > 2 {
                     // The cut connections' reports did not come: leave without them.
-                    print_line(format!("{who} stopped without waiting for the cut {what}'s reports"));
+                    print_line(format!("{who} stopped without waiting for the reports of the cut {what}"));
                     return Ok(());
                 }
                 if stop.count > 1 {
                     // Their reports follow, then the "stopped" line.
                     server.cut_now();
-                    print_line(format!("{who} stopping now: the open {what} are cut"));
+                    print_line(match server.open_connections() {
+                        0 => format!("{who} stopping now: no {what} open"),
+                        _ => format!("{who} stopping now: the open {what} are cut"),
+                    });
                     continue;
                 }
                 server.drain(grace);
                 print_line(format!(
-                    "{who} stopping: no new {what}; open ones have {}s to end (signal again to stop now)",
+                    "{who} stopping: no new {what}; open ones have {}s to end (signal again to cut them now)",
                     grace.as_secs()
                 ));
             }

@@ -38,6 +38,8 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
     framing: Option<ResponseBody>,
     /// The body's data bytes written (chunked framing left out).
     body_bytes: u64,
+    /// Bytes that came after the body's end by its framing (not written).
+    excess: u64,
     /// Terminal only: the end of what arrived that cannot be shown yet (a character cut
     /// between two pieces, or a CR whose LF may follow).
     held: Vec<u8>,
@@ -70,6 +72,7 @@ impl<W: Write> ResponseOut<W> {
             sink,
             framing: None,
             body_bytes: 0,
+            excess: 0,
             held: Vec::new(),
             at_line_start: true,
         }
@@ -82,38 +85,73 @@ impl<W: Write> ResponseOut<W> {
             return self.body(data);
         };
         // The blank line may straddle two pieces: look from 3 bytes before the new ones.
-        let from = head.len().saturating_sub(3);
+        let mut from = head.len().saturating_sub(3);
         head.extend_from_slice(data);
-        // However the response is cut: a blank line past the limit does not end a head.
-        let end = head
-            .get(from..)
-            .unwrap_or_default()
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .map(|at| from + at)
-            .filter(|&at| at <= MAX_HEAD);
-        let (text, rest) = match end {
-            Some(at) => {
-                let head = self.head.take().unwrap_or_default();
-                let (text, rest) = head.split_at(at);
-                let opened = match &self.sink {
-                    Sink::Stdout { .. } => "body:\n".to_string(),
-                    Sink::File { path, .. } => format!("body: into {}\n", path.display()),
-                };
-                self.framing = ResponseBody::after_head(text).ok();
-                let text = head_lines(text) + &opened;
-                (text, rest.get(4..).unwrap_or_default().to_vec())
+        // Interim (1xx) heads are shown as they come, then the final head is looked for in
+        // what follows them: a loop, so that any number of them costs no stack.
+        loop {
+            let head = self.head.get_or_insert_with(Vec::new);
+            // However the response is cut: a blank line past the limit does not end a head.
+            let end = head
+                .get(from..)
+                .unwrap_or_default()
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|at| from + at)
+                .filter(|&at| at <= MAX_HEAD);
+            let (text, rest) = match end {
+                Some(at) => {
+                    let head = self.head.take().unwrap_or_default();
+                    let (text, rest) = head.split_at(at);
+                    let rest = rest.get(4..).unwrap_or_default().to_vec();
+                    if is_interim(text) {
+                        let shown = format!("interim {}", head_lines(text));
+                        if !write_out(&mut self.out, shown.as_bytes())? {
+                            return Ok(false);
+                        }
+                        self.head = Some(rest);
+                        from = 0;
+                        continue;
+                    }
+                    let opened = match &self.sink {
+                        Sink::Stdout { .. } => "body",
+                        Sink::File { .. } => "body: into",
+                    };
+                    let opened = match (&self.sink, ResponseBody::after_head(text)) {
+                        (sink, Ok(framing)) => {
+                            self.framing = Some(framing);
+                            match sink {
+                                Sink::Stdout { .. } => format!("{opened}:\n"),
+                                Sink::File { path, .. } => format!("{opened} {}\n", path.display()),
+                            }
+                        }
+                        // Written as it comes, and said so: a cut would not be noticed.
+                        (sink, Err(e)) => {
+                            let why = escape_controls(&e.to_string(), false).into_owned();
+                            match sink {
+                                Sink::Stdout { .. } => {
+                                    format!("body (its end is not checked: {why}):\n")
+                                }
+                                Sink::File { path, .. } => format!(
+                                    "{opened} {} (its end is not checked: {why})\n",
+                                    path.display()
+                                ),
+                            }
+                        }
+                    };
+                    (head_lines(text) + &opened, rest)
+                }
+                None if head.len() > MAX_HEAD => (
+                    "response (no HTTP header):\n".to_string(),
+                    self.head.take().unwrap_or_default(),
+                ),
+                None => return Ok(true),
+            };
+            if !write_out(&mut self.out, text.as_bytes())? {
+                return Ok(false);
             }
-            None if head.len() > MAX_HEAD => (
-                "response (no HTTP header):\n".to_string(),
-                self.head.take().unwrap_or_default(),
-            ),
-            None => return Ok(true),
-        };
-        if !write_out(&mut self.out, text.as_bytes())? {
-            return Ok(false);
+            return self.body(&rest);
         }
-        self.body(&rest)
     }
 
     /// The response ended (the server's close_notify): what is held goes out, and a body cut
@@ -126,6 +164,13 @@ impl<W: Write> ResponseOut<W> {
             }
         }
         self.write_the_end()?;
+        if self.excess > 0 {
+            // Not written, as curl does ("Excess found"); not an error either.
+            eprintln!(
+                "mbx: note: {} bytes came after the body's end (by its framing) and were not written",
+                self.excess
+            );
+        }
         match self.framing.as_ref().and_then(ResponseBody::cut_at_close) {
             Some(why) => Err(anyhow::anyhow!("{why}{}", self.partial_note())),
             None => Ok(()),
@@ -135,15 +180,31 @@ impl<W: Write> ResponseOut<W> {
     /// For an error that ends the fetch part-way: where what came of the body is, if it went
     /// to a file (which is left as it is, as curl leaves it).
     pub fn partial_note(&self) -> String {
-        match &self.sink {
-            Sink::File {
-                file: Some(_),
-                path,
-            } => format!(
+        let whole = self.framing.as_ref().is_some_and(ResponseBody::ended);
+        match (&self.sink, whole) {
+            (
+                Sink::File {
+                    file: Some(_),
+                    path,
+                },
+                false,
+            ) => format!(
                 " ({} bytes of the body came and are in {}, which is incomplete)",
                 self.body_bytes,
                 path.display()
             ),
+            (
+                Sink::File {
+                    file: Some(_),
+                    path,
+                },
+                true,
+            ) => format!(
+                " (the body had come whole by then: {} bytes in {})",
+                self.body_bytes,
+                path.display()
+            ),
+            (Sink::Stdout { .. }, true) => " (the body had come whole by then)".into(),
             _ => String::new(),
         }
     }
@@ -187,10 +248,21 @@ impl<W: Write> ResponseOut<W> {
         // The data without the chunked framing (a copy of it: small beside the record
         // layer's work on the same bytes); what follows the body's end is not read.
         let mut decoded = Vec::with_capacity(data.len());
-        framing
-            .read(data, |d| decoded.extend_from_slice(d))
-            .context("the response body is malformed")?;
-        self.body_data(&decoded)
+        let read = framing.read(data, |d| decoded.extend_from_slice(d));
+        // What came before a fault is written all the same.
+        let written = self.body_data(&decoded)?;
+        match read {
+            Ok(used) => {
+                self.excess += (data.len() - used) as u64;
+                Ok(written)
+            }
+            Err(e) => {
+                let note = self.partial_note();
+                // Best effort: what a terminal still holds, the file's line.
+                let _ = self.write_the_end();
+                Err(anyhow::Error::new(e).context(format!("the response body is malformed{note}")))
+            }
+        }
     }
 
     fn body_data(&mut self, data: &[u8]) -> anyhow::Result<bool> {
@@ -226,6 +298,17 @@ fn open_once<'a>(file: &'a mut Option<File>, path: &Path) -> anyhow::Result<&'a 
         *file = Some(created);
     }
     file.as_mut().context("the body's file")
+}
+
+/// Whether `head` (without its blank line) is an interim response's: `HTTP/1.x 1xx`, other
+/// than 101 (a switch, after which nothing is HTTP).
+fn is_interim(head: &[u8]) -> bool {
+    match head {
+        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', _, b' ', b'1', d1, d2, ..] => {
+            d1.is_ascii_digit() && d2.is_ascii_digit() && (*d1, *d2) != (b'0', b'1')
+        }
+        _ => false,
+    }
 }
 
 /// The status line and header fields as report lines.
@@ -368,11 +451,30 @@ mod tests {
             ),
             cuts in proptest::collection::vec(1usize..40, 1..20),
             head_first in proptest::prelude::any::<bool>(),
+            // With a head: the body until the close, by its length, or chunked (in chunks of
+            // up to `chunk` bytes).
+            framing in 0u8..3,
+            chunk in 1usize..50,
         ) {
+            let data = response.clone();
             let mut response = response;
             if head_first {
-                let mut with_head = b"HTTP/1.1 200 OK\r\nX: y\r\n\r\n".to_vec();
-                with_head.extend_from_slice(&response);
+                let (fields, body) = match framing {
+                    0 => (String::new(), response.clone()),
+                    1 => (format!("Content-Length: {}\r\n", response.len()), response.clone()),
+                    _ => {
+                        let mut body = Vec::new();
+                        for c in response.chunks(chunk) {
+                            body.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                            body.extend_from_slice(c);
+                            body.extend_from_slice(b"\r\n");
+                        }
+                        body.extend_from_slice(b"0\r\n\r\n");
+                        ("Transfer-Encoding: chunked\r\n".to_string(), body)
+                    }
+                };
+                let mut with_head = format!("HTTP/1.1 200 OK\r\nX: y\r\n{fields}\r\n").into_bytes();
+                with_head.extend_from_slice(&body);
                 response = with_head;
             }
             for terminal in [true, false] {
@@ -394,6 +496,10 @@ mod tests {
                     let (p, r) = rest.split_at(c.min(rest.len()));
                     pieces.push(p);
                     rest = r;
+                }
+                // Written byte for byte, its framing removed.
+                if head_first && !terminal {
+                    proptest::prop_assert!(whole.ends_with(&data), "framing {}", framing);
                 }
                 proptest::prop_assert_eq!(show(&pieces), whole, "terminal {}", terminal);
             }
@@ -474,6 +580,34 @@ mod tests {
             "{why}"
         );
         assert_eq!(std::fs::read(&path).unwrap(), b"hello");
+    }
+
+    /// Interim heads (103 Early Hints) are shown as such and the final head's framing is
+    /// used, however the response is cut; a malformed chunk after good ones in the same piece
+    /// leaves the good ones written; a body that came whole says so in a later error's note;
+    /// bytes after the body's end are counted, not written.
+    #[test]
+    fn interim_heads_faults_after_good_data_and_bytes_past_the_end() {
+        let response = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
+                         HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let want = "interim status: HTTP/1.1 103 Early Hints\nheaders:\n  Link: </a>\n\
+                    status: HTTP/1.1 200 OK\nheaders:\n  Content-Length: 2\nbody:\nok\n";
+        for piece in 1..=response.len() {
+            assert_eq!(on_terminal(response, piece), want, "pieces of {piece}");
+        }
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        let bad =
+            out.push(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\nzz\r\n");
+        assert!(bad.is_err());
+        assert!(out.out.ends_with(b"body:\nok"), "{:?}", out.out);
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        assert!(out
+            .push(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA")
+            .unwrap());
+        assert_eq!(out.partial_note(), " (the body had come whole by then)");
+        assert_eq!(out.excess, 5);
+        out.finish().unwrap();
+        assert!(out.out.ends_with(b"body:\nok"), "{:?}", out.out);
     }
 
     /// Anywhere but a terminal the body is written byte for byte.

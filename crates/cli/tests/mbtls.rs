@@ -562,20 +562,18 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     use std::ffi::OsStr;
     const BODY: &[u8] = b"\x00\x01\xff\xfe binary\x1b[2J\r\n";
     let (dir, _pki, server, _mbox) = pki_files("mbx cli mbtls response root", "mb.test");
-    // `/big` gets a body of 8 KiB, anything else `BODY`; `/cut` (without the field the
-    // client cannot parse, which would turn its framing checks off) 5 bytes of the 100 its
-    // Content-Length says: the backend's end cuts it.
+    // `/big` gets a body of 8 KiB, `/cut` 5 bytes of the 100 its Content-Length says (the
+    // backend's end cuts it), anything else `BODY`.
     let backend = backend_answering(|request| {
-        if request.starts_with(b"GET /cut ") {
-            return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort".to_vec();
-        }
-        let body = match request.starts_with(b"GET /big ") {
-            true => vec![b'x'; 8192],
-            false => BODY.to_vec(),
+        let (body, length) = if request.starts_with(b"GET /big ") {
+            (vec![b'x'; 8192], 8192)
+        } else if request.starts_with(b"GET /cut ") {
+            (b"short".to_vec(), 100)
+        } else {
+            (BODY.to_vec(), BODY.len())
         };
         let mut answer = format!(
-            "HTTP/1.1 200 OK\r\nX-Evil: a\x1b[2Jb\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
+            "HTTP/1.1 200 OK\r\nX-Evil: a\x1b[2Jb\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
         )
         .into_bytes();
         answer.extend_from_slice(&body);
@@ -1126,7 +1124,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert_eq!(out.status.code(), Some(1), "{tls}: {err}");
         assert!(
             err.contains("handshake_failure(40)")
-                && err.contains("refuses or misses one of its own (server-side) middleboxes"),
+                && err.contains("it refused or missed one of its own (server-side) middleboxes"),
             "{tls}: {err}"
         );
         let srv_report = srv_lines.next().unwrap().unwrap();

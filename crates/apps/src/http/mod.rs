@@ -83,6 +83,8 @@ pub enum HttpError {
     HeadTooLong(usize),
     #[error("malformed request head: {0}")]
     BadHead(String),
+    #[error("malformed response head: {0}")]
+    BadResponseHead(String),
     #[error("ambiguous or invalid message framing: {0}")]
     BadFraming(&'static str),
     #[error("malformed chunked body: {0}")]

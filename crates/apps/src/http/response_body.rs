@@ -23,7 +23,17 @@ impl ResponseBody {
     /// head, or one with ambiguous framing, is an error.
     pub fn after_head(head: &[u8]) -> Result<ResponseBody, HttpError> {
         let limits = HttpLimits::default();
-        let mut whole = head.to_vec();
+        // A control character in a field's value does not change where the body ends: read
+        // as a space here (the head itself is shown as it came), as lenient clients do,
+        // rather than leaving the body's end unchecked for it.
+        let mut whole: Vec<u8> = head
+            .iter()
+            .map(|&b| match b {
+                b'\r' | b'\n' | b'\t' => b,
+                0..=0x1f | 0x7f => b' ',
+                _ => b,
+            })
+            .collect();
         if !whole.ends_with(b"\r\n\r\n") {
             whole.extend_from_slice(b"\r\n\r\n");
         }
@@ -31,11 +41,11 @@ impl ResponseBody {
         let mut response = httparse::Response::new(&mut fields);
         let status = match (response.parse(&whole), response.code) {
             (Ok(httparse::Status::Complete(_)), Some(status)) => status,
-            (Err(e), _) => return Err(HttpError::BadHead(e.to_string())),
-            _ => return Err(HttpError::BadHead("incomplete response head".into())),
+            (Err(e), _) => return Err(HttpError::BadResponseHead(e.to_string())),
+            _ => return Err(HttpError::BadResponseHead("incomplete".into())),
         };
         if (100..200).contains(&status) {
-            return Err(HttpError::BadHead(format!(
+            return Err(HttpError::BadResponseHead(format!(
                 "interim response {status}, not a final one"
             )));
         }
@@ -51,19 +61,21 @@ impl ResponseBody {
     }
 
     /// Reads the next bytes after the head, giving `data_out` the body's data as it comes.
-    /// Returns whether the body has ended; bytes after its end are not read.
+    /// Returns how many of `bytes` belong to the body: those after its end are not read
+    /// ([`ended`](Self::ended) says whether it has). On an error, the data before the fault
+    /// has been given.
     pub fn read(
         &mut self,
         bytes: &[u8],
         mut data_out: impl FnMut(&[u8]),
-    ) -> Result<bool, HttpError> {
+    ) -> Result<usize, HttpError> {
         let mut data = 0u64;
-        let (_, ended) = self.body.read_data(bytes, &self.limits, b"", |d| {
+        let read = self.body.read_data(bytes, &self.limits, b"", |d| {
             data += d.len() as u64;
             data_out(d);
-        })?;
+        });
         self.data += data;
-        Ok(ended)
+        read.map(|(used, _)| used)
     }
 
     /// Whether the body has ended as its framing says.
@@ -111,6 +123,8 @@ mod tests {
         let (out, body) = read_all(head, &[b"01234", b"56789", b"extra"]);
         assert_eq!(out, b"0123456789");
         assert!(body.ended() && body.cut_at_close().is_none());
+        let mut body = ResponseBody::after_head(head).unwrap();
+        assert_eq!(body.read(b"0123456789extra", |_| {}), Ok(10));
         let (out, body) = read_all(head, &[b"0123"]);
         assert_eq!(out, b"0123");
         let why = body.cut_at_close().unwrap();
@@ -151,6 +165,12 @@ mod tests {
             assert!(out.is_empty() && body.ended());
         }
         assert!(ResponseBody::after_head(b"HTTP/1.1 100 Continue").is_err());
+        // A control character in an unrelated field does not hide the framing.
+        let (_, body) = read_all(
+            b"HTTP/1.1 200 OK\r\nX: a\x1bb\r\nContent-Length: 3",
+            &[b"ab"],
+        );
+        assert!(body.cut_at_close().is_some());
         assert!(ResponseBody::after_head(b"not http").is_err());
         assert!(ResponseBody::after_head(
             b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2"

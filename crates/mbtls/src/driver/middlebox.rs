@@ -740,17 +740,19 @@ async fn relay(
                 }
                 Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Server), when: "while we were writing to it" }),
             },
-            _ = sleep_until_opt(prepare_at), if prepare_at.is_some() => {
-                prepare_at = None;
-                // Makes the TLS 1.3 evidence too (a quote: milliseconds, one at a time).
-                if attester_blocks {
-                    blocking_allowed(|| conn.hs.prepare());
-                } else {
-                    conn.hs.prepare();
+            // One timer for both (each branch's timer would take room in every connection's
+            // state, idle or not): preparing the answer ahead of the ServerHello, and the
+            // end of the wait for the server's last words.
+            _ = sleep_until_opt(prepare_at.or(server_left.map(|(at, _)| at))), if prepare_at.is_some() || server_left.is_some() => {
+                if prepare_at.take().is_some() {
+                    // Makes the TLS 1.3 evidence too (a quote: milliseconds, one at a time).
+                    if attester_blocks {
+                        blocking_allowed(|| conn.hs.prepare());
+                    } else {
+                        conn.hs.prepare();
+                    }
+                    continue;
                 }
-                continue;
-            }
-            _ = sleep_until_opt(server_left.map(|(at, _)| at)), if server_left.is_some() => {
                 // No keys: the server's close stands as it came.
                 let reset = server_left.take().is_some_and(|(_, reset)| reset);
                 match conn.on_close(&mut open, Side::Server, reset, report) {

@@ -204,7 +204,7 @@ impl DriverError {
 }
 
 /// [`DriverError::PeerGone`]'s `when` for a reset read from a neighbour.
-pub(crate) const READ_RESET: &str = "with a reset (the session may be truncated)";
+pub(crate) const READ_RESET: &str = "with a reset";
 /// [`DriverError::PeerGone`]'s `when` for a neighbour gone while we wrote to it.
 pub(crate) const WRITE_RESET: &str = "while we were writing to it";
 
@@ -229,7 +229,7 @@ mod tests {
         let reset = on_path()(std::io::ErrorKind::ConnectionReset.into());
         assert_eq!(
             reset.to_string(),
-            "the previous hop closed the connection with a reset (the session may be truncated)"
+            "the previous hop closed the connection with a reset"
         );
         let other = on_path()(std::io::ErrorKind::OutOfMemory.into());
         assert!(matches!(
