@@ -1638,6 +1638,24 @@ fn a_third_announcing_middlebox_is_refused() {
             "{:?}",
             path.errors
         );
+        assert_told_and_not_taken_for_legacy(&mut path, &[1, 2]);
+    }
+}
+
+/// The legacy client of a server that refused a middlebox which announced itself beyond its
+/// limit reads `handshake_failure`, which came after the server's ServerHello: no middlebox
+/// at `mbs` took it for a legacy server's refusal of its announcement (which would have it
+/// stop announcing to this server; twenty-sixth round, found in a user trial: the server
+/// failed at the announcement, before its ServerHello, and sent the client nothing).
+fn assert_told_and_not_taken_for_legacy(path: &mut Path, mbs: &[usize]) {
+    let client = path.errors[0].clone().unwrap_or_default();
+    assert!(client.contains("handshake_failure"), "{:?}", path.errors);
+    for &i in mbs {
+        let mb = path.server_side_mb(i);
+        let legacy = std::iter::from_fn(|| mb.poll_event()).any(
+            |e| matches!(e, MiddleboxHandshakeEvent::Passive(why) if why == ANNOUNCEMENT_REFUSED),
+        );
+        assert!(!legacy, "middlebox {i}");
     }
 }
 
@@ -1951,6 +1969,7 @@ mod several_discovered {
                 "{:?}",
                 path.errors
             );
+            assert_told_and_not_taken_for_legacy(&mut path, &[1, 2, 3]);
         }
     }
 }

@@ -496,6 +496,11 @@ impl EndpointCore {
         r
     }
 
+    /// Whether the primary engine has answered (our first flight is out).
+    pub(super) fn primary_spoke(&self) -> bool {
+        self.primary_spoke
+    }
+
     /// A server whose handshake failed on its side (a middlebox refused or missing, a record it
     /// cannot take) after its ServerHello went out, before the data phase: a fatal
     /// `handshake_failure` alert, so that a legacy client learns the session was refused

@@ -122,6 +122,14 @@ pub enum HandshakeError {
          announces itself to the server)"
     )]
     NotJoined,
+    /// More middleboxes announced themselves to a server than it lets join (`allowed`: its
+    /// configured names, or `max_discovered`); the others got no secondary session.
+    #[error(
+        "more middleboxes announced themselves than this server lets join ({allowed}: its \
+         configured middlebox names, or max_discovered / --max-discovered when it discovers \
+         them; set it to the number of middleboxes on the server's side of the path)"
+    )]
+    TooManyMiddleboxes { allowed: usize },
     /// A resumed secondary session relies on an earlier check that no longer holds.
     #[error("resumed secondary session: {0}")]
     Resumed(&'static str),

@@ -65,6 +65,10 @@ pub struct ServerHandshake {
     cfg: ServerHandshakeConfig,
     core: EndpointCore,
     demux: Demux,
+    /// More middleboxes announced themselves than may join: the session fails once our
+    /// ServerHello is out, so that the legacy client gets an alert (before it, a middlebox
+    /// would take our alert for a legacy server's refusal of its announcement).
+    refuse_after_hello: Option<HandshakeError>,
 }
 
 impl ServerHandshake {
@@ -96,6 +100,7 @@ impl ServerHandshake {
             cfg,
             core,
             demux: Demux::new(),
+            refuse_after_hello: None,
         })
     }
 
@@ -105,6 +110,7 @@ impl ServerHandshake {
         self.demux.push(bytes);
         let demux = &mut self.demux;
         let cfg = &self.cfg;
+        let refuse_after_hello = &mut self.refuse_after_hello;
         let r = self.core.guarded(|core| {
             while let Some(piece) = demux.next_piece()? {
                 match piece {
@@ -125,7 +131,9 @@ impl ServerHandshake {
                                  server took as ruling middleboxes out (announce before it)",
                             ));
                         }
-                        announced(cfg, core, enc.subchannel)?
+                        if let Some(refusal) = announced(cfg, core, enc.subchannel)? {
+                            refuse_after_hello.get_or_insert(refusal);
+                        }
                     }
                     Piece::Sub { enc, .. } if core.has_slot(enc.subchannel) => {
                         core.secondary_in(&enc)?
@@ -135,7 +143,13 @@ impl ServerHandshake {
                     }
                 }
             }
-            Ok(())
+            match refuse_after_hello.take() {
+                Some(refusal) if core.primary_spoke() => Err(refusal),
+                kept => {
+                    *refuse_after_hello = kept;
+                    Ok(())
+                }
+            }
         });
         if r.is_err() {
             self.core.alert_on_own_failure();
@@ -245,11 +259,13 @@ fn primary_engine(
 }
 
 /// A middlebox announced itself on `subchannel`: open the secondary session there as TLS client.
+/// `Ok(Some(refusal))`: one more than may join announced itself; it gets no secondary session,
+/// and the session fails with `refusal` once our ServerHello is out.
 fn announced(
     cfg: &ServerHandshakeConfig,
     core: &mut EndpointCore,
     subchannel: u8,
-) -> Result<(), HandshakeError> {
+) -> Result<Option<HandshakeError>, HandshakeError> {
     // Announcements arrive in path order (the nearest the client first); each is answered by
     // the engine for the next configured name. Each middlebox takes the lowest id not used
     // nearer the client, so ids rise in arrival order; hop keys go by id. An announcement whose
@@ -266,26 +282,16 @@ fn announced(
         ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name.as_str()),
         ServerMiddlebox::PreconfiguredPath(names) => match names.get(k) {
             Some(n) => Some(n.as_str()),
-            None => {
-                return Err(HandshakeError::Protocol(
-                    "more middleboxes announced themselves than are configured",
-                ))
-            }
+            None => return Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k })),
         },
         // Discovered: as many as the server allows (the secondary session costs it a client
         // handshake each).
         ServerMiddlebox::Discover(_) if k == 0 => None,
         ServerMiddlebox::DiscoverUpTo(_, n) if k < usize::from(*n) => None,
-        ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..) => {
-            return Err(HandshakeError::Protocol(
-                "more middleboxes announced themselves than this server lets join \
-                 (max_discovered, --max-discovered; default 1)",
-            ))
-        }
-        ServerMiddlebox::Preconfigured(_) => {
-            return Err(HandshakeError::Protocol(
-                "more middleboxes announced themselves than are configured",
-            ))
+        ServerMiddlebox::Discover(_)
+        | ServerMiddlebox::DiscoverUpTo(..)
+        | ServerMiddlebox::Preconfigured(_) => {
+            return Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k }))
         }
     };
     if core.data_phase_started() {
@@ -301,5 +307,5 @@ fn announced(
     let mut slot = Slot::new(subchannel, engine, name, cfg.secondary.as_ref());
     slot.start();
     core.slots.push(slot);
-    core.flush_secondary(subchannel)
+    core.flush_secondary(subchannel).map(|()| None)
 }
