@@ -869,10 +869,26 @@ fn client(
             })?;
         print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
         // Each piece as it comes, within the bound of the previous one: a long download goes
-        // on as long as it moves.
+        // on as long as it moves. Once the body is whole by its framing, the server's close
+        // is waited for only briefly: a server that keeps the connection open (it ignored
+        // `Connection: close`) has said everything all the same.
         loop {
-            let piece = tokio::time::timeout(bound, c.read())
-                .await
+            let ended = out.body_ended();
+            let wait = if ended { bound.min(BODY_END_GRACE) } else { bound };
+            let piece = match tokio::time::timeout(wait, c.read()).await {
+                Err(_) if ended => break,
+                // The body is whole and authenticated: how the session ended after it changes
+                // nothing in it.
+                Ok(Err(e)) if ended => {
+                    eprintln!(
+                        "mbx: note: after the whole body, {}",
+                        crate::subcommand::escape_controls(&e.to_string(), false)
+                    );
+                    break;
+                }
+                read => read,
+            };
+            let piece = piece
                 .map_err(|_| {
                     anyhow::anyhow!(
                         "the response stopped: nothing came for {} s ({raise}){}",
@@ -896,6 +912,10 @@ fn client(
         out.finish()
     })
 }
+
+/// How long a fetch whose body came whole by its framing waits for the server's close before
+/// it closes itself.
+const BODY_END_GRACE: Duration = Duration::from_secs(2);
 
 /// An address used only when a connection comes (a next hop, a backend, a first hop), checked
 /// at the start: `host:port`, the host a name, an IPv4 address or an IPv6 address in brackets.

@@ -177,6 +177,12 @@ impl<W: Write> ResponseOut<W> {
         }
     }
 
+    /// Whether the body has come whole by its framing (Content-Length reached, last chunk and
+    /// trailers read, or no body): nothing more is needed of the server.
+    pub fn body_ended(&self) -> bool {
+        self.head.is_none() && self.framing.as_ref().is_some_and(ResponseBody::ended)
+    }
+
     /// For an error that ends the fetch part-way: where what came of the body is, if it went
     /// to a file (which is left as it is, as curl leaves it).
     pub fn partial_note(&self) -> String {

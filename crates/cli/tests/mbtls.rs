@@ -714,6 +714,32 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         "{err}"
     );
 
+    // A backend that answers with a length and keeps the connection open (it ignores
+    // `Connection: close`): the fetch ends once the body is whole, with success (before the
+    // twenty-sixth round it waited for the close, then failed after --timeout-secs).
+    let holding = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let holding_addr = holding.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in holding.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+                // Open until the other side closes.
+                while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let out = fetch_through(&holding_addr, "/keepopen");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.ends_with("body:\nhello"), "{text}");
+
     // A server whose backend is down answers as a reverse proxy does: 502, then close_notify.
     let refusing = mbx_testbed::refusing_addr();
     let down = refusing.addr().to_string();
