@@ -1290,16 +1290,22 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
         println!("attestation: no client-side middlebox took part");
     }
     for v in in_path_order(c.verdicts(), names) {
-        println!("attestation: {}", verdict_text(v, true));
+        // An exclusion may have nothing to do with attestation (an allow-list, a late answer).
+        let label = match v {
+            MiddleboxVerdict::Excluded { .. } => "middlebox",
+            _ => "attestation",
+        };
+        println!("{label}: {}", verdict_text(v, true));
     }
 }
 
 /// The client's path line. The address connected to belongs to the first pre-configured
 /// middlebox; a discovering client may have connected to a middlebox that stayed out, or to the
-/// server, so its address is given apart.
+/// server, and a client without middleboxes of its own to a server-side one, so its address is
+/// given apart (found in a user trial: an excluded middlebox's address read as the server's).
 fn path_text(names: &[String], preconfigured: bool, first_hop: &str, server: &str) -> String {
     match names.split_first() {
-        None => format!("path: client -> {server} ({first_hop})"),
+        None => format!("path: client -> {server} (first hop {first_hop})"),
         Some((first, rest)) if preconfigured => {
             let mut line = format!("path: client -> {first} ({first_hop})");
             for name in rest {
@@ -2938,7 +2944,7 @@ mod tests {
         );
         assert_eq!(
             path_text(&[], false, addr, server),
-            "path: client -> server.test (127.0.0.1:8443)"
+            "path: client -> server.test (first hop 127.0.0.1:8443)"
         );
     }
 

@@ -1066,7 +1066,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         assert!(out.status.success(), "{text}{err}");
         for expected in [
             "no client-side middleboxes: the session's keys stay inside OpenSSL",
-            &format!("path: client -> server.test ({mb_addr})"),
+            &format!("path: client -> server.test (first hop {mb_addr})"),
             "hop 1: client <-> server.test (primary session keys, also held by any middlebox on the server's side): no fingerprint",
             // The server-side middlebox joined: the client can only speak for its side.
             "attestation: no client-side middlebox took part",
@@ -1402,7 +1402,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     let (ok, text, err) = fetch(&["--allow-middlebox", "someone-else.test"]);
     assert!(ok, "{text}{err}");
     assert!(
-        text.contains("attestation: mb0.test was excluded: not in the allow-list"),
+        text.contains("middlebox: mb0.test was excluded: not in the allow-list"),
         "{text}"
     );
     assert!(
@@ -1459,7 +1459,7 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     );
     assert!(ok, "{text}{err}");
     for expected in [
-        "attestation: mb0.test was excluded: not in the allow-list",
+        "middlebox: mb0.test was excluded: not in the allow-list",
         "attestation: mb1.test verified (sim TEE",
         "hop 2: mb1.test <-> server.test (primary session keys, also held by any middlebox on the server's side)",
     ] {
