@@ -868,6 +868,9 @@ fn client(
                 anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
             })?;
         print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
+        if path_names.is_none() {
+            discovery_note(c.verdicts(), s.max_discovered.unwrap_or(1));
+        }
         // Each piece as it comes, within the bound of the previous one: a long download goes
         // on as long as it moves. Once the body is whole by its framing, the server's close
         // is waited for only briefly: a server that keeps the connection open (it ignored
@@ -1299,6 +1302,32 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
     }
 }
 
+/// After discovery in which every optimistic hello was taken and one went to a middlebox not
+/// on the allow-list: the hellos go to the middleboxes nearest the server first, so an allowed
+/// one nearer the client may have had none, and saw nothing to answer (found in a user trial,
+/// where the client named only the refused middlebox and nothing pointed at
+/// `--max-discovered`).
+fn discovery_note(verdicts: &[MiddleboxVerdict], max_discovered: u8) {
+    let answered = verdicts
+        .iter()
+        .filter(|v| !matches!(v, MiddleboxVerdict::Direct))
+        .count();
+    let not_allowed = verdicts
+        .iter()
+        .any(|v| matches!(v, MiddleboxVerdict::Excluded { why, .. } if *why == NOT_APPROVED));
+    if not_allowed && answered >= usize::from(max_discovered) {
+        println!(
+            "note: {max_discovered} optimistic hello(s) went to the middlebox(es) nearest the \
+             server, approved or not; a middlebox nearer the client, if any, had none to answer \
+             (raise --max-discovered to the number of middleboxes on the path)"
+        );
+    }
+}
+
+/// The library's reason for a discovered middlebox the application did not approve (the
+/// CLI's allow-list).
+const NOT_APPROVED: &str = "not approved by the application";
+
 /// The client's path line. The address connected to belongs to the first pre-configured
 /// middlebox; a discovering client may have connected to a middlebox that stayed out, or to the
 /// server, and a client without middleboxes of its own to a server-side one, so its address is
@@ -1387,7 +1416,7 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             let who = middlebox.as_deref().unwrap_or("a middlebox");
             let why = match *why {
                 // The CLI's approval is its allow-list.
-                "not approved by the application" => "not in the allow-list (--allow-middlebox)",
+                NOT_APPROVED => "not in the allow-list (--allow-middlebox)",
                 why => why,
             };
             match detail {

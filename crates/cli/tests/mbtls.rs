@@ -1402,7 +1402,8 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     let (ok, text, err) = fetch(&["--allow-middlebox", "someone-else.test"]);
     assert!(ok, "{text}{err}");
     assert!(
-        text.contains("middlebox: mb0.test was excluded: not in the allow-list"),
+        text.contains("middlebox: mb0.test was excluded: not in the allow-list")
+            && text.contains("raise --max-discovered to the number of middleboxes on the path"),
         "{text}"
     );
     assert!(
