@@ -2696,7 +2696,18 @@ fn print_proxy_report(r: &ProxyReport) {
         })
         .unwrap_or_default();
     let line = match (&r.outcome, r.connected) {
-        (Err(e), false) => format!("connection {} from {peer}: mbTLS session failed: {e}", r.id),
+        (Err(e), false) => {
+            // What would fix it, as the one-shot client says (found in a user trial: the
+            // proxy's line lacked the flag that accepts a refused measurement).
+            let fix = r
+                .error
+                .as_deref()
+                .map_or(String::new(), |e| fix_hint(e, mbx_engine::Role::Client));
+            format!(
+                "connection {} from {peer}: mbTLS session failed: {e}{fix}",
+                r.id
+            )
+        }
         (outcome, _) => {
             // As the server's and the middlebox's lines say it (a reload may change `tls`).
             let version = r

@@ -1684,6 +1684,27 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     );
     let line = proxy_lines.next().unwrap().unwrap();
     assert!(line.contains("cannot connect to the first hop"), "{line}");
+
+    // A middlebox that is not on the path (the proxy sent straight to the server): the line
+    // says where it belongs, as the one-shot client's error does (twenty-sixth round, from a
+    // user trial: the proxy's line had no such hint).
+    let straight = setup.nginx.addr().to_string();
+    let (_proxy, mut proxy_lines, phead) = start_proxy(
+        server,
+        &policy,
+        &["--middlebox", &straight, "--middlebox-name", "mb.test"],
+    );
+    let out = mbx_testbed::Curl::new(&format!("http://{}/", listening_addr(&phead[0])))
+        .header("Host: server.test")
+        .run()
+        .unwrap();
+    assert_eq!(out.status, Some(502), "{}", out.verbose);
+    let line = proxy_lines.next().unwrap().unwrap();
+    assert!(
+        line.contains("mb.test: a pre-configured middlebox did not join")
+            && line.contains("--middlebox is the address of the first one"),
+        "{line}"
+    );
 }
 
 /// `mbx mbtls client` fetching once with `flag` (and its value) fails, saying that the flag

@@ -56,6 +56,9 @@ pub struct ProxyReport {
     pub peer_left_without_close_notify: bool,
     /// `Err` with the reason when the session failed or did not end cleanly.
     pub outcome: Result<(), String>,
+    /// The error itself, when the session failed with one (the outcome's text comes from it),
+    /// for a caller that says what would fix it (as the one-shot client does).
+    pub error: Option<std::sync::Arc<DriverError>>,
 }
 
 impl super::reports::Report for ProxyReport {
@@ -125,6 +128,7 @@ impl ProxyReport {
             key_updates: 0,
             peer_left_without_close_notify: false,
             outcome: Ok(()),
+            error: None,
         }
     }
 }
@@ -158,6 +162,7 @@ async fn serve(
     };
     if let Err(e) = r {
         report.outcome = Err(e.to_string());
+        report.error = Some(std::sync::Arc::new(e));
     }
 }
 
