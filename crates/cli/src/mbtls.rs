@@ -1517,6 +1517,8 @@ struct MiddleboxSetup {
     tls: TlsConfig,
     s: MiddleboxSettings,
     attestation_line: String,
+    /// The names the middlebox's certificate carries, as endpoints check them.
+    certificate_names: String,
 }
 
 fn middlebox(
@@ -1531,21 +1533,44 @@ fn middlebox(
         tls,
         s,
         attestation_line,
+        certificate_names,
     } = middlebox_setup(flags.clone(), config, &fresh_platform)?;
     // Its ticket keys live in its context: kept across a reload that changes neither its TLS
     // settings nor what its evidence shows, or every endpoint's next session would be a full
     // handshake with fresh evidence (a quote each, one at a time, on DCAP).
     let running = RunningContext::new(&tls, &attestation_line, &cfg.handshake.tls);
+    // What the endpoints check, as the last applied configuration had it: a reload that
+    // changes it says so (their names and policies must follow).
+    let checked = std::sync::Mutex::new((certificate_names.clone(), attestation_line.clone()));
     let reload = || -> anyhow::Result<(MiddleboxServerConfig, String)> {
         let config = reread(config, config_path)?;
         let mut setup = middlebox_setup(flags.clone(), &config, &fresh_platform)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
         let shown = setup.attestation_line.clone();
         running.keep_unless_changed(setup.tls, shown, &mut setup.cfg.handshake.tls);
+        let mut before = checked.lock().unwrap_or_else(|p| p.into_inner());
+        let mark = |old: &str, new: &str, what: &'static str| if old == new { "" } else { what };
         // The measurement covers the app, which a reload may change: both are shown.
         let shown = format!(
-            "next hop {}; app: {}; attestation: {}",
-            setup.cfg.next_hop, setup.s.app, setup.attestation_line
+            "next hop {}; app: {}; certificate for {}{}; attestation: {}{}",
+            setup.cfg.next_hop,
+            setup.s.app,
+            setup.certificate_names,
+            mark(
+                &before.0,
+                &setup.certificate_names,
+                " (changed: endpoints must expect it)"
+            ),
+            setup.attestation_line,
+            mark(
+                &before.1,
+                &setup.attestation_line,
+                " (changed: endpoints' policies must accept it)"
+            ),
+        );
+        *before = (
+            setup.certificate_names.clone(),
+            setup.attestation_line.clone(),
         );
         Ok((setup.cfg, shown))
     };
@@ -1560,10 +1585,11 @@ fn middlebox(
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         println!(
-            "mbTLS middlebox listening on {}, next hop {}, {} side",
+            "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
             server.local_addr(),
             next_hop,
-            s.side
+            s.side,
+            certificate_names
         );
         println!("app: {}", s.app);
         println!("attestation: {attestation_line}");
@@ -1716,12 +1742,32 @@ fn middlebox_setup(
         },
         limits: s.service.limits()?,
     };
+    let certificate_names = tls.identity.as_ref().map_or_else(
+        || "(none)".into(),
+        |id| certificate_names(&id.cert_chain_pem),
+    );
     Ok(MiddleboxSetup {
         cfg,
         tls,
         s,
         attestation_line,
+        certificate_names,
     })
+}
+
+/// The names in the first certificate of `chain_pem` (subject common name and DNS
+/// subjectAltNames), as the banner and a reload show them: the name endpoints must expect.
+fn certificate_names(chain_pem: &[u8]) -> String {
+    let names = openssl::x509::X509::stack_from_pem(chain_pem)
+        .ok()
+        .and_then(|chain| chain.into_iter().next())
+        .and_then(|leaf| mbx_keyless::x509::certificate_names(&leaf.to_der().ok()?).ok());
+    match names {
+        Some(names) if !names.is_empty() => {
+            crate::subcommand::escape_controls(&names.join(", "), false).into_owned()
+        }
+        _ => "(no name read)".into(),
+    }
 }
 
 /// Refuses an attester's option given for another attester: it would be ignored, and the

@@ -955,7 +955,10 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         ],
         4,
     );
-    assert!(mb_head[0].ends_with("server side"), "{mb_head:?}");
+    assert!(
+        mb_head[0].ends_with("server side, certificate for mb2.test"),
+        "{mb_head:?}"
+    );
     assert!(
         mb_head[3].starts_with("limits: handshake 2s, idle 4s, at most "),
         "{mb_head:?}"
@@ -2039,7 +2042,8 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         format!(
             "middlebox reloaded: new connections get the new configuration; \
              limits: handshake 60s, idle 600s, at most 7 connections at once; \
-             next hop {}; app: http-header:X-Mbtls:after; attestation: none (sends empty evidence)",
+             next hop {}; app: http-header:X-Mbtls:after; certificate for mb.test; \
+             attestation: none (sends empty evidence)",
             nginx.addr()
         )
     );
@@ -2080,11 +2084,14 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         .unwrap();
     write_config("http-header:X-Mbtls:after", "");
     signal(&mut mb, Signal::HUP);
-    assert!(lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .starts_with("middlebox reloaded"));
+    // The reload line says the name changed (twenty-sixth round, from a user trial: it said
+    // nothing of the certificate, and every client then failed).
+    let reloaded = lines.next().unwrap().unwrap();
+    assert!(
+        reloaded.starts_with("middlebox reloaded")
+            && reloaded.contains("certificate for other.test (changed: endpoints must expect it)"),
+        "{reloaded}"
+    );
     let out = try_fetch("/fourth");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -2134,6 +2141,17 @@ fn a_reload_keeps_the_fresh_platform_key_and_shows_the_new_measurement() {
     let (key_after, measurement_after) = parts(&reloaded);
     assert_eq!(key_after, key, "{reloaded}");
     assert_ne!(measurement_after, measurement, "{reloaded}");
+    // Said to have changed (twenty-sixth round); a reload that changes nothing says nothing.
+    assert!(
+        reloaded.ends_with("(changed: endpoints' policies must accept it)"),
+        "{reloaded}"
+    );
+    signal(&mut mb, Signal::HUP);
+    let again = lines.next().unwrap().unwrap();
+    assert!(
+        again.starts_with("middlebox reloaded") && !again.contains("changed"),
+        "{again}"
+    );
 }
 
 /// Client, router and server as network namespaces, `nft` found or installed, and a test PKI's
