@@ -221,6 +221,8 @@ struct ClientFlags {
     /// Act as a local proxy instead of fetching once: listen here (e.g. 127.0.0.1:8080) and
     /// carry each accepted plain-TCP connection over its own mbTLS session to the URL's server
     /// (e.g. `curl http://127.0.0.1:8080/` then reaches the server through the middleboxes).
+    /// The URL gives the server's name and port only: the requests, paths included, are the
+    /// local application's.
     #[arg(long)]
     proxy: Option<String>,
     /// As a proxy: run a full handshake with the server for every connection instead of
