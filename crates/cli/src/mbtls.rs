@@ -2804,7 +2804,7 @@ fn print_proxy_report(r: &ProxyReport) {
 /// `max_discovered` from the configuration: at least 1 (default 1).
 fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
     match n.unwrap_or(1) {
-        0 => bail!("max_discovered must be at least 1"),
+        0 => bail!("max_discovered (--max-discovered) must be at least 1"),
         n => Ok(n),
     }
 }
