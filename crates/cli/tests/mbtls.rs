@@ -1664,45 +1664,36 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     // Without --proxy the service flags make no sense, and say so.
     refused_without_proxy(server, &["--idle-timeout-secs", "5"]);
 
-    // A first hop that cannot be reached: curl gets a 502 saying why, not "couldn't connect"
-    // (found in a user trial), and the proxy's line says the same.
+    // A proxy whose sessions fail: curl gets a 502 saying why, and the proxy's line for it.
+    let failing_proxy = |first_hop: &str| {
+        let (_proxy, mut proxy_lines, phead) = start_proxy(
+            server,
+            &policy,
+            &["--middlebox", first_hop, "--middlebox-name", "mb.test"],
+        );
+        let out = mbx_testbed::Curl::new(&format!("http://{}/", listening_addr(&phead[0])))
+            .header("Host: server.test")
+            .run()
+            .unwrap();
+        assert_eq!(out.status, Some(502), "{}", out.verbose);
+        let line = proxy_lines.next().unwrap().unwrap();
+        (out.body_str().to_owned(), line)
+    };
+    // A first hop that cannot be reached: the 502 says why, not "couldn't connect" (found in a
+    // user trial), and the proxy's line says the same.
     let refusing = mbx_testbed::refusing_addr();
-    let down = refusing.addr().to_string();
-    let (_proxy, mut proxy_lines, phead) = start_proxy(
-        server,
-        &policy,
-        &["--middlebox", &down, "--middlebox-name", "mb.test"],
-    );
-    let out = mbx_testbed::Curl::new(&format!("http://{}/down", listening_addr(&phead[0])))
-        .header("Host: server.test")
-        .run()
-        .unwrap();
-    assert_eq!(out.status, Some(502), "{}", out.verbose);
-    let body = out.body_str();
+    let (body, line) = failing_proxy(&refusing.addr().to_string());
     assert!(
         body.starts_with(
             "mbx mbtls proxy: no mbTLS session to the server: cannot connect to the first hop"
         ),
         "{body}"
     );
-    let line = proxy_lines.next().unwrap().unwrap();
     assert!(line.contains("cannot connect to the first hop"), "{line}");
-
     // A middlebox that is not on the path (the proxy sent straight to the server): the line
     // says where it belongs, as the one-shot client's error does (twenty-sixth round, from a
     // user trial: the proxy's line had no such hint).
-    let straight = setup.nginx.addr().to_string();
-    let (_proxy, mut proxy_lines, phead) = start_proxy(
-        server,
-        &policy,
-        &["--middlebox", &straight, "--middlebox-name", "mb.test"],
-    );
-    let out = mbx_testbed::Curl::new(&format!("http://{}/", listening_addr(&phead[0])))
-        .header("Host: server.test")
-        .run()
-        .unwrap();
-    assert_eq!(out.status, Some(502), "{}", out.verbose);
-    let line = proxy_lines.next().unwrap().unwrap();
+    let (_, line) = failing_proxy(&setup.nginx.addr().to_string());
     assert!(
         line.contains("mb.test: a pre-configured middlebox did not join")
             && line.contains("--middlebox is the address of the first one"),
