@@ -886,7 +886,7 @@ fn client(
                 // nothing in it.
                 Ok(Err(e)) if ended => {
                     eprintln!(
-                        "mbx: note: after the whole body, {}",
+                        "mbx: note: the body came whole; after it, {}",
                         crate::subcommand::escape_controls(&e.to_string(), false)
                     );
                     break;
@@ -912,7 +912,7 @@ fn client(
                 return Ok(());
             }
         }
-        // Best effort: the server already ended its direction.
+        // Best effort: the server ended its direction, or the body is whole.
         let _ = c.close().await;
         out.finish()
     })
@@ -1760,10 +1760,28 @@ fn middlebox_setup(
 /// The names in the first certificate of `chain_pem` (subject common name and DNS
 /// subjectAltNames), as the banner and a reload show them: the name endpoints must expect.
 fn certificate_names(chain_pem: &[u8]) -> String {
-    let names = openssl::x509::X509::stack_from_pem(chain_pem)
+    let leaf = openssl::x509::X509::stack_from_pem(chain_pem)
         .ok()
-        .and_then(|chain| chain.into_iter().next())
-        .and_then(|leaf| mbx_keyless::x509::certificate_names(&leaf.to_der().ok()?).ok());
+        .and_then(|chain| chain.into_iter().next());
+    // The DNS subjectAltNames, which TLS clients check; the common name only without them
+    // (a client ignores it when there are some).
+    let names = leaf.map(|leaf| {
+        let dns: Vec<String> = leaf
+            .subject_alt_names()
+            .map(|sans| {
+                sans.iter()
+                    .filter_map(|n| n.dnsname().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !dns.is_empty() {
+            return dns;
+        }
+        leaf.subject_name()
+            .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+            .filter_map(|e| e.data().to_string().ok())
+            .collect()
+    });
     match names {
         Some(names) if !names.is_empty() => {
             crate::subcommand::escape_controls(&names.join(", "), false).into_owned()

@@ -81,6 +81,12 @@ impl ServerHandshake {
             ));
         }
         super::check_secondary_context(cfg.secondary.as_ref())?;
+        if matches!(cfg.middlebox, ServerMiddlebox::DiscoverUpTo(_, 0)) {
+            return Err(HandshakeError::Config(
+                "DiscoverUpTo needs at least 1 (a server that takes no middlebox uses Discover \
+                 with an approver that approves none)",
+            ));
+        }
         let (approver, required) = match &cfg.middlebox {
             ServerMiddlebox::Preconfigured(_) => (None, 1),
             ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),
@@ -142,14 +148,15 @@ impl ServerHandshake {
                         return Err(HandshakeError::Protocol("record on an unknown subchannel"))
                     }
                 }
-            }
-            match refuse_after_hello.take() {
-                Some(refusal) if core.primary_spoke() => Err(refusal),
-                kept => {
-                    *refuse_after_hello = kept;
-                    Ok(())
+                // At once, before any later record of the batch: nothing (no key material)
+                // may follow a refusal.
+                if core.primary_spoke() {
+                    if let Some(refusal) = refuse_after_hello.take() {
+                        return Err(refusal);
+                    }
                 }
             }
+            Ok(())
         });
         if r.is_err() {
             self.core.alert_on_own_failure();
@@ -277,6 +284,11 @@ fn announced(
             "middlebox announcements out of path order (subchannel ids must rise)",
         ));
     }
+    if core.data_phase_started() {
+        return Err(HandshakeError::Protocol(
+            "middlebox announcement after the handshake",
+        ));
+    }
     let k = core.slots.len();
     let name = match &cfg.middlebox {
         ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name.as_str()),
@@ -294,11 +306,6 @@ fn announced(
             return Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k }))
         }
     };
-    if core.data_phase_started() {
-        return Err(HandshakeError::Protocol(
-            "middlebox announcement after the handshake",
-        ));
-    }
     // Every record of its session travels encapsulated, the ClientHello included.
     let mut engine = cfg
         .secondary
