@@ -222,6 +222,18 @@ impl World {
         timeout(BOUND, connecting).await.unwrap().unwrap()
     }
 
+    /// An mbTLS session of a client of configuration `cfg` through `mb1`, its request sent with
+    /// the key material.
+    async fn connect_with(
+        &self,
+        mb1: SocketAddr,
+        cfg: ClientHandshakeConfig,
+        request: &[u8],
+    ) -> MbtlsClient {
+        let connecting = MbtlsClient::connect_with_data(mb1, cfg, request);
+        timeout(BOUND, connecting).await.unwrap().unwrap()
+    }
+
     /// An mbTLS session, `version`, of a client with no middlebox of its own (discovery, none
     /// approved) through `first_hop`, with `data` sent in its key-material flight.
     async fn client_alone(
@@ -430,6 +442,49 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
         assert!(why.contains("handshake_failure"), "{version:?}: {why}");
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     }
+}
+
+/// The same with TLS 1.2 on a resumed session, whose server flight is ServerHello,
+/// ChangeCipherSpec and Finished: a server that refuses its middlebox then (mb2's claims no
+/// longer pass the policy it was reloaded with) seals its alert after its Finished, which the
+/// client-side middlebox holds until its keys come, and closes. The middlebox waits for them,
+/// and the client reads the alert (twenty-sixth round; without the wait it read a close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_tls12_servers_alert_after_its_finished_reaches_the_client() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let version = TlsVersion::Tls12;
+    let accepting = w.server(version, backend);
+    let (mut server, mb2) = w.server_behind_mb2_with(accepting.clone()).await;
+    let mut mb1 = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
+    )
+    .await
+    .unwrap();
+    let mut cfg = w.client(version);
+    let mut primary = w.client_primary(version);
+    primary.resume_sessions = 4;
+    cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    let request = b"GET / HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
+    let mut first = w.connect_with(mb1.local_addr(), cfg.clone(), request).await;
+    timeout(BOUND, first.read_to_end()).await.unwrap().unwrap();
+    let _ = first.close().await;
+    timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+    timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    // The same contexts (so the client's session resumes), another policy.
+    let mut refusing = accepting;
+    refusing.handshake.policy.measurements =
+        vec![HexBytes(measure("another program", b"").to_vec())];
+    server.reload(refusing);
+    let err = session_error(MbtlsClient::connect_with_data(mb1.local_addr(), cfg, b"x")).await;
+    assert!(err.contains("handshake_failure(40)"), "{err}");
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    let refused = report.outcome.as_ref().unwrap_err();
+    assert!(refused.contains("middlebox mb2.test"), "{report:?}");
+    let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+    let why = r1.outcome.unwrap_err();
+    assert!(why.contains("handshake_failure"), "{why}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
