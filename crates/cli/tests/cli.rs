@@ -116,17 +116,23 @@ fn demo_runs_both_versions_and_every_check_passes() {
     assert!(!stderr.contains("SIMULATED"), "{stderr}");
 }
 
+/// `mbx --config path demo args…`, run to its end.
+fn demo_with_config(path: &std::path::Path, args: &[&str]) -> std::process::Output {
+    mbx()
+        .arg("--config")
+        .arg(path)
+        .arg("demo")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn config_file_sets_demo_options_and_flags_win() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mbx.toml");
     std::fs::write(&path, "[demo]\nversions = [\"1.2\"]\nlatency_ms = 1\n").unwrap();
-    let out = mbx()
-        .arg("--config")
-        .arg(&path)
-        .arg("demo")
-        .output()
-        .unwrap();
+    let out = demo_with_config(&path, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
@@ -135,12 +141,7 @@ fn config_file_sets_demo_options_and_flags_win() {
     );
     assert!(stdout.contains("1 ms one-way latency"), "{stdout}");
 
-    let out = mbx()
-        .arg("--config")
-        .arg(&path)
-        .args(["demo", "--tls", "1.3"])
-        .output()
-        .unwrap();
+    let out = demo_with_config(&path, &["--tls", "1.3"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("TLS 1.3 /") && !stdout.contains("TLS 1.2 /"),
@@ -155,12 +156,7 @@ fn bad_config_is_one_clear_error() {
     // `mbx demo` with `text` as its config file: its exit status and its standard error.
     let demo_with = |text: &str| {
         std::fs::write(&path, text).unwrap();
-        let out = mbx()
-            .arg("--config")
-            .arg(&path)
-            .arg("demo")
-            .output()
-            .unwrap();
+        let out = demo_with_config(&path, &[]);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

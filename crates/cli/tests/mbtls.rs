@@ -225,8 +225,7 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         .arg(dir.path().join("strict.toml"))
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("is the platform's public key in hex") && err.contains("a file"),
         "{err}"
@@ -470,8 +469,7 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
         .args(["mbtls", "server"])
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("unknown field `idle_timeout`")
             && err.contains("the service keys handshake_timeout_secs, idle_timeout_secs"),
@@ -488,8 +486,7 @@ fn a_listening_address_in_use_is_one_clear_error() {
     let addr = taken.local_addr().unwrap().to_string();
     let args = service_args("middlebox", &addr, ("--next-hop", "127.0.0.1:9"), &mbox);
     let out = mbx().args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
     assert_eq!(err.matches("cannot listen").count(), 1, "{err}");
     assert!(
@@ -637,8 +634,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     let file = tempfile::tempfile().unwrap();
     let blocks = u64::try_from(body_at / 512 + 1).unwrap();
     let out = fetch_into(&addr, "/big", Some(file.try_clone().unwrap()), Some(blocks));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("cannot write the response: File too large") && !err.contains("panicked"),
         "{err}"
@@ -656,8 +652,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         .stdout(full)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("mbx: cannot write to standard output: No space left on device")
             && !err.contains("panicked"),
@@ -693,8 +688,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         "/old",
         &["--tls", "1.2"].map(OsStr::new),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("protocol_version") && err.contains("the two ends share no TLS version"),
         "{err}"
@@ -764,8 +758,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         }
     });
     let out = fetch_from(&addr, "/");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("during the handshake")
             && err.contains("a middlebox or the server ended the session"),
@@ -914,6 +907,13 @@ fn start_command(
 /// Sends `sig` to a child process (SIGHUP: reload; SIGTERM: drain and stop).
 fn signal(child: &mut ChildGuard, sig: Signal) {
     common::signal(child.child_mut().unwrap().id(), sig);
+}
+
+/// A run that must fail with exit status 1: its standard error.
+fn failure(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
 }
 
 fn listening_addr(line: &str) -> String {
@@ -1109,8 +1109,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         .arg(&server.ca)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = failure(&out);
     assert!(
         err.contains("middlebox mb2.test: a pre-configured middlebox did not join")
             && err.contains("started without --server-side"),
@@ -1149,8 +1148,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
             "/bypass",
             &["--tls", tls].map(OsStr::new),
         );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{tls}: {err}");
+        let err = failure(&out);
         assert!(
             err.contains("handshake_failure(40)")
                 && err.contains("it refused or missed one of its own (server-side) middleboxes"),

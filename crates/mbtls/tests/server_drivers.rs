@@ -207,6 +207,16 @@ impl World {
         .unwrap()
     }
 
+    /// The client-side middlebox mb1, in front of `next_hop`.
+    async fn mb1_to(&self, next_hop: SocketAddr) -> MiddleboxServer {
+        MiddleboxServer::bind(
+            "127.0.0.1:0",
+            self.middlebox("mb1.test", next_hop, Placement::ClientSide),
+        )
+        .await
+        .unwrap()
+    }
+
     /// The mbTLS client's primary TLS configuration.
     fn client_primary(&self, version: TlsVersion) -> TlsConfig {
         let mut primary = TlsConfig::client("server.test", self.root_pem.clone()).only(version);
@@ -428,12 +438,7 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
     let backend = echo_backend().await;
     for version in VERSIONS {
         let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
-        let mut mb1 = MiddleboxServer::bind(
-            "127.0.0.1:0",
-            w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
-        )
-        .await
-        .unwrap();
+        let mut mb1 = w.mb1_to(mb2.local_addr()).await;
         let connecting = MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), b"x");
         let err = session_error(connecting).await;
         assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
@@ -456,12 +461,7 @@ async fn a_resumed_tls12_servers_alert_after_its_finished_reaches_the_client() {
     let version = TlsVersion::Tls12;
     let accepting = w.server(version, backend);
     let (mut server, mb2) = w.server_behind_mb2_with(accepting.clone()).await;
-    let mut mb1 = MiddleboxServer::bind(
-        "127.0.0.1:0",
-        w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
-    )
-    .await
-    .unwrap();
+    let mut mb1 = w.mb1_to(mb2.local_addr()).await;
     let mut cfg = w.client(version);
     let mut primary = w.client_primary(version);
     primary.resume_sessions = 4;
@@ -580,12 +580,7 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
     let backend = echo_backend().await;
     for version in VERSIONS {
         let (mut server, mut mb2) = w.server_behind_mb2(version, backend).await;
-        let mut mb1 = MiddleboxServer::bind(
-            "127.0.0.1:0",
-            w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide),
-        )
-        .await
-        .unwrap();
+        let mut mb1 = w.mb1_to(mb2.local_addr()).await;
         let request = b"GET /both HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
         let mut client = w.connect(mb1.local_addr(), version, request).await;
         let body = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
