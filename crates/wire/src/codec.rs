@@ -139,6 +139,14 @@ pub fn text_prefix(text: &str, max: usize) -> &str {
     text.get(..end).unwrap_or_default()
 }
 
+/// `text` with each control character replaced by `?`: a peer's words (a name, an error)
+/// printed to a terminal or a log line cannot steer either.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// Appends TLS encodings to a `Vec<u8>`.
 #[derive(Debug)]
 pub struct Writer<'a> {

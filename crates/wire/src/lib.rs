@@ -16,7 +16,7 @@ pub mod handshake;
 pub mod hello;
 pub mod record;
 
-pub use codec::{text_prefix, Reader, Writer};
+pub use codec::{printable, text_prefix, Reader, Writer};
 pub use content::{version, ContentType};
 pub use error::WireError;
 pub use handshake::{HandshakeDeframer, HandshakeMessage, HandshakeType};

@@ -202,11 +202,7 @@ async fn tell_and_close(mut local: TcpStream, answer: &[u8], e: &DriverError) {
     if reset_when_closed(&local, false).is_err() {
         return;
     }
-    let text: String = e
-        .to_string()
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
+    let text = mbx_wire::printable(&e.to_string());
     let mut out = answer.to_vec();
     out.extend_from_slice(text.as_bytes());
     out.push(b'\n');

@@ -135,11 +135,7 @@ fn certificate_name(cert_der: &[u8]) -> Option<String> {
         Some(d) => d,
         None => cert.subject().iter_common_name().next()?.as_str().ok()?,
     };
-    Some(
-        name.chars()
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect(),
-    )
+    Some(mbx_wire::printable(name))
 }
 
 /// The claims of evidence bound to this secondary session (`None`: it sent none and the
@@ -604,7 +600,7 @@ impl EndpointCore {
                 .iter()
                 .find(|s| s.state == Secondary::Waiting)
                 .and_then(|s| s.name.clone());
-            return Err(HandshakeError::not_joined(missing));
+            return Err(HandshakeError::named(missing, HandshakeError::NotJoined));
         }
         for slot in &mut self.slots {
             if slot.state == Secondary::Waiting {
@@ -703,13 +699,7 @@ impl EndpointCore {
             .iter()
             .find(|s| s.subchannel == subchannel)
             .and_then(|s| s.name.clone());
-        match name {
-            Some(name) => HandshakeError::Middlebox {
-                name,
-                inner: Box::new(err),
-            },
-            None => err,
-        }
+        HandshakeError::named(name, err)
     }
 
     /// Closes a middlebox's secondary session without key material (it then forwards
