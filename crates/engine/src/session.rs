@@ -112,16 +112,38 @@ impl KeyLogSecrets {
         self.client_random
     }
 
+    /// Keys derived from these secrets are this handshake's: `suite` is of the negotiated
+    /// `version`, and the key log, when it says whose it is, belongs to `client_random`.
+    fn check_handshake(
+        &self,
+        suite: &CipherSuite,
+        version: TlsVersion,
+        client_random: &[u8; 32],
+    ) -> Result<(), EngineError> {
+        if suite.version != version {
+            return Err(EngineError::UnsupportedSuite(suite.id));
+        }
+        if let Some(logged) = self.client_random {
+            if !bool::from(logged.ct_eq(client_random)) {
+                return Err(EngineError::InexactExport(
+                    "key log belongs to another handshake",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The keys `role` writes with now (after its ChangeCipherSpec or Finished): TLS 1.2 from
     /// the master secret, TLS 1.3 from its own traffic secret alone (a server that waits for
     /// the client's Finished has not logged the client's yet).
     pub(crate) fn own_write_keys(
         &self,
         role: Role,
-        suite: &CipherSuite,
+        (suite, version): (&CipherSuite, TlsVersion),
         client_random: &[u8; 32],
         server_random: &[u8; 32],
     ) -> Result<TrafficKeys, EngineError> {
+        self.check_handshake(suite, version, client_random)?;
         match suite.version {
             TlsVersion::Tls12 => {
                 let ms = self
@@ -163,16 +185,8 @@ pub(crate) struct ExportInputs<'a> {
 pub(crate) fn derive_session(i: ExportInputs<'_>) -> Result<ExportedSession, EngineError> {
     let suite =
         CipherSuite::from_id(i.suite_id).ok_or(EngineError::UnsupportedSuite(i.suite_id))?;
-    if suite.version != i.version {
-        return Err(EngineError::UnsupportedSuite(i.suite_id));
-    }
-    if let Some(logged) = i.secrets.client_random {
-        if !bool::from(logged.ct_eq(&i.client_random)) {
-            return Err(EngineError::InexactExport(
-                "key log belongs to another handshake",
-            ));
-        }
-    }
+    i.secrets
+        .check_handshake(&suite, i.version, &i.client_random)?;
     let (client_write, server_write, client_secret, server_secret) = match i.version {
         TlsVersion::Tls12 => {
             let ms = i

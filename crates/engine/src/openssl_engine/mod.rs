@@ -1057,13 +1057,13 @@ impl OpenSslEngine {
         let keys = match version {
             TlsVersion::Tls12 => tls12_secrets(ssl, &client_random)?.own_write_keys(
                 self.role,
-                &suite,
+                (&suite, version),
                 &client_random,
                 &server_random,
             )?,
             TlsVersion::Tls13 => lock(&self.state).secrets.own_write_keys(
                 self.role,
-                &suite,
+                (&suite, version),
                 &client_random,
                 &server_random,
             )?,
