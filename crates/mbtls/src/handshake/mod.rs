@@ -145,14 +145,14 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
-    /// [`NotJoined`](Self::NotJoined), about the missing middlebox when its name is known.
-    pub(crate) fn not_joined(name: Option<String>) -> HandshakeError {
+    /// `err` about one middlebox, named when its name is known.
+    pub(crate) fn named(name: Option<String>, err: HandshakeError) -> HandshakeError {
         match name {
             Some(name) => HandshakeError::Middlebox {
                 name,
-                inner: Box::new(HandshakeError::NotJoined),
+                inner: Box::new(err),
             },
-            None => HandshakeError::NotJoined,
+            None => err,
         }
     }
 

@@ -60,6 +60,19 @@ pub struct ServerHandshakeConfig {
     pub now_unix: u64,
 }
 
+impl ServerMiddlebox {
+    /// The configured name of the middlebox at place `k` on the server's side, counted from
+    /// the client (none when the server discovers its middleboxes, or past the configured
+    /// ones).
+    fn configured_name(&self, k: usize) -> Option<&str> {
+        match self {
+            ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name),
+            ServerMiddlebox::PreconfiguredPath(names) => names.get(k).map(String::as_str),
+            _ => None,
+        }
+    }
+}
+
 /// An mbTLS server.
 pub struct ServerHandshake {
     cfg: ServerHandshakeConfig,
@@ -165,13 +178,8 @@ impl ServerHandshake {
             // Our slots are made as middleboxes announce themselves: the first missing one
             // is next in the configured list.
             HandshakeError::NotJoined => {
-                let next = self.core.slots.len();
-                let name = match &self.cfg.middlebox {
-                    ServerMiddlebox::Preconfigured(name) if next == 0 => Some(name.clone()),
-                    ServerMiddlebox::PreconfiguredPath(names) => names.get(next).cloned(),
-                    _ => None,
-                };
-                HandshakeError::not_joined(name)
+                let name = self.cfg.middlebox.configured_name(self.core.slots.len());
+                HandshakeError::named(name.map(str::to_owned), HandshakeError::NotJoined)
             }
             e => e,
         })
@@ -290,21 +298,19 @@ fn announced(
         ));
     }
     let k = core.slots.len();
+    let too_many = Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k }));
     let name = match &cfg.middlebox {
-        ServerMiddlebox::Preconfigured(name) if k == 0 => Some(name.as_str()),
-        ServerMiddlebox::PreconfiguredPath(names) => match names.get(k) {
-            Some(n) => Some(n.as_str()),
-            None => return Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k })),
-        },
+        ServerMiddlebox::Preconfigured(_) | ServerMiddlebox::PreconfiguredPath(_) => {
+            match cfg.middlebox.configured_name(k) {
+                Some(name) => Some(name),
+                None => return too_many,
+            }
+        }
         // Discovered: as many as the server allows (the secondary session costs it a client
         // handshake each).
         ServerMiddlebox::Discover(_) if k == 0 => None,
         ServerMiddlebox::DiscoverUpTo(_, n) if k < usize::from(*n) => None,
-        ServerMiddlebox::Discover(_)
-        | ServerMiddlebox::DiscoverUpTo(..)
-        | ServerMiddlebox::Preconfigured(_) => {
-            return Ok(Some(HandshakeError::TooManyMiddleboxes { allowed: k }))
-        }
+        ServerMiddlebox::Discover(_) | ServerMiddlebox::DiscoverUpTo(..) => return too_many,
     };
     // Every record of its session travels encapsulated, the ClientHello included.
     let mut engine = cfg
