@@ -18,7 +18,7 @@ use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf, READ_BUF_MAX};
 use super::reports::Pending;
 use super::splice::discard_until_eof;
-use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER};
+use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, WRITE_RESET};
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
@@ -725,7 +725,7 @@ async fn relay(
                     conn.to_client = Outbox::new();
                     continue;
                 }
-                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Client), when: "while we were writing to it" }),
+                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Client), when: WRITE_RESET }),
             },
             w = conn.to_server.write_some(&mut server_w), if want_s => match w {
                 Ok(()) => {
@@ -738,7 +738,7 @@ async fn relay(
                     conn.to_server = Outbox::new();
                     continue;
                 }
-                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Server), when: "while we were writing to it" }),
+                Err(_) => break Err(DriverError::PeerGone { peer: neighbour_name(Side::Server), when: WRITE_RESET }),
             },
             // One timer for both (each branch's timer would take room in every connection's
             // state, idle or not): preparing the answer ahead of the ServerHello, and the

@@ -200,7 +200,9 @@ async fn serve(
     let hs = match ServerHandshake::new(hs_cfg) {
         Ok(hs) => hs,
         Err(e) => {
-            report.outcome = Err(DriverError::from(e).to_string());
+            let e = DriverError::from(e);
+            report.outcome = Err(e.to_string());
+            report.error = Some(std::sync::Arc::new(e));
             return;
         }
     };
@@ -233,13 +235,13 @@ async fn run(
             .await
             .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
             .map_err(DriverError::on_path(
-                "previous hop",
-                "reading from the previous hop",
+                SIDES.path,
+                SIDES.reading_path,
                 READ_RESET,
             ))?;
         if n == 0 {
             return Err(DriverError::PeerGone {
-                peer: "previous hop",
+                peer: SIDES.path,
                 when: "during the handshake",
             });
         }
@@ -319,8 +321,8 @@ async fn flush(hs: &mut ServerHandshake, stream: &mut TcpStream) -> Result<(), D
     let out = hs.take_outgoing();
     if !out.is_empty() {
         stream.write_all(&out).await.map_err(DriverError::on_path(
-            "previous hop",
-            "writing to the previous hop",
+            SIDES.path,
+            SIDES.writing_path,
             WRITE_RESET,
         ))?;
     }

@@ -486,12 +486,11 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         match self.version {
             Some(TlsVersion::Tls12) => {
-                if !self.after_ccs {
-                    self.note_server_alert(&rec);
-                }
                 if self.after_ccs {
                     // This is the server's Finished; everything after it is application data.
                     self.hold = true;
+                } else {
+                    self.note_server_alert(&rec);
                 }
                 if rec.content_type() == ContentType::CHANGE_CIPHER_SPEC {
                     self.after_ccs = true;
