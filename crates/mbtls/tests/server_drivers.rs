@@ -297,6 +297,16 @@ async fn session_error(
     }
 }
 
+/// A session that must fail with the server's `handshake_failure` alert, as the client reads
+/// it ([`session_error`]); `what`: the case, in the failure message.
+async fn told_handshake_failure(
+    connecting: impl std::future::Future<Output = Result<MbtlsClient, DriverError>>,
+    what: impl std::fmt::Debug,
+) {
+    let err = session_error(connecting).await;
+    assert!(err.contains("handshake_failure(40)"), "{what:?}: {err}");
+}
+
 fn no_server_middlebox() -> ServerMiddlebox {
     ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false))
 }
@@ -420,8 +430,7 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
         }
         // An mbTLS client with no middlebox of its own reads the alert, named.
         let cfg = w.client_without_middleboxes(version);
-        let err = session_error(MbtlsClient::connect(mb2.local_addr(), cfg)).await;
-        assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
+        told_handshake_failure(MbtlsClient::connect(mb2.local_addr(), cfg), version).await;
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     }
 }
@@ -440,8 +449,7 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
         let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
         let mut mb1 = w.mb1_to(mb2.local_addr()).await;
         let connecting = MbtlsClient::connect_with_data(mb1.local_addr(), w.client(version), b"x");
-        let err = session_error(connecting).await;
-        assert!(err.contains("handshake_failure(40)"), "{version:?}: {err}");
+        told_handshake_failure(connecting, version).await;
         let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
         let why = r1.outcome.unwrap_err();
         assert!(why.contains("handshake_failure"), "{version:?}: {why}");
@@ -477,12 +485,18 @@ async fn a_resumed_tls12_servers_alert_after_its_finished_reaches_the_client() {
     refusing.handshake.policy.measurements =
         vec![HexBytes(measure("another program", b"").to_vec())];
     server.reload(refusing);
-    let err = session_error(MbtlsClient::connect_with_data(mb1.local_addr(), cfg, b"x")).await;
-    assert!(err.contains("handshake_failure(40)"), "{err}");
+    told_handshake_failure(
+        MbtlsClient::connect_with_data(mb1.local_addr(), cfg, b"x"),
+        version,
+    )
+    .await;
     let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
     let refused = report.outcome.as_ref().unwrap_err();
     assert!(refused.contains("middlebox mb2.test"), "{report:?}");
     let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+    // Its keys came, so the alert was the held one, sealed after the server's Finished (on a
+    // full handshake the alert would be in plaintext and the client would send no keys).
+    assert!(r1.keys_installed, "{r1:?}");
     let why = r1.outcome.unwrap_err();
     assert!(why.contains("handshake_failure"), "{why}");
 }
