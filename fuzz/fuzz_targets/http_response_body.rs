@@ -21,9 +21,10 @@ fuzz_target!(|data: &[u8]| {
     let mut pieced = whole.clone();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     let r_whole = whole.read(rest, |d| a.extend_from_slice(d));
-    let mut r_pieced = Ok(0);
+    let (mut r_pieced, mut used) = (Ok(0), 0);
     for piece in rest.chunks(usize::from(cut) + 1) {
         r_pieced = pieced.read(piece, |d| b.extend_from_slice(d));
+        used += r_pieced.as_ref().map_or(0, |n| *n);
         if r_pieced.is_err() || pieced.ended() {
             break;
         }
@@ -31,8 +32,10 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(r_whole.is_err(), r_pieced.is_err());
     // The data before a fault is given either way.
     assert_eq!(a, b);
-    if r_whole.is_ok() {
+    if let Ok(whole_used) = r_whole {
         assert_eq!(whole.ended(), pieced.ended());
         assert_eq!(whole.cut_at_close(), pieced.cut_at_close());
+        // The bytes the body took (what follows its end is excess) add up however it is cut.
+        assert_eq!(whole_used, used);
     }
 });

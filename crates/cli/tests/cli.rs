@@ -42,12 +42,7 @@ fn blindbox_rules_stats_prints_table1_for_a_rule_file() {
         .arg(&path)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = common::succeeded(&out);
     assert!(stdout.contains("5 rules parsed, 1 rejected"), "{stdout}");
     // 5 rules: I = 1, II = 1, III = 1 (pcre), not addressable = 2 (short keyword, UDP).
     assert!(
@@ -169,7 +164,8 @@ fn bad_config_is_one_clear_error() {
         "{err}"
     );
     // A policy table at the top, where the spec's example has it: where it belongs.
-    let (_, err) = demo_with("[attestation]\nallow_simulated = true\n");
+    let (code, err) = demo_with("[attestation]\nallow_simulated = true\n");
+    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("[mbtls.client.attestation] or [mbtls.server.attestation]"),
         "{err}"

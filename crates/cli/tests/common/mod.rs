@@ -22,6 +22,13 @@ pub fn succeeded(out: &Output) -> String {
     text
 }
 
+/// A run that must have failed with exit status 1: its standard error.
+pub fn failure(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
+}
+
 /// Runs `cmd` to completion; its stdout, which it must have succeeded to give.
 pub fn run_ok(cmd: &mut Command) -> String {
     succeeded(&cmd.output().unwrap())
