@@ -28,6 +28,7 @@ use mbx_mbtls::driver::{
 use mbx_mbtls::handshake::{
     secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
     MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox, MIDDLEBOX_TICKET_KEY_PERIOD,
+    NOT_APPROVED,
 };
 use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
@@ -853,6 +854,10 @@ fn client(
     let mut out = ResponseOut::new(output.as_deref());
     let raise = "raise --timeout-secs";
     runtime()?.block_on(async move {
+        let discovered_at_most = match cfg.middlebox {
+            ClientMiddlebox::DiscoverUpTo(_, n) => Some(n),
+            _ => None,
+        };
         let connect =
             MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes());
         let mut c = tokio::time::timeout(bound, connect)
@@ -870,8 +875,8 @@ fn client(
                 anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
             })?;
         print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
-        if path_names.is_none() {
-            discovery_note(c.verdicts(), s.max_discovered.unwrap_or(1));
+        if let Some(n) = discovered_at_most {
+            discovery_note(c.verdicts(), n);
         }
         // Each piece as it comes, within the bound of the previous one: a long download goes
         // on as long as it moves. Once the body is whole by its framing, the server's close
@@ -1325,10 +1330,6 @@ fn discovery_note(verdicts: &[MiddleboxVerdict], max_discovered: u8) {
         );
     }
 }
-
-/// The library's reason for a discovered middlebox the application did not approve (the
-/// CLI's allow-list).
-const NOT_APPROVED: &str = "not approved by the application";
 
 /// The client's path line. The address connected to belongs to the first pre-configured
 /// middlebox; a discovering client may have connected to a middlebox that stayed out, or to the
@@ -2528,17 +2529,16 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
                 names.join(" -> ")
             ),
         ),
-        ([], false) => (
-            ServerMiddlebox::DiscoverUpTo(
-                name_approver(s.allow_middleboxes.clone()),
-                max_discovered(s.max_discovered)?,
-            ),
-            format!(
-                "discovered (up to {}), approved if named {}",
-                max_discovered(s.max_discovered)?,
-                s.allow_middleboxes.join(", ")
-            ),
-        ),
+        ([], false) => {
+            let n = max_discovered(s.max_discovered)?;
+            (
+                ServerMiddlebox::DiscoverUpTo(name_approver(s.allow_middleboxes.clone()), n),
+                format!(
+                    "discovered (up to {n}), approved if named {}",
+                    s.allow_middleboxes.join(", ")
+                ),
+            )
+        }
         ([], true) => (
             ServerMiddlebox::DiscoverUpTo(
                 Arc::new(|_: &[Vec<u8>]| false),

@@ -40,6 +40,8 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
     body_bytes: u64,
     /// Bytes that came after the body's end by its framing (not written).
     excess: u64,
+    /// [`body`](Self::body)'s buffer for the decoded data, kept from piece to piece.
+    decoded: Vec<u8>,
     /// Terminal only: the end of what arrived that cannot be shown yet (a character cut
     /// between two pieces, or a CR whose LF may follow).
     held: Vec<u8>,
@@ -73,6 +75,7 @@ impl<W: Write> ResponseOut<W> {
             framing: None,
             body_bytes: 0,
             excess: 0,
+            decoded: Vec::new(),
             held: Vec::new(),
             at_line_start: true,
         }
@@ -113,30 +116,22 @@ impl<W: Write> ResponseOut<W> {
                         from = 0;
                         continue;
                     }
-                    let opened = match &self.sink {
-                        Sink::Stdout { .. } => "body",
-                        Sink::File { .. } => "body: into",
-                    };
-                    let opened = match (&self.sink, ResponseBody::after_head(text)) {
-                        (sink, Ok(framing)) => {
+                    // A body whose framing cannot be read is written as it comes, and said
+                    // so: a cut would not be noticed.
+                    let unchecked = match ResponseBody::after_head(text) {
+                        Ok(framing) => {
                             self.framing = Some(framing);
-                            match sink {
-                                Sink::Stdout { .. } => format!("{opened}:\n"),
-                                Sink::File { path, .. } => format!("{opened} {}\n", path.display()),
-                            }
+                            String::new()
                         }
-                        // Written as it comes, and said so: a cut would not be noticed.
-                        (sink, Err(e)) => {
-                            let why = escape_controls(&e.to_string(), false).into_owned();
-                            match sink {
-                                Sink::Stdout { .. } => {
-                                    format!("body (its end is not checked: {why}):\n")
-                                }
-                                Sink::File { path, .. } => format!(
-                                    "{opened} {} (its end is not checked: {why})\n",
-                                    path.display()
-                                ),
-                            }
+                        Err(e) => format!(
+                            " (its end is not checked: {})",
+                            escape_controls(&e.to_string(), false)
+                        ),
+                    };
+                    let opened = match &self.sink {
+                        Sink::Stdout { .. } => format!("body{unchecked}:\n"),
+                        Sink::File { path, .. } => {
+                            format!("body: into {}{unchecked}\n", path.display())
                         }
                     };
                     (head_lines(text) + &opened, rest)
@@ -187,31 +182,19 @@ impl<W: Write> ResponseOut<W> {
     /// to a file (which is left as it is, as curl leaves it).
     pub fn partial_note(&self) -> String {
         let whole = self.framing.as_ref().is_some_and(ResponseBody::ended);
-        match (&self.sink, whole) {
-            (
-                Sink::File {
-                    file: Some(_),
-                    path,
-                },
-                false,
-            ) => format!(
-                " ({} bytes of the body came and are in {}, which is incomplete)",
-                self.body_bytes,
-                path.display()
-            ),
-            (
-                Sink::File {
-                    file: Some(_),
-                    path,
-                },
-                true,
-            ) => format!(
-                " (the body had come whole by then: {} bytes in {})",
-                self.body_bytes,
-                path.display()
-            ),
-            (Sink::Stdout { .. }, true) => " (the body had come whole by then)".into(),
-            _ => String::new(),
+        let (n, path) = match &self.sink {
+            Sink::File {
+                file: Some(_),
+                path,
+            } => (self.body_bytes, path.display()),
+            _ if whole => return " (the body had come whole by then)".into(),
+            _ => return String::new(),
+        };
+        match whole {
+            true => format!(" (the body had come whole by then: {n} bytes in {path})"),
+            false => {
+                format!(" ({n} bytes of the body came and are in {path}, which is incomplete)")
+            }
         }
     }
 
@@ -251,12 +234,16 @@ impl<W: Write> ResponseOut<W> {
         let Some(framing) = self.framing.as_mut() else {
             return self.body_data(data);
         };
-        // The data without the chunked framing (a copy of it: small beside the record
-        // layer's work on the same bytes); what follows the body's end is not read.
-        let mut decoded = Vec::with_capacity(data.len());
+        // The data without the chunked framing, into a buffer kept from piece to piece (a
+        // copy: small beside the record layer's work on the same bytes); what follows the
+        // body's end is not read.
+        let mut decoded = std::mem::take(&mut self.decoded);
+        decoded.clear();
         let read = framing.read(data, |d| decoded.extend_from_slice(d));
         // What came before a fault is written all the same.
-        let written = self.body_data(&decoded)?;
+        let written = self.body_data(&decoded);
+        self.decoded = decoded;
+        let written = written?;
         match read {
             Ok(used) => {
                 self.excess += (data.len() - used) as u64;

@@ -116,6 +116,11 @@ impl SessionSummary {
     }
 }
 
+/// Why a discovered middlebox the application's approver did not approve was excluded
+/// ([`MiddleboxVerdict::Excluded`](crate::driver::MiddleboxVerdict)'s `why`, and what the
+/// middlebox is told).
+pub const NOT_APPROVED: &str = "not approved by the application";
+
 /// How a discovered middlebox is named in reports: the first DNS subjectAltName of its
 /// (verified) certificate, else its subject common name. Control characters become `?`, so
 /// that a name printed to a terminal or a log line cannot steer either.
@@ -778,7 +783,7 @@ impl EndpointCore {
             if !approve(chain) {
                 return self.exclude(
                     id,
-                    "not approved by the application",
+                    NOT_APPROVED,
                     HandshakeError::Protocol("middlebox not approved"),
                 );
             }

@@ -22,6 +22,7 @@ pub use client::{ClientHandshake, ClientHandshakeConfig, ClientMiddlebox};
 pub use demux::{hello_records, Demux, Piece};
 pub use endpoint_core::{
     Approver, ClientHandshakeEvent, HopFingerprint, ServerHandshakeEvent, SessionSummary,
+    NOT_APPROVED,
 };
 pub use kept::MAX_COPIED_BYTES;
 pub use middlebox::{
