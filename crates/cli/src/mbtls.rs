@@ -838,20 +838,28 @@ fn client(
     );
     let bound = Duration::from_secs(s.timeout_secs.unwrap_or(30));
     let middlebox_addr = first_hop;
+    // A body file is created only when the body begins (a failed fetch leaves it alone).
+    // Every line of the report goes through `out`: a reader of standard output that goes
+    // away ends a fetch to standard output, but not one into a file.
+    let mut out = ResponseOut::new(output.as_deref());
     let path_names = if s.no_client_middleboxes {
-        println!("no client-side middleboxes: the session's keys stay inside OpenSSL");
+        let line = "no client-side middleboxes: the session's keys stay inside OpenSSL\n";
+        if !out.report(line)? {
+            return Ok(());
+        }
         Some(Vec::new())
     } else if names.is_empty() {
-        println!(
-            "discovery: a middlebox on the path may join if its certificate names {}",
+        let line = format!(
+            "discovery: a middlebox on the path may join if its certificate names {}\n",
             s.allow_middleboxes.join(" or ")
         );
+        if !out.report(&line)? {
+            return Ok(());
+        }
         None
     } else {
         Some(names.clone())
     };
-    // A body file is created only when the body begins (a failed fetch leaves it alone).
-    let mut out = ResponseOut::new(output.as_deref());
     let raise = "raise --timeout-secs";
     runtime()?.block_on(async move {
         let discovered_at_most = match cfg.middlebox {
@@ -874,9 +882,12 @@ fn client(
                 let fix = fix_hint(&e, mbx_engine::Role::Client);
                 anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
             })?;
-        print_session(&c, path_names.as_deref(), &middlebox_addr, &server_name);
-        if let Some(n) = discovered_at_most {
-            discovery_note(c.verdicts(), n);
+        let mut report = session_text(&c, path_names.as_deref(), &middlebox_addr, &server_name);
+        if let Some(note) = discovered_at_most.and_then(|n| discovery_note(c.verdicts(), n)) {
+            report.push_str(&note);
+        }
+        if !out.report(&report)? {
+            return Ok(());
         }
         // Each piece as it comes, within the bound of the previous one: a long download goes
         // on as long as it moves. Once the body is whole by its framing, the server's close
@@ -913,7 +924,7 @@ fn client(
                 })?;
             let Some(piece) = piece else { break };
             if !out.push(&piece)? {
-                // The reader of standard output went away: nothing more is wanted.
+                // The body's reader (standard output) went away: nothing more is wanted.
                 return Ok(());
             }
         }
@@ -1257,16 +1268,25 @@ const BRIDGE: &str = "primary session keys, also held by any middlebox on the se
 
 /// `names`: the pre-configured middleboxes in path order; `None` with discovery (the session
 /// names those that joined, by their certificates).
-fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, server: &str) {
+fn session_text(
+    c: &MbtlsClient,
+    names: Option<&[String]>,
+    first_hop: &str,
+    server: &str,
+) -> String {
+    let mut out = String::new();
     let discovered = c
         .summary()
         .map(|s| s.middleboxes.clone())
         .unwrap_or_default();
     let preconfigured = names.is_some();
     let names = names.unwrap_or(&discovered);
-    println!("{}", path_text(names, preconfigured, first_hop, server));
+    line(&mut out, path_text(names, preconfigured, first_hop, server));
     if let Some(sum) = c.summary() {
-        println!("{}, {}", version_name(sum.version), sum.suite.name());
+        line(
+            &mut out,
+            format!("{}, {}", version_name(sum.version), sum.suite.name()),
+        );
         let labels: Vec<String> = if sum.middlebox_joined() {
             let mut nodes = vec!["client".to_string()];
             nodes.extend(names.iter().cloned());
@@ -1287,17 +1307,23 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
             vec![format!("client <-> {server} ({BRIDGE})")]
         };
         for (i, (hop, name)) in sum.hops.iter().zip(&labels).enumerate() {
-            println!("hop {}: {name}: {}", i + 1, fp(hop));
+            line(&mut out, format!("hop {}: {name}: {}", i + 1, fp(hop)));
         }
         if sum.hops.is_empty() {
             if let Some(name) = labels.first() {
-                println!("hop 1: {name}: no fingerprint, the keys never left OpenSSL");
+                line(
+                    &mut out,
+                    format!("hop 1: {name}: no fingerprint, the keys never left OpenSSL"),
+                );
             }
         }
     }
     // The client knows only its own side: a server-side middlebox may well have joined.
     if c.verdicts().is_empty() {
-        println!("attestation: no client-side middlebox took part");
+        line(
+            &mut out,
+            "attestation: no client-side middlebox took part".into(),
+        );
     }
     for v in in_path_order(c.verdicts(), names) {
         // An exclusion may have nothing to do with attestation (an allow-list, a late answer).
@@ -1305,8 +1331,9 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
             MiddleboxVerdict::Excluded { .. } => "middlebox",
             _ => "attestation",
         };
-        println!("{label}: {}", verdict_text(v, true));
+        line(&mut out, format!("{label}: {}", verdict_text(v, true)));
     }
+    out
 }
 
 /// After discovery in which every optimistic hello was taken and one went to a middlebox not
@@ -1314,7 +1341,7 @@ fn print_session(c: &MbtlsClient, names: Option<&[String]>, first_hop: &str, ser
 /// one nearer the client may have had none, and saw nothing to answer (found in a user trial,
 /// where the client named only the refused middlebox and nothing pointed at
 /// `--max-discovered`).
-fn discovery_note(verdicts: &[MiddleboxVerdict], max_discovered: u8) {
+fn discovery_note(verdicts: &[MiddleboxVerdict], max_discovered: u8) -> Option<String> {
     let answered = verdicts
         .iter()
         .filter(|v| !matches!(v, MiddleboxVerdict::Direct))
@@ -1322,13 +1349,19 @@ fn discovery_note(verdicts: &[MiddleboxVerdict], max_discovered: u8) {
     let not_allowed = verdicts
         .iter()
         .any(|v| matches!(v, MiddleboxVerdict::Excluded { why, .. } if *why == NOT_APPROVED));
-    if not_allowed && answered >= usize::from(max_discovered) {
-        println!(
+    (not_allowed && answered >= usize::from(max_discovered)).then(|| {
+        format!(
             "note: {max_discovered} optimistic hello(s) went to the middlebox(es) nearest the \
              server, approved or not; a middlebox nearer the client, if any, had none to answer \
-             (raise --max-discovered to the number of middleboxes on the path)"
-        );
-    }
+             (raise --max-discovered to the number of middleboxes on the path)\n"
+        )
+    })
+}
+
+/// `text` and a line break, added to `out`.
+fn line(out: &mut String, text: String) {
+    out.push_str(&text);
+    out.push('\n');
 }
 
 /// The client's path line. The address connected to belongs to the first pre-configured

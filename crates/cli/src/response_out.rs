@@ -47,6 +47,8 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
     held: Vec<u8>,
     /// Terminal only: whether the last text shown ended a line.
     at_line_start: bool,
+    /// The reader of `out` went away (a closed pipe): nothing more is written to it.
+    out_gone: bool,
 }
 
 impl ResponseOut {
@@ -78,11 +80,22 @@ impl<W: Write> ResponseOut<W> {
             decoded: Vec::new(),
             held: Vec::new(),
             at_line_start: true,
+            out_gone: false,
         }
     }
 
-    /// The next piece of the response. `Ok(false)`: the reader of standard output went away
-    /// (`| head`), so nothing more is wanted; that is not an error of the fetch.
+    /// A line (or lines) of the report. `Ok(false)`: the reader of standard output went away
+    /// and the body goes there too, so nothing more is wanted. A body going into a file is
+    /// still wanted: the report is then no longer written, and the download goes on.
+    pub fn report(&mut self, text: &str) -> anyhow::Result<bool> {
+        if !self.out_gone && !write_out(&mut self.out, text.as_bytes())? {
+            self.out_gone = true;
+        }
+        Ok(!self.out_gone || matches!(self.sink, Sink::File { .. }))
+    }
+
+    /// The next piece of the response. `Ok(false)`: the reader of the body (standard output)
+    /// went away (`| head`), so nothing more is wanted; that is not an error of the fetch.
     pub fn push(&mut self, data: &[u8]) -> anyhow::Result<bool> {
         let Some(head) = self.head.as_mut() else {
             return self.body(data);
@@ -109,7 +122,7 @@ impl<W: Write> ResponseOut<W> {
                     let rest = rest.get(4..).unwrap_or_default().to_vec();
                     if is_interim(text) {
                         let shown = format!("interim {}", head_lines(text));
-                        if !write_out(&mut self.out, shown.as_bytes())? {
+                        if !self.report(&shown)? {
                             return Ok(false);
                         }
                         self.head = Some(rest);
@@ -142,7 +155,7 @@ impl<W: Write> ResponseOut<W> {
                 ),
                 None => return Ok(true),
             };
-            if !write_out(&mut self.out, text.as_bytes())? {
+            if !self.report(&text)? {
                 return Ok(false);
             }
             return self.body(&rest);
@@ -154,7 +167,7 @@ impl<W: Write> ResponseOut<W> {
     pub fn finish(&mut self) -> anyhow::Result<()> {
         if let Some(head) = self.head.take() {
             // It ended before its head did: all of it is shown as it came.
-            if !write_out(&mut self.out, b"response (no HTTP header):\n")? || !self.body(&head)? {
+            if !self.report("response (no HTTP header):\n")? || !self.body(&head)? {
                 return Ok(());
             }
         }
@@ -225,7 +238,7 @@ impl<W: Write> ResponseOut<W> {
                     self.body_bytes,
                     path.display()
                 );
-                write_out(&mut self.out, line.as_bytes()).map(drop)
+                self.report(&line).map(drop)
             }
         }
     }
@@ -365,7 +378,9 @@ fn gone_or_error(r: std::io::Result<()>) -> anyhow::Result<bool> {
     match r {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(anyhow::Error::new(e).context("cannot write the response")),
+        Err(e) => {
+            Err(anyhow::Error::new(e).context("cannot write the response to standard output"))
+        }
     }
 }
 
@@ -601,6 +616,52 @@ mod tests {
         assert_eq!(out.excess, 5);
         out.finish().unwrap();
         assert!(out.out.ends_with(b"body:\nok"), "{:?}", out.out);
+    }
+
+    /// Standard output whose reader has gone (`| head` that has read its lines).
+    struct Gone;
+
+    impl Write for Gone {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    /// A reader of standard output that goes away ends a fetch whose body goes there, but
+    /// not one whose body goes into a file: that download goes on to its end, whole, and a
+    /// cut is still an error.
+    #[test]
+    fn a_gone_stdout_reader_stops_only_a_body_that_goes_to_it() {
+        let response = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
+        let mut out = ResponseOut::with_sink(Gone, Sink::Stdout { terminal: false });
+        assert!(!out.report("path: client -> server\n").unwrap());
+        assert!(!out.push(response).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("body");
+        for piece in [1, 7, response.len()] {
+            let sink = Sink::File {
+                file: None,
+                path: path.clone(),
+            };
+            let mut out = ResponseOut::with_sink(Gone, sink);
+            assert!(out.report("path: client -> server\n").unwrap());
+            for p in response.chunks(piece) {
+                assert!(out.push(p).unwrap(), "pieces of {piece}");
+            }
+            out.finish().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
+        }
+        let sink = Sink::File {
+            file: None,
+            path: path.clone(),
+        };
+        let mut out = ResponseOut::with_sink(Gone, sink);
+        assert!(out.push(&response[..response.len() - 1]).unwrap());
+        let why = out.finish().unwrap_err().to_string();
+        assert!(why.contains("9 bytes of the body came"), "{why}");
     }
 
     /// Anywhere but a terminal the body is written byte for byte.

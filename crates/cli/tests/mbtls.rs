@@ -636,11 +636,13 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     let out = fetch_into(&addr, "/big", Some(file.try_clone().unwrap()), Some(blocks));
     let err = failure(&out);
     assert!(
-        err.contains("cannot write the response: File too large") && !err.contains("panicked"),
+        err.contains("cannot write the response to standard output: File too large")
+            && !err.contains("panicked"),
         "{err}"
     );
     assert_eq!(file.metadata().unwrap().len(), blocks * 512, "{err}");
-    // So does a report line before it (`println!` panicked).
+    // So does a report line before it (before the twenty-seventh round, through the panic
+    // hook of a failed `println!`).
     let full = std::fs::File::options()
         .write(true)
         .open("/dev/full")
@@ -654,8 +656,9 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         .unwrap();
     let err = failure(&out);
     assert!(
-        err.contains("mbx: cannot write to standard output: No space left on device")
-            && !err.contains("panicked"),
+        err.contains(
+            "mbx: error: cannot write the response to standard output: No space left on device"
+        ) && !err.contains("panicked"),
         "{err}"
     );
     // With --output the body goes to the file, whole, and only the report to stdout.
@@ -671,6 +674,28 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         )),
         "{text}"
     );
+    // A reader of standard output that goes away (`| head -1`) leaves the download into the
+    // file to go on to its end (before the twenty-seventh round: exit 0 at the first report
+    // line, the file not even created).
+    std::fs::remove_file(&saved).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/big"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        .arg("--output")
+        .arg(&saved)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    succeeded(&out);
+    assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
     // A fetch that fails before its body leaves the file as it was (created only when the
     // body begins, as curl does).
     let refusing = mbx_testbed::refusing_addr();
