@@ -2075,10 +2075,12 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     };
     loop {
         tokio::select! {
-            Some(()) = hangup.recv() => match reload() {
-                Ok((cfg, also)) => {
-                    let limits = *cfg.limits();
-                    server.reload(cfg);
+            Some(()) = hangup.recv() => match reload().and_then(|(cfg, also)| {
+                let limits = *cfg.limits();
+                server.reload(cfg)?;
+                Ok((limits, also))
+            }) {
+                Ok((limits, also)) => {
                     reloads.applied.fetch_add(1, Ordering::Relaxed);
                     let also = if also.is_empty() { also } else { format!("; {also}") };
                     print_line(format!(

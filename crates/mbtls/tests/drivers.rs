@@ -1269,7 +1269,7 @@ async fn a_reload_applies_to_the_connections_accepted_after_it() {
     let (_up_a, _) = timeout(BOUND, first.accept()).await.unwrap().unwrap();
     let mut cfg = w.middlebox(second_addr, passthrough());
     cfg.limits.max_connections = Some(2);
-    mbox.reload(cfg);
+    mbox.reload(cfg).unwrap();
     assert_eq!(mbox.config().next_hop, second_addr.to_string().into());
     // The next connection goes to the new next hop.
     let _b = TcpStream::connect(mbox.local_addr()).await.unwrap();
@@ -1283,7 +1283,7 @@ async fn a_reload_applies_to_the_connections_accepted_after_it() {
     // A reload that raises the limit lets the waiting one in at once, none having ended.
     let mut cfg = w.middlebox(second_addr, passthrough());
     cfg.limits.max_connections = Some(3);
-    mbox.reload(cfg);
+    mbox.reload(cfg).unwrap();
     let (_up_c, _) = timeout(BOUND, second.accept()).await.unwrap().unwrap();
     until_open(&mbox, 3).await;
 }

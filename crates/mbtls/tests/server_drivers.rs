@@ -484,7 +484,7 @@ async fn a_resumed_tls12_servers_alert_after_its_finished_reaches_the_client() {
     let mut refusing = accepting;
     refusing.handshake.policy.measurements =
         vec![HexBytes(measure("another program", b"").to_vec())];
-    server.reload(refusing);
+    server.reload(refusing).unwrap();
     told_handshake_failure(
         MbtlsClient::connect_with_data(mb1.local_addr(), cfg, b"x"),
         version,
@@ -1350,6 +1350,57 @@ async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
 /// A client proxy whose session cannot start (its first hop refuses the connection) resets
 /// the local connection instead of closing it: an application that waits for a server's
 /// first words must not read an empty, complete stream.
+/// A configuration that would fail every session (here a server that may take up to no
+/// discovered middlebox, and a proxy for a client with none) is refused when the service
+/// starts and at a reload, which leaves the running configuration in force (before the
+/// twenty-seventh round: the service started, or took the reload, and refused every session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_that_fails_every_session_is_refused_at_start_and_at_reload() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let approve: mbx_mbtls::handshake::Approver = Arc::new(|_: &[Vec<u8>]| true);
+    let mut none = w.server(TlsVersion::Tls13, backend);
+    none.handshake.middlebox = ServerMiddlebox::DiscoverUpTo(approve.clone(), 0);
+    let wanted = "DiscoverUpTo needs at least 1";
+    let err = MbtlsServer::bind("127.0.0.1:0", none.clone())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(wanted), "{err}");
+    let server = MbtlsServer::bind("127.0.0.1:0", w.server(TlsVersion::Tls13, backend))
+        .await
+        .unwrap();
+    let err = server.reload(none).unwrap_err();
+    assert!(err.to_string().contains(wanted), "{err}");
+    let running = server.config();
+    assert!(matches!(
+        running.handshake.middlebox,
+        ServerMiddlebox::Preconfigured(_)
+    ));
+
+    let mut client = w.client(TlsVersion::Tls13);
+    client.middlebox = ClientMiddlebox::DiscoverUpTo(approve, 0);
+    let config = |handshake| ClientProxyConfig {
+        handshake,
+        first_hop: server.local_addr().to_string(),
+        session_failed_answer: None,
+        limits: Limits::default(),
+    };
+    let wanted = "1 to 255 client-side middleboxes";
+    let err = ClientProxy::bind("127.0.0.1:0", config(client.clone()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(wanted), "{err}");
+    let proxy = ClientProxy::bind("127.0.0.1:0", config(w.client(TlsVersion::Tls13)))
+        .await
+        .unwrap();
+    let err = proxy.reload(config(client)).unwrap_err();
+    assert!(err.to_string().contains(wanted), "{err}");
+    assert!(matches!(
+        proxy.config().handshake.middlebox,
+        ClientMiddlebox::Preconfigured(_)
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_session_that_cannot_start_resets_or_answers_the_local_connection() {
     let w = World::new();

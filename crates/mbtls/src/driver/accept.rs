@@ -29,6 +29,11 @@ enum Stop {
 /// A driver's configuration as a listener uses it.
 pub trait ServiceConfig: Send + Sync + 'static {
     fn limits(&self) -> &Limits;
+    /// What would make every connection fail, checked when the service starts and at each
+    /// reload rather than found connection by connection.
+    fn check(&self) -> Result<(), DriverError> {
+        Ok(())
+    }
 }
 
 /// The configuration in force: each connection takes the one current at its accept and keeps it
@@ -141,6 +146,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         F: FnMut(u64, TcpStream, SocketAddr, Arc<C>, ReportSender<R>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        config.check()?;
         let listener = TcpListener::bind(listen)
             .await
             // The caller names the address ("cannot listen on …: bind: …").
@@ -196,8 +202,14 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
 impl<R, C> Listening<R, C> {
     /// Replaces the configuration for the connections accepted from now on (certificates,
     /// policies, next hop or backend, limits); open ones keep theirs, as with nginx's reload.
-    pub fn reload(&self, config: C) {
+    /// A configuration that would fail every connection is refused, and the running one stays.
+    pub fn reload(&self, config: C) -> Result<(), DriverError>
+    where
+        C: ServiceConfig,
+    {
+        config.check()?;
         self.config.replace(config);
+        Ok(())
     }
 
     /// The configuration new connections get.

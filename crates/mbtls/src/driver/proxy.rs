@@ -89,6 +89,9 @@ impl ServiceConfig for ClientProxyConfig {
     fn limits(&self) -> &Limits {
         &self.limits
     }
+    fn check(&self) -> Result<(), DriverError> {
+        Ok(self.handshake.check()?)
+    }
 }
 
 /// A listening client proxy ([`Listening`] with a [`ProxyReport`] per local connection).

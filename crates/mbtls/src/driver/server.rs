@@ -96,6 +96,9 @@ impl ServiceConfig for MbtlsServerConfig {
     fn limits(&self) -> &Limits {
         &self.limits
     }
+    fn check(&self) -> Result<(), DriverError> {
+        Ok(self.handshake.check()?)
+    }
 }
 
 /// A listening mbTLS server ([`Listening`] with a [`ServerConnectionReport`] per session).

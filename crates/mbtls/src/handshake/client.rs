@@ -71,6 +71,31 @@ pub struct ClientHandshakeConfig {
     pub now_unix: u64,
 }
 
+impl ClientHandshakeConfig {
+    /// What makes every session with this configuration fail, found before any is tried (a
+    /// service checks it when it starts and at each reload; [`ClientHandshake::new`] checks it
+    /// for each session).
+    pub fn check(&self) -> Result<(), HandshakeError> {
+        let slots = match &self.middlebox {
+            ClientMiddlebox::Preconfigured(_) | ClientMiddlebox::Discover(_) => 1,
+            ClientMiddlebox::PreconfiguredPath(path) => path.len(),
+            ClientMiddlebox::DiscoverUpTo(_, n) => usize::from(*n),
+            ClientMiddlebox::Disabled => 0,
+        };
+        let disabled = matches!(self.middlebox, ClientMiddlebox::Disabled);
+        if (slots == 0 && !disabled) || slots > usize::from(u8::MAX) {
+            return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
+        }
+        super::check_secondary_context(self.secondary.as_ref())?;
+        if !disabled && !self.primary.exportable() {
+            return Err(HandshakeError::Config(
+                "a client with client-side middleboxes needs an exportable primary context",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A client with its client-side middleboxes (pre-configured path, or discovered ones).
 pub struct ClientHandshake {
     core: EndpointCore,
@@ -83,6 +108,7 @@ pub struct ClientHandshake {
 impl ClientHandshake {
     /// Starts the handshake; the first flight is in [`take_outgoing`](Self::take_outgoing).
     pub fn new(cfg: ClientHandshakeConfig) -> Result<Self, HandshakeError> {
+        cfg.check()?;
         let (names, approver) = match &cfg.middlebox {
             ClientMiddlebox::Preconfigured(name) => (vec![Some(name.clone())], None),
             ClientMiddlebox::PreconfiguredPath(path) => {
@@ -92,16 +118,6 @@ impl ClientHandshake {
             ClientMiddlebox::DiscoverUpTo(a, n) => (vec![None; usize::from(*n)], Some(a.clone())),
             ClientMiddlebox::Disabled => (Vec::new(), None),
         };
-        let disabled = matches!(cfg.middlebox, ClientMiddlebox::Disabled);
-        if (names.is_empty() && !disabled) || names.len() > usize::from(u8::MAX) {
-            return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
-        }
-        super::check_secondary_context(cfg.secondary.as_ref())?;
-        if !disabled && !cfg.primary.exportable() {
-            return Err(HandshakeError::Config(
-                "a client with client-side middleboxes needs an exportable primary context",
-            ));
-        }
         // Subchannel i is answered by the i-th middlebox counted from the server (ids are taken
         // as the primary ServerHello passes them), so hello i is made for that middlebox's name.
         let mut slots = Vec::with_capacity(names.len());

@@ -60,6 +60,29 @@ pub struct ServerHandshakeConfig {
     pub now_unix: u64,
 }
 
+impl ServerHandshakeConfig {
+    /// What makes every session with this configuration fail, found before any is tried (a
+    /// service checks it when it starts and at each reload; [`ServerHandshake::new`] checks it
+    /// for each session).
+    pub fn check(&self) -> Result<(), HandshakeError> {
+        // A session a middlebox announces itself to must be exportable, which the engine has
+        // to be from its start (sessions none announced to are made without export instead).
+        if !self.primary.exportable() {
+            return Err(HandshakeError::Config(
+                "an mbTLS server needs an exportable primary context",
+            ));
+        }
+        super::check_secondary_context(self.secondary.as_ref())?;
+        if matches!(self.middlebox, ServerMiddlebox::DiscoverUpTo(_, 0)) {
+            return Err(HandshakeError::Config(
+                "DiscoverUpTo needs at least 1 (a server that takes no middlebox uses Discover \
+                 with an approver that approves none)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl ServerMiddlebox {
     /// The configured name of the middlebox at place `k` on the server's side, counted from
     /// the client (none when the server discovers its middleboxes, or past the configured
@@ -86,20 +109,7 @@ pub struct ServerHandshake {
 
 impl ServerHandshake {
     pub fn new(cfg: ServerHandshakeConfig) -> Result<Self, HandshakeError> {
-        // A session a middlebox announces itself to must be exportable, which the engine has to
-        // be from its start (sessions none announced to are made without export instead).
-        if !cfg.primary.exportable() {
-            return Err(HandshakeError::Config(
-                "an mbTLS server needs an exportable primary context",
-            ));
-        }
-        super::check_secondary_context(cfg.secondary.as_ref())?;
-        if matches!(cfg.middlebox, ServerMiddlebox::DiscoverUpTo(_, 0)) {
-            return Err(HandshakeError::Config(
-                "DiscoverUpTo needs at least 1 (a server that takes no middlebox uses Discover \
-                 with an approver that approves none)",
-            ));
-        }
+        cfg.check()?;
         let (approver, required) = match &cfg.middlebox {
             ServerMiddlebox::Preconfigured(_) => (None, 1),
             ServerMiddlebox::PreconfiguredPath(names) => (None, names.len()),
