@@ -457,6 +457,84 @@ async fn the_servers_alert_reaches_the_client_through_a_middlebox_waiting_for_it
     }
 }
 
+/// A client-side middlebox that waits for its keys to pass on what its server sent before it
+/// closed (TLS 1.3: the refusing server's alert, under its application keys) gives up when
+/// the wait runs out, and reports the server's close rather than waiting for the handshake
+/// timeout; a client that leaves during that wait changes nothing: the server's close, which
+/// came first, stands. Here the client's keys never come: a forwarder passes on its
+/// ClientHello and holds the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_middlebox_whose_keys_never_come_reports_the_servers_close() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let version = TlsVersion::Tls13;
+    let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
+    let mut cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
+    // Far beyond the wait: a middlebox that waited for it instead would report a timeout.
+    cfg.limits.handshake_timeout = Duration::from_secs(20);
+    let mut mb1 = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    for client_leaves in [false, true] {
+        let (first_hop, leave) = hello_only_forwarder(mb1.local_addr()).await;
+        let connecting = tokio::spawn(MbtlsClient::connect_with_data(
+            first_hop,
+            w.client(version),
+            b"x",
+        ));
+        timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        if client_leaves {
+            // Well inside the 2 s wait, once mb1 has read the server's close.
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            leave.send(()).unwrap();
+        }
+        let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+        let why = r1.outcome.as_ref().unwrap_err();
+        assert!(
+            why.contains("next hop (toward the server)")
+                && why.contains("before this middlebox received its keys"),
+            "client leaves: {client_leaves}: {r1:?}"
+        );
+        assert!(!r1.keys_installed, "{r1:?}");
+        // Its own handshakes may be over (the alert never reached it): its first read fails.
+        let failed = match timeout(BOUND, connecting).await.unwrap().unwrap() {
+            Ok(mut client) => timeout(BOUND, client.read()).await.unwrap().err(),
+            Err(e) => Some(e),
+        };
+        assert!(failed.is_some(), "client leaves: {client_leaves}");
+    }
+}
+
+/// A TCP forwarder for one connection toward `to` that passes on the client's first TLS
+/// record (its ClientHello) and holds everything the client sends after it; what `to` sends
+/// goes back as it comes. `leave`: both connections are closed (the client leaving).
+async fn hello_only_forwarder(to: SocketAddr) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (leave, left) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (inbound, _) = listener.accept().await.unwrap();
+        let outbound = tokio::net::TcpStream::connect(to).await.unwrap();
+        let (mut in_r, mut in_w) = inbound.into_split();
+        let (mut out_r, mut out_w) = outbound.into_split();
+        let mut header = [0u8; 5];
+        in_r.read_exact(&mut header).await.unwrap();
+        let mut record = vec![0u8; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+        in_r.read_exact(&mut record).await.unwrap();
+        out_w.write_all(&header).await.unwrap();
+        out_w.write_all(&record).await.unwrap();
+        let back = tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut out_r, &mut in_w).await;
+            let _ = in_w.shutdown().await;
+        });
+        tokio::select! {
+            _ = left => {}
+            _ = back => {}
+        }
+        // Dropping the halves still held closes both connections.
+        drop((in_r, out_w));
+    });
+    (addr, leave)
+}
+
 /// The same with TLS 1.2 on a resumed session, whose server flight is ServerHello,
 /// ChangeCipherSpec and Finished: a server that refuses its middlebox then (mb2's claims no
 /// longer pass the policy it was reloaded with) seals its alert after its Finished, which the
