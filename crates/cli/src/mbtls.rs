@@ -2101,9 +2101,11 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     return Ok(());
                 }
                 if stop.count > 1 {
-                    // Their reports follow, then the "stopped" line.
+                    // Their reports follow, then the "stopped" line. Counted before the cut,
+                    // which may end them all before a count after it.
+                    let open = server.open_connections();
                     server.cut_now();
-                    print_line(match server.open_connections() {
+                    print_line(match open {
                         0 => format!("{who} stopping now: no {what} open"),
                         _ => format!("{who} stopping now: the open {what} are cut"),
                     });
