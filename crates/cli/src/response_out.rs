@@ -676,6 +676,21 @@ mod tests {
             out.out,
             b"status: HTTP/1.1 200 OK\nheaders:\nbody:\n\x00\xff\r\n\x1b"
         );
+        // After a 101 the bytes are another protocol's: written as they come, unchecked, and
+        // the 101 is not called interim (as it was before the twenty-seventh round).
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        assert!(out
+            .push(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nraw")
+            .unwrap());
+        out.finish().unwrap();
+        let shown = String::from_utf8(out.out).unwrap();
+        assert!(
+            shown.ends_with(
+                "body (its end is not checked: malformed response head: 101 \
+                 Switching Protocols: what follows is not HTTP):\nraw"
+            ),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -44,6 +44,12 @@ impl ResponseBody {
             (Err(e), _) => return Err(HttpError::BadResponseHead(e.to_string())),
             _ => return Err(HttpError::BadResponseHead("incomplete".into())),
         };
+        if status == 101 {
+            // What follows is another protocol's, with no end that HTTP gives.
+            return Err(HttpError::BadResponseHead(
+                "101 Switching Protocols: what follows is not HTTP".into(),
+            ));
+        }
         if (100..200).contains(&status) {
             return Err(HttpError::BadResponseHead(format!(
                 "interim response {status}, not a final one"
