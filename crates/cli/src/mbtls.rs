@@ -211,7 +211,7 @@ struct ClientFlags {
     #[arg(long)]
     timeout_secs: Option<u64>,
     /// Write the response body to this file (the status and header fields still go to
-    /// standard output); without it the body follows them on standard output.
+    /// standard output); without it, or with `-`, the body follows them on standard output.
     #[arg(long, short = 'o')]
     output: Option<PathBuf>,
     /// Check every middlebox's evidence on every session: never resume a middlebox's
@@ -645,31 +645,51 @@ fn left_outcome_text(outcome: &Result<(), String>, left: Option<String>) -> Stri
     }
 }
 
-/// `https://host[:port]/path` → (host, host header, path).
+/// `https://host[:port]/path[?query][#fragment]` → (host, host header, path and query). The
+/// scheme is read case-insensitively; the fragment is the client's alone and is not sent.
 fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     let rest = url
-        .strip_prefix("https://")
+        .get(..8)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("https://"))
+        .and_then(|_| url.get(8..))
         .with_context(|| format!("URL {url:?} must start with https://"))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
+    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
+        Some(i) => (&rest[..i], rest[i..].to_owned()),
+        None => (rest, "/".to_owned()),
     };
-    let host = match authority.rsplit_once(':') {
-        Some((h, port)) if port.parse::<u16>().is_ok() => h,
-        _ => authority,
+    ensure!(
+        !authority.contains('@'),
+        "URL {url:?}: a user name or password in the URL is not supported"
+    );
+    ensure!(
+        !authority.starts_with('['),
+        "URL {url:?}: an IP address cannot be the server's name (its certificate is checked \
+         against the name); give the name, and reach the address with --middlebox"
+    );
+    let host = match authority.split_once(':') {
+        Some((h, port)) => {
+            ensure!(
+                port.parse::<u16>().is_ok_and(|p| p != 0),
+                "URL {url:?}: the port must be a number from 1 to 65535"
+            );
+            h
+        }
+        None => authority,
     };
     ensure!(
         !host.is_empty()
             && host
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'),
-        "URL {url:?} has no usable host name"
+        "URL {url:?} has no usable host name (letters, digits, dots and hyphens)"
     );
     ensure!(
         path.bytes().all(|b| b.is_ascii_graphic()),
         "URL path must be visible ASCII"
     );
-    Ok((host.to_owned(), authority.to_owned(), path.to_owned()))
+    Ok((host.to_owned(), authority.to_owned(), path))
 }
 
 /// What a service's attestation policy accepts, for its banner; it says so when no middlebox
@@ -830,7 +850,12 @@ fn client(
         path,
         ..
     } = setup;
-    let output = flags.output;
+    // `-o -` is standard output, as for curl; a body file that cannot be created is found
+    // before the request goes out, not once the body comes.
+    let output = flags.output.filter(|path| path.as_os_str() != "-");
+    if let Some(path) = &output {
+        crate::response_out::check_body_file(path)?;
+    }
     // A fetch piped into `head` ends quietly when its reader goes away.
     crate::subcommand::exit_quietly_when_stdout_closes();
     let request = format!(
@@ -862,6 +887,11 @@ fn client(
     };
     let raise = "raise --timeout-secs";
     runtime()?.block_on(async move {
+        // A file-size limit (`ulimit -f`) makes a write fail (EFBIG, said as any write
+        // error) rather than kill the process without a word: the signal is taken and
+        // dropped.
+        let xfsz = tokio::signal::unix::SignalKind::from_raw(rustix::process::Signal::XFSZ.as_raw());
+        let _file_size_limit = tokio::signal::unix::signal(xfsz);
         let discovered_at_most = match cfg.middlebox {
             ClientMiddlebox::DiscoverUpTo(_, n) => Some(n),
             _ => None,
@@ -1160,6 +1190,13 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s: ClientSettings = role_settings(table, "client")?;
     s.service = service;
+    // 0 would fail every fetch at once (the services' timeouts refuse it too).
+    if let Some(t) = s.timeout_secs {
+        ensure!(
+            (1..=MAX_TIMEOUT_SECS).contains(&t),
+            "timeout_secs (--timeout-secs) must be from 1 to {MAX_TIMEOUT_SECS} (a year)"
+        );
+    }
 
     let (server_name, authority, path) = parse_url(&flags.url)?;
     // Pre-configured names in path order, or discovery with an allow-list.
@@ -2867,6 +2904,36 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The parts of a URL the fetch uses; the fragment is not sent, the scheme may be in
+    /// capitals, and what cannot be used is named.
+    #[test]
+    fn urls_are_split_and_their_faults_named() {
+        let parts = |url: &str| parse_url(url).map_err(|e| e.to_string());
+        let ok = |h: &str, a: &str, p: &str| Ok((h.to_owned(), a.to_owned(), p.to_owned()));
+        assert_eq!(parts("https://s.test"), ok("s.test", "s.test", "/"));
+        assert_eq!(
+            parts("HTTPS://s.test:8443/a?x=1#frag"),
+            ok("s.test", "s.test:8443", "/a?x=1")
+        );
+        assert_eq!(parts("https://s.test?x=1"), ok("s.test", "s.test", "/?x=1"));
+        assert_eq!(parts("https://s.test#top"), ok("s.test", "s.test", "/"));
+        for (url, why) in [
+            ("http://s.test/", "must start with https://"),
+            ("https://s.test:abc/", "the port must be a number"),
+            ("https://s.test:0/", "the port must be a number"),
+            ("https://u:pw@s.test/", "a user name or password"),
+            (
+                "https://[::1]:8443/",
+                "an IP address cannot be the server's name",
+            ),
+            ("https://s_t/", "has no usable host name"),
+            ("https:", "must start with https://"),
+        ] {
+            let e = parts(url).unwrap_err();
+            assert!(e.contains(why), "{url}: {e}");
+        }
+    }
 
     /// A close, a reset or a fatal alert from the path points at the other parties' report
     /// lines (a handshake_failure at what an mbTLS server means by it); an alert we sent

@@ -36,6 +36,10 @@ pub struct ResponseOut<W: Write = std::io::Stdout> {
     /// The body's framing, once the head is read (`None`: no HTTP head, or one whose
     /// framing cannot be read, so the bytes are written as they come and not checked).
     framing: Option<ResponseBody>,
+    /// Why the response is not one whose body's end can be checked (no HTTP head, or one
+    /// whose framing cannot be read): what came is written all the same, and the fetch fails
+    /// at its end, as curl's does on a reply it cannot read.
+    unreadable: Option<String>,
     /// The body's data bytes written (chunked framing left out).
     body_bytes: u64,
     /// Bytes that came after the body's end by its framing (not written).
@@ -75,6 +79,7 @@ impl<W: Write> ResponseOut<W> {
             head: Some(Vec::new()),
             sink,
             framing: None,
+            unreadable: None,
             body_bytes: 0,
             excess: 0,
             decoded: Vec::new(),
@@ -136,10 +141,12 @@ impl<W: Write> ResponseOut<W> {
                             self.framing = Some(framing);
                             String::new()
                         }
-                        Err(e) => format!(
-                            " (its end is not checked: {})",
-                            escape_controls(&e.to_string(), false)
-                        ),
+                        Err(e) => {
+                            let why = escape_controls(&e.to_string(), false).into_owned();
+                            let shown = format!(" (its end is not checked: {why})");
+                            self.unreadable = Some(why);
+                            shown
+                        }
                     };
                     let opened = match &self.sink {
                         Sink::Stdout { .. } => format!("body{unchecked}:\n"),
@@ -149,10 +156,16 @@ impl<W: Write> ResponseOut<W> {
                     };
                     (head_lines(text) + &opened, rest)
                 }
-                None if head.len() > MAX_HEAD => (
-                    "response (no HTTP header):\n".to_string(),
-                    self.head.take().unwrap_or_default(),
-                ),
+                None if head.len() > MAX_HEAD => {
+                    self.unreadable = Some(format!(
+                        "no HTTP head ends within its first {} KiB",
+                        MAX_HEAD / 1024
+                    ));
+                    (
+                        "response (no HTTP header):\n".to_string(),
+                        self.head.take().unwrap_or_default(),
+                    )
+                }
                 None => return Ok(true),
             };
             if !self.report(&text)? {
@@ -167,6 +180,7 @@ impl<W: Write> ResponseOut<W> {
     pub fn finish(&mut self) -> anyhow::Result<()> {
         if let Some(head) = self.head.take() {
             // It ended before its head did: all of it is shown as it came.
+            self.unreadable = Some("it ended before an HTTP head did".into());
             if !self.report("response (no HTTP header):\n")? || !self.body(&head)? {
                 return Ok(());
             }
@@ -178,6 +192,13 @@ impl<W: Write> ResponseOut<W> {
                 "mbx: note: {} bytes came after the body's end (by its framing) and were not written",
                 self.excess
             );
+        }
+        if let Some(why) = &self.unreadable {
+            let written = match &self.sink {
+                Sink::File { path, .. } => format!("written to {}", path.display()),
+                Sink::Stdout { .. } => "written above".into(),
+            };
+            anyhow::bail!("the response is not HTTP that can be read ({why}): what came is {written}, its end unchecked");
         }
         match self.framing.as_ref().and_then(ResponseBody::cut_at_close) {
             Some(why) => Err(anyhow::anyhow!("{why}{}", self.partial_note())),
@@ -287,13 +308,38 @@ impl<W: Write> ResponseOut<W> {
                 write_out(&mut self.out, shown.as_bytes())
             }
             Sink::File { file, path } => {
+                let before = self.body_bytes - data.len() as u64;
                 open_once(file, path)?.write_all(data).with_context(|| {
-                    format!("cannot write the response body to {}", path.display())
+                    format!(
+                        "cannot write the response body to {} (it holds at most the {before} \
+                         bytes before this piece, and is incomplete)",
+                        path.display()
+                    )
                 })?;
                 Ok(true)
             }
         }
     }
+}
+
+/// Whether `path` can take a body, checked before the fetch starts (the file itself is
+/// created only when the body begins): not a directory, in a directory that exists.
+pub fn check_body_file(path: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !path.is_dir(),
+        "--output {}: a directory, not a file",
+        path.display()
+    );
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = parent {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "--output {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// The body's file, created (or emptied) on its first use.
@@ -405,14 +451,21 @@ mod tests {
         assert_eq!(text_ready(b""), 0);
     }
 
-    /// What a terminal would be shown, the response cut into pieces of `piece` bytes.
+    /// What a terminal would be shown, the response cut into pieces of `piece` bytes; the
+    /// end is an error if and only if the response is not HTTP.
     fn on_terminal(response: &[u8], piece: usize) -> String {
         let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: true });
         for p in response.chunks(piece) {
             assert!(out.push(p).unwrap());
         }
-        out.finish().unwrap();
-        String::from_utf8(out.out).unwrap()
+        let end = out.finish();
+        let shown = String::from_utf8(out.out).unwrap();
+        assert_eq!(
+            end.is_err(),
+            shown.starts_with("response (no HTTP header):"),
+            "{end:?}"
+        );
+        shown
     }
 
     /// However the response is cut, a terminal is shown the same: the head as report lines,
@@ -486,15 +539,20 @@ mod tests {
                 response = with_head;
             }
             for terminal in [true, false] {
+                // What is shown, and the verdict at the end.
                 let show = |pieces: &[&[u8]]| {
                     let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal });
                     for p in pieces {
                         assert!(out.push(p).unwrap());
                     }
-                    out.finish().unwrap();
-                    out.out
+                    let end = out.finish().map_err(|e| e.to_string());
+                    (out.out, end)
                 };
                 let whole = show(&[&response]);
+                // A response with its head is read, and ends, whole.
+                if head_first {
+                    proptest::prop_assert!(whole.1.is_ok(), "{:?}", whole.1);
+                }
                 let mut pieces = Vec::new();
                 let mut rest = &response[..];
                 for &c in cuts.iter().cycle().take(response.len() + 1) {
@@ -507,7 +565,7 @@ mod tests {
                 }
                 // Written byte for byte, its framing removed.
                 if head_first && !terminal {
-                    proptest::prop_assert!(whole.ends_with(&data), "framing {}", framing);
+                    proptest::prop_assert!(whole.0.ends_with(&data), "framing {}", framing);
                 }
                 proptest::prop_assert_eq!(show(&pieces), whole, "terminal {}", terminal);
             }
@@ -526,7 +584,11 @@ mod tests {
             for p in response.chunks(piece) {
                 assert!(out.push(p).unwrap());
             }
-            out.finish().unwrap();
+            let why = out.finish().unwrap_err().to_string();
+            assert!(
+                why.contains("no HTTP head ends within its first 64 KiB"),
+                "{why}"
+            );
             assert!(
                 out.out
                     .starts_with(b"response (no HTTP header):\nHTTP/1.1 200 OK"),
@@ -664,6 +726,19 @@ mod tests {
         assert!(why.contains("9 bytes of the body came"), "{why}");
     }
 
+    #[test]
+    fn a_body_file_is_refused_before_the_fetch_when_it_cannot_be_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_body_file(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("a directory, not a file"), "{e}");
+        let e = check_body_file(&dir.path().join("no/such/file"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        check_body_file(&dir.path().join("new")).unwrap();
+        check_body_file(Path::new("relative")).unwrap();
+    }
+
     /// Anywhere but a terminal the body is written byte for byte.
     #[test]
     fn elsewhere_the_body_is_written_as_it_came() {
@@ -676,13 +751,15 @@ mod tests {
             out.out,
             b"status: HTTP/1.1 200 OK\nheaders:\nbody:\n\x00\xff\r\n\x1b"
         );
-        // After a 101 the bytes are another protocol's: written as they come, unchecked, and
+        // After a 101 the bytes are another protocol's: written as they come, unchecked (an
+        // error at the end, as for any reply that is not HTTP to a GET), and
         // the 101 is not called interim (as it was before the twenty-seventh round).
         let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
         assert!(out
             .push(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nraw")
             .unwrap());
-        out.finish().unwrap();
+        let why = out.finish().unwrap_err().to_string();
+        assert!(why.contains("not HTTP that can be read"), "{why}");
         let shown = String::from_utf8(out.out).unwrap();
         assert!(
             shown.ends_with(

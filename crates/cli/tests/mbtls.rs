@@ -696,6 +696,32 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         .unwrap();
     succeeded(&out);
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
+    // A file-size limit stops the download into the file with exit 1 and a line that says
+    // the file is incomplete (before the twenty-seventh round SIGXFSZ killed the process
+    // without a word).
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 4 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_mbx"))
+        .args(["mbtls", "client", "https://server.test/big"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        .arg("--output")
+        .arg(dir.path().join("limited.out"))
+        .env_remove("MBX_CONFIG")
+        .env_remove("MBX_LOG")
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("File too large") && err.contains("is incomplete"),
+        "{err}"
+    );
     // A fetch that fails before its body leaves the file as it was (created only when the
     // body begins, as curl does).
     let refusing = mbx_testbed::refusing_addr();
