@@ -20,7 +20,33 @@ pub struct Config {
     pub blindbox: crate::blindbox::BlindboxConfig,
 }
 
+/// The config file's `log` at start: the filter is set up once, so a reload that would change
+/// it is refused rather than taken and ignored.
+static LOG_AT_START: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
 impl Config {
+    /// Remembers the loaded file's `log`, which a reload must leave as it is.
+    pub fn remember_log_at_start(&self) {
+        let _ = LOG_AT_START.set(self.log.clone());
+    }
+
+    /// The file loaded again for a reload: as [`load`](Self::load), and refused if its `log`
+    /// changed.
+    pub fn reload(path: &Path) -> anyhow::Result<Config> {
+        let config = Config::load(path)?;
+        if let Some(at_start) = LOG_AT_START.get() {
+            let shown = |log: &Option<String>| log.clone().unwrap_or_else(|| "none".into());
+            anyhow::ensure!(
+                &config.log == at_start,
+                "a reload cannot change log from {} to {} (the log filter is set up at start); \
+                 restart to change it",
+                shown(at_start),
+                shown(&config.log)
+            );
+        }
+        Ok(config)
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;

@@ -252,7 +252,7 @@ fn reread_keyserver_config(
     config_path: Option<&Path>,
 ) -> anyhow::Result<ServerConfig> {
     match config_path {
-        Some(p) => keyserver_config(flags, &crate::config::Config::load(p)?.keyless.keyserver),
+        Some(p) => keyserver_config(flags, &crate::config::Config::reload(p)?.keyless.keyserver),
         None => keyserver_config(flags, &first.keyserver),
     }
 }

@@ -87,7 +87,7 @@ fn main() -> ExitCode {
     let config = match cli.config.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => {
-            eprintln!("mbx: {}", subcommand::error_text(&e));
+            eprintln!("mbx: error: {}", subcommand::error_text(&e));
             return ExitCode::from(2);
         }
     };
@@ -98,6 +98,7 @@ fn main() -> ExitCode {
         Command::Mbtls(args) => args.is_demo(),
         _ => false,
     };
+    config.remember_log_at_start();
     let default = if demo { DEMO_LOG } else { DEFAULT_LOG };
     if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref()), default) {
         eprintln!(
@@ -122,7 +123,13 @@ fn main() -> ExitCode {
             // breaks stay for the operator's own files' parse errors.
             let text = subcommand::error_text(&e);
             eprintln!("mbx: error: {}", subcommand::escape_controls(&text, true));
-            ExitCode::FAILURE
+            match e
+                .chain()
+                .any(|cause| cause.is::<subcommand::DoesNotParse>())
+            {
+                true => ExitCode::from(2),
+                false => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -459,10 +459,11 @@ fn role_settings<T: serde::de::DeserializeOwned>(
         } else {
             String::new()
         };
-        anyhow::anyhow!(
+        // A key or a value that does not parse, as a config file that does not: exit 2.
+        anyhow::Error::new(crate::subcommand::DoesNotParse(format!(
             "invalid mbTLS {role} configuration ([mbtls.{role}] and flags): {}{hint}",
             said.trim_end()
-        )
+        )))
     })
 }
 
@@ -806,6 +807,41 @@ struct ClientSetup {
     path: String,
 }
 
+impl ClientSetup {
+    /// What a proxy's reload line shows: where its sessions go, its middleboxes and the policy
+    /// they must pass.
+    fn shown_parts(&self) -> [(String, &'static str); 3] {
+        let s = &self.s;
+        let (middleboxes, policy) = if s.no_client_middleboxes {
+            (
+                "no middlebox of its own".to_string(),
+                "no policy (no middlebox of its own)".to_string(),
+            )
+        } else if self.names.is_empty() {
+            (
+                format!(
+                    "discovered middleboxes, approved if named {}",
+                    s.allow_middleboxes.join(" or ")
+                ),
+                policy_line(&self.cfg.policy),
+            )
+        } else {
+            (
+                format!("middleboxes {}", self.names.join(" -> ")),
+                policy_line(&self.cfg.policy),
+            )
+        };
+        [
+            (
+                format!("sessions to {} via {}", self.server_name, self.first_hop),
+                " (changed)",
+            ),
+            (middleboxes, " (changed)"),
+            (policy, " (changed)"),
+        ]
+    }
+}
+
 fn client(
     flags: ClientFlags,
     config: &MbtlsConfig,
@@ -827,16 +863,20 @@ fn client(
             &setup.cfg.policy,
             &setup.cfg.secondary,
         );
+        let shown = ShownParts::new(&setup.shown_parts());
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             fixed_at_start_unchanged((&listen, &running), (&listen, &new.s.service))?;
+            let parts = new.shown_parts();
             let (primary_tls, secondary_tls) = (new.primary_tls.clone(), new.secondary_tls.clone());
             let mut cfg = proxy_config(new)?;
+            // Remembered once nothing more can fail.
+            let line = shown.reloaded(&parts);
             let hs = &mut cfg.handshake;
             running_primary.keep_unless_changed(primary_tls, (), &mut hs.primary);
             let policy = hs.policy.clone();
             running_secondary.keep_unless_changed(secondary_tls, policy, &mut hs.secondary);
-            Ok((cfg, String::new()))
+            Ok((cfg, line))
         };
         return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
     }
@@ -1612,40 +1652,49 @@ fn middlebox(
     // settings nor what its evidence shows, or every endpoint's next session would be a full
     // handshake with fresh evidence (a quote each, one at a time, on DCAP).
     let running = RunningContext::new(&tls, &attestation_line, &cfg.handshake.tls);
-    // What the endpoints check, as the last applied configuration had it: a reload that
-    // changes it says so (their names and policies must follow).
-    let checked = std::sync::Mutex::new((certificate_names.clone(), attestation_line.clone()));
+    // The measurement covers the app, which a reload may change: both are shown. What the
+    // endpoints check (the names, the measurement) changing says that they must follow.
+    let parts = |next_hop: &str, app: &str, names: &str, attestation: &str| {
+        [
+            (format!("next hop {next_hop}"), " (changed)"),
+            (format!("app: {app}"), " (changed)"),
+            (
+                format!("certificate for {names}"),
+                " (changed: endpoints must expect it)",
+            ),
+            (
+                format!("attestation: {attestation}"),
+                " (changed: endpoints' policies must accept it)",
+            ),
+        ]
+    };
+    let shown = ShownParts::new(&parts(
+        &cfg.next_hop.to_string(),
+        &s.app,
+        &certificate_names,
+        &attestation_line,
+    ));
     let reload = || -> anyhow::Result<(MiddleboxServerConfig, String)> {
         let config = reread(config, config_path)?;
         let mut setup = middlebox_setup(flags.clone(), &config, &fresh_platform)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&setup.s.listen, &setup.s.service))?;
-        let shown = setup.attestation_line.clone();
-        running.keep_unless_changed(setup.tls, shown, &mut setup.cfg.handshake.tls);
-        let mut before = checked.lock().unwrap_or_else(|p| p.into_inner());
-        let mark = |old: &str, new: &str, what: &'static str| if old == new { "" } else { what };
-        // The measurement covers the app, which a reload may change: both are shown.
-        let shown = format!(
-            "next hop {}; app: {}; certificate for {}{}; attestation: {}{}",
-            setup.cfg.next_hop,
-            setup.s.app,
-            setup.certificate_names,
-            mark(
-                &before.0,
-                &setup.certificate_names,
-                " (changed: endpoints must expect it)"
-            ),
-            setup.attestation_line,
-            mark(
-                &before.1,
-                &setup.attestation_line,
-                " (changed: endpoints' policies must accept it)"
-            ),
+        // The side decides which endpoint must know the middlebox (its names, its policy):
+        // flipping it is a new deployment, which every session of the old one would fail.
+        ensure!(
+            setup.s.side == s.side,
+            "a reload cannot change the middlebox's side from {} to {}; restart to change it",
+            s.side,
+            setup.s.side
         );
-        *before = (
-            setup.certificate_names.clone(),
-            setup.attestation_line.clone(),
-        );
-        Ok((setup.cfg, shown))
+        let attestation = setup.attestation_line.clone();
+        running.keep_unless_changed(setup.tls, attestation, &mut setup.cfg.handshake.tls);
+        let line = shown.reloaded(&parts(
+            &setup.cfg.next_hop.to_string(),
+            &setup.s.app,
+            &setup.certificate_names,
+            &setup.attestation_line,
+        ));
+        Ok((setup.cfg, line))
     };
     let limits = cfg.limits;
     let next_hop = cfg.next_hop.clone();
@@ -1680,13 +1729,46 @@ fn middlebox(
     })
 }
 
+/// What a service shows of its configuration, part by part (each with the note a change of it
+/// gets): a reload's line shows every part as it now is and marks each one that changed since
+/// the configuration last applied, so that a reload that moves the backend, drops a required
+/// middlebox or empties a policy says so (found in a user trial: the server's and the proxy's
+/// reload lines showed only the limits).
+struct ShownParts(std::sync::Mutex<Vec<String>>);
+
+impl ShownParts {
+    fn new(parts: &[(String, &str)]) -> Self {
+        ShownParts(std::sync::Mutex::new(
+            parts.iter().map(|(part, _)| part.clone()).collect(),
+        ))
+    }
+
+    /// The reload's line for `parts`, which are remembered for the next reload.
+    fn reloaded(&self, parts: &[(String, &str)]) -> String {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let line: Vec<String> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, (part, note))| match last.get(i) == Some(part) {
+                true => part.clone(),
+                false => format!("{part}{note}"),
+            })
+            .collect();
+        *last = parts.iter().map(|(part, _)| part.clone()).collect();
+        line.join("; ")
+    }
+}
+
 /// The `[mbtls]` table a reload uses: the config file read again, if there is one.
 fn reread(
     first: &MbtlsConfig,
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<MbtlsConfig> {
     match config_path {
-        Some(p) => Ok(crate::config::Config::load(p)?.mbtls),
+        Some(p) => Ok(crate::config::Config::reload(p)?.mbtls),
         None => Ok(first.clone()),
     }
 }
@@ -2120,8 +2202,13 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 Ok((limits, also)) => {
                     reloads.applied.fetch_add(1, Ordering::Relaxed);
                     let also = if also.is_empty() { also } else { format!("; {also}") };
+                    // Taken all the same: a stop is not undone by a reload.
+                    let stopping = match stop.count {
+                        0 => String::new(),
+                        _ => format!(" (though it is stopping: no new {what} come)"),
+                    };
                     print_line(format!(
-                        "{who} reloaded: new {what} get the new configuration; {}{also}",
+                        "{who} reloaded{stopping}: new {what} get the new configuration; {}{also}",
                         limits_line(&limits, what)
                     ));
                 }
@@ -2498,6 +2585,39 @@ struct ServerSetup {
     secondary_tls: TlsConfig,
     s: ServerSettings,
     described: String,
+    /// The names the server's certificate carries.
+    certificate_names: String,
+}
+
+impl ServerSetup {
+    /// What the banner and a reload's line show: TLS versions, backend, certificate,
+    /// middleboxes and, when middleboxes may join, the policy they must pass.
+    fn shown_parts(&self) -> [(String, &'static str); 5] {
+        let s = &self.s;
+        let policy = match s.middlebox_names.is_empty() && s.allow_middleboxes.is_empty() {
+            true => "no policy (no middlebox may join)".to_string(),
+            false => policy_line(&self.cfg.handshake.policy),
+        };
+        [
+            (format!("backend {}", s.backend), " (changed)"),
+            (
+                match s.tls.as_deref() {
+                    Some(v) => format!("TLS {v} only"),
+                    None => "TLS 1.2 and 1.3".to_string(),
+                },
+                " (changed)",
+            ),
+            (
+                format!("certificate for {}", self.certificate_names),
+                " (changed: clients must expect it)",
+            ),
+            (
+                format!("server-side middlebox: {}", self.described),
+                " (changed)",
+            ),
+            (policy, " (changed)"),
+        ]
+    }
 }
 
 fn server(
@@ -2506,24 +2626,28 @@ fn server(
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
+    let setup = server_setup(flags.clone(), config)?;
+    let shown = ShownParts::new(&setup.shown_parts());
     let ServerSetup {
         cfg,
         primary_tls,
         secondary_tls,
         s,
         described,
-    } = server_setup(flags.clone(), config)?;
+        ..
+    } = setup;
     let hs = &cfg.handshake;
     let running_primary = RunningContext::new(&primary_tls, &(), &hs.primary);
     let running_secondary = RunningContext::new(&secondary_tls, &hs.policy, &hs.secondary);
     let reload = || -> anyhow::Result<(MbtlsServerConfig, String)> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
+        let line = shown.reloaded(&new.shown_parts());
         let hs = &mut new.cfg.handshake;
         running_primary.keep_unless_changed(new.primary_tls, (), &mut hs.primary);
         let policy = hs.policy.clone();
         running_secondary.keep_unless_changed(new.secondary_tls, policy, &mut hs.secondary);
-        Ok((new.cfg, String::new()))
+        Ok((new.cfg, line))
     };
     let limits = cfg.limits;
     // Only when middleboxes may join.
@@ -2572,6 +2696,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     })?;
     let id = identity(&s.certificate, &s.private_key)?;
     let chain = id.cert_chain_pem.clone();
+    let certificate_names = certificate_names(&chain);
     let mut primary = TlsConfig::server(id);
     if let Some(v) = s.tls.as_deref().map(parse_version).transpose()? {
         primary = primary.only(v);
@@ -2658,6 +2783,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         secondary_tls: secondary,
         s,
         described,
+        certificate_names,
     })
 }
 

@@ -105,6 +105,20 @@ pub fn parse_version(s: &str) -> anyhow::Result<TlsVersion> {
     }
 }
 
+/// An error about input that does not parse (a key a table does not have, a value of the
+/// wrong type): exit status 2, as for a command line (clap) or a config file that does not
+/// parse; every other error is 1.
+#[derive(Debug)]
+pub struct DoesNotParse(pub String);
+
+impl std::fmt::Display for DoesNotParse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DoesNotParse {}
+
 /// For demos and fetches only: when the reader of stdout goes away (`mbx demo | head`), exit
 /// with success instead of panicking in `println!`; when stdout cannot be written otherwise (a
 /// full disk behind `> file`), exit 1 with one line saying so instead of a panic's report.

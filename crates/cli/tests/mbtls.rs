@@ -449,8 +449,10 @@ fn the_mbtls_server_lets_tls13_clients_resume_when_asked_for_tickets() {
 
 #[test]
 fn mbtls_server_without_a_backend_is_one_clear_error() {
+    // Exit status 2, as for a command line or a config file that does not parse (twenty-seventh
+    // round: 1, while a misspelled table was 2).
     let out = mbx().args(["mbtls", "server"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid mbTLS server configuration"), "{err}");
     // Which flag gives it, and no blank line after the error.
@@ -469,7 +471,8 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
         .args(["mbtls", "server"])
         .output()
         .unwrap();
-    let err = failure(&out);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("unknown field `idle_timeout`")
             && err.contains("the service keys handshake_timeout_secs, idle_timeout_secs"),
@@ -1051,7 +1054,16 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
         if reload_first {
             signal(&mut srv, Signal::HUP);
             let line = srv_lines.next().unwrap().unwrap();
-            assert!(line.starts_with("server reloaded"), "{line}");
+            // Each part as it is, none marked: nothing changed.
+            assert!(
+                line.starts_with("server reloaded")
+                    && line.contains(
+                        "; certificate for server.test; server-side middlebox: pre-configured \
+                         mb2.test (required); attestation policy: evidence required"
+                    )
+                    && !line.contains("(changed"),
+                "{line}"
+            );
         }
         let out = mbx_testbed::Curl::new(&format!("https://server.test:{port}/via-mb2"))
             .cacert(&server.ca)
@@ -1288,6 +1300,16 @@ fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
     assert!(
         stopping.starts_with("middlebox stopping: no new connections"),
         "{stopping}"
+    );
+    // A reload while stopping is taken, and says that no new connection comes.
+    signal(&mut mb, Signal::HUP);
+    let reloaded = lines.next().unwrap().unwrap();
+    assert!(
+        reloaded.starts_with(
+            "middlebox reloaded (though it is stopping: no new connections come): new \
+             connections get the new configuration"
+        ),
+        "{reloaded}"
     );
     signal(&mut mb, Signal::TERM);
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
@@ -1861,6 +1883,54 @@ fn a_middlebox_reload_that_changes_nothing_keeps_its_tickets() {
     assert!(fetch(), "the ticket from before the reload");
 }
 
+/// A server's reload line shows its configuration as the banner does and marks what changed:
+/// a reload that drops its required middlebox or moves its backend says so (found in a user
+/// trial: the line showed the limits alone, and such a reload passed unnoticed).
+#[test]
+fn a_servers_reload_says_what_changed() {
+    use std::ffi::OsStr;
+    let Setup {
+        dir, server, mbox, ..
+    } = Setup::new("mbx cli mbtls server reload root");
+    let policy = no_evidence_policy(&dir);
+    let config = dir.path().join("mbx.toml");
+    let write_config = |backend: &str, extra: &str| {
+        let text = format!(
+            "[mbtls.server]\nlisten = \"127.0.0.1:0\"\nbackend = \"{backend}\"\n\
+             certificate = {:?}\nprivate_key = {:?}\nmiddlebox_ca = {:?}\npolicy = {:?}\n{extra}",
+            server.chain, server.key, mbox.ca, policy,
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write_config("127.0.0.1:9", "middlebox_names = [\"mb2.test\"]\n");
+    let args = [
+        OsStr::new("--config"),
+        config.as_os_str(),
+        OsStr::new("mbtls"),
+        OsStr::new("server"),
+    ];
+    let (mut srv, mut lines, head) = start(&args, 3);
+    assert!(head[1].contains("pre-configured mb2.test"), "{head:?}");
+    write_config("127.0.0.1:10", "");
+    signal(&mut srv, Signal::HUP);
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.contains(
+            "; backend 127.0.0.1:10 (changed); TLS 1.2 and 1.3; certificate for server.test; \
+             server-side middlebox: none accepted (announcing middleboxes are excluded) \
+             (changed); no policy (no middlebox may join) (changed)"
+        ),
+        "{line}"
+    );
+    // Marked against the last reload, not the start: the same file again marks nothing.
+    signal(&mut srv, Signal::HUP);
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.starts_with("server reloaded") && !line.contains("(changed"),
+        "{line}"
+    );
+}
+
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
 /// their sessions through the middlebox the file names now; a file that no longer builds a
 /// configuration changes nothing. The session with the server is resumed across reloads that
@@ -1923,10 +1993,17 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
 
     write_config(&two, "max_connections = 3\n");
     signal(&mut proxy, Signal::HUP);
+    // What changed since the last reload is marked (twenty-seventh round: the line showed
+    // the limits alone).
     assert_eq!(
         lines.next().unwrap().unwrap(),
-        "proxy reloaded: new connections get the new configuration; \
-         limits: handshake 60s, idle 600s, at most 3 connections at once"
+        format!(
+            "proxy reloaded: new connections get the new configuration; \
+             limits: handshake 60s, idle 600s, at most 3 connections at once; \
+             sessions to server.test via {two} (changed); middleboxes mb.test; \
+             attestation policy: evidence optional, 0 measurements accepted, simulated TEE \
+             refused"
+        )
     );
     // Another middlebox, the same TLS toward the server: the session resumes through it (the
     // other middlebox process cannot open the first one's tickets).
@@ -2079,7 +2156,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         format!(
             "middlebox reloaded: new connections get the new configuration; \
              limits: handshake 60s, idle 600s, at most 7 connections at once; \
-             next hop {}; app: http-header:X-Mbtls:after; certificate for mb.test; \
+             next hop {}; app: http-header:X-Mbtls:after (changed); certificate for mb.test; \
              attestation: none (sends empty evidence)",
             nginx.addr()
         )
@@ -2112,6 +2189,16 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
     write_config("http-header:X-Mbtls:drain-changed", "drain_secs = 99\n");
     signal(&mut mb, Signal::HUP);
     fetched_with("/drain-changed", "after", &mut lines);
+    // Nor flip the middlebox's side, nor change the log filter, which is set up once (before
+    // the twenty-seventh round both were taken: the side silently, the log ignored).
+    write_config("http-header:X-Mbtls:side-changed", "side = \"server\"\n");
+    signal(&mut mb, Signal::HUP);
+    fetched_with("/side-changed", "after", &mut lines);
+    write_config("http-header:X-Mbtls:log-changed", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("log = \"debug\"\n{text}")).unwrap();
+    signal(&mut mb, Signal::HUP);
+    fetched_with("/log-changed", "after", &mut lines);
 
     // The certificate and key files are read again too: renewed in place with a certificate
     // for another name, the middlebox is refused by a client that wants mb.test.
