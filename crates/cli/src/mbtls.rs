@@ -1095,6 +1095,28 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
                  order?)"
             .into();
     }
+    // A chain that reaches none of the trusted CAs: which certificate, and which setting
+    // names the CAs (found in a user trial: the error named neither).
+    let unknown_issuer = ["UnknownIssuer", "unable to get local issuer", "self-signed"]
+        .iter()
+        .any(|s| said.contains(s));
+    match (unknown_issuer, named, role) {
+        (true, true, mbx_engine::Role::Client) => {
+            return " (the middlebox's certificate does not chain to a CA of --middlebox-ca, \
+                     which is --server-ca unless given)"
+                .into()
+        }
+        (true, true, mbx_engine::Role::Server) => {
+            return " (the middlebox's certificate does not chain to a CA of --middlebox-ca)".into()
+        }
+        (true, false, mbx_engine::Role::Client) => {
+            return " (the server's certificate does not chain to a CA of --server-ca)".into()
+        }
+        _ => {}
+    }
+    if role == mbx_engine::Role::Client && !named && said.contains("hostname mismatch") {
+        return " (the server's certificate is not for the URL's host name)".into();
+    }
     let version_alert =
         |a: &mbx_engine::AlertDescription| *a == mbx_engine::AlertDescription::PROTOCOL_VERSION;
     let no_shared_version = match h.cause() {
@@ -1142,6 +1164,10 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
         AttestError::NoMeasurementsConfigured => {
             " (give the code measurements to accept: --measurement, or a policy)".into()
         }
+        AttestError::EvidenceRequired => " (the middlebox sends no evidence: start it with \
+             --attester, or accept middleboxes without evidence with a policy whose \
+             [attestation] has required = false)"
+            .into(),
         _ => String::new(),
     }
 }
@@ -1268,7 +1294,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     );
     let first_hop = match &s.middlebox {
         Some(m) => {
-            check_host_port("middlebox", m)?;
+            check_host_port("middlebox (--middlebox)", m)?;
             m.clone()
         }
         None if names.is_empty() => {
@@ -1883,7 +1909,7 @@ fn middlebox_setup(
         next_hop: match (&s.next_hop, s.transparent) {
             (Some(_), true) => bail!("give next_hop or transparent, not both"),
             (Some(addr), false) => {
-                check_host_port("next_hop", addr)?;
+                check_host_port("next_hop (--next-hop)", addr)?;
                 NextHop::Address(addr.clone())
             }
             (None, true) => NextHop::OriginalDestination,
@@ -1913,12 +1939,10 @@ fn middlebox_setup(
 /// The names in the first certificate of `chain_pem` (subject common name and DNS
 /// subjectAltNames), as the banner and a reload show them: the name endpoints must expect.
 fn certificate_names(chain_pem: &[u8]) -> String {
-    let leaf = openssl::x509::X509::stack_from_pem(chain_pem)
-        .ok()
-        .and_then(|chain| chain.into_iter().next());
+    let leaf = leaf_of(chain_pem);
     // The DNS subjectAltNames, which TLS clients check; the common name only without them
     // (a client ignores it when there are some).
-    let names = leaf.map(|leaf| {
+    let names = leaf.as_ref().map(|leaf| {
         let dns: Vec<String> = leaf
             .subject_alt_names()
             .map(|sans| {
@@ -1935,11 +1959,43 @@ fn certificate_names(chain_pem: &[u8]) -> String {
             .filter_map(|e| e.data().to_string().ok())
             .collect()
     });
-    match names {
+    let names = match &names {
         Some(names) if !names.is_empty() => {
             crate::subcommand::escape_controls(&names.join(", "), false).into_owned()
         }
         _ => "(no name read)".into(),
+    };
+    names + &validity_warning(leaf.as_deref())
+}
+
+fn leaf_of(chain_pem: &[u8]) -> Option<openssl::x509::X509> {
+    openssl::x509::X509::stack_from_pem(chain_pem)
+        .ok()
+        .and_then(|chain| chain.into_iter().next())
+}
+
+/// A warning, for the banner and a reload's line, when the certificate is not valid now: every
+/// peer would refuse it (found in a user trial: a middlebox started with an expired
+/// certificate said nothing, and every session failed).
+fn validity_warning(leaf: Option<&openssl::x509::X509Ref>) -> String {
+    let Some(leaf) = leaf else {
+        return String::new();
+    };
+    let Ok(now) = openssl::asn1::Asn1Time::days_from_now(0) else {
+        return String::new();
+    };
+    if leaf.not_after() < now {
+        format!(
+            " (WARNING: expired {}: peers will refuse it)",
+            leaf.not_after()
+        )
+    } else if leaf.not_before() > now {
+        format!(
+            " (WARNING: not valid before {}: peers will refuse it)",
+            leaf.not_before()
+        )
+    } else {
+        String::new()
     }
 }
 
@@ -2771,7 +2827,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
             now_unix: 0,
         },
         backend: {
-            check_host_port("backend", &s.backend)?;
+            check_host_port("backend (--backend)", &s.backend)?;
             s.backend.clone()
         },
         limits: s.service.limits()?,
@@ -3030,6 +3086,46 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A certificate that is not valid now is warned of where its names are shown.
+    #[test]
+    fn a_certificate_not_valid_now_is_warned_of() {
+        use mbx_testbed::{LeafSpec, TestPki, Validity};
+        let pki = TestPki::new("mbx cli validity root").unwrap();
+        for (validity, want) in [
+            (Validity::Expired, "mb.test (WARNING: expired "),
+            (Validity::NotYetValid, "mb.test (WARNING: not valid before "),
+        ] {
+            let cert = pki
+                .issue(&LeafSpec::middlebox("mb.test").validity(validity))
+                .unwrap();
+            let shown = certificate_names(cert.chain_pem().as_bytes());
+            assert!(
+                shown.starts_with(want) && shown.ends_with(": peers will refuse it)"),
+                "{shown}"
+            );
+        }
+        let cert = pki.issue(&LeafSpec::middlebox("mb.test")).unwrap();
+        assert_eq!(certificate_names(cert.chain_pem().as_bytes()), "mb.test");
+    }
+
+    /// A middlebox that sends no evidence to an endpoint whose policy requires it: the hint
+    /// names both ways out.
+    #[test]
+    fn missing_evidence_is_told_how_to_fix() {
+        let e = mbx_mbtls::driver::DriverError::Handshake(
+            mbx_mbtls::handshake::HandshakeError::Attestation(
+                mbx_attest::AttestError::EvidenceRequired,
+            ),
+        );
+        for role in [mbx_engine::Role::Client, mbx_engine::Role::Server] {
+            let hint = fix_hint(&e, role);
+            assert!(
+                hint.contains("start it with --attester") && hint.contains("required = false"),
+                "{hint}"
+            );
+        }
+    }
 
     /// The parts of a URL the fetch uses; the fragment is not sent, the scheme may be in
     /// capitals, and what cannot be used is named.

@@ -188,9 +188,12 @@ impl<W: Write> ResponseOut<W> {
         self.write_the_end()?;
         if self.excess > 0 {
             // Not written, as curl does ("Excess found"); not an error either.
+            let (n, were) = match self.excess {
+                1 => ("1 byte".to_string(), "was"),
+                n => (format!("{n} bytes"), "were"),
+            };
             eprintln!(
-                "mbx: note: {} bytes came after the body's end (by its framing) and were not written",
-                self.excess
+                "mbx: note: {n} came after the body's end (by its framing) and {were} not written"
             );
         }
         if let Some(why) = &self.unreadable {

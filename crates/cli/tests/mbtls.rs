@@ -230,6 +230,20 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
         err.contains("is the platform's public key in hex") && err.contains("a file"),
         "{err}"
     );
+    // A middlebox certificate from a CA the client does not take for middleboxes: the error
+    // names the setting (twenty-seventh round; it said only "UnknownIssuer").
+    let (_other_dir, _other_pki, other, _other_mbox) =
+        pki_files("mbx cli other mb root", "mb.test");
+    let out = client()
+        .arg("--middlebox-ca")
+        .arg(&other.ca)
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("(the middlebox's certificate does not chain to a CA of --middlebox-ca, which is --server-ca unless given)"),
+        "{err}"
+    );
     child.kill();
 }
 
@@ -732,6 +746,41 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     let out = fetch_with(&down, "/big", &[OsStr::new("--output"), saved.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read(&saved).unwrap(), vec![b'x'; 8192]);
+    // A server certificate from another CA, or for another name: the error says which
+    // certificate and which setting (twenty-seventh round; it named neither).
+    let (_other_dir, _other_pki, other, _other_mbox) = pki_files("mbx cli other root", "mb.test");
+    let wrong_ca = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&other.ca)
+        .output()
+        .unwrap();
+    let err = failure(&wrong_ca);
+    assert!(
+        err.contains("(the server's certificate does not chain to a CA of --server-ca)"),
+        "{err}"
+    );
+    let wrong_name = mbx()
+        .args(["mbtls", "client", "https://elsewhere.test/"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        .output()
+        .unwrap();
+    let err = failure(&wrong_name);
+    assert!(
+        err.contains("(the server's certificate is not for the URL's host name)"),
+        "{err}"
+    );
     // A server that takes TLS 1.3 only and a client that offers TLS 1.2 only: the error says
     // where the version is set.
     let mut only13 = mbtls_server_args("127.0.0.1:0", &backend, &server);

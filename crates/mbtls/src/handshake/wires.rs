@@ -354,10 +354,10 @@ pub(super) fn why_secondary_failed(e: &EngineError, endpoint: Side) -> &'static 
     };
     match (e, endpoint) {
         (EngineError::AlertReceived { alert }, Side::Client) if refused_certificate(*alert) => {
-            "the client refused our certificate (its own error says why)"
+            "the client refused our certificate; its own error says why"
         }
         (EngineError::AlertReceived { alert }, Side::Server) if refused_certificate(*alert) => {
-            "the server refused our certificate (its own error says why)"
+            "the server refused our certificate; its own error says why"
         }
         (EngineError::AlertReceived { .. }, Side::Client) => {
             "the client ended the secondary session with an alert"
