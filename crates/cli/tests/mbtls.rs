@@ -695,17 +695,23 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // file to go on to its end (before the twenty-seventh round: exit 0 at the first report
     // line, the file not even created).
     std::fs::remove_file(&saved).unwrap();
+    // The client straight to the server at `addr`, fetching `url`, trusting `ca`.
+    let client_to = |url: &str, ca: &std::path::Path| {
+        let mut client = mbx();
+        client
+            .args(["mbtls", "client", url])
+            .args([
+                "--middlebox",
+                &addr,
+                "--no-client-middleboxes",
+                "--server-ca",
+            ])
+            .arg(ca);
+        client
+    };
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/big"])
-        .args([
-            "--middlebox",
-            &addr,
-            "--no-client-middleboxes",
-            "--server-ca",
-        ])
-        .arg(&server.ca)
+    let out = client_to("https://server.test/big", &server.ca)
         .arg("--output")
         .arg(&saved)
         .stdout(writer)
@@ -749,15 +755,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // A server certificate from another CA, or for another name: the error says which
     // certificate and which setting (twenty-seventh round; it named neither).
     let (_other_dir, _other_pki, other, _other_mbox) = pki_files("mbx cli other root", "mb.test");
-    let wrong_ca = mbx()
-        .args(["mbtls", "client", "https://server.test/"])
-        .args([
-            "--middlebox",
-            &addr,
-            "--no-client-middleboxes",
-            "--server-ca",
-        ])
-        .arg(&other.ca)
+    let wrong_ca = client_to("https://server.test/", &other.ca)
         .output()
         .unwrap();
     let err = failure(&wrong_ca);
@@ -765,15 +763,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
         err.contains("(the server's certificate does not chain to a CA of --server-ca)"),
         "{err}"
     );
-    let wrong_name = mbx()
-        .args(["mbtls", "client", "https://elsewhere.test/"])
-        .args([
-            "--middlebox",
-            &addr,
-            "--no-client-middleboxes",
-            "--server-ca",
-        ])
-        .arg(&server.ca)
+    let wrong_name = client_to("https://elsewhere.test/", &server.ca)
         .output()
         .unwrap();
     let err = failure(&wrong_name);
