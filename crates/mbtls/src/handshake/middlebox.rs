@@ -24,9 +24,7 @@ use super::wires::{self, Core, Wires};
 use super::HandshakeError;
 use crate::hop::{Alert, Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
-use crate::wire::{
-    KeyMaterial, MiddleboxSupport, SecondaryMessage, SecondaryReader, MIDDLEBOX_SUPPORT_EXTENSION,
-};
+use crate::wire::{KeyMaterial, MiddleboxSupport, SecondaryMessage, MIDDLEBOX_SUPPORT_EXTENSION};
 
 /// How long a middlebox's secondary sessions seal tickets under one key
 /// (`TlsConfig::ticket_key_rotation`): a ticket opens for one to two hours, about an OpenSSL
@@ -160,7 +158,6 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     /// `prepare` has work to do (a ClientHello with optimistic hellos arrived).
     prepare_pending: bool,
     evidence_sent: bool,
-    secondary: SecondaryReader,
     /// TLS 1.2: the server's ChangeCipherSpec went by; the next record is its Finished.
     after_ccs: bool,
     /// Hold server records from now on (they need the keys).
@@ -172,11 +169,6 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     kept: Kept,
     /// A fatal alert the server sent in the clear before our keys, passed on as it came.
     server_alert: Option<u8>,
-    /// What the client's path message said (until it arrives): whether a middlebox nearer the
-    /// server joined, and whether the client wants our session ticket. Such a middlebox
-    /// re-sends every application record through its own app once it switches, so what it
-    /// forwarded raw before is not ours to relay.
-    path: Option<wires::PathNews>,
     wires: Wires<A>,
 }
 
@@ -204,14 +196,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             early: None,
             prepare_pending: false,
             evidence_sent: false,
-            secondary: SecondaryReader::new(),
             after_ccs: false,
             hold: false,
             held: Vec::new(),
             copies: Vec::new(),
             kept: Kept::default(),
             server_alert: None,
-            path: None,
             wires: Wires::new(Side::Server),
         })
     }
@@ -540,24 +530,14 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             self.evidence_sent = true;
             wires::evidence_sent(&mut self.wires.events, engine.session_reused());
         }
-        // May hold key material: wiped when dropped. Read before a close is looked at: a
-        // refusal comes right before it.
-        let plain = zeroize::Zeroizing::new(engine.take_plaintext());
-        let peer_closed = engine.peer_closed();
-        self.secondary.push(&plain);
-        let sent_evidence = "a client sent evidence";
-        if let Some((km, path)) = wires::endpoint_keys(
-            &mut self.wires,
-            &mut self.secondary,
-            &mut self.path,
-            sent_evidence,
-        )? {
-            return self.install(*km, path);
+        match wires::endpoint_turn(&mut self.wires, engine, Side::Client)? {
+            wires::EndpointTurn::Keys(km, path) => self.install(*km, path),
+            wires::EndpointTurn::Closed(why) => {
+                self.go_passive(why);
+                Ok(())
+            }
+            wires::EndpointTurn::Waiting => Ok(()),
         }
-        if peer_closed {
-            self.go_passive("the client closed the secondary session without key material");
-        }
-        Ok(())
     }
 
     /// Stop taking part: release what was held and forward everything unchanged from now on.

@@ -30,7 +30,7 @@ use super::wires::{self, Core, Wires};
 use super::{HandshakeError, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent};
 use crate::hop::{Input, Side};
 use crate::relay::MiddleboxRelay;
-use crate::wire::{announcement_record, KeyMaterial, SecondaryReader};
+use crate::wire::{announcement_record, KeyMaterial};
 
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
 /// (plaintext) alert as the first thing it sends: a legacy server refusing the unknown record
@@ -65,18 +65,12 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// The whole ClientHello went by.
     hello_done: bool,
     announced: bool,
-    /// What the server's path message said (until it arrives): whether a middlebox nearer the
-    /// client joined, and whether the server wants our session ticket. Such a middlebox
-    /// re-sends the client's records through its app once it switches, so what it forwarded
-    /// raw before is not ours to relay.
-    path: Option<wires::PathNews>,
     /// The server answered our announcement (a secondary record arrived).
     answered: bool,
     /// Something (any record) came from the server: an alert after that is not a legacy
     /// server's refusal of our announcement, which is the first thing such a server sends.
     heard_from_server: bool,
     evidence_sent: bool,
-    secondary: SecondaryReader,
     /// Client application-data records forwarded raw before our keys arrived.
     copies: Vec<Record>,
     kept: Kept,
@@ -103,11 +97,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             engine: None,
             hello_done: false,
             announced: false,
-            path: None,
             answered: false,
             heard_from_server: false,
             evidence_sent: false,
-            secondary: SecondaryReader::new(),
             copies: Vec::new(),
             kept: Kept::default(),
             wires: Wires::new(Side::Client),
@@ -321,24 +313,14 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         if engine.is_handshaking() {
             return Ok(());
         }
-        // May hold key material: wiped when dropped. Read before a close is looked at: a
-        // refusal comes right before it.
-        let plain = zeroize::Zeroizing::new(engine.take_plaintext());
-        let peer_closed = engine.peer_closed();
-        self.secondary.push(&plain);
-        let sent_evidence = "a server sent evidence";
-        if let Some((km, path)) = wires::endpoint_keys(
-            &mut self.wires,
-            &mut self.secondary,
-            &mut self.path,
-            sent_evidence,
-        )? {
-            return self.install(*km, path);
+        match wires::endpoint_turn(&mut self.wires, engine, Side::Server)? {
+            wires::EndpointTurn::Keys(km, path) => self.install(*km, path),
+            wires::EndpointTurn::Closed(why) => {
+                self.go_passive(why);
+                Ok(())
+            }
+            wires::EndpointTurn::Waiting => Ok(()),
         }
-        if peer_closed {
-            self.go_passive("the server closed the secondary session without key material");
-        }
-        Ok(())
     }
 
     /// Stop taking part and forward everything unchanged from now on (nothing is held).

@@ -36,6 +36,13 @@ pub(super) struct Wires<A: MiddleboxApp> {
     pub(super) awaiting_neighbour_marker: bool,
     /// Our endpoint refused us: nothing more may come on the secondary session but its close.
     endpoint_refused: bool,
+    /// The plaintext our endpoint sent on the secondary session, read message by message.
+    secondary: SecondaryReader,
+    /// What the endpoint's path message said (until its key material arrives): whether a
+    /// middlebox farther from it joined, and whether it wants our session ticket. Such a
+    /// middlebox re-sends every application record through its own app once it switches, so
+    /// what it forwarded raw before is not ours to relay.
+    path: Option<PathNews>,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -138,6 +145,8 @@ impl<A: MiddleboxApp> Wires<A> {
             far,
             awaiting_neighbour_marker: false,
             endpoint_refused: false,
+            secondary: SecondaryReader::new(),
+            path: None,
         }
     }
 
@@ -250,21 +259,61 @@ impl<A: MiddleboxApp> Wires<A> {
     }
 }
 
+/// Where a middlebox core stands with its endpoint once their secondary handshake is over.
+pub(super) enum EndpointTurn {
+    /// The key material and the path message before it (boxed: the rest is small).
+    Keys(Box<KeyMaterial>, PathNews),
+    /// The endpoint closed the secondary session without key material (after a refusal, or
+    /// without a word): why, for the report.
+    Closed(&'static str),
+    /// Nothing conclusive yet.
+    Waiting,
+}
+
+/// The plaintext the endpoint (on `endpoint`'s side) sent on our finished secondary session,
+/// read for its messages: its keys, or its close without them. The plaintext is read before a
+/// close is looked at: a refusal comes right before it.
+pub(super) fn endpoint_turn<A: MiddleboxApp>(
+    wires: &mut Wires<A>,
+    engine: &mut OpenSslEngine,
+    endpoint: Side,
+) -> Result<EndpointTurn, HandshakeError> {
+    // May hold key material: wiped when dropped.
+    let plain = zeroize::Zeroizing::new(engine.take_plaintext());
+    let peer_closed = engine.peer_closed();
+    wires.secondary.push(&plain);
+    let (sent_evidence, closed) = match endpoint {
+        Side::Client => (
+            "a client sent evidence",
+            "the client closed the secondary session without key material",
+        ),
+        Side::Server => (
+            "a server sent evidence",
+            "the server closed the secondary session without key material",
+        ),
+    };
+    if let Some((km, path)) = endpoint_keys(wires, sent_evidence)? {
+        return Ok(EndpointTurn::Keys(km, path));
+    }
+    Ok(match peer_closed {
+        true => EndpointTurn::Closed(closed),
+        false => EndpointTurn::Waiting,
+    })
+}
+
 /// [`endpoint_messages`] for a middlebox core: the key material and path message once both
 /// are in; a refusal becomes a [`MiddleboxHandshakeEvent::RefusedByEndpoint`] in the wires'
 /// events, after which any message is refused.
-pub(super) fn endpoint_keys<A: MiddleboxApp>(
+fn endpoint_keys<A: MiddleboxApp>(
     wires: &mut Wires<A>,
-    reader: &mut SecondaryReader,
-    path: &mut Option<PathNews>,
     sent_evidence: &'static str,
 ) -> Result<Option<(Box<KeyMaterial>, PathNews)>, HandshakeError> {
-    if wires.endpoint_refused && reader.buffered() > 0 {
+    if wires.endpoint_refused && wires.secondary.buffered() > 0 {
         return Err(HandshakeError::Protocol(
             "a message after the endpoint's refusal on the secondary session",
         ));
     }
-    match endpoint_messages(reader, path, sent_evidence)? {
+    match endpoint_messages(&mut wires.secondary, &mut wires.path, sent_evidence)? {
         Some(FromEndpoint::Keys(km, path)) => Ok(Some((km, path))),
         Some(FromEndpoint::Refused(why)) => {
             wires.endpoint_refused = true;
@@ -272,7 +321,7 @@ pub(super) fn endpoint_keys<A: MiddleboxApp>(
                 .events
                 .push_back(MiddleboxHandshakeEvent::RefusedByEndpoint(why));
             // Whatever followed it in the same piece is refused now.
-            endpoint_keys(wires, reader, path, sent_evidence)
+            endpoint_keys(wires, sent_evidence)
         }
         None => Ok(None),
     }
@@ -425,11 +474,11 @@ mod tests {
     #[test]
     fn nothing_may_follow_a_refusal() {
         let mut wires: Wires<mbx_apps::PassThrough> = Wires::new(Side::Server);
-        let (mut r, mut path) = (SecondaryReader::new(), None);
-        push(&mut r, SecondaryMessage::Refused("evidence refused".into()));
-        assert!(endpoint_keys(&mut wires, &mut r, &mut path, "e")
-            .unwrap()
-            .is_none());
+        push(
+            &mut wires.secondary,
+            SecondaryMessage::Refused("evidence refused".into()),
+        );
+        assert!(endpoint_keys(&mut wires, "e").unwrap().is_none());
         assert_eq!(
             wires.events.pop_front(),
             Some(MiddleboxHandshakeEvent::RefusedByEndpoint(
@@ -437,7 +486,7 @@ mod tests {
             ))
         );
         push(
-            &mut r,
+            &mut wires.secondary,
             SecondaryMessage::Path {
                 far_neighbour_joined: false,
                 ticket_wanted: false,
@@ -447,20 +496,19 @@ mod tests {
             let e = r.err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains("a message after the endpoint's refusal"), "{e}");
         };
-        after(endpoint_keys(&mut wires, &mut r, &mut path, "e"));
+        after(endpoint_keys(&mut wires, "e"));
         // Also when it comes in the same piece as the refusal (a path message, which is
         // taken otherwise).
         let mut wires: Wires<mbx_apps::PassThrough> = Wires::new(Side::Server);
-        let (mut r, mut path) = (SecondaryReader::new(), None);
-        push(&mut r, SecondaryMessage::Refused("no".into()));
+        push(&mut wires.secondary, SecondaryMessage::Refused("no".into()));
         push(
-            &mut r,
+            &mut wires.secondary,
             SecondaryMessage::Path {
                 far_neighbour_joined: false,
                 ticket_wanted: false,
             },
         );
-        after(endpoint_keys(&mut wires, &mut r, &mut path, "e"));
+        after(endpoint_keys(&mut wires, "e"));
     }
 
     #[test]
