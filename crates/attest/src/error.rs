@@ -58,6 +58,16 @@ pub enum AttestError {
     /// Simulated evidence under a policy without `allow_simulated = true`.
     #[error("simulated attestation evidence is not allowed by policy (allow_simulated = false)")]
     SimulatedNotAllowed,
+    /// The middlebox points at evidence in its certificate, and the policy takes only evidence
+    /// bound to each session.
+    #[error("the middlebox's evidence is in its certificate, which the policy does not accept (certificate_evidence = false)")]
+    CertificateEvidenceNotAllowed,
+    /// The middlebox points at evidence in its certificate, which has no such extension.
+    #[error("the middlebox's certificate carries no evidence (extension 2.23.133.5.4.9)")]
+    NoCertificateEvidence,
+    /// The nonce the certificate's evidence is bound to is not one the policy lists.
+    #[error("the nonce {0} of the evidence in the middlebox's certificate is not in the policy's certificate_nonces")]
+    CertificateNonceNotAccepted(String),
     /// Simulated evidence signed by a platform key the policy does not trust.
     #[error("simulated evidence is signed by an untrusted platform key {0}")]
     UntrustedPlatformKey(String),

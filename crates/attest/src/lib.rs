@@ -10,6 +10,8 @@
 //!   [`dcap_cache`]: a platform verified in full has its later quotes checked by their signature.
 //! - [`gramine`]: quote generation inside a Gramine enclave (needs hardware; not testable here).
 //! - [`tsm`]: quote generation in an Intel TDX guest through Linux's configfs-tsm (likewise).
+//! - [`cert_bound`]: evidence carried in the middlebox's certificate (the spec's second
+//!   binding mode: a nonce as binder), accepted only where the policy says so.
 //! - [`policy`]: the `[attestation]` table of the configuration.
 //!
 //! The spec is `attestation.md`.
@@ -23,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod binding;
+pub mod cert_bound;
 pub mod claims;
 pub mod dcap;
 pub mod dcap_cache;
@@ -39,6 +42,7 @@ pub use binding::{
     certificate_not_after, report_data, report_data_eq, spki_from_certificate, BINDING_CONTEXT,
     EXPORTER_LABEL, EXPORTER_LEN, REPORT_DATA_LEN,
 };
+pub use cert_bound::{verify_certificate_evidence, CertificateEvidence};
 pub use claims::{Claims, TcbStatus, TeeKind};
 pub use dcap::{
     quote_measurement_unverified, quote_report_data_unverified, verify_dcap, verify_dcap_quote,

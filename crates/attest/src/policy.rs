@@ -131,6 +131,14 @@ pub struct Policy {
     /// reissues its CRLs and TCB info daily, so a day or two is a typical bound (the attester
     /// must then refresh its collateral as often).
     pub max_collateral_age: u64,
+    /// Accept evidence carried in the middlebox's certificate (bound to its key and a nonce
+    /// chosen at certification, [`crate::cert_bound`]) in place of evidence bound to each
+    /// session. Default `false`: such evidence shows that the TEE made and holds the key, not
+    /// that it runs now, and a key taken out of it would pass until the certificate expires.
+    pub certificate_evidence: bool,
+    /// With `certificate_evidence`: the nonces (hex) the certificate's evidence may be bound
+    /// to, those the verifier issued. Empty accepts any.
+    pub certificate_nonces: Vec<HexBytes>,
 }
 
 impl Default for Policy {
@@ -148,6 +156,8 @@ impl Default for Policy {
             min_tcb_evaluation_data_number: 0,
             resumed_evidence_max_age: DEFAULT_RESUMED_EVIDENCE_MAX_AGE,
             max_collateral_age: 0,
+            certificate_evidence: false,
+            certificate_nonces: Vec::new(),
         }
     }
 }
@@ -162,6 +172,12 @@ fn ct_contains(list: &[HexBytes], value: &[u8]) -> bool {
 }
 
 impl Policy {
+    /// Whether the evidence in a certificate may be bound to `nonce`: any, unless the policy
+    /// lists nonces (compared in constant time).
+    pub fn accepts_certificate_nonce(&self, nonce: &[u8]) -> bool {
+        self.certificate_nonces.is_empty() || ct_contains(&self.certificate_nonces, nonce)
+    }
+
     /// Parse a policy from TOML: either a document with an `[attestation]` table, or the table's
     /// contents on their own. The result is validated.
     pub fn from_toml_str(s: &str) -> Result<Self, AttestError> {

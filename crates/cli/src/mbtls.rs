@@ -285,6 +285,26 @@ struct MiddleboxFlags {
     /// evidence, opens for one to two periods.
     #[arg(long)]
     ticket_key_secs: Option<u64>,
+    /// Point every session at the evidence in the middlebox's certificate instead of making
+    /// evidence for each session (no quote per session); endpoints accept it only with
+    /// `certificate_evidence = true` in their policy. The certificate must carry it: make its
+    /// request with --certificate-request.
+    #[arg(long)]
+    evidence_in_certificate: bool,
+    /// Write a certificate signing request (PEM) for --private-key to this file, carrying the
+    /// attester's evidence for that key and --nonce (extension 2.23.133.5.4.9), then exit; the
+    /// CA signs it keeping its extensions (`openssl x509 -req -copy_extensions copyall`). No
+    /// --certificate needed.
+    #[arg(long, requires_all = ["nonce", "request_names"])]
+    certificate_request: Option<PathBuf>,
+    /// With --certificate-request: the verifier's nonce (hex, up to 64 bytes) the evidence is
+    /// bound to; endpoints may pin it (`certificate_nonces`).
+    #[arg(long, requires = "certificate_request")]
+    nonce: Option<String>,
+    /// With --certificate-request: a DNS name for the request (repeatable); the first is also
+    /// its common name.
+    #[arg(long = "request-name", requires = "certificate_request")]
+    request_names: Vec<String>,
     #[command(flatten, next_help_heading = "Service")]
     service: Service,
 }
@@ -348,10 +368,14 @@ struct MiddleboxSettings {
     next_hop: Option<String>,
     #[serde(default)]
     transparent: bool,
-    certificate: PathBuf,
+    /// Required but for a certificate request.
+    certificate: Option<PathBuf>,
     private_key: PathBuf,
     #[serde(default = "default_app")]
     app: String,
+    /// Sessions point at the evidence in the certificate.
+    #[serde(default)]
+    evidence_in_certificate: bool,
     #[serde(default = "default_attester")]
     attester: String,
     sim_platform_key: Option<PathBuf>,
@@ -713,6 +737,14 @@ fn policy_line(p: &Policy) -> String {
         "attestation policy: {evidence}, {} accepted, {simulated}",
         count_of(p.measurements.len() as u64, "measurements")
     );
+    match (p.certificate_evidence, p.certificate_nonces.len()) {
+        (false, _) => {}
+        (true, 0) => line.push_str(", evidence in certificates accepted (any nonce)"),
+        (true, n) => line.push_str(&format!(
+            ", evidence in certificates accepted ({})",
+            count_of(n as u64, "nonces")
+        )),
+    }
     if no_middlebox_can_pass(p) {
         line.push_str(
             "; WARNING: no middlebox can pass it (no measurement is accepted: give \
@@ -1665,6 +1697,9 @@ fn middlebox(
     config: &MbtlsConfig,
     config_path: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    if let Some(out) = flags.certificate_request.clone() {
+        return certificate_request(flags, config, &out);
+    }
     raise_open_files_limit();
     let fresh_platform = OnceLock::new();
     let MiddleboxSetup {
@@ -1832,11 +1867,11 @@ fn fixed_at_start_unchanged(
     Ok(())
 }
 
-fn middlebox_setup(
+/// The middlebox's settings: the config file's table with the flags over it.
+fn middlebox_settings(
     flags: MiddleboxFlags,
     config: &MbtlsConfig,
-    fresh_platform: &OnceLock<Arc<SimulatedPlatform>>,
-) -> anyhow::Result<MiddleboxSetup> {
+) -> anyhow::Result<MiddleboxSettings> {
     let mut table = config.middlebox.clone();
     set(&mut table, "listen", flags.listen);
     let next_hop_flag = flags.next_hop.is_some();
@@ -1868,6 +1903,9 @@ fn middlebox_setup(
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
     }
+    if flags.evidence_in_certificate {
+        table.insert("evidence_in_certificate".into(), toml::Value::Boolean(true));
+    }
     set_secs(&mut table, "ticket_key_secs", flags.ticket_key_secs)?;
     // One way to name the next hop wins over the file's other one.
     if flags.transparent {
@@ -1880,32 +1918,146 @@ fn middlebox_setup(
     let mut s: MiddleboxSettings = role_settings(table, "middlebox")?;
     s.service = service;
     attester_options_match(&s)?;
+    Ok(s)
+}
 
-    let mut tls = TlsConfig::server(identity(&s.certificate, &s.private_key)?);
-    tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
-    let app = app_factory(&s.app)?;
+/// The middlebox's attester as its settings describe it, and the banner's line about it.
+fn middlebox_attester(
+    s: &MiddleboxSettings,
+    fresh_platform: &OnceLock<Arc<SimulatedPlatform>>,
+) -> anyhow::Result<(Option<Arc<dyn Attester>>, String)> {
     // The measured configuration: what the middlebox does to traffic.
     let measured_config = format!("app={}", s.app);
-    let (attester, attestation_line): (Option<Arc<dyn Attester>>, String) =
-        match s.attester.as_str() {
-            "none" => (None, "none (sends empty evidence)".into()),
-            "sim" => {
-                let (platform, origin) = platform(s.sim_platform_key.as_deref(), fresh_platform)?;
-                let measurement = sim::measure(PROGRAM, measured_config.as_bytes());
-                let line = format!(
-                    "SIMULATED TEE (demo only): platform key {} ({origin}), measurement {}",
-                    hex::encode(platform.public_key()),
-                    hex::encode(measurement)
-                );
-                let a = SimulatedAttester::new(platform, measurement, sim::signer_id("mbx"));
-                (Some(Arc::new(a)), line)
-            }
-            "gramine" | "tdx" => dcap_attester(&s)?,
-            other => bail!("unknown attester {other:?} (use none, sim, gramine or tdx)"),
-        };
+    Ok(match s.attester.as_str() {
+        "none" => (None, "none (sends empty evidence)".into()),
+        "sim" => {
+            let (platform, origin) = platform(s.sim_platform_key.as_deref(), fresh_platform)?;
+            let measurement = sim::measure(PROGRAM, measured_config.as_bytes());
+            let line = format!(
+                "SIMULATED TEE (demo only): platform key {} ({origin}), measurement {}",
+                hex::encode(platform.public_key()),
+                hex::encode(measurement)
+            );
+            let a = SimulatedAttester::new(platform, measurement, sim::signer_id("mbx"));
+            (Some(Arc::new(a)), line)
+        }
+        "gramine" | "tdx" => dcap_attester(s)?,
+        other => bail!("unknown attester {other:?} (use none, sim, gramine or tdx)"),
+    })
+}
+
+/// `cfg` set to point every session at the evidence in its certificate, once that evidence
+/// is found bound to the certificate's own key; and what the banner says of it.
+fn evidence_in_certificate(
+    cfg: MiddleboxHandshakeConfig,
+) -> anyhow::Result<(String, MiddleboxHandshakeConfig)> {
+    let how = "evidence_in_certificate (--evidence-in-certificate)";
+    let cfg = cfg.evidence_in_certificate().with_context(|| {
+        format!("{how}: the certificate must carry evidence: make its request with --certificate-request")
+    })?;
+    let leaf = cfg
+        .tls
+        .certificate_der()
+        .context("the middlebox's certificate")?;
+    let found = mbx_attest::CertificateEvidence::from_certificate(leaf)?
+        .context("the certificate's evidence")?;
+    let measurement = found.check_binding(cfg.spki()).with_context(|| {
+        format!("{how}: the evidence in the certificate is not for its key and nonce")
+    })?;
+    let shown = format!(
+        "evidence in its certificate, bound to its key and nonce {}, measurement {} as claimed \
+         (endpoints need certificate_evidence = true)",
+        hex::encode(&found.nonce),
+        hex::encode(measurement)
+    );
+    Ok((shown, cfg))
+}
+
+/// `mbx mbtls middlebox --certificate-request FILE`: a certificate signing request for the
+/// middlebox's key that carries the attester's evidence for that key and the verifier's
+/// nonce (the spec's second binding mode), written to `out`.
+fn certificate_request(
+    flags: MiddleboxFlags,
+    config: &MbtlsConfig,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let nonce = flags.nonce.clone().unwrap_or_default();
+    let names = flags.request_names.clone();
+    let s = middlebox_settings(flags, config)?;
+    let nonce = hex::decode(nonce.trim()).context("--nonce must be hex")?;
+    let (attester, attestation_line) = middlebox_attester(&s, &OnceLock::new())?;
+    let attester = attester
+        .context("a certificate request carries evidence: give --attester sim, gramine or tdx")?;
+    let pem = std::fs::read(&s.private_key)
+        .with_context(|| format!("cannot read private key {}", s.private_key.display()))?;
+    // Any key OpenSSL reads (SEC1, PKCS#1 or PKCS#8), handed to rcgen as PKCS#8.
+    let pkcs8 = openssl::pkey::PKey::private_key_from_pem(&pem)
+        .and_then(|k| k.private_key_to_pkcs8())
+        .with_context(|| format!("{} is not a private key in PEM", s.private_key.display()))?;
+    let pkcs8 = zeroize::Zeroizing::new(pkcs8);
+    let key = rcgen::KeyPair::try_from(pkcs8.as_slice())
+        .map_err(|e| anyhow::anyhow!("cannot sign a request with that key: {e}"))?;
+    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+    let evidence = mbx_attest::CertificateEvidence::make(attester.as_ref(), &spki, &nonce)?;
+    let mut params =
+        rcgen::CertificateParams::new(names.clone()).context("--request-name must be DNS names")?;
+    if let Some(first) = names.first() {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, first.as_str());
+    }
+    params
+        .custom_extensions
+        .push(rcgen::CustomExtension::from_oid_content(
+            &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID,
+            evidence.encode()?,
+        ));
+    let request = params
+        .serialize_request(&key)
+        .and_then(|r| r.pem())
+        .map_err(|e| anyhow::anyhow!("cannot make the certificate request: {e}"))?;
+    std::fs::write(out, request).with_context(|| format!("cannot write {}", out.display()))?;
+    println!(
+        "certificate request for {} written to {}: evidence for its key and nonce {}; {attestation_line}",
+        names.join(", "),
+        out.display(),
+        hex::encode(&nonce)
+    );
+    println!(
+        "sign it keeping its extensions, e.g. openssl x509 -req -in {} -CA ca.pem -CAkey ca.key \
+         -copy_extensions copyall -days 90 -out middlebox.pem; then start the middlebox with \
+         --evidence-in-certificate",
+        out.display()
+    );
+    Ok(())
+}
+
+fn middlebox_setup(
+    flags: MiddleboxFlags,
+    config: &MbtlsConfig,
+    fresh_platform: &OnceLock<Arc<SimulatedPlatform>>,
+) -> anyhow::Result<MiddleboxSetup> {
+    let s = middlebox_settings(flags, config)?;
+    let certificate = s.certificate.as_deref().ok_or_else(|| {
+        anyhow::Error::new(crate::subcommand::DoesNotParse(
+            "invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags): give \
+             `certificate` in [mbtls.middlebox] or as --certificate"
+                .into(),
+        ))
+    })?;
+    let mut tls = TlsConfig::server(identity(certificate, &s.private_key)?);
+    tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
+    let app = app_factory(&s.app)?;
+    let (attester, mut attestation_line) = middlebox_attester(&s, fresh_platform)?;
+    let mut handshake =
+        MiddleboxHandshakeConfig::new(&tls, attester).context("middlebox TLS configuration")?;
+    if s.evidence_in_certificate {
+        let (shown, cfg) = evidence_in_certificate(handshake)?;
+        handshake = cfg;
+        attestation_line = format!("{shown} ({attestation_line})");
+    }
     let cfg = MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig::new(&tls, attester)
-            .context("middlebox TLS configuration")?,
+        handshake,
         next_hop: match (&s.next_hop, s.transparent) {
             (Some(_), true) => bail!("give next_hop or transparent, not both"),
             (Some(addr), false) => {

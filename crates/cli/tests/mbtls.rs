@@ -247,6 +247,180 @@ fn client_fetches_through_the_middlebox_and_refuses_a_wrong_measurement() {
     child.kill();
 }
 
+/// The spec's second binding mode from the command line: the middlebox makes a certificate
+/// request carrying its evidence for its key and the CA's nonce, the CA signs it keeping its
+/// extensions (`openssl x509 -req -copy_extensions copyall`), the middlebox points every
+/// session at that evidence, and a client whose policy takes the mode (and pins the nonce)
+/// fetches through it; a client whose policy does not is refused with the setting to change.
+#[test]
+fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
+    let Setup {
+        dir, server, nginx, ..
+    } = Setup::new("mbx cli mbtls cert-bound root");
+    let path = |name: &str| dir.path().join(name);
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    use std::ffi::OsStr;
+    let os = |s: &'static str| OsStr::new(s);
+    // The operator's CA for middleboxes, and the middlebox's key.
+    openssl(&[
+        os("req"),
+        os("-x509"),
+        os("-newkey"),
+        os("ec"),
+        os("-pkeyopt"),
+        os("ec_paramgen_curve:P-256"),
+        os("-nodes"),
+        os("-subj"),
+        os("/CN=mbx middlebox CA"),
+        os("-days"),
+        os("2"),
+        os("-keyout"),
+        path("ca.key").as_os_str(),
+        os("-out"),
+        path("ca.pem").as_os_str(),
+    ]);
+    openssl(&[
+        os("genpkey"),
+        os("-algorithm"),
+        os("EC"),
+        os("-pkeyopt"),
+        os("ec_paramgen_curve:P-256"),
+        os("-out"),
+        path("mb.key").as_os_str(),
+    ]);
+    let middlebox = |extra: &[&OsStr]| {
+        let mut cmd = mbx();
+        cmd.args([
+            "mbtls",
+            "middlebox",
+            "--listen",
+            "127.0.0.1:0",
+            "--next-hop",
+        ])
+        .arg(nginx.addr().to_string())
+        .arg("--private-key")
+        .arg(path("mb.key"))
+        .args([
+            "--app",
+            "http-header:X-Mbtls:cert-bound",
+            "--attester",
+            "sim",
+        ])
+        .arg("--sim-platform-key")
+        .arg(path("platform.key"))
+        .args(extra);
+        cmd
+    };
+    let nonce = "c0ffee";
+    let out = middlebox(&[
+        os("--certificate-request"),
+        path("mb.csr").as_os_str(),
+        os("--nonce"),
+        OsStr::new(nonce),
+        os("--request-name"),
+        os("mb.test"),
+    ])
+    .output()
+    .unwrap();
+    let said = succeeded(&out);
+    assert!(
+        said.contains("certificate request for mb.test written to"),
+        "{said}"
+    );
+    openssl(&[
+        os("x509"),
+        os("-req"),
+        os("-in"),
+        path("mb.csr").as_os_str(),
+        os("-CA"),
+        path("ca.pem").as_os_str(),
+        os("-CAkey"),
+        path("ca.key").as_os_str(),
+        os("-copy_extensions"),
+        os("copyall"),
+        os("-days"),
+        os("2"),
+        os("-out"),
+        path("mb.pem").as_os_str(),
+    ]);
+    let (_mb, mut lines, head) = start_command(
+        &mut middlebox(&[
+            os("--certificate"),
+            path("mb.pem").as_os_str(),
+            os("--evidence-in-certificate"),
+        ]),
+        4,
+    );
+    let addr = listening_addr(&head[0]);
+    assert!(
+        head[2].contains(&format!(
+            "evidence in its certificate, bound to its key and nonce {nonce}"
+        )),
+        "{head:?}"
+    );
+    let word_after = |word: &str| {
+        let line = &head[2];
+        let i = line.find(word).unwrap_or_else(|| panic!("{line}")) + word.len();
+        line[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches([')', ','])
+            .to_owned()
+    };
+    let (measurement, platform_key) = (word_after("measurement "), word_after("platform key "));
+    let policy = |extra: &str| {
+        let file = path("policy.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[attestation]\nallow_simulated = true\nmeasurements = [\"{measurement}\"]\n\
+                 sim_platform_keys = [\"{platform_key}\"]\n{extra}"
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let fetch = |policy: &std::path::Path| {
+        client_through(&addr, &server)
+            .arg("--middlebox-ca")
+            .arg(path("ca.pem"))
+            .arg("--policy")
+            .arg(policy)
+            .output()
+            .unwrap()
+    };
+    let out = fetch(&policy(&format!(
+        "certificate_evidence = true\ncertificate_nonces = [\"{nonce}\"]\n"
+    )));
+    let text = succeeded(&out);
+    assert!(text.contains("x-mbtls: cert-bound"), "{text}");
+    assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
+    // The policy without the mode: refused, told which setting.
+    let out = fetch(&policy(""));
+    let err = failure(&out);
+    assert!(err.contains("certificate_evidence = false"), "{err}");
+    // Another nonce pinned: refused.
+    let out = fetch(&policy(
+        "certificate_evidence = true\ncertificate_nonces = [\"0bad\"]\n",
+    ));
+    let err = failure(&out);
+    assert!(
+        err.contains("is not in the policy's certificate_nonces"),
+        "{err}"
+    );
+}
+
 /// `--attester gramine` and `--attester tdx` against stand-ins for Gramine's `/dev/attestation`
 /// and for a configfs-tsm report entry that answer every report_data with Intel's SGX and TDX
 /// sample quotes (shipped in the `dcap-qvl` package): the middlebox starts (it quotes once to

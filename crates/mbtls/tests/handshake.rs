@@ -34,6 +34,8 @@ struct Setup {
     server_tls: TlsConfig,
     /// The middlebox's secondary context limited to TLS 1.2 (no 0.5-RTT data possible).
     mbox_tls12: Arc<OpenSslContext>,
+    /// The CA the client trusts for the server and the middlebox.
+    pki: TestPki,
 }
 
 /// `mbox_name`: the name in the middlebox certificate; `accepted`: the measurement the client's
@@ -120,7 +122,51 @@ fn setup_full(
         // A legacy server: plain OpenSSL, knows nothing about mbTLS.
         server_ctx: OpenSslContext::new(&server_tls).unwrap(),
         server_tls,
+        pki,
     }
+}
+
+/// Counts the evidence asked of the attester it wraps.
+struct Counting(
+    Arc<dyn mbx_attest::Attester>,
+    std::sync::atomic::AtomicUsize,
+);
+
+impl mbx_attest::Attester for Counting {
+    fn evidence(
+        &self,
+        report_data: &[u8; mbx_attest::REPORT_DATA_LEN],
+    ) -> Result<mbx_attest::Evidence, mbx_attest::AttestError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.evidence(report_data)
+    }
+}
+
+/// [`setup`] with the middlebox's evidence in its certificate (made once, at certification,
+/// for its key and a nonce), the client's policy taking that mode if `accepted`; and the
+/// attester the middlebox holds, which counts what it is asked for.
+fn setup_cert_bound(version: TlsVersion, accepted: bool) -> (Setup, Arc<Counting>) {
+    let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+    let attester = s.mbox_cfg.attester.clone().unwrap();
+    let evidence_for = |spki: &[u8]| {
+        mbx_attest::CertificateEvidence::make(attester.as_ref(), spki, b"nonce")
+            .unwrap()
+            .encode()
+            .unwrap()
+    };
+    let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
+    let leaf = s
+        .pki
+        .issue_with_extension(&LeafSpec::middlebox("mb.test"), Some((oid, &evidence_for)))
+        .unwrap();
+    let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+    let counting = Arc::new(Counting(attester, Default::default()));
+    s.mbox_cfg = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(counting.clone()))
+        .unwrap()
+        .evidence_in_certificate()
+        .unwrap();
+    s.client_cfg.policy.certificate_evidence = accepted;
+    (s, counting)
 }
 
 /// Counts the bytes each record of the server→client direction carried through the app.
@@ -403,6 +449,53 @@ fn evidence_failing_policy_gets_no_key_material() {
         assert!(!me.contains(&MiddleboxHandshakeEvent::KeysInstalled));
         assert!(net.server.take_plaintext().is_empty());
     }
+}
+
+/// The spec's second binding mode: the middlebox points each session at the evidence in its
+/// certificate and makes none (no quote per session); a client whose policy takes the mode
+/// checks it and the session runs, one whose policy does not sends no key material. A
+/// middlebox whose certificate carries no evidence cannot be set to the mode.
+#[test]
+fn evidence_in_the_certificate_is_taken_only_where_the_policy_allows_it() {
+    for version in [TlsVersion::Tls12, TlsVersion::Tls13] {
+        let (s, counting) = setup_cert_bound(version, true);
+        let mut net = Net::new(&s, tagger());
+        net.client.write(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        net.pump(&mut None);
+        assert!(net.client_err.is_none(), "{:?}", net.client_err);
+        assert!(net.client.keys_sent() && net.mbox.keys_installed());
+        assert!(
+            matches!(
+                client_events(&mut net.client).first(),
+                Some(ClientHandshakeEvent::MiddleboxVerified {
+                    claims: Some(_),
+                    ..
+                })
+            ),
+            "{version:?}"
+        );
+        assert_eq!(
+            net.server.take_plaintext(),
+            b"GET / HTTP/1.1\r\nX-Mbtls: mb.test\r\n\r\n"
+        );
+        assert_eq!(counting.1.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        let (s, _) = setup_cert_bound(version, false);
+        let mut net = Net::new(&s, tagger());
+        net.client.write(b"secret request").unwrap();
+        net.pump(&mut None);
+        let said = net.client_err.as_ref().map(ToString::to_string);
+        assert!(
+            said.as_deref()
+                .is_some_and(|e| e.contains("certificate_evidence = false")),
+            "{said:?}"
+        );
+        assert!(!net.client.keys_sent() && !net.mbox.keys_installed());
+        assert!(net.server.take_plaintext().is_empty());
+    }
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let plain = s.mbox_cfg.clone().evidence_in_certificate();
+    assert!(plain.is_err());
 }
 
 #[test]

@@ -347,6 +347,17 @@ impl TestPki {
 
     /// Issues a leaf certificate.
     pub fn issue(&self, spec: &LeafSpec) -> Result<IssuedCert, PkiError> {
+        self.issue_with_extension(spec, None)
+    }
+
+    /// [`issue`](Self::issue), with an extension whose value is made for the leaf's key:
+    /// `extension` = (OID, a function of the key's DER SubjectPublicKeyInfo giving the
+    /// extension's value), e.g. attestation evidence bound to the key.
+    pub fn issue_with_extension(
+        &self,
+        spec: &LeafSpec,
+        extension: Option<(&[u64], &dyn Fn(&[u8]) -> Vec<u8>)>,
+    ) -> Result<IssuedCert, PkiError> {
         let (key, key_der) = spec.key_type.generate()?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -380,6 +391,13 @@ impl TestPki {
         params.not_after = not_after;
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(random_serial()?);
+        if let Some((oid, value_for)) = extension {
+            use rcgen::PublicKeyData as _;
+            let value = value_for(&key.subject_public_key_info());
+            params
+                .custom_extensions
+                .push(rcgen::CustomExtension::from_oid_content(oid, value));
+        }
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedCert {
             key_type: spec.key_type,

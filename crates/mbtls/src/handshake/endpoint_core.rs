@@ -9,9 +9,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use mbx_attest::cert_bound::IN_CERTIFICATE;
 use mbx_attest::{
-    recheck_claims, report_data, spki_from_certificate, verify_bytes, Claims, Policy,
-    EXPORTER_LABEL, EXPORTER_LEN,
+    recheck_claims, report_data, spki_from_certificate, verify_bytes, verify_certificate_evidence,
+    Claims, Policy, EXPORTER_LABEL, EXPORTER_LEN,
 };
 use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine};
 use mbx_wire::{version, Record};
@@ -155,13 +156,18 @@ fn fresh_claims(
         policy.check_missing_evidence()?;
         return Ok(None);
     }
-    let label = core::str::from_utf8(EXPORTER_LABEL)
-        .map_err(|_| HandshakeError::Config("exporter label"))?;
-    let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
     let certs = engine.peer_certificates();
     let leaf = certs
         .first()
         .ok_or(HandshakeError::Protocol("middlebox sent no certificate"))?;
+    if evidence == IN_CERTIFICATE {
+        // Bound to the certificate's key, which this session's CertificateVerify proved the
+        // middlebox holds (the spec's second binding mode), if the policy takes it.
+        return Ok(Some(verify_certificate_evidence(leaf, policy, now)?));
+    }
+    let label = core::str::from_utf8(EXPORTER_LABEL)
+        .map_err(|_| HandshakeError::Config("exporter label"))?;
+    let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
     let spki = spki_from_certificate(leaf)?;
     let expected = report_data(&spki, &binder);
     Ok(Some(verify_bytes(evidence, &expected, policy, now)?))

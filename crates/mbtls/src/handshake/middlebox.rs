@@ -12,7 +12,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use mbx_apps::MiddleboxApp;
-use mbx_attest::{report_data, spki_from_certificate, Attester, EXPORTER_LABEL, EXPORTER_LEN};
+use mbx_attest::cert_bound::IN_CERTIFICATE;
+use mbx_attest::{
+    report_data, spki_from_certificate, Attester, CertificateEvidence, EXPORTER_LABEL, EXPORTER_LEN,
+};
 use mbx_engine::{OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
 use mbx_record::{ContentType, RecordOpener, TlsVersion};
 use mbx_wire::handshake::DEFAULT_MAX_HANDSHAKE_LEN;
@@ -44,6 +47,9 @@ pub struct MiddleboxHandshakeConfig {
     /// The configuration's `session_tickets`: a TLS 1.3 ticket is made for an endpoint that
     /// asks for one (docs/mbtls.md §4.7).
     pub(crate) session_tickets: bool,
+    /// The evidence is in the certificate ([`Self::evidence_in_certificate`]): sessions get
+    /// [`IN_CERTIFICATE`] instead of evidence of their own.
+    in_certificate: bool,
 }
 
 impl MiddleboxHandshakeConfig {
@@ -82,7 +88,29 @@ impl MiddleboxHandshakeConfig {
             attester,
             spki,
             session_tickets,
+            in_certificate: false,
         })
+    }
+
+    /// Points every session at the evidence in the middlebox's certificate (the spec's
+    /// second binding mode, [`mbx_attest::cert_bound`]) instead of making evidence bound to
+    /// each session: no quote per session, and endpoints whose policy accepts the mode check
+    /// the certificate's evidence. The certificate must carry it, in a record that reads.
+    pub fn evidence_in_certificate(mut self) -> Result<Self, HandshakeError> {
+        let leaf = self
+            .tls
+            .certificate_der()
+            .ok_or(HandshakeError::Config("a middlebox needs a certificate"))?;
+        CertificateEvidence::from_certificate(leaf)?.ok_or(HandshakeError::Attestation(
+            mbx_attest::AttestError::NoCertificateEvidence,
+        ))?;
+        self.in_certificate = true;
+        Ok(self)
+    }
+
+    /// Whether sessions are pointed at the evidence in the certificate.
+    pub fn evidence_is_in_certificate(&self) -> bool {
+        self.in_certificate
     }
 
     /// The SubjectPublicKeyInfo (DER) the evidence is bound to.
@@ -692,7 +720,9 @@ pub(super) fn write_evidence(
         // Resumed: none (paper §3.5). Only we can open our tickets (the key never leaves this
         // process), and the endpoint keeps a ticket only after checking the evidence of the
         // session we issued it in.
-        Some(_) if engine.session_reused() => Vec::new(),
+        _ if engine.session_reused() => Vec::new(),
+        // The session proves we hold the key; the certificate says the TEE made it.
+        _ if cfg.in_certificate => IN_CERTIFICATE.to_vec(),
         Some(a) => {
             let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
             a.evidence(&report_data(&cfg.spki, &binder))?.to_bytes()

@@ -1,0 +1,299 @@
+//! Evidence carried in the middlebox's certificate: the spec's second binding mode
+//! (`attestation.md`, "binder = verifier nonce"), RA-TLS style, for deployments that check
+//! certificates and would rather not have the middlebox quote on every session.
+//!
+//! `report_data = SHA-512("mbtls attestation v1" ‖ SHA-256(SPKI) ‖ nonce)`: the binder is a
+//! nonce the verifier chose (at certification: the CA's challenge), not the session's exporter.
+//! The evidence and the nonce ride in an X.509 extension with the TCG's interoperable OID
+//! 2.23.133.5.4.9 (the DICE conceptual message wrapper, CMW). Its value is a CMW CBOR record,
+//! `[type, value]`, with our media type [`CMW_TYPE`] and as value
+//! `nonce length (1 byte) ‖ nonce ‖ evidence` (the evidence in its usual wire encoding).
+//!
+//! What it rests on differs from the per-session binding: the evidence says the TEE made the
+//! key pair and holds its private half; each session then proves possession of that key (its
+//! CertificateVerify), not that the TEE is running now. A key taken out of the TEE would pass
+//! until the certificate expires, so endpoints accept this mode only when their policy says so
+//! (`certificate_evidence = true`), and may pin the nonces they issued (`certificate_nonces`).
+
+use crate::binding::{report_data, spki_from_certificate};
+use crate::claims::Claims;
+use crate::error::AttestError;
+use crate::evidence::Evidence;
+use crate::policy::Policy;
+use crate::verify::{verify, Attester};
+
+/// The extension's OID, 2.23.133.5.4.9 (tcg-dice-conceptual-message-wrapper).
+pub const EVIDENCE_EXTENSION_OID: [u64; 6] = [2, 23, 133, 5, 4, 9];
+
+/// The media type that names our content inside the wrapper.
+pub const CMW_TYPE: &str = "application/vnd.mbx.mbtls-evidence";
+
+/// The longest nonce (a length byte frames it; 64 bytes is more than any challenge needs).
+pub const MAX_NONCE_LEN: usize = 64;
+
+/// The largest extension value read (compressed DCAP evidence is under 10 KB).
+pub const MAX_EXTENSION_LEN: usize = 64 * 1024;
+
+/// What the middlebox sends on a session instead of evidence of its own: "see my certificate".
+/// One byte, the evidence encoding's kind tag 4, which no evidence kind uses.
+pub const IN_CERTIFICATE: &[u8] = &[4];
+
+/// Evidence bound to a key and a nonce, as a certificate carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateEvidence {
+    /// The verifier's nonce (the binder).
+    pub nonce: Vec<u8>,
+    /// The evidence, in its wire encoding ([`Evidence::to_bytes`]).
+    pub evidence: Vec<u8>,
+}
+
+impl CertificateEvidence {
+    /// Evidence from `attester` for the key `spki_der` and `nonce`.
+    pub fn make(
+        attester: &dyn Attester,
+        spki_der: &[u8],
+        nonce: &[u8],
+    ) -> Result<Self, AttestError> {
+        check_nonce(nonce)?;
+        let evidence = attester.evidence(&report_data(spki_der, nonce))?;
+        Ok(CertificateEvidence {
+            nonce: nonce.to_vec(),
+            evidence: evidence.to_bytes(),
+        })
+    }
+
+    /// The extension's value (what its OCTET STRING holds): the CMW CBOR record.
+    pub fn encode(&self) -> Result<Vec<u8>, AttestError> {
+        check_nonce(&self.nonce)?;
+        let mut value = Vec::with_capacity(1 + self.nonce.len() + self.evidence.len());
+        value.push(self.nonce.len() as u8);
+        value.extend_from_slice(&self.nonce);
+        value.extend_from_slice(&self.evidence);
+        let mut out = Vec::with_capacity(value.len() + CMW_TYPE.len() + 12);
+        out.push(0x82); // a CBOR array of two items
+        cbor_head(&mut out, 3, CMW_TYPE.len());
+        out.extend_from_slice(CMW_TYPE.as_bytes());
+        cbor_head(&mut out, 2, value.len());
+        out.extend_from_slice(&value);
+        if out.len() > MAX_EXTENSION_LEN {
+            return Err(AttestError::TooLarge {
+                what: "certificate evidence extension",
+                len: out.len(),
+                max: MAX_EXTENSION_LEN,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads an extension value. Only the definite-length record with our type is taken;
+    /// anything else, or a byte after it, is an error. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Self, AttestError> {
+        if bytes.len() > MAX_EXTENSION_LEN {
+            return Err(AttestError::TooLarge {
+                what: "certificate evidence extension",
+                len: bytes.len(),
+                max: MAX_EXTENSION_LEN,
+            });
+        }
+        let rest = bytes.strip_prefix(&[0x82]).ok_or(AttestError::Malformed(
+            "certificate evidence: not a CMW record",
+        ))?;
+        let (media_type, rest) = cbor_item(rest, 3)?;
+        if media_type != CMW_TYPE.as_bytes() {
+            return Err(AttestError::Malformed(
+                "certificate evidence: another CMW type than ours",
+            ));
+        }
+        let (value, rest) = cbor_item(rest, 2)?;
+        if !rest.is_empty() {
+            return Err(AttestError::Malformed(
+                "certificate evidence: bytes after the CMW record",
+            ));
+        }
+        let (&len, value) = value
+            .split_first()
+            .ok_or(AttestError::Malformed("certificate evidence: empty value"))?;
+        let len = usize::from(len);
+        if len > MAX_NONCE_LEN || len > value.len() {
+            return Err(AttestError::Malformed("certificate evidence: nonce length"));
+        }
+        let (nonce, evidence) = value.split_at(len);
+        Ok(CertificateEvidence {
+            nonce: nonce.to_vec(),
+            evidence: evidence.to_vec(),
+        })
+    }
+
+    /// Whether the evidence's report_data binds `spki_der` and this nonce, read without
+    /// checking the evidence itself (its endpoints do): the middlebox's start-up check that
+    /// its certificate carries evidence for its own key. Also gives the code measurement
+    /// the evidence claims, for its banner.
+    pub fn check_binding(&self, spki_der: &[u8]) -> Result<Vec<u8>, AttestError> {
+        let (bound, measurement) = match Evidence::from_bytes(&self.evidence)? {
+            Evidence::Simulated(ev) => (ev.report_data, ev.measurement.to_vec()),
+            Evidence::Dcap(ev) => (
+                crate::dcap::quote_report_data_unverified(ev.quote())?,
+                crate::dcap::quote_measurement_unverified(ev.quote())?,
+            ),
+        };
+        if !crate::binding::report_data_eq(&bound, &report_data(spki_der, &self.nonce)) {
+            return Err(AttestError::ReportDataMismatch);
+        }
+        Ok(measurement)
+    }
+
+    /// The evidence a DER certificate carries in its extension, if it has one.
+    pub fn from_certificate(cert_der: &[u8]) -> Result<Option<Self>, AttestError> {
+        let oid = x509_parser::oid_registry::Oid::from(&EVIDENCE_EXTENSION_OID)
+            .map_err(|_| AttestError::Malformed("certificate evidence OID"))?;
+        let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+            .map_err(|_| AttestError::Malformed("certificate"))?;
+        let found = cert
+            .get_extension_unique(&oid)
+            .map_err(|_| AttestError::Malformed("certificate evidence: extension twice"))?;
+        found.map(|ext| Self::decode(ext.value)).transpose()
+    }
+}
+
+/// The claims of the evidence in `cert_der`'s extension, checked under `policy` at `now_unix`:
+/// the policy must accept this mode and, if it lists nonces, this one; the evidence must be
+/// bound to the certificate's own key and that nonce.
+pub fn verify_certificate_evidence(
+    cert_der: &[u8],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<Claims, AttestError> {
+    if !policy.certificate_evidence {
+        return Err(AttestError::CertificateEvidenceNotAllowed);
+    }
+    let found = CertificateEvidence::from_certificate(cert_der)?
+        .ok_or(AttestError::NoCertificateEvidence)?;
+    if !policy.accepts_certificate_nonce(&found.nonce) {
+        return Err(AttestError::CertificateNonceNotAccepted(hex::encode(
+            &found.nonce,
+        )));
+    }
+    let spki = spki_from_certificate(cert_der)?;
+    let evidence = Evidence::from_bytes(&found.evidence)?;
+    verify(
+        &evidence,
+        &report_data(&spki, &found.nonce),
+        policy,
+        now_unix,
+    )
+}
+
+fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {
+    if nonce.len() > MAX_NONCE_LEN {
+        return Err(AttestError::TooLarge {
+            what: "certificate evidence nonce",
+            len: nonce.len(),
+            max: MAX_NONCE_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// A CBOR head of major type `major` and argument `len` (definite length).
+fn cbor_head(out: &mut Vec<u8>, major: u8, len: usize) {
+    let m = major << 5;
+    match len {
+        0..=23 => out.push(m | len as u8),
+        24..=0xff => out.extend_from_slice(&[m | 24, len as u8]),
+        0x100..=0xffff => {
+            out.push(m | 25);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(m | 26);
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+        }
+    }
+}
+
+/// A definite-length CBOR byte string (major 2) or text string (major 3) at the start of
+/// `bytes`: its contents and what follows.
+fn cbor_item(bytes: &[u8], major: u8) -> Result<(&[u8], &[u8]), AttestError> {
+    const BAD: AttestError = AttestError::Malformed("certificate evidence: CBOR item");
+    let (&first, rest) = bytes.split_first().ok_or(BAD)?;
+    if first >> 5 != major {
+        return Err(BAD);
+    }
+    let (len, rest) = match first & 0x1f {
+        n @ 0..=23 => (usize::from(n), rest),
+        24 => {
+            let (&b, rest) = rest.split_first().ok_or(BAD)?;
+            (usize::from(b), rest)
+        }
+        25 => {
+            let (b, rest) = rest.split_at_checked(2).ok_or(BAD)?;
+            (usize::from(u16::from_be_bytes([b[0], b[1]])), rest)
+        }
+        26 => {
+            let (b, rest) = rest.split_at_checked(4).ok_or(BAD)?;
+            let n = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            (usize::try_from(n).map_err(|_| BAD)?, rest)
+        }
+        // 8-byte lengths, indefinite lengths and reserved values: not ours.
+        _ => return Err(BAD),
+    };
+    rest.split_at_checked(len).ok_or(BAD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_every_cut_of_it_is_refused() {
+        for (nonce, evidence) in [
+            (vec![], vec![]),
+            (vec![7; 32], vec![1; 20]),
+            (vec![9; 64], vec![3; 300]),
+            (vec![1], vec![5; 60_000]),
+        ] {
+            let ce = CertificateEvidence { nonce, evidence };
+            let bytes = ce.encode().unwrap();
+            assert_eq!(CertificateEvidence::decode(&bytes).unwrap(), ce);
+            if bytes.len() < 2_000 {
+                for cut in 0..bytes.len() {
+                    assert!(CertificateEvidence::decode(&bytes[..cut]).is_err(), "{cut}");
+                }
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(CertificateEvidence::decode(&longer).is_err());
+        }
+        let too_long = CertificateEvidence {
+            nonce: vec![0; MAX_NONCE_LEN + 1],
+            evidence: vec![],
+        };
+        assert!(too_long.encode().is_err());
+    }
+
+    #[test]
+    fn another_type_or_shape_is_refused() {
+        let ce = CertificateEvidence {
+            nonce: vec![1, 2],
+            evidence: vec![3],
+        };
+        let mut bytes = ce.encode().unwrap();
+        // The type's first letter.
+        bytes[2] ^= 0x01;
+        assert!(CertificateEvidence::decode(&bytes).is_err());
+        // An indefinite-length array.
+        assert!(CertificateEvidence::decode(&[0x9f, 0xff]).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any bytes: an error or a record that encodes back to them; never a panic.
+        #[test]
+        fn any_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            if let Ok(ce) = CertificateEvidence::decode(&bytes) {
+                // Shortest heads only on the way out: a longer head reads but encodes shorter.
+                let again = CertificateEvidence::decode(&ce.encode().unwrap()).unwrap();
+                proptest::prop_assert_eq!(again, ce);
+            }
+        }
+    }
+}
