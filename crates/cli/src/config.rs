@@ -20,8 +20,9 @@ pub struct Config {
     pub blindbox: crate::blindbox::BlindboxConfig,
 }
 
-/// The config file's `log` at start: the filter is set up once, so a reload that would change
-/// it is refused rather than taken and ignored.
+/// The config file's `log` at start, when it is the filter in force (no `--log`, no
+/// `MBX_LOG`): the filter is set up once, so a reload that would change it is refused rather
+/// than taken and ignored.
 static LOG_AT_START: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 impl Config {
@@ -35,9 +36,12 @@ impl Config {
     pub fn reload(path: &Path) -> anyhow::Result<Config> {
         let config = Config::load(path)?;
         if let Some(at_start) = LOG_AT_START.get() {
-            let shown = |log: &Option<String>| log.clone().unwrap_or_else(|| "none".into());
+            let filter = |log: &Option<String>| log.as_deref().map(str::trim).map(str::to_owned);
+            let shown = |log: &Option<String>| {
+                filter(log).map_or_else(|| "the default".into(), |l| format!("{l:?}"))
+            };
             anyhow::ensure!(
-                &config.log == at_start,
+                filter(&config.log) == filter(at_start),
                 "a reload cannot change log from {} to {} (the log filter is set up at start); \
                  restart to change it",
                 shown(at_start),

@@ -98,11 +98,15 @@ fn main() -> ExitCode {
         Command::Mbtls(args) => args.is_demo(),
         _ => false,
     };
-    config.remember_log_at_start();
+    // The file's `log` is in force only without --log or MBX_LOG: only then may a reload not
+    // change it.
+    if cli.log.is_none() {
+        config.remember_log_at_start();
+    }
     let default = if demo { DEMO_LOG } else { DEFAULT_LOG };
     if let Err(e) = init_tracing(cli.log.as_deref().or(config.log.as_deref()), default) {
         eprintln!(
-            "mbx: {}",
+            "mbx: error: {}",
             subcommand::escape_controls(&subcommand::error_text(&e), false)
         );
         return ExitCode::from(2);

@@ -842,34 +842,38 @@ struct ClientSetup {
 impl ClientSetup {
     /// What a proxy's reload line shows: where its sessions go, its middleboxes and the policy
     /// they must pass.
-    fn shown_parts(&self) -> [(String, &'static str); 3] {
+    fn shown_parts(&self) -> [Part; 3] {
         let s = &self.s;
-        let (middleboxes, policy) = if s.no_client_middleboxes {
-            (
-                "no middlebox of its own".to_string(),
-                "no policy (no middlebox of its own)".to_string(),
-            )
+        let middleboxes = if s.no_client_middleboxes {
+            "no middlebox of its own".to_string()
         } else if self.names.is_empty() {
-            (
-                format!(
-                    "discovered middleboxes, approved if named {}",
-                    s.allow_middleboxes.join(" or ")
-                ),
-                policy_line(&self.cfg.policy),
+            format!(
+                "discovered middleboxes, approved if named {}",
+                s.allow_middleboxes.join(" or ")
             )
         } else {
-            (
-                format!("middleboxes {}", self.names.join(" -> ")),
-                policy_line(&self.cfg.policy),
-            )
+            format!("middleboxes {}", self.names.join(" -> "))
         };
+        let policy = match s.no_client_middleboxes {
+            true => "no policy (no middlebox of its own)".to_string(),
+            false => policy_line(&self.cfg.policy),
+        };
+        let sessions = format!("sessions to {} via {}", self.server_name, self.first_hop);
+        // The server's CA with where the sessions go; the middleboxes' with the policy.
+        let server_ca = trust_key(&[&self.primary_tls]);
+        let policy_key = format!(
+            "{:?} {}",
+            self.cfg.policy,
+            trust_key(&[&self.secondary_tls])
+        );
         [
             (
-                format!("sessions to {} via {}", self.server_name, self.first_hop),
+                sessions.clone(),
+                format!("{sessions} {server_ca}"),
                 " (changed)",
             ),
-            (middleboxes, " (changed)"),
-            (policy, " (changed)"),
+            part(middleboxes, " (changed)"),
+            (policy, policy_key, " (changed)"),
         ]
     }
 }
@@ -1717,13 +1721,13 @@ fn middlebox(
     // endpoints check (the names, the measurement) changing says that they must follow.
     let parts = |next_hop: &str, app: &str, names: &str, attestation: &str| {
         [
-            (format!("next hop {next_hop}"), " (changed)"),
-            (format!("app: {app}"), " (changed)"),
-            (
+            part(format!("next hop {next_hop}"), " (changed)"),
+            part(format!("app: {app}"), " (changed)"),
+            part(
                 format!("certificate for {names}"),
                 " (changed: endpoints must expect it)",
             ),
-            (
+            part(
                 format!("attestation: {attestation}"),
                 " (changed: endpoints' policies must accept it)",
             ),
@@ -1797,15 +1801,33 @@ fn middlebox(
 /// reload lines showed only the limits).
 struct ShownParts(std::sync::Mutex<Vec<String>>);
 
+/// One part of what a service shows: its text, what tells whether it changed (when the text
+/// does not say all of it: a policy's measurements, the CAs' contents; empty: the text), and
+/// the note a change gets.
+type Part = (String, String, &'static str);
+
+/// The part `shown`, changed only when its text changes.
+fn part(shown: String, note: &'static str) -> Part {
+    (shown, String::new(), note)
+}
+
 impl ShownParts {
-    fn new(parts: &[(String, &str)]) -> Self {
+    fn key(part: &Part) -> &String {
+        if part.1.is_empty() {
+            &part.0
+        } else {
+            &part.1
+        }
+    }
+
+    fn new(parts: &[Part]) -> Self {
         ShownParts(std::sync::Mutex::new(
-            parts.iter().map(|(part, _)| part.clone()).collect(),
+            parts.iter().map(|p| Self::key(p).clone()).collect(),
         ))
     }
 
     /// The reload's line for `parts`, which are remembered for the next reload.
-    fn reloaded(&self, parts: &[(String, &str)]) -> String {
+    fn reloaded(&self, parts: &[Part]) -> String {
         let mut last = self
             .0
             .lock()
@@ -1813,14 +1835,25 @@ impl ShownParts {
         let line: Vec<String> = parts
             .iter()
             .enumerate()
-            .map(|(i, (part, note))| match last.get(i) == Some(part) {
-                true => part.clone(),
-                false => format!("{part}{note}"),
+            .map(|(i, p)| match last.get(i) == Some(Self::key(p)) {
+                true => p.0.clone(),
+                false => format!("{}{}", p.0, p.2),
             })
             .collect();
-        *last = parts.iter().map(|(part, _)| part.clone()).collect();
+        *last = parts.iter().map(|p| Self::key(p).clone()).collect();
         line.join("; ")
     }
+}
+
+/// What CAs a reload line's part is also compared by (their contents, which it does not
+/// show): a digest of the trust roots of `trusted`.
+fn trust_key(trusted: &[&TlsConfig]) -> String {
+    let mut roots = Vec::new();
+    for tls in trusted {
+        roots.extend_from_slice(tls.trust_roots_pem.as_deref().unwrap_or_default());
+        roots.push(0);
+    }
+    hex::encode(openssl::sha::sha256(&roots))
 }
 
 /// The `[mbtls]` table a reload uses: the config file read again, if there is one.
@@ -2390,6 +2423,8 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     } = signals;
     let reloads = Arc::new(Reloads::default());
     let grace = service.drain_grace();
+    // What a reload's line marks as changed is against the configuration last applied.
+    let mut last_limits = *server.config().limits();
     // Stopped when this returns.
     let _metrics = match metrics {
         Some(listener) => Some(serve_service_metrics(
@@ -2411,12 +2446,14 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     reloads.applied.fetch_add(1, Ordering::Relaxed);
                     let also = if also.is_empty() { also } else { format!("; {also}") };
                     // Taken all the same: a stop is not undone by a reload.
-                    let stopping = match stop.count {
-                        0 => String::new(),
-                        _ => format!(" (though it is stopping: no new {what} come)"),
+                    let taken = match stop.count {
+                        0 => format!("new {what} get the new configuration"),
+                        _ => format!("it is stopping, though: no new {what} come"),
                     };
+                    let changed = if limits == last_limits { "" } else { " (changed)" };
+                    last_limits = limits;
                     print_line(format!(
-                        "{who} reloaded{stopping}: new {what} get the new configuration; {}{also}",
+                        "{who} reloaded: {taken}; {}{changed}{also}",
                         limits_line(&limits, what)
                     ));
                 }
@@ -2800,30 +2837,36 @@ struct ServerSetup {
 impl ServerSetup {
     /// What the banner and a reload's line show: TLS versions, backend, certificate,
     /// middleboxes and, when middleboxes may join, the policy they must pass.
-    fn shown_parts(&self) -> [(String, &'static str); 5] {
+    fn shown_parts(&self) -> [Part; 5] {
         let s = &self.s;
         let policy = match s.middlebox_names.is_empty() && s.allow_middleboxes.is_empty() {
-            true => "no policy (no middlebox may join)".to_string(),
-            false => policy_line(&self.cfg.handshake.policy),
+            true => part("no policy (no middlebox may join)".into(), " (changed)"),
+            false => {
+                // The policy's text sums it up: the whole of it, and the middleboxes' CA,
+                // tell whether it changed.
+                let policy = &self.cfg.handshake.policy;
+                let key = format!("{policy:?} {}", trust_key(&[&self.secondary_tls]));
+                (policy_line(policy), key, " (changed)")
+            }
         };
         [
-            (format!("backend {}", s.backend), " (changed)"),
-            (
+            part(format!("backend {}", s.backend), " (changed)"),
+            part(
                 match s.tls.as_deref() {
                     Some(v) => format!("TLS {v} only"),
                     None => "TLS 1.2 and 1.3".to_string(),
                 },
                 " (changed)",
             ),
-            (
+            part(
                 format!("certificate for {}", self.certificate_names),
                 " (changed: clients must expect it)",
             ),
-            (
+            part(
                 format!("server-side middlebox: {}", self.described),
                 " (changed)",
             ),
-            (policy, " (changed)"),
+            policy,
         ]
     }
 }

@@ -252,8 +252,11 @@ impl<W: Write> ResponseOut<W> {
             }
             Sink::File { file, path } => {
                 let file = open_once(file, path)?;
+                // Only a regular file has data to sync: /dev/null or a FIFO refuse the call
+                // (EINVAL), and the body went there whole (found in a user trial).
+                let regular = file.metadata().is_ok_and(|m| m.is_file());
                 file.flush()
-                    .and_then(|()| file.sync_data())
+                    .and_then(|()| if regular { file.sync_data() } else { Ok(()) })
                     .with_context(|| {
                         format!("cannot write the response body to {}", path.display())
                     })?;
@@ -298,7 +301,12 @@ impl<W: Write> ResponseOut<W> {
     fn body_data(&mut self, data: &[u8]) -> anyhow::Result<bool> {
         self.body_bytes += data.len() as u64;
         match &mut self.sink {
-            Sink::Stdout { terminal: false } => write_out(&mut self.out, data),
+            // Flushed at once: standard output holds what it is given until a line ends, and
+            // a body that pauses mid-line must still show what came (found in a user trial).
+            Sink::Stdout { terminal: false } => {
+                let written = write_out(&mut self.out, data)?;
+                Ok(written && gone_or_error(self.out.flush())?)
+            }
             Sink::Stdout { terminal: true } => {
                 self.held.extend_from_slice(data);
                 let ready = text_ready(&self.held);
@@ -308,14 +316,15 @@ impl<W: Write> ResponseOut<W> {
                 if let Some(last) = shown.chars().last() {
                     self.at_line_start = last == '\n';
                 }
-                write_out(&mut self.out, shown.as_bytes())
+                let written = write_out(&mut self.out, shown.as_bytes())?;
+                Ok(written && gone_or_error(self.out.flush())?)
             }
             Sink::File { file, path } => {
                 let before = self.body_bytes - data.len() as u64;
                 open_once(file, path)?.write_all(data).with_context(|| {
                     format!(
-                        "cannot write the response body to {} (it holds at most the {before} \
-                         bytes before this piece, and is incomplete)",
+                        "cannot write the response body to {} ({before} bytes of it came \
+                         before this piece; the file is incomplete)",
                         path.display()
                     )
                 })?;

@@ -742,6 +742,85 @@ fn backend_answering(answer: fn(&[u8]) -> Vec<u8>) -> std::net::SocketAddr {
     addr
 }
 
+/// Body bytes reach standard output as they come, a line end or not: the backend sends part
+/// of the body and waits until the reader of the fetch's standard output has seen it (before
+/// the twenty-seventh round it waited for a line end, in a user trial 8 s). Also `-o
+/// /dev/null`, which cannot sync (EINVAL), succeeds.
+#[test]
+fn body_bytes_reach_standard_output_as_they_come() {
+    use std::io::{Read, Write};
+    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls streaming root", "mb.test");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = listener.local_addr().unwrap().to_string();
+    let (seen, rest) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut rest = Some(rest);
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab");
+            // The first connection waits for the test to have read "ab"; later ones do not.
+            if let Some(rest) = rest.take() {
+                let _ = rest.recv();
+            }
+            let _ = s.write_all(b"cdefghij");
+        }
+    });
+    let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
+    let addr = listening_addr(&head[0]);
+    let mut fetch = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        // Without the flush the fetch gives up after this and only then shows "ab".
+        .args(["--timeout-secs", "10"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = fetch.stdout.take().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"body:\nab") {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    seen.send(()).unwrap();
+    stdout.read_to_end(&mut got).unwrap();
+    assert!(fetch.wait().unwrap().success());
+    assert!(
+        got.ends_with(b"body:\nabcdefghij"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+
+    let out = mbx()
+        .args(["mbtls", "client", "https://server.test/"])
+        .args([
+            "--middlebox",
+            &addr,
+            "--no-client-middleboxes",
+            "--server-ca",
+        ])
+        .arg(&server.ca)
+        .args(["-o", "/dev/null"])
+        .output()
+        .unwrap();
+    succeeded(&out);
+}
+
 /// The client prints what the server sent without letting it drive the terminal: header
 /// fields with control characters escaped, and the body byte for byte when standard output is
 /// not a terminal (binary bodies survive `> file`).
@@ -1519,8 +1598,8 @@ fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
     let reloaded = lines.next().unwrap().unwrap();
     assert!(
         reloaded.starts_with(
-            "middlebox reloaded (though it is stopping: no new connections come): new \
-             connections get the new configuration"
+            "middlebox reloaded: it is stopping, though: no new connections come; limits: \
+             handshake 60s, idle 600s, at most"
         ),
         "{reloaded}"
     );
@@ -2105,7 +2184,16 @@ fn a_servers_reload_says_what_changed() {
     let Setup {
         dir, server, mbox, ..
     } = Setup::new("mbx cli mbtls server reload root");
-    let policy = no_evidence_policy(&dir);
+    let policy = dir.path().join("policy.toml");
+    let accept = |measurement: u8| {
+        let m = format!("{measurement:02x}").repeat(32);
+        std::fs::write(
+            &policy,
+            format!("[attestation]\nmeasurements = [\"{m}\"]\n"),
+        )
+        .unwrap();
+    };
+    accept(1);
     let config = dir.path().join("mbx.toml");
     let write_config = |backend: &str, extra: &str| {
         let text = format!(
@@ -2124,6 +2212,20 @@ fn a_servers_reload_says_what_changed() {
     ];
     let (mut srv, mut lines, head) = start(&args, 3);
     assert!(head[1].contains("pre-configured mb2.test"), "{head:?}");
+    // Another measurement: the policy's text reads the same ("1 measurement accepted"), and
+    // the change is marked all the same; so is the middlebox CA's content.
+    accept(2);
+    signal(&mut srv, Signal::HUP);
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.ends_with("1 measurement accepted, simulated TEE refused (changed)"),
+        "{line}"
+    );
+    let (_other_dir, _other_pki, other, _) = pki_files("mbx cli other middlebox root", "mb.test");
+    std::fs::copy(&other.ca, &mbox.ca).unwrap();
+    signal(&mut srv, Signal::HUP);
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.ends_with("simulated TEE refused (changed)"), "{line}");
     write_config("127.0.0.1:10", "");
     signal(&mut srv, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
@@ -2212,7 +2314,7 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
         lines.next().unwrap().unwrap(),
         format!(
             "proxy reloaded: new connections get the new configuration; \
-             limits: handshake 60s, idle 600s, at most 3 connections at once; \
+             limits: handshake 60s, idle 600s, at most 3 connections at once (changed); \
              sessions to server.test via {two} (changed); middleboxes mb.test; \
              attestation policy: evidence optional, 0 measurements accepted, simulated TEE \
              refused"
@@ -2368,7 +2470,7 @@ fn a_middlebox_reloads_its_config_file_on_sighup() {
         reloaded,
         format!(
             "middlebox reloaded: new connections get the new configuration; \
-             limits: handshake 60s, idle 600s, at most 7 connections at once; \
+             limits: handshake 60s, idle 600s, at most 7 connections at once (changed); \
              next hop {}; app: http-header:X-Mbtls:after (changed); certificate for mb.test; \
              attestation: none (sends empty evidence)",
             nginx.addr()
