@@ -236,6 +236,10 @@ impl LeafSpec {
     }
 }
 
+/// An extension whose value depends on the leaf's key: its OID, and the function of the key's
+/// DER SubjectPublicKeyInfo that gives its value.
+pub type KeyBoundExtension<'a> = (&'a [u64], &'a dyn Fn(&[u8]) -> Vec<u8>);
+
 /// A certificate authority: a root (from [`TestPki::new`]) or an intermediate (from
 /// [`TestPki::intermediate`]) that issues leaves.
 pub struct TestPki {
@@ -356,7 +360,7 @@ impl TestPki {
     pub fn issue_with_extension(
         &self,
         spec: &LeafSpec,
-        extension: Option<(&[u64], &dyn Fn(&[u8]) -> Vec<u8>)>,
+        extension: Option<KeyBoundExtension<'_>>,
     ) -> Result<IssuedCert, PkiError> {
         let (key, key_der) = spec.key_type.generate()?;
         let mut params = CertificateParams::default();
