@@ -460,6 +460,11 @@ struct Service {
 /// A role's settings from its merged table (`[mbtls.<role>]` with the flags put in, the
 /// service keys taken out). serde names a missing or unknown key; the error adds the flag that
 /// gives a missing one, and the service keys, which serde's list of expected keys leaves out.
+/// An error about settings that do not parse (exit status 2).
+fn does_not_parse(said: String) -> anyhow::Error {
+    anyhow::Error::new(crate::subcommand::DoesNotParse(said))
+}
+
 fn role_settings<T: serde::de::DeserializeOwned>(
     table: toml::Table,
     role: &str,
@@ -484,10 +489,10 @@ fn role_settings<T: serde::de::DeserializeOwned>(
             String::new()
         };
         // A key or a value that does not parse, as a config file that does not: exit 2.
-        anyhow::Error::new(crate::subcommand::DoesNotParse(format!(
+        does_not_parse(format!(
             "invalid mbTLS {role} configuration ([mbtls.{role}] and flags): {}{hint}",
             said.trim_end()
-        )))
+        ))
     })
 }
 
@@ -525,9 +530,13 @@ impl Service {
             .iter()
             .filter_map(|&key| Some((key.to_string(), table.remove(key)?)))
             .collect();
-        let file = Service::deserialize(toml::Value::Table(mine)).context(
-            "invalid service settings (handshake_timeout_secs, idle_timeout_secs, max_connections, drain_secs, metrics_listen)",
-        )?;
+        let file = Service::deserialize(toml::Value::Table(mine)).map_err(|e| {
+            does_not_parse(format!(
+                "invalid service settings (handshake_timeout_secs, idle_timeout_secs, \
+                 max_connections, drain_secs, metrics_listen): {}",
+                e.to_string().trim_end()
+            ))
+        })?;
         Ok(Service {
             handshake_timeout_secs: flags.handshake_timeout_secs.or(file.handshake_timeout_secs),
             idle_timeout_secs: flags.idle_timeout_secs.or(file.idle_timeout_secs),
@@ -690,13 +699,14 @@ fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     );
     ensure!(
         !authority.starts_with('['),
-        "URL {url:?}: an IP address cannot be the server's name (its certificate is checked \
-         against the name); give the name, and reach the address with --middlebox"
+        "URL {url:?}: an IPv6 address is not supported as the server's name; give a name its \
+         certificate carries, and reach the address with --middlebox"
     );
     let host = match authority.split_once(':') {
         Some((h, port)) => {
             ensure!(
-                port.parse::<u16>().is_ok_and(|p| p != 0),
+                port.bytes().all(|b| b.is_ascii_digit())
+                    && port.parse::<u16>().is_ok_and(|p| p != 0),
                 "URL {url:?}: the port must be a number from 1 to 65535"
             );
             h
@@ -785,10 +795,10 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
             let text = String::from_utf8(read(path, "policy file")?)
                 .context("policy file is not UTF-8")?;
             Policy::from_toml_str(&text)
-                .with_context(|| format!("invalid policy {}", path.display()))?
+                .map_err(|e| does_not_parse(format!("invalid policy {}: {e}", path.display())))?
         }
         (None, Some(table)) => Policy::from_toml_str(&toml::to_string(table)?)
-            .context("invalid inline [attestation] table")?,
+            .map_err(|e| does_not_parse(format!("invalid inline [attestation] table: {e}")))?,
         (None, None) => Policy::default(),
     };
     if s.allow_simulated {
@@ -907,6 +917,7 @@ fn client(
             let (primary_tls, secondary_tls) = (new.primary_tls.clone(), new.secondary_tls.clone());
             let mut cfg = proxy_config(new)?;
             // Remembered once nothing more can fail.
+            cfg.check()?;
             let line = shown.reloaded(&parts);
             let hs = &mut cfg.handshake;
             running_primary.keep_unless_changed(primary_tls, (), &mut hs.primary);
@@ -943,6 +954,15 @@ fn client(
     // Every line of the report goes through `out`: a reader of standard output that goes
     // away ends a fetch to standard output, but not one into a file.
     let mut out = ResponseOut::new(output.as_deref());
+    // A file-size limit (`ulimit -f`) makes a write fail (EFBIG, said as any write error)
+    // rather than kill the process without a word: the signal is taken, and dropped, from
+    // before the first line is written.
+    let runtime = runtime()?;
+    let xfsz = tokio::signal::unix::SignalKind::from_raw(rustix::process::Signal::XFSZ.as_raw());
+    let _file_size_limit = {
+        let _entered = runtime.enter();
+        tokio::signal::unix::signal(xfsz)
+    };
     let path_names = if s.no_client_middleboxes {
         let line = "no client-side middleboxes: the session's keys stay inside OpenSSL\n";
         if !out.report(line)? {
@@ -962,12 +982,7 @@ fn client(
         Some(names.clone())
     };
     let raise = "raise --timeout-secs";
-    runtime()?.block_on(async move {
-        // A file-size limit (`ulimit -f`) makes a write fail (EFBIG, said as any write
-        // error) rather than kill the process without a word: the signal is taken and
-        // dropped.
-        let xfsz = tokio::signal::unix::SignalKind::from_raw(rustix::process::Signal::XFSZ.as_raw());
-        let _file_size_limit = tokio::signal::unix::signal(xfsz);
+    runtime.block_on(async move {
         let discovered_at_most = match cfg.middlebox {
             ClientMiddlebox::DiscoverUpTo(_, n) => Some(n),
             _ => None,
@@ -1052,7 +1067,7 @@ fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
         .rsplit_once(':')
         .with_context(|| format!("{setting} {addr:?} has no port: give host:port ({example})"))?;
     ensure!(
-        port.parse::<u16>().is_ok_and(|p| p != 0),
+        port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p != 0),
         "{setting} {addr:?}: the port must be a number from 1 to 65535 ({example})"
     );
     // An IPv6 address must be one the connection can use (a zone, if any, by number).
@@ -1292,15 +1307,17 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s: ClientSettings = role_settings(table, "client")?;
     s.service = service;
-    // 0 would fail every fetch at once (the services' timeouts refuse it too).
-    if let Some(t) = s.timeout_secs {
+    // 0 would fail every fetch at once (the services' timeouts refuse it too); a proxy
+    // ignores the file's value.
+    if let Some(t) = s.timeout_secs.filter(|_| flags.proxy.is_none()) {
         ensure!(
             (1..=MAX_TIMEOUT_SECS).contains(&t),
             "timeout_secs (--timeout-secs) must be from 1 to {MAX_TIMEOUT_SECS} (a year)"
         );
     }
 
-    let (server_name, authority, path) = parse_url(&flags.url)?;
+    let (server_name, authority, path) =
+        parse_url(&flags.url).map_err(|e| does_not_parse(e.to_string()))?;
     // Pre-configured names in path order, or discovery with an allow-list.
     let names: Vec<String> = match (&s.middlebox_name, s.middlebox_names.is_empty()) {
         (Some(_), false) => bail!("give middlebox_name or middlebox_names, not both"),
@@ -1318,6 +1335,11 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         }
         (None, true) => Vec::new(),
     };
+    ensure!(
+        names.len() <= usize::from(u8::MAX),
+        "at most 255 pre-configured middleboxes (middlebox_names, --middlebox-name): one \
+         subchannel each"
+    );
     ensure!(
         names.is_empty() || s.allow_middleboxes.is_empty(),
         "pre-configured middleboxes and a discovery allow-list do not mix"
@@ -1723,10 +1745,7 @@ fn middlebox(
         [
             part(format!("next hop {next_hop}"), " (changed)"),
             part(format!("app: {app}"), " (changed)"),
-            part(
-                format!("certificate for {names}"),
-                " (changed: endpoints must expect it)",
-            ),
+            certificate_part(names, " (changed: endpoints must expect it)"),
             part(
                 format!("attestation: {attestation}"),
                 " (changed: endpoints' policies must accept it)",
@@ -2072,11 +2091,11 @@ fn middlebox_setup(
 ) -> anyhow::Result<MiddleboxSetup> {
     let s = middlebox_settings(flags, config)?;
     let certificate = s.certificate.as_deref().ok_or_else(|| {
-        anyhow::Error::new(crate::subcommand::DoesNotParse(
+        does_not_parse(
             "invalid mbTLS middlebox configuration ([mbtls.middlebox] and flags): give \
              `certificate` in [mbtls.middlebox] or as --certificate"
                 .into(),
-        ))
+        )
     })?;
     let mut tls = TlsConfig::server(identity(certificate, &s.private_key)?);
     tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
@@ -2098,7 +2117,13 @@ fn middlebox_setup(
                 NextHop::Address(addr.clone())
             }
             (None, true) => NextHop::OriginalDestination,
-            (None, false) => bail!("give the next hop (--next-hop) or --transparent"),
+            (None, false) => {
+                return Err(does_not_parse(
+                    "give the next hop (next_hop in [mbtls.middlebox], --next-hop) or \
+                     --transparent"
+                        .into(),
+                ))
+            }
         },
         app,
         placement: match s.side.as_str() {
@@ -2120,6 +2145,20 @@ fn middlebox_setup(
         certificate_names,
     })
 }
+
+/// The part "certificate for NAMES": changed when the names change, not when a validity
+/// warning comes or goes (`names` as [`certificate_names`] gives them).
+fn certificate_part(names: &str, note: &'static str) -> Part {
+    let key = names.split(VALIDITY_WARNING).next().unwrap_or(names);
+    (
+        format!("certificate for {names}"),
+        format!("certificate for {key}"),
+        note,
+    )
+}
+
+/// What starts [`validity_warning`]'s text.
+const VALIDITY_WARNING: &str = " (WARNING: ";
 
 /// The names in the first certificate of `chain_pem` (subject common name and DNS
 /// subjectAltNames), as the banner and a reload show them: the name endpoints must expect.
@@ -2171,12 +2210,12 @@ fn validity_warning(leaf: Option<&openssl::x509::X509Ref>) -> String {
     };
     if leaf.not_after() < now {
         format!(
-            " (WARNING: expired {}: peers will refuse it)",
+            "{VALIDITY_WARNING}expired {}: peers will refuse it)",
             leaf.not_after()
         )
     } else if leaf.not_before() > now {
         format!(
-            " (WARNING: not valid before {}: peers will refuse it)",
+            "{VALIDITY_WARNING}not valid before {}: peers will refuse it)",
             leaf.not_before()
         )
     } else {
@@ -2835,8 +2874,8 @@ struct ServerSetup {
 }
 
 impl ServerSetup {
-    /// What the banner and a reload's line show: TLS versions, backend, certificate,
-    /// middleboxes and, when middleboxes may join, the policy they must pass.
+    /// What a reload's line shows (the banner too, in its own order): backend, TLS versions,
+    /// certificate, middleboxes and, when middleboxes may join, the policy they must pass.
     fn shown_parts(&self) -> [Part; 5] {
         let s = &self.s;
         let policy = match s.middlebox_names.is_empty() && s.allow_middleboxes.is_empty() {
@@ -2858,8 +2897,8 @@ impl ServerSetup {
                 },
                 " (changed)",
             ),
-            part(
-                format!("certificate for {}", self.certificate_names),
+            certificate_part(
+                &self.certificate_names,
                 " (changed: clients must expect it)",
             ),
             part(
@@ -2878,7 +2917,11 @@ fn server(
 ) -> anyhow::Result<()> {
     raise_open_files_limit();
     let setup = server_setup(flags.clone(), config)?;
-    let shown = ShownParts::new(&setup.shown_parts());
+    let parts = setup.shown_parts();
+    let shown = ShownParts::new(&parts);
+    // The banner's TLS versions and certificate (with its validity warning, if any), as a
+    // reload's line shows them.
+    let (versions, certificate) = (parts[1].0.clone(), parts[2].0.clone());
     let ServerSetup {
         cfg,
         primary_tls,
@@ -2893,6 +2936,8 @@ fn server(
     let reload = || -> anyhow::Result<(MbtlsServerConfig, String)> {
         let mut new = server_setup(flags.clone(), &reread(config, config_path)?)?;
         fixed_at_start_unchanged((&s.listen, &s.service), (&new.s.listen, &new.s.service))?;
+        // Remembered once nothing more can fail.
+        new.cfg.check()?;
         let line = shown.reloaded(&new.shown_parts());
         let hs = &mut new.cfg.handshake;
         running_primary.keep_unless_changed(new.primary_tls, (), &mut hs.primary);
@@ -2911,13 +2956,9 @@ fn server(
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         println!(
-            "mbTLS server listening on {}, backend {}, {}",
+            "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
             server.local_addr(),
             s.backend,
-            match s.tls.as_deref() {
-                Some(v) => format!("TLS {v} only"),
-                None => "TLS 1.2 and 1.3".to_string(),
-            }
         );
         match &policy {
             Some(policy) => println!("server-side middlebox: {described}; {policy}"),
@@ -3340,10 +3381,8 @@ mod tests {
             ("https://s.test:abc/", "the port must be a number"),
             ("https://s.test:0/", "the port must be a number"),
             ("https://u:pw@s.test/", "a user name or password"),
-            (
-                "https://[::1]:8443/",
-                "an IP address cannot be the server's name",
-            ),
+            ("https://[::1]:8443/", "an IPv6 address is not supported"),
+            ("https://s.test:+443/", "the port must be a number"),
             ("https://s_t/", "has no usable host name"),
             ("https:", "must start with https://"),
         ] {

@@ -775,8 +775,8 @@ mod tests {
         let shown = String::from_utf8(out.out).unwrap();
         assert!(
             shown.ends_with(
-                "body (its end is not checked: malformed response head: 101 \
-                 Switching Protocols: what follows is not HTTP):\nraw"
+                "body (its end is not checked: 101 Switching Protocols: what follows is \
+                 another protocol's, not HTTP):\nraw"
             ),
             "{shown}"
         );

@@ -137,7 +137,7 @@ pub fn exit_quietly_when_stdout_closes() {
             if why.contains("Broken pipe") {
                 std::process::exit(0);
             }
-            eprintln!("mbx: cannot write to standard output: {why}");
+            eprintln!("mbx: error: cannot write to standard output: {why}");
             std::process::exit(1);
         }
         default(info);

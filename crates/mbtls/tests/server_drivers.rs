@@ -468,7 +468,7 @@ async fn a_middlebox_whose_keys_never_come_reports_the_servers_close() {
     let w = World::new();
     let backend = echo_backend().await;
     let version = TlsVersion::Tls13;
-    let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
+    let (mut server, mut mb2) = w.server_refusing_mb2(version, backend).await;
     let mut cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
     // Far beyond the wait: a middlebox that waited for it instead would report a timeout.
     cfg.limits.handshake_timeout = Duration::from_secs(20);
@@ -481,9 +481,11 @@ async fn a_middlebox_whose_keys_never_come_reports_the_servers_close() {
             b"x",
         ));
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        // mb2 has passed the server's close on to mb1.
+        timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
         if client_leaves {
-            // Well inside the 2 s wait, once mb1 has read the server's close.
-            tokio::time::sleep(Duration::from_millis(700)).await;
+            // Well inside the 2 s wait, once mb1 has read that close.
+            tokio::time::sleep(Duration::from_millis(300)).await;
             leave.send(()).unwrap();
         }
         let r1 = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
@@ -1425,9 +1427,6 @@ async fn a_session_cut_by_a_stop_resets_the_backend_connection() {
     assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
 }
 
-/// A client proxy whose session cannot start (its first hop refuses the connection) resets
-/// the local connection instead of closing it: an application that waits for a server's
-/// first words must not read an empty, complete stream.
 /// A configuration that would fail every session (here a server that may take up to no
 /// discovered middlebox, and a proxy for a client with none) is refused when the service
 /// starts and at a reload, which leaves the running configuration in force (before the
@@ -1479,6 +1478,9 @@ async fn a_configuration_that_fails_every_session_is_refused_at_start_and_at_rel
     ));
 }
 
+/// A client proxy whose session cannot start (its first hop refuses the connection) resets
+/// the local connection instead of closing it: an application that waits for a server's
+/// first words must not read an empty, complete stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_session_that_cannot_start_resets_or_answers_the_local_connection() {
     let w = World::new();

@@ -85,6 +85,10 @@ pub enum HttpError {
     BadHead(String),
     #[error("malformed response head: {0}")]
     BadResponseHead(String),
+    /// A 101 to a request that asked for no upgrade (the fetch's GET): a well-formed head
+    /// after which nothing is HTTP.
+    #[error("101 Switching Protocols: what follows is another protocol's, not HTTP")]
+    SwitchedProtocols,
     #[error("ambiguous or invalid message framing: {0}")]
     BadFraming(&'static str),
     #[error("malformed chunked body: {0}")]

@@ -46,9 +46,7 @@ impl ResponseBody {
         };
         if status == 101 {
             // What follows is another protocol's, with no end that HTTP gives.
-            return Err(HttpError::BadResponseHead(
-                "101 Switching Protocols: what follows is not HTTP".into(),
-            ));
+            return Err(HttpError::SwitchedProtocols);
         }
         if (100..200).contains(&status) {
             return Err(HttpError::BadResponseHead(format!(

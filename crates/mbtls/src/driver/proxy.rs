@@ -90,7 +90,9 @@ impl ServiceConfig for ClientProxyConfig {
         &self.limits
     }
     fn check(&self) -> Result<(), DriverError> {
-        Ok(self.handshake.check()?)
+        self.handshake
+            .check()
+            .map_err(|e| DriverError::Config(e.to_string()))
     }
 }
 

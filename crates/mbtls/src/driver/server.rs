@@ -97,7 +97,9 @@ impl ServiceConfig for MbtlsServerConfig {
         &self.limits
     }
     fn check(&self) -> Result<(), DriverError> {
-        Ok(self.handshake.check()?)
+        self.handshake
+            .check()
+            .map_err(|e| DriverError::Config(e.to_string()))
     }
 }
 
