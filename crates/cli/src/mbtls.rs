@@ -1137,10 +1137,22 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     // What the TLS libraries say, read for what an operator most likely got wrong.
     let said = h.cause().to_string();
     let named = matches!(h, HandshakeError::Middlebox { .. });
-    if role == mbx_engine::Role::Client
-        && named
-        && (said.contains("not valid for name") || said.contains("hostname mismatch"))
-    {
+    let name_mismatch = [
+        "not valid for name",
+        "hostname mismatch",
+        "IP address mismatch",
+    ]
+    .iter()
+    .any(|s| said.contains(s));
+    // A middlebox named by default after the address of --middlebox (found in a user trial).
+    let named_by_address = matches!(h, HandshakeError::Middlebox { name, .. }
+        if name.parse::<std::net::IpAddr>().is_ok());
+    if role == mbx_engine::Role::Client && named_by_address && name_mismatch {
+        return " (without --middlebox-name a middlebox is named after the host of --middlebox, \
+                 here an address: give --middlebox-name with a name its certificate carries)"
+            .into();
+    }
+    if role == mbx_engine::Role::Client && named && name_mismatch {
         return " (pre-configured middleboxes are named in path order from the client, every \
                  one on the path: is another middlebox on the path, or are the names in another \
                  order?)"
@@ -1165,7 +1177,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
         }
         _ => {}
     }
-    if role == mbx_engine::Role::Client && !named && said.contains("hostname mismatch") {
+    if role == mbx_engine::Role::Client && !named && name_mismatch {
         return " (the server's certificate is not for the URL's host name)".into();
     }
     let version_alert =

@@ -337,8 +337,9 @@ impl<W: Write> ResponseOut<W> {
 /// Whether `path` can take a body, checked before the fetch starts (the file itself is
 /// created only when the body begins): not a directory, in a directory that exists.
 pub fn check_body_file(path: &Path) -> anyhow::Result<()> {
+    let names_a_directory = path.as_os_str().as_encoded_bytes().ends_with(b"/");
     anyhow::ensure!(
-        !path.is_dir(),
+        !path.is_dir() && !names_a_directory,
         "--output {}: a directory, not a file",
         path.display()
     );
@@ -346,9 +347,13 @@ pub fn check_body_file(path: &Path) -> anyhow::Result<()> {
     if let Some(dir) = parent {
         anyhow::ensure!(
             dir.is_dir(),
-            "--output {}: the directory {} does not exist",
+            "--output {}: {} {}",
             path.display(),
-            dir.display()
+            dir.display(),
+            match dir.exists() {
+                true => "is not a directory",
+                false => "does not exist",
+            }
         );
     }
     Ok(())
@@ -747,6 +752,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("does not exist"), "{e}");
+        let e = check_body_file(&dir.path().join("new/"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a directory, not a file"), "{e}");
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let e = check_body_file(&dir.path().join("file/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("file is not a directory"), "{e}");
         check_body_file(&dir.path().join("new")).unwrap();
         check_body_file(Path::new("relative")).unwrap();
     }

@@ -410,6 +410,29 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
     let out = fetch(&policy(""));
     let err = failure(&out);
     assert!(err.contains("certificate_evidence = false"), "{err}");
+    // Without --middlebox-name the middlebox is named after the address (its certificate,
+    // from the request, names mb.test only): the hint says so.
+    let out = mbx()
+        .args([
+            "mbtls",
+            "client",
+            "https://server.test/headers",
+            "--middlebox",
+            &addr,
+        ])
+        .arg("--server-ca")
+        .arg(&server.ca)
+        .arg("--middlebox-ca")
+        .arg(path("ca.pem"))
+        .arg("--policy")
+        .arg(policy("certificate_evidence = true\n"))
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("without --middlebox-name a middlebox is named after the host of --middlebox"),
+        "{err}"
+    );
     // Another nonce pinned: refused.
     let out = fetch(&policy(
         "certificate_evidence = true\ncertificate_nonces = [\"0bad\"]\n",
