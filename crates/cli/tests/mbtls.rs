@@ -798,15 +798,7 @@ fn body_bytes_reach_standard_output_as_they_come() {
     });
     let (_srv, _lines, head) = start(&mbtls_server_args("127.0.0.1:0", &backend, &server), 1);
     let addr = listening_addr(&head[0]);
-    let mut fetch = mbx()
-        .args(["mbtls", "client", "https://server.test/"])
-        .args([
-            "--middlebox",
-            &addr,
-            "--no-client-middleboxes",
-            "--server-ca",
-        ])
-        .arg(&server.ca)
+    let mut fetch = direct_client(&server.ca, &addr, "https://server.test/")
         // Without the flush the fetch gives up after this and only then shows "ab".
         .args(["--timeout-secs", "10"])
         .stdout(Stdio::piped())
@@ -829,19 +821,12 @@ fn body_bytes_reach_standard_output_as_they_come() {
         String::from_utf8_lossy(&got)
     );
 
-    let out = mbx()
-        .args(["mbtls", "client", "https://server.test/"])
-        .args([
-            "--middlebox",
-            &addr,
-            "--no-client-middleboxes",
-            "--server-ca",
-        ])
-        .arg(&server.ca)
-        .args(["-o", "/dev/null"])
-        .output()
-        .unwrap();
-    succeeded(&out);
+    succeeded(&fetch_directly(
+        &server,
+        &addr,
+        "/",
+        &["-o", "/dev/null"].map(std::ffi::OsStr::new),
+    ));
 }
 
 /// The client prints what the server sent without letting it drive the terminal: header
@@ -971,20 +956,7 @@ fn the_client_prints_header_fields_escaped_and_the_body_as_it_came() {
     // file to go on to its end (before the twenty-seventh round: exit 0 at the first report
     // line, the file not even created).
     std::fs::remove_file(&saved).unwrap();
-    // The client straight to the server at `addr`, fetching `url`, trusting `ca`.
-    let client_to = |url: &str, ca: &std::path::Path| {
-        let mut client = mbx();
-        client
-            .args(["mbtls", "client", url])
-            .args([
-                "--middlebox",
-                &addr,
-                "--no-client-middleboxes",
-                "--server-ca",
-            ])
-            .arg(ca);
-        client
-    };
+    let client_to = |url: &str, ca: &std::path::Path| direct_client(ca, &addr, url);
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     let out = client_to("https://server.test/big", &server.ca)
@@ -1137,18 +1109,26 @@ fn fetch_directly(
     path: &str,
     extra: &[&std::ffi::OsStr],
 ) -> std::process::Output {
-    mbx()
-        .args(["mbtls", "client", &format!("https://server.test{path}")])
+    direct_client(&server.ca, addr, &format!("https://server.test{path}"))
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The client straight to the server at `addr` (no middlebox of its own), fetching `url`,
+/// trusting `ca` for the server.
+fn direct_client(ca: &std::path::Path, addr: &str, url: &str) -> std::process::Command {
+    let mut client = mbx();
+    client
+        .args(["mbtls", "client", url])
         .args([
             "--middlebox",
             addr,
             "--no-client-middleboxes",
             "--server-ca",
         ])
-        .arg(&server.ca)
-        .args(extra)
-        .output()
-        .unwrap()
+        .arg(ca);
+    client
 }
 
 /// A plain HTTP backend that answers every request with a head, then `pieces` pieces of 1,000
@@ -2261,10 +2241,16 @@ fn a_servers_reload_says_what_changed() {
         "{line}"
     );
     // Marked against the last reload, not the start: the same file again marks nothing.
-    signal(&mut srv, Signal::HUP);
+    a_reload_marks_nothing(&mut srv, &mut lines, "server");
+}
+
+/// A SIGHUP to `child` (a `who`) with its configuration unchanged: its reload line marks
+/// nothing as changed.
+fn a_reload_marks_nothing(child: &mut ChildGuard, lines: &mut TimedLines, who: &str) {
+    signal(child, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
     assert!(
-        line.starts_with("server reloaded") && !line.contains("(changed"),
+        line.starts_with(&format!("{who} reloaded")) && !line.contains("(changed"),
         "{line}"
     );
 }
@@ -2608,12 +2594,7 @@ fn a_reload_keeps_the_fresh_platform_key_and_shows_the_new_measurement() {
         reloaded.ends_with("(changed: endpoints' policies must accept it)"),
         "{reloaded}"
     );
-    signal(&mut mb, Signal::HUP);
-    let again = lines.next().unwrap().unwrap();
-    assert!(
-        again.starts_with("middlebox reloaded") && !again.contains("changed"),
-        "{again}"
-    );
+    a_reload_marks_nothing(&mut mb, &mut lines, "middlebox");
 }
 
 /// Client, router and server as network namespaces, `nft` found or installed, and a test PKI's
