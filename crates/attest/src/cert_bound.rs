@@ -15,12 +15,61 @@
 //! until the certificate expires, so endpoints accept this mode only when their policy says so
 //! (`certificate_evidence = true`), and may pin the nonces they issued (`certificate_nonces`).
 
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+
 use crate::binding::{report_data, spki_from_certificate};
 use crate::claims::Claims;
 use crate::error::AttestError;
 use crate::evidence::Evidence;
 use crate::policy::Policy;
-use crate::verify::{verify, Attester};
+use crate::verify::{recheck_claims, verify, Attester};
+
+/// Certificates whose evidence [`verify_certificate_evidence`] checked in full, remembered
+/// with the claims, the nonce and the time of the check: an endpoint meets the same few
+/// middleboxes on every session, and the evidence of a certificate cannot change. A
+/// remembered check stands, its claims checked again under the caller's policy, for the
+/// policy's `resumed_evidence_max_age` (as a resumed session's does); then the evidence is
+/// checked in full again.
+pub const REMEMBERED_CERTIFICATE_EVIDENCE: usize = 16;
+
+/// A full check of a certificate's evidence: its claims, nonce and time.
+#[derive(Clone)]
+struct Checked {
+    claims: Claims,
+    nonce: Vec<u8>,
+    at: u64,
+}
+
+/// Most recently used last; the whole DER is the key, so a certificate is never mistaken for
+/// another.
+static CHECKED: Mutex<VecDeque<(Vec<u8>, Checked)>> = Mutex::new(VecDeque::new());
+
+/// Checks that a remembered one answered (process-wide).
+static REMEMBERED_ANSWERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many certificate-evidence checks a remembered full check answered, in this process.
+pub fn remembered_answers() -> u64 {
+    REMEMBERED_ANSWERS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn remembered(cert_der: &[u8]) -> Option<Checked> {
+    let mut checked = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
+    let i = checked.iter().position(|(der, _)| der == cert_der)?;
+    let entry = checked.remove(i)?;
+    let found = entry.1.clone();
+    checked.push_back(entry);
+    Some(found)
+}
+
+fn remember(cert_der: &[u8], check: Checked) {
+    let mut checked = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
+    checked.retain(|(der, _)| der != cert_der);
+    while checked.len() >= REMEMBERED_CERTIFICATE_EVIDENCE {
+        checked.pop_front();
+    }
+    checked.push_back((cert_der.to_vec(), check));
+}
 
 /// The extension's OID, 2.23.133.5.4.9 (tcg-dice-conceptual-message-wrapper).
 pub const EVIDENCE_EXTENSION_OID: [u64; 6] = [2, 23, 133, 5, 4, 9];
@@ -166,21 +215,45 @@ pub fn verify_certificate_evidence(
     if !policy.certificate_evidence {
         return Err(AttestError::CertificateEvidenceNotAllowed);
     }
+    if let Some(check) = remembered(cert_der) {
+        check_nonce_accepted(policy, &check.nonce)?;
+        match recheck_claims(&check.claims, check.at, now_unix, policy) {
+            Ok(()) => {
+                REMEMBERED_ANSWERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(check.claims);
+            }
+            // Checked too long ago: in full again, below.
+            Err(AttestError::EvidenceTooOld { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let found = CertificateEvidence::from_certificate(cert_der)?
         .ok_or(AttestError::NoCertificateEvidence)?;
-    if !policy.accepts_certificate_nonce(&found.nonce) {
-        return Err(AttestError::CertificateNonceNotAccepted(hex::encode(
-            &found.nonce,
-        )));
-    }
+    check_nonce_accepted(policy, &found.nonce)?;
     let spki = spki_from_certificate(cert_der)?;
     let evidence = Evidence::from_bytes(&found.evidence)?;
-    verify(
+    let claims = verify(
         &evidence,
         &report_data(&spki, &found.nonce),
         policy,
         now_unix,
-    )
+    )?;
+    remember(
+        cert_der,
+        Checked {
+            claims: claims.clone(),
+            nonce: found.nonce,
+            at: now_unix,
+        },
+    );
+    Ok(claims)
+}
+
+fn check_nonce_accepted(policy: &Policy, nonce: &[u8]) -> Result<(), AttestError> {
+    match policy.accepts_certificate_nonce(nonce) {
+        true => Ok(()),
+        false => Err(AttestError::CertificateNonceNotAccepted(hex::encode(nonce))),
+    }
 }
 
 fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {

@@ -131,3 +131,42 @@ fn evidence_for_another_key_or_altered_is_refused() {
         Err(AttestError::NoCertificateEvidence)
     ));
 }
+
+/// A certificate checked in full is remembered: the next check of it applies the caller's
+/// policy to the remembered claims (another policy can still refuse them), until the policy's
+/// resumed_evidence_max_age has passed, when the evidence is checked in full again.
+#[test]
+fn a_certificate_checked_once_is_answered_from_memory_under_each_policy() {
+    use mbx_attest::cert_bound::remembered_answers;
+    let f = fixture();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = certificate(&key, Some(extension(&f, &key, NONCE)));
+    let policy = Policy {
+        resumed_evidence_max_age: 100,
+        ..f.policy.clone()
+    };
+    verify_certificate_evidence(&cert, &policy, NOW).unwrap();
+    let before = remembered_answers();
+    verify_certificate_evidence(&cert, &policy, NOW + 50).unwrap();
+    // Other tests may run at the same time: at least this one counted.
+    assert!(remembered_answers() > before);
+    // The remembered claims under a stricter policy: refused.
+    let other_platform = Policy {
+        sim_platform_keys: vec![HexBytes::from([9u8; 32])],
+        ..policy.clone()
+    };
+    assert!(matches!(
+        verify_certificate_evidence(&cert, &other_platform, NOW + 50),
+        Err(AttestError::UntrustedPlatformKey(_))
+    ));
+    let pinned = Policy {
+        certificate_nonces: vec![HexBytes(b"another".to_vec())],
+        ..policy.clone()
+    };
+    assert!(matches!(
+        verify_certificate_evidence(&cert, &pinned, NOW + 50),
+        Err(AttestError::CertificateNonceNotAccepted(_))
+    ));
+    // Past the age: checked in full, and accepted again.
+    verify_certificate_evidence(&cert, &policy, NOW + 500).unwrap();
+}

@@ -342,6 +342,32 @@ fn configs(setup: &Setup, version: TlsVersion) -> Res<Vec<Config>> {
             specs,
         });
     }
+    // A server-side middlebox whose evidence is in its certificate (docs/mbtls.md §4.8): the
+    // server checks it once and answers later sessions from memory.
+    let mut server = setup.mbtls_server(
+        version,
+        ServerMiddlebox::Preconfigured(SERVER_SIDE[0].into()),
+        true,
+    )?;
+    server.policy.certificate_evidence = true;
+    out.push(Config {
+        name: "mbTLS 0+1 (evidence in certificate)".into(),
+        resumed: false,
+        roles: vec![
+            "client".into(),
+            "server-side middlebox 1".into(),
+            "server".into(),
+        ],
+        specs: vec![
+            Spec::Client(setup.mbtls_client(
+                version,
+                ClientMiddlebox::Discover(any.clone()),
+                true,
+            )?),
+            Spec::ServerMb(setup.middlebox_with_evidence_in_certificate()?),
+            Spec::Server(server),
+        ],
+    });
     // An mbTLS client with client-side middleboxes disabled (none configured, no discovery):
     // its MiddleboxSupport extension carries no optimistic ClientHello.
     out.push(Config {

@@ -36,6 +36,18 @@ pub struct Setup {
     platform: Arc<SimulatedPlatform>,
     /// Per middlebox name: identity and certificate DER.
     middleboxes: HashMap<&'static str, Identity>,
+    /// The first server-side middlebox's identity with its evidence in its certificate (the
+    /// spec's second binding mode, docs/mbtls.md §4.8).
+    evidence_in_certificate: Identity,
+}
+
+/// The middleboxes' simulated attester.
+fn attester(platform: &Arc<SimulatedPlatform>) -> SimulatedAttester {
+    SimulatedAttester::new(
+        platform.clone(),
+        measure(PROGRAM, b""),
+        signer_id("mbx bench"),
+    )
 }
 
 fn identity(pki: &TestPki, spec: &LeafSpec) -> Res<Identity> {
@@ -64,12 +76,25 @@ impl Setup {
             let spec = LeafSpec::middlebox(name).key_type(middlebox_keys);
             middleboxes.insert(name, identity(&pki, &spec)?);
         }
+        let platform = Arc::new(SimulatedPlatform::generate()?);
+        let attester = attester(&platform);
+        let evidence_for = |spki: &[u8]| {
+            mbx_attest::CertificateEvidence::make(&attester, spki, b"bench nonce")
+                .and_then(|e| e.encode())
+                .unwrap_or_default()
+        };
+        let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
+        let spec = LeafSpec::middlebox(SERVER_SIDE[0]).key_type(middlebox_keys);
+        let leaf = pki.issue_with_extension(&spec, Some((oid, &evidence_for)))?;
+        let evidence_in_certificate =
+            Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
         Ok(Setup {
             resume: false,
             root: pki.root_pem().into_bytes(),
             server_id,
-            platform: Arc::new(SimulatedPlatform::generate()?),
+            platform,
             middleboxes,
+            evidence_in_certificate,
         })
     }
 
@@ -111,11 +136,7 @@ impl Setup {
     pub fn middlebox(&self, name: &str, attest: bool) -> Res<MiddleboxHandshakeConfig> {
         let id = self.middleboxes.get(name).ok_or("unknown middlebox")?;
         let attester: Option<Arc<dyn mbx_attest::Attester>> = if attest {
-            Some(Arc::new(SimulatedAttester::new(
-                self.platform.clone(),
-                measure(PROGRAM, b""),
-                signer_id("mbx bench"),
-            )))
+            Some(Arc::new(attester(&self.platform)))
         } else {
             None
         };
@@ -123,6 +144,14 @@ impl Setup {
             &self.tickets(TlsConfig::server(id.clone())),
             attester,
         )?)
+    }
+
+    /// The first server-side middlebox with its evidence in its certificate: it points each
+    /// session at that evidence and makes none.
+    pub fn middlebox_with_evidence_in_certificate(&self) -> Res<MiddleboxHandshakeConfig> {
+        let tls = self.tickets(TlsConfig::server(self.evidence_in_certificate.clone()));
+        let attester: Arc<dyn mbx_attest::Attester> = Arc::new(attester(&self.platform));
+        Ok(MiddleboxHandshakeConfig::new(&tls, Some(attester))?.evidence_in_certificate()?)
     }
 
     pub fn mbtls_client(
