@@ -722,8 +722,14 @@ fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     );
     ensure!(
         path.bytes().all(|b| b.is_ascii_graphic()),
-        "URL path must be visible ASCII"
+        "URL {url:?}: the path must be visible ASCII"
     );
+    // A fully qualified name's final dot names the same host: the certificate and SNI carry
+    // the name without it (curl does the same; found in a user trial).
+    let host = host
+        .strip_suffix('.')
+        .filter(|h| !h.is_empty())
+        .unwrap_or(host);
     Ok((host.to_owned(), authority.to_owned(), path))
 }
 
@@ -3388,6 +3394,7 @@ mod tests {
         );
         assert_eq!(parts("https://s.test?x=1"), ok("s.test", "s.test", "/?x=1"));
         assert_eq!(parts("https://s.test#top"), ok("s.test", "s.test", "/"));
+        assert_eq!(parts("https://s.test./"), ok("s.test", "s.test.", "/"));
         for (url, why) in [
             ("http://s.test/", "must start with https://"),
             ("https://s.test:abc/", "the port must be a number"),

@@ -2255,6 +2255,48 @@ fn a_reload_marks_nothing(child: &mut ChildGuard, lines: &mut TimedLines, who: &
     );
 }
 
+/// The config file's `log` is refused at a reload only when it is the filter in force: with
+/// `--log` given, a reload that changes it is taken (the second trial found every such reload
+/// refused); without, it is refused and the next reload of the old value is taken.
+#[test]
+fn a_reload_refuses_a_log_change_only_when_the_files_log_is_in_force() {
+    use std::ffi::OsStr;
+    let (dir, _pki, _server, mbox) = pki_files("mbx cli mbtls log reload root", "mb.test");
+    let config = dir.path().join("mbx.toml");
+    // The app tells which reload a line comes from.
+    let write_config = |log: &str, app: &str| {
+        let text = format!(
+            "{log}[mbtls.middlebox]\nlisten = \"127.0.0.1:0\"\nnext_hop = \"127.0.0.1:9\"\n\
+             certificate = {:?}\nprivate_key = {:?}\napp = \"{app}\"\n",
+            mbox.chain, mbox.key,
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    for flag in [true, false] {
+        write_config("", "passthrough");
+        let mut args = vec![OsStr::new("--config"), config.as_os_str()];
+        if flag {
+            args.extend(["--log", "warn"].map(OsStr::new));
+        }
+        args.extend(["mbtls", "middlebox"].map(OsStr::new));
+        let (mut mb, mut lines, _head) = start(&args, 4);
+        write_config("log = \"debug\"\n", "http-header:X-Log:changed");
+        signal(&mut mb, Signal::HUP);
+        if !flag {
+            // Refused (said on standard error): the next line is the next reload's.
+            write_config("", "http-header:X-Log:after");
+            signal(&mut mb, Signal::HUP);
+        }
+        let line = lines.next().unwrap().unwrap();
+        let app = if flag { "changed" } else { "after" };
+        assert!(
+            line.starts_with("middlebox reloaded")
+                && line.contains(&format!("app: http-header:X-Log:{app} (changed)")),
+            "--log given: {flag}: {line}"
+        );
+    }
+}
+
 /// SIGHUP makes a client proxy read its config file again: connections accepted afterwards get
 /// their sessions through the middlebox the file names now; a file that no longer builds a
 /// configuration changes nothing. The session with the server is resumed across reloads that
