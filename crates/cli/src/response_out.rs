@@ -113,18 +113,12 @@ impl<W: Write> ResponseOut<W> {
         loop {
             let head = self.head.get_or_insert_with(Vec::new);
             // However the response is cut: a blank line past the limit does not end a head.
-            let end = head
-                .get(from..)
-                .unwrap_or_default()
-                .windows(4)
-                .position(|w| w == b"\r\n\r\n")
-                .map(|at| from + at)
-                .filter(|&at| at <= MAX_HEAD);
+            let end = head_end(head, from).filter(|&(at, _)| at <= MAX_HEAD);
             let (text, rest) = match end {
-                Some(at) => {
+                Some((at, body_at)) => {
                     let head = self.head.take().unwrap_or_default();
-                    let (text, rest) = head.split_at(at);
-                    let rest = rest.get(4..).unwrap_or_default().to_vec();
+                    let text = head.get(..at).unwrap_or_default();
+                    let rest = head.get(body_at..).unwrap_or_default().to_vec();
                     if is_interim(text) {
                         let shown = format!("interim {}", head_lines(text));
                         if !self.report(&shown)? {
@@ -369,6 +363,28 @@ fn open_once<'a>(file: &'a mut Option<File>, path: &Path) -> anyhow::Result<&'a 
     file.as_mut().context("the body's file")
 }
 
+/// Where the head in `bytes` ends, looking from `from`: (the end of its text, without the
+/// last line's end; where the body begins). Its end is an empty line, its line ends CRLF or
+/// a bare LF (as curl reads them; found in a user trial).
+fn head_end(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
+    let start = from.min(bytes.len());
+    bytes[start..].iter().enumerate().find_map(|(k, &b)| {
+        let lf = start + k;
+        if b != b'\n' {
+            return None;
+        }
+        let text_end = match lf.checked_sub(1).map(|i| bytes[i]) {
+            Some(b'\r') => lf - 1,
+            _ => lf,
+        };
+        match bytes.get(lf + 1..) {
+            Some([b'\n', ..]) => Some((text_end, lf + 2)),
+            Some([b'\r', b'\n', ..]) => Some((text_end, lf + 3)),
+            _ => None,
+        }
+    })
+}
+
 /// Whether `head` (without its blank line) is an interim response's: `HTTP/1.x 1xx`, other
 /// than 101 (a switch, after which nothing is HTTP).
 fn is_interim(head: &[u8]) -> bool {
@@ -383,7 +399,7 @@ fn is_interim(head: &[u8]) -> bool {
 /// The status line and header fields as report lines.
 fn head_lines(head: &[u8]) -> String {
     let head = String::from_utf8_lossy(head);
-    let mut lines = head.split("\r\n");
+    let mut lines = head.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
     let mut out = String::new();
     if let Some(status) = lines.next() {
         out.push_str(&format!(
@@ -763,6 +779,23 @@ mod tests {
         assert!(e.contains("file is not a directory"), "{e}");
         check_body_file(&dir.path().join("new")).unwrap();
         check_body_file(Path::new("relative")).unwrap();
+    }
+
+    /// Heads whose lines end in a bare LF, and fields folded over two lines (obsolete, RFC
+    /// 9112 §5.2), are read as curl reads them, however the response is cut (before the
+    /// twenty-seventh round: "it ended before an HTTP head did", and "invalid header name").
+    #[test]
+    fn bare_lf_heads_and_folded_fields_are_read() {
+        let lf = b"HTTP/1.1 200 OK\nContent-Length: 3\n\nabc";
+        let want = "status: HTTP/1.1 200 OK\nheaders:\n  Content-Length: 3\nbody:\nabc\n";
+        for piece in 1..=lf.len() {
+            assert_eq!(on_terminal(lf, piece), want, "pieces of {piece}");
+        }
+        let folded = b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok";
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        assert!(out.push(folded).unwrap());
+        out.finish().unwrap();
+        assert!(out.out.ends_with(b"body:\nok"), "{:?}", out.out);
     }
 
     /// Anywhere but a terminal the body is written byte for byte.

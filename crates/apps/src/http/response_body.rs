@@ -39,7 +39,12 @@ impl ResponseBody {
         }
         let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
         let mut response = httparse::Response::new(&mut fields);
-        let status = match (response.parse(&whole), response.code) {
+        // An obsolete line folding in a field (RFC 9112 §5.2) reads as a space, as curl
+        // reads it.
+        let parsed = httparse::ParserConfig::default()
+            .allow_obsolete_multiline_headers_in_responses(true)
+            .parse_response(&mut response, &whole);
+        let status = match (parsed, response.code) {
             (Ok(httparse::Status::Complete(_)), Some(status)) => status,
             (Err(e), _) => return Err(HttpError::BadResponseHead(e.to_string())),
             _ => return Err(HttpError::BadResponseHead("incomplete".into())),
