@@ -78,6 +78,7 @@ pub const EVIDENCE_EXTENSION_OID: [u64; 6] = [2, 23, 133, 5, 4, 9];
 pub const CMW_TYPE: &str = "application/vnd.mbx.mbtls-evidence";
 
 /// The longest nonce (a length byte frames it; 64 bytes is more than any challenge needs).
+/// A nonce of 32 bytes, the session exporter's length, is refused (`check_nonce`).
 pub const MAX_NONCE_LEN: usize = 64;
 
 /// The largest extension value read (compressed DCAP evidence is under 10 KB).
@@ -167,6 +168,7 @@ impl CertificateEvidence {
             return Err(AttestError::Malformed("certificate evidence: nonce length"));
         }
         let (nonce, evidence) = value.split_at(len);
+        check_nonce(nonce)?;
         Ok(CertificateEvidence {
             nonce: nonce.to_vec(),
             evidence: evidence.to_vec(),
@@ -212,15 +214,41 @@ pub fn verify_certificate_evidence(
     policy: &Policy,
     now_unix: u64,
 ) -> Result<Claims, AttestError> {
+    Ok(check_certificate_evidence(cert_der, policy, now_unix)?.claims)
+}
+
+/// What [`check_certificate_evidence`] found.
+#[derive(Clone, Debug)]
+pub struct CertificateCheck {
+    /// The evidence's claims.
+    pub claims: Claims,
+    /// The nonce the evidence is bound to.
+    pub nonce: Vec<u8>,
+    /// When the evidence was last checked in full (seconds since the Unix epoch): earlier
+    /// than `now_unix` when a remembered check answered.
+    pub checked_at: u64,
+}
+
+/// [`verify_certificate_evidence`], with the nonce and the time of the full check the answer
+/// rests on (a session resumed from this one must count its age from there).
+pub fn check_certificate_evidence(
+    cert_der: &[u8],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<CertificateCheck, AttestError> {
     if !policy.certificate_evidence {
         return Err(AttestError::CertificateEvidenceNotAllowed);
     }
     if let Some(check) = remembered(cert_der) {
-        check_nonce_accepted(policy, &check.nonce)?;
+        policy.check_certificate_evidence(&check.nonce)?;
         match recheck_claims(&check.claims, check.at, now_unix, policy) {
             Ok(()) => {
                 REMEMBERED_ANSWERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Ok(check.claims);
+                return Ok(CertificateCheck {
+                    claims: check.claims,
+                    nonce: check.nonce,
+                    checked_at: check.at,
+                });
             }
             // Checked too long ago: in full again, below.
             Err(AttestError::EvidenceTooOld { .. }) => {}
@@ -229,7 +257,7 @@ pub fn verify_certificate_evidence(
     }
     let found = CertificateEvidence::from_certificate(cert_der)?
         .ok_or(AttestError::NoCertificateEvidence)?;
-    check_nonce_accepted(policy, &found.nonce)?;
+    policy.check_certificate_evidence(&found.nonce)?;
     let spki = spki_from_certificate(cert_der)?;
     let evidence = Evidence::from_bytes(&found.evidence)?;
     let claims = verify(
@@ -242,20 +270,21 @@ pub fn verify_certificate_evidence(
         cert_der,
         Checked {
             claims: claims.clone(),
-            nonce: found.nonce,
+            nonce: found.nonce.clone(),
             at: now_unix,
         },
     );
-    Ok(claims)
+    Ok(CertificateCheck {
+        claims,
+        nonce: found.nonce,
+        checked_at: now_unix,
+    })
 }
 
-fn check_nonce_accepted(policy: &Policy, nonce: &[u8]) -> Result<(), AttestError> {
-    match policy.accepts_certificate_nonce(nonce) {
-        true => Ok(()),
-        false => Err(AttestError::CertificateNonceNotAccepted(hex::encode(nonce))),
-    }
-}
-
+/// A nonce of the exporter's length would make the two modes' report_data inputs the same
+/// shape: evidence made for a certificate with a session's exporter as its nonce would pass
+/// as that session's evidence (found in a review). Every other length keeps them apart (the
+/// binder comes last, after fixed-length parts, so inputs of different lengths differ).
 fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {
     if nonce.len() > MAX_NONCE_LEN {
         return Err(AttestError::TooLarge {
@@ -263,6 +292,12 @@ fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {
             len: nonce.len(),
             max: MAX_NONCE_LEN,
         });
+    }
+    if nonce.len() == crate::binding::EXPORTER_LEN {
+        return Err(AttestError::Malformed(
+            "a certificate evidence nonce of 32 bytes (the session exporter's length) is \
+             refused: it could pass for a session's binder; use another length",
+        ));
     }
     Ok(())
 }
@@ -321,7 +356,7 @@ mod tests {
     fn a_record_reads_back_and_every_cut_of_it_is_refused() {
         for (nonce, evidence) in [
             (vec![], vec![]),
-            (vec![7; 32], vec![1; 20]),
+            (vec![7; 31], vec![1; 20]),
             (vec![9; 64], vec![3; 300]),
             (vec![1], vec![5; 60_000]),
         ] {
@@ -342,6 +377,79 @@ mod tests {
             evidence: vec![],
         };
         assert!(too_long.encode().is_err());
+    }
+
+    /// A nonce of the session exporter's length is refused everywhere: evidence made with a
+    /// session's exporter as the nonce would pass as that session's evidence (found in a
+    /// review, where `--certificate-request --nonce <exporter>` forged session evidence).
+    #[test]
+    fn a_nonce_of_the_exporters_length_is_refused() {
+        let platform = std::sync::Arc::new(crate::SimulatedPlatform::from_seed(&[5; 32]).unwrap());
+        let attester = crate::SimulatedAttester::new(platform, [1; 32], [2; 32]);
+        let exporter = [9u8; crate::binding::EXPORTER_LEN];
+        assert!(CertificateEvidence::make(&attester, b"spki", &exporter).is_err());
+        // Made by hand and encoded around the check: refused when read.
+        let mut bytes = CertificateEvidence {
+            nonce: vec![1; 31],
+            evidence: vec![],
+        }
+        .encode()
+        .unwrap();
+        // The record's value starts after the array head, the type (a two-byte head: over 23
+        // bytes) and the byte-string head (two bytes for a value under 256): its first byte
+        // is the nonce length.
+        let at = 1 + 2 + CMW_TYPE.len() + 2;
+        bytes[at] = 32;
+        bytes.push(0);
+        bytes[at - 1] += 1;
+        let e = CertificateEvidence::decode(&bytes).unwrap_err().to_string();
+        assert!(e.contains("of 32 bytes"), "{e}");
+    }
+
+    /// A full check is remembered with its time; within the policy's resumed_evidence_max_age
+    /// it answers (under each caller's policy), past it the evidence is checked in full again
+    /// and remembered anew.
+    #[test]
+    fn a_full_check_is_remembered_until_it_is_too_old() {
+        let platform = std::sync::Arc::new(crate::SimulatedPlatform::from_seed(&[6; 32]).unwrap());
+        let attester = crate::SimulatedAttester::new(platform.clone(), [3; 32], [4; 32]);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+        let value = CertificateEvidence::make(&attester, &spki, b"n")
+            .unwrap()
+            .encode()
+            .unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["mb.test".to_string()]).unwrap();
+        params
+            .custom_extensions
+            .push(rcgen::CustomExtension::from_oid_content(
+                &EVIDENCE_EXTENSION_OID,
+                value,
+            ));
+        let cert = params.self_signed(&key).unwrap().der().to_vec();
+        let policy = Policy {
+            allow_simulated: true,
+            measurements: vec![crate::HexBytes::from([3u8; 32])],
+            sim_platform_keys: vec![crate::HexBytes::from(platform.public_key())],
+            certificate_evidence: true,
+            resumed_evidence_max_age: 100,
+            ..Policy::default()
+        };
+        const T: u64 = 1_700_000_000;
+        assert_eq!(
+            check_certificate_evidence(&cert, &policy, T)
+                .unwrap()
+                .checked_at,
+            T
+        );
+        assert_eq!(remembered(&cert).map(|c| c.at), Some(T));
+        // Answered from memory: the time of the full check, not now.
+        let answer = check_certificate_evidence(&cert, &policy, T + 50).unwrap();
+        assert_eq!(answer.checked_at, T);
+        // Past the age: in full again, remembered anew.
+        let again = check_certificate_evidence(&cert, &policy, T + 500).unwrap();
+        assert_eq!(again.checked_at, T + 500);
+        assert_eq!(remembered(&cert).map(|c| c.at), Some(T + 500));
     }
 
     #[test]

@@ -178,6 +178,18 @@ impl Policy {
         self.certificate_nonces.is_empty() || ct_contains(&self.certificate_nonces, nonce)
     }
 
+    /// Evidence in a certificate, bound to `nonce`, is taken: the policy accepts the mode
+    /// and that nonce (a fresh check, and a session resumed from one, both ask).
+    pub fn check_certificate_evidence(&self, nonce: &[u8]) -> Result<(), AttestError> {
+        if !self.certificate_evidence {
+            return Err(AttestError::CertificateEvidenceNotAllowed);
+        }
+        if !self.accepts_certificate_nonce(nonce) {
+            return Err(AttestError::CertificateNonceNotAccepted(hex::encode(nonce)));
+        }
+        Ok(())
+    }
+
     /// Parse a policy from TOML: either a document with an `[attestation]` table, or the table's
     /// contents on their own. The result is validated.
     pub fn from_toml_str(s: &str) -> Result<Self, AttestError> {

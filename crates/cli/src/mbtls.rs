@@ -291,14 +291,15 @@ struct MiddleboxFlags {
     /// request with --certificate-request.
     #[arg(long)]
     evidence_in_certificate: bool,
-    /// Write a certificate signing request (PEM) for --private-key to this file, carrying the
+    /// Make a new key at --private-key (which must not exist; under Gramine a protected file)
+    /// and write a certificate signing request (PEM) for it to this file, carrying the
     /// attester's evidence for that key and --nonce (extension 2.23.133.5.4.9), then exit; the
-    /// CA signs it keeping its extensions (`openssl x509 -req -copy_extensions copyall`). No
-    /// --certificate needed.
+    /// CA signs it copying its extensions but setting CA:FALSE itself (see docs/mbtls.md
+    /// §4.8). No --certificate needed.
     #[arg(long, requires_all = ["nonce", "request_names"])]
     certificate_request: Option<PathBuf>,
-    /// With --certificate-request: the verifier's nonce (hex, up to 64 bytes) the evidence is
-    /// bound to; endpoints may pin it (`certificate_nonces`).
+    /// With --certificate-request: the verifier's nonce (hex, up to 64 bytes, not 32) the
+    /// evidence is bound to; endpoints may pin it (`certificate_nonces`).
     #[arg(long, requires = "certificate_request")]
     nonce: Option<String>,
     /// With --certificate-request: a DNS name for the request (repeatable); the first is also
@@ -2058,15 +2059,33 @@ fn certificate_request(
     let (attester, attestation_line) = middlebox_attester(&s, &OnceLock::new())?;
     let attester = attester
         .context("a certificate request carries evidence: give --attester sim, gramine or tdx")?;
-    let pem = std::fs::read(&s.private_key)
-        .with_context(|| format!("cannot read private key {}", s.private_key.display()))?;
-    // Any key OpenSSL reads (SEC1, PKCS#1 or PKCS#8), handed to rcgen as PKCS#8.
-    let pkcs8 = openssl::pkey::PKey::private_key_from_pem(&pem)
-        .and_then(|k| k.private_key_to_pkcs8())
-        .with_context(|| format!("{} is not a private key in PEM", s.private_key.display()))?;
-    let pkcs8 = zeroize::Zeroizing::new(pkcs8);
+    // The key is made here, never read: the evidence says this program (in its TEE) made
+    // and holds it, which a key brought from outside would make untrue (found in a review).
+    // Under Gramine the key's path must be a protected (sealed) file, so it leaves the
+    // enclave encrypted; written readable by its owner only, never over a file or a link.
+    let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)?;
+    let made = openssl::pkey::PKey::from_ec_key(openssl::ec::EcKey::generate(&group)?)?;
+    let pkcs8 = zeroize::Zeroizing::new(made.private_key_to_pkcs8()?);
+    let pem = zeroize::Zeroizing::new(made.private_key_to_pem_pkcs8()?);
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&s.private_key)
+            .and_then(|mut f| f.write_all(&pem))
+            .with_context(|| {
+                format!(
+                    "cannot create the middlebox's new key {} (--private-key: a request makes \
+                     its key, and will not overwrite a file)",
+                    s.private_key.display()
+                )
+            })?;
+    }
     let key = rcgen::KeyPair::try_from(pkcs8.as_slice())
-        .map_err(|e| anyhow::anyhow!("cannot sign a request with that key: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot sign a request with the new key: {e}"))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
     let evidence = mbx_attest::CertificateEvidence::make(attester.as_ref(), &spki, &nonce)?;
     let mut params =
@@ -2094,9 +2113,12 @@ fn certificate_request(
         hex::encode(&nonce)
     );
     println!(
-        "sign it keeping its extensions, e.g. openssl x509 -req -in {} -CA ca.pem -CAkey ca.key \
-         -copy_extensions copyall -days 90 -out middlebox.pem; then start the middlebox with \
+        "new key written to {}; sign the request copying its extensions but not letting it \
+         choose CA:TRUE, e.g. openssl x509 -req -in {} -CA ca.pem -CAkey ca.key \
+         -copy_extensions copy -extfile leaf.ext -days 30 -out middlebox.pem (leaf.ext: \
+         basicConstraints=critical,CA:FALSE); then start the middlebox with \
          --evidence-in-certificate",
+        s.private_key.display(),
         out.display()
     );
     Ok(())

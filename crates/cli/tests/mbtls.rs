@@ -289,15 +289,9 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         os("-out"),
         path("ca.pem").as_os_str(),
     ]);
-    openssl(&[
-        os("genpkey"),
-        os("-algorithm"),
-        os("EC"),
-        os("-pkeyopt"),
-        os("ec_paramgen_curve:P-256"),
-        os("-out"),
-        path("mb.key").as_os_str(),
-    ]);
+    // The request makes the middlebox's key (never brought from outside), and will not
+    // overwrite one.
+    std::fs::write(path("leaf.ext"), "basicConstraints=critical,CA:FALSE\n").unwrap();
     let middlebox = |extra: &[&OsStr]| {
         let mut cmd = mbx();
         cmd.args([
@@ -337,6 +331,19 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         said.contains("certificate request for mb.test written to"),
         "{said}"
     );
+    assert!(path("mb.key").exists());
+    let again = middlebox(&[
+        os("--certificate-request"),
+        path("again.csr").as_os_str(),
+        os("--nonce"),
+        OsStr::new(nonce),
+        os("--request-name"),
+        os("mb.test"),
+    ])
+    .output()
+    .unwrap();
+    let err = failure(&again);
+    assert!(err.contains("will not overwrite a file"), "{err}");
     openssl(&[
         os("x509"),
         os("-req"),
@@ -347,7 +354,9 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         os("-CAkey"),
         path("ca.key").as_os_str(),
         os("-copy_extensions"),
-        os("copyall"),
+        os("copy"),
+        os("-extfile"),
+        path("leaf.ext").as_os_str(),
         os("-days"),
         os("2"),
         os("-out"),

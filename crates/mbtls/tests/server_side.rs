@@ -2432,6 +2432,60 @@ mod secondary_resumption {
         }
     }
 
+    /// A check that rested on evidence in the middlebox's certificate is resumed only while
+    /// today's policy still takes that mode and that nonce (found in a review: the resumed
+    /// session skipped both, and a policy that turned the mode off still gave keys).
+    #[test]
+    fn a_resumed_certificate_evidence_check_must_pass_todays_policy_both_versions() {
+        let s = Setup::new();
+        for version in VERSIONS {
+            let attester =
+                SimulatedAttester::new(s.platform.clone(), measure(PROGRAM, b""), signer_id("t"));
+            let evidence_for = |spki: &[u8]| {
+                mbx_attest::CertificateEvidence::make(&attester, spki, b"nonce")
+                    .unwrap()
+                    .encode()
+                    .unwrap()
+            };
+            let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
+            let leaf = s
+                .pki
+                .issue_with_extension(&LeafSpec::middlebox("mb2.test"), Some((oid, &evidence_for)))
+                .unwrap();
+            let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+            let mb =
+                MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))
+                    .unwrap()
+                    .evidence_in_certificate()
+                    .unwrap();
+            let mbs = [("mb2.test", &mb)];
+            let on = Policy {
+                certificate_evidence: true,
+                ..s.policy.clone()
+            };
+            let pinned_other = Policy {
+                certificate_nonces: vec![HexBytes(b"other".to_vec())],
+                ..on.clone()
+            };
+            for (later_policy, refusal) in [
+                (s.policy.clone(), "certificate_evidence = false"),
+                (pinned_other, "certificate_nonces"),
+            ] {
+                let secondary = shared_secondary(&s);
+                session(&s, version, &mbs, &secondary, &on).assert_no_errors();
+                let mut later = session(&s, version, &mbs, &secondary, &later_policy);
+                later.assert_server_refused(&[refusal], version);
+                assert!(!later.server_side_mb(1).keys_installed());
+            }
+            // Under the same policy it resumes.
+            let secondary = shared_secondary(&s);
+            session(&s, version, &mbs, &secondary, &on).assert_no_errors();
+            let mut later = session(&s, version, &mbs, &secondary, &on);
+            later.assert_no_errors();
+            assert_one_check(&mut later, true, version);
+        }
+    }
+
     #[test]
     fn a_resumed_middlebox_must_pass_todays_policy_both_versions() {
         let s = Setup::new();

@@ -9,10 +9,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use mbx_attest::cert_bound::IN_CERTIFICATE;
+use mbx_attest::cert_bound::{check_certificate_evidence, IN_CERTIFICATE};
 use mbx_attest::{
-    recheck_claims, report_data, spki_from_certificate, verify_bytes, verify_certificate_evidence,
-    Claims, Policy, EXPORTER_LABEL, EXPORTER_LEN,
+    recheck_claims, report_data, spki_from_certificate, verify_bytes, Claims, Policy,
+    EXPORTER_LABEL, EXPORTER_LEN,
 };
 use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine};
 use mbx_wire::{version, Record};
@@ -144,17 +144,34 @@ fn certificate_name(cert_der: &[u8]) -> Option<String> {
     Some(mbx_wire::printable(name))
 }
 
-/// The claims of evidence bound to this secondary session (`None`: it sent none and the
-/// policy does not require any).
+/// What the evidence of a fresh secondary session came to.
+struct FreshCheck {
+    /// `None`: it sent none and the policy does not require any.
+    claims: Option<Claims>,
+    /// The evidence was the certificate's, bound to this nonce: a session resumed from this
+    /// one must still find that mode, and that nonce, accepted (found in a review).
+    certificate_nonce: Option<Vec<u8>>,
+    /// When the evidence was checked in full (earlier than now when a remembered check of
+    /// the certificate's evidence answered).
+    checked_at: u64,
+}
+
+/// The claims of evidence bound to this secondary session, or to the middlebox's
+/// certificate when it points there and the policy takes that mode.
 fn fresh_claims(
     engine: &(dyn TlsEngine + Send),
     evidence: &[u8],
     policy: &Policy,
     now: u64,
-) -> Result<Option<Claims>, HandshakeError> {
+) -> Result<FreshCheck, HandshakeError> {
+    let bound_to_session = |claims| FreshCheck {
+        claims,
+        certificate_nonce: None,
+        checked_at: now,
+    };
     if evidence.is_empty() {
         policy.check_missing_evidence()?;
-        return Ok(None);
+        return Ok(bound_to_session(None));
     }
     let certs = engine.peer_certificates();
     let leaf = certs
@@ -163,14 +180,21 @@ fn fresh_claims(
     if evidence == IN_CERTIFICATE {
         // Bound to the certificate's key, which this session's CertificateVerify proved the
         // middlebox holds (the spec's second binding mode), if the policy takes it.
-        return Ok(Some(verify_certificate_evidence(leaf, policy, now)?));
+        let check = check_certificate_evidence(leaf, policy, now)?;
+        return Ok(FreshCheck {
+            claims: Some(check.claims),
+            certificate_nonce: Some(check.nonce),
+            checked_at: check.checked_at,
+        });
     }
     let label = core::str::from_utf8(EXPORTER_LABEL)
         .map_err(|_| HandshakeError::Config("exporter label"))?;
     let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
     let spki = spki_from_certificate(leaf)?;
     let expected = report_data(&spki, &binder);
-    Ok(Some(verify_bytes(evidence, &expected, policy, now)?))
+    Ok(bound_to_session(Some(verify_bytes(
+        evidence, &expected, policy, now,
+    )?)))
 }
 
 /// What an endpoint vouches for a secondary session with ([`TlsEngine::vouch_for_session`]):
@@ -182,6 +206,8 @@ struct VouchedCheck {
     claims: Option<Claims>,
     checked_at: u64,
     certificate_not_after: u64,
+    /// The evidence was the certificate's, bound to this nonce ([`FreshCheck`]).
+    certificate_nonce: Option<Vec<u8>>,
 }
 
 impl VouchedCheck {
@@ -235,12 +261,17 @@ fn resumed_check(
             claims: None,
             checked_at: now,
             certificate_not_after: certificate_not_after(engine),
+            certificate_nonce: None,
         }));
     };
     if now > check.certificate_not_after {
         return Err(HandshakeError::Resumed(
             "the middlebox's certificate expired after the session this one resumes",
         ));
+    }
+    // Today's policy must still take the mode and the nonce the check rested on.
+    if let Some(nonce) = &check.certificate_nonce {
+        policy.check_certificate_evidence(nonce)?;
     }
     match &check.claims {
         Some(claims) => recheck_claims(claims, check.checked_at, now, policy)?,
@@ -839,16 +870,17 @@ impl EndpointCore {
         let check = if resumed && evidence.is_empty() {
             resumed_check(slot.engine.as_ref(), policy, now)?
         } else {
-            let claims = fresh_claims(slot.engine.as_ref(), evidence, policy, now)?;
+            let fresh = fresh_claims(slot.engine.as_ref(), evidence, policy, now)?;
             // Only a session that can be resumed needs its certificate read again.
             let certificate_not_after = match slot.resumable {
                 true => certificate_not_after(slot.engine.as_ref()),
                 false => 0,
             };
             Arc::new(VouchedCheck {
-                claims,
-                checked_at: now,
+                claims: fresh.claims,
+                checked_at: fresh.checked_at,
                 certificate_not_after,
+                certificate_nonce: fresh.certificate_nonce,
             })
         };
         let checked_at = check.checked_at;
@@ -1319,6 +1351,7 @@ mod tests {
             claims,
             checked_at: 10_000,
             certificate_not_after,
+            certificate_nonce: None,
         };
         assert_eq!(check(None, u64::MAX).valid_until(&policy), 11_000);
         assert_eq!(check(None, 10_500).valid_until(&policy), 10_501);
