@@ -316,33 +316,25 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         cmd
     };
     let nonce = "c0ffee";
-    let out = middlebox(&[
-        os("--certificate-request"),
-        path("mb.csr").as_os_str(),
-        os("--nonce"),
-        OsStr::new(nonce),
-        os("--request-name"),
-        os("mb.test"),
-    ])
-    .output()
-    .unwrap();
-    let said = succeeded(&out);
+    let request = |csr: &str| {
+        middlebox(&[
+            os("--certificate-request"),
+            path(csr).as_os_str(),
+            os("--nonce"),
+            OsStr::new(nonce),
+            os("--request-name"),
+            os("mb.test"),
+        ])
+        .output()
+        .unwrap()
+    };
+    let said = succeeded(&request("mb.csr"));
     assert!(
         said.contains("certificate request for mb.test written to"),
         "{said}"
     );
     assert!(path("mb.key").exists());
-    let again = middlebox(&[
-        os("--certificate-request"),
-        path("again.csr").as_os_str(),
-        os("--nonce"),
-        OsStr::new(nonce),
-        os("--request-name"),
-        os("mb.test"),
-    ])
-    .output()
-    .unwrap();
-    let err = failure(&again);
+    let err = failure(&request("again.csr"));
     assert!(err.contains("will not overwrite a file"), "{err}");
     openssl(&[
         os("x509"),

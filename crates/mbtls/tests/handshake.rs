@@ -148,18 +148,8 @@ impl mbx_attest::Attester for Counting {
 fn setup_cert_bound(version: TlsVersion, accepted: bool) -> (Setup, Arc<Counting>) {
     let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
     let attester = s.mbox_cfg.attester.clone().unwrap();
-    let evidence_for = |spki: &[u8]| {
-        mbx_attest::CertificateEvidence::make(attester.as_ref(), spki, b"nonce")
-            .unwrap()
-            .encode()
-            .unwrap()
-    };
-    let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
-    let leaf = s
-        .pki
-        .issue_with_extension(&LeafSpec::middlebox("mb.test"), Some((oid, &evidence_for)))
-        .unwrap();
-    let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+    let id =
+        leaf::identity_with_certificate_evidence(&s.pki, "mb.test", attester.as_ref(), b"nonce");
     let counting = Arc::new(Counting(attester, Default::default()));
     s.mbox_cfg = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(counting.clone()))
         .unwrap()

@@ -2441,18 +2441,9 @@ mod secondary_resumption {
         for version in VERSIONS {
             let attester =
                 SimulatedAttester::new(s.platform.clone(), measure(PROGRAM, b""), signer_id("t"));
-            let evidence_for = |spki: &[u8]| {
-                mbx_attest::CertificateEvidence::make(&attester, spki, b"nonce")
-                    .unwrap()
-                    .encode()
-                    .unwrap()
-            };
-            let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
-            let leaf = s
-                .pki
-                .issue_with_extension(&LeafSpec::middlebox("mb2.test"), Some((oid, &evidence_for)))
-                .unwrap();
-            let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+            let id = super::leaf::identity_with_certificate_evidence(
+                &s.pki, "mb2.test", &attester, b"nonce",
+            );
             let mb =
                 MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))
                     .unwrap()
