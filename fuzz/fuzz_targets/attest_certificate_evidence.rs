@@ -1,13 +1,14 @@
 //! The evidence extension of a middlebox certificate from arbitrary bytes: reading it never
 //! panics, and what reads encodes back to a record that reads the same. The same bytes as the
-//! extension of a real certificate (signed with a fixed key): its check never panics and
-//! never accepts, the policy as lenient as a policy gets.
+//! extension of a real certificate (signed with a fixed key), and as a whole certificate or
+//! certificate signing request: their checks never panic and never accept, the policy as
+//! lenient as a policy gets.
 #![no_main]
 
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use mbx_attest::cert_bound::{CertificateEvidence, EVIDENCE_EXTENSION_OID};
+use mbx_attest::cert_bound::{check_request_evidence, CertificateEvidence, EVIDENCE_EXTENSION_OID};
 use mbx_attest::{verify_certificate_evidence, HexBytes, Policy};
 
 fn key() -> &'static rcgen::KeyPair {
@@ -40,7 +41,8 @@ fuzz_target!(|data: &[u8]| {
         sim_platform_keys: vec![HexBytes::from([1u8; 32])],
         ..Policy::default()
     };
-    // Any bytes as the whole certificate, too.
+    // Any bytes as the whole certificate, or as a certificate signing request, too.
     assert!(verify_certificate_evidence(data, &policy, 1_740_000_000).is_err());
+    assert!(check_request_evidence(data, &policy, 1_740_000_000).is_err());
     assert!(verify_certificate_evidence(cert.der(), &policy, 1_740_000_000).is_err());
 });

@@ -285,6 +285,53 @@ pub fn check_certificate_evidence(
 /// shape: evidence made for a certificate with a session's exporter as its nonce would pass
 /// as that session's evidence (found in a review). Every other length keeps them apart (the
 /// binder comes last, after fixed-length parts, so inputs of different lengths differ).
+/// What a CA checks before it signs a middlebox's certificate signing request (DER): the
+/// evidence in the request's extension, bound to the request's own key and nonce, under
+/// `policy` (which must take the mode, and its `certificate_nonces`, if any, the nonce). The
+/// request's own signature (proof that its sender holds the key) is the signing tool's to
+/// check, as `openssl x509 -req` does.
+pub fn check_request_evidence(
+    csr_der: &[u8],
+    policy: &Policy,
+    now_unix: u64,
+) -> Result<CertificateCheck, AttestError> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::cri_attributes::ParsedCriAttribute;
+    use x509_parser::prelude::FromDer;
+    let oid = x509_parser::oid_registry::Oid::from(&EVIDENCE_EXTENSION_OID)
+        .map_err(|_| AttestError::Malformed("certificate evidence OID"))?;
+    let (rest, csr) = X509CertificationRequest::from_der(csr_der)
+        .map_err(|_| AttestError::Malformed("certificate signing request"))?;
+    if !rest.is_empty() {
+        return Err(AttestError::Malformed(
+            "bytes after the certificate signing request",
+        ));
+    }
+    let info = &csr.certification_request_info;
+    let value = info
+        .iter_attributes()
+        .find_map(|a| match a.parsed_attribute() {
+            ParsedCriAttribute::ExtensionRequest(r) => r.extensions.iter().find(|e| e.oid == oid),
+            _ => None,
+        })
+        .ok_or(AttestError::NoCertificateEvidence)?
+        .value;
+    let found = CertificateEvidence::decode(value)?;
+    policy.check_certificate_evidence(&found.nonce)?;
+    let evidence = Evidence::from_bytes(&found.evidence)?;
+    let claims = verify(
+        &evidence,
+        &report_data(info.subject_pki.raw, &found.nonce),
+        policy,
+        now_unix,
+    )?;
+    Ok(CertificateCheck {
+        claims,
+        nonce: found.nonce,
+        checked_at: now_unix,
+    })
+}
+
 fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {
     if nonce.len() > MAX_NONCE_LEN {
         return Err(AttestError::TooLarge {

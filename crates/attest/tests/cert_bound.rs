@@ -170,3 +170,40 @@ fn a_remembered_certificate_check_is_held_to_each_policy() {
         Err(AttestError::CertificateEvidenceNotAllowed)
     ));
 }
+
+/// What a CA checks before signing: a request's evidence, bound to the request's own key and
+/// nonce, under the CA's policy; the evidence of another key's request, or an unpinned nonce,
+/// is refused.
+#[test]
+fn a_requests_evidence_is_checked_before_signing() {
+    use mbx_attest::cert_bound::check_request_evidence;
+    let f = fixture();
+    let request = |key: &rcgen::KeyPair, extension: Vec<u8>| {
+        let mut params = rcgen::CertificateParams::new(vec!["mb.test".to_string()]).unwrap();
+        params
+            .custom_extensions
+            .push(rcgen::CustomExtension::from_oid_content(
+                &EVIDENCE_EXTENSION_OID,
+                extension,
+            ));
+        params.serialize_request(key).unwrap().der().to_vec()
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = request(&key, extension(&f, &key, NONCE));
+    let check = check_request_evidence(&csr, &f.policy, NOW).unwrap();
+    assert_eq!(check.nonce, NONCE);
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    let copied = request(&other_key, extension(&f, &key, NONCE));
+    assert!(matches!(
+        check_request_evidence(&copied, &f.policy, NOW),
+        Err(AttestError::ReportDataMismatch)
+    ));
+    let pinned = Policy {
+        certificate_nonces: vec![HexBytes(b"another".to_vec())],
+        ..f.policy.clone()
+    };
+    assert!(matches!(
+        check_request_evidence(&csr, &pinned, NOW),
+        Err(AttestError::CertificateNonceNotAccepted(_))
+    ));
+}

@@ -78,6 +78,33 @@ enum MbtlsCommand {
     /// and an HTTP backend on loopback, fetch a page, and show each hop's keys, each attestation
     /// verdict and what the middleboxes did (also part of `mbx demo`).
     Demo(DemoFlags),
+    /// For a CA, before it signs a middlebox's certificate signing request (from `mbx mbtls
+    /// middlebox --certificate-request`): check the evidence the request carries, bound to
+    /// its key and nonce, against a policy, and print its claims. Exit status 0 only if it
+    /// passes.
+    CheckRequest(CheckRequestFlags),
+}
+
+#[derive(clap::Args, Debug)]
+struct CheckRequestFlags {
+    /// The certificate signing request (PEM or DER).
+    request: PathBuf,
+    /// The nonce the CA issued (hex): the evidence must be bound to it.
+    #[arg(long)]
+    nonce: String,
+    /// Attestation policy (TOML: an `[attestation]` table or its contents): the code
+    /// measurements, platforms and TCB the CA accepts.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Accept evidence from the simulated TEE (demos only).
+    #[arg(long)]
+    allow_simulated: bool,
+    /// Add an accepted code measurement (hex).
+    #[arg(long = "measurement")]
+    measurements: Vec<String>,
+    /// Add a trusted simulated platform key (hex).
+    #[arg(long = "sim-platform-key")]
+    sim_platform_keys: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -611,6 +638,7 @@ pub fn run(
         MbtlsCommand::Client(flags) => client(flags, config, config_path),
         MbtlsCommand::Middlebox(flags) => middlebox(flags, config, config_path),
         MbtlsCommand::Server(flags) => server(flags, config, config_path),
+        MbtlsCommand::CheckRequest(flags) => check_request(flags),
         MbtlsCommand::Demo(flags) => {
             crate::subcommand::exit_quietly_when_stdout_closes();
             let names = if flags.versions.is_empty() {
@@ -2042,6 +2070,36 @@ fn evidence_in_certificate(
         hex::encode(measurement)
     );
     Ok((shown, cfg))
+}
+
+/// `mbx mbtls check-request`: the evidence of a middlebox's certificate signing request,
+/// checked as a CA would before signing it.
+fn check_request(flags: CheckRequestFlags) -> anyhow::Result<()> {
+    let mut policy = build_policy(PolicyParts {
+        file: &flags.policy,
+        table: &None,
+        allow_simulated: flags.allow_simulated,
+        measurements: &flags.measurements,
+        sim_platform_keys: &flags.sim_platform_keys,
+    })?;
+    // The CA checks this mode whatever its endpoints' policies say, and only its own nonce.
+    policy.certificate_evidence = true;
+    let nonce = hex::decode(flags.nonce.trim()).context("--nonce must be hex")?;
+    policy.certificate_nonces = vec![HexBytes(nonce)];
+    let bytes = read(&flags.request, "certificate signing request")?;
+    let der = match openssl::x509::X509Req::from_pem(&bytes) {
+        Ok(req) => req.to_der()?,
+        Err(_) => bytes,
+    };
+    let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
+    let check = mbx_attest::cert_bound::check_request_evidence(&der, &policy, now)
+        .with_context(|| format!("the evidence in {} does not pass", flags.request.display()))?;
+    println!(
+        "evidence verified: bound to the request's key and nonce {}; {}",
+        hex::encode(&check.nonce),
+        check.claims
+    );
+    Ok(())
 }
 
 /// `mbx mbtls middlebox --certificate-request FILE`: a certificate signing request for the

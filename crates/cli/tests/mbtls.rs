@@ -334,6 +334,32 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         "{said}"
     );
     assert!(path("mb.key").exists());
+    // The CA checks the request's evidence before signing (its own nonce only).
+    let claimed = |word: &str| {
+        let i = said.find(word).unwrap_or_else(|| panic!("{said}")) + word.len();
+        said[i..].split_whitespace().next().unwrap().to_owned()
+    };
+    let (request_key, request_measurement) = (claimed("platform key "), claimed("measurement "));
+    let check = |nonce: &str| {
+        mbx()
+            .args(["mbtls", "check-request"])
+            .arg(path("mb.csr"))
+            .args(["--nonce", nonce, "--allow-simulated"])
+            .args(["--sim-platform-key", &request_key])
+            .args([
+                "--measurement",
+                request_measurement.trim_end_matches([',', ';']),
+            ])
+            .output()
+            .unwrap()
+    };
+    let verified = succeeded(&check(nonce));
+    assert!(
+        verified.starts_with("evidence verified: bound to the request's key and nonce c0ffee"),
+        "{verified}"
+    );
+    let err = failure(&check("0bad"));
+    assert!(err.contains("certificate_nonces"), "{err}");
     let err = failure(&request("again.csr"));
     assert!(err.contains("will not overwrite a file"), "{err}");
     openssl(&[
