@@ -2410,6 +2410,11 @@ fn own_quote_verdict(evidence: &DcapEvidence, measurement: Vec<u8>) -> String {
 }
 
 fn print_report(r: &ConnectionReport) {
+    print_line(report_line(r));
+}
+
+/// A middlebox connection's report line.
+fn report_line(r: &ConnectionReport) -> String {
     let from = r
         .client
         .map(|a: SocketAddr| a.to_string())
@@ -2448,14 +2453,22 @@ fn print_report(r: &ConnectionReport) {
         line.push_str(&format!("; refused by the endpoint: {why}"));
     }
     line.push_str(&format!(
-        "; {} bytes from the client, {} from the server",
-        r.bytes_from_client, r.bytes_from_server
+        "; {} from the client, {} from the server",
+        count_of(r.bytes_from_client, "bytes"),
+        r.bytes_from_server
     ));
-    line.push_str(&relayed_outcome_text(
-        &r.outcome,
-        r.left_without_close_notify,
-    ));
-    print_line(&line);
+    match (&r.outcome, r.passive) {
+        // Its relaying ended cleanly; the session may not have (an endpoint that refused
+        // it ends the session): not "closed cleanly" alone (found in a user trial).
+        (Ok(()), Some(_)) if r.left_without_close_notify.is_none() => line.push_str(
+            "; its connections closed cleanly (how the session ended is in the endpoints' reports)",
+        ),
+        _ => line.push_str(&relayed_outcome_text(
+            &r.outcome,
+            r.left_without_close_notify,
+        )),
+    }
+    line
 }
 
 /// [`outcome_text`] for a middlebox's session, where one side may have left without
@@ -3441,6 +3454,43 @@ mod tests {
         }
         let cert = pki.issue(&LeafSpec::middlebox("mb.test")).unwrap();
         assert_eq!(certificate_names(cert.chain_pem().as_bytes()), "mb.test");
+    }
+
+    /// A middlebox that stayed out of a session (passive) says its own connections closed
+    /// cleanly, not that the session did: an endpoint that refused it ended the session.
+    #[test]
+    fn a_passive_middleboxs_clean_end_is_its_connections() {
+        let r = ConnectionReport {
+            id: 7,
+            client: None,
+            next_hop: None,
+            announced: true,
+            legacy_server: false,
+            joined: true,
+            evidence_sent: true,
+            resumed: false,
+            keys_installed: false,
+            passive: Some("the server refused our certificate; its own error says why"),
+            refused_by_endpoint: None,
+            version: None,
+            client_hop: None,
+            server_hop: None,
+            bytes_from_client: 1,
+            bytes_from_server: 2,
+            idle_trims: 0,
+            key_updates: 0,
+            left_without_close_notify: None,
+            outcome: Ok(()),
+        };
+        let line = report_line(&r);
+        assert!(
+            line.ends_with(
+                "not joined (the server refused our certificate; its own error says why), bytes \
+                 forwarded unchanged; 1 byte from the client, 2 from the server; its \
+                 connections closed cleanly (how the session ended is in the endpoints' reports)"
+            ),
+            "{line}"
+        );
     }
 
     /// A middlebox that sends no evidence to an endpoint whose policy requires it: the hint

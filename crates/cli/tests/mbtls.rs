@@ -437,6 +437,12 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
     let out = fetch(&policy(""));
     let err = failure(&out);
     assert!(err.contains("certificate_evidence = false"), "{err}");
+    // The middlebox's report says why, in the endpoint's words.
+    let report = lines.next().unwrap().unwrap();
+    assert!(
+        report.contains("refused by the endpoint: evidence refused: attestation: the middlebox's evidence is in its certificate"),
+        "{report}"
+    );
     // Without --middlebox-name the middlebox is named after the address (its certificate,
     // from the request, names mb.test only): the hint says so.
     let out = mbx()
