@@ -92,19 +92,54 @@ struct CheckRequestFlags {
     /// The nonce the CA issued (hex): the evidence must be bound to it.
     #[arg(long)]
     nonce: String,
-    /// Attestation policy (TOML: an `[attestation]` table or its contents): the code
-    /// measurements, platforms and TCB the CA accepts.
+    /// The code measurements, platforms and TCB the CA accepts.
+    #[command(flatten)]
+    attestation: PolicyFlags,
+}
+
+/// The attestation policy's flags, for every role that checks evidence.
+#[derive(clap::Args, Debug, Clone)]
+struct PolicyFlags {
+    /// Attestation policy (TOML: an `[attestation]` table or its contents); replaces the
+    /// config file's policy and what the file adds to it.
     #[arg(long)]
     policy: Option<PathBuf>,
-    /// Accept evidence from the simulated TEE (demos only).
+    /// Accept evidence from the simulated TEE (demos only; never in production).
     #[arg(long)]
     allow_simulated: bool,
-    /// Add an accepted code measurement (hex).
+    /// Add an accepted code measurement (hex) to the policy.
     #[arg(long = "measurement")]
     measurements: Vec<String>,
-    /// Add a trusted simulated platform key (hex).
+    /// Add a trusted simulated platform key (hex) to the policy.
     #[arg(long = "sim-platform-key")]
     sim_platform_keys: Vec<String>,
+}
+
+impl PolicyFlags {
+    /// Into a role's table: a policy file replaces the file's policy (and what the file adds
+    /// to it), the rest adds to it.
+    fn merge_into(self, table: &mut toml::Table) {
+        policy_flag_replaces_the_files(table, self.policy.is_some());
+        set(table, "policy", path_str(self.policy));
+        if self.allow_simulated {
+            table.insert("allow_simulated".into(), toml::Value::Boolean(true));
+        }
+        append_to_list(table, "measurements", self.measurements);
+        append_to_list(table, "sim_platform_keys", self.sim_platform_keys);
+    }
+}
+
+/// `list` appended to the array `key` of `table` (made if missing).
+fn append_to_list(table: &mut toml::Table, key: &str, list: Vec<String>) {
+    if list.is_empty() {
+        return;
+    }
+    let entry = table
+        .entry(key)
+        .or_insert_with(|| toml::Value::Array(Vec::new()));
+    if let toml::Value::Array(a) = entry {
+        a.extend(list.into_iter().map(toml::Value::String));
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -145,19 +180,8 @@ struct ServerFlags {
     /// CA certificates (PEM) that issue middlebox certificates.
     #[arg(long)]
     middlebox_ca: Option<PathBuf>,
-    /// Attestation policy (TOML: an `[attestation]` table or its contents); replaces the
-    /// config file's policy and what the file adds to it.
-    #[arg(long)]
-    policy: Option<PathBuf>,
-    /// Accept evidence from the simulated TEE (demos only; never in production).
-    #[arg(long)]
-    allow_simulated: bool,
-    /// Add an accepted code measurement (hex) to the policy.
-    #[arg(long = "measurement")]
-    measurements: Vec<String>,
-    /// Add a trusted simulated platform key (hex) to the policy.
-    #[arg(long = "sim-platform-key")]
-    sim_platform_keys: Vec<String>,
+    #[command(flatten)]
+    attestation: PolicyFlags,
     /// Only this TLS version (1.2 or 1.3); default: both.
     #[arg(long)]
     tls: Option<String>,
@@ -217,19 +241,8 @@ struct ClientFlags {
     /// CA certificates (PEM) that issue middlebox certificates (default: --server-ca).
     #[arg(long)]
     middlebox_ca: Option<PathBuf>,
-    /// Attestation policy (TOML: an `[attestation]` table or its contents); replaces the
-    /// config file's policy and what the file adds to it.
-    #[arg(long)]
-    policy: Option<PathBuf>,
-    /// Accept evidence from the simulated TEE (demos only; never in production).
-    #[arg(long)]
-    allow_simulated: bool,
-    /// Add an accepted code measurement (hex) to the policy.
-    #[arg(long = "measurement")]
-    measurements: Vec<String>,
-    /// Add a trusted simulated platform key (hex) to the policy.
-    #[arg(long = "sim-platform-key")]
-    sim_platform_keys: Vec<String>,
+    #[command(flatten)]
+    attestation: PolicyFlags,
     /// Only this TLS version (1.2 or 1.3); default: both offered.
     #[arg(long)]
     tls: Option<String>,
@@ -1299,12 +1312,8 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     }
     set(&mut table, "server_ca", path_str(flags.server_ca));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
-    policy_flag_replaces_the_files(&mut table, flags.policy.is_some());
-    set(&mut table, "policy", path_str(flags.policy));
+    flags.attestation.merge_into(&mut table);
     set(&mut table, "tls", flags.tls);
-    if flags.allow_simulated {
-        table.insert("allow_simulated".into(), toml::Value::Boolean(true));
-    }
     if flags.no_client_middleboxes {
         table.insert("no_client_middleboxes".into(), toml::Value::Boolean(true));
     }
@@ -1314,20 +1323,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.fresh_evidence {
         table.insert("middlebox_resumption".into(), toml::Value::Boolean(false));
     }
-    for (key, list) in [
-        ("allow_middleboxes", flags.allow_middleboxes),
-        ("measurements", flags.measurements),
-        ("sim_platform_keys", flags.sim_platform_keys),
-    ] {
-        if !list.is_empty() {
-            let entry = table
-                .entry(key)
-                .or_insert_with(|| toml::Value::Array(Vec::new()));
-            if let toml::Value::Array(a) = entry {
-                a.extend(list.into_iter().map(toml::Value::String));
-            }
-        }
-    }
+    append_to_list(&mut table, "allow_middleboxes", flags.allow_middleboxes);
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
@@ -2075,12 +2071,13 @@ fn evidence_in_certificate(
 /// `mbx mbtls check-request`: the evidence of a middlebox's certificate signing request,
 /// checked as a CA would before signing it.
 fn check_request(flags: CheckRequestFlags) -> anyhow::Result<()> {
+    let a = &flags.attestation;
     let mut policy = build_policy(PolicyParts {
-        file: &flags.policy,
+        file: &a.policy,
         table: &None,
-        allow_simulated: flags.allow_simulated,
-        measurements: &flags.measurements,
-        sim_platform_keys: &flags.sim_platform_keys,
+        allow_simulated: a.allow_simulated,
+        measurements: &a.measurements,
+        sim_platform_keys: &a.sim_platform_keys,
     })?;
     // The CA checks this mode whatever its endpoints' policies say, and only its own nonce.
     policy.certificate_evidence = true;
@@ -2854,12 +2851,8 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     set(&mut table, "certificate", path_str(flags.certificate));
     set(&mut table, "private_key", path_str(flags.private_key));
     set(&mut table, "middlebox_ca", path_str(flags.middlebox_ca));
-    policy_flag_replaces_the_files(&mut table, flags.policy.is_some());
-    set(&mut table, "policy", path_str(flags.policy));
+    flags.attestation.merge_into(&mut table);
     set(&mut table, "tls", flags.tls);
-    if flags.allow_simulated {
-        table.insert("allow_simulated".into(), toml::Value::Boolean(true));
-    }
     if flags.session_tickets {
         table.insert("session_tickets".into(), toml::Value::Boolean(true));
     }
@@ -2870,21 +2863,8 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     if let Some(n) = flags.max_discovered {
         table.insert("max_discovered".into(), toml::Value::Integer(i64::from(n)));
     }
-    for (key, list) in [
-        ("middlebox_names", flags.middlebox_names),
-        ("allow_middleboxes", flags.allow_middleboxes),
-        ("measurements", flags.measurements),
-        ("sim_platform_keys", flags.sim_platform_keys),
-    ] {
-        if !list.is_empty() {
-            let entry = table
-                .entry(key)
-                .or_insert_with(|| toml::Value::Array(Vec::new()));
-            if let toml::Value::Array(a) = entry {
-                a.extend(list.into_iter().map(toml::Value::String));
-            }
-        }
-    }
+    append_to_list(&mut table, "middlebox_names", flags.middlebox_names);
+    append_to_list(&mut table, "allow_middleboxes", flags.allow_middleboxes);
     let service = Service::take_from(&mut table, &flags.service)?;
     let mut s: ServerSettings = role_settings(table, "server")?;
     s.service = service;
