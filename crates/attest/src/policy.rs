@@ -162,6 +162,14 @@ impl Default for Policy {
     }
 }
 
+/// "1 byte", "N bytes".
+fn byte_count(n: usize) -> String {
+    match n {
+        1 => "1 byte".into(),
+        n => format!("{n} bytes"),
+    }
+}
+
 /// Constant-time "is `value` one of `list`": every entry is compared in full, whatever matches.
 fn ct_contains(list: &[HexBytes], value: &[u8]) -> bool {
     let mut found = Choice::from(0);
@@ -217,8 +225,8 @@ impl Policy {
             for m in list {
                 if !DIGEST_LENS.contains(&m.0.len()) {
                     return Err(AttestError::Policy(format!(
-                        "{what} {m} is {} bytes; expected 32 (SGX/simulated) or 48 (TDX)",
-                        m.0.len()
+                        "{what} {m} is {}; expected 32 bytes (SGX/simulated) or 48 (TDX)",
+                        byte_count(m.0.len())
                     )));
                 }
             }
@@ -227,8 +235,8 @@ impl Policy {
         for k in &self.sim_platform_keys {
             if k.0.len() != ED25519_PUBLIC_KEY_LEN {
                 return Err(AttestError::Policy(format!(
-                    "simulated platform key {k} is {} bytes; expected a 32-byte Ed25519 key",
-                    k.0.len()
+                    "simulated platform key {k} is {}; expected a 32-byte Ed25519 key",
+                    byte_count(k.0.len())
                 )));
             }
         }
@@ -363,6 +371,24 @@ mod tests {
             min_svn: 3,
             ..Policy::default()
         }
+    }
+
+    /// A value of the wrong length says how long it is, in words (found in a user trial:
+    /// "is 1 bytes").
+    #[test]
+    fn a_wrong_length_is_said_in_words() {
+        let one = Policy {
+            measurements: vec![HexBytes(vec![0])],
+            ..Policy::default()
+        };
+        let e = one.validate().unwrap_err().to_string();
+        assert!(e.contains(" is 1 byte; expected 32 bytes"), "{e}");
+        let key = Policy {
+            sim_platform_keys: vec![HexBytes(vec![0; 3])],
+            ..Policy::default()
+        };
+        let e = key.validate().unwrap_err().to_string();
+        assert!(e.contains(" is 3 bytes; expected a 32-byte"), "{e}");
     }
 
     #[test]
