@@ -55,17 +55,9 @@ struct CertificateFacts {
 /// [`REMEMBERED_CERTIFICATES`] certificates seen are remembered (the whole DER is the key, so
 /// a certificate is never mistaken for another).
 fn certificate_facts(cert_der: &[u8]) -> Result<CertificateFacts, crate::AttestError> {
-    // Most recently used last.
-    static SEEN: Mutex<VecDeque<(Vec<u8>, CertificateFacts)>> = Mutex::new(VecDeque::new());
-    let seen = || SEEN.lock().unwrap_or_else(PoisonError::into_inner);
-    {
-        let mut seen = seen();
-        let found = seen.iter().position(|(der, _)| der == cert_der);
-        if let Some(entry) = found.and_then(|i| seen.remove(i)) {
-            let facts = entry.1.clone();
-            seen.push_back(entry);
-            return Ok(facts);
-        }
+    static SEEN: RememberedByDer<CertificateFacts> = RememberedByDer::new();
+    if let Some(facts) = SEEN.get(cert_der) {
+        return Ok(facts);
     }
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
         .map_err(|_| crate::AttestError::Malformed("certificate is not valid DER X.509"))?;
@@ -73,12 +65,42 @@ fn certificate_facts(cert_der: &[u8]) -> Result<CertificateFacts, crate::AttestE
         spki: cert.tbs_certificate.subject_pki.raw.to_vec(),
         not_after: u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0),
     };
-    let mut seen = seen();
-    while seen.len() >= REMEMBERED_CERTIFICATES {
-        seen.pop_front();
-    }
-    seen.push_back((cert_der.to_vec(), facts.clone()));
+    SEEN.put(cert_der, facts.clone());
     Ok(facts)
+}
+
+/// What was learned about the last [`REMEMBERED_CERTIFICATES`] certificates, keyed by their
+/// whole DER (so a certificate is never mistaken for another), most recently used last.
+pub(crate) struct RememberedByDer<T>(Mutex<VecDeque<(Vec<u8>, T)>>);
+
+impl<T: Clone> RememberedByDer<T> {
+    pub(crate) const fn new() -> Self {
+        RememberedByDer(Mutex::new(VecDeque::new()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Vec<u8>, T)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What is remembered of `der`, which becomes the most recently used.
+    pub(crate) fn get(&self, der: &[u8]) -> Option<T> {
+        let mut seen = self.lock();
+        let i = seen.iter().position(|(d, _)| d == der)?;
+        let entry = seen.remove(i)?;
+        let found = entry.1.clone();
+        seen.push_back(entry);
+        Some(found)
+    }
+
+    /// Remembers `value` for `der` (replacing what was), forgetting the least recently used.
+    pub(crate) fn put(&self, der: &[u8], value: T) {
+        let mut seen = self.lock();
+        seen.retain(|(d, _)| d != der);
+        while seen.len() >= REMEMBERED_CERTIFICATES {
+            seen.pop_front();
+        }
+        seen.push_back((der.to_vec(), value));
+    }
 }
 
 /// The DER SubjectPublicKeyInfo of a DER X.509 certificate: the `spki_der` input of

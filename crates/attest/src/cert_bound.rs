@@ -15,61 +15,21 @@
 //! until the certificate expires, so endpoints accept this mode only when their policy says so
 //! (`certificate_evidence = true`), and may pin the nonces they issued (`certificate_nonces`).
 
-use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
-
-use crate::binding::{report_data, spki_from_certificate};
+use crate::binding::{report_data, RememberedByDer};
 use crate::claims::Claims;
 use crate::error::AttestError;
 use crate::evidence::Evidence;
 use crate::policy::Policy;
-use crate::verify::{recheck_claims, verify, Attester};
+use crate::verify::{recheck_claims, verify_bytes, Attester};
 
-/// Certificates whose evidence [`verify_certificate_evidence`] checked in full, remembered
-/// with the claims, the nonce and the time of the check: an endpoint meets the same few
-/// middleboxes on every session, and the evidence of a certificate cannot change. A
-/// remembered check stands, its claims checked again under the caller's policy, for the
-/// policy's `resumed_evidence_max_age` (as a resumed session's does); then the evidence is
-/// checked in full again.
-pub const REMEMBERED_CERTIFICATE_EVIDENCE: usize = 16;
-
-/// A full check of a certificate's evidence: its claims, nonce and time.
-#[derive(Clone)]
-struct Checked {
-    claims: Claims,
-    nonce: Vec<u8>,
-    at: u64,
-}
-
-/// Most recently used last; the whole DER is the key, so a certificate is never mistaken for
-/// another.
-static CHECKED: Mutex<VecDeque<(Vec<u8>, Checked)>> = Mutex::new(VecDeque::new());
-
-/// Checks that a remembered one answered (process-wide).
-static REMEMBERED_ANSWERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How many certificate-evidence checks a remembered full check answered, in this process.
-pub fn remembered_answers() -> u64 {
-    REMEMBERED_ANSWERS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn remembered(cert_der: &[u8]) -> Option<Checked> {
-    let mut checked = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
-    let i = checked.iter().position(|(der, _)| der == cert_der)?;
-    let entry = checked.remove(i)?;
-    let found = entry.1.clone();
-    checked.push_back(entry);
-    Some(found)
-}
-
-fn remember(cert_der: &[u8], check: Checked) {
-    let mut checked = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
-    checked.retain(|(der, _)| der != cert_der);
-    while checked.len() >= REMEMBERED_CERTIFICATE_EVIDENCE {
-        checked.pop_front();
-    }
-    checked.push_back((cert_der.to_vec(), check));
-}
+/// Certificates whose evidence [`check_certificate_evidence`] checked in full, remembered (the
+/// last [`REMEMBERED_CERTIFICATES`](crate::binding::REMEMBERED_CERTIFICATES)) with the claims,
+/// the nonce and the time of the check: an endpoint meets the same few middleboxes on every
+/// session, and the evidence of a certificate cannot change. A remembered check stands, its
+/// claims checked again under the caller's policy, for the policy's
+/// `resumed_evidence_max_age` (as a resumed session's does); then the evidence is checked in
+/// full again.
+static CHECKED: RememberedByDer<CertificateCheck> = RememberedByDer::new();
 
 /// The extension's OID, 2.23.133.5.4.9 (tcg-dice-conceptual-message-wrapper).
 pub const EVIDENCE_EXTENSION_OID: [u64; 6] = [2, 23, 133, 5, 4, 9];
@@ -195,15 +155,46 @@ impl CertificateEvidence {
 
     /// The evidence a DER certificate carries in its extension, if it has one.
     pub fn from_certificate(cert_der: &[u8]) -> Result<Option<Self>, AttestError> {
-        let oid = x509_parser::oid_registry::Oid::from(&EVIDENCE_EXTENSION_OID)
-            .map_err(|_| AttestError::Malformed("certificate evidence OID"))?;
+        Ok(Self::with_key(cert_der)?.map(|(found, _)| found))
+    }
+
+    /// [`from_certificate`](Self::from_certificate), with the certificate's
+    /// SubjectPublicKeyInfo (DER), from the same parse.
+    fn with_key(cert_der: &[u8]) -> Result<Option<(Self, Vec<u8>)>, AttestError> {
         let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
             .map_err(|_| AttestError::Malformed("certificate"))?;
         let found = cert
-            .get_extension_unique(&oid)
+            .get_extension_unique(&evidence_oid()?)
             .map_err(|_| AttestError::Malformed("certificate evidence: extension twice"))?;
-        found.map(|ext| Self::decode(ext.value)).transpose()
+        let spki = cert.tbs_certificate.subject_pki.raw;
+        found
+            .map(|ext| Ok((Self::decode(ext.value)?, spki.to_vec())))
+            .transpose()
     }
+
+    /// The full check of this evidence: bound to `spki_der` and its nonce, under `policy`
+    /// (which must take the mode and the nonce) at `now_unix`.
+    fn check(
+        self,
+        spki_der: &[u8],
+        policy: &Policy,
+        now_unix: u64,
+    ) -> Result<CertificateCheck, AttestError> {
+        policy.check_certificate_evidence(&self.nonce)?;
+        let bound = report_data(spki_der, &self.nonce);
+        let claims = verify_bytes(&self.evidence, &bound, policy, now_unix)?;
+        Ok(CertificateCheck {
+            claims,
+            nonce: self.nonce,
+            checked_at: now_unix,
+        })
+    }
+}
+
+/// The extension's OID as x509-parser compares it.
+fn evidence_oid() -> Result<x509_parser::oid_registry::Oid<'static>, AttestError> {
+    x509_parser::oid_registry::Oid::from(&EVIDENCE_EXTENSION_OID)
+        .map_err(|_| AttestError::Malformed("certificate evidence OID"))
 }
 
 /// The claims of the evidence in `cert_der`'s extension, checked under `policy` at `now_unix`:
@@ -239,52 +230,22 @@ pub fn check_certificate_evidence(
     if !policy.certificate_evidence {
         return Err(AttestError::CertificateEvidenceNotAllowed);
     }
-    if let Some(check) = remembered(cert_der) {
+    if let Some(check) = CHECKED.get(cert_der) {
         policy.check_certificate_evidence(&check.nonce)?;
-        match recheck_claims(&check.claims, check.at, now_unix, policy) {
-            Ok(()) => {
-                REMEMBERED_ANSWERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Ok(CertificateCheck {
-                    claims: check.claims,
-                    nonce: check.nonce,
-                    checked_at: check.at,
-                });
-            }
+        match recheck_claims(&check.claims, check.checked_at, now_unix, policy) {
+            Ok(()) => return Ok(check),
             // Checked too long ago: in full again, below.
             Err(AttestError::EvidenceTooOld { .. }) => {}
             Err(e) => return Err(e),
         }
     }
-    let found = CertificateEvidence::from_certificate(cert_der)?
-        .ok_or(AttestError::NoCertificateEvidence)?;
-    policy.check_certificate_evidence(&found.nonce)?;
-    let spki = spki_from_certificate(cert_der)?;
-    let evidence = Evidence::from_bytes(&found.evidence)?;
-    let claims = verify(
-        &evidence,
-        &report_data(&spki, &found.nonce),
-        policy,
-        now_unix,
-    )?;
-    remember(
-        cert_der,
-        Checked {
-            claims: claims.clone(),
-            nonce: found.nonce.clone(),
-            at: now_unix,
-        },
-    );
-    Ok(CertificateCheck {
-        claims,
-        nonce: found.nonce,
-        checked_at: now_unix,
-    })
+    let (found, spki) =
+        CertificateEvidence::with_key(cert_der)?.ok_or(AttestError::NoCertificateEvidence)?;
+    let check = found.check(&spki, policy, now_unix)?;
+    CHECKED.put(cert_der, check.clone());
+    Ok(check)
 }
 
-/// A nonce of the exporter's length would make the two modes' report_data inputs the same
-/// shape: evidence made for a certificate with a session's exporter as its nonce would pass
-/// as that session's evidence (found in a review). Every other length keeps them apart (the
-/// binder comes last, after fixed-length parts, so inputs of different lengths differ).
 /// What a CA checks before it signs a middlebox's certificate signing request (DER): the
 /// evidence in the request's extension, bound to the request's own key and nonce, under
 /// `policy` (which must take the mode, and its `certificate_nonces`, if any, the nonce). The
@@ -298,8 +259,7 @@ pub fn check_request_evidence(
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::cri_attributes::ParsedCriAttribute;
     use x509_parser::prelude::FromDer;
-    let oid = x509_parser::oid_registry::Oid::from(&EVIDENCE_EXTENSION_OID)
-        .map_err(|_| AttestError::Malformed("certificate evidence OID"))?;
+    let oid = evidence_oid()?;
     let (rest, csr) = X509CertificationRequest::from_der(csr_der)
         .map_err(|_| AttestError::Malformed("certificate signing request"))?;
     if !rest.is_empty() {
@@ -316,22 +276,13 @@ pub fn check_request_evidence(
         })
         .ok_or(AttestError::NoCertificateEvidence)?
         .value;
-    let found = CertificateEvidence::decode(value)?;
-    policy.check_certificate_evidence(&found.nonce)?;
-    let evidence = Evidence::from_bytes(&found.evidence)?;
-    let claims = verify(
-        &evidence,
-        &report_data(info.subject_pki.raw, &found.nonce),
-        policy,
-        now_unix,
-    )?;
-    Ok(CertificateCheck {
-        claims,
-        nonce: found.nonce,
-        checked_at: now_unix,
-    })
+    CertificateEvidence::decode(value)?.check(info.subject_pki.raw, policy, now_unix)
 }
 
+/// A nonce of the exporter's length would make the two modes' report_data inputs the same
+/// shape: evidence made for a certificate with a session's exporter as its nonce would pass
+/// as that session's evidence (found in a review). Every other length keeps them apart (the
+/// binder comes last, after fixed-length parts, so inputs of different lengths differ).
 fn check_nonce(nonce: &[u8]) -> Result<(), AttestError> {
     if nonce.len() > MAX_NONCE_LEN {
         return Err(AttestError::TooLarge {
@@ -489,14 +440,14 @@ mod tests {
                 .checked_at,
             T
         );
-        assert_eq!(remembered(&cert).map(|c| c.at), Some(T));
+        assert_eq!(CHECKED.get(&cert).map(|c| c.checked_at), Some(T));
         // Answered from memory: the time of the full check, not now.
         let answer = check_certificate_evidence(&cert, &policy, T + 50).unwrap();
         assert_eq!(answer.checked_at, T);
         // Past the age: in full again, remembered anew.
         let again = check_certificate_evidence(&cert, &policy, T + 500).unwrap();
         assert_eq!(again.checked_at, T + 500);
-        assert_eq!(remembered(&cert).map(|c| c.at), Some(T + 500));
+        assert_eq!(CHECKED.get(&cert).map(|c| c.checked_at), Some(T + 500));
     }
 
     #[test]
@@ -514,11 +465,31 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Any bytes: an error or a record that encodes back to them; never a panic.
+        /// A record, then cut, one byte changed, or bytes added: an error, or a record that
+        /// encodes back to one that reads the same; never a panic. (Random bytes alone would
+        /// almost never reach past the record's head.)
         #[test]
-        fn any_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
-            if let Ok(ce) = CertificateEvidence::decode(&bytes) {
-                // Shortest heads only on the way out: a longer head reads but encodes shorter.
+        fn any_altered_record_decodes_or_fails_cleanly(
+            nonce in proptest::strategy::Strategy::prop_filter(
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..=MAX_NONCE_LEN),
+                "not the exporter's length",
+                |n| n.len() != crate::binding::EXPORTER_LEN,
+            ),
+            evidence in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+            flip in proptest::prelude::any::<(proptest::sample::Index, u8)>(),
+            added in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4),
+        ) {
+            let record = CertificateEvidence { nonce, evidence };
+            let bytes = record.encode().unwrap();
+            proptest::prop_assert_eq!(&CertificateEvidence::decode(&bytes).unwrap(), &record);
+            let mut altered = bytes[..cut.index(bytes.len() + 1)].to_vec();
+            if !altered.is_empty() {
+                let at = flip.0.index(altered.len());
+                altered[at] ^= flip.1;
+            }
+            altered.extend_from_slice(&added);
+            if let Ok(ce) = CertificateEvidence::decode(&altered) {
                 let again = CertificateEvidence::decode(&ce.encode().unwrap()).unwrap();
                 proptest::prop_assert_eq!(again, ce);
             }

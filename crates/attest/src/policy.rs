@@ -182,7 +182,7 @@ fn ct_contains(list: &[HexBytes], value: &[u8]) -> bool {
 impl Policy {
     /// Whether the evidence in a certificate may be bound to `nonce`: any, unless the policy
     /// lists nonces (compared in constant time).
-    pub fn accepts_certificate_nonce(&self, nonce: &[u8]) -> bool {
+    fn accepts_certificate_nonce(&self, nonce: &[u8]) -> bool {
         self.certificate_nonces.is_empty() || ct_contains(&self.certificate_nonces, nonce)
     }
 

@@ -13,8 +13,8 @@ use mbx_attest::{
 const NOW: u64 = 1_700_000_000;
 const NONCE: &[u8] = b"the CA's challenge";
 
-/// A certificate for `key` carrying `extension` (an extension value), if any.
-fn certificate(key: &rcgen::KeyPair, extension: Option<Vec<u8>>) -> Vec<u8> {
+/// What a certificate or a request for mb.test says: `extension` (an extension value), if any.
+fn params(extension: Option<Vec<u8>>) -> rcgen::CertificateParams {
     let mut params = rcgen::CertificateParams::new(vec!["mb.test".to_string()]).unwrap();
     if let Some(value) = extension {
         params
@@ -24,7 +24,12 @@ fn certificate(key: &rcgen::KeyPair, extension: Option<Vec<u8>>) -> Vec<u8> {
                 value,
             ));
     }
-    params.self_signed(key).unwrap().der().to_vec()
+    params
+}
+
+/// A certificate for `key` carrying `extension` (an extension value), if any.
+fn certificate(key: &rcgen::KeyPair, extension: Option<Vec<u8>>) -> Vec<u8> {
+    params(extension).self_signed(key).unwrap().der().to_vec()
 }
 
 struct Fixture {
@@ -179,14 +184,8 @@ fn a_requests_evidence_is_checked_before_signing() {
     use mbx_attest::cert_bound::check_request_evidence;
     let f = fixture();
     let request = |key: &rcgen::KeyPair, extension: Vec<u8>| {
-        let mut params = rcgen::CertificateParams::new(vec!["mb.test".to_string()]).unwrap();
-        params
-            .custom_extensions
-            .push(rcgen::CustomExtension::from_oid_content(
-                &EVIDENCE_EXTENSION_OID,
-                extension,
-            ));
-        params.serialize_request(key).unwrap().der().to_vec()
+        let request = params(Some(extension)).serialize_request(key).unwrap();
+        request.der().to_vec()
     };
     let key = rcgen::KeyPair::generate().unwrap();
     let csr = request(&key, extension(&f, &key, NONCE));
