@@ -49,13 +49,22 @@ pub struct MiddleboxHandshakeConfig {
     pub(crate) session_tickets: bool,
     /// The evidence is in the certificate ([`Self::evidence_in_certificate`]): sessions get
     /// [`IN_CERTIFICATE`] instead of evidence of their own.
-    in_certificate: bool,
+    in_certificate: Option<Arc<CertificateBinding>>,
+}
+
+/// What the evidence in a middlebox's certificate is bound to, as it claims (its signature is
+/// the endpoints' to check): the CA's nonce, and the code measurement, for a banner.
+#[derive(Debug)]
+pub struct CertificateBinding {
+    pub nonce: Vec<u8>,
+    pub measurement: Vec<u8>,
 }
 
 impl MiddleboxHandshakeConfig {
-    /// Whether making evidence blocks ([`Attester::blocks`]).
+    /// Whether making evidence blocks ([`Attester::blocks`]); never with the evidence in
+    /// the certificate, when no session asks the attester for any.
     pub fn attester_blocks(&self) -> bool {
-        self.attester.as_ref().is_some_and(|a| a.blocks())
+        self.in_certificate.is_none() && self.attester.as_ref().is_some_and(|a| a.blocks())
     }
 
     /// `tls`: a server configuration with the middlebox's certificate and key; the context is
@@ -88,29 +97,34 @@ impl MiddleboxHandshakeConfig {
             attester,
             spki,
             session_tickets,
-            in_certificate: false,
+            in_certificate: None,
         })
     }
 
     /// Points every session at the evidence in the middlebox's certificate (the spec's
     /// second binding mode, [`mbx_attest::cert_bound`]) instead of making evidence bound to
     /// each session: no quote per session, and endpoints whose policy accepts the mode check
-    /// the certificate's evidence. The certificate must carry it, in a record that reads.
+    /// the certificate's evidence. The certificate must carry it, bound to the certificate's
+    /// own key (else every session would fail).
     pub fn evidence_in_certificate(mut self) -> Result<Self, HandshakeError> {
         let leaf = self
             .tls
             .certificate_der()
             .ok_or(HandshakeError::Config("a middlebox needs a certificate"))?;
-        CertificateEvidence::from_certificate(leaf)?.ok_or(HandshakeError::Attestation(
-            mbx_attest::AttestError::NoCertificateEvidence,
-        ))?;
-        self.in_certificate = true;
+        let found = CertificateEvidence::from_certificate(leaf)?.ok_or(
+            HandshakeError::Attestation(mbx_attest::AttestError::NoCertificateEvidence),
+        )?;
+        let measurement = found.check_binding(&self.spki)?;
+        self.in_certificate = Some(Arc::new(CertificateBinding {
+            nonce: found.nonce,
+            measurement,
+        }));
         Ok(self)
     }
 
-    /// Whether sessions are pointed at the evidence in the certificate.
-    pub fn evidence_is_in_certificate(&self) -> bool {
-        self.in_certificate
+    /// What the evidence in the certificate is bound to, when sessions are pointed at it.
+    pub fn certificate_evidence(&self) -> Option<&CertificateBinding> {
+        self.in_certificate.as_deref()
     }
 
     /// The SubjectPublicKeyInfo (DER) the evidence is bound to.
@@ -722,7 +736,7 @@ pub(super) fn write_evidence(
         // session we issued it in.
         _ if engine.session_reused() => Vec::new(),
         // The session proves we hold the key; the certificate says the TEE made it.
-        _ if cfg.in_certificate => IN_CERTIFICATE.to_vec(),
+        _ if cfg.in_certificate.is_some() => IN_CERTIFICATE.to_vec(),
         Some(a) => {
             let binder = engine.export_keying_material(label, None, EXPORTER_LEN)?;
             a.evidence(&report_data(&cfg.spki, &binder))?.to_bytes()

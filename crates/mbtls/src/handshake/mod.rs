@@ -26,7 +26,7 @@ pub use endpoint_core::{
 };
 pub use kept::MAX_COPIED_BYTES;
 pub use middlebox::{
-    MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
+    CertificateBinding, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     MIDDLEBOX_TICKET_KEY_PERIOD,
 };
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
