@@ -150,6 +150,10 @@ fn a_remembered_certificate_check_is_held_to_each_policy() {
         ..f.policy.clone()
     };
     verify_certificate_evidence(&cert, &policy, NOW).unwrap();
+    // Remembered: answered with the time of the full check, so what follows is refused on
+    // the remembered claims.
+    let remembered = mbx_attest::cert_bound::check_certificate_evidence(&cert, &policy, NOW + 50);
+    assert_eq!(remembered.unwrap().checked_at, NOW);
     let other_platform = Policy {
         sim_platform_keys: vec![HexBytes::from([9u8; 32])],
         ..policy.clone()

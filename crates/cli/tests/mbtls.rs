@@ -2312,11 +2312,34 @@ fn a_reload_refuses_a_log_change_only_when_the_files_log_is_in_force() {
             args.extend(["--log", "warn"].map(OsStr::new));
         }
         args.extend(["mbtls", "middlebox"].map(OsStr::new));
-        let (mut mb, mut lines, _head) = start(&args, 4);
+        // Standard error read too: the refusal is said there.
+        let child = mbx()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut mb = ChildGuard::new(child);
+        let process = mb.child_mut().unwrap();
+        let mut lines = TimedLines::new(process.stdout.take().unwrap());
+        let mut errors = TimedLines::new(process.stderr.take().unwrap());
+        // The banner.
+        for _ in 0..4 {
+            lines.next().unwrap().unwrap();
+        }
         write_config("log = \"debug\"\n", "http-header:X-Log:changed");
         signal(&mut mb, Signal::HUP);
         if !flag {
-            // Refused (said on standard error): the next line is the next reload's.
+            // Refused, said on standard error before the next reload is asked for (two
+            // signals close together could be taken as one, reading the later file).
+            let refusal = errors
+                .find(|l| l.as_ref().map_or(true, |l| l.contains("reload")))
+                .unwrap()
+                .unwrap();
+            assert!(
+                refusal.contains("a reload cannot change log from the default to \"debug\""),
+                "{refusal}"
+            );
             write_config("", "http-header:X-Log:after");
             signal(&mut mb, Signal::HUP);
         }

@@ -485,7 +485,32 @@ fn evidence_in_the_certificate_is_taken_only_where_the_policy_allows_it() {
     }
     let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
     let plain = s.mbox_cfg.clone().evidence_in_certificate();
-    assert!(plain.is_err());
+    let e = plain.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("carries no evidence"), "{e}");
+    // Nor one whose evidence is for another key: every session would fail.
+    let attester = s.mbox_cfg.attester.clone().unwrap();
+    let for_another_key = |_: &[u8]| {
+        mbx_attest::CertificateEvidence::make(attester.as_ref(), b"another key", b"nonce")
+            .unwrap()
+            .encode()
+            .unwrap()
+    };
+    let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
+    let leaf = s
+        .pki
+        .issue_with_extension(
+            &LeafSpec::middlebox("mb.test"),
+            Some((oid, &for_another_key)),
+        )
+        .unwrap();
+    let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+    let e = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(attester))
+        .unwrap()
+        .evidence_in_certificate()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("report_data"), "{e}");
 }
 
 #[test]

@@ -527,9 +527,11 @@ async fn hello_only_forwarder(to: SocketAddr) -> (SocketAddr, tokio::sync::onesh
             let _ = tokio::io::copy(&mut out_r, &mut in_w).await;
             let _ = in_w.shutdown().await;
         });
+        let mut back = back;
         tokio::select! {
-            _ = left => {}
-            _ = back => {}
+            // The way back is ended too: both connections close.
+            _ = left => back.abort(),
+            _ = &mut back => {}
         }
         // Dropping the halves still held closes both connections.
         drop((in_r, out_w));

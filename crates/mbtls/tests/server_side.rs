@@ -2466,6 +2466,12 @@ mod secondary_resumption {
                 session(&s, version, &mbs, &secondary, &on).assert_no_errors();
                 let mut later = session(&s, version, &mbs, &secondary, &later_policy);
                 later.assert_server_refused(&[refusal], version);
+                // Refused on the resumed check, not on a fresh one.
+                let events = mb_events(later.server_side_mb(1));
+                assert!(
+                    events.contains(&MiddleboxHandshakeEvent::Resumed),
+                    "{events:?}"
+                );
                 assert!(!later.server_side_mb(1).keys_installed());
             }
             // Under the same policy it resumes.

@@ -52,7 +52,7 @@ pub struct TimedLines {
 pub const LINE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl TimedLines {
-    pub fn new(stdout: std::process::ChildStdout) -> TimedLines {
+    pub fn new(stdout: impl std::io::Read + Send + 'static) -> TimedLines {
         use std::io::BufRead as _;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
