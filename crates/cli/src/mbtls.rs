@@ -498,14 +498,14 @@ struct Service {
     metrics_listen: Option<String>,
 }
 
-/// A role's settings from its merged table (`[mbtls.<role>]` with the flags put in, the
-/// service keys taken out). serde names a missing or unknown key; the error adds the flag that
-/// gives a missing one, and the service keys, which serde's list of expected keys leaves out.
 /// An error about settings that do not parse (exit status 2).
 fn does_not_parse(said: String) -> anyhow::Error {
     anyhow::Error::new(crate::subcommand::DoesNotParse(said))
 }
 
+/// A role's settings from its merged table (`[mbtls.<role>]` with the flags put in, the
+/// service keys taken out). serde names a missing or unknown key; the error adds the flag that
+/// gives a missing one, and the service keys, which serde's list of expected keys leaves out.
 fn role_settings<T: serde::de::DeserializeOwned>(
     table: toml::Table,
     role: &str,
@@ -747,8 +747,7 @@ fn parse_url(url: &str) -> anyhow::Result<(String, String, String)> {
     let host = match authority.split_once(':') {
         Some((h, port)) => {
             ensure!(
-                port.bytes().all(|b| b.is_ascii_digit())
-                    && port.parse::<u16>().is_ok_and(|p| p != 0),
+                is_port(port),
                 "URL {url:?}: the port must be a number from 1 to 65535"
             );
             h
@@ -991,8 +990,6 @@ fn client(
     if let Some(path) = &output {
         crate::response_out::check_body_file(path)?;
     }
-    // A fetch piped into `head` ends quietly when its reader goes away.
-    crate::subcommand::exit_quietly_when_stdout_closes();
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: mbx-mbtls\r\nConnection: close\r\n\r\n"
     );
@@ -1107,6 +1104,11 @@ fn client(
 /// it closes itself.
 const BODY_END_GRACE: Duration = Duration::from_secs(2);
 
+/// A port: digits only (`+443` would parse), 1 to 65535.
+fn is_port(port: &str) -> bool {
+    port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p != 0)
+}
+
 /// An address used only when a connection comes (a next hop, a backend, a first hop), checked
 /// at the start: `host:port`, the host a name, an IPv4 address or an IPv6 address in brackets.
 fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
@@ -1115,7 +1117,7 @@ fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
         .rsplit_once(':')
         .with_context(|| format!("{setting} {addr:?} has no port: give host:port ({example})"))?;
     ensure!(
-        port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p != 0),
+        is_port(port),
         "{setting} {addr:?}: the port must be a number from 1 to 65535 ({example})"
     );
     // An IPv6 address must be one the connection can use (a zone, if any, by number).
@@ -1725,17 +1727,7 @@ fn platform(
     };
     if !path.exists() {
         let pkcs8 = SimulatedPlatform::generate_pkcs8()?;
-        // A private key: readable by its owner only, and never written through a link left
-        // in its place.
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .and_then(|mut f| f.write_all(&pkcs8))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        crate::subcommand::write_new_private_file(path, &pkcs8)?;
     }
     let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
     Ok((
@@ -2119,23 +2111,12 @@ fn certificate_request(
     let made = openssl::pkey::PKey::from_ec_key(openssl::ec::EcKey::generate(&group)?)?;
     let pkcs8 = zeroize::Zeroizing::new(made.private_key_to_pkcs8()?);
     let pem = zeroize::Zeroizing::new(made.private_key_to_pem_pkcs8()?);
-    {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&s.private_key)
-            .and_then(|mut f| f.write_all(&pem))
-            .with_context(|| {
-                format!(
-                    "cannot create the middlebox's new key {} (--private-key: a request makes \
-                     its key, and will not overwrite a file)",
-                    s.private_key.display()
-                )
-            })?;
-    }
+    let no_overwrite = "--private-key: a request makes its key, and will not overwrite a file";
+    ensure!(
+        !s.private_key.exists(),
+        "{} exists ({no_overwrite})",
+        s.private_key.display()
+    );
     let key = rcgen::KeyPair::try_from(pkcs8.as_slice())
         .map_err(|e| anyhow::anyhow!("cannot sign a request with the new key: {e}"))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
@@ -2157,6 +2138,10 @@ fn certificate_request(
         .serialize_request(&key)
         .and_then(|r| r.pem())
         .map_err(|e| anyhow::anyhow!("cannot make the certificate request: {e}"))?;
+    // The key is written only once its request is made: a request that fails leaves no key
+    // behind to refuse the next try (found in a review).
+    crate::subcommand::write_new_private_file(&s.private_key, &pem)
+        .with_context(|| format!("the middlebox's new key ({no_overwrite})"))?;
     std::fs::write(out, request).with_context(|| format!("cannot write {}", out.display()))?;
     println!(
         "certificate request for {} written to {}: evidence for its key and nonce {}; {attestation_line}",

@@ -231,6 +231,21 @@ fn is_separator_or_bidi(c: char) -> bool {
     )
 }
 
+/// A new private key file: readable by its owner only, and never written over a file, nor
+/// through a link left in its place.
+pub fn write_new_private_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{each_once, escape_controls};

@@ -316,7 +316,7 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         cmd
     };
     let nonce = "c0ffee";
-    let request = |csr: &str| {
+    let request = |csr: &str, nonce: &str| {
         middlebox(&[
             os("--certificate-request"),
             path(csr).as_os_str(),
@@ -328,7 +328,13 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         .output()
         .unwrap()
     };
-    let said = succeeded(&request("mb.csr"));
+    // A request that fails (a nonce of the exporter's length) leaves no key behind to
+    // refuse the next one.
+    let bad_nonce = "00".repeat(32);
+    let err = failure(&request("bad.csr", &bad_nonce));
+    assert!(err.contains("of 32 bytes"), "{err}");
+    assert!(!path("mb.key").exists());
+    let said = succeeded(&request("mb.csr", nonce));
     assert!(
         said.contains("certificate request for mb.test written to"),
         "{said}"
@@ -360,7 +366,7 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
     );
     let err = failure(&check("0bad"));
     assert!(err.contains("certificate_nonces"), "{err}");
-    let err = failure(&request("again.csr"));
+    let err = failure(&request("again.csr", nonce));
     assert!(err.contains("will not overwrite a file"), "{err}");
     openssl(&[
         os("x509"),

@@ -280,8 +280,6 @@ impl World {
     }
 }
 
-/// A server's middlebox setting that takes sessions without one (it requires none and
-/// approves none that announces itself).
 /// How a session that must fail fails: its handshake's error, or (TLS 1.3, whose client
 /// handshake is over before the server's refusal comes) the first read's.
 async fn session_error(
@@ -307,6 +305,8 @@ async fn told_handshake_failure(
     assert!(err.contains("handshake_failure(40)"), "{what:?}: {err}");
 }
 
+/// A server's middlebox setting that takes sessions without one (it requires none and
+/// approves none that announces itself).
 fn no_server_middlebox() -> ServerMiddlebox {
     ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false))
 }
