@@ -228,8 +228,7 @@ impl World {
     /// An mbTLS client through the client-side middlebox mb1 at `mb1`, its request sent with
     /// the key material.
     async fn connect(&self, mb1: SocketAddr, version: TlsVersion, request: &[u8]) -> MbtlsClient {
-        let connecting = MbtlsClient::connect_with_data(mb1, self.client(version), request);
-        timeout(BOUND, connecting).await.unwrap().unwrap()
+        self.connect_with(mb1, self.client(version), request).await
     }
 
     /// An mbTLS session of a client of configuration `cfg` through `mb1`, its request sent with

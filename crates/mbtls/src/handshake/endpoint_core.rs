@@ -144,30 +144,21 @@ fn certificate_name(cert_der: &[u8]) -> Option<String> {
     Some(mbx_wire::printable(name))
 }
 
-/// What the evidence of a fresh secondary session came to.
-struct FreshCheck {
-    /// `None`: it sent none and the policy does not require any.
-    claims: Option<Claims>,
-    /// The evidence was the certificate's, bound to this nonce: a session resumed from this
-    /// one must still find that mode, and that nonce, accepted (found in a review).
-    certificate_nonce: Option<Vec<u8>>,
-    /// When the evidence was checked in full (earlier than now when a remembered check of
-    /// the certificate's evidence answered).
-    checked_at: u64,
-}
-
-/// The claims of evidence bound to this secondary session, or to the middlebox's
-/// certificate when it points there and the policy takes that mode.
+/// The check of a fresh secondary session's evidence, bound to this session, or to the
+/// middlebox's certificate when it points there and the policy takes that mode. Its
+/// `certificate_not_after` is left 0 (nothing to resume on): the caller reads it for a
+/// session that can be resumed.
 fn fresh_claims(
     engine: &(dyn TlsEngine + Send),
     evidence: &[u8],
     policy: &Policy,
     now: u64,
-) -> Result<FreshCheck, HandshakeError> {
-    let bound_to_session = |claims| FreshCheck {
+) -> Result<VouchedCheck, HandshakeError> {
+    let bound_to_session = |claims| VouchedCheck {
         claims,
-        certificate_nonce: None,
         checked_at: now,
+        certificate_not_after: 0,
+        certificate_nonce: None,
     };
     if evidence.is_empty() {
         policy.check_missing_evidence()?;
@@ -181,10 +172,11 @@ fn fresh_claims(
         // Bound to the certificate's key, which this session's CertificateVerify proved the
         // middlebox holds (the spec's second binding mode), if the policy takes it.
         let check = check_certificate_evidence(leaf, policy, now)?;
-        return Ok(FreshCheck {
+        return Ok(VouchedCheck {
             claims: Some(check.claims),
-            certificate_nonce: Some(check.nonce),
             checked_at: check.checked_at,
+            certificate_not_after: 0,
+            certificate_nonce: Some(check.nonce),
         });
     }
     let label = core::str::from_utf8(EXPORTER_LABEL)
@@ -206,7 +198,9 @@ struct VouchedCheck {
     claims: Option<Claims>,
     checked_at: u64,
     certificate_not_after: u64,
-    /// The evidence was the certificate's, bound to this nonce ([`FreshCheck`]).
+    /// The evidence was the certificate's, bound to this nonce: a session resumed from this
+    /// one must still find that mode, and that nonce, accepted (found in a review). Then
+    /// `checked_at` is the full check's, earlier than now when a remembered check answered.
     certificate_nonce: Option<Vec<u8>>,
 }
 
@@ -870,18 +864,12 @@ impl EndpointCore {
         let check = if resumed && evidence.is_empty() {
             resumed_check(slot.engine.as_ref(), policy, now)?
         } else {
-            let fresh = fresh_claims(slot.engine.as_ref(), evidence, policy, now)?;
+            let mut fresh = fresh_claims(slot.engine.as_ref(), evidence, policy, now)?;
             // Only a session that can be resumed needs its certificate read again.
-            let certificate_not_after = match slot.resumable {
-                true => certificate_not_after(slot.engine.as_ref()),
-                false => 0,
-            };
-            Arc::new(VouchedCheck {
-                claims: fresh.claims,
-                checked_at: fresh.checked_at,
-                certificate_not_after,
-                certificate_nonce: fresh.certificate_nonce,
-            })
+            if slot.resumable {
+                fresh.certificate_not_after = certificate_not_after(slot.engine.as_ref());
+            }
+            Arc::new(fresh)
         };
         let checked_at = check.checked_at;
         let claims = if slot.resumable {
