@@ -140,13 +140,7 @@ impl CertificateEvidence {
     /// its certificate carries evidence for its own key. Also gives the code measurement
     /// the evidence claims, for its banner.
     pub fn check_binding(&self, spki_der: &[u8]) -> Result<Vec<u8>, AttestError> {
-        let (bound, measurement) = match Evidence::from_bytes(&self.evidence)? {
-            Evidence::Simulated(ev) => (ev.report_data, ev.measurement.to_vec()),
-            Evidence::Dcap(ev) => (
-                crate::dcap::quote_report_data_unverified(ev.quote())?,
-                crate::dcap::quote_measurement_unverified(ev.quote())?,
-            ),
-        };
+        let (bound, measurement) = Evidence::from_bytes(&self.evidence)?.claimed_unverified()?;
         if !crate::binding::report_data_eq(&bound, &report_data(spki_der, &self.nonce)) {
             return Err(AttestError::ReportDataMismatch);
         }

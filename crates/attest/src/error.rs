@@ -65,6 +65,15 @@ pub enum AttestError {
     /// The middlebox points at evidence in its certificate, which has no such extension.
     #[error("the middlebox's certificate carries no evidence (extension 2.23.133.5.4.9)")]
     NoCertificateEvidence,
+    /// The middlebox's certificate carries evidence for other code than its attester measures
+    /// now (hex): the program changed since the certificate was requested.
+    #[error("the evidence in the middlebox's certificate claims code measurement {claimed}, but this middlebox's attester measures {running}: it runs other code than its certificate says (make a new request with --certificate-request)")]
+    CertificateEvidenceForOtherCode {
+        /// The measurement the certificate's evidence claims.
+        claimed: String,
+        /// The measurement the attester gives now.
+        running: String,
+    },
     /// The nonce the certificate's evidence is bound to is not one the policy lists.
     #[error("the nonce {0} of the evidence in the middlebox's certificate is not in the policy's certificate_nonces")]
     CertificateNonceNotAccepted(String),

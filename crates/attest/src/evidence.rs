@@ -260,6 +260,18 @@ impl<'a> Reader<'a> {
 }
 
 impl Evidence {
+    /// The report_data and code measurement this evidence claims, read without checking it
+    /// (its verifier does): for a middlebox's start-up checks of its own evidence.
+    pub fn claimed_unverified(&self) -> Result<([u8; REPORT_DATA_LEN], Vec<u8>), AttestError> {
+        Ok(match self {
+            Evidence::Simulated(ev) => (ev.report_data, ev.measurement.to_vec()),
+            Evidence::Dcap(ev) => (
+                crate::dcap::quote_report_data_unverified(ev.quote())?,
+                crate::dcap::quote_measurement_unverified(ev.quote())?,
+            ),
+        })
+    }
+
     /// The kind tag.
     pub fn kind(&self) -> EvidenceKind {
         match self {

@@ -678,12 +678,12 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
         let listener = TcpListener::bind(&s.listen)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
-        println!(
+        crate::subcommand::print_line(format_args!(
             "BlindBox receiver listening on {} ({}, RG key id {})",
             listener.local_addr()?,
             describe_flow(&ch.flow),
             ch.key_id
-        );
+        ));
         // Connections are served concurrently (a rule setup takes seconds); `--out` holds the
         // data of the connection that finished last.
         let (tls, s) = (Arc::new(tls), Arc::new(s));
@@ -802,12 +802,12 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
         let listener = TcpListener::bind(&s.listen)
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
-        println!(
+        crate::subcommand::print_line(format_args!(
             "BlindBox middlebox listening on {}, next hop {}",
             listener.local_addr()?,
             s.next_hop
-        );
-        println!(
+        ));
+        crate::subcommand::print_line(format_args!(
             "rules: {} from {} (RG key id {}): {} window / {} delimiter rule chunks; policy {}",
             book.rule_count(),
             s.rules.display(),
@@ -815,7 +815,7 @@ fn middlebox(flags: MiddleboxFlags, config: &BlindboxConfig) -> anyhow::Result<(
             book.chunk_count(Tokenization::Window),
             book.chunk_count(Tokenization::Delimiter),
             s.policy
-        );
+        ));
         let mut tasks = Vec::new();
         let mut n = 0u64;
         // Out of descriptors, accept pauses and tries again instead of ending the listener.

@@ -206,7 +206,7 @@ fn edge(flags: EdgeFlags, config: &KeylessConfig) -> anyhow::Result<()> {
     runtime.block_on(async {
         let edge = Edge::from_config(&cfg).context("cannot start the edge")?;
         let running = edge.bind(cfg.listen).await.context("cannot listen")?;
-        println!("edge listening on {}", running.local_addr());
+        crate::subcommand::print_line(format_args!("edge listening on {}", running.local_addr()));
         tokio::signal::ctrl_c()
             .await
             .context("cannot wait for Ctrl-C")?;
@@ -270,9 +270,12 @@ fn keyserver(
         let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
         let server = KeyServer::from_config(&cfg).context("cannot start the key server")?;
         let running = server.bind(cfg.listen).await.context("cannot listen")?;
-        println!("key server listening on {}", running.local_addr());
+        crate::subcommand::print_line(format_args!(
+            "key server listening on {}",
+            running.local_addr()
+        ));
         if let Some(m) = running.metrics_addr() {
-            println!("metrics listening on {m}");
+            crate::subcommand::print_line(format_args!("metrics listening on {m}"));
         }
         loop {
             tokio::select! {
@@ -292,7 +295,7 @@ fn keyserver(
                 }
             }
         }
-        println!("key server stopping");
+        crate::subcommand::print_line(format_args!("key server stopping"));
         Ok(())
     })
 }

@@ -591,8 +591,8 @@ impl World {
             .and_then(|c| c.first())
             .context("the edge sent no certificate")?;
         let x509 = openssl::x509::X509::from_der(leaf).context("unparsable certificate")?;
-        let subject = name_text(x509.subject_name());
-        let issuer = name_text(x509.issuer_name());
+        let subject = crate::subcommand::name_text(x509.subject_name());
+        let issuer = crate::subcommand::name_text(x509.issuer_name());
         let cn = x509
             .subject_name()
             .entries_by_nid(openssl::nid::Nid::COMMONNAME)
@@ -713,17 +713,6 @@ fn pem_blocks(bytes: &[u8]) -> Vec<Vec<u8>> {
         }
     }
     out
-}
-
-fn name_text(name: &openssl::x509::X509NameRef) -> String {
-    name.entries()
-        .map(|e| {
-            let key = e.object().nid().short_name().unwrap_or("?");
-            let value = e.data().to_string().unwrap_or_default();
-            format!("{key}={value}")
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// An HTTP/1.1 response as the edge sent it (always with Content-Length).

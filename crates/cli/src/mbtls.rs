@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp, PassThrough};
 use mbx_attest::{
-    quote_measurement_unverified, sim, Attester, DcapEvidence, DcapVerifier, Evidence,
+    quote_measurement_unverified, sim, AttestError, Attester, DcapEvidence, DcapVerifier, Evidence,
     GramineAttester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform, TcbStatus,
     TsmAttester, REPORT_DATA_LEN,
 };
@@ -335,8 +335,15 @@ struct MiddleboxFlags {
     /// and write a certificate signing request (PEM) for it to this file, carrying the
     /// attester's evidence for that key and --nonce (extension 2.23.133.5.4.9), then exit; the
     /// CA signs it copying its extensions but setting CA:FALSE itself (see docs/mbtls.md
-    /// §4.8). No --certificate needed.
-    #[arg(long, requires_all = ["nonce", "request_names"])]
+    /// §4.8). No --certificate needed; the flags of a running middlebox are refused.
+    #[arg(
+        long,
+        requires_all = ["nonce", "request_names"],
+        conflicts_with_all = [
+            "listen", "next_hop", "transparent", "certificate", "evidence_in_certificate",
+            "ticket_key_secs",
+        ]
+    )]
     certificate_request: Option<PathBuf>,
     /// With --certificate-request: the verifier's nonce (hex, up to 64 bytes, not 32) the
     /// evidence is bound to; endpoints may pin it (`certificate_nonces`).
@@ -1165,7 +1172,6 @@ const SERVER_REFUSED_ITS_MIDDLEBOX: &str = "; from an mbTLS server, handshake_fa
 /// when the policy refused it for a reason one flag changes (an operator setting up a client
 /// meets these one at a time), or where a middlebox that did not join belongs.
 fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> String {
-    use mbx_attest::AttestError;
     use mbx_mbtls::driver::DriverError;
     use mbx_mbtls::handshake::HandshakeError;
     let DriverError::Handshake(h) = e else {
@@ -1261,6 +1267,12 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     let HandshakeError::Attestation(a) = h.cause() else {
         return String::new();
     };
+    attestation_hint(a)
+}
+
+/// What would make a policy accept evidence that `a` refused, for the operator (empty when
+/// nothing simple would).
+fn attestation_hint(a: &AttestError) -> String {
     match a {
         // All it will take at once (a newcomer met them one run at a time), the values from
         // the middlebox's own banner rather than from evidence not yet checked.
@@ -1620,12 +1632,17 @@ fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             claims: Some(c),
             resumed,
             checked_at,
+            evidence_in_certificate,
         } => {
             let mut text = format!(
                 "{middlebox} verified ({} TEE, measurement {}",
                 c.tee,
                 hex::encode(&c.measurement)
             );
+            if *evidence_in_certificate {
+                // Weaker than evidence for each session: it stands for whoever holds the key.
+                text.push_str("; evidence from its certificate, made once for its key");
+            }
             if long {
                 text.push_str(&format!(
                     ", signer {}, svn {}",
@@ -1825,16 +1842,16 @@ fn middlebox(
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
-        println!(
+        print_line(format_args!(
             "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
             server.local_addr(),
             next_hop,
             s.side,
             certificate_names
-        );
-        println!("app: {}", s.app);
-        println!("attestation: {attestation_line}");
-        println!("{}", limits_line(&limits, "connections"));
+        ));
+        print_line(format_args!("app: {}", s.app));
+        print_line(format_args!("attestation: {attestation_line}"));
+        print_line(format_args!("{}", limits_line(&limits, "connections")));
         let names = ("middlebox", "connections");
         serve_until_stopped(
             &mut server,
@@ -2072,14 +2089,31 @@ fn check_request(flags: CheckRequestFlags) -> anyhow::Result<()> {
     policy.certificate_evidence = true;
     let nonce = hex::decode(flags.nonce.trim()).context("--nonce must be hex")?;
     policy.certificate_nonces = vec![HexBytes(nonce)];
+    let shown = flags.request.display();
     let bytes = read(&flags.request, "certificate signing request")?;
+    ensure!(
+        openssl::x509::X509::from_pem(&bytes).is_err()
+            && openssl::x509::X509::from_der(&bytes).is_err(),
+        "{shown} holds a certificate, not a certificate signing request: check-request reads \
+         the request before the CA signs it (the middlebox's --certificate-request file)"
+    );
     let der = match openssl::x509::X509Req::from_pem(&bytes) {
         Ok(req) => req.to_der()?,
         Err(_) => bytes,
     };
     let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
-    let check = mbx_attest::cert_bound::check_request_evidence(&der, &policy, now)
-        .with_context(|| format!("the evidence in {} does not pass", flags.request.display()))?;
+    let check = match mbx_attest::cert_bound::check_request_evidence(&der, &policy, now) {
+        Ok(check) => check,
+        Err(AttestError::CertificateNonceNotAccepted(bound)) => bail!(
+            "the evidence in {shown} is bound to nonce {bound}, not to --nonce {}: the request \
+             was made for another verifier's nonce, or is a replay",
+            flags.nonce.trim()
+        ),
+        Err(e) => bail!(
+            "the evidence in {shown} does not pass: {e}{}",
+            attestation_hint(&e)
+        ),
+    };
     println!(
         "evidence verified: bound to the request's key and nonce {}; {}",
         hex::encode(&check.nonce),
@@ -2121,6 +2155,13 @@ fn certificate_request(
         .map_err(|e| anyhow::anyhow!("cannot sign a request with the new key: {e}"))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
     let evidence = mbx_attest::CertificateEvidence::make(attester.as_ref(), &spki, &nonce)?;
+    for name in &names {
+        ensure!(
+            rustls::pki_types::DnsName::try_from(name.as_str()).is_ok(),
+            "--request-name {name:?} is not a DNS name (letters, digits, hyphens and dots, as \
+             endpoints name the middlebox)"
+        );
+    }
     let mut params =
         rcgen::CertificateParams::new(names.clone()).context("--request-name must be DNS names")?;
     if let Some(first) = names.first() {
@@ -2142,7 +2183,16 @@ fn certificate_request(
     // behind to refuse the next try (found in a review).
     crate::subcommand::write_new_private_file(&s.private_key, &pem)
         .with_context(|| format!("the middlebox's new key ({no_overwrite})"))?;
-    std::fs::write(out, request).with_context(|| format!("cannot write {}", out.display()))?;
+    if let Err(e) = std::fs::write(out, request) {
+        // The key is of no use without its request, and would refuse the next try.
+        let _ = std::fs::remove_file(&s.private_key);
+        return Err(e).with_context(|| {
+            format!(
+                "cannot write {} (the new key is removed again)",
+                out.display()
+            )
+        });
+    }
     println!(
         "certificate request for {} written to {}: evidence for its key and nonce {}; {attestation_line}",
         names.join(", "),
@@ -3028,16 +3078,18 @@ fn server(
             .await
             .with_context(|| format!("cannot listen on {}", s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
-        println!(
+        print_line(format_args!(
             "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
             server.local_addr(),
             s.backend,
-        );
+        ));
         match &policy {
-            Some(policy) => println!("server-side middlebox: {described}; {policy}"),
-            None => println!("server-side middlebox: {described}"),
+            Some(policy) => {
+                print_line(format_args!("server-side middlebox: {described}; {policy}"))
+            }
+            None => print_line(format_args!("server-side middlebox: {described}")),
         }
-        println!("{}", limits_line(&limits, "sessions"));
+        print_line(format_args!("{}", limits_line(&limits, "sessions")));
         let names = ("server", "sessions");
         let print = print_server_report;
         let started = (signals, metrics);
@@ -3293,14 +3345,14 @@ fn local_proxy(
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let metrics = bind_metrics(service).await?;
-        println!(
+        print_line(format_args!(
             "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
             proxy.local_addr(),
-        );
+        ));
         if let Some(line) = &policy {
-            println!("{line}");
+            print_line(format_args!("{line}"));
         }
-        println!("{}", limits_line(&limits, "connections"));
+        print_line(format_args!("{}", limits_line(&limits, "connections")));
         let names = ("proxy", "connections");
         serve_until_stopped(
             &mut proxy,
@@ -3639,6 +3691,7 @@ mod tests {
             claims: None,
             resumed: false,
             checked_at: 0,
+            evidence_in_certificate: false,
         };
         let excluded = MiddleboxVerdict::Excluded {
             middlebox: Some("x.test".into()),

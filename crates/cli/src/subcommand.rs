@@ -73,27 +73,55 @@ pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_en
     let cert_chain_pem = read_pem(certificate, "certificate", PemKind::Certificates)?;
     let key_pem =
         zeroize::Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?);
-    // What does not parse is left to the TLS library, which says why.
-    // The first certificate, as the TLS engine takes it (`TRUSTED CERTIFICATE` blocks too).
-    let leaf_key = openssl::x509::X509::stack_from_pem(&cert_chain_pem).and_then(|chain| {
-        chain
-            .first()
-            .map(|leaf| leaf.public_key())
-            .unwrap_or_else(|| Err(openssl::error::ErrorStack::get()))
-    });
-    let key = openssl::pkey::PKey::private_key_from_pem(&key_pem);
-    if let (Ok(leaf_key), Ok(key)) = (leaf_key, key) {
-        ensure!(
-            leaf_key.public_eq(&key),
-            "private key {} does not belong to certificate {} (their public keys differ)",
-            private_key.display(),
-            certificate.display()
-        );
-    }
-    Ok(mbx_engine::Identity {
+    ensure!(
+        !mbx_engine::is_encrypted_pem(&key_pem),
+        "private key {0} is encrypted (passphrase-protected), and a service cannot ask for a \
+         passphrase at each start and reload: give it unencrypted, readable by the service \
+         only (e.g. openssl pkey -in {0} -out plain.key)",
+        private_key.display()
+    );
+    let id = mbx_engine::Identity {
         cert_chain_pem,
         key_pem,
-    })
+    };
+    // What does not parse is left to the TLS library, which says why.
+    // The first certificate is the leaf, as the TLS engine takes it (`TRUSTED CERTIFICATE`
+    // blocks too).
+    let chain = openssl::x509::X509::stack_from_pem(&id.cert_chain_pem).unwrap_or_default();
+    if let (Some(leaf), Ok(key)) = (chain.first(), id.private_key()) {
+        let belongs = |c: &openssl::x509::X509| c.public_key().is_ok_and(|k| k.public_eq(&key));
+        if !belongs(leaf) {
+            // A chain in the wrong order (`cat ca.pem leaf.pem`): the key is a later one's.
+            if let Some(n) = chain.iter().position(belongs) {
+                bail!(
+                    "certificate {} lists its certificates in the wrong order: the private key \
+                     belongs to certificate {} of the file ({}), but the leaf must come first \
+                     (then the CAs that issued it)",
+                    certificate.display(),
+                    n + 1,
+                    name_text(chain[n].subject_name())
+                );
+            }
+            bail!(
+                "private key {} does not belong to certificate {} (their public keys differ)",
+                private_key.display(),
+                certificate.display()
+            );
+        }
+    }
+    Ok(id)
+}
+
+/// A certificate's subject or issuer, one line (`CN=…, O=…`).
+pub fn name_text(name: &openssl::x509::X509NameRef) -> String {
+    name.entries()
+        .map(|e| {
+            let key = e.object().nid().short_name().unwrap_or("?");
+            let value = e.data().to_string().unwrap_or_default();
+            format!("{key}={value}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `1.2` or `1.3`, as flags and config files spell TLS versions.

@@ -292,48 +292,60 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
     // The request makes the middlebox's key (never brought from outside), and will not
     // overwrite one.
     std::fs::write(path("leaf.ext"), "basicConstraints=critical,CA:FALSE\n").unwrap();
-    let middlebox = |extra: &[&OsStr]| {
+    let middlebox_with_app = |app: &str, extra: &[&OsStr]| {
         let mut cmd = mbx();
-        cmd.args([
-            "mbtls",
-            "middlebox",
-            "--listen",
-            "127.0.0.1:0",
-            "--next-hop",
-        ])
-        .arg(nginx.addr().to_string())
-        .arg("--private-key")
-        .arg(path("mb.key"))
-        .args([
-            "--app",
-            "http-header:X-Mbtls:cert-bound",
-            "--attester",
-            "sim",
-        ])
-        .arg("--sim-platform-key")
-        .arg(path("platform.key"))
-        .args(extra);
+        cmd.args(["mbtls", "middlebox", "--private-key"])
+            .arg(path("mb.key"))
+            .args(["--app", app, "--attester", "sim"])
+            .arg("--sim-platform-key")
+            .arg(path("platform.key"))
+            .args(extra);
         cmd
     };
+    let middlebox = |extra: &[&OsStr]| middlebox_with_app("http-header:X-Mbtls:cert-bound", extra);
     let nonce = "c0ffee";
-    let request = |csr: &str, nonce: &str| {
-        middlebox(&[
+    let request_named = |csr: &std::path::Path, nonce: &str, name: &str, extra: &[&OsStr]| {
+        let mut args = vec![
             os("--certificate-request"),
-            path(csr).as_os_str(),
+            csr.as_os_str(),
             os("--nonce"),
             OsStr::new(nonce),
             os("--request-name"),
-            os("mb.test"),
-        ])
-        .output()
-        .unwrap()
+            OsStr::new(name),
+        ];
+        args.extend(extra);
+        middlebox(&args).output().unwrap()
     };
-    // A request that fails (a nonce of the exporter's length) leaves no key behind to
-    // refuse the next one.
+    let request = |csr: &str, nonce: &str| request_named(&path(csr), nonce, "mb.test", &[]);
+    // A request that fails (a nonce of the exporter's length, a name that is not a DNS name,
+    // a request file that cannot be written) leaves no key behind to refuse the next one.
     let bad_nonce = "00".repeat(32);
     let err = failure(&request("bad.csr", &bad_nonce));
     assert!(err.contains("of 32 bytes"), "{err}");
     assert!(!path("mb.key").exists());
+    let err = failure(&request_named(&path("bad.csr"), nonce, "bad name!", &[]));
+    assert!(err.contains("\"bad name!\" is not a DNS name"), "{err}");
+    assert!(!path("mb.key").exists());
+    let unwritable = path("no such directory").join("mb.csr");
+    let err = failure(&request_named(&unwritable, nonce, "mb.test", &[]));
+    assert!(
+        err.contains("cannot write") && err.contains("the new key is removed again"),
+        "{err}"
+    );
+    assert!(!path("mb.key").exists());
+    // The flags of a running middlebox would be ignored: refused.
+    let out = request_named(
+        &path("bad.csr"),
+        nonce,
+        "mb.test",
+        &[os("--listen"), os("127.0.0.1:0")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "{out:?}"
+    );
+    assert!(!path("mb.key").exists() && !path("bad.csr").exists());
     let said = succeeded(&request("mb.csr", nonce));
     assert!(
         said.contains("certificate request for mb.test written to"),
@@ -365,7 +377,10 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         "{verified}"
     );
     let err = failure(&check("0bad"));
-    assert!(err.contains("certificate_nonces"), "{err}");
+    assert!(
+        err.contains("is bound to nonce c0ffee, not to --nonce 0bad"),
+        "{err}"
+    );
     let err = failure(&request("again.csr", nonce));
     assert!(err.contains("will not overwrite a file"), "{err}");
     openssl(&[
@@ -386,14 +401,41 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         os("-out"),
         path("mb.pem").as_os_str(),
     ]);
-    let (_mb, mut lines, head) = start_command(
-        &mut middlebox(&[
-            os("--certificate"),
-            path("mb.pem").as_os_str(),
-            os("--evidence-in-certificate"),
-        ]),
-        4,
+    let next_hop = nginx.addr().to_string();
+    let running = |app: &str| {
+        middlebox_with_app(
+            app,
+            &[
+                os("--certificate"),
+                path("mb.pem").as_os_str(),
+                os("--evidence-in-certificate"),
+                os("--listen"),
+                os("127.0.0.1:0"),
+                os("--next-hop"),
+                OsStr::new(&next_hop),
+            ],
+        )
+    };
+    // The CA is shown the certificate instead of the request: named.
+    let out = mbx()
+        .args(["mbtls", "check-request"])
+        .arg(path("mb.pem"))
+        .args(["--nonce", nonce, "--allow-simulated"])
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("holds a certificate, not a certificate signing request"),
+        "{err}"
     );
+    // A middlebox that runs other code than its certificate's evidence claims (here another
+    // app, which the simulated measurement covers) does not start.
+    let err = failure(&running("passthrough").output().unwrap());
+    assert!(
+        err.contains("claims code measurement") && err.contains("runs other code"),
+        "{err}"
+    );
+    let (_mb, mut lines, head) = start_command(&mut running("http-header:X-Mbtls:cert-bound"), 4);
     let addr = listening_addr(&head[0]);
     assert!(
         head[2].contains(&format!(
@@ -438,6 +480,11 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
     )));
     let text = succeeded(&out);
     assert!(text.contains("x-mbtls: cert-bound"), "{text}");
+    // The verdict says where the evidence came from: weaker than evidence for each session.
+    assert!(
+        text.contains("; evidence from its certificate, made once for its key"),
+        "{text}"
+    );
     assert!(lines.next().unwrap().unwrap().contains("closed cleanly"));
     // The policy without the mode: refused, told which setting.
     let out = fetch(&policy(""));
@@ -3189,6 +3236,105 @@ fn pem_files_of_the_wrong_kind_are_named() {
         err.contains("it holds a certificate signing request"),
         "{err}"
     );
+}
+
+/// An encrypted (passphrase-protected) key is refused with one line saying so: OpenSSL would
+/// ask for the passphrase on the terminal at every start and reload, which stopped a server
+/// that reloaded, or print a page of errors without a terminal. A chain whose leaf is not
+/// first (`cat ca.pem leaf.pem`) is named as such, not as a key of another certificate (both
+/// found in a user trial).
+#[test]
+fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
+    use std::ffi::OsStr;
+    let (dir, _pki, server, _mbox) = pki_files("mbx cli mbtls key root", "mb.test");
+    let encrypted = dir.path().join("encrypted.key");
+    let made = std::process::Command::new("openssl")
+        .args(["pkey", "-aes256", "-passout", "pass:secret", "-in"])
+        .arg(&server.key)
+        .arg("-out")
+        .arg(&encrypted)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    let at = args
+        .iter()
+        .position(|a| *a == OsStr::new("--private-key"))
+        .unwrap();
+    args[at + 1] = encrypted.as_os_str();
+    let (status, err) = refused_at_start(&args);
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(
+        err.contains("encrypted.key is encrypted (passphrase-protected)")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let leaf_last = dir.path().join("leaf-last.pem");
+    let chain = std::fs::read_to_string(&server.chain).unwrap();
+    let ca = std::fs::read_to_string(&server.ca).unwrap();
+    std::fs::write(&leaf_last, format!("{ca}{chain}")).unwrap();
+    let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    let at = args
+        .iter()
+        .position(|a| *a == OsStr::new("--certificate"))
+        .unwrap();
+    args[at + 1] = leaf_last.as_os_str();
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains("lists its certificates in the wrong order")
+            && err.contains("certificate 2 of the file (CN=server.test")
+            && err.contains("the leaf must come first"),
+        "{err}"
+    );
+}
+
+/// A server or middlebox whose standard output cannot be written (a full disk behind
+/// `> file`, a reader that left) serves anyway and stops cleanly: its banner lines went
+/// through `println!`, which panicked (exit 101) before the first connection (found in a user
+/// trial; the report lines already ignored the failure).
+#[test]
+fn services_whose_standard_output_fails_serve_anyway() {
+    use std::io::Read;
+    let (_dir, _pki, server, mbox) = pki_files("mbx cli mbtls stdout root", "mb.test");
+    for (role, files, next) in [
+        ("server", &server, ("--backend", "127.0.0.1:9")),
+        ("middlebox", &mbox, ("--next-hop", "127.0.0.1:9")),
+    ] {
+        let listen = {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            free.local_addr().unwrap().to_string()
+        };
+        let full = std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let child = mbx()
+            .args(service_args(role, &listen, next, files))
+            .env_remove("MBX_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut guard = ChildGuard::new(child);
+        // Accepting connections, however long it took to start: a process that panicked at
+        // its banner never does.
+        while std::net::TcpStream::connect(&listen).is_err() {
+            assert!(guard.try_wait().is_none(), "{role} stopped before serving");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        signal(&mut guard, Signal::TERM);
+        let status = guard.wait_timeout(std::time::Duration::from_secs(60));
+        let mut err = String::new();
+        if let Some(stderr) = guard.child_mut().and_then(|c| c.stderr.as_mut()) {
+            let _ = stderr.read_to_string(&mut err);
+        }
+        assert!(
+            status.is_some_and(|s| s.success()) && !err.contains("panicked"),
+            "{role}: {status:?}: {err}"
+        );
+    }
 }
 
 /// Runs `mbx` with `args`, expecting it to stop by itself at once: its exit status (`None` if

@@ -8,8 +8,8 @@
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::Identity;
 use mbx_record::TlsVersion;
-use openssl::pkey::PKey;
 use openssl::x509::X509;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
@@ -60,9 +60,8 @@ fn certs_from_pem(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>
         .collect()
 }
 
-fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, EngineError> {
-    let key = PKey::private_key_from_pem(pem)
-        .map_err(|e| EngineError::Config(format!("private key: {e}")))?;
+fn key_of(id: &Identity) -> Result<PrivateKeyDer<'static>, EngineError> {
+    let key = id.private_key()?;
     Ok(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
         key.private_key_to_pkcs8()?,
     )))
@@ -172,7 +171,7 @@ impl RustlsEngine {
         let identity = match &config.identity {
             Some(id) => Some((
                 certs_from_pem(&id.cert_chain_pem, "certificate chain")?,
-                key_from_pem(&id.key_pem)?,
+                key_of(id)?,
             )),
             None => None,
         };
@@ -627,7 +626,7 @@ impl RustlsClientContext {
                 Some(id) => b
                     .with_client_auth_cert(
                         certs_from_pem(&id.cert_chain_pem, "certificate chain")?,
-                        key_from_pem(&id.key_pem)?,
+                        key_of(id)?,
                     )
                     .map_err(rustls_err)?,
                 None => b.with_no_client_auth(),

@@ -156,6 +156,8 @@ fn setup_cert_bound(version: TlsVersion, accepted: bool) -> (Setup, Arc<Counting
         .evidence_in_certificate()
         .unwrap();
     s.client_cfg.policy.certificate_evidence = accepted;
+    // Its start-up check asked once, for the code it runs; the count starts at the sessions.
+    assert_eq!(counting.1.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
     (s, counting)
 }
 
@@ -321,6 +323,7 @@ fn preconfigured_middlebox_joins_and_relays_both_versions() {
                 ce.first(),
                 Some(ClientHandshakeEvent::MiddleboxVerified {
                     claims: Some(_),
+                    evidence_in_certificate: false,
                     ..
                 })
             ),
@@ -459,6 +462,7 @@ fn evidence_in_the_certificate_is_taken_only_where_the_policy_allows_it() {
                 client_events(&mut net.client).first(),
                 Some(ClientHandshakeEvent::MiddleboxVerified {
                     claims: Some(_),
+                    evidence_in_certificate: true,
                     ..
                 })
             ),
@@ -504,13 +508,32 @@ fn evidence_in_the_certificate_is_taken_only_where_the_policy_allows_it() {
         )
         .unwrap();
     let id = Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
-    let e = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(attester))
+    let e = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(attester.clone()))
         .unwrap()
         .evidence_in_certificate()
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("report_data"), "{e}");
+    // Nor one whose evidence is for other code than this middlebox's attester measures (a
+    // program changed since its certificate was requested): endpoints would trust the old
+    // measurement (found in a user trial).
+    let other = SimulatedAttester::new(
+        Arc::new(SimulatedPlatform::generate().unwrap()),
+        measure("other program", b""),
+        signer_id("mbx tests"),
+    );
+    let id = leaf::identity_with_certificate_evidence(&s.pki, "mb.test", &other, b"nonce");
+    let e = MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(attester))
+        .unwrap()
+        .evidence_in_certificate()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("claims code measurement") && e.contains("runs other code"),
+        "{e}"
+    );
 }
 
 #[test]

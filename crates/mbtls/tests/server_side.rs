@@ -17,12 +17,12 @@ use mbx_engine::{
     ClientContext, CustomExtension, Identity, OpenSslContext, OpenSslEngine, RustlsClientContext,
     TlsConfig, TlsEngine,
 };
-use mbx_mbtls::handshake::ANNOUNCEMENT_REFUSED;
 use mbx_mbtls::handshake::{
     Approver, ClientHandshake, ClientHandshakeConfig, ClientHandshakeEvent, ClientMiddlebox,
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
+use mbx_mbtls::handshake::{ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS};
 use mbx_mbtls::wire::{announcement_record, MAX_INNER_PAYLOAD_LEN};
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
@@ -981,6 +981,42 @@ fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
             assert_eq!(path.last().read(), REQUEST);
         }
     }
+}
+
+/// nginx takes a connection that does not start with a TLS handshake (ours starts with the
+/// announcement) for plain HTTP and answers with an HTTP 400 page, no alert. The middlebox
+/// takes that for a legacy server's refusal too, and passes the page and what follows on
+/// unchanged, however it is split; it does not fail on it as a bad record, which left the
+/// server unremembered (found in a user trial). Text after the server's first record is no
+/// refusal: that still fails as a bad record.
+#[test]
+fn a_server_answering_the_announcement_in_plain_text_is_a_legacy_refusal() {
+    let s = Setup::new();
+    let page = b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\nContent-Length: 0\r\n\r\n";
+    for split in [1, 2, 7, page.len()] {
+        let mut mb = announced_middlebox(&s);
+        assert!(!mb.take_outgoing(Side::Server).is_empty());
+        let (head, tail) = page.split_at(split);
+        mb.receive(Side::Server, head).unwrap();
+        mb.receive(Side::Server, tail).unwrap();
+        let refused: Vec<_> = std::iter::from_fn(|| mb.poll_event())
+            .filter(|e| {
+                matches!(e, MiddleboxHandshakeEvent::Passive(why) if *why == ANNOUNCEMENT_REFUSED_NOT_TLS)
+            })
+            .collect();
+        assert_eq!(refused.len(), 1, "split at {split}");
+        assert!(mb.is_passive() && mb.announcement_unanswered());
+        assert_eq!(mb.take_outgoing(Side::Client), page, "split at {split}");
+        // The server's close follows; anything else it sends goes on as it comes.
+        mb.receive(Side::Server, b"\x00\xff").unwrap();
+        assert_eq!(mb.take_outgoing(Side::Client), b"\x00\xff");
+    }
+    // After a record from the server, text is a broken stream, not a refusal.
+    let mut mb = announced_middlebox(&s);
+    // (The first byte of a handshake message: a ServerHello's beginning.)
+    mb.receive(Side::Server, &[22, 3, 3, 0, 1, 2]).unwrap();
+    let err = mb.receive(Side::Server, page).unwrap_err();
+    assert!(err.to_string().contains("bad record version"), "{err}");
 }
 
 /// Runs a legacy client, a server-side middlebox and an mbTLS server up to the client's

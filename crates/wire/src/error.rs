@@ -43,11 +43,13 @@ pub enum WireError {
     TooLong { len: usize, max: usize },
 }
 
-/// Two printable ASCII bytes where a record's version should be are most likely text, e.g. an
-/// HTTP request ("GET /…" gives 0x4554) sent to a TLS port: say so.
+/// Two printable ASCII bytes where a record's version should be are most likely text: an HTTP
+/// request sent to a TLS port ("GET /…" gives 0x4554), or an HTTP server's answer to TLS sent
+/// to its plain port ("HTTP/…" gives 0x5454). Which end is the wrong one cannot be told here:
+/// say both.
 fn text_hint(version: u16) -> &'static str {
     if version.to_be_bytes().iter().all(|b| b.is_ascii_graphic()) {
-        " (text, not TLS: the peer may be speaking plain HTTP to a TLS port)"
+        " (text, not TLS: the peer speaks plain text, such as HTTP; is that port plain HTTP, or is plain HTTP being sent to a TLS port?)"
     } else {
         ""
     }
@@ -61,7 +63,7 @@ mod text_hint_tests {
     fn a_version_made_of_text_says_the_peer_is_not_speaking_tls() {
         let said = WireError::BadVersion(u16::from_be_bytes(*b"ET")).to_string();
         assert!(
-            said.ends_with("the peer may be speaking plain HTTP to a TLS port)"),
+            said.ends_with("is plain HTTP being sent to a TLS port?)"),
             "{said}"
         );
         assert_eq!(

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use mbx_record::{wipe, ContentType, RecordSealer, TlsVersion};
 use openssl::error::ErrorStack;
-use openssl::pkey::PKey;
 use openssl::ssl::{
     AlpnError, ErrorCode, Ssl, SslContext, SslContextBuilder, SslContextRef, SslMethod, SslOptions,
     SslRef, SslSession, SslSessionCacheMode, SslStream, SslVerifyMode, SslVersion,
@@ -428,8 +427,7 @@ impl OpenSslContext {
             for c in certs {
                 b.add_extra_chain_cert(c)?;
             }
-            let key = PKey::private_key_from_pem(&id.key_pem)
-                .map_err(|e| config_err("private key", e))?;
+            let key = id.private_key()?;
             b.set_private_key(&key)?;
             b.check_private_key()
                 .map_err(|e| config_err("key does not match certificate", e))?;

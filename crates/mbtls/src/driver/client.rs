@@ -18,12 +18,14 @@ pub enum MiddleboxVerdict {
     /// resumed an earlier one and sent no new evidence; `claims` are the earlier check's,
     /// accepted again by today's policy. `checked_at`: when that check was made (seconds since
     /// the Unix epoch; the first of a chain of resumptions, bounded by the policy's
-    /// `resumed_evidence_max_age`).
+    /// `resumed_evidence_max_age`). `evidence_in_certificate`: the evidence came from its
+    /// certificate, made once for its key, not for this session.
     Verified {
         middlebox: String,
         claims: Option<Claims>,
         resumed: bool,
         checked_at: u64,
+        evidence_in_certificate: bool,
     },
     /// A discovered middlebox failed a check and got no key material (`middlebox`: its name
     /// when its certificate verified; `None` when its secondary handshake failed first;

@@ -133,12 +133,14 @@ impl<H: EndpointHandshake> Session<H> {
                     claims,
                     resumed,
                     checked_at,
+                    evidence_in_certificate,
                 } => {
                     self.verdicts.push(MiddleboxVerdict::Verified {
                         middlebox,
                         claims,
                         resumed,
                         checked_at,
+                        evidence_in_certificate,
                     });
                 }
                 ClientHandshakeEvent::MiddleboxExcluded {

@@ -22,6 +22,7 @@ use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, WRITE_RES
 use crate::handshake::{
     HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
+    ANNOUNCEMENT_REFUSED_NOT_TLS,
 };
 use crate::hop::Side;
 use crate::relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
@@ -345,22 +346,30 @@ async fn serve(
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement with an alert, the first thing it sent, is
-    // legacy: later sessions are not announced to it. A session that failed otherwise before
+    // legacy: later sessions are not announced to it. So is one whose first bytes were not
+    // TLS at all (nginx's plain-HTTP error page). A session that failed otherwise before
     // the server answered proves nothing about the server: its client may have left (a
     // ClientHello, then a reset), and taking that for a legacy server would let any client
     // turn this middlebox away from the server's sessions for good.
-    let refused = report.passive == Some(ANNOUNCEMENT_REFUSED);
-    if report.announced && !report.joined && refused {
+    let how = match report.passive {
+        Some(ANNOUNCEMENT_REFUSED) => Some("with an alert"),
+        Some(ANNOUNCEMENT_REFUSED_NOT_TLS) => {
+            Some("in plain text, not TLS (nginx sends an HTTP 400 page)")
+        }
+        _ => None,
+    };
+    if let Some(how) = how.filter(|_| report.announced && !report.joined) {
         report.legacy_server = true;
         legacy.remember_legacy(&next_hop);
-        // The server's alert went on to the client: this session failed, whatever the
-        // sockets' ends looked like.
-        if report.outcome.is_ok() {
-            report.outcome = Err(
-                "the server answered our announcement with an alert, which ended the session (later ones are not announced to it)"
-                    .into(),
-            );
-        }
+        // The server's refusal went on to the client: this session failed, whatever the
+        // sockets' ends looked like, and whatever the client made of it.
+        let why = format!(
+            "the server answered our announcement {how}, which ended the session (a legacy server: later sessions to it are passed through unannounced)"
+        );
+        report.outcome = match std::mem::replace(&mut report.outcome, Ok(())) {
+            Ok(()) => Err(why),
+            Err(e) => Err(format!("{why}; then: {e}")),
+        };
     }
 }
 

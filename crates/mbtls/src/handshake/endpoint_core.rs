@@ -42,11 +42,14 @@ pub enum ClientHandshakeEvent {
     /// `checked_at`: when the check the verdict rests on was made (seconds since the Unix
     /// epoch): this session's time, or for a resumed session the first check of its chain of
     /// resumptions, which the policy's `resumed_evidence_max_age` bounds.
+    /// `evidence_in_certificate`: the evidence came from the middlebox's certificate, made
+    /// once for its key, not for this session (docs/mbtls.md §4.8).
     MiddleboxVerified {
         middlebox: String,
         claims: Option<Claims>,
         resumed: bool,
         checked_at: u64,
+        evidence_in_certificate: bool,
     },
     /// A discovered middlebox was excluded (not approved, bad certificate, evidence refused);
     /// it never receives key material. `middlebox`: its name as in `MiddleboxVerified`, when
@@ -872,6 +875,7 @@ impl EndpointCore {
             Arc::new(fresh)
         };
         let checked_at = check.checked_at;
+        let evidence_in_certificate = check.certificate_nonce.is_some();
         let claims = if slot.resumable {
             // Its tickets are offered while the check can be relied on.
             let (claims, valid_until) = (check.claims.clone(), check.valid_until(policy));
@@ -889,6 +893,7 @@ impl EndpointCore {
                 claims,
                 resumed,
                 checked_at,
+                evidence_in_certificate,
             });
         Ok(())
     }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use mbx_apps::MiddleboxApp;
 use mbx_attest::cert_bound::IN_CERTIFICATE;
 use mbx_attest::{
-    report_data, spki_from_certificate, Attester, CertificateEvidence, EXPORTER_LABEL, EXPORTER_LEN,
+    report_data, spki_from_certificate, AttestError, Attester, CertificateEvidence, HexBytes,
+    EXPORTER_LABEL, EXPORTER_LEN, REPORT_DATA_LEN,
 };
 use mbx_engine::{OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
 use mbx_record::{ContentType, RecordOpener, TlsVersion};
@@ -115,6 +116,22 @@ impl MiddleboxHandshakeConfig {
             HandshakeError::Attestation(mbx_attest::AttestError::NoCertificateEvidence),
         )?;
         let measurement = found.check_binding(&self.spki)?;
+        // The evidence must be for the code this middlebox runs: its attester's own
+        // evidence says what that is (a quote: milliseconds, once, at start-up). In a TEE
+        // other code could not read the key; outside one (simulated), a changed program
+        // would otherwise go on showing the old measurement.
+        if let Some(attester) = &self.attester {
+            let (_, running) = attester
+                .evidence(&[0; REPORT_DATA_LEN])?
+                .claimed_unverified()?;
+            if running != measurement {
+                return Err(AttestError::CertificateEvidenceForOtherCode {
+                    claimed: HexBytes::from(measurement.as_slice()).to_string(),
+                    running: HexBytes::from(running.as_slice()).to_string(),
+                }
+                .into());
+            }
+        }
         self.in_certificate = Some(Arc::new(CertificateBinding {
             nonce: found.nonce,
             measurement,

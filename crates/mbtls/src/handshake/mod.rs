@@ -30,7 +30,7 @@ pub use middlebox::{
     MIDDLEBOX_TICKET_KEY_PERIOD,
 };
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
-pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED};
+pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS};
 
 use mbx_attest::AttestError;
 use mbx_engine::{EngineError, TlsConfig};

@@ -37,6 +37,13 @@ use crate::wire::{announcement_record, KeyMaterial};
 /// type. The only sign the driver takes for a legacy server (docs/mbtls.md §4.2).
 pub const ANNOUNCEMENT_REFUSED: &str = "the server did not answer the announcement";
 
+/// Why a server-side middlebox goes passive when the first bytes the server sends after our
+/// announcement are not a TLS record: a legacy server that takes a connection not starting
+/// with a TLS handshake for plain HTTP (nginx answers it with a plaintext "400 Bad Request"
+/// page, no alert). Remembered by the driver as [`ANNOUNCEMENT_REFUSED`] is.
+pub const ANNOUNCEMENT_REFUSED_NOT_TLS: &str =
+    "the server answered the announcement with bytes that are not TLS (nginx answers a connection that does not start with a TLS handshake with a plain-HTTP error page)";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Before the ClientHello went by.
@@ -70,6 +77,9 @@ pub struct ServerSideMiddlebox<A: MiddleboxApp> {
     /// Something (any record) came from the server: an alert after that is not a legacy
     /// server's refusal of our announcement, which is the first thing such a server sends.
     heard_from_server: bool,
+    /// The server answered our announcement in something other than TLS: what it sends is
+    /// passed on as it comes, unframed.
+    server_not_tls: bool,
     evidence_sent: bool,
     /// Client application-data records forwarded raw before our keys arrived.
     copies: Vec<Record>,
@@ -99,6 +109,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             announced: false,
             answered: false,
             heard_from_server: false,
+            server_not_tls: false,
             evidence_sent: false,
             copies: Vec::new(),
             kept: Kept::default(),
@@ -109,6 +120,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     /// Bytes from the neighbour on `from`. An error is fatal: the driver closes both
     /// connections.
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
+        if self.passed_on_unframed(from, bytes) {
+            return Ok(());
+        }
         wires::receive(self, from, Input::Borrowed(bytes))
     }
 
@@ -118,7 +132,35 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         from: Side,
         bytes: &mut [u8],
     ) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
+        if self.passed_on_unframed(from, bytes) {
+            return Ok(None);
+        }
         wires::receive_lending(self, from, bytes)
+    }
+
+    /// Whether `bytes` from `from` went toward the other side as they are: the server's, once
+    /// the first byte it sent after our announcement could not begin a TLS record (a legacy
+    /// server's refusal, [`ANNOUNCEMENT_REFUSED_NOT_TLS`]). Its client fails on them as it
+    /// would without us; framing them as records would only fail this middlebox with a
+    /// misleading "bad record version".
+    fn passed_on_unframed(&mut self, from: Side, bytes: &[u8]) -> bool {
+        if from != Side::Server {
+            return false;
+        }
+        if !self.server_not_tls {
+            let refused_in_text = self.mode == Mode::Announced
+                && !self.heard_from_server
+                && self.wires.from_server.buffered() == 0
+                && bytes.first().is_some_and(|&b| !may_start_a_record(b));
+            if !refused_in_text {
+                return false;
+            }
+            self.server_not_tls = true;
+            self.heard_from_server = true;
+            self.go_passive(ANNOUNCEMENT_REFUSED_NOT_TLS);
+        }
+        self.wires.out_client.extend_from_slice(bytes);
+        true
     }
 
     fn client_piece(&mut self, piece: Piece) -> Result<(), HandshakeError> {
@@ -421,4 +463,10 @@ impl<A: MiddleboxApp> Core<A> for ServerSideMiddlebox<A> {
             Side::Server => self.server_piece(piece),
         }
     }
+}
+
+/// Whether `byte` is a record content type this middlebox may get from a server: TLS's
+/// (change_cipher_spec 20 to heartbeat 24) or mbTLS's (30 to 32).
+fn may_start_a_record(byte: u8) -> bool {
+    (20..=24).contains(&byte) || (30..=32).contains(&byte)
 }

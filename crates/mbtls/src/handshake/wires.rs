@@ -20,7 +20,7 @@ use crate::wire::{Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader};
 
 pub(super) struct Wires<A: MiddleboxApp> {
     from_client: Demux,
-    from_server: Demux,
+    pub(super) from_server: Demux,
     pub(super) out_client: Vec<u8>,
     pub(super) out_server: Vec<u8>,
     pub(super) relay: Option<MiddleboxRelay<A>>,
