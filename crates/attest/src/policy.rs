@@ -35,7 +35,7 @@ impl HexBytes {
     pub fn from_hex(s: &str) -> Result<Self, AttestError> {
         hex::decode(s.trim())
             .map(HexBytes)
-            .map_err(|e| AttestError::Policy(format!("invalid hex {s:?}: {e}")))
+            .map_err(|e| AttestError::Policy(format!("invalid hex {s:?}: {e}{}", hex_hint(s))))
     }
 
     /// The raw bytes.
@@ -77,9 +77,24 @@ impl Serialize for HexBytes {
 impl<'de> Deserialize<'de> for HexBytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        hex::decode(s.trim())
-            .map(HexBytes)
-            .map_err(|e| serde::de::Error::custom(format!("invalid hex {s:?}: {e}")))
+        // The policy error's own text, without its prefix: serde names the field after it.
+        HexBytes::from_hex(&s).map_err(|e| match e {
+            AttestError::Policy(why) => serde::de::Error::custom(why),
+            e => serde::de::Error::custom(e),
+        })
+    }
+}
+
+/// What a value that is not hex most likely is (found in a user trial: a value copied from
+/// the docs' abbreviated examples, a key file's name where its public key in hex belongs).
+fn hex_hint(s: &str) -> &'static str {
+    if s.contains('…') || s.contains("...") {
+        " (an abbreviated value: give all of its hex digits, as the middlebox prints them)"
+    } else if s.contains('.') || s.contains('/') {
+        " (hex digits, not a file name: for a simulated platform, the public key the \
+         middlebox prints)"
+    } else {
+        ""
     }
 }
 
@@ -346,6 +361,27 @@ impl Policy {
 mod tests {
     use super::*;
     use crate::claims::TeeKind;
+
+    /// A value that is not hex says what it most likely is instead: an abbreviated copy, or
+    /// a file name; in a policy file as for a flag.
+    #[test]
+    fn a_value_that_is_not_hex_says_what_it_looks_like() {
+        let abbreviated = HexBytes::from_hex("97f7…1c44").unwrap_err().to_string();
+        assert!(
+            abbreviated.contains("an abbreviated value"),
+            "{abbreviated}"
+        );
+        let file: Result<Policy, _> = toml::from_str("sim_platform_keys = [\"platform2.key\"]");
+        let file = file.unwrap_err().to_string();
+        assert!(
+            file.contains("invalid hex \"platform2.key\"") && file.contains("not a file name"),
+            "{file}"
+        );
+        assert!(!HexBytes::from_hex("0x12")
+            .unwrap_err()
+            .to_string()
+            .contains(" ("));
+    }
 
     fn claims() -> Claims {
         Claims {

@@ -851,8 +851,20 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
             Policy::from_toml_str(&text)
                 .map_err(|e| does_not_parse(format!("invalid policy {}: {e}", path.display())))?
         }
-        (None, Some(table)) => Policy::from_toml_str(&toml::to_string(table)?)
-            .map_err(|e| does_not_parse(format!("invalid inline [attestation] table: {e}")))?,
+        (None, Some(table)) => Policy::from_toml_str(&toml::to_string(table)?).map_err(|e| {
+            let e = e.to_string();
+            // A key appended at the end of a file lands in its last table (found in a user
+            // trial: `drain_secs` after `[mbtls.server.attestation]`).
+            let hint = if e.contains("unknown field") {
+                " (a key belongs to the table whose header is above it: a setting of the role \
+                 itself goes above its attestation table)"
+            } else {
+                ""
+            };
+            does_not_parse(format!(
+                "invalid attestation table in the config file ([mbtls.<role>.attestation]): {e}{hint}"
+            ))
+        })?,
         (None, None) => Policy::default(),
     };
     if s.allow_simulated {
@@ -1195,6 +1207,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     let named = matches!(h, HandshakeError::Middlebox { .. });
     let name_mismatch = [
         "not valid for name",
+        "not valid for the name",
         "hostname mismatch",
         "IP address mismatch",
     ]
@@ -1209,9 +1222,10 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
             .into();
     }
     if role == mbx_engine::Role::Client && named && name_mismatch {
-        return " (pre-configured middleboxes are named in path order from the client, every \
-                 one on the path: is another middlebox on the path, or are the names in another \
-                 order?)"
+        return " (a middlebox is expected under its --middlebox-name, or without one under \
+                 the host of --middlebox: give the name its certificate carries; pre-configured \
+                 middleboxes are named in path order from the client, every one on the path: \
+                 is another middlebox on the path, or are the names in another order?)"
             .into();
     }
     // A chain that reaches none of the trusted CAs: which certificate, and which setting
@@ -1392,6 +1406,12 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         }
         (None, true) => Vec::new(),
     };
+    check_middlebox_names(&s.middlebox_names, "middlebox_names (--middlebox-name)")?;
+    check_middlebox_names(s.middlebox_name.as_slice(), "middlebox_name")?;
+    check_middlebox_names(
+        &s.allow_middleboxes,
+        "allow_middleboxes (--allow-middlebox)",
+    )?;
     ensure!(
         names.len() <= usize::from(u8::MAX),
         "at most 255 pre-configured middleboxes (middlebox_names, --middlebox-name): one \
@@ -1840,7 +1860,7 @@ fn middlebox(
         let signals = ServiceSignals::new()?;
         let mut server = MiddleboxServer::bind(s.listen.as_str(), cfg)
             .await
-            .with_context(|| format!("cannot listen on {}", s.listen))?;
+            .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         print_line(format_args!(
             "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
@@ -2451,6 +2471,10 @@ fn report_line(r: &ConnectionReport) -> String {
     let mut line = format!("connection {} from {from}", r.id);
     if let Some(to) = &r.next_hop {
         line.push_str(&format!(" to {to}"));
+        // The next hop names the connection by this address ("session N from …").
+        if let Some(local) = r.next_hop_local {
+            line.push_str(&format!(" (from {local})"));
+        }
     }
     line.push_str(": ");
     if r.keys_installed {
@@ -2860,6 +2884,17 @@ fn limits_line(limits: &Limits, what: &str) -> String {
     )
 }
 
+/// What a failed bind of `addr` says; an address without a port is named as such (before,
+/// "bind: invalid socket address", found in a user trial).
+fn cannot_listen(addr: &str) -> String {
+    let port = addr.rsplit_once(':').map(|(_, port)| port);
+    if port.is_none_or(|p| p.parse::<u16>().is_err()) {
+        format!("cannot listen on {addr}: it has no port; give host:port (e.g. 127.0.0.1:8443 or [::]:443)")
+    } else {
+        format!("cannot listen on {addr}")
+    }
+}
+
 /// `n` of `what` (a plural: "connections", "sessions"), singular for one.
 fn count_of(n: u64, what: &str) -> String {
     match n {
@@ -2964,6 +2999,21 @@ fn secondary_config(name: &str, middlebox_ca: Vec<u8>, resumption: Option<bool>)
         cfg.resume_sessions = 0;
     }
     cfg
+}
+
+/// Refuses middlebox names that can match no certificate: an empty one, and a wildcard
+/// (names are compared exactly with the certificate's DNS names; a `*.test` in an allow-list
+/// matched nothing and every session ran without its middlebox, found in a user trial).
+fn check_middlebox_names(names: &[String], key: &str) -> anyhow::Result<()> {
+    for name in names {
+        ensure!(!name.trim().is_empty(), "{key}: a middlebox name is empty");
+        ensure!(
+            !name.contains('*'),
+            "{key}: {name:?} is a pattern, but middlebox names are exact DNS names, compared \
+             with the certificate's: list each middlebox's name"
+        );
+    }
+    Ok(())
 }
 
 /// Approves a discovered middlebox whose leaf certificate carries one of `names` as a DNS name.
@@ -3076,7 +3126,7 @@ fn server(
         let signals = ServiceSignals::new()?;
         let mut server = MbtlsServer::bind(s.listen.as_str(), cfg)
             .await
-            .with_context(|| format!("cannot listen on {}", s.listen))?;
+            .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         print_line(format_args!(
             "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
@@ -3132,8 +3182,46 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     primary.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let names = s.middlebox_names.clone();
     max_discovered_only_for_discovery(&names, s.max_discovered)?;
+    check_middlebox_names(&names, "middlebox_names (--middlebox-name)")?;
+    check_middlebox_names(
+        &s.allow_middleboxes,
+        "allow_middleboxes (--allow-middlebox)",
+    )?;
+    if names.is_empty() && s.allow_middleboxes.is_empty() {
+        // No middlebox may join: what would check one is ignored, and an operator who gave it
+        // most likely forgot the middlebox's name (found in a user trial).
+        let given: Vec<&str> = [
+            (s.middlebox_ca.is_some(), "middlebox_ca (--middlebox-ca)"),
+            (
+                s.policy.is_some() || s.attestation.is_some(),
+                "policy (--policy, [attestation])",
+            ),
+            (s.allow_simulated, "allow_simulated (--allow-simulated)"),
+            (!s.measurements.is_empty(), "measurements (--measurement)"),
+            (
+                !s.sim_platform_keys.is_empty(),
+                "sim_platform_keys (--sim-platform-key)",
+            ),
+            (
+                s.middlebox_resumption.is_some(),
+                "middlebox_resumption (--fresh-evidence)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(given, what)| given.then_some(what))
+        .collect();
+        ensure!(
+            given.is_empty(),
+            "{} would be ignored: no middlebox may join this server; give its name \
+             (middlebox_names, --middlebox-name) or an allow-list (allow_middleboxes, \
+             --allow-middlebox)",
+            given.join(", ")
+        );
+    }
     let (middlebox, described) = match (names.as_slice(), s.allow_middleboxes.is_empty()) {
-        ([_, ..], false) => bail!("give --middlebox-name or --allow-middlebox, not both"),
+        ([_, ..], false) => bail!(
+            "give middlebox_names (--middlebox-name) or allow_middleboxes (--allow-middlebox), not both"
+        ),
         ([name], true) => (
             ServerMiddlebox::Preconfigured(name.clone()),
             format!("pre-configured {name} (required)"),
@@ -3168,7 +3256,9 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     let mbox_ca = match &s.middlebox_ca {
         Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
         None if !names.is_empty() || !s.allow_middleboxes.is_empty() => {
-            bail!("--middlebox-ca is required with --middlebox-name or --allow-middlebox")
+            bail!(
+                "middlebox_ca (--middlebox-ca) is required with middlebox_names (--middlebox-name) or allow_middleboxes (--allow-middlebox)"
+            )
         }
         None => chain,
     };
@@ -3248,8 +3338,9 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         line.push_str(&verdict_text(v, false));
     }
     line.push_str(&format!(
-        "; {} bytes to the backend, {} back",
-        r.bytes_to_backend, r.bytes_from_backend
+        "; {} to the backend, {} back",
+        count_of(r.bytes_to_backend, "bytes"),
+        r.bytes_from_backend
     ));
     let end = spliced_outcome_text(
         &r.outcome,
@@ -3343,7 +3434,7 @@ fn local_proxy(
         let signals = ServiceSignals::new()?;
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+            .with_context(|| cannot_listen(listen))?;
         let metrics = bind_metrics(service).await?;
         print_line(format_args!(
             "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
@@ -3476,8 +3567,9 @@ mod tests {
     fn a_passive_middleboxs_clean_end_is_its_connections() {
         let r = ConnectionReport {
             id: 7,
-            client: None,
-            next_hop: None,
+            client: Some("127.0.0.1:4000".parse().unwrap()),
+            next_hop: Some("127.0.0.1:9".into()),
+            next_hop_local: Some("127.0.0.1:5000".parse().unwrap()),
             announced: true,
             legacy_server: false,
             joined: true,
@@ -3497,6 +3589,13 @@ mod tests {
             outcome: Ok(()),
         };
         let line = report_line(&r);
+        // The next hop reports the connection as from 127.0.0.1:5000: named here too.
+        assert!(
+            line.starts_with(
+                "connection 7 from 127.0.0.1:4000 to 127.0.0.1:9 (from 127.0.0.1:5000): "
+            ),
+            "{line}"
+        );
         assert!(
             line.ends_with(
                 "not joined (the server refused our certificate; its own error says why), bytes \
@@ -3669,7 +3768,7 @@ mod tests {
         };
         assert_eq!(
             server_report_line(&r),
-            "session 7 from : TLS 1.3, session resumed; keys kept in OpenSSL; no middlebox; 1 bytes to the backend, 2 back; closed cleanly"
+            "session 7 from : TLS 1.3, session resumed; keys kept in OpenSSL; no middlebox; 1 byte to the backend, 2 back; closed cleanly"
         );
         r.summary = Some(summary(Vec::new(), false));
         r.verdicts = vec![MiddleboxVerdict::Excluded {

@@ -198,7 +198,8 @@ impl<W: Write> ResponseOut<W> {
             anyhow::bail!("the response is not HTTP that can be read ({why}): what came is {written}, its end unchecked");
         }
         match self.framing.as_ref().and_then(ResponseBody::cut_at_close) {
-            Some(why) => Err(anyhow::anyhow!("{why}{}", self.partial_note())),
+            // The reason says how much came already.
+            Some(why) => Err(anyhow::anyhow!("{why}{}", self.note(false))),
             None => Ok(()),
         }
     }
@@ -209,21 +210,42 @@ impl<W: Write> ResponseOut<W> {
         self.head.is_none() && self.framing.as_ref().is_some_and(ResponseBody::ended)
     }
 
-    /// For an error that ends the fetch part-way: where what came of the body is, if it went
-    /// to a file (which is left as it is, as curl leaves it).
+    /// For an error that ends the fetch part-way: how much of the body came, when its framing
+    /// tells, and where it is (a file is left as it is, as curl leaves it).
     pub fn partial_note(&self) -> String {
+        self.note(true)
+    }
+
+    /// [`partial_note`](Self::partial_note); `amount`: with how much of the body came, as
+    /// "5 of its 9 bytes (Content-Length)", when its framing tells (for stdout too: found in a
+    /// user trial, a download cut by a dead middlebox said nothing of it).
+    fn note(&self, amount: bool) -> String {
         let whole = self.framing.as_ref().is_some_and(ResponseBody::ended);
+        let short = match amount {
+            true => self
+                .framing
+                .as_ref()
+                .and_then(ResponseBody::short_of_its_end),
+            false => None,
+        };
         let (n, path) = match &self.sink {
             Sink::File {
                 file: Some(_),
                 path,
             } => (self.body_bytes, path.display()),
             _ if whole => return " (the body had come whole by then)".into(),
-            _ => return String::new(),
+            _ => {
+                return short
+                    .map(|came| format!(" (the body is incomplete: {came} came)"))
+                    .unwrap_or_default()
+            }
         };
-        match whole {
-            true => format!(" (the body had come whole by then: {n} bytes in {path})"),
-            false => {
+        match (whole, short) {
+            (true, _) => format!(" (the body had come whole by then: {n} bytes in {path})"),
+            (false, Some(came)) => {
+                format!(" ({came} of the body came and are in {path}, which is incomplete)")
+            }
+            (false, None) => {
                 format!(" ({n} bytes of the body came and are in {path}, which is incomplete)")
             }
         }
@@ -655,6 +677,23 @@ mod tests {
         assert!(shown.ends_with(b"body:\nhello"), "{shown:?}");
         let why = end.unwrap_err();
         assert!(why.contains("5 of its 9 bytes"), "{why}");
+        // A fetch that fails otherwise part-way (a middlebox gone: no close) says it too, once.
+        let mut out = ResponseOut::with_sink(Vec::new(), Sink::Stdout { terminal: false });
+        assert!(out
+            .push(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhello")
+            .unwrap());
+        assert_eq!(
+            out.partial_note(),
+            " (the body is incomplete: 5 of its 9 bytes (Content-Length) came)"
+        );
+        assert_eq!(
+            out.finish()
+                .unwrap_err()
+                .to_string()
+                .matches("5 of its 9")
+                .count(),
+            1
+        );
         let (shown, end) =
             fetch(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n");
         assert!(shown.ends_with(b"body:\nhello"), "{shown:?}");
@@ -674,6 +713,13 @@ mod tests {
         assert!(out
             .push(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhello")
             .unwrap());
+        assert_eq!(
+            out.partial_note(),
+            format!(
+                " (5 of its 9 bytes (Content-Length) of the body came and are in {}, which is incomplete)",
+                path.display()
+            )
+        );
         let why = out.finish().unwrap_err().to_string();
         assert!(
             why.contains(&format!(

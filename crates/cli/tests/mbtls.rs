@@ -793,6 +793,18 @@ fn a_listening_address_in_use_is_one_clear_error() {
         err.contains(&format!("cannot listen on {addr}: bind: ")),
         "{err}"
     );
+    // An address without its port says so (before: "invalid socket address").
+    let args = service_args(
+        "middlebox",
+        "127.0.0.1",
+        ("--next-hop", "127.0.0.1:9"),
+        &mbox,
+    );
+    let err = failure(&mbx().args(args).output().unwrap());
+    assert!(
+        err.contains("cannot listen on 127.0.0.1: it has no port; give host:port"),
+        "{err}"
+    );
     // A metrics address in use fails the start before the banner: no "listening" line for a
     // service that is not running.
     let mut args = service_args(
@@ -1314,6 +1326,25 @@ fn service_args<'a>(
 /// Starts `mbx` with `args`, returns the process and its stdout lines after reading `n` of them.
 fn start(args: &[&std::ffi::OsStr], n: usize) -> (ChildGuard, TimedLines, Vec<String>) {
     start_command(mbx().args(args), n)
+}
+
+/// [`start`], with the process's standard error read too (where refused reloads are said).
+fn start_with_errors(
+    args: &[&std::ffi::OsStr],
+    n: usize,
+) -> (ChildGuard, TimedLines, TimedLines, Vec<String>) {
+    let child = mbx()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let process = child.child_mut().unwrap();
+    let mut lines = TimedLines::new(process.stdout.take().unwrap());
+    let errors = TimedLines::new(process.stderr.take().unwrap());
+    let head = (0..n).map(|_| lines.next().unwrap().unwrap()).collect();
+    (child, lines, errors, head)
 }
 
 /// [`start`] for a prepared command (in a namespace, through a shell, with more arguments).
@@ -2284,22 +2315,26 @@ fn a_servers_reload_says_what_changed() {
     };
     accept(1);
     let config = dir.path().join("mbx.toml");
-    let write_config = |backend: &str, extra: &str| {
+    let write_config = |backend: &str, middleboxes: &str| {
         let text = format!(
             "[mbtls.server]\nlisten = \"127.0.0.1:0\"\nbackend = \"{backend}\"\n\
-             certificate = {:?}\nprivate_key = {:?}\nmiddlebox_ca = {:?}\npolicy = {:?}\n{extra}",
-            server.chain, server.key, mbox.ca, policy,
+             certificate = {:?}\nprivate_key = {:?}\n{middleboxes}",
+            server.chain, server.key,
         );
         std::fs::write(&config, text).unwrap();
     };
-    write_config("127.0.0.1:9", "middlebox_names = [\"mb2.test\"]\n");
+    let middlebox_settings = format!(
+        "middlebox_ca = {:?}\npolicy = {:?}\nmiddlebox_names = [\"mb2.test\"]\n",
+        mbox.ca, policy
+    );
+    write_config("127.0.0.1:9", &middlebox_settings);
     let args = [
         OsStr::new("--config"),
         config.as_os_str(),
         OsStr::new("mbtls"),
         OsStr::new("server"),
     ];
-    let (mut srv, mut lines, head) = start(&args, 3);
+    let (mut srv, mut lines, mut errors, head) = start_with_errors(&args, 3);
     assert!(head[1].contains("pre-configured mb2.test"), "{head:?}");
     // Another measurement: the policy's text reads the same ("1 measurement accepted"), and
     // the change is marked all the same; so is the middlebox CA's content.
@@ -2315,6 +2350,21 @@ fn a_servers_reload_says_what_changed() {
     signal(&mut srv, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
     assert!(line.ends_with("simulated TEE refused (changed)"), "{line}");
+    // Without the middlebox's name, its CA and policy would be ignored: the reload is
+    // refused, and taken once they are gone too.
+    write_config(
+        "127.0.0.1:10",
+        &middlebox_settings.replace("middlebox_names = [\"mb2.test\"]\n", ""),
+    );
+    signal(&mut srv, Signal::HUP);
+    let refused = errors.next().unwrap().unwrap();
+    assert!(
+        refused.contains("reload failed, configuration unchanged")
+            && refused.contains(
+                "middlebox_ca (--middlebox-ca), policy (--policy, [attestation]) would be ignored"
+            ),
+        "{refused}"
+    );
     write_config("127.0.0.1:10", "");
     signal(&mut srv, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
@@ -2365,21 +2415,8 @@ fn a_reload_refuses_a_log_change_only_when_the_files_log_is_in_force() {
             args.extend(["--log", "warn"].map(OsStr::new));
         }
         args.extend(["mbtls", "middlebox"].map(OsStr::new));
-        // Standard error read too: the refusal is said there.
-        let child = mbx()
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut mb = ChildGuard::new(child);
-        let process = mb.child_mut().unwrap();
-        let mut lines = TimedLines::new(process.stdout.take().unwrap());
-        let mut errors = TimedLines::new(process.stderr.take().unwrap());
-        // The banner.
-        for _ in 0..4 {
-            lines.next().unwrap().unwrap();
-        }
+        // Standard error read too: the refusal is said there. (The banner: 4 lines.)
+        let (mut mb, mut lines, mut errors, _) = start_with_errors(&args, 4);
         write_config("log = \"debug\"\n", "http-header:X-Log:changed");
         signal(&mut mb, Signal::HUP);
         if !flag {
@@ -2910,7 +2947,8 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
         assert!(text.contains("hop 2: "), "{text}");
         assert!(text.contains("x-mbtls: on-the-path"), "{text}");
         let line = lines.next().unwrap().unwrap();
-        assert!(line.contains(&format!(" to {to}: joined")), "{line}");
+        assert!(line.contains(&format!(" to {to} (from ")), "{line}");
+        assert!(line.contains("): joined"), "{line}");
         // The client as it connected, IPv4 not IPv4-mapped: "from 10.231.0.1:…".
         let client_ip = match to {
             std::net::SocketAddr::V4(_) => client_host.ip(),
@@ -2998,7 +3036,7 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
     assert_eq!(body, "x-mbtls: server-side\n");
     let line = mb_lines.next().unwrap().unwrap();
     assert!(
-        line.contains(&format!(" to {server_addr}: joined")),
+        line.contains(&format!(" to {server_addr} (from ")) && line.contains("): joined"),
         "{line}"
     );
     let line = srv_lines.next().unwrap().unwrap();
@@ -3526,4 +3564,48 @@ fn options_that_would_be_ignored_are_refused() {
             && head[1].contains("WARNING: no middlebox can pass it"),
         "{head:?}"
     );
+    // What checks middleboxes, given where none may join (the file's names replaced by an
+    // empty allow-list is not possible, so without the file): an operator who forgot the
+    // name is told, where the server started and served every session without it.
+    let mut bare = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    bare.extend(
+        [
+            "--middlebox-ca",
+            "unread.pem",
+            "--allow-simulated",
+            "--fresh-evidence",
+        ]
+        .map(OsStr::new),
+    );
+    let (status, err) = refused_at_start(&bare);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains(
+            "middlebox_ca (--middlebox-ca), allow_simulated (--allow-simulated), \
+             middlebox_resumption (--fresh-evidence) would be ignored: no middlebox may join"
+        ),
+        "{err}"
+    );
+    // Names that match no certificate: a pattern (compared exactly, it matched nothing) and
+    // an empty name; on the client too.
+    for (flag, name, said) in [
+        ("--allow-middlebox", "*.test", "\"*.test\" is a pattern"),
+        ("--middlebox-name", "", "a middlebox name is empty"),
+    ] {
+        let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+        args.extend([flag, name, "--middlebox-ca"].map(OsStr::new));
+        args.push(server.ca.as_os_str());
+        let (status, err) = refused_at_start(&args);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{flag} {name:?}: {status:?}"
+        );
+        assert!(err.contains(said), "{flag} {name:?}: {err}");
+        let (status, err) = client(&["--middlebox", "127.0.0.1:9", flag, name]);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{flag} {name:?}: {status:?}"
+        );
+        assert!(err.contains(said), "client {flag} {name:?}: {err}");
+    }
 }

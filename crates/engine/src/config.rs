@@ -404,4 +404,31 @@ mod tests {
         with_ext.custom_extensions[0].handler = Some(Arc::new(|_| ExtensionResponse::Accept));
         assert!(!with_ext.same_settings(&with_ext.clone()));
     }
+
+    /// An encrypted key is refused, in either PEM form, without asking for a passphrase (the
+    /// test has no terminal: a prompt would fail with OpenSSL's errors instead); the same key
+    /// unencrypted parses.
+    #[test]
+    fn an_encrypted_private_key_is_refused_without_a_prompt() {
+        use openssl::ec::{EcGroup, EcKey};
+        use openssl::nid::Nid;
+        use openssl::symm::Cipher;
+        let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+        let ec = EcKey::generate(&group).unwrap();
+        let key = PKey::from_ec_key(ec.clone()).unwrap();
+        let pkcs8 = key
+            .private_key_to_pem_pkcs8_passphrase(Cipher::aes_256_cbc(), b"secret")
+            .unwrap();
+        let traditional = ec
+            .private_key_to_pem_passphrase(Cipher::aes_256_cbc(), b"secret")
+            .unwrap();
+        for pem in [pkcs8, traditional] {
+            let e = Identity::from_pem(Vec::new(), pem)
+                .private_key()
+                .unwrap_err();
+            assert!(e.to_string().contains("it is encrypted"), "{e}");
+        }
+        let plain = Identity::from_pem(Vec::new(), key.private_key_to_pem_pkcs8().unwrap());
+        assert!(plain.private_key().unwrap().public_eq(&key));
+    }
 }

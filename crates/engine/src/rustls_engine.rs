@@ -48,6 +48,50 @@ impl rustls::KeyLog for SecretSink {
     }
 }
 
+/// `e` for an operator: the certificate errors an operator meets most in words and dates
+/// (rustls says `DnsName("mb3.test")` and Unix seconds, found in a user trial), the rest as
+/// rustls says them.
+fn describe(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let date = |t: &rustls::pki_types::UnixTime| {
+        let secs = i64::try_from(t.as_secs()).unwrap_or(i64::MAX);
+        openssl::asn1::Asn1Time::from_unix(secs)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|_| format!("{secs} s after 1970"))
+    };
+    match e {
+        rustls::Error::InvalidCertificate(C::NotValidForNameContext {
+            expected,
+            presented,
+        }) => format!(
+            "invalid peer certificate: it is not valid for the name {} (it is for {})",
+            expected.to_str(),
+            if presented.is_empty() {
+                "no name".to_string()
+            } else {
+                // rustls gives each in its Debug form: `DnsName("a.test")`, `IpAddress(…)`.
+                let bare = |p: &str| {
+                    p.strip_prefix("DnsName(\"")
+                        .and_then(|r| r.strip_suffix("\")"))
+                        .or_else(|| p.strip_prefix("IpAddress(")?.strip_suffix(')'))
+                        .unwrap_or(p)
+                        .to_owned()
+                };
+                presented.iter().map(|p| bare(p)).collect::<Vec<_>>().join(", ")
+            }
+        ),
+        rustls::Error::InvalidCertificate(C::ExpiredContext { not_after, .. }) => format!(
+            "invalid peer certificate: it expired at {} (its notAfter)",
+            date(not_after)
+        ),
+        rustls::Error::InvalidCertificate(C::NotValidYetContext { not_before, .. }) => format!(
+            "invalid peer certificate: it is not valid before {} (its notBefore; is a clock wrong?)",
+            date(not_before)
+        ),
+        e => e.to_string(),
+    }
+}
+
 fn rustls_err(e: rustls::Error) -> EngineError {
     EngineError::Config(format!("rustls: {e}"))
 }
@@ -301,12 +345,14 @@ impl RustlsEngine {
         let start = self.outgoing.len();
         let _ = self.flush();
         let out = self.outgoing.get(start..).unwrap_or_default();
+        let said = describe(&e);
         let (alert, detail) = match out {
-            [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => {
-                (Some(AlertDescription(*desc)), e.to_string())
-            }
-            [] => (None, e.to_string()),
-            _ => (None, format!("{e} (an encrypted alert went to the peer)")),
+            [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => (Some(AlertDescription(*desc)), said),
+            [] => (None, said),
+            _ => (
+                None,
+                format!("{said} (an encrypted alert went to the peer)"),
+            ),
         };
         EngineError::Fatal { alert, detail }
     }
@@ -813,5 +859,36 @@ impl ServerCertVerifier for ChainOnly {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+    use rustls::pki_types::UnixTime;
+    use rustls::CertificateError;
+    use std::time::Duration;
+
+    /// A certificate's validity is said with dates, not Unix seconds.
+    #[test]
+    fn certificate_times_are_dates() {
+        let at = |secs| UnixTime::since_unix_epoch(Duration::from_secs(secs));
+        let expired = rustls::Error::InvalidCertificate(CertificateError::ExpiredContext {
+            time: at(1_795_797_137),
+            not_after: at(1_580_515_200),
+        });
+        assert_eq!(
+            describe(&expired),
+            "invalid peer certificate: it expired at Feb  1 00:00:00 2020 GMT (its notAfter)"
+        );
+        let early = rustls::Error::InvalidCertificate(CertificateError::NotValidYetContext {
+            time: at(1_580_515_200),
+            not_before: at(1_795_797_137),
+        });
+        assert!(
+            describe(&early).contains("it is not valid before Nov 27 "),
+            "{}",
+            describe(&early)
+        );
     }
 }

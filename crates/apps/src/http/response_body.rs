@@ -92,6 +92,22 @@ impl ResponseBody {
         self.body.ended()
     }
 
+    /// How much of a body that ends by its framing has come, while it has not all come:
+    /// `5 of its 9 bytes (Content-Length)`, `5 bytes of data, not its last chunk`.
+    pub fn short_of_its_end(&self) -> Option<String> {
+        if self.body.ended() {
+            return None;
+        }
+        match self.framing {
+            Framing::None | Framing::UntilClose => None,
+            Framing::Length(total) => Some(format!(
+                "{} of its {total} bytes (Content-Length)",
+                self.data
+            )),
+            Framing::Chunked => Some(format!("{} bytes of data, not its last chunk", self.data)),
+        }
+    }
+
     /// At the connection's orderly close: why the body is not whole, if it is not (its
     /// Content-Length not reached, its last chunk not come). A body delimited by the close is
     /// whole then.

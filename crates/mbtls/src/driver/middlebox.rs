@@ -158,6 +158,10 @@ pub struct ConnectionReport {
     /// Where the connection went: the configured next hop, or the original destination of a
     /// redirected one (`None` if it had none).
     pub next_hop: Option<String>,
+    /// This middlebox's own address on its connection to the next hop, which the next hop
+    /// reports as where the connection came from: a failed session, which has no key
+    /// fingerprints, is matched between the two reports by it.
+    pub next_hop_local: Option<SocketAddr>,
     /// Server-side: we sent a MiddleboxAnnouncement.
     pub announced: bool,
     /// Server-side: the session failed and the server never answered our announcement, so it
@@ -202,6 +206,7 @@ impl ConnectionReport {
             id,
             client,
             next_hop: None,
+            next_hop_local: None,
             announced: false,
             legacy_server: false,
             joined: false,
@@ -661,6 +666,7 @@ async fn relay(
         .await
         .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
         .map_err(DriverError::io("cannot connect to the next hop"))?;
+    report.next_hop_local = server.local_addr().ok();
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     // The accepted socket has keepalive from the listener (`Listening`).
