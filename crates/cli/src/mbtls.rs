@@ -1057,7 +1057,8 @@ fn client(
             .await
             .map_err(|_| {
                 anyhow::anyhow!(
-                    "the mbTLS session through {middlebox_addr} was not set up within {} s ({raise})",
+                    "the mbTLS session through {middlebox_addr} was not set up within {} s \
+                     (something on the path stopped answering; {raise} if the path is slow)",
                     bound.as_secs()
                 )
             })?
@@ -2942,7 +2943,7 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
 fn max_discovered_only_for_discovery(names: &[String], max: Option<u8>) -> anyhow::Result<()> {
     ensure!(
         names.is_empty() || max.is_none(),
-        "max_discovered applies to discovery (an allow-list), not to pre-configured middleboxes"
+        "max_discovered (--max-discovered) applies to discovery (an allow-list), not to pre-configured middleboxes"
     );
     Ok(())
 }
@@ -3154,6 +3155,15 @@ Content-Length: 30\r\nConnection: close\r\n\r\nthe backend cannot be reached\n";
 
 fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<ServerSetup> {
     let s = server_settings(flags, config)?;
+    // The server would connect to itself for every session (found in a user trial: curl got
+    // an empty reply and the server reported a clean end).
+    let own = |a: &str| a.parse::<SocketAddr>().ok();
+    ensure!(
+        own(&s.listen).is_none() || own(&s.listen) != own(&s.backend),
+        "backend (--backend) {} is this server's own listening address: give the address of \
+         the plain-HTTP server behind it",
+        s.backend
+    );
     let policy = build_policy(PolicyParts {
         file: &s.policy,
         table: &s.attestation,
@@ -3473,10 +3483,9 @@ fn print_proxy_report(r: &ProxyReport) {
         (Err(e), false) => {
             // What would fix it, as the one-shot client says (found in a user trial: the
             // proxy's line lacked the flag that accepts a refused measurement).
-            let fix = r
-                .error
-                .as_deref()
-                .map_or(String::new(), |e| fix_hint(e, mbx_engine::Role::Client));
+            let fix = r.error.as_deref().map_or(String::new(), |e| {
+                ended_behind_hint(e).to_owned() + &fix_hint(e, mbx_engine::Role::Client)
+            });
             format!(
                 "connection {} from {peer}: mbTLS session failed: {e}{fix}",
                 r.id

@@ -26,7 +26,17 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
+    std::fs::read(path).map_err(|e| {
+        // A relative path in a config file is read from the working directory, not the
+        // file's (found in a user trial started from another directory).
+        let from = match (e.kind(), path.is_relative(), std::env::current_dir()) {
+            (std::io::ErrorKind::NotFound, true, Ok(cwd)) => {
+                format!(" (a relative path is read from the working directory, {})", cwd.display())
+            }
+            _ => String::new(),
+        };
+        anyhow::Error::new(e).context(format!("cannot read {what} {}{from}", path.display()))
+    })
 }
 
 /// What a PEM file given to a flag must hold.

@@ -3307,6 +3307,23 @@ fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
             && err.lines().count() == 1,
         "{err}"
     );
+    // A relative path that is not found names the directory it was read from.
+    let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    args[at + 1] = OsStr::new("no-such.key");
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains("cannot read private key no-such.key (a relative path is read from the working directory, "),
+        "{err}"
+    );
+    // A backend that is the server's own address.
+    let args = mbtls_server_args("127.0.0.1:8443", "127.0.0.1:8443", &server);
+    let (status, err) = refused_at_start(&args);
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        err.contains("backend (--backend) 127.0.0.1:8443 is this server's own listening address"),
+        "{err}"
+    );
     let leaf_last = dir.path().join("leaf-last.pem");
     let chain = std::fs::read_to_string(&server.chain).unwrap();
     let ca = std::fs::read_to_string(&server.ca).unwrap();
@@ -3496,7 +3513,7 @@ fn options_that_would_be_ignored_are_refused() {
         "2",
     ]);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
-    assert!(err.contains("max_discovered applies to discovery"), "{err}");
+    assert!(err.contains("max_discovered (--max-discovered) applies to discovery"), "{err}");
     let (status, err) = client(&["--log", "mbx=[[[", "--middlebox", "127.0.0.1:9"]);
     assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
     assert!(err.contains("invalid log filter"), "{err}");
@@ -3552,7 +3569,7 @@ fn options_that_would_be_ignored_are_refused() {
     let refused = with(&["--middlebox-name", "mb.test", "--max-discovered", "2"]);
     let (status, err) = refused_at_start(&refused);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
-    assert!(err.contains("max_discovered applies to discovery"), "{err}");
+    assert!(err.contains("max_discovered (--max-discovered) applies to discovery"), "{err}");
     // Ticket keys without tickets.
     let (status, err) = refused_at_start(&with(&["--ticket-key-secs", "60"]));
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
