@@ -1081,7 +1081,11 @@ fn client(
         // `Connection: close`) has said everything all the same.
         loop {
             let ended = out.body_ended();
-            let wait = if ended { bound.min(BODY_END_GRACE) } else { bound };
+            let wait = if ended {
+                bound.min(BODY_END_GRACE)
+            } else {
+                bound
+            };
             let piece = match tokio::time::timeout(wait, c.read()).await {
                 Err(_) if ended => break,
                 // The body is whole and authenticated: how the session ended after it changes

@@ -31,7 +31,10 @@ pub fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
         // file's (found in a user trial started from another directory).
         let from = match (e.kind(), path.is_relative(), std::env::current_dir()) {
             (std::io::ErrorKind::NotFound, true, Ok(cwd)) => {
-                format!(" (a relative path is read from the working directory, {})", cwd.display())
+                format!(
+                    " (a relative path is read from the working directory, {})",
+                    cwd.display()
+                )
             }
             _ => String::new(),
         };

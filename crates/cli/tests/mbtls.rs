@@ -3238,11 +3238,7 @@ fn pem_files_of_the_wrong_kind_are_named() {
     // names both files, where OpenSSL said "key values mismatch"; a signing request given as
     // the certificate says so.
     let mut mismatched = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
-    let at = mismatched
-        .iter()
-        .position(|a| *a == OsStr::new("--private-key"))
-        .unwrap();
-    mismatched[at + 1] = mbox.key.as_os_str();
+    set_flag(&mut mismatched, "--private-key", mbox.key.as_os_str());
     let (status, err) = refused_at_start(&mismatched);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
@@ -3263,11 +3259,7 @@ fn pem_files_of_the_wrong_kind_are_named() {
         .unwrap();
     assert!(made.status.success(), "{made:?}");
     let mut request = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
-    let at = request
-        .iter()
-        .position(|a| *a == OsStr::new("--certificate"))
-        .unwrap();
-    request[at + 1] = csr.as_os_str();
+    set_flag(&mut request, "--certificate", csr.as_os_str());
     let (status, err) = refused_at_start(&request);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
@@ -3295,11 +3287,7 @@ fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
         .unwrap();
     assert!(made.status.success(), "{made:?}");
     let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
-    let at = args
-        .iter()
-        .position(|a| *a == OsStr::new("--private-key"))
-        .unwrap();
-    args[at + 1] = encrypted.as_os_str();
+    set_flag(&mut args, "--private-key", encrypted.as_os_str());
     let (status, err) = refused_at_start(&args);
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
     assert!(
@@ -3309,7 +3297,7 @@ fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
     );
     // A relative path that is not found names the directory it was read from.
     let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
-    args[at + 1] = OsStr::new("no-such.key");
+    set_flag(&mut args, "--private-key", OsStr::new("no-such.key"));
     let (status, err) = refused_at_start(&args);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
@@ -3329,11 +3317,7 @@ fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
     let ca = std::fs::read_to_string(&server.ca).unwrap();
     std::fs::write(&leaf_last, format!("{ca}{chain}")).unwrap();
     let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
-    let at = args
-        .iter()
-        .position(|a| *a == OsStr::new("--certificate"))
-        .unwrap();
-    args[at + 1] = leaf_last.as_os_str();
+    set_flag(&mut args, "--certificate", leaf_last.as_os_str());
     let (status, err) = refused_at_start(&args);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
     assert!(
@@ -3390,6 +3374,15 @@ fn services_whose_standard_output_fails_serve_anyway() {
             "{role}: {status:?}: {err}"
         );
     }
+}
+
+/// `args` with the value after `flag` replaced by `value`.
+fn set_flag<'a>(args: &mut [&'a std::ffi::OsStr], flag: &str, value: &'a std::ffi::OsStr) {
+    let at = args
+        .iter()
+        .position(|a| *a == std::ffi::OsStr::new(flag))
+        .unwrap_or_else(|| panic!("no {flag} in {args:?}"));
+    args[at + 1] = value;
 }
 
 /// Runs `mbx` with `args`, expecting it to stop by itself at once: its exit status (`None` if
@@ -3513,7 +3506,10 @@ fn options_that_would_be_ignored_are_refused() {
         "2",
     ]);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
-    assert!(err.contains("max_discovered (--max-discovered) applies to discovery"), "{err}");
+    assert!(
+        err.contains("max_discovered (--max-discovered) applies to discovery"),
+        "{err}"
+    );
     let (status, err) = client(&["--log", "mbx=[[[", "--middlebox", "127.0.0.1:9"]);
     assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
     assert!(err.contains("invalid log filter"), "{err}");
@@ -3569,7 +3565,10 @@ fn options_that_would_be_ignored_are_refused() {
     let refused = with(&["--middlebox-name", "mb.test", "--max-discovered", "2"]);
     let (status, err) = refused_at_start(&refused);
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");
-    assert!(err.contains("max_discovered (--max-discovered) applies to discovery"), "{err}");
+    assert!(
+        err.contains("max_discovered (--max-discovered) applies to discovery"),
+        "{err}"
+    );
     // Ticket keys without tickets.
     let (status, err) = refused_at_start(&with(&["--ticket-key-secs", "60"]));
     assert!(status.is_some_and(|s| !s.success()), "{status:?}");

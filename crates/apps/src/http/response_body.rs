@@ -112,20 +112,14 @@ impl ResponseBody {
     /// Content-Length not reached, its last chunk not come). A body delimited by the close is
     /// whole then.
     pub fn cut_at_close(&self) -> Option<String> {
-        if self.body.ended() {
-            return None;
-        }
-        match self.framing {
-            Framing::None | Framing::UntilClose => None,
-            Framing::Length(total) => Some(format!(
-                "the response body was cut: {} of its {total} bytes (Content-Length) came before the connection closed",
-                self.data
-            )),
-            Framing::Chunked => Some(format!(
+        let came = self.short_of_its_end()?;
+        Some(match self.framing {
+            Framing::Chunked => format!(
                 "the chunked response body was cut: the connection closed before its last chunk ({} bytes of data came)",
                 self.data
-            )),
-        }
+            ),
+            _ => format!("the response body was cut: {came} came before the connection closed"),
+        })
     }
 }
 
