@@ -3250,14 +3250,11 @@ fn pem_files_of_the_wrong_kind_are_named() {
         "{err}"
     );
     let csr = dir.path().join("server.csr");
-    let made = std::process::Command::new("openssl")
-        .args(["req", "-new", "-subj", "/CN=server.test", "-key"])
-        .arg(&server.key)
-        .arg("-out")
-        .arg(&csr)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    openssl_writes(
+        &["req", "-new", "-subj", "/CN=server.test", "-key"],
+        &server.key,
+        &csr,
+    );
     let mut request = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
     set_flag(&mut request, "--certificate", csr.as_os_str());
     let (status, err) = refused_at_start(&request);
@@ -3278,14 +3275,11 @@ fn an_encrypted_key_and_a_chain_in_the_wrong_order_are_named() {
     use std::ffi::OsStr;
     let (dir, _pki, server, _mbox) = pki_files("mbx cli mbtls key root", "mb.test");
     let encrypted = dir.path().join("encrypted.key");
-    let made = std::process::Command::new("openssl")
-        .args(["pkey", "-aes256", "-passout", "pass:secret", "-in"])
-        .arg(&server.key)
-        .arg("-out")
-        .arg(&encrypted)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    openssl_writes(
+        &["pkey", "-aes256", "-passout", "pass:secret", "-in"],
+        &server.key,
+        &encrypted,
+    );
     let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
     set_flag(&mut args, "--private-key", encrypted.as_os_str());
     let (status, err) = refused_at_start(&args);
@@ -3374,6 +3368,18 @@ fn services_whose_standard_output_fails_serve_anyway() {
             "{role}: {status:?}: {err}"
         );
     }
+}
+
+/// Runs `openssl <args> <input> -out <out>`, which must succeed.
+fn openssl_writes(args: &[&str], input: &std::path::Path, out: &std::path::Path) {
+    let made = std::process::Command::new("openssl")
+        .args(args)
+        .arg(input)
+        .arg("-out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
 }
 
 /// `args` with the value after `flag` replaced by `value`.
