@@ -3375,17 +3375,29 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
         limits: setup.s.service.limits()?,
         handshake: setup.cfg,
         first_hop: setup.first_hop,
-        session_failed_answer: Some(PROXY_SESSION_FAILED.to_vec()),
+        session_failed_answer: Some(Arc::new(proxy_session_failed)),
     })
 }
 
-/// What the client proxy's local connection is told when its mbTLS session cannot be set up,
-/// before the error's text: an HTTP 502, as the server answers when its backend is down (the
-/// proxy carries HTTP to an https URL), so that curl says why instead of "couldn't connect".
-const PROXY_SESSION_FAILED: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\n\
-Content-Type: text/plain; charset=utf-8\r\n\
-Connection: close\r\n\r\n\
-mbx mbtls proxy: no mbTLS session to the server: ";
+/// What the client proxy's local connection is told when its mbTLS session fails before the
+/// server sent anything: an HTTP 502, as the server answers when its backend is down (the
+/// proxy carries HTTP to an https URL), so that curl says why instead of "couldn't connect",
+/// with the error and what the one-shot client would say of it (found in a user trial: a 502
+/// that said only "the first hop closed the connection").
+fn proxy_session_failed(e: &mbx_mbtls::driver::DriverError) -> Vec<u8> {
+    let why = format!(
+        "{}{}{}",
+        mbx_mbtls::driver::printable_error(e),
+        ended_behind_hint(e),
+        fix_hint(e, mbx_engine::Role::Client)
+    );
+    format!(
+        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Connection: close\r\n\r\nmbx mbtls proxy: no mbTLS session to the server: {}\n",
+        crate::subcommand::escape_controls(&why, false)
+    )
+    .into_bytes()
+}
 
 /// A TLS context in use, and the settings it was built from. A reload whose settings for it did
 /// not change keeps it, and with it what it holds across sessions: a client's sessions to

@@ -13,10 +13,14 @@
 //! - [`relay`]: a middlebox's data phase: decrypt from one hop, run the app, re-encrypt for the
 //!   other hop; fail closed on any bad record.
 //! - [`endpoint`]: an endpoint's record layer after the handshake, under the keys of its hop.
-//! - [`handshake`]: the handshake cores over real OpenSSL engines; so far a client with one
-//!   pre-configured client-side middlebox, in front of any TLS server.
-//! - [`driver`]: thin tokio drivers (client, middlebox) that only move bytes between sockets and
-//!   the sans-I/O cores above.
+//! - [`handshake`]: the handshake cores over real TLS engines, for the three roles: client,
+//!   middlebox (client side or server side) and server, every join mode, TLS 1.2 and 1.3.
+//! - [`driver`]: thin tokio drivers (client, client proxy, middlebox, server) that only move
+//!   bytes between sockets and the sans-I/O cores above.
+//!
+//! The crates an embedder also needs are re-exported ([`engine`], [`attest`], [`apps`],
+//! [`TlsVersion`]); `examples/embed.rs` runs a client, a middlebox with its own app and a
+//! server on loopback in about 150 lines.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(
@@ -42,6 +46,13 @@ pub use hop::{Alert, Side};
 pub use keys::{
     client_side_keys, server_side_keys, DirectionKeys, HopKeys, SideKeys, TrafficSecret,
 };
+/// Middlebox applications (the [`MiddleboxApp`](mbx_apps::MiddleboxApp) interface and ours).
+pub use mbx_apps as apps;
+/// Attestation: evidence, policies, the simulated and DCAP attesters.
+pub use mbx_attest as attest;
+/// The TLS engines and their configuration.
+pub use mbx_engine as engine;
+pub use mbx_record::TlsVersion;
 pub use relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
 pub use wire::{
     Encapsulated, KeyMaterial, MiddleboxSupport, CT_ENCAPSULATED, CT_KEY_MATERIAL,

@@ -18,9 +18,9 @@ use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
-    AppFactory, ClientProxy, ClientProxyConfig, DriverError, Limits, MbtlsClient, MbtlsServer,
-    MbtlsServerConfig, MbtlsServerConnection, MiddleboxServer, MiddleboxServerConfig,
-    MiddleboxVerdict, Placement,
+    answer_with_error, AppFactory, ClientProxy, ClientProxyConfig, DriverError, Limits,
+    MbtlsClient, MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, MiddleboxServer,
+    MiddleboxServerConfig, MiddleboxVerdict, Placement,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
@@ -431,6 +431,62 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
         let cfg = w.client_without_middleboxes(version);
         told_handshake_failure(MbtlsClient::connect(mb2.local_addr(), cfg), version).await;
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    }
+}
+
+/// A client proxy whose server refuses its own middlebox tells the local application, as when
+/// a handshake fails, whatever the version: with TLS 1.3 the refusal comes after the
+/// handshake, in the data phase, where the local connection was reset (found in a user
+/// trial: curl read "connection reset", and a 502 with TLS 1.2). Without an answer
+/// configured, it is still reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_tells_the_local_application_of_a_refusal_after_the_handshake() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
+        for answer in [Some(answer_with_error(b"no session: ")), None] {
+            let told = answer.is_some();
+            let mut proxy = ClientProxy::bind(
+                "127.0.0.1:0",
+                ClientProxyConfig {
+                    handshake: w.client_without_middleboxes(version),
+                    first_hop: mb2.local_addr().to_string(),
+                    session_failed_answer: answer,
+                    limits: Limits::default(),
+                },
+            )
+            .await
+            .unwrap();
+            // A reset can come before the connection is even reported as made, or before the
+            // request is written.
+            let mut got = Vec::new();
+            let read = match tokio::net::TcpStream::connect(proxy.local_addr()).await {
+                Ok(mut local) => match local.write_all(b"GET / HTTP/1.1\r\n\r\n").await {
+                    Ok(()) => timeout(BOUND, local.read_to_end(&mut got)).await.unwrap(),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            let got = String::from_utf8_lossy(&got).into_owned();
+            if told {
+                read.unwrap();
+                assert!(
+                    got.starts_with("no session: ") && got.contains("handshake_failure"),
+                    "{version:?}: {got}"
+                );
+            } else {
+                assert_eq!(
+                    read.map_err(|e| e.kind()),
+                    Err(std::io::ErrorKind::ConnectionReset),
+                    "{version:?}: {got}"
+                );
+            }
+            let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+            assert_eq!(report.bytes_down, 0, "{report:?}");
+            assert!(report.outcome.is_err(), "{report:?}");
+            timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        }
     }
 }
 
@@ -1303,6 +1359,71 @@ async fn a_session_cut_in_a_drain_is_reported(grace: Duration, cut_now: bool) {
     assert_eq!(server.connections_cut(), 1);
 }
 
+/// A session cut while a client proxy's local application is still reading what came before
+/// the cut: the proxy resets the local connection (the stream is truncated), but only once
+/// what it passed on has reached the application, every byte it counted (found in a user
+/// trial: a download cut by a server's drain lost its last megabyte at the local application,
+/// which the reset dropped from the proxy's socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_passes_on_what_came_before_a_cut_then_resets() {
+    let w = World::new();
+    // A backend that sends 16 MiB and then holds the connection open.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 1024];
+        let _ = s.read(&mut head).await;
+        let _ = s.write_all(&vec![b'x'; 16 << 20]).await;
+        let _ = s.read(&mut head).await;
+    });
+    let mut cfg = w.server(TlsVersion::Tls13, backend);
+    cfg.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
+    let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let mut proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client_without_middleboxes(TlsVersion::Tls13),
+            first_hop: server.local_addr().to_string(),
+            session_failed_answer: Some(answer_with_error(b"no session: ")),
+            limits: Limits::default(),
+        },
+    )
+    .await
+    .unwrap();
+    let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    local.write_all(b"GET /big HTTP/1.1\r\n\r\n").await.unwrap();
+    // A slow reader: the proxy's socket toward it fills up, and holds what it was given.
+    let (mut read, mut cut) = (0u64, false);
+    let mut buf = vec![0u8; 16 * 1024];
+    let end = loop {
+        match timeout(BOUND, local.read(&mut buf)).await.unwrap() {
+            Ok(0) => break Ok(()),
+            Ok(n) => read += n as u64,
+            Err(e) => break Err(e.kind()),
+        }
+        if !cut && read >= 1 << 20 {
+            server.drain(Duration::ZERO);
+            server.cut_now();
+            cut = true;
+        }
+        // Slow throughout, so that the proxy's socket toward it is full when the cut comes
+        // (and the reset, without the wait, drops what it holds).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    assert_eq!(
+        end,
+        Err(std::io::ErrorKind::ConnectionReset),
+        "after {read} bytes"
+    );
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(report.outcome.is_err(), "{report:?}");
+    assert!(report.bytes_down < 16 << 20, "not cut: {report:?}");
+    assert_eq!(read, report.bytes_down, "{report:?}");
+}
+
 /// A TCP forwarder toward `to` for one connection that stops reading from `to` while `paused`
 /// holds (its socket toward `to` has a small receive buffer, so `to` soon cannot write).
 async fn pausing_forwarder(to: SocketAddr) -> (SocketAddr, tokio::sync::watch::Sender<bool>) {
@@ -1535,7 +1656,7 @@ async fn a_proxy_session_that_cannot_start_resets_or_answers_the_local_connectio
             handshake: w.client(TlsVersion::Tls13),
             first_hop: refusing.to_string(),
             limits: Limits::default(),
-            session_failed_answer: Some(b"no session: ".to_vec()),
+            session_failed_answer: Some(answer_with_error(b"no session: ")),
         },
     )
     .await

@@ -161,9 +161,9 @@ impl Setup {
         middlebox: ClientMiddlebox,
         export: bool,
     ) -> ClientHandshake {
-        let mut primary = TlsConfig::client("server.test", self.root.clone()).only(version);
-        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
-        primary.pause_after_handshake = true;
+        let mut primary =
+            mbx_mbtls::handshake::primary_client_config("server.test", self.root.clone())
+                .only(version);
         primary.exportable = export;
         let secondary = TlsConfig::client("mb1.test", self.root.clone());
         ClientHandshake::new(ClientHandshakeConfig {
@@ -621,6 +621,64 @@ fn a_server_needs_an_exportable_context() {
         now_unix: now_unix(),
     });
     assert!(matches!(r, Err(HandshakeError::Config(_))));
+}
+
+/// An endpoint's primary context must be set up as the protocol needs it: paused after its
+/// handshake (both; else OpenSSL could read a record before the export), and the client's
+/// registering the MiddleboxSupport extension. Each was documented and not checked (an
+/// embedder's trial: a context without the pause passed). The `primary_*_config` helpers make
+/// contexts that pass.
+#[test]
+fn primary_contexts_must_pause_and_the_clients_must_register_the_extension() {
+    use mbx_mbtls::handshake::{primary_client_config, primary_server_config, ClientHandshake};
+    let s = Setup::new();
+    let server_with = |primary: TlsConfig| {
+        ServerHandshake::new(ServerHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            secondary: s.secondary(&TlsConfig::client("mb2.test", s.root.clone())),
+            middlebox: ServerMiddlebox::none(),
+            policy: s.policy.clone(),
+            now_unix: now_unix(),
+        })
+        .err()
+        .map(|e| e.to_string())
+    };
+    let unpaused = server_with(TlsConfig::server(s.server_id.clone()));
+    assert!(
+        unpaused.is_some_and(|e| e.contains("must pause after its handshake")),
+        "a server context without the pause was taken"
+    );
+    assert_eq!(
+        server_with(primary_server_config(s.server_id.clone())),
+        None
+    );
+    let client_with = |primary: TlsConfig| {
+        ClientHandshake::new(ClientHandshakeConfig {
+            primary: Arc::new(OpenSslContext::new(&primary).unwrap()),
+            server_name: "server.test".into(),
+            secondary: s.secondary(&TlsConfig::client("mb1.test", s.root.clone())),
+            middlebox: ClientMiddlebox::Preconfigured("mb1.test".into()),
+            policy: s.policy.clone(),
+            now_unix: now_unix(),
+        })
+        .err()
+        .map(|e| e.to_string())
+    };
+    let made = primary_client_config("server.test", s.root.clone());
+    assert_eq!(client_with(made.clone()), None);
+    let mut unpaused = made.clone();
+    unpaused.pause_after_handshake = false;
+    let said = client_with(unpaused).unwrap_or_default();
+    assert!(said.contains("must pause after its handshake"), "{said}");
+    let mut unregistered = made;
+    unregistered.custom_extensions.clear();
+    let said = client_with(unregistered).unwrap_or_default();
+    assert!(
+        said.contains("must register the MiddleboxSupport extension"),
+        "{said}"
+    );
+    // Said once, not "configuration: configuration:".
+    assert!(!said.contains("configuration: configuration"), "{said}");
 }
 
 /// client → client-side middlebox mb1 → server-side middlebox mb2 → mbTLS server, each

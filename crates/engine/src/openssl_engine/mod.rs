@@ -582,6 +582,18 @@ impl OpenSslContext {
         self.exportable
     }
 
+    /// Whether engines of this context stop at the end of the handshake
+    /// ([`TlsConfig::pause_after_handshake`]).
+    pub fn pauses_after_handshake(&self) -> bool {
+        self.pause_after_handshake
+    }
+
+    /// Whether this context registers the custom extension `typ`
+    /// ([`TlsConfig::custom_extensions`]).
+    pub fn registers_extension(&self, typ: u16) -> bool {
+        self.registered.contains(&typ)
+    }
+
     /// A new connection using the configured server name.
     pub fn engine(&self) -> Result<OpenSslEngine, EngineError> {
         self.engine_for(self.server_name.as_deref())

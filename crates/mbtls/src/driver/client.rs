@@ -1,11 +1,11 @@
-//! The client driver: one TCP connection to the pre-configured middlebox, the handshake core
-//! on it, then application data through the first hop.
+//! The client driver: one TCP connection to the first hop (the first client-side middlebox,
+//! or the server), the handshake core on it, then application data through it.
 
 use mbx_attest::Claims;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::connection::Connection;
-use super::splice::{reset_when_closed, splice, Carried, Sides};
+use super::splice::{reset_when_closed, splice, Carried, EarlyAnswer, Sides};
 use super::{keep_alive, DriverError};
 use crate::handshake::{ClientHandshake, ClientHandshakeConfig};
 
@@ -35,7 +35,8 @@ pub enum MiddleboxVerdict {
         why: &'static str,
         detail: Option<String>,
     },
-    /// No middlebox took part.
+    /// No middlebox of the client's side took part (server-side middleboxes, which the client
+    /// does not see, may have: the server's report names them).
     Direct,
 }
 
@@ -77,6 +78,9 @@ impl Connection<ClientHandshake> {
         mut cfg: ClientHandshakeConfig,
         data: &[u8],
     ) -> Result<MbtlsClient, DriverError> {
+        // A configuration that fails every session is told before anything is connected (an
+        // embedder found its mistake reported by the first hop as a connection that closed).
+        cfg.check().map_err(DriverError::config)?;
         let stream = TcpStream::connect(first_hop)
             .await
             .map_err(DriverError::io("cannot connect to the first hop"))?;
@@ -109,17 +113,19 @@ impl Connection<ClientHandshake> {
             "cannot set the local connection to reset when cut",
         ))?;
         let mut carried = Carried::default();
-        self.carry(local, idle_timeout, &mut carried).await?;
+        self.carry(local, (idle_timeout, None), &mut carried)
+            .await?;
         Ok((carried.from_plain, carried.to_plain))
     }
 
     /// [`proxy_until_idle`](Self::proxy_until_idle), counting into `carried` as it goes, so
     /// that a session that fails still says what it carried (the client proxy's report).
-    /// `local` is already set to reset when closed.
+    /// `local` is already set to reset when closed; `early_answer`: what it is told instead
+    /// when the session fails before the server sent anything.
     pub(crate) async fn carry(
         self,
         local: TcpStream,
-        idle_timeout: Option<std::time::Duration>,
+        (idle_timeout, early_answer): (Option<std::time::Duration>, EarlyAnswer<'_>),
         carried: &mut Carried,
     ) -> Result<(), DriverError> {
         let MbtlsClient {
@@ -130,6 +136,7 @@ impl Connection<ClientHandshake> {
         keep_alive(&stream);
         // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
-        splice(&mut session, stream, local, idle_timeout, &SIDES, carried).await
+        let ends = (idle_timeout, early_answer);
+        splice(&mut session, stream, local, ends, &SIDES, carried).await
     }
 }

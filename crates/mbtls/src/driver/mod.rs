@@ -39,7 +39,10 @@ pub use connection::{Connection, EndpointHandshake};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
-pub use proxy::{ClientProxy, ClientProxyConfig, ProxyReport};
+pub use proxy::{
+    answer_with_error, printable_error, ClientProxy, ClientProxyConfig, ProxyReport,
+    SessionFailedAnswer,
+};
 pub use reports::{EndedConnections, CUT_AT_STOP, REPORTS_KEPT};
 pub use server::{MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, ServerConnectionReport};
 
@@ -170,6 +173,14 @@ pub enum DriverError {
 }
 
 impl DriverError {
+    /// A configuration a handshake core refused, said once ("configuration: …", not twice).
+    pub(crate) fn config(e: crate::handshake::HandshakeError) -> DriverError {
+        match e {
+            crate::handshake::HandshakeError::Config(why) => DriverError::Config(why.into()),
+            e => DriverError::Config(e.to_string()),
+        }
+    }
+
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
         move |source| DriverError::Io { context, source }
     }

@@ -26,10 +26,32 @@ pub struct ClientProxyConfig {
     /// The session's handshake (connect included) must finish within `handshake_timeout`; a
     /// session idle for `idle_timeout` is closed; at most `max_connections` at once.
     pub limits: Limits,
-    /// When set, a local connection whose session cannot be set up (first hop unreachable,
-    /// handshake refused or timed out) is sent this, then the error's text and a line break,
-    /// and closed (e.g. an HTTP 502 head with `Connection: close`); otherwise it is reset.
-    pub session_failed_answer: Option<Vec<u8>>,
+    /// When set, a local connection whose session fails before the server sent anything
+    /// (first hop unreachable, handshake refused or timed out, the server's refusal right
+    /// after its handshake) is sent what this makes of the error, and closed (e.g. an HTTP
+    /// 502 with `Connection: close` and the reason); otherwise it is reset. The error's text
+    /// may quote what a peer sent: escape what of it goes in (as [`printable_error`] does).
+    pub session_failed_answer: Option<SessionFailedAnswer>,
+}
+
+/// See [`ClientProxyConfig::session_failed_answer`].
+pub type SessionFailedAnswer = std::sync::Arc<dyn Fn(&DriverError) -> Vec<u8> + Send + Sync>;
+
+/// An answer of `head` (e.g. an HTTP 502 head and the start of its body), then the error's
+/// text with control characters replaced and a line break.
+pub fn answer_with_error(head: &[u8]) -> SessionFailedAnswer {
+    let head = head.to_vec();
+    std::sync::Arc::new(move |e| {
+        let mut out = head.clone();
+        out.extend_from_slice(printable_error(e).as_bytes());
+        out.push(b'\n');
+        out
+    })
+}
+
+/// `e`'s text with its control characters replaced (it may quote what a peer sent).
+pub fn printable_error(e: &DriverError) -> String {
+    mbx_wire::printable(&e.to_string())
 }
 
 /// The outcome of one proxied connection.
@@ -90,9 +112,7 @@ impl ServiceConfig for ClientProxyConfig {
         &self.limits
     }
     fn check(&self) -> Result<(), DriverError> {
-        self.handshake
-            .check()
-            .map_err(|e| DriverError::Config(e.to_string()))
+        self.handshake.check().map_err(DriverError::config)
     }
 }
 
@@ -188,7 +208,7 @@ async fn proxy_one(
         Ok(session) => session,
         Err(e) => {
             if let Some(answer) = &cfg.session_failed_answer {
-                tell_and_close(local, answer, &e).await;
+                tell_and_close(local, &answer(&e)).await;
             }
             return Err(e);
         }
@@ -196,20 +216,18 @@ async fn proxy_one(
     report.connected = true;
     report.verdicts = session.verdicts().to_vec();
     report.summary = session.summary().cloned();
-    session.carry(local, limits.idle_timeout, carried).await
+    let answer = cfg.session_failed_answer.as_deref();
+    session
+        .carry(local, (limits.idle_timeout, answer), carried)
+        .await
 }
 
-/// Best effort: `answer`, the error's text (control characters replaced, since it may quote
-/// what a peer sent) and a line break to a local connection whose session failed, then an
-/// orderly close (its request read and dropped, so that the close is not a reset that could
-/// overtake the answer).
-async fn tell_and_close(mut local: TcpStream, answer: &[u8], e: &DriverError) {
+/// Best effort: `answer` to a local connection whose session failed, then an orderly close
+/// (its request read and dropped, so that the close is not a reset that could overtake the
+/// answer).
+async fn tell_and_close(mut local: TcpStream, answer: &[u8]) {
     if reset_when_closed(&local, false).is_err() {
         return;
     }
-    let text = mbx_wire::printable(&e.to_string());
-    let mut out = answer.to_vec();
-    out.extend_from_slice(text.as_bytes());
-    out.push(b'\n');
-    close_reading_the_rest(&mut local, &out, CLOSE_GRACE).await;
+    close_reading_the_rest(&mut local, answer, CLOSE_GRACE).await;
 }

@@ -97,9 +97,7 @@ impl ServiceConfig for MbtlsServerConfig {
         &self.limits
     }
     fn check(&self) -> Result<(), DriverError> {
-        self.handshake
-            .check()
-            .map_err(|e| DriverError::Config(e.to_string()))
+        self.handshake.check().map_err(DriverError::config)
     }
 }
 
@@ -296,7 +294,7 @@ async fn run(
     // The data phase reads into buffers sized by the traffic, which an idle session frees.
     drop(buf);
     let idle = cfg.limits.idle_timeout;
-    splice(session, stream, backend, idle, &SIDES, carried).await
+    splice(session, stream, backend, (idle, None), &SIDES, carried).await
 }
 
 /// The server's sockets in errors.

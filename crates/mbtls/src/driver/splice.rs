@@ -75,6 +75,11 @@ pub(crate) struct Carried {
     pub peer_left_without_close_notify: bool,
 }
 
+/// What the plain side is told, instead of a reset, when the session fails before anything
+/// came from the peer: bytes made from the error (e.g. an HTTP 502 and the reason), after
+/// which its connection ends in order.
+pub(crate) type EarlyAnswer<'a> = Option<&'a (dyn Fn(&DriverError) -> Vec<u8> + Send + Sync)>;
+
 /// Runs the data phase of `session` between `path` and `plain` until both directions ended
 /// (`Ok`) or something failed; `idle_timeout`: give up once neither side carried a byte for
 /// that long (`None`: never).
@@ -82,7 +87,7 @@ pub(crate) async fn splice<S: EndpointSession>(
     session: &mut S,
     path: TcpStream,
     plain: TcpStream,
-    idle_timeout: Option<Duration>,
+    (idle_timeout, early_answer): (Option<Duration>, EarlyAnswer<'_>),
     sides: &Sides,
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
@@ -104,6 +109,19 @@ pub(crate) async fn splice<S: EndpointSession>(
         carried,
     )
     .await;
+    if let (Err(e), Some(answer)) = (&ended, early_answer) {
+        // Nothing came from the peer, which refused the session after its handshake (a TLS
+        // 1.3 server that refused its own middlebox alerts after its Finished): the plain
+        // side is told why, as when the handshake fails (found in a user trial: the proxy's
+        // local application got a bare reset there, and a 502 with TLS 1.2).
+        if carried.to_plain == 0
+            && !matches!(e, DriverError::IdleTimeout(_))
+            && reset_when_closed(&plain, false).is_ok()
+        {
+            close_reading_the_rest(&mut plain, &answer(e), CLOSE_GRACE).await;
+            return ended;
+        }
+    }
     // An idle timeout is the service's own orderly end (as nginx's proxy_timeout): closed.
     let in_order = match &ended {
         Ok(()) => !carried.peer_left_without_close_notify,
@@ -117,6 +135,11 @@ pub(crate) async fn splice<S: EndpointSession>(
             return ended.and(Err(cannot(e)));
         }
         let _ = plain.shutdown().await;
+    } else {
+        // The reset drops what the kernel still holds for the plain side: what it was given
+        // reaches it first (found in a user trial: a download cut at the server lost its last
+        // megabyte at the proxy's local application, which the proxy had counted as carried).
+        mbx_net::send_queue::until_sent(&plain, CLOSE_GRACE).await;
     }
     ended
 }
@@ -166,8 +189,7 @@ async fn splice_halves<S: EndpointSession>(
                 let n = r.map_err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET))?;
                 if n == 0 {
                     // What was authenticated and queued goes out first, without an end of
-                    // stream (best effort: the reset after it drops what the kernel still
-                    // holds).
+                    // stream (and reaches the plain side before the reset: `splice`).
                     let _ = timeout(CLOSE_GRACE, async {
                         tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
                     })

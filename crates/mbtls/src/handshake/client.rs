@@ -67,7 +67,9 @@ pub struct ClientHandshakeConfig {
     pub middlebox: ClientMiddlebox,
     /// Attestation policy for the middlebox.
     pub policy: Policy,
-    /// Current time for evidence verification (seconds since the Unix epoch).
+    /// Current time for evidence verification (seconds since the Unix epoch); the client
+    /// driver ([`MbtlsClient::connect`](crate::driver::MbtlsClient::connect)) replaces it for
+    /// each session.
     pub now_unix: u64,
 }
 
@@ -87,6 +89,25 @@ impl ClientHandshakeConfig {
             return Err(HandshakeError::Config("1 to 255 client-side middleboxes"));
         }
         super::check_secondary_context(self.secondary.as_ref())?;
+        // Found by an embedder: both were documented, neither checked, and a context without
+        // the pause worked until a record came in the handshake's last read.
+        if !self
+            .primary
+            .registers_extension(crate::MIDDLEBOX_SUPPORT_EXTENSION)
+        {
+            return Err(HandshakeError::Config(
+                "the primary context must register the MiddleboxSupport extension \
+                 (custom_extensions: CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)); \
+                 primary_client_config makes such a configuration",
+            ));
+        }
+        if !self.primary.pauses_after_handshake() {
+            return Err(HandshakeError::Config(
+                "the primary context must pause after its handshake (pause_after_handshake), \
+                 so that no record is read before the session is exported; \
+                 primary_client_config makes such a configuration",
+            ));
+        }
         if !disabled && !self.primary.exportable() {
             return Err(HandshakeError::Config(
                 "a client with client-side middleboxes needs an exportable primary context",

@@ -55,6 +55,27 @@ pub const SECONDARY_CIPHER_SUITES: [u16; 9] = [
     0xC030, // ECDHE-RSA-AES256-GCM-SHA384
 ];
 
+/// The configuration an mbTLS client's primary context starts from: a TLS client for
+/// `server_name` under `roots_pem` that registers the MiddleboxSupport extension and pauses
+/// after its handshake, as [`ClientHandshakeConfig::check`] requires (set `only`, resumption
+/// and the rest on it as for any client).
+pub fn primary_client_config(server_name: &str, roots_pem: Vec<u8>) -> TlsConfig {
+    let mut cfg = TlsConfig::client(server_name, roots_pem);
+    cfg.custom_extensions = vec![mbx_engine::CustomExtension::new(
+        crate::MIDDLEBOX_SUPPORT_EXTENSION,
+    )];
+    cfg.pause_after_handshake = true;
+    cfg
+}
+
+/// The configuration an mbTLS server's primary context starts from: a TLS server with
+/// `identity` that pauses after its handshake, as [`ServerHandshakeConfig::check`] requires.
+pub fn primary_server_config(identity: mbx_engine::Identity) -> TlsConfig {
+    let mut cfg = TlsConfig::server(identity);
+    cfg.pause_after_handshake = true;
+    cfg
+}
+
 /// The configuration an endpoint's secondary-session context starts from: a TLS client for
 /// middlebox certificates issued under `roots_pem`, checked against `name` where the context
 /// is used with its own name, offering [`SECONDARY_CIPHER_SUITES`], and remembering up to

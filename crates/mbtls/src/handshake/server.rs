@@ -39,6 +39,14 @@ pub enum ServerMiddlebox {
     DiscoverUpTo(Approver, u8),
 }
 
+impl ServerMiddlebox {
+    /// No server-side middlebox: every one that announces itself is excluded, and sessions
+    /// run directly on the primary keys (client-side middleboxes are unaffected).
+    pub fn none() -> ServerMiddlebox {
+        ServerMiddlebox::Discover(std::sync::Arc::new(|_: &[Vec<u8>]| false))
+    }
+}
+
 /// The server's configuration.
 #[derive(Clone)]
 pub struct ServerHandshakeConfig {
@@ -56,7 +64,8 @@ pub struct ServerHandshakeConfig {
     pub middlebox: ServerMiddlebox,
     /// Attestation policy for the middlebox.
     pub policy: Policy,
-    /// Current time for evidence verification (seconds since the Unix epoch).
+    /// Current time for evidence verification (seconds since the Unix epoch); the server
+    /// driver ([`MbtlsServer`](crate::driver::MbtlsServer)) replaces it for each connection.
     pub now_unix: u64,
 }
 
@@ -72,11 +81,18 @@ impl ServerHandshakeConfig {
                 "an mbTLS server needs an exportable primary context",
             ));
         }
+        if !self.primary.pauses_after_handshake() {
+            return Err(HandshakeError::Config(
+                "the primary context must pause after its handshake (pause_after_handshake), \
+                 so that no record is read before the session is exported; \
+                 primary_server_config makes such a configuration",
+            ));
+        }
         super::check_secondary_context(self.secondary.as_ref())?;
         if matches!(self.middlebox, ServerMiddlebox::DiscoverUpTo(_, 0)) {
             return Err(HandshakeError::Config(
-                "DiscoverUpTo needs at least 1 (a server that takes no middlebox uses Discover \
-                 with an approver that approves none)",
+                "DiscoverUpTo needs at least 1 (a server that takes no middlebox uses \
+                 ServerMiddlebox::none())",
             ));
         }
         Ok(())

@@ -1,0 +1,182 @@
+//! Embedding mbTLS: a client fetches a page through one client-side middlebox, which runs an
+//! application of ours (it stamps each request with a header), from an mbTLS server in front
+//! of a plain-HTTP backend; every party on loopback, in one tokio runtime. Attestation is the
+//! simulated TEE, accepted only because the client's policy says so (never in production).
+//!
+//! `cargo run -p mbx-mbtls --example embed`; `tests/embed_example.rs` runs it too.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mbx_mbtls::apps::{Direction, MiddleboxApp, Verdict};
+use mbx_mbtls::attest::sim::{measure, signer_id};
+use mbx_mbtls::attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
+use mbx_mbtls::driver::{
+    Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
+    Placement,
+};
+use mbx_mbtls::engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_mbtls::handshake::{
+    primary_client_config, primary_server_config, secondary_client_config, ClientHandshakeConfig,
+    ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
+};
+use mbx_testbed::pki::{LeafSpec, TestPki};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Our middlebox application: inserts `X-Seen-By: <name>` after the request line of each
+/// request from the client (a request line is found at the start of the stream only, which is
+/// enough for one request per connection), and passes everything else on.
+struct Stamp {
+    name: &'static str,
+    stamped: bool,
+}
+
+impl MiddleboxApp for Stamp {
+    fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict {
+        match data.windows(2).position(|w| w == b"\r\n") {
+            Some(end) if dir == Direction::ClientToServer && !self.stamped => {
+                self.stamped = true;
+                out.extend_from_slice(&data[..end + 2]);
+                out.extend_from_slice(format!("X-Seen-By: {}\r\n", self.name).as_bytes());
+                out.extend_from_slice(&data[end + 2..]);
+            }
+            _ => out.extend_from_slice(data),
+        }
+        Verdict::Continue
+    }
+}
+
+/// Runs the whole path once and returns the page the client got.
+pub async fn run() -> Res<String> {
+    // Certificates: one CA for the server and the middlebox (any PKI will do).
+    let pki = TestPki::new("embed example CA")?;
+    let identity = |spec: &LeafSpec| -> Res<Identity> {
+        let leaf = pki.issue(spec)?;
+        Ok(Identity::from_pem(
+            leaf.chain_pem(),
+            leaf.key_pem().as_bytes(),
+        ))
+    };
+    let root = pki.root_pem().into_bytes();
+
+    // A plain-HTTP backend that answers each request with the request it got.
+    let backend = echo_backend().await?;
+
+    // The mbTLS server: no server-side middlebox.
+    let server = MbtlsServer::bind(
+        "127.0.0.1:0",
+        MbtlsServerConfig {
+            handshake: ServerHandshakeConfig {
+                primary: Arc::new(OpenSslContext::new(&primary_server_config(identity(
+                    &LeafSpec::server("server.test"),
+                )?))?),
+                secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
+                    "middlebox",
+                    root.clone(),
+                ))?),
+                middlebox: ServerMiddlebox::none(),
+                policy: Policy::default(),
+                now_unix: 0,
+            },
+            backend: backend.to_string(),
+            limits: Limits::default(),
+            backend_unavailable: None,
+        },
+    )
+    .await?;
+
+    // The middlebox, in a simulated TEE whose code measurement names its app.
+    let platform = Arc::new(SimulatedPlatform::generate()?);
+    let measurement = measure("embed example middlebox", b"app=stamp");
+    let attester = SimulatedAttester::new(platform.clone(), measurement, signer_id("embed"));
+    let mut middlebox = MiddleboxServer::bind(
+        "127.0.0.1:0",
+        MiddleboxServerConfig {
+            handshake: MiddleboxHandshakeConfig::new(
+                &TlsConfig::server(identity(&LeafSpec::middlebox("mb.test"))?),
+                Some(Arc::new(attester)),
+            )?,
+            next_hop: server.local_addr().to_string().into(),
+            app: Arc::new(|| {
+                Box::new(Stamp {
+                    name: "mb.test",
+                    stamped: false,
+                })
+            }),
+            placement: Placement::ClientSide,
+            limits: Limits::default(),
+        },
+    )
+    .await?;
+
+    // The client: mb.test must join, and its evidence must show that code on that platform.
+    let policy = Policy {
+        allow_simulated: true,
+        measurements: vec![HexBytes(measurement.to_vec())],
+        sim_platform_keys: vec![HexBytes(platform.public_key().to_vec())],
+        ..Policy::default()
+    };
+    let client = ClientHandshakeConfig {
+        primary: Arc::new(OpenSslContext::new(&primary_client_config(
+            "server.test",
+            root.clone(),
+        ))?),
+        server_name: "server.test".into(),
+        secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
+            "mb.test", root,
+        ))?),
+        middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
+        policy,
+        now_unix: 0,
+    };
+    let request = b"GET / HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
+    let mut session =
+        MbtlsClient::connect_with_data(middlebox.local_addr(), client, request).await?;
+    println!("client: middlebox verdict {:?}", session.verdict());
+    let page = String::from_utf8(session.read_to_end().await?)?;
+    // Our close_notify: the session ends on every hop, and the middlebox reports it.
+    session.close().await?;
+    let report = middlebox.next_report().await.ok_or("no middlebox report")?;
+    println!(
+        "middlebox: joined {}, outcome {:?}",
+        report.keys_installed, report.outcome
+    );
+    Ok(page)
+}
+
+/// A backend that answers one HTTP request per connection with that request as its body.
+async fn echo_backend() -> Res<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    head.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.write_all(&head).await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+#[allow(dead_code)] // Not when the test includes this file.
+#[tokio::main]
+async fn main() -> Res<()> {
+    let page = run().await?;
+    println!("the page the client got:\n{page}");
+    Ok(())
+}
