@@ -916,9 +916,9 @@ struct ClientSetup {
 }
 
 impl ClientSetup {
-    /// What a proxy's reload line shows: where its sessions go, its middleboxes and the policy
-    /// they must pass.
-    fn shown_parts(&self) -> [Part; 3] {
+    /// What a proxy's reload line and banner show: where its sessions go, its middleboxes, its
+    /// TLS versions and what it resumes, and the policy its middleboxes must pass.
+    fn shown_parts(&self) -> [Part; 4] {
         let s = &self.s;
         let middleboxes = if s.no_client_middleboxes {
             "no middlebox of its own".to_string()
@@ -935,6 +935,22 @@ impl ClientSetup {
             false => policy_line(&self.cfg.policy),
         };
         let sessions = format!("sessions to {} via {}", self.server_name, self.first_hop);
+        // Found in a user trial: a reload that changed these took effect unmarked.
+        let tls = format!(
+            "{}, {}, {}",
+            match s.tls.as_deref() {
+                Some(v) => format!("TLS {v} only"),
+                None => "TLS 1.2 and 1.3".to_string(),
+            },
+            match s.resume {
+                Some(false) => "sessions not resumed",
+                _ => "sessions resumed",
+            },
+            match s.middlebox_resumption {
+                Some(false) => "fresh evidence every session",
+                _ => "middlebox sessions resumed",
+            }
+        );
         // The server's CA with where the sessions go; the middleboxes' with the policy.
         let server_ca = trust_key(&[&self.primary_tls]);
         let policy_key = format!(
@@ -949,6 +965,7 @@ impl ClientSetup {
                 " (changed)",
             ),
             part(middleboxes, " (changed)"),
+            part(tls, " (changed)"),
             (policy, policy_key, " (changed)"),
         ]
     }
@@ -991,7 +1008,15 @@ fn client(
             running_secondary.keep_unless_changed(secondary_tls, policy, &mut hs.secondary);
             Ok((cfg, line))
         };
-        return local_proxy(&listen, proxy_config(setup)?, &running, &reload);
+        // The banner shows what a reload's line does (found in a user trial: a log never
+        // recorded the middleboxes, versions or policy the proxy started with).
+        let shown_at_start = setup.shown_parts().map(|(text, _, _)| text).join("; ");
+        return local_proxy(
+            (&listen, &shown_at_start),
+            proxy_config(setup)?,
+            &running,
+            &reload,
+        );
     }
     let ClientSetup {
         cfg,
@@ -3442,33 +3467,24 @@ impl<C: ?Sized, V: PartialEq + Clone> RunningContext<C, V> {
 /// `reload` gives the configuration for the connections accepted afterwards; `grace` is the
 /// drain's (a reload does not change it, as for the middlebox and the server).
 fn local_proxy(
-    listen: &str,
+    (listen, shown): (&str, &str),
     cfg: ClientProxyConfig,
     service: &Service,
     reload: &dyn Fn() -> anyhow::Result<(ClientProxyConfig, String)>,
 ) -> anyhow::Result<()> {
     let limits = cfg.limits;
-    let server_name = cfg.handshake.server_name.clone();
-    let first_hop = cfg.first_hop.clone();
-    // A warning when middleboxes of ours may join and none can pass (what a fetch prints
-    // with its verdicts, a proxy would show only in each session's failure).
-    let hs = &cfg.handshake;
-    let policy = (!matches!(hs.middlebox, ClientMiddlebox::Disabled)
-        && no_middlebox_can_pass(&hs.policy))
-    .then(|| policy_line(&hs.policy));
     runtime()?.block_on(async move {
         let signals = ServiceSignals::new()?;
         let mut proxy = ClientProxy::bind(listen, cfg)
             .await
             .with_context(|| cannot_listen(listen))?;
         let metrics = bind_metrics(service).await?;
+        // The policy's part carries the warning when middleboxes of ours may join and none
+        // can pass (what a fetch prints with its verdicts).
         print_line(format_args!(
-            "mbTLS client proxy listening on {}, sessions to {server_name} via {first_hop}",
+            "mbTLS client proxy listening on {}, {shown}",
             proxy.local_addr(),
         ));
-        if let Some(line) = &policy {
-            print_line(format_args!("{line}"));
-        }
         print_line(format_args!("{}", limits_line(&limits, "connections")));
         let names = ("proxy", "connections");
         serve_until_stopped(

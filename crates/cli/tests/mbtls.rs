@@ -2103,6 +2103,15 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
             "4",
         ],
     );
+    // The banner says what the proxy runs with, as a reload's line does.
+    assert!(
+        phead[0].ends_with(&format!(
+            ", sessions to server.test via {mb_addr}; middleboxes mb.test; TLS 1.2 and 1.3, \
+             sessions resumed, middlebox sessions resumed; attestation policy: evidence \
+             optional, 0 measurements accepted, simulated TEE refused"
+        )),
+        "{phead:?}"
+    );
     assert_eq!(
         phead[1], "limits: handshake 60s, idle 2s, at most 4 connections at once",
         "{phead:?}"
@@ -2513,6 +2522,7 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
             "proxy reloaded: new connections get the new configuration; \
              limits: handshake 60s, idle 600s, at most 3 connections at once (changed); \
              sessions to server.test via {two} (changed); middleboxes mb.test; \
+             TLS 1.2 and 1.3, sessions resumed, middlebox sessions resumed; \
              attestation policy: evidence optional, 0 measurements accepted, simulated TEE \
              refused"
         )
@@ -2534,7 +2544,14 @@ fn the_client_proxy_reloads_its_config_file_on_sighup() {
     write_config(&two, "tls = \"1.3\"\n");
     signal(&mut proxy, Signal::HUP);
     let line = lines.next().unwrap().unwrap();
-    assert!(line.starts_with("proxy reloaded"), "{line}");
+    // Marked (found in a user trial: it took effect unmarked).
+    assert!(
+        line.starts_with("proxy reloaded")
+            && line.contains(
+                "; TLS 1.3 only, sessions resumed, middlebox sessions resumed (changed); "
+            ),
+        "{line}"
+    );
     assert_eq!(
         next_connection(&mut lines),
         ("two".to_string(), false, true)

@@ -1367,30 +1367,7 @@ async fn a_session_cut_in_a_drain_is_reported(grace: Duration, cut_now: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_passes_on_what_came_before_a_cut_then_resets() {
     let w = World::new();
-    // A backend that sends 16 MiB and then holds the connection open.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = [0u8; 1024];
-        let _ = s.read(&mut head).await;
-        let _ = s.write_all(&vec![b'x'; 16 << 20]).await;
-        let _ = s.read(&mut head).await;
-    });
-    let mut cfg = w.server(TlsVersion::Tls13, backend);
-    cfg.handshake.middlebox = ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false));
-    let mut server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
-    let mut proxy = ClientProxy::bind(
-        "127.0.0.1:0",
-        ClientProxyConfig {
-            handshake: w.client_without_middleboxes(TlsVersion::Tls13),
-            first_hop: server.local_addr().to_string(),
-            session_failed_answer: Some(answer_with_error(b"no session: ")),
-            limits: Limits::default(),
-        },
-    )
-    .await
-    .unwrap();
+    let (mut server, mut proxy) = proxy_to_a_bulk_server(&w).await;
     let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
         .await
         .unwrap();
@@ -1422,6 +1399,65 @@ async fn a_proxy_passes_on_what_came_before_a_cut_then_resets() {
     assert!(report.outcome.is_err(), "{report:?}");
     assert!(report.bytes_down < 16 << 20, "not cut: {report:?}");
     assert_eq!(read, report.bytes_down, "{report:?}");
+}
+
+/// A client proxy toward an mbTLS server (no middlebox) whose backend sends 16 MiB to each
+/// request and then holds its connection open.
+async fn proxy_to_a_bulk_server(w: &World) -> (MbtlsServer, ClientProxy) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 1024];
+                let _ = s.read(&mut head).await;
+                let _ = s.write_all(&vec![b'x'; 16 << 20]).await;
+                let _ = s.read(&mut head).await;
+            });
+        }
+    });
+    let mut cfg = w.server(TlsVersion::Tls13, backend);
+    cfg.handshake.middlebox = ServerMiddlebox::none();
+    let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client_without_middleboxes(TlsVersion::Tls13),
+            first_hop: server.local_addr().to_string(),
+            session_failed_answer: Some(answer_with_error(b"no session: ")),
+            limits: Limits::default(),
+        },
+    )
+    .await
+    .unwrap();
+    (server, proxy)
+}
+
+/// A local application that leaves part-way through a download (a reset) is said to have
+/// left, as a neighbour is, not with the OS's words (found in a user trial: "writing to the
+/// local connection: Broken pipe (os error 32)").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_application_that_leaves_is_named() {
+    let w = World::new();
+    let (_server, mut proxy) = proxy_to_a_bulk_server(&w).await;
+    let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    local.write_all(b"GET /big HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = 0;
+    while read < 1 << 20 {
+        read += timeout(BOUND, local.read(&mut buf)).await.unwrap().unwrap();
+    }
+    local.set_zero_linger().unwrap();
+    drop(local);
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.unwrap_err();
+    assert!(
+        why.starts_with("the local application closed the connection ")
+            && !why.contains("os error"),
+        "{why}"
+    );
 }
 
 /// A TCP forwarder toward `to` for one connection that stops reading from `to` while `paused`

@@ -51,6 +51,7 @@ const SIDES: Sides = Sides {
     path: "first hop",
     reading_path: "reading from the first hop",
     writing_path: "writing to the first hop",
+    plain: "local application",
     reading_plain: "reading from the local connection",
     writing_plain: "writing to the local connection",
 };

@@ -185,8 +185,9 @@ impl DriverError {
         move |source| DriverError::Io { context, source }
     }
 
-    /// For a socket error on the path to `peer`: the neighbour resetting the connection (or
-    /// gone while we wrote) is said as the other ends of a session are, "the previous hop
+    /// For a socket error on the connection to `peer` (a neighbour on the path, or the plain
+    /// side's backend or local application): the peer resetting the connection (or gone
+    /// while we wrote) is said as the other ends of a session are, "the previous hop
     /// closed the connection …" (`when`), not as an OS error (found in a user trial: "writing
     /// to the previous hop: Connection reset by peer (os error 104)"); any other error is one,
     /// under `context`.

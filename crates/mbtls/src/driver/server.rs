@@ -302,6 +302,7 @@ const SIDES: Sides = Sides {
     path: "previous hop",
     reading_path: "reading from the previous hop",
     writing_path: "writing to the previous hop",
+    plain: "backend",
     reading_plain: "reading from the backend",
     writing_plain: "writing to the backend",
 };

@@ -55,6 +55,8 @@ pub(crate) struct Sides {
     pub path: &'static str,
     pub reading_path: &'static str,
     pub writing_path: &'static str,
+    /// The plain side's end: "backend" at the server, "local application" at the proxy.
+    pub plain: &'static str,
     pub reading_plain: &'static str,
     pub writing_plain: &'static str,
 }
@@ -224,7 +226,7 @@ async fn splice_halves<S: EndpointSession>(
                 }
             }
             r = read_into(&mut plain_r, &mut plain_buf), if plain_open && to_path.has_room() => {
-                let n = r.map_err(DriverError::io(sides.reading_plain))?;
+                let n = r.map_err(DriverError::on_path(sides.plain, sides.reading_plain, READ_RESET))?;
                 let sealed = if n == 0 {
                     plain_open = false;
                     to_plain_at_our_close = carried.to_plain;
@@ -257,7 +259,9 @@ async fn splice_halves<S: EndpointSession>(
                 activity.wrote_now();
             }
             w = to_plain.write_some(&mut *plain_w), if want_plain => {
-                w.map_err(DriverError::io(sides.writing_plain))?;
+                // The plain side leaving is said as a neighbour's is (found in a user trial:
+                // "Broken pipe (os error 32)").
+                w.map_err(DriverError::on_path(sides.plain, sides.writing_plain, WRITE_RESET))?;
                 activity.wrote_now();
             }
             else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),
