@@ -18,7 +18,7 @@ use mbx_attest::{
     GramineAttester, HexBytes, Policy, SimulatedAttester, SimulatedPlatform, TcbStatus,
     TsmAttester, REPORT_DATA_LEN,
 };
-use mbx_engine::{CustomExtension, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
@@ -26,11 +26,11 @@ use mbx_mbtls::driver::{
     MiddleboxServerConfig, NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
-    secondary_client_config, Approver, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
-    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox, MIDDLEBOX_TICKET_KEY_PERIOD,
-    NOT_APPROVED,
+    primary_client_config, primary_server_config, secondary_client_config, Approver,
+    ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
+    ServerHandshakeConfig, ServerMiddlebox, MIDDLEBOX_TICKET_KEY_PERIOD, NOT_APPROVED,
 };
-use mbx_mbtls::{Side, MIDDLEBOX_SUPPORT_EXTENSION};
+use mbx_mbtls::Side;
 use mbx_record::TlsVersion;
 
 use crate::response_out::ResponseOut;
@@ -1437,7 +1437,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         (None, true) => Vec::new(),
     };
     check_middlebox_names(&s.middlebox_names, "middlebox_names (--middlebox-name)")?;
-    check_middlebox_names(s.middlebox_name.as_slice(), "middlebox_name")?;
+    check_middlebox_names(
+        s.middlebox_name.as_slice(),
+        "middlebox_name (--middlebox-name)",
+    )?;
     check_middlebox_names(
         &s.allow_middleboxes,
         "allow_middleboxes (--allow-middlebox)",
@@ -1478,12 +1481,10 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
         Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
         None => server_ca.clone(),
     };
-    let mut primary = TlsConfig::client(&server_name, server_ca);
+    let mut primary = primary_client_config(&server_name, server_ca);
     if let Some(v) = version {
         primary = primary.only(v);
     }
-    primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
-    primary.pause_after_handshake = true;
     // Without client-side middleboxes nothing is exported: OpenSSL keeps the session and skips
     // its key log (docs/mbtls.md §6).
     primary.exportable = !s.no_client_middleboxes;
@@ -2108,7 +2109,8 @@ fn evidence_in_certificate(
     let how = "evidence_in_certificate (--evidence-in-certificate)";
     let cfg = cfg.evidence_in_certificate().with_context(|| {
         format!(
-            "{how}: the certificate must carry evidence for its own key (make its request with \
+            "{how}: the certificate's evidence cannot stand for this middlebox (it must be for \
+             the certificate's own key and this middlebox's code: make a new request with \
              --certificate-request)"
         )
     })?;
@@ -2184,6 +2186,14 @@ fn certificate_request(
     let names = flags.request_names.clone();
     let s = middlebox_settings(flags, config)?;
     let nonce = hex::decode(nonce.trim()).context("--nonce must be hex")?;
+    // Before any key or evidence is made (a quote takes milliseconds).
+    for name in &names {
+        ensure!(
+            rustls::pki_types::DnsName::try_from(name.as_str()).is_ok(),
+            "--request-name {name:?} is not a DNS name (letters, digits, hyphens and dots, as \
+             endpoints name the middlebox)"
+        );
+    }
     let (attester, attestation_line) = middlebox_attester(&s, &OnceLock::new())?;
     let attester = attester
         .context("a certificate request carries evidence: give --attester sim, gramine or tdx")?;
@@ -2205,13 +2215,6 @@ fn certificate_request(
         .map_err(|e| anyhow::anyhow!("cannot sign a request with the new key: {e}"))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
     let evidence = mbx_attest::CertificateEvidence::make(attester.as_ref(), &spki, &nonce)?;
-    for name in &names {
-        ensure!(
-            rustls::pki_types::DnsName::try_from(name.as_str()).is_ok(),
-            "--request-name {name:?} is not a DNS name (letters, digits, hyphens and dots, as \
-             endpoints name the middlebox)"
-        );
-    }
     let mut params =
         rcgen::CertificateParams::new(names.clone()).context("--request-name must be DNS names")?;
     if let Some(first) = names.first() {
@@ -3203,11 +3206,10 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     let id = identity(&s.certificate, &s.private_key)?;
     let chain = id.cert_chain_pem.clone();
     let certificate_names = certificate_names(&chain);
-    let mut primary = TlsConfig::server(id);
+    let mut primary = primary_server_config(id);
     if let Some(v) = s.tls.as_deref().map(parse_version).transpose()? {
         primary = primary.only(v);
     }
-    primary.pause_after_handshake = true;
     // Tickets only when asked (each costs the server some work per handshake). TLS 1.2
     // clients can resume by session ID (OpenSSL's server cache) either way, through
     // server-side middleboxes too.

@@ -13,16 +13,16 @@ use std::time::Duration;
 use anyhow::{ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp};
 use mbx_attest::{sim, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::{
     fingerprint_hex, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
     MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
-    secondary_client_config, ClientHandshakeConfig, ClientMiddlebox, HopFingerprint,
-    MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
+    primary_client_config, primary_server_config, secondary_client_config, ClientHandshakeConfig,
+    ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig, ServerHandshakeConfig,
+    ServerMiddlebox,
 };
-use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 use mbx_testbed::relay::{DelayRelay, Direction, Tap};
@@ -170,8 +170,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let server_id = identity(&world.pki, &LeafSpec::server(SERVER))?;
     let backend = backend().await?;
 
-    let mut primary = TlsConfig::server(server_id).only(version);
-    primary.pause_after_handshake = true;
+    let mut primary = primary_server_config(server_id).only(version);
     primary.session_tickets = false;
     let mut server = MbtlsServer::bind(
         "127.0.0.1:0",
@@ -224,9 +223,7 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     .await?;
     let link1 = tapped(mb1.local_addr(), latency, &taps[0]).await?;
 
-    let mut client_primary = TlsConfig::client(SERVER, root.clone()).only(version);
-    client_primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
-    client_primary.pause_after_handshake = true;
+    let client_primary = primary_client_config(SERVER, root.clone()).only(version);
     let client_cfg = ClientHandshakeConfig {
         primary: Arc::new(OpenSslContext::new(&client_primary)?),
         server_name: SERVER.into(),

@@ -236,14 +236,14 @@ impl<W: Write> ResponseOut<W> {
             _ if whole => return " (the body had come whole by then)".into(),
             _ => {
                 return short
-                    .map(|came| format!(" (the body is incomplete: {came} came)"))
+                    .map(|came| format!(" (the body is incomplete: {came})"))
                     .unwrap_or_default()
             }
         };
         match (whole, short) {
             (true, _) => format!(" (the body had come whole by then: {n} bytes in {path})"),
             (false, Some(came)) => {
-                format!(" ({came} of the body came and are in {path}, which is incomplete)")
+                format!(" (the body is incomplete: {came}; what came is in {path})")
             }
             (false, None) => {
                 format!(" ({n} bytes of the body came and are in {path}, which is incomplete)")
@@ -716,7 +716,7 @@ mod tests {
         assert_eq!(
             out.partial_note(),
             format!(
-                " (5 of its 9 bytes (Content-Length) of the body came and are in {}, which is incomplete)",
+                " (the body is incomplete: 5 of its 9 bytes (Content-Length) came; what came is in {})",
                 path.display()
             )
         );

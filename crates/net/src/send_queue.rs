@@ -6,9 +6,12 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use tokio::net::TcpStream;
+
 /// Bytes `socket` still holds toward its peer: not sent yet, or sent and not acknowledged
-/// (Linux `SIOCOUTQ`, which is `TIOCOUTQ`).
-pub fn unsent(socket: &impl AsRawFd) -> std::io::Result<usize> {
+/// (Linux `SIOCOUTQ`, which is `TIOCOUTQ`; a TCP socket only, whose request the kernel knows,
+/// hence the type). Elsewhere than on Linux the call fails, and [`until_sent`] does not wait.
+pub fn unsent(socket: &TcpStream) -> std::io::Result<usize> {
     let mut n: libc::c_int = 0;
     // SAFETY: the descriptor is borrowed from a socket that lives for the call, and
     // SIOCOUTQ writes one `c_int` through the pointer, which points at `n`.
@@ -22,7 +25,7 @@ pub fn unsent(socket: &impl AsRawFd) -> std::io::Result<usize> {
 
 /// Waits until `socket` holds nothing more for its peer, at most `within` (a peer that stopped
 /// reading would hold it forever). Polls: this is for a connection that is ending.
-pub async fn until_sent(socket: &impl AsRawFd, within: Duration) {
+pub async fn until_sent(socket: &TcpStream, within: Duration) {
     let _ = tokio::time::timeout(within, async {
         while unsent(socket).is_ok_and(|n| n > 0) {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -93,7 +93,7 @@ impl ResponseBody {
     }
 
     /// How much of a body that ends by its framing has come, while it has not all come:
-    /// `5 of its 9 bytes (Content-Length)`, `5 bytes of data, not its last chunk`.
+    /// `5 of its 9 bytes (Content-Length) came`, `5 bytes of data came, not its last chunk`.
     pub fn short_of_its_end(&self) -> Option<String> {
         if self.body.ended() {
             return None;
@@ -101,10 +101,13 @@ impl ResponseBody {
         match self.framing {
             Framing::None | Framing::UntilClose => None,
             Framing::Length(total) => Some(format!(
-                "{} of its {total} bytes (Content-Length)",
+                "{} of its {total} bytes (Content-Length) came",
                 self.data
             )),
-            Framing::Chunked => Some(format!("{} bytes of data, not its last chunk", self.data)),
+            Framing::Chunked => Some(format!(
+                "{} bytes of data came, not its last chunk",
+                self.data
+            )),
         }
     }
 
@@ -118,7 +121,7 @@ impl ResponseBody {
                 "the chunked response body was cut: the connection closed before its last chunk ({} bytes of data came)",
                 self.data
             ),
-            _ => format!("the response body was cut: {came} came before the connection closed"),
+            _ => format!("the response body was cut: {came} before the connection closed"),
         })
     }
 }

@@ -64,7 +64,8 @@ pub(crate) struct Sides {
 /// What a session carried, kept up to date so that it is known however the session ends.
 #[derive(Debug, Default)]
 pub(crate) struct Carried {
-    /// Plaintext bytes from the peer written toward the plain side.
+    /// Plaintext bytes from the peer passed toward the plain side (queued for it: a session
+    /// that fails still gives it what was authenticated, within `CLOSE_GRACE`).
     pub to_plain: u64,
     /// Plaintext bytes read from the plain side and sealed toward the peer.
     pub from_plain: u64,
@@ -111,12 +112,23 @@ pub(crate) async fn splice<S: EndpointSession>(
         carried,
     )
     .await;
+    // The plain side's own end (it reset or left): nothing more reaches it.
+    let plain_failed = match &ended {
+        Err(DriverError::PeerGone { peer, .. }) => *peer == sides.plain,
+        Err(DriverError::Io { context, .. }) => {
+            *context == sides.reading_plain || *context == sides.writing_plain
+        }
+        _ => false,
+    };
     if let (Err(e), Some(answer)) = (&ended, early_answer) {
         // Nothing came from the peer, which refused the session after its handshake (a TLS
         // 1.3 server that refused its own middlebox alerts after its Finished): the plain
         // side is told why, as when the handshake fails (found in a user trial: the proxy's
-        // local application got a bare reset there, and a 502 with TLS 1.2).
+        // local application got a bare reset there, and a 502 with TLS 1.2). Not after the
+        // peer's close_notify, which ended the plain side's stream already.
         if carried.to_plain == 0
+            && !plain_failed
+            && !session.peer_closed()
             && !matches!(e, DriverError::IdleTimeout(_))
             && reset_when_closed(&plain, false).is_ok()
         {
@@ -137,10 +149,12 @@ pub(crate) async fn splice<S: EndpointSession>(
             return ended.and(Err(cannot(e)));
         }
         let _ = plain.shutdown().await;
-    } else {
+    } else if !plain_failed {
         // The reset drops what the kernel still holds for the plain side: what it was given
         // reaches it first (found in a user trial: a download cut at the server lost its last
         // megabyte at the proxy's local application, which the proxy had counted as carried).
+        // Not when the plain side itself reset: its socket's counters stay as they were, and
+        // the wait would only run out.
         mbx_net::send_queue::until_sent(&plain, CLOSE_GRACE).await;
     }
     ended
@@ -188,7 +202,14 @@ async fn splice_halves<S: EndpointSession>(
         // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
         tokio::select! {
             r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
-                let n = r.map_err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET))?;
+                let n = match r {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // What was authenticated goes out before the reset, as at an EOF.
+                        let _ = timeout(CLOSE_GRACE, to_plain.flush(&mut *plain_w)).await;
+                        return Err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET)(e));
+                    }
+                };
                 if n == 0 {
                     // What was authenticated and queued goes out first, without an end of
                     // stream (and reaches the plain side before the reset: `splice`).
@@ -218,10 +239,18 @@ async fn splice_halves<S: EndpointSession>(
                 carried.peer_key_updates = session.peer_key_updates();
                 path_buf.after_read(n);
                 activity.read_now();
-                // Whatever the core queued (e.g. an alert) goes out before the error.
+                // Whatever the core queued (e.g. an alert) goes out before the error, and the
+                // plaintext of the records before the one that failed reaches the plain side
+                // (counted: the proxy's early answer is for a peer that sent nothing).
                 to_path.push(session.take_outgoing());
                 if let Err(e) = r {
-                    let _ = timeout(CLOSE_GRACE, to_path.flush(&mut path_w)).await;
+                    let data = session.take_plaintext();
+                    carried.to_plain += data.len() as u64;
+                    to_plain.push(data);
+                    let _ = timeout(CLOSE_GRACE, async {
+                        tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
+                    })
+                    .await;
                     return Err(e);
                 }
             }

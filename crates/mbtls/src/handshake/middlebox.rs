@@ -120,7 +120,12 @@ impl MiddleboxHandshakeConfig {
         // evidence says what that is (a quote: milliseconds, once, at start-up). In a TEE
         // other code could not read the key; outside one (simulated), a changed program
         // would otherwise go on showing the old measurement.
-        if let Some(attester) = &self.attester {
+        // Without an attester nothing here could say which code runs (found in review).
+        let attester = self.attester.as_ref().ok_or(HandshakeError::Config(
+            "evidence in the certificate needs the attester that made it: at start it checks \
+             that this middlebox runs the code the evidence claims",
+        ))?;
+        {
             let (_, running) = attester
                 .evidence(&[0; REPORT_DATA_LEN])?
                 .claimed_unverified()?;
