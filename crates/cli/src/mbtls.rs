@@ -2186,7 +2186,15 @@ fn certificate_request(
     let names = flags.request_names.clone();
     let s = middlebox_settings(flags, config)?;
     let nonce = hex::decode(nonce.trim()).context("--nonce must be hex")?;
-    // Before any key or evidence is made (a quote takes milliseconds).
+    // Before any key or evidence is made (a quote takes milliseconds). The request is a new
+    // file too (found in a trial: given the key's own path, it replaced the new key, and any
+    // other file, a platform key or a CA, went the same way).
+    ensure!(
+        !out.exists() && out != s.private_key.as_path(),
+        "{} exists or is the key's path (--certificate-request writes a new file, and will not \
+         overwrite one)",
+        out.display()
+    );
     for name in &names {
         ensure!(
             rustls::pki_types::DnsName::try_from(name.as_str()).is_ok(),
@@ -2236,7 +2244,20 @@ fn certificate_request(
     // behind to refuse the next try (found in a review).
     crate::subcommand::write_new_private_file(&s.private_key, &pem)
         .with_context(|| format!("the middlebox's new key ({no_overwrite})"))?;
-    if let Err(e) = std::fs::write(out, request) {
+    let written = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+    {
+        Ok(mut file) => {
+            std::io::Write::write_all(&mut file, request.as_bytes()).inspect_err(|_| {
+                // A part of a request is no request.
+                let _ = std::fs::remove_file(out);
+            })
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = written {
         // The key is of no use without its request, and would refuse the next try.
         let _ = std::fs::remove_file(&s.private_key);
         return Err(e).with_context(|| {

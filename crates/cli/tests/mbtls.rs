@@ -333,6 +333,18 @@ fn evidence_in_the_middleboxs_certificate_from_request_to_fetch() {
         "{err}"
     );
     assert!(!path("mb.key").exists());
+    // The request is a new file: not the key's own path, not a file that exists (here the
+    // platform key, which the sim attester made for the first try), and nothing is made.
+    let platform_key = std::fs::read(path("platform.key")).unwrap();
+    for (to, what) in [
+        (path("mb.key"), "the key's path"),
+        (path("platform.key"), "a file"),
+    ] {
+        let err = failure(&request_named(&to, nonce, "mb.test", &[]));
+        assert!(err.contains("will not overwrite one"), "{what}: {err}");
+        assert!(!path("mb.key").exists(), "{what}");
+    }
+    assert_eq!(std::fs::read(path("platform.key")).unwrap(), platform_key);
     // The flags of a running middlebox would be ignored: refused.
     let out = request_named(
         &path("bad.csr"),

@@ -126,6 +126,14 @@ impl Outbox {
         self.chunks.len() < QUEUE
     }
 
+    /// Bytes queued and not written yet.
+    pub(crate) fn pending(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|c| c.bytes.len().saturating_sub(c.from))
+            .sum()
+    }
+
     /// Whether [`write_some`](Self::write_some) has anything to do.
     pub(crate) fn wants_write(&self) -> bool {
         !self.chunks.is_empty() || self.fin == Fin::Wanted

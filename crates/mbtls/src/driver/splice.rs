@@ -64,8 +64,9 @@ pub(crate) struct Sides {
 /// What a session carried, kept up to date so that it is known however the session ends.
 #[derive(Debug, Default)]
 pub(crate) struct Carried {
-    /// Plaintext bytes from the peer passed toward the plain side (queued for it: a session
-    /// that fails still gives it what was authenticated, within `CLOSE_GRACE`).
+    /// Plaintext bytes from the peer given to the plain side: as they are queued for it, less,
+    /// when the session fails, what never reached it (left queued, or dropped by the reset
+    /// after `CLOSE_GRACE` from a reader that fell behind).
     pub to_plain: u64,
     /// Plaintext bytes read from the plain side and sealed toward the peer.
     pub from_plain: u64,
@@ -102,16 +103,22 @@ pub(crate) async fn splice<S: EndpointSession>(
     // below sets it back. (Borrowed halves: tokio's owned write half would send a FIN when
     // dropped, before the reset.)
     let (plain_r, mut plain_w) = plain.split();
+    let mut to_plain = Outbox::new();
     let ended = splice_halves(
         session,
         path,
         plain_r,
         &mut plain_w,
+        &mut to_plain,
         idle_timeout,
         sides,
         carried,
     )
     .await;
+    // What the plain side was never given is not counted as carried (a flush that ran out of
+    // time, a plain side gone).
+    carried.to_plain = carried.to_plain.saturating_sub(to_plain.pending() as u64);
+    drop(to_plain);
     // The plain side's own end (it reset or left): nothing more reaches it.
     let plain_failed = match &ended {
         Err(DriverError::PeerGone { peer, .. }) => *peer == sides.plain,
@@ -156,6 +163,10 @@ pub(crate) async fn splice<S: EndpointSession>(
         // Not when the plain side itself reset: its socket's counters stay as they were, and
         // the wait would only run out.
         mbx_net::send_queue::until_sent(&plain, CLOSE_GRACE).await;
+        // A reader too slow for the wait loses what is left: not counted as carried (found in
+        // a trial: a proxy counted megabytes the reset dropped).
+        let dropped = mbx_net::send_queue::unsent(&plain).unwrap_or(0) as u64;
+        carried.to_plain = carried.to_plain.saturating_sub(dropped);
     }
     ended
 }
@@ -166,11 +177,15 @@ pub(crate) fn reset_when_closed(socket: &TcpStream, reset: bool) -> std::io::Res
     socket2::SockRef::from(socket).set_linger(reset.then_some(Duration::ZERO))
 }
 
+/// `to_plain`: what waits for the plain side (the caller's, which uncounts what is left in it
+/// when the session fails).
+#[allow(clippy::too_many_arguments)] // One call site; each is a different piece of the session.
 async fn splice_halves<S: EndpointSession>(
     session: &mut S,
     path: TcpStream,
     mut plain_r: tokio::net::tcp::ReadHalf<'_>,
     plain_w: &mut tokio::net::tcp::WriteHalf<'_>,
+    to_plain: &mut Outbox,
     idle_timeout: Option<Duration>,
     sides: &Sides,
     carried: &mut Carried,
@@ -182,7 +197,7 @@ async fn splice_halves<S: EndpointSession>(
     let mut plain_open = true;
     // Plaintext from the peer counted when the plain side ended (and our close_notify left).
     let mut to_plain_at_our_close = 0;
-    let (mut to_path, mut to_plain) = (Outbox::new(), Outbox::new());
+    let mut to_path = Outbox::new();
     loop {
         // Plaintext that arrived (possibly with the handshake) goes to the plain side first.
         let data = session.take_plaintext();
