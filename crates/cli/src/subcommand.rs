@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{bail, Context};
 use mbx_record::TlsVersion;
 
 /// Sets `key` in a config table when a flag gave it (flags win over the config file).
@@ -86,22 +86,24 @@ pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_en
     let cert_chain_pem = read_pem(certificate, "certificate", PemKind::Certificates)?;
     let key_pem =
         zeroize::Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?);
-    ensure!(
-        !mbx_engine::is_encrypted_pem(&key_pem),
-        "private key {0} is encrypted (passphrase-protected), and a service cannot ask for a \
-         passphrase at each start and reload: give it unencrypted, readable by the service \
-         only (e.g. openssl pkey -in {0} -out plain.key)",
-        private_key.display()
-    );
     let id = mbx_engine::Identity {
         cert_chain_pem,
         key_pem,
     };
+    let key = id.private_key();
+    if let Err(mbx_engine::EngineError::EncryptedPrivateKey) = key {
+        bail!(
+            "private key {0} is encrypted (passphrase-protected), and a service cannot ask for \
+             a passphrase at each start and reload: give it unencrypted, readable by the \
+             service only (e.g. openssl pkey -in {0} -out plain.key)",
+            private_key.display()
+        );
+    }
     // What does not parse is left to the TLS library, which says why.
     // The first certificate is the leaf, as the TLS engine takes it (`TRUSTED CERTIFICATE`
     // blocks too).
     let chain = openssl::x509::X509::stack_from_pem(&id.cert_chain_pem).unwrap_or_default();
-    if let (Some(leaf), Ok(key)) = (chain.first(), id.private_key()) {
+    if let (Some(leaf), Ok(key)) = (chain.first(), key) {
         let belongs = |c: &openssl::x509::X509| c.public_key().is_ok_and(|k| k.public_eq(&key));
         if !belongs(leaf) {
             // A chain in the wrong order (`cat ca.pem leaf.pem`): the key is a later one's.

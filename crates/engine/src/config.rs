@@ -38,22 +38,18 @@ impl Identity {
     /// service reloading its configuration stopped serving) or fails with a page of errors
     /// when there is no terminal (found in a user trial).
     pub fn private_key(&self) -> Result<PKey<Private>, crate::EngineError> {
-        if is_encrypted_pem(&self.key_pem) {
-            return Err(crate::EngineError::Config(
-                "private key: it is encrypted (a passphrase-protected PEM); give the key unencrypted, readable by the service only (e.g. openssl pkey -in KEY -out PLAIN)".into(),
-            ));
-        }
-        // The callback answers any passphrase request with none: no prompt, whatever the PEM.
-        PKey::private_key_from_pem_callback(&self.key_pem, |_| Ok(0))
-            .map_err(|e| crate::EngineError::Config(format!("private key: {e}")))
+        // OpenSSL asks for a passphrase only for an encrypted key, in any of its forms; the
+        // answer is none, and the key is refused.
+        let mut asked = false;
+        let key = PKey::private_key_from_pem_callback(&self.key_pem, |_| {
+            asked = true;
+            Ok(0)
+        });
+        key.map_err(|e| match asked {
+            true => crate::EngineError::EncryptedPrivateKey,
+            false => crate::EngineError::Config(format!("private key: {e}")),
+        })
     }
-}
-
-/// Whether `pem` holds an encrypted private key: PKCS#8 (`ENCRYPTED PRIVATE KEY`) or the
-/// traditional form (`Proc-Type: 4,ENCRYPTED`).
-pub fn is_encrypted_pem(pem: &[u8]) -> bool {
-    let has = |needle: &[u8]| pem.windows(needle.len()).any(|w| w == needle);
-    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
 }
 
 impl fmt::Debug for Identity {

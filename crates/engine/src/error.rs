@@ -73,6 +73,9 @@ pub enum EngineError {
     /// The configuration cannot be applied (bad PEM, unknown suite, ...).
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// The private key is encrypted: refused rather than decrypted ([`crate::Identity::private_key`]).
+    #[error("invalid engine configuration: private key: it is encrypted (a passphrase-protected PEM); give the key unencrypted, readable by the service only (e.g. openssl pkey -in KEY -out PLAIN)")]
+    EncryptedPrivateKey,
     /// The peer sent a fatal alert.
     #[error("peer sent fatal alert {alert}")]
     AlertReceived { alert: AlertDescription },

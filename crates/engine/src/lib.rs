@@ -40,8 +40,8 @@ mod session;
 mod vouched_sessions;
 
 pub use config::{
-    is_encrypted_pem, suite_openssl_name, CustomExtension, ExtensionHandler, ExtensionResponse,
-    Identity, Role, TlsConfig,
+    suite_openssl_name, CustomExtension, ExtensionHandler, ExtensionResponse, Identity, Role,
+    TlsConfig,
 };
 pub use error::{AlertDescription, EngineError};
 pub use openssl_engine::{AfterExport, CachedSession, OpenSslContext, OpenSslEngine, TicketSink};

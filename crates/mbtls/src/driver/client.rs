@@ -5,7 +5,8 @@ use mbx_attest::Claims;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::connection::Connection;
-use super::splice::{reset_when_closed, splice, Carried, EarlyAnswer, Sides};
+use super::proxy::AnswerFn;
+use super::splice::{reset_when_closed, splice, Carried, Sides};
 use super::{keep_alive, DriverError};
 use crate::handshake::{ClientHandshake, ClientHandshakeConfig};
 
@@ -79,17 +80,17 @@ impl Connection<ClientHandshake> {
         mut cfg: ClientHandshakeConfig,
         data: &[u8],
     ) -> Result<MbtlsClient, DriverError> {
-        // A configuration that fails every session is told before anything is connected (an
-        // embedder found its mistake reported by the first hop as a connection that closed).
-        cfg.check().map_err(DriverError::config)?;
-        let stream = TcpStream::connect(first_hop)
-            .await
-            .map_err(DriverError::io("cannot connect to the first hop"))?;
+        // The core first: a configuration that fails every session is told before anything
+        // is connected (an embedder found its mistake reported by the first hop as a
+        // connection that closed), and checked once (`ClientHandshake::new`).
         cfg.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
-        let mut hs = ClientHandshake::new(cfg)?;
+        let mut hs = ClientHandshake::new(cfg).map_err(DriverError::config)?;
         if !data.is_empty() {
             hs.write(data)?;
         }
+        let stream = TcpStream::connect(first_hop)
+            .await
+            .map_err(DriverError::io("cannot connect to the first hop"))?;
         Connection::handshake(stream, hs).await
     }
 
@@ -114,8 +115,7 @@ impl Connection<ClientHandshake> {
             "cannot set the local connection to reset when cut",
         ))?;
         let mut carried = Carried::default();
-        self.carry(local, (idle_timeout, None), &mut carried)
-            .await?;
+        self.carry(local, idle_timeout, None, &mut carried).await?;
         Ok((carried.from_plain, carried.to_plain))
     }
 
@@ -126,7 +126,8 @@ impl Connection<ClientHandshake> {
     pub(crate) async fn carry(
         self,
         local: TcpStream,
-        (idle_timeout, early_answer): (Option<std::time::Duration>, EarlyAnswer<'_>),
+        idle_timeout: Option<std::time::Duration>,
+        early_answer: Option<&AnswerFn>,
         carried: &mut Carried,
     ) -> Result<(), DriverError> {
         let MbtlsClient {
@@ -137,7 +138,15 @@ impl Connection<ClientHandshake> {
         keep_alive(&stream);
         // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);
-        let ends = (idle_timeout, early_answer);
-        splice(&mut session, stream, local, ends, &SIDES, carried).await
+        splice(
+            &mut session,
+            stream,
+            local,
+            idle_timeout,
+            early_answer,
+            &SIDES,
+            carried,
+        )
+        .await
     }
 }

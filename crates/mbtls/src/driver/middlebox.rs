@@ -20,9 +20,8 @@ use super::reports::Pending;
 use super::splice::discard_until_eof;
 use super::{DriverError, Limits, CLOSE_GRACE, FAILED_HANDSHAKE_LINGER, WRITE_RESET};
 use crate::handshake::{
-    HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
-    MiddleboxHandshakeEvent, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED,
-    ANNOUNCEMENT_REFUSED_NOT_TLS,
+    legacy_refusal, HandshakeError, HopFingerprint, MiddleboxHandshake, MiddleboxHandshakeConfig,
+    MiddleboxHandshakeEvent, ServerSideMiddlebox,
 };
 use crate::hop::Side;
 use crate::relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
@@ -356,13 +355,7 @@ async fn serve(
     // the server answered proves nothing about the server: its client may have left (a
     // ClientHello, then a reset), and taking that for a legacy server would let any client
     // turn this middlebox away from the server's sessions for good.
-    let how = match report.passive {
-        Some(ANNOUNCEMENT_REFUSED) => Some("with an alert"),
-        Some(ANNOUNCEMENT_REFUSED_NOT_TLS) => {
-            Some("in plain text, not TLS (nginx sends an HTTP 400 page)")
-        }
-        _ => None,
-    };
+    let how = report.passive.and_then(legacy_refusal);
     if let Some(how) = how.filter(|_| report.announced && !report.joined) {
         report.legacy_server = true;
         legacy.remember_legacy(&next_hop);

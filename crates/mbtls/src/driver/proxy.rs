@@ -11,8 +11,8 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
 use super::reports::{Absorb, Pending};
-use super::splice::{close_reading_the_rest, reset_when_closed, Carried};
-use super::{DriverError, Limits, CLOSE_GRACE};
+use super::splice::{answer_and_close, reset_when_closed, Carried};
+use super::{DriverError, Limits};
 use crate::handshake::{ClientHandshakeConfig, SessionSummary};
 
 /// What a client proxy needs.
@@ -34,8 +34,12 @@ pub struct ClientProxyConfig {
     pub session_failed_answer: Option<SessionFailedAnswer>,
 }
 
+/// What a failed session's error becomes for the local application (see
+/// [`ClientProxyConfig::session_failed_answer`]).
+pub type AnswerFn = dyn Fn(&DriverError) -> Vec<u8> + Send + Sync;
+
 /// See [`ClientProxyConfig::session_failed_answer`].
-pub type SessionFailedAnswer = std::sync::Arc<dyn Fn(&DriverError) -> Vec<u8> + Send + Sync>;
+pub type SessionFailedAnswer = std::sync::Arc<AnswerFn>;
 
 /// An answer of `head` (e.g. an HTTP 502 head and the start of its body), then the error's
 /// text with control characters replaced and a line break.
@@ -208,7 +212,8 @@ async fn proxy_one(
         Ok(session) => session,
         Err(e) => {
             if let Some(answer) = &cfg.session_failed_answer {
-                tell_and_close(local, &answer(&e)).await;
+                let mut local = local;
+                answer_and_close(&mut local, &answer(&e)).await;
             }
             return Err(e);
         }
@@ -218,16 +223,6 @@ async fn proxy_one(
     report.summary = session.summary().cloned();
     let answer = cfg.session_failed_answer.as_deref();
     session
-        .carry(local, (limits.idle_timeout, answer), carried)
+        .carry(local, limits.idle_timeout, answer, carried)
         .await
-}
-
-/// Best effort: `answer` to a local connection whose session failed, then an orderly close
-/// (its request read and dropped, so that the close is not a reset that could overtake the
-/// answer).
-async fn tell_and_close(mut local: TcpStream, answer: &[u8]) {
-    if reset_when_closed(&local, false).is_err() {
-        return;
-    }
-    close_reading_the_rest(&mut local, answer, CLOSE_GRACE).await;
 }

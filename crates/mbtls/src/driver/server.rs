@@ -294,7 +294,7 @@ async fn run(
     // The data phase reads into buffers sized by the traffic, which an idle session frees.
     drop(buf);
     let idle = cfg.limits.idle_timeout;
-    splice(session, stream, backend, (idle, None), &SIDES, carried).await
+    splice(session, stream, backend, idle, None, &SIDES, carried).await
 }
 
 /// The server's sockets in errors.

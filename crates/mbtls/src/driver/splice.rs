@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use super::outbox::Outbox;
+use super::proxy::AnswerFn;
 use super::quiet::{Activity, Due};
 use super::read_buf::{read_into, ReadBuf};
 use super::{DriverError, CLOSE_GRACE, READ_BUF, READ_RESET, WRITE_RESET};
@@ -77,21 +78,22 @@ pub(crate) struct Carried {
     /// The session ended without an error, but the peer's close_notify never came (it left
     /// after ours, having sent nothing more): the plain side was reset all the same.
     pub peer_left_without_close_notify: bool,
+    /// The plain side itself failed (it reset, or left while we wrote): nothing more can
+    /// reach it.
+    pub plain_side_failed: bool,
 }
-
-/// What the plain side is told, instead of a reset, when the session fails before anything
-/// came from the peer: bytes made from the error (e.g. an HTTP 502 and the reason), after
-/// which its connection ends in order.
-pub(crate) type EarlyAnswer<'a> = Option<&'a (dyn Fn(&DriverError) -> Vec<u8> + Send + Sync)>;
 
 /// Runs the data phase of `session` between `path` and `plain` until both directions ended
 /// (`Ok`) or something failed; `idle_timeout`: give up once neither side carried a byte for
-/// that long (`None`: never).
+/// that long (`None`: never). `early_answer`: what the plain side is told, instead of a
+/// reset, when the session fails before anything came from the peer (e.g. an HTTP 502 and the
+/// reason), after which its connection ends in order.
 pub(crate) async fn splice<S: EndpointSession>(
     session: &mut S,
     path: TcpStream,
     plain: TcpStream,
-    (idle_timeout, early_answer): (Option<Duration>, EarlyAnswer<'_>),
+    idle_timeout: Option<Duration>,
+    early_answer: Option<&AnswerFn>,
     sides: &Sides,
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
@@ -115,18 +117,8 @@ pub(crate) async fn splice<S: EndpointSession>(
         carried,
     )
     .await;
-    // What the plain side was never given is not counted as carried (a flush that ran out of
-    // time, a plain side gone).
-    carried.to_plain = carried.to_plain.saturating_sub(to_plain.pending() as u64);
-    drop(to_plain);
     // The plain side's own end (it reset or left): nothing more reaches it.
-    let plain_failed = match &ended {
-        Err(DriverError::PeerGone { peer, .. }) => *peer == sides.plain,
-        Err(DriverError::Io { context, .. }) => {
-            *context == sides.reading_plain || *context == sides.writing_plain
-        }
-        _ => false,
-    };
+    let plain_failed = carried.plain_side_failed;
     if let (Err(e), Some(answer)) = (&ended, early_answer) {
         // Nothing came from the peer, which refused the session after its handshake (a TLS
         // 1.3 server that refused its own middlebox alerts after its Finished): the plain
@@ -137,9 +129,8 @@ pub(crate) async fn splice<S: EndpointSession>(
             && !plain_failed
             && !session.peer_closed()
             && !matches!(e, DriverError::IdleTimeout(_))
-            && reset_when_closed(&plain, false).is_ok()
         {
-            close_reading_the_rest(&mut plain, &answer(e), CLOSE_GRACE).await;
+            answer_and_close(&mut plain, &answer(e)).await;
             return ended;
         }
     }
@@ -148,27 +139,48 @@ pub(crate) async fn splice<S: EndpointSession>(
         Ok(()) => !carried.peer_left_without_close_notify,
         Err(e) => matches!(e, DriverError::IdleTimeout(_)),
     };
+    let mut ended = ended;
     if in_order {
         // A FIN (the outbox sent it already when the peer's close_notify came), then a
         // normal close; a socket that cannot be set back would drop what it still queues.
-        if let Err(e) = reset_when_closed(&plain, false) {
-            let cannot = DriverError::io("cannot end the plain side's stream in order");
-            return ended.and(Err(cannot(e)));
+        match reset_when_closed(&plain, false) {
+            Ok(()) => {
+                let _ = plain.shutdown().await;
+            }
+            Err(e) => {
+                let cannot = DriverError::io("cannot end the plain side's stream in order");
+                ended = ended.and(Err(cannot(e)));
+            }
         }
-        let _ = plain.shutdown().await;
     } else if !plain_failed {
-        // The reset drops what the kernel still holds for the plain side: what it was given
-        // reaches it first (found in a user trial: a download cut at the server lost its last
-        // megabyte at the proxy's local application, which the proxy had counted as carried).
-        // Not when the plain side itself reset: its socket's counters stay as they were, and
-        // the wait would only run out.
+        // What was authenticated and queued goes out first, without an end of stream (a path
+        // that failed or left, a record that failed after good ones), and the reset, which
+        // drops what the kernel still holds for the plain side, waits until it is there
+        // (found in a user trial: a download cut at the server lost its last megabyte at the
+        // proxy's local application, which the proxy had counted as carried). Not when the
+        // plain side itself reset: nothing reaches it, and its socket's counters stay as they
+        // were, so the wait would only run out.
+        let (_, mut plain_w) = plain.split();
+        let _ = timeout(CLOSE_GRACE, to_plain.flush(&mut plain_w)).await;
         mbx_net::send_queue::until_sent(&plain, CLOSE_GRACE).await;
-        // A reader too slow for the wait loses what is left: not counted as carried (found in
-        // a trial: a proxy counted megabytes the reset dropped).
+        // A reader too slow for the wait loses what is left (at most this much: some may
+        // have arrived unacknowledged), which is not counted as carried (found in a trial: a
+        // proxy counted megabytes the reset dropped).
         let dropped = mbx_net::send_queue::unsent(&plain).unwrap_or(0) as u64;
         carried.to_plain = carried.to_plain.saturating_sub(dropped);
     }
+    // Nor is what never left the outbox.
+    carried.to_plain = carried.to_plain.saturating_sub(to_plain.pending() as u64);
     ended
+}
+
+/// Best effort: `answer` to a plain side whose session failed, then an orderly close (what
+/// it still sends read and dropped, so that the close is not a reset that could overtake the
+/// answer).
+pub(crate) async fn answer_and_close(plain: &mut TcpStream, answer: &[u8]) {
+    if reset_when_closed(plain, false).is_ok() {
+        close_reading_the_rest(plain, answer, CLOSE_GRACE).await;
+    }
 }
 
 /// Whether closing `socket` resets the connection (`SO_LINGER` 0: an RST, queued bytes
@@ -177,7 +189,7 @@ pub(crate) fn reset_when_closed(socket: &TcpStream, reset: bool) -> std::io::Res
     socket2::SockRef::from(socket).set_linger(reset.then_some(Duration::ZERO))
 }
 
-/// `to_plain`: what waits for the plain side (the caller's, which uncounts what is left in it
+/// `to_plain`: what waits for the plain side (the caller's, which passes on what is left in it
 /// when the session fails).
 #[allow(clippy::too_many_arguments)] // One call site; each is a different piece of the session.
 async fn splice_halves<S: EndpointSession>(
@@ -217,21 +229,11 @@ async fn splice_halves<S: EndpointSession>(
         // Reads, and writes from the outboxes: all cancel-safe; the core runs outside.
         tokio::select! {
             r = read_into(&mut path_r, &mut path_buf), if !peer_closed && to_plain.has_room() => {
-                let n = match r {
-                    Ok(n) => n,
-                    Err(e) => {
-                        // What was authenticated goes out before the reset, as at an EOF.
-                        let _ = timeout(CLOSE_GRACE, to_plain.flush(&mut *plain_w)).await;
-                        return Err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET)(e));
-                    }
-                };
+                let n = r.map_err(DriverError::on_path(sides.path, sides.reading_path, READ_RESET))?;
                 if n == 0 {
-                    // What was authenticated and queued goes out first, without an end of
-                    // stream (and reaches the plain side before the reset: `splice`).
-                    let _ = timeout(CLOSE_GRACE, async {
-                        tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
-                    })
-                    .await;
+                    // What we queued toward the path goes out first (what the plain side
+                    // waits for follows in `splice`).
+                    let _ = timeout(CLOSE_GRACE, to_path.flush(&mut path_w)).await;
                     // After our close_notify, a peer that leaves having sent nothing more
                     // (no data, no part of a record) cut nothing.
                     let cut_record = session.has_partial_record();
@@ -255,22 +257,22 @@ async fn splice_halves<S: EndpointSession>(
                 path_buf.after_read(n);
                 activity.read_now();
                 // Whatever the core queued (e.g. an alert) goes out before the error, and the
-                // plaintext of the records before the one that failed reaches the plain side
-                // (counted: the proxy's early answer is for a peer that sent nothing).
+                // plaintext of the records before the one that failed is queued for the plain
+                // side (counted: the proxy's early answer is for a peer that sent nothing).
                 to_path.push(session.take_outgoing());
                 if let Err(e) = r {
                     let data = session.take_plaintext();
                     carried.to_plain += data.len() as u64;
                     to_plain.push(data);
-                    let _ = timeout(CLOSE_GRACE, async {
-                        tokio::join!(to_path.flush(&mut path_w), to_plain.flush(&mut *plain_w))
-                    })
-                    .await;
+                    let _ = timeout(CLOSE_GRACE, to_path.flush(&mut path_w)).await;
                     return Err(e);
                 }
             }
             r = read_into(&mut plain_r, &mut plain_buf), if plain_open && to_path.has_room() => {
-                let n = r.map_err(DriverError::on_path(sides.plain, sides.reading_plain, READ_RESET))?;
+                let n = r.map_err(|e| {
+                    carried.plain_side_failed = true;
+                    DriverError::on_path(sides.plain, sides.reading_plain, READ_RESET)(e)
+                })?;
                 let sealed = if n == 0 {
                     plain_open = false;
                     to_plain_at_our_close = carried.to_plain;
@@ -305,7 +307,10 @@ async fn splice_halves<S: EndpointSession>(
             w = to_plain.write_some(&mut *plain_w), if want_plain => {
                 // The plain side leaving is said as a neighbour's is (found in a user trial:
                 // "Broken pipe (os error 32)").
-                w.map_err(DriverError::on_path(sides.plain, sides.writing_plain, WRITE_RESET))?;
+                w.map_err(|e| {
+                    carried.plain_side_failed = true;
+                    DriverError::on_path(sides.plain, sides.writing_plain, WRITE_RESET)(e)
+                })?;
                 activity.wrote_now();
             }
             else => return Err(DriverError::Relay("the session has nothing left to wait for".into())),

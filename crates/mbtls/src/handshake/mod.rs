@@ -30,7 +30,9 @@ pub use middlebox::{
     MIDDLEBOX_TICKET_KEY_PERIOD,
 };
 pub use server::{ServerHandshake, ServerHandshakeConfig, ServerMiddlebox};
-pub use server_side::{ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS};
+pub use server_side::{
+    legacy_refusal, ServerSideMiddlebox, ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS,
+};
 
 use mbx_attest::AttestError;
 use mbx_engine::{EngineError, TlsConfig};

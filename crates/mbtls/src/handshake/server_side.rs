@@ -34,7 +34,8 @@ use crate::wire::{announcement_record, KeyMaterial};
 
 /// Why a server-side middlebox goes passive when the server answers its announcement with a
 /// (plaintext) alert as the first thing it sends: a legacy server refusing the unknown record
-/// type. The only sign the driver takes for a legacy server (docs/mbtls.md §4.2).
+/// type. With [`ANNOUNCEMENT_REFUSED_NOT_TLS`] the only signs the driver takes for a legacy
+/// server ([`legacy_refusal`]; docs/mbtls.md §4.2).
 pub const ANNOUNCEMENT_REFUSED: &str = "the server did not answer the announcement";
 
 /// Why a server-side middlebox goes passive when the first bytes the server sends after our
@@ -43,6 +44,18 @@ pub const ANNOUNCEMENT_REFUSED: &str = "the server did not answer the announceme
 /// page, no alert). Remembered by the driver as [`ANNOUNCEMENT_REFUSED`] is.
 pub const ANNOUNCEMENT_REFUSED_NOT_TLS: &str =
     "the server answered the announcement with bytes that are not TLS (nginx answers a connection that does not start with a TLS handshake with a plain-HTTP error page)";
+
+/// How a legacy server refused the announcement, when `passive` (why the middlebox went
+/// passive) says it did: for the report of the session it ended.
+pub fn legacy_refusal(passive: &str) -> Option<&'static str> {
+    match passive {
+        ANNOUNCEMENT_REFUSED => Some("with an alert"),
+        ANNOUNCEMENT_REFUSED_NOT_TLS => {
+            Some("in plain text, not TLS (nginx sends an HTTP 400 page)")
+        }
+        _ => None,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -151,7 +164,10 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             let refused_in_text = self.mode == Mode::Announced
                 && !self.heard_from_server
                 && self.wires.from_server.buffered() == 0
-                && bytes.first().is_some_and(|&b| !may_start_a_record(b));
+                // The types the demultiplexer takes (TLS's and mbTLS's).
+                && bytes
+                    .first()
+                    .is_some_and(|&b| !crate::wire::deframer_config().accepts(ContentType(b)));
             if !refused_in_text {
                 return false;
             }
@@ -463,10 +479,4 @@ impl<A: MiddleboxApp> Core<A> for ServerSideMiddlebox<A> {
             Side::Server => self.server_piece(piece),
         }
     }
-}
-
-/// Whether `byte` is a record content type this middlebox may get from a server: TLS's
-/// (change_cipher_spec 20 to heartbeat 24) or mbTLS's (30 to 32).
-fn may_start_a_record(byte: u8) -> bool {
-    (20..=24).contains(&byte) || (30..=32).contains(&byte)
 }
