@@ -33,9 +33,7 @@ pub struct HexBytes(pub Vec<u8>);
 impl HexBytes {
     /// Parse a hex string (upper or lower case, no prefix).
     pub fn from_hex(s: &str) -> Result<Self, AttestError> {
-        hex::decode(s.trim())
-            .map(HexBytes)
-            .map_err(|e| AttestError::Policy(format!("invalid hex {s:?}: {e}{}", hex_hint(s))))
+        decode_hex(s).map_err(AttestError::Policy)
     }
 
     /// The raw bytes.
@@ -77,12 +75,16 @@ impl Serialize for HexBytes {
 impl<'de> Deserialize<'de> for HexBytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        // The policy error's own text, without its prefix: serde names the field after it.
-        HexBytes::from_hex(&s).map_err(|e| match e {
-            AttestError::Policy(why) => serde::de::Error::custom(why),
-            e => serde::de::Error::custom(e),
-        })
+        // Without the policy error's prefix: serde names the field after it.
+        decode_hex(&s).map_err(serde::de::Error::custom)
     }
+}
+
+/// `s` as bytes, or why it is not hex.
+fn decode_hex(s: &str) -> Result<HexBytes, String> {
+    hex::decode(s.trim())
+        .map(HexBytes)
+        .map_err(|e| format!("invalid hex {s:?}: {e}{}", hex_hint(s)))
 }
 
 /// What a value that is not hex most likely is (found in a user trial: a value copied from

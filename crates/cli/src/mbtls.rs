@@ -475,6 +475,13 @@ struct ServerSettings {
     service: Service,
 }
 
+impl ServerSettings {
+    /// Whether any middlebox may join: pre-configured names or an allow-list.
+    fn middleboxes_may_join(&self) -> bool {
+        !self.middlebox_names.is_empty() || !self.allow_middleboxes.is_empty()
+    }
+}
+
 /// What a middlebox, a server and a client proxy share as long-running services: the same
 /// fields are their flags and their config-file keys. The keys are taken out of the merged table
 /// before the rest is read (serde's `flatten` and `deny_unknown_fields` do not work together),
@@ -992,7 +999,8 @@ fn client(
             &setup.cfg.policy,
             &setup.cfg.secondary,
         );
-        let shown = ShownParts::new(&setup.shown_parts());
+        let parts = setup.shown_parts();
+        let shown = ShownParts::new(&parts);
         let reload = || {
             let new = client_setup(flags.clone(), &reread(config, config_path)?)?;
             fixed_at_start_unchanged((&listen, &running), (&listen, &new.s.service))?;
@@ -1010,7 +1018,7 @@ fn client(
         };
         // The banner shows what a reload's line does (found in a user trial: a log never
         // recorded the middleboxes, versions or policy the proxy started with).
-        let shown_at_start = setup.shown_parts().map(|(text, _, _)| text).join("; ");
+        let shown_at_start = parts.map(|(text, _, _)| text).join("; ");
         return local_proxy(
             (&listen, &shown_at_start),
             proxy_config(setup)?,
@@ -1089,9 +1097,8 @@ fn client(
             })?
             // The driver's message names every cause already: no source chain on top.
             .map_err(|e| {
-                let hint = ended_behind_hint(&e);
-                let fix = fix_hint(&e, mbx_engine::Role::Client);
-                anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}{fix}")
+                let hint = client_hint(&e);
+                anyhow::anyhow!("mbTLS session through {middlebox_addr} failed: {e}{hint}")
             })?;
         let mut report = session_text(&c, path_names.as_deref(), &middlebox_addr, &server_name);
         if let Some(note) = discovered_at_most.and_then(|n| discovery_note(c.verdicts(), n)) {
@@ -1312,6 +1319,17 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
         return String::new();
     };
     attestation_hint(a)
+}
+
+/// What a client (the one-shot fetch, the proxy's report line and its 502) says after a
+/// failed session's error: which reports tell why, and what would fix it.
+fn client_hint(e: &mbx_mbtls::driver::DriverError) -> String {
+    ended_behind_hint(e).to_owned() + &fix_hint(e, mbx_engine::Role::Client)
+}
+
+/// `--nonce` as bytes.
+fn nonce_flag(hex_text: &str) -> anyhow::Result<Vec<u8>> {
+    hex::decode(hex_text.trim()).context("--nonce must be hex")
 }
 
 /// What would make a policy accept evidence that `a` refused, for the operator (empty when
@@ -1902,7 +1920,7 @@ fn middlebox(
         ));
         print_line(format_args!("app: {}", s.app));
         print_line(format_args!("attestation: {attestation_line}"));
-        print_line(format_args!("{}", limits_line(&limits, "connections")));
+        print_line(limits_line(&limits, "connections"));
         let names = ("middlebox", "connections");
         serve_until_stopped(
             &mut server,
@@ -2139,19 +2157,24 @@ fn check_request(flags: CheckRequestFlags) -> anyhow::Result<()> {
     })?;
     // The CA checks this mode whatever its endpoints' policies say, and only its own nonce.
     policy.certificate_evidence = true;
-    let nonce = hex::decode(flags.nonce.trim()).context("--nonce must be hex")?;
-    policy.certificate_nonces = vec![HexBytes(nonce)];
+    policy.certificate_nonces = vec![HexBytes(nonce_flag(&flags.nonce)?)];
+    // Checked again with what was just set (a nonce the mode refuses, as 32 bytes).
+    policy.validate()?;
     let shown = flags.request.display();
     let bytes = read(&flags.request, "certificate signing request")?;
-    ensure!(
-        openssl::x509::X509::from_pem(&bytes).is_err()
-            && openssl::x509::X509::from_der(&bytes).is_err(),
-        "{shown} holds a certificate, not a certificate signing request: check-request reads \
-         the request before the CA signs it (the middlebox's --certificate-request file)"
-    );
     let der = match openssl::x509::X509Req::from_pem(&bytes) {
         Ok(req) => req.to_der()?,
-        Err(_) => bytes,
+        // Not a PEM request: a DER one, or a certificate given by mistake.
+        Err(_) => {
+            ensure!(
+                openssl::x509::X509::from_pem(&bytes).is_err()
+                    && openssl::x509::X509::from_der(&bytes).is_err(),
+                "{shown} holds a certificate, not a certificate signing request: check-request \
+                 reads the request before the CA signs it (the middlebox's \
+                 --certificate-request file)"
+            );
+            bytes
+        }
     };
     let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
     let check = match mbx_attest::cert_bound::check_request_evidence(&der, &policy, now) {
@@ -2185,7 +2208,7 @@ fn certificate_request(
     let nonce = flags.nonce.clone().unwrap_or_default();
     let names = flags.request_names.clone();
     let s = middlebox_settings(flags, config)?;
-    let nonce = hex::decode(nonce.trim()).context("--nonce must be hex")?;
+    let nonce = nonce_flag(&nonce)?;
     // Before any key or evidence is made (a quote takes milliseconds). The request is a new
     // file too (found in a trial: given the key's own path, it replaced the new key, and any
     // other file, a platform key or a CA, went the same way).
@@ -2194,6 +2217,12 @@ fn certificate_request(
         "{} exists or is the key's path (--certificate-request writes a new file, and will not \
          overwrite one)",
         out.display()
+    );
+    let no_overwrite = "--private-key: a request makes its key, and will not overwrite a file";
+    ensure!(
+        !s.private_key.exists(),
+        "{} exists ({no_overwrite})",
+        s.private_key.display()
     );
     for name in &names {
         ensure!(
@@ -2213,12 +2242,6 @@ fn certificate_request(
     let made = openssl::pkey::PKey::from_ec_key(openssl::ec::EcKey::generate(&group)?)?;
     let pkcs8 = zeroize::Zeroizing::new(made.private_key_to_pkcs8()?);
     let pem = zeroize::Zeroizing::new(made.private_key_to_pem_pkcs8()?);
-    let no_overwrite = "--private-key: a request makes its key, and will not overwrite a file";
-    ensure!(
-        !s.private_key.exists(),
-        "{} exists ({no_overwrite})",
-        s.private_key.display()
-    );
     let key = rcgen::KeyPair::try_from(pkcs8.as_slice())
         .map_err(|e| anyhow::anyhow!("cannot sign a request with the new key: {e}"))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
@@ -2244,20 +2267,7 @@ fn certificate_request(
     // behind to refuse the next try (found in a review).
     crate::subcommand::write_new_private_file(&s.private_key, &pem)
         .with_context(|| format!("the middlebox's new key ({no_overwrite})"))?;
-    let written = match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(out)
-    {
-        Ok(mut file) => {
-            std::io::Write::write_all(&mut file, request.as_bytes()).inspect_err(|_| {
-                // A part of a request is no request.
-                let _ = std::fs::remove_file(out);
-            })
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = written {
+    if let Err(e) = crate::subcommand::write_new_file(out, request.as_bytes(), 0o644) {
         // The key is of no use without its request, and would refuse the next try.
         let _ = std::fs::remove_file(&s.private_key);
         return Err(e).with_context(|| {
@@ -3105,7 +3115,7 @@ impl ServerSetup {
     /// certificate, middleboxes and, when middleboxes may join, the policy they must pass.
     fn shown_parts(&self) -> [Part; 5] {
         let s = &self.s;
-        let policy = match s.middlebox_names.is_empty() && s.allow_middleboxes.is_empty() {
+        let policy = match !s.middleboxes_may_join() {
             true => part("no policy (no middlebox may join)".into(), " (changed)"),
             false => {
                 // The policy's text sums it up: the whole of it, and the middleboxes' CA,
@@ -3174,7 +3184,8 @@ fn server(
     };
     let limits = cfg.limits;
     // Only when middleboxes may join.
-    let policy = (!s.middlebox_names.is_empty() || !s.allow_middleboxes.is_empty())
+    let policy = s
+        .middleboxes_may_join()
         .then(|| policy_line(&cfg.handshake.policy));
     runtime()?.block_on(async {
         let signals = ServiceSignals::new()?;
@@ -3193,7 +3204,7 @@ fn server(
             }
             None => print_line(format_args!("server-side middlebox: {described}")),
         }
-        print_line(format_args!("{}", limits_line(&limits, "sessions")));
+        print_line(limits_line(&limits, "sessions"));
         let names = ("server", "sessions");
         let print = print_server_report;
         let started = (signals, metrics);
@@ -3249,7 +3260,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         &s.allow_middleboxes,
         "allow_middleboxes (--allow-middlebox)",
     )?;
-    if names.is_empty() && s.allow_middleboxes.is_empty() {
+    if !s.middleboxes_may_join() {
         // No middlebox may join: what would check one is ignored, and an operator who gave it
         // most likely forgot the middlebox's name (found in a user trial).
         let given: Vec<&str> = [
@@ -3433,12 +3444,7 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 /// with the error and what the one-shot client would say of it (found in a user trial: a 502
 /// that said only "the first hop closed the connection").
 fn proxy_session_failed(e: &mbx_mbtls::driver::DriverError) -> Vec<u8> {
-    let why = format!(
-        "{}{}{}",
-        mbx_mbtls::driver::printable_error(e),
-        ended_behind_hint(e),
-        fix_hint(e, mbx_engine::Role::Client)
-    );
+    let why = format!("{e}{}", client_hint(e));
     format!(
         "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\
          Connection: close\r\n\r\nmbx mbtls proxy: no mbTLS session to the server: {}\n",
@@ -3508,7 +3514,7 @@ fn local_proxy(
             "mbTLS client proxy listening on {}, {shown}",
             proxy.local_addr(),
         ));
-        print_line(format_args!("{}", limits_line(&limits, "connections")));
+        print_line(limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
         serve_until_stopped(
             &mut proxy,
@@ -3538,9 +3544,7 @@ fn print_proxy_report(r: &ProxyReport) {
         (Err(e), false) => {
             // What would fix it, as the one-shot client says (found in a user trial: the
             // proxy's line lacked the flag that accepts a refused measurement).
-            let fix = r.error.as_deref().map_or(String::new(), |e| {
-                ended_behind_hint(e).to_owned() + &fix_hint(e, mbx_engine::Role::Client)
-            });
+            let fix = r.error.as_deref().map_or(String::new(), client_hint);
             format!(
                 "connection {} from {peer}: mbTLS session failed: {e}{fix}",
                 r.id

@@ -278,15 +278,22 @@ fn is_separator_or_bidi(c: char) -> bool {
 /// through a link left in its place.
 pub fn write_new_private_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    write_new_file(path, bytes, 0o600).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `bytes` to a new file at `path` with permissions `mode`, never over a file or a link; a
+/// file that could not be written whole is removed again.
+pub fn write_new_file(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut f| f.write_all(bytes))
-        .with_context(|| format!("cannot write {}", path.display()))
+        .mode(mode)
+        .open(path)?;
+    file.write_all(bytes).inspect_err(|_| {
+        let _ = std::fs::remove_file(path);
+    })
 }
 
 #[cfg(test)]

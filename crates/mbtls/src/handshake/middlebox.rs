@@ -743,8 +743,10 @@ fn secondary_engine_for(
     Ok(engine)
 }
 
-/// Sends exporter-bound evidence as secondary application data: 0.5-RTT data right after
-/// our Finished (TLS 1.3) or ordinary data after the handshake (TLS 1.2). The records stay
+/// Sends our evidence message as secondary application data: exporter-bound evidence, the
+/// `IN_CERTIFICATE` marker when the evidence is in our certificate, or an empty message on a
+/// resumed session; 0.5-RTT data right after our Finished (TLS 1.3) or ordinary data after
+/// the handshake (TLS 1.2). The records stay
 /// in the engine's outgoing buffer for the caller to wrap.
 pub(super) fn write_evidence(
     cfg: &MiddleboxHandshakeConfig,
