@@ -578,11 +578,10 @@ async fn hello_only_forwarder(to: SocketAddr) -> (SocketAddr, tokio::sync::onesh
         in_r.read_exact(&mut record).await.unwrap();
         out_w.write_all(&header).await.unwrap();
         out_w.write_all(&record).await.unwrap();
-        let back = tokio::spawn(async move {
+        let mut back = tokio::spawn(async move {
             let _ = tokio::io::copy(&mut out_r, &mut in_w).await;
             let _ = in_w.shutdown().await;
         });
-        let mut back = back;
         tokio::select! {
             // The way back is ended too: both connections close.
             _ = left => back.abort(),

@@ -81,7 +81,8 @@ impl Setup {
         let evidence_for = |spki: &[u8]| {
             mbx_attest::CertificateEvidence::make(&attester, spki, b"bench nonce")
                 .and_then(|e| e.encode())
-                .unwrap_or_default()
+                // An empty extension would only fail later, further from the cause.
+                .expect("the benchmark middlebox's certificate evidence")
         };
         let oid = &mbx_attest::cert_bound::EVIDENCE_EXTENSION_OID;
         let spec = LeafSpec::middlebox(SERVER_SIDE[0]).key_type(middlebox_keys);
