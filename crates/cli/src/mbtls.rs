@@ -1239,17 +1239,14 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
         }
         .into();
     }
-    // What the TLS libraries say, read for what an operator most likely got wrong.
-    let said = h.cause().to_string();
+    // What the TLS libraries found wrong with a certificate, for what an operator most likely
+    // got wrong.
+    let problem = match h.cause() {
+        HandshakeError::Engine(e) => e.certificate_problem(),
+        _ => None,
+    };
     let named = matches!(h, HandshakeError::Middlebox { .. });
-    let name_mismatch = [
-        "not valid for name",
-        "not valid for the name",
-        "hostname mismatch",
-        "IP address mismatch",
-    ]
-    .iter()
-    .any(|s| said.contains(s));
+    let name_mismatch = problem == Some(mbx_engine::CertificateProblem::NameMismatch);
     // A middlebox named by default after the address of --middlebox (found in a user trial).
     let named_by_address = matches!(h, HandshakeError::Middlebox { name, .. }
         if name.parse::<std::net::IpAddr>().is_ok());
@@ -1267,9 +1264,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     }
     // A chain that reaches none of the trusted CAs: which certificate, and which setting
     // names the CAs (found in a user trial: the error named neither).
-    let unknown_issuer = ["UnknownIssuer", "unable to get local issuer", "self-signed"]
-        .iter()
-        .any(|s| said.contains(s));
+    let unknown_issuer = problem == Some(mbx_engine::CertificateProblem::UnknownIssuer);
     match (unknown_issuer, named, role) {
         (true, true, mbx_engine::Role::Client) => {
             return " (the middlebox's certificate does not chain to a CA of --middlebox-ca, \
@@ -3278,6 +3273,10 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
             (
                 s.middlebox_resumption.is_some(),
                 "middlebox_resumption (--fresh-evidence)",
+            ),
+            (
+                s.max_discovered.is_some(),
+                "max_discovered (--max-discovered)",
             ),
         ]
         .into_iter()

@@ -3640,6 +3640,8 @@ fn options_that_would_be_ignored_are_refused() {
             "unread.pem",
             "--allow-simulated",
             "--fresh-evidence",
+            "--max-discovered",
+            "2",
         ]
         .map(OsStr::new),
     );
@@ -3647,7 +3649,8 @@ fn options_that_would_be_ignored_are_refused() {
     assert!(
         err.contains(
             "middlebox_ca (--middlebox-ca), allow_simulated (--allow-simulated), \
-             middlebox_resumption (--fresh-evidence) would be ignored: no middlebox may join"
+             middlebox_resumption (--fresh-evidence), max_discovered (--max-discovered) \
+             would be ignored: no middlebox may join"
         ),
         "{err}"
     );

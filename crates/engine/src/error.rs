@@ -67,6 +67,24 @@ impl fmt::Display for AlertDescription {
     }
 }
 
+/// Why the TLS library refused a peer's certificate, in the few kinds an operator fixes
+/// differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CertificateProblem {
+    /// The chain reaches none of the trusted CAs (an unknown issuer, a self-signed
+    /// certificate).
+    UnknownIssuer,
+    /// The certificate is not for the name or address the peer was expected under.
+    NameMismatch,
+    /// Past its notAfter.
+    Expired,
+    /// Before its notBefore.
+    NotYetValid,
+    /// Refused for another reason (a bad signature, a wrong key usage, ...).
+    Other,
+}
+
 /// Everything that can go wrong in an engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -87,6 +105,9 @@ pub enum EngineError {
         alert: Option<AlertDescription>,
         /// OpenSSL error stack or rustls error text.
         detail: String,
+        /// The peer's certificate failed the library's check, and why: typed, so that callers
+        /// (the CLI's hints) need not read `detail`, whose words change between versions.
+        certificate: Option<CertificateProblem>,
     },
     /// An OpenSSL call outside the TLS state machine failed.
     #[error("OpenSSL: {0}")]
@@ -120,4 +141,23 @@ pub enum EngineError {
     /// The connection was closed (close_notify received or sent) and cannot carry data.
     #[error("connection closed")]
     Closed,
+}
+
+impl EngineError {
+    /// A fatal failure that is not about the peer's certificate.
+    pub fn fatal(alert: Option<AlertDescription>, detail: String) -> Self {
+        EngineError::Fatal {
+            alert,
+            detail,
+            certificate: None,
+        }
+    }
+
+    /// Why the peer's certificate was refused, when that is what failed.
+    pub fn certificate_problem(&self) -> Option<CertificateProblem> {
+        match self {
+            EngineError::Fatal { certificate, .. } => *certificate,
+            _ => None,
+        }
+    }
 }

@@ -43,7 +43,7 @@ pub use config::{
     suite_openssl_name, CustomExtension, ExtensionHandler, ExtensionResponse, Identity, Role,
     TlsConfig,
 };
-pub use error::{AlertDescription, EngineError};
+pub use error::{AlertDescription, CertificateProblem, EngineError};
 pub use openssl_engine::{AfterExport, CachedSession, OpenSslContext, OpenSslEngine, TicketSink};
 pub use rustls_engine::{RustlsClientContext, RustlsEngine};
 pub use session::{DirectionState, ExportedSession, Handoff};

@@ -23,7 +23,9 @@ use crate::chain_cache::CachingVerifier;
 use crate::records::{self, CT_ALERT};
 use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
 use crate::vouched_sessions::{SessionCapture, SessionNote, VouchedSessions};
-use crate::{AlertDescription, EngineError, Handoff, Role, TlsConfig, TlsEngine};
+use crate::{
+    AlertDescription, CertificateProblem, EngineError, Handoff, Role, TlsConfig, TlsEngine,
+};
 
 /// Per-connection key log sink (rustls's key log is per config; we build one config per
 /// engine).
@@ -90,6 +92,21 @@ fn describe(e: &rustls::Error) -> String {
         ),
         e => e.to_string(),
     }
+}
+
+/// The kind of a certificate refusal, from rustls's own error types.
+fn certificate_problem(e: &rustls::Error) -> Option<CertificateProblem> {
+    use rustls::CertificateError as C;
+    let rustls::Error::InvalidCertificate(c) = e else {
+        return None;
+    };
+    Some(match c {
+        C::UnknownIssuer => CertificateProblem::UnknownIssuer,
+        C::NotValidForName | C::NotValidForNameContext { .. } => CertificateProblem::NameMismatch,
+        C::Expired | C::ExpiredContext { .. } => CertificateProblem::Expired,
+        C::NotValidYet | C::NotValidYetContext { .. } => CertificateProblem::NotYetValid,
+        _ => CertificateProblem::Other,
+    })
 }
 
 fn rustls_err(e: rustls::Error) -> EngineError {
@@ -306,10 +323,7 @@ impl RustlsEngine {
     pub fn refresh_traffic_keys(&mut self) -> Result<(), EngineError> {
         self.conn
             .refresh_traffic_keys()
-            .map_err(|e| EngineError::Fatal {
-                alert: None,
-                detail: format!("key update: {e}"),
-            })?;
+            .map_err(|e| EngineError::fatal(None, format!("key update: {e}")))?;
         self.flush()
     }
 
@@ -322,10 +336,7 @@ impl RustlsEngine {
         while self.conn.wants_write() {
             self.conn
                 .write_tls(&mut self.outgoing)
-                .map_err(|e| EngineError::Fatal {
-                    alert: None,
-                    detail: format!("rustls write_tls: {e}"),
-                })?;
+                .map_err(|e| EngineError::fatal(None, format!("rustls write_tls: {e}")))?;
         }
         if self.role == Role::Server {
             let new = self.outgoing.get(start..).unwrap_or_default().to_vec();
@@ -346,6 +357,7 @@ impl RustlsEngine {
         let _ = self.flush();
         let out = self.outgoing.get(start..).unwrap_or_default();
         let said = describe(&e);
+        let certificate = certificate_problem(&e);
         let (alert, detail) = match out {
             [CT_ALERT, 3, _, 0, 2, _level, desc, ..] => (Some(AlertDescription(*desc)), said),
             [] => (None, said),
@@ -354,7 +366,11 @@ impl RustlsEngine {
                 format!("{said} (an encrypted alert went to the peer)"),
             ),
         };
-        EngineError::Fatal { alert, detail }
+        EngineError::Fatal {
+            alert,
+            detail,
+            certificate,
+        }
     }
 
     fn drain_plaintext(&mut self) -> Result<(), EngineError> {
@@ -407,10 +423,7 @@ impl TlsEngine for RustlsEngine {
             while !rd.is_empty() {
                 if let Err(e) = self.conn.read_tls(&mut rd) {
                     self.failed = true;
-                    return Err(EngineError::Fatal {
-                        alert: None,
-                        detail: format!("rustls read_tls: {e}"),
-                    });
+                    return Err(EngineError::fatal(None, format!("rustls read_tls: {e}")));
                 }
             }
             match self.conn.process_new_packets() {
@@ -442,10 +455,7 @@ impl TlsEngine for RustlsEngine {
         self.conn
             .writer()
             .write_all(data)
-            .map_err(|e| EngineError::Fatal {
-                alert: None,
-                detail: format!("rustls write: {e}"),
-            })?;
+            .map_err(|e| EngineError::fatal(None, format!("rustls write: {e}")))?;
         self.flush()
     }
 
@@ -473,10 +483,7 @@ impl TlsEngine for RustlsEngine {
         }
         self.conn
             .export_keying_material(Zeroizing::new(vec![0u8; len]), label.as_bytes(), context)
-            .map_err(|e| EngineError::Fatal {
-                alert: None,
-                detail: format!("exporter: {e}"),
-            })
+            .map_err(|e| EngineError::fatal(None, format!("exporter: {e}")))
     }
 
     fn version(&self) -> Option<TlsVersion> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use common::{open_and_reseal, pump, pump_err, split_records, Pki, HOST, SUITES, V12, V13};
 use mbx_engine::{
-    AlertDescription, CustomExtension, EngineError, ExtensionResponse, Handoff, OpenSslContext,
-    OpenSslEngine, RustlsClientContext, RustlsEngine, TlsConfig, TlsEngine,
+    AlertDescription, CertificateProblem, CustomExtension, EngineError, ExtensionResponse, Handoff,
+    OpenSslContext, OpenSslEngine, RustlsClientContext, RustlsEngine, TlsConfig, TlsEngine,
 };
 use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
 
@@ -109,10 +109,12 @@ fn client_rejects_wrong_hostname() {
     let Some(EngineError::Fatal {
         alert: Some(_),
         detail,
+        certificate,
     }) = ec
     else {
         panic!("client accepted a certificate for another name: {ec:?}");
     };
+    assert_eq!(certificate, Some(CertificateProblem::NameMismatch));
     assert!(detail.contains("certificate verify failed"), "{detail}");
     // And why: the verification's own result.
     assert!(
@@ -1155,6 +1157,81 @@ fn trust_roots_without_a_certificate_are_refused() {
         ] {
             let e = e.expect("refused");
             assert!(e.to_string().contains("no certificate found"), "{e}");
+        }
+    }
+}
+
+/// Both engines say which kind of certificate problem failed a handshake, typed
+/// (`EngineError::certificate_problem`), so that callers need not read the libraries' words:
+/// a name the certificate is not for, a chain to another CA, an expired and a not yet valid
+/// certificate; and nothing for a failure that is not about the certificate.
+#[test]
+fn both_engines_type_the_certificate_problem_that_failed_a_handshake() {
+    use mbx_engine::ClientContext;
+    use mbx_testbed::pki::{LeafSpec, Validity};
+    let pki = Pki::new();
+    // Another CA, under another name (one under the same name is a bad signature to both).
+    let other = mbx_testbed::pki::TestPki::new("another test CA").unwrap();
+    let foreign = TlsConfig::server(common::identity(
+        &other.issue(&LeafSpec::server(HOST)).unwrap(),
+    ));
+    let server_with = |validity| {
+        let cert = pki
+            .ca
+            .issue(&LeafSpec::server(HOST).validity(validity))
+            .unwrap();
+        TlsConfig::server(common::identity(&cert))
+    };
+    for version in [V12, V13] {
+        let contexts: [(&str, Arc<dyn ClientContext>); 2] = [
+            (
+                "openssl",
+                Arc::new(OpenSslContext::new(&pki.client_config().only(version)).unwrap()),
+            ),
+            (
+                "rustls",
+                Arc::new(RustlsClientContext::new(&pki.client_config().only(version)).unwrap()),
+            ),
+        ];
+        let other_version = if version == V12 { V13 } else { V12 };
+        let cases = [
+            (
+                "other.mbx.test",
+                pki.server_config(),
+                Some(CertificateProblem::NameMismatch),
+            ),
+            (
+                HOST,
+                foreign.clone(),
+                Some(CertificateProblem::UnknownIssuer),
+            ),
+            (
+                HOST,
+                server_with(Validity::Expired),
+                Some(CertificateProblem::Expired),
+            ),
+            (
+                HOST,
+                server_with(Validity::NotYetValid),
+                Some(CertificateProblem::NotYetValid),
+            ),
+            (HOST, pki.server_config().only(other_version), None),
+        ];
+        for (engine, ctx) in &contexts {
+            for (name, server, problem) in &cases {
+                let mut c = ctx.client_engine(Some(name), None).unwrap();
+                let mut s = ossl(server);
+                let (e, _) = pump_err(c.as_mut(), &mut s);
+                let e = e.unwrap_or_else(|| panic!("{engine} {version:?}: {problem:?} accepted"));
+                assert_eq!(
+                    e.certificate_problem(),
+                    *problem,
+                    "{engine} {version:?}: {e}"
+                );
+            }
+            // Positive control: the right name, CA and dates.
+            let mut c = ctx.client_engine(Some(HOST), None).unwrap();
+            pump(c.as_mut(), &mut ossl(&pki.server_config())).unwrap();
         }
     }
 }

@@ -22,8 +22,8 @@ use zeroize::Zeroizing;
 use crate::records::{self, CT_ALERT, CT_APPLICATION_DATA, CT_CHANGE_CIPHER_SPEC, CT_HANDSHAKE};
 use crate::session::{derive_session, ExportInputs, KeyLogSecrets};
 use crate::{
-    AlertDescription, EngineError, ExtensionHandler, ExtensionResponse, Handoff, Role, TlsConfig,
-    TlsEngine,
+    AlertDescription, CertificateProblem, EngineError, ExtensionHandler, ExtensionResponse,
+    Handoff, Role, TlsConfig, TlsEngine,
 };
 use sessions::ClientSessions;
 use ticket_keys::TicketKeys;
@@ -1152,12 +1152,15 @@ impl OpenSslEngine {
         // OpenSSL's error stack only says "certificate verify failed"; the check's own result
         // says why (a name mismatch, an unknown issuer, an expired certificate).
         let verified = self.stream.ssl().verify_result();
+        let mut certificate = None;
         if verified != openssl::x509::X509VerifyResult::OK {
             detail = format!("{detail} (certificate check: {})", verified.error_string());
+            certificate = Some(certificate_problem(verified));
         }
         EngineError::Fatal {
             alert: st.alert_sent.map(|(_, a)| a),
             detail,
+            certificate,
         }
     }
 
@@ -1518,6 +1521,25 @@ impl OpenSslEngine {
                 cached: None,
             },
         ))
+    }
+}
+
+/// The kind of a certificate refusal, from OpenSSL's verification result.
+fn certificate_problem(verified: openssl::x509::X509VerifyResult) -> CertificateProblem {
+    use openssl_sys as sys;
+    match verified.as_raw() {
+        sys::X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT
+        | sys::X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY
+        | sys::X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE
+        | sys::X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
+        | sys::X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN
+        | sys::X509_V_ERR_CERT_UNTRUSTED => CertificateProblem::UnknownIssuer,
+        sys::X509_V_ERR_HOSTNAME_MISMATCH | sys::X509_V_ERR_IP_ADDRESS_MISMATCH => {
+            CertificateProblem::NameMismatch
+        }
+        sys::X509_V_ERR_CERT_HAS_EXPIRED => CertificateProblem::Expired,
+        sys::X509_V_ERR_CERT_NOT_YET_VALID => CertificateProblem::NotYetValid,
+        _ => CertificateProblem::Other,
     }
 }
 
