@@ -8,10 +8,12 @@ mod blindbox_demo;
 mod config;
 mod demo;
 mod driver;
+mod json_lines;
 mod keyless;
 mod keyless_demo;
 mod mbtls;
 mod mbtls_demo;
+mod mbtls_json;
 mod response_out;
 mod subcommand;
 

@@ -510,6 +510,19 @@ struct Service {
     /// failed accepts, reloads. Counts only; bind it to loopback or a management network.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// What each line on standard output is: `text` (the default) or `json`, one JSON object
+    /// per line (JSON Lines) with its time, for log shippers: sessions with their fields,
+    /// every other line as a notice. Fixed at start.
+    #[arg(long, value_enum)]
+    report_format: Option<ReportFormat>,
+}
+
+/// How a service writes its lines on standard output.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ReportFormat {
+    Text,
+    Json,
 }
 
 /// An error about settings that do not parse (exit status 2).
@@ -552,22 +565,24 @@ fn role_settings<T: serde::de::DeserializeOwned>(
 }
 
 impl Service {
-    const KEYS: [&'static str; 5] = [
+    const KEYS: [&'static str; 6] = [
         "handshake_timeout_secs",
         "idle_timeout_secs",
         "max_connections",
         "drain_secs",
         "metrics_listen",
+        "report_format",
     ];
 
     /// Which are given, in the order of [`Self::KEYS`].
-    fn given(&self) -> [bool; 5] {
+    fn given(&self) -> [bool; 6] {
         [
             self.handshake_timeout_secs.is_some(),
             self.idle_timeout_secs.is_some(),
             self.max_connections.is_some(),
             self.drain_secs.is_some(),
             self.metrics_listen.is_some(),
+            self.report_format.is_some(),
         ]
     }
 
@@ -587,8 +602,8 @@ impl Service {
             .collect();
         let file = Service::deserialize(toml::Value::Table(mine)).map_err(|e| {
             does_not_parse(format!(
-                "invalid service settings (handshake_timeout_secs, idle_timeout_secs, \
-                 max_connections, drain_secs, metrics_listen): {}",
+                "invalid service settings ({}): {}",
+                Self::KEYS.join(", "),
                 e.to_string().trim_end()
             ))
         })?;
@@ -598,7 +613,15 @@ impl Service {
             max_connections: flags.max_connections.or(file.max_connections),
             drain_secs: flags.drain_secs.or(file.drain_secs),
             metrics_listen: flags.metrics_listen.clone().or(file.metrics_listen),
+            report_format: flags.report_format.or(file.report_format),
         })
+    }
+
+    /// Lines on standard output as JSON from now on, if asked; before the banner.
+    fn start_reports(&self) {
+        if self.report_format == Some(ReportFormat::Json) {
+            crate::json_lines::turn_on();
+        }
     }
 
     /// The driver's limits (defaults for what was not given).
@@ -685,7 +708,7 @@ pub fn run(
     }
 }
 
-fn version_name(v: TlsVersion) -> &'static str {
+pub(crate) fn version_name(v: TlsVersion) -> &'static str {
     match v {
         TlsVersion::Tls12 => "TLS 1.2",
         TlsVersion::Tls13 => "TLS 1.3",
@@ -1689,7 +1712,7 @@ pub(crate) fn in_path_order<'a>(
 
 /// One verdict, for the client's summary (`long`: with the signer and the SVN) and the
 /// services' report lines.
-fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
+pub(crate) fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
     match v {
         MiddleboxVerdict::Verified {
             middlebox,
@@ -1906,6 +1929,7 @@ fn middlebox(
             .await
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
+        s.service.start_reports();
         print_line(format_args!(
             "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
             server.local_addr(),
@@ -2030,6 +2054,17 @@ fn fixed_at_start_unchanged(
             "a reload cannot change drain_secs from {} to {}; restart to change it",
             running.1.drain_grace().as_secs(),
             asked.1.drain_grace().as_secs()
+        );
+    }
+    let format = |s: &Service| match s.report_format {
+        Some(ReportFormat::Json) => "json",
+        _ => "text",
+    };
+    if format(running.1) != format(asked.1) {
+        bail!(
+            "a reload cannot change report_format from {} to {}; restart to change it",
+            format(running.1),
+            format(asked.1)
         );
     }
     Ok(())
@@ -2518,7 +2553,21 @@ fn own_quote_verdict(evidence: &DcapEvidence, measurement: Vec<u8>) -> String {
 }
 
 fn print_report(r: &ConnectionReport) {
-    print_line(report_line(r));
+    print_session(report_line(r), || crate::mbtls_json::middlebox(r));
+}
+
+/// A session's report: its text line, or with `--report-format json` its fields and the line.
+fn print_session(
+    text: String,
+    fields: impl FnOnce() -> serde_json::Map<String, serde_json::Value>,
+) {
+    if crate::json_lines::is_on() {
+        let mut fields = fields();
+        fields.insert("text".into(), text.into());
+        crate::json_lines::print("session", fields);
+    } else {
+        print_line(text);
+    }
 }
 
 /// A middlebox connection's report line.
@@ -3188,6 +3237,7 @@ fn server(
             .await
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
+        s.service.start_reports();
         print_line(format_args!(
             "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
             server.local_addr(),
@@ -3367,7 +3417,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
 }
 
 fn print_server_report(r: &ServerConnectionReport) {
-    print_line(server_report_line(r));
+    print_session(server_report_line(r), || crate::mbtls_json::server(r));
 }
 
 fn server_report_line(r: &ServerConnectionReport) -> String {
@@ -3507,6 +3557,7 @@ fn local_proxy(
             .await
             .with_context(|| cannot_listen(listen))?;
         let metrics = bind_metrics(service).await?;
+        service.start_reports();
         // The policy's part carries the warning when middleboxes of ours may join and none
         // can pass (what a fetch prints with its verdicts).
         print_line(format_args!(
@@ -3591,7 +3642,7 @@ fn print_proxy_report(r: &ProxyReport) {
             )
         }
     };
-    print_line(&line);
+    print_session(line, || crate::mbtls_json::proxy(r));
 }
 
 /// `max_discovered` from the configuration: at least 1 (default 1).
@@ -3605,6 +3656,34 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The report format is fixed at start: a reload that changes it (from the config file;
+    /// the flags stay as started) is refused, one that keeps it, or says `text` where nothing
+    /// was said, goes ahead; and the key is read from a config file's service keys.
+    #[test]
+    fn a_reload_cannot_change_the_report_format() {
+        let with = |format: Option<ReportFormat>| Service {
+            report_format: format,
+            ..Service::default()
+        };
+        let json = with(Some(ReportFormat::Json));
+        let refused = fixed_at_start_unchanged(("a", &with(None)), ("a", &json)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "a reload cannot change report_format from text to json; restart to change it"
+        );
+        assert!(fixed_at_start_unchanged(("a", &json), ("a", &with(None))).is_err());
+        assert!(fixed_at_start_unchanged(("a", &json), ("a", &json)).is_ok());
+        let text = with(Some(ReportFormat::Text));
+        assert!(fixed_at_start_unchanged(("a", &with(None)), ("a", &text)).is_ok());
+        let mut table: toml::Table = toml::from_str("report_format = \"json\"\nother = 1").unwrap();
+        let taken = Service::take_from(&mut table, &Service::default()).unwrap();
+        assert_eq!(taken.report_format, Some(ReportFormat::Json));
+        assert!(table.contains_key("other") && !table.contains_key("report_format"));
+        let mut bad: toml::Table = toml::from_str("report_format = \"xml\"").unwrap();
+        let e = Service::take_from(&mut bad, &Service::default()).unwrap_err();
+        assert!(e.to_string().contains("report_format"), "{e}");
+    }
 
     /// A certificate that is not valid now is warned of where its names are shown.
     #[test]

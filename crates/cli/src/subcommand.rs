@@ -201,6 +201,11 @@ pub fn reload_failed(e: &anyhow::Error) {
 /// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
 pub fn print_line(line: impl std::fmt::Display) {
     use std::io::Write;
+    if crate::json_lines::is_on() {
+        let mut fields = serde_json::Map::new();
+        fields.insert("message".into(), line.to_string().into());
+        return crate::json_lines::print("notice", fields);
+    }
     let _ = writeln!(
         std::io::stdout().lock(),
         "{}",
@@ -266,7 +271,7 @@ pub fn each_once<T: PartialEq>(items: Vec<T>) -> Vec<T> {
 
 /// U+2028, U+2029 and the bidirectional formatting characters (marks, embeddings, overrides,
 /// isolates).
-fn is_separator_or_bidi(c: char) -> bool {
+pub(crate) fn is_separator_or_bidi(c: char) -> bool {
     matches!(
         c,
         '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'

@@ -3677,3 +3677,95 @@ fn options_that_would_be_ignored_are_refused() {
         assert!(err.contains(said), "client {flag} {name:?}: {err}");
     }
 }
+
+/// `--report-format json` on the three services: every line on standard output is one JSON
+/// object with its time and event (the banners as notices), and each session's report gives
+/// its facts as fields that agree across the path: the client proxy's two hops are the
+/// middlebox's client and server hops, by their key fingerprints (the server, which no
+/// middlebox of its own side could join, kept its keys in OpenSSL and lists none); the proxy's
+/// verdict names the middlebox it verified.
+#[test]
+fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
+    use serde_json::{json, Value};
+    use std::ffi::OsStr;
+    let (dir, _pki, server, mbox) = pki_files("mbx cli json reports root", "mb.test");
+    let backend = echo_backend().to_string();
+    let server_addr = format!("127.0.0.1:{}", mbx_testbed::peers::free_port().unwrap());
+    let parse = |line: &str, event: &str| -> Value {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["event"], event, "{line}");
+        let time = v["time"].as_str().unwrap_or_else(|| panic!("{line}"));
+        assert!(time.len() == 24 && time.ends_with('Z'), "{line}");
+        v
+    };
+    // The banners: notices whose messages are the text lines.
+    let banner = |head: &[String]| -> Vec<String> {
+        head.iter()
+            .map(|l| parse(l, "notice")["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut server_args = mbtls_server_args(&server_addr, &backend, &server);
+    server_args.extend(["--report-format", "json"].map(OsStr::new));
+    let (_srv, mut srv_lines, srv_head) = start(&server_args, 3);
+    let srv_head = banner(&srv_head);
+    assert!(
+        srv_head[0].starts_with("mbTLS server listening on "),
+        "{srv_head:?}"
+    );
+    let (_mb, mut mb_lines, mb_head) =
+        start_middlebox(&server_addr, &mbox, &["--report-format", "json"], 4);
+    let mb_addr = listening_addr(&banner(&mb_head)[0]);
+    let policy = no_evidence_policy(&dir);
+    let (_proxy, mut proxy_lines, phead) = start_proxy(
+        &server,
+        &policy,
+        &[
+            "--middlebox",
+            &mb_addr,
+            "--middlebox-name",
+            "mb.test",
+            "--report-format",
+            "json",
+        ],
+    );
+    let proxy_addr = listening_addr(&banner(&phead)[0]);
+    let out = mbx_testbed::Curl::new(&format!("http://{proxy_addr}/json"))
+        .header("Host: server.test")
+        .run()
+        .unwrap();
+    assert_eq!(out.status, Some(200), "{}", out.verbose);
+
+    let p = parse(&proxy_lines.next().unwrap().unwrap(), "session");
+    let m = parse(&mb_lines.next().unwrap().unwrap(), "session");
+    let s = parse(&srv_lines.next().unwrap().unwrap(), "session");
+    assert_eq!(
+        (&p["role"], &m["role"], &s["role"]),
+        (
+            &json!("client-proxy"),
+            &json!("middlebox"),
+            &json!("server")
+        )
+    );
+    for v in [&p, &m, &s] {
+        assert_eq!((&v["ok"], &v["error"]), (&json!(true), &Value::Null), "{v}");
+        assert_eq!(v["version"], "TLS 1.3", "{v}");
+        assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    }
+    let hops = p["hops"].as_array().unwrap();
+    assert_eq!(hops.len(), 2, "{p}");
+    assert_eq!((&m["client_hop"], &m["server_hop"]), (&hops[0], &hops[1]));
+    // No middlebox of the server's side could join: its keys stayed in OpenSSL.
+    assert_eq!(s["hops"], json!([]), "{s}");
+    assert_ne!(hops[0], hops[1]);
+    assert!(
+        hops[0]["c2s"].as_str().is_some_and(|f| f.len() == 16),
+        "{p}"
+    );
+    assert_eq!(m["keys_installed"], true, "{m}");
+    assert_eq!(p["middleboxes"], json!(["mb.test"]), "{p}");
+    assert_eq!(p["verdicts"][0]["middlebox"], "mb.test", "{p}");
+    assert_eq!(p["verdicts"][0]["verdict"], "verified", "{p}");
+    assert_eq!(s["verdicts"], json!([]), "{s}");
+    assert!(p["bytes_up"].as_u64().is_some_and(|n| n > 0), "{p}");
+    assert!(s["bytes_to_backend"].as_u64().is_some_and(|n| n > 0), "{s}");
+}

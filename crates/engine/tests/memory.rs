@@ -863,20 +863,10 @@ fn rustls_client_context_checks_name_or_chain_and_never_resumes() {
 /// expansion), delivers everything, and the cap's range is enforced.
 #[test]
 fn client_engines_with_a_record_cap() {
-    use mbx_engine::ClientContext;
     let pki = Pki::new();
     const CAP: usize = 600;
     for version in [V12, V13] {
-        let contexts: [(&str, Arc<dyn ClientContext>); 2] = [
-            (
-                "openssl",
-                Arc::new(OpenSslContext::new(&pki.client_config().only(version)).unwrap()),
-            ),
-            (
-                "rustls",
-                Arc::new(RustlsClientContext::new(&pki.client_config().only(version)).unwrap()),
-            ),
-        ];
+        let contexts = both_client_contexts(&pki.client_config().only(version));
         // TLS 1.2 AES-GCM: explicit nonce and tag; TLS 1.3: content type and tag.
         let expansion = if version == V12 { 24 } else { 17 };
         for (what, ctx) in contexts {
@@ -1167,7 +1157,6 @@ fn trust_roots_without_a_certificate_are_refused() {
 /// certificate; and nothing for a failure that is not about the certificate.
 #[test]
 fn both_engines_type_the_certificate_problem_that_failed_a_handshake() {
-    use mbx_engine::ClientContext;
     use mbx_testbed::pki::{LeafSpec, Validity};
     let pki = Pki::new();
     // Another CA, under another name (one under the same name is a bad signature to both).
@@ -1183,16 +1172,7 @@ fn both_engines_type_the_certificate_problem_that_failed_a_handshake() {
         TlsConfig::server(common::identity(&cert))
     };
     for version in [V12, V13] {
-        let contexts: [(&str, Arc<dyn ClientContext>); 2] = [
-            (
-                "openssl",
-                Arc::new(OpenSslContext::new(&pki.client_config().only(version)).unwrap()),
-            ),
-            (
-                "rustls",
-                Arc::new(RustlsClientContext::new(&pki.client_config().only(version)).unwrap()),
-            ),
-        ];
+        let contexts = both_client_contexts(&pki.client_config().only(version));
         let other_version = if version == V12 { V13 } else { V12 };
         let cases = [
             (
@@ -1234,4 +1214,17 @@ fn both_engines_type_the_certificate_problem_that_failed_a_handshake() {
             pump(c.as_mut(), &mut ossl(&pki.server_config())).unwrap();
         }
     }
+}
+
+/// A client context of each engine, named, for `config`.
+fn both_client_contexts(
+    config: &TlsConfig,
+) -> [(&'static str, Arc<dyn mbx_engine::ClientContext>); 2] {
+    [
+        ("openssl", Arc::new(OpenSslContext::new(config).unwrap())),
+        (
+            "rustls",
+            Arc::new(RustlsClientContext::new(config).unwrap()),
+        ),
+    ]
 }

@@ -1,0 +1,121 @@
+//! Standard output as JSON Lines (`report_format = "json"` of the mbTLS services): one object
+//! per line, each with the time and what it is, for log shippers and SIEMs, in place of the
+//! text lines. Turned on once, before a service's banner; every line the service prints then
+//! goes out this way ([`crate::subcommand::print_line`] asks [`is_on`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{Map, Value};
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// From now on, every line on standard output is a JSON object.
+pub fn turn_on() {
+    ON.store(true, Ordering::Relaxed);
+}
+
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Writes `{"time": …, "event": event, …fields}` as one line (a closed standard output is
+/// ignored, as for text lines).
+pub fn print(event: &str, fields: Map<String, Value>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{}", line(&now(), event, fields));
+}
+
+/// One line: the time and the event first (they lead when read by eye), then `fields`.
+fn line(time: &str, event: &str, fields: Map<String, Value>) -> String {
+    let head = format!(
+        "{{\"time\":{},\"event\":{}",
+        Value::from(time),
+        Value::from(event)
+    );
+    let rest = Value::Object(fields).to_string();
+    let text = match rest.strip_prefix('{') {
+        Some("}") | None => head + "}",
+        Some(rest) => head + "," + rest,
+    };
+    escape_invisible(&text)
+}
+
+/// serde_json leaves the Unicode line separators and the bidirectional controls as they are:
+/// in a peer's words (an error quoting its evidence, a name) they would reorder or break the
+/// line for whoever reads it in a terminal. They can only stand inside strings, where `\uXXXX`
+/// is the same character to a JSON reader.
+fn escape_invisible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if crate::subcommand::is_separator_or_bidi(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Now, as RFC 3339 in UTC to the millisecond (`2026-11-27T19:30:45.123Z`).
+fn now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_line_is_one_object_with_time_and_event_first() {
+        let l = line(
+            "2026-11-27T19:30:45.123Z",
+            "session",
+            fields(json!({"id": 7, "text": "a \"quoted\"\nline"})),
+        );
+        assert_eq!(
+            l,
+            "{\"time\":\"2026-11-27T19:30:45.123Z\",\"event\":\"session\",\"id\":7,\"text\":\"a \\\"quoted\\\"\\nline\"}"
+        );
+        let back: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(back["text"], "a \"quoted\"\nline");
+        assert_eq!(
+            line("t", "notice", Map::new()),
+            "{\"time\":\"t\",\"event\":\"notice\"}"
+        );
+    }
+
+    #[test]
+    fn separators_and_bidi_controls_are_escaped_and_read_back_the_same() {
+        let said = "mb\u{202e}txt.exe\u{2028}next";
+        let l = line("t", "notice", fields(json!({ "message": said })));
+        assert!(!l.contains('\u{202e}') && !l.contains('\u{2028}'), "{l}");
+        assert!(l.contains("\\u202e") && l.contains("\\u2028"), "{l}");
+        let back: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(back["message"], said);
+    }
+
+    #[test]
+    fn the_time_is_rfc3339_utc_to_the_millisecond() {
+        let t = now();
+        assert_eq!(t.len(), "2026-11-27T19:30:45.123Z".len(), "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T' && t.as_bytes()[19] == b'.');
+    }
+}
