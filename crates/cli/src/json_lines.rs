@@ -1,36 +1,59 @@
 //! Standard output as JSON Lines (`report_format = "json"` of the mbTLS services): one object
-//! per line, each with the time and what it is, for log shippers and SIEMs, in place of the
-//! text lines. Turned on once, before a service's banner; every line the service prints then
-//! goes out this way ([`crate::subcommand::print_line`] asks [`is_on`]).
+//! per line, each with the time, what it is and which service wrote it, for log shippers and
+//! SIEMs, in place of the text lines. Turned on once, before a service's banner; every line
+//! the service prints then goes out this way ([`crate::subcommand::print_line`] asks
+//! [`is_on`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
-static ON: AtomicBool = AtomicBool::new(false);
+/// The service whose lines these are, and the address it listens on: set once, when the
+/// lines turn to JSON.
+static SOURCE: OnceLock<(String, String)> = OnceLock::new();
 
-/// From now on, every line on standard output is a JSON object.
-pub fn turn_on() {
-    ON.store(true, Ordering::Relaxed);
+/// From now on, every line on standard output is a JSON object naming `service` (its role)
+/// and its `listen` address, so that the lines of several services in one log stay apart.
+pub fn turn_on(service: &str, listen: SocketAddr) {
+    let _ = SOURCE.set((service.to_owned(), listen.to_string()));
 }
 
 pub fn is_on() -> bool {
-    ON.load(Ordering::Relaxed)
+    SOURCE.get().is_some()
 }
 
-/// Writes `{"time": …, "event": event, …fields}` as one line (a closed standard output is
-/// ignored, as for text lines).
+/// Writes `{"time": …, "event": event, "service": …, "listen": …, …fields}` as one line (a
+/// closed standard output is ignored, as for text lines).
 pub fn print(event: &str, fields: Map<String, Value>) {
     use std::io::Write;
-    let _ = writeln!(std::io::stdout().lock(), "{}", line(&now(), event, fields));
+    let (service, listen) = SOURCE.get().map_or(("", ""), |(s, l)| (s, l));
+    let head = Head {
+        time: &now(),
+        event,
+        service,
+        listen,
+    };
+    let _ = writeln!(std::io::stdout().lock(), "{}", line(&head, fields));
 }
 
-/// One line: the time and the event first (they lead when read by eye), then `fields`.
-fn line(time: &str, event: &str, fields: Map<String, Value>) -> String {
+/// What every line starts with.
+struct Head<'a> {
+    time: &'a str,
+    event: &'a str,
+    service: &'a str,
+    listen: &'a str,
+}
+
+/// One line: the time, the event and the source first (they lead when read by eye), then
+/// `fields`.
+fn line(h: &Head, fields: Map<String, Value>) -> String {
     let head = format!(
-        "{{\"time\":{},\"event\":{}",
-        Value::from(time),
-        Value::from(event)
+        "{{\"time\":{},\"event\":{},\"service\":{},\"listen\":{}",
+        Value::from(h.time),
+        Value::from(h.event),
+        Value::from(h.service),
+        Value::from(h.listen)
     );
     let rest = Value::Object(fields).to_string();
     let text = match rest.strip_prefix('{') {
@@ -83,29 +106,37 @@ mod tests {
         }
     }
 
+    fn head(event: &str) -> Head<'_> {
+        Head {
+            time: "2026-11-27T19:30:45.123Z",
+            event,
+            service: "middlebox",
+            listen: "127.0.0.1:8443",
+        }
+    }
+
+    const HEAD: &str = "{\"time\":\"2026-11-27T19:30:45.123Z\",\"event\":\"session\",\
+                        \"service\":\"middlebox\",\"listen\":\"127.0.0.1:8443\"";
+
     #[test]
-    fn a_line_is_one_object_with_time_and_event_first() {
+    fn a_line_is_one_object_with_time_event_and_source_first() {
         let l = line(
-            "2026-11-27T19:30:45.123Z",
-            "session",
+            &head("session"),
             fields(json!({"id": 7, "text": "a \"quoted\"\nline"})),
         );
         assert_eq!(
             l,
-            "{\"time\":\"2026-11-27T19:30:45.123Z\",\"event\":\"session\",\"id\":7,\"text\":\"a \\\"quoted\\\"\\nline\"}"
+            format!("{HEAD},\"id\":7,\"text\":\"a \\\"quoted\\\"\\nline\"}}")
         );
         let back: Value = serde_json::from_str(&l).unwrap();
         assert_eq!(back["text"], "a \"quoted\"\nline");
-        assert_eq!(
-            line("t", "notice", Map::new()),
-            "{\"time\":\"t\",\"event\":\"notice\"}"
-        );
+        assert_eq!(line(&head("session"), Map::new()), format!("{HEAD}}}"));
     }
 
     #[test]
     fn separators_and_bidi_controls_are_escaped_and_read_back_the_same() {
         let said = "mb\u{202e}txt.exe\u{2028}next";
-        let l = line("t", "notice", fields(json!({ "message": said })));
+        let l = line(&head("notice"), fields(json!({ "message": said })));
         assert!(!l.contains('\u{202e}') && !l.contains('\u{2028}'), "{l}");
         assert!(l.contains("\\u202e") && l.contains("\\u2028"), "{l}");
         let back: Value = serde_json::from_str(&l).unwrap();

@@ -89,7 +89,8 @@ fn main() -> ExitCode {
     let config = match cli.config.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => {
-            eprintln!("mbx: error: {}", subcommand::error_text(&e));
+            let text = subcommand::error_text(&e);
+            subcommand::eprint_lines("mbx: error: ", &subcommand::escape_controls(&text, true));
             return ExitCode::from(2);
         }
     };
@@ -128,7 +129,7 @@ fn main() -> ExitCode {
             // Errors may quote a peer (its evidence, its alert): no terminal controls; line
             // breaks stay for the operator's own files' parse errors.
             let text = subcommand::error_text(&e);
-            eprintln!("mbx: error: {}", subcommand::escape_controls(&text, true));
+            subcommand::eprint_lines("mbx: error: ", &subcommand::escape_controls(&text, true));
             match e
                 .chain()
                 .any(|cause| cause.is::<subcommand::DoesNotParse>())

@@ -617,10 +617,11 @@ impl Service {
         })
     }
 
-    /// Lines on standard output as JSON from now on, if asked; before the banner.
-    fn start_reports(&self) {
+    /// Lines on standard output as JSON from now on, if asked, each naming the `service`
+    /// listening on `listen`; before the banner.
+    fn start_reports(&self, service: &str, listen: SocketAddr) {
         if self.report_format == Some(ReportFormat::Json) {
-            crate::json_lines::turn_on();
+            crate::json_lines::turn_on(service, listen);
         }
     }
 
@@ -1760,11 +1761,7 @@ pub(crate) fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
             detail,
         } => {
             let who = middlebox.as_deref().unwrap_or("a middlebox");
-            let why = match *why {
-                // The CLI's approval is its allow-list.
-                NOT_APPROVED => "not in the allow-list (--allow-middlebox)",
-                why => why,
-            };
+            let why = exclusion_text(why);
             match detail {
                 Some(d) => format!("{who} was excluded: {why} ({d})"),
                 None => format!("{who} was excluded: {why}"),
@@ -1773,6 +1770,14 @@ pub(crate) fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
         // `long` is the client's report, which knows only its own side.
         MiddleboxVerdict::Direct if long => "no client-side middlebox took part".to_string(),
         MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
+    }
+}
+
+/// Why a middlebox was excluded, as the CLI says it: its approval is the allow-list.
+pub(crate) fn exclusion_text(why: &'static str) -> &'static str {
+    match why {
+        NOT_APPROVED => "not in the allow-list (--allow-middlebox)",
+        why => why,
     }
 }
 
@@ -1929,7 +1934,7 @@ fn middlebox(
             .await
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
-        s.service.start_reports();
+        s.service.start_reports("middlebox", server.local_addr());
         print_line(format_args!(
             "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
             server.local_addr(),
@@ -3237,7 +3242,7 @@ fn server(
             .await
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
-        s.service.start_reports();
+        s.service.start_reports("server", server.local_addr());
         print_line(format_args!(
             "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
             server.local_addr(),
@@ -3557,7 +3562,7 @@ fn local_proxy(
             .await
             .with_context(|| cannot_listen(listen))?;
         let metrics = bind_metrics(service).await?;
-        service.start_reports();
+        service.start_reports("client-proxy", proxy.local_addr());
         // The policy's part carries the warning when middleboxes of ours may join and none
         // can pass (what a fetch prints with its verdicts).
         print_line(format_args!(
@@ -3579,6 +3584,11 @@ fn local_proxy(
 }
 
 fn print_proxy_report(r: &ProxyReport) {
+    print_session(proxy_report_line(r), || crate::mbtls_json::proxy(r));
+}
+
+/// A client proxy connection's report line.
+fn proxy_report_line(r: &ProxyReport) -> String {
     let peer = r
         .local_peer
         .map_or_else(|| "?".to_string(), |p| p.to_string());
@@ -3590,16 +3600,20 @@ fn print_proxy_report(r: &ProxyReport) {
             hops => hops_text(hops),
         })
         .unwrap_or_default();
-    let line = match (&r.outcome, r.connected) {
-        (Err(e), false) => {
-            // What would fix it, as the one-shot client says (found in a user trial: the
-            // proxy's line lacked the flag that accepts a refused measurement).
-            let fix = r.error.as_deref().map_or(String::new(), client_hint);
-            format!(
-                "connection {} from {peer}: mbTLS session failed: {e}{fix}",
-                r.id
-            )
-        }
+    // Where the first hop saw the connection come from, which its report names.
+    let peer = match r.first_hop_local {
+        Some(local) => format!("{peer} (to the first hop from {local})"),
+        None => peer,
+    };
+    // What would fix a failure, as the one-shot client says (found in a user trial: the
+    // proxy's line lacked the flag that accepts a refused measurement); with TLS 1.3 a server
+    // refuses its own middlebox after the handshake (a second trial).
+    let fix = r.error.as_deref().map_or(String::new(), client_hint);
+    match (&r.outcome, r.connected) {
+        (Err(e), false) => format!(
+            "connection {} from {peer}: mbTLS session failed: {e}{fix}",
+            r.id
+        ),
         (outcome, _) => {
             // As the server's and the middlebox's lines say it (a reload may change `tls`).
             let version = r
@@ -3637,12 +3651,11 @@ fn print_proxy_report(r: &ProxyReport) {
                 ("server", "local"),
             );
             format!(
-                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}hops {hops}{end}",
+                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}hops {hops}{end}{fix}",
                 r.id
             )
         }
-    };
-    print_session(line, || crate::mbtls_json::proxy(r));
+    }
 }
 
 /// `max_discovered` from the configuration: at least 1 (default 1).
@@ -3656,6 +3669,40 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client proxy's line names its own address toward the first hop (which the first
+    /// hop's report names), and says what would fix a failure also when the session had come
+    /// up: with TLS 1.3 a server refuses its own middlebox after the handshake, with an alert.
+    #[test]
+    fn the_proxys_line_names_its_first_hop_address_and_a_fix_after_the_handshake() {
+        // What the proxy's session ends with then (found in a user trial).
+        let alert = mbx_mbtls::driver::DriverError::Alert {
+            description: mbx_engine::AlertDescription::HANDSHAKE_FAILURE.0,
+            what: mbx_mbtls::driver::RECEIVED_FROM_THE_PATH,
+        };
+        let r = ProxyReport {
+            id: 2,
+            local_peer: Some("127.0.0.1:5000".parse().unwrap()),
+            first_hop_local: Some("127.0.0.1:6000".parse().unwrap()),
+            connected: true,
+            verdicts: Vec::new(),
+            summary: None,
+            bytes_up: 3,
+            bytes_down: 0,
+            key_updates: 0,
+            peer_left_without_close_notify: false,
+            outcome: Err(alert.to_string()),
+            error: Some(Arc::new(alert)),
+        };
+        let line = proxy_report_line(&r);
+        assert!(
+            line.starts_with(
+                "connection 2 from 127.0.0.1:5000 (to the first hop from 127.0.0.1:6000): "
+            ),
+            "{line}"
+        );
+        assert!(line.ends_with(SERVER_REFUSED_ITS_MIDDLEBOX), "{line}");
+    }
 
     /// The report format is fixed at start: a reload that changes it (from the config file;
     /// the flags stay as started) is refused, one that keeps it, or says `text` where nothing

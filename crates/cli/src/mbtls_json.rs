@@ -3,12 +3,14 @@
 //! `text`, since its wording (why a session failed, what would fix it) is for people.
 
 use mbx_mbtls::driver::client::MiddleboxVerdict;
-use mbx_mbtls::driver::{fingerprint_hex, ConnectionReport, ProxyReport, ServerConnectionReport};
-use mbx_mbtls::handshake::{HopFingerprint, SessionSummary};
+use mbx_mbtls::driver::{
+    fingerprint_hex, ConnectionReport, DriverError, ProxyReport, ServerConnectionReport,
+};
+use mbx_mbtls::handshake::{HandshakeError, HopFingerprint, SessionSummary};
 use mbx_mbtls::Side;
 use serde_json::{json, Map, Value};
 
-use crate::mbtls::{in_path_order, verdict_text, version_name};
+use crate::mbtls::{exclusion_text, in_path_order, verdict_text, version_name};
 
 /// A middlebox's connection.
 pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
@@ -19,10 +21,11 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "next_hop": r.next_hop,
         "next_hop_local": r.next_hop_local.map(|a| a.to_string()),
         "announced": r.announced,
-        "joined": r.joined,
+        // "joined" as the text line says it: key material arrived.
+        "joined": r.keys_installed,
+        "secondary_session_started": r.joined,
         "evidence_sent": r.evidence_sent,
         "resumed": r.resumed,
-        "keys_installed": r.keys_installed,
         "legacy_server": r.legacy_server,
         "passive": r.passive,
         "refused_by_endpoint": r.refused_by_endpoint,
@@ -32,6 +35,7 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "bytes_from_client": r.bytes_from_client,
         "bytes_from_server": r.bytes_from_server,
         "key_updates": r.key_updates,
+        // Set only on a session that ended without an error (the error says the rest).
         "left_without_close_notify": r.left_without_close_notify.map(|side| match side {
             Side::Client => "client",
             Side::Server => "server",
@@ -50,9 +54,10 @@ pub fn server(r: &ServerConnectionReport) -> Map<String, Value> {
         "bytes_to_backend": r.bytes_to_backend,
         "bytes_from_backend": r.bytes_from_backend,
         "key_updates": r.key_updates,
-        "peer_left_without_close_notify": r.peer_left_without_close_notify,
     }));
     session(&mut m, r.summary.as_ref(), &r.verdicts);
+    left(&mut m, &r.outcome, r.peer_left_without_close_notify);
+    failed_on(&mut m, r.error.as_deref());
     outcome(&mut m, &r.outcome);
     m
 }
@@ -63,13 +68,15 @@ pub fn proxy(r: &ProxyReport) -> Map<String, Value> {
         "role": "client-proxy",
         "id": r.id,
         "local_peer": r.local_peer.map(|a| a.to_string()),
+        "first_hop_local": r.first_hop_local.map(|a| a.to_string()),
         "connected": r.connected,
         "bytes_up": r.bytes_up,
         "bytes_down": r.bytes_down,
         "key_updates": r.key_updates,
-        "peer_left_without_close_notify": r.peer_left_without_close_notify,
     }));
     session(&mut m, r.summary.as_ref(), &r.verdicts);
+    left(&mut m, &r.outcome, r.peer_left_without_close_notify);
+    failed_on(&mut m, r.error.as_deref());
     outcome(&mut m, &r.outcome);
     m
 }
@@ -125,7 +132,7 @@ fn verdict(v: &MiddleboxVerdict) -> Value {
         } => json!({
             "middlebox": middlebox,
             "verdict": "excluded",
-            "why": why,
+            "why": exclusion_text(why),
             "detail": detail,
             "text": text,
         }),
@@ -136,6 +143,24 @@ fn verdict(v: &MiddleboxVerdict) -> Value {
 /// A hop's key fingerprints, as the text lines show them.
 fn hop(h: &HopFingerprint) -> Value {
     json!({ "c2s": fingerprint_hex(&h.c2s), "s2c": fingerprint_hex(&h.s2c) })
+}
+
+/// Whether the peer left after our close_notify without its own, on a session that otherwise
+/// ended well; null on one that failed, whose error says how it ended.
+fn left(m: &mut Map<String, Value>, outcome: &Result<(), String>, left: bool) {
+    let known = outcome.is_ok().then_some(left);
+    m.insert("peer_left_without_close_notify".into(), known.into());
+}
+
+/// The middlebox the session failed on at this endpoint (refused for its certificate,
+/// approval or evidence, or its secondary session broke), which then has no verdict; null when
+/// the failure names none.
+fn failed_on(m: &mut Map<String, Value>, error: Option<&DriverError>) {
+    let name = match error {
+        Some(DriverError::Handshake(HandshakeError::Middlebox { name, .. })) => Some(name.as_str()),
+        _ => None,
+    };
+    m.insert("failed_on_middlebox".into(), name.into());
 }
 
 fn outcome(m: &mut Map<String, Value>, outcome: &Result<(), String>) {
@@ -212,9 +237,14 @@ mod tests {
             bytes_from_backend: 20,
             idle_trims: 0,
             key_updates: 1,
-            peer_left_without_close_notify: true,
+            peer_left_without_close_notify: false,
             outcome: Err("the backend left".into()),
-            error: None,
+            error: Some(std::sync::Arc::new(DriverError::Handshake(
+                HandshakeError::Middlebox {
+                    name: "mb3.test".into(),
+                    inner: Box::new(HandshakeError::Protocol("test")),
+                },
+            ))),
         };
         let v = Value::Object(server(&r));
         assert_eq!(v["role"], "server");
@@ -250,12 +280,31 @@ mod tests {
         let second = &v["verdicts"][1];
         assert_eq!(second["verdict"], "excluded");
         assert_eq!(second["why"], "evidence refused");
+        let mut allowed = r.clone();
+        allowed.verdicts = vec![MiddleboxVerdict::Excluded {
+            middlebox: None,
+            why: mbx_mbtls::handshake::NOT_APPROVED,
+            detail: None,
+        }];
+        allowed.outcome = Ok(());
+        allowed.error = None;
+        let v2 = Value::Object(server(&allowed));
+        // As the text line says it: the CLI's approval is its allow-list.
+        assert_eq!(
+            v2["verdicts"][0]["why"],
+            "not in the allow-list (--allow-middlebox)"
+        );
+        assert_eq!(v2["verdicts"][0]["middlebox"], Value::Null);
+        assert_eq!(v2["failed_on_middlebox"], Value::Null);
+        assert_eq!(v2["peer_left_without_close_notify"], false);
         assert_eq!(second["detail"], "measurement not accepted");
         assert_eq!(
             (&v["ok"], &v["error"]),
             (&json!(false), &json!("the backend left"))
         );
-        assert_eq!(v["peer_left_without_close_notify"], true);
+        // Not known on a failed session: the error says how it ended.
+        assert_eq!(v["peer_left_without_close_notify"], Value::Null);
+        assert_eq!(v["failed_on_middlebox"], "mb3.test");
         assert_eq!(v["key_updates"], 1);
     }
 
@@ -294,5 +343,10 @@ mod tests {
         assert_eq!(v["passive"], "the server did not answer our announcement");
         assert_eq!(v["left_without_close_notify"], "server");
         assert_eq!((&v["ok"], &v["announced"]), (&json!(true), &json!(true)));
+        assert_eq!(
+            (&v["joined"], &v["secondary_session_started"]),
+            (&json!(false), &json!(false))
+        );
+        assert!(v.get("keys_installed").is_none(), "{v}");
     }
 }

@@ -191,10 +191,23 @@ pub fn exit_quietly_when_stdout_closes() {
 /// why on standard error (once: the log writes there too, so it is not logged as well).
 pub fn reload_failed(e: &anyhow::Error) {
     let text = error_text(e);
-    eprintln!(
-        "mbx: reload failed, configuration unchanged: {}",
-        escape_controls(&text, true)
+    eprint_lines(
+        "mbx: reload failed, configuration unchanged: ",
+        &escape_controls(&text, true),
     );
+}
+
+/// `text` on standard error with `prefix` before each of its lines: a message of several lines
+/// (a config file's parse error with its caret line) stays recognizable line by line to
+/// whoever filters a log by the prefix.
+pub fn eprint_lines(prefix: &str, text: &str) {
+    let mut lines = text.lines().peekable();
+    if lines.peek().is_none() {
+        eprintln!("{}", prefix.trim_end());
+    }
+    for line in lines {
+        eprintln!("{prefix}{line}");
+    }
 }
 
 /// One line of a long-running command's report on stdout. A closed stdout (its reader went

@@ -3694,6 +3694,10 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     let parse = |line: &str, event: &str| -> Value {
         let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(v["event"], event, "{line}");
+        assert!(
+            v["service"].is_string() && v["listen"].is_string(),
+            "{line}"
+        );
         let time = v["time"].as_str().unwrap_or_else(|| panic!("{line}"));
         assert!(time.len() == 24 && time.ends_with('Z'), "{line}");
         v
@@ -3761,11 +3765,44 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         hops[0]["c2s"].as_str().is_some_and(|f| f.len() == 16),
         "{p}"
     );
-    assert_eq!(m["keys_installed"], true, "{m}");
+    assert_eq!(
+        (&m["joined"], &m["secondary_session_started"]),
+        (&json!(true), &json!(true)),
+        "{m}"
+    );
+    // Each line names its service and where it listens; the middlebox saw the proxy's
+    // connection come from the address the proxy reports.
+    assert_eq!(m["listen"], mb_addr.as_str(), "{m}");
+    assert_eq!(s["listen"], server_addr.as_str(), "{s}");
+    assert_eq!(p["listen"], proxy_addr.as_str(), "{p}");
+    assert_eq!(m["client"], p["first_hop_local"], "{m} {p}");
+    for v in [&p, &s] {
+        assert_eq!(v["peer_left_without_close_notify"], false, "{v}");
+        assert_eq!(v["failed_on_middlebox"], Value::Null, "{v}");
+    }
     assert_eq!(p["middleboxes"], json!(["mb.test"]), "{p}");
     assert_eq!(p["verdicts"][0]["middlebox"], "mb.test", "{p}");
     assert_eq!(p["verdicts"][0]["verdict"], "verified", "{p}");
     assert_eq!(s["verdicts"], json!([]), "{s}");
     assert!(p["bytes_up"].as_u64().is_some_and(|n| n > 0), "{p}");
     assert!(s["bytes_to_backend"].as_u64().is_some_and(|n| n > 0), "{s}");
+    // A value that does not parse in the config file: exit status 2, and every line of the
+    // error (the TOML library's message has two) starts with the prefix.
+    let config = dir.path().join("yaml.toml");
+    std::fs::write(&config, "[mbtls.middlebox]\nreport_format = \"yaml\"\n").unwrap();
+    let mut args = service_args(
+        "middlebox",
+        "127.0.0.1:0",
+        ("--next-hop", &server_addr),
+        &mbox,
+    );
+    args.splice(0..0, [OsStr::new("--config"), config.as_os_str()]);
+    let out = mbx().args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("unknown variant `yaml`") && err.lines().count() > 1,
+        "{err}"
+    );
+    assert!(err.lines().all(|l| l.starts_with("mbx: error: ")), "{err}");
 }

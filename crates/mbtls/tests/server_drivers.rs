@@ -438,13 +438,14 @@ async fn a_legacy_client_is_told_when_the_server_refuses_or_misses_its_middlebox
 /// a handshake fails, whatever the version: with TLS 1.3 the refusal comes after the
 /// handshake, in the data phase, where the local connection was reset (found in a user
 /// trial: curl read "connection reset", and a 502 with TLS 1.2). Without an answer
-/// configured, it is still reset.
+/// configured, it is still reset. Its report names its own address toward the first hop, the
+/// one the first hop reports the connection from (twenty-ninth round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_tells_the_local_application_of_a_refusal_after_the_handshake() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let (mut server, mb2) = w.server_refusing_mb2(version, backend).await;
+        let (mut server, mut mb2) = w.server_refusing_mb2(version, backend).await;
         for answer in [Some(answer_with_error(b"no session: ")), None] {
             let told = answer.is_some();
             let mut proxy = ClientProxy::bind(
@@ -486,6 +487,11 @@ async fn a_proxy_tells_the_local_application_of_a_refusal_after_the_handshake() 
             assert_eq!(report.bytes_down, 0, "{report:?}");
             assert!(report.outcome.is_err(), "{report:?}");
             timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+            // The failed session is matched with the first hop's report by the address the
+            // first hop saw it come from.
+            let r2 = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+            assert!(report.first_hop_local.is_some(), "{report:?}");
+            assert_eq!(report.first_hop_local, r2.client, "{report:?} {r2:?}");
         }
     }
 }

@@ -77,21 +77,39 @@ impl Connection<ClientHandshake> {
     /// was built (a proxy reuses one for days).
     pub async fn connect_with_data(
         first_hop: impl ToSocketAddrs,
-        mut cfg: ClientHandshakeConfig,
+        cfg: ClientHandshakeConfig,
         data: &[u8],
     ) -> Result<MbtlsClient, DriverError> {
         // The core first: a configuration that fails every session is told before anything
         // is connected (an embedder found its mistake reported by the first hop as a
         // connection that closed), and checked once (`ClientHandshake::new`).
+        let hs = Self::core(cfg, data)?;
+        let stream = TcpStream::connect(first_hop)
+            .await
+            .map_err(DriverError::io("cannot connect to the first hop"))?;
+        Connection::handshake(stream, hs).await
+    }
+
+    /// Like [`connect_with_data`](Self::connect_with_data), over a connection to the first hop
+    /// that the caller made (its own routing or socket options; the client proxy, to report
+    /// its local address even when the handshake fails).
+    pub async fn handshake_on(
+        stream: TcpStream,
+        cfg: ClientHandshakeConfig,
+        data: &[u8],
+    ) -> Result<MbtlsClient, DriverError> {
+        let hs = Self::core(cfg, data)?;
+        Connection::handshake(stream, hs).await
+    }
+
+    /// The client core for a session starting now, with `data` queued.
+    fn core(mut cfg: ClientHandshakeConfig, data: &[u8]) -> Result<ClientHandshake, DriverError> {
         cfg.now_unix = mbx_attest::unix_seconds(std::time::SystemTime::now());
         let mut hs = ClientHandshake::new(cfg).map_err(DriverError::config)?;
         if !data.is_empty() {
             hs.write(data)?;
         }
-        let stream = TcpStream::connect(first_hop)
-            .await
-            .map_err(DriverError::io("cannot connect to the first hop"))?;
-        Connection::handshake(stream, hs).await
+        Ok(hs)
     }
 
     /// Carries a local plain-TCP connection over this session (the client as a local proxy):

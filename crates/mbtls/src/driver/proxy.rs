@@ -65,6 +65,10 @@ pub struct ProxyReport {
     pub id: u64,
     /// The local application's address.
     pub local_peer: Option<SocketAddr>,
+    /// This proxy's own address on its connection to the first hop, which the first hop
+    /// reports the connection from: a failed session, which has no key fingerprints, is
+    /// matched between the two reports by it.
+    pub first_hop_local: Option<SocketAddr>,
     /// The mbTLS session came up (its handshake finished).
     pub connected: bool,
     /// What the client decided about each middlebox that spoke, in the order they were
@@ -149,6 +153,7 @@ impl ProxyReport {
         ProxyReport {
             id,
             local_peer,
+            first_hop_local: None,
             connected: false,
             verdicts: Vec::new(),
             summary: None,
@@ -203,7 +208,13 @@ async fn proxy_one(
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
     let limits = cfg.limits;
-    let connecting = MbtlsClient::connect(cfg.first_hop.as_str(), cfg.handshake.clone());
+    let connecting = async {
+        let stream = TcpStream::connect(cfg.first_hop.as_str())
+            .await
+            .map_err(DriverError::io("cannot connect to the first hop"))?;
+        report.first_hop_local = stream.local_addr().ok();
+        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[]).await
+    };
     let connected = tokio::time::timeout(limits.handshake_timeout, connecting)
         .await
         .map_err(|_| DriverError::HandshakeTimeout(limits.handshake_timeout))
