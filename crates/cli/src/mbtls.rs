@@ -519,10 +519,25 @@ struct Service {
 
 /// How a service writes its lines on standard output.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 enum ReportFormat {
     Text,
     Json,
+}
+
+/// From the config file: a string, named in the error if it is neither (serde's own words for
+/// an enum read "unit variant" for an integer, found in a user trial).
+impl TryFrom<String> for ReportFormat {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "text" => Ok(ReportFormat::Text),
+            "json" => Ok(ReportFormat::Json),
+            other => Err(format!(
+                "report_format is \"text\" or \"json\", not {other:?}"
+            )),
+        }
+    }
 }
 
 /// An error about settings that do not parse (exit status 2).
@@ -3645,13 +3660,21 @@ fn proxy_report_line(r: &ProxyReport) -> String {
                 [] => String::new(),
                 names => format!("middlebox sessions resumed: {}; ", names.join(", ")),
             };
+            // A middlebox the client refused (the allow-list, its evidence) stood aside; the
+            // line says so and why (found in a user trial: only the JSON did).
+            let excluded: String = r
+                .verdicts
+                .iter()
+                .filter(|v| matches!(v, MiddleboxVerdict::Excluded { .. }))
+                .map(|v| format!("{}; ", verdict_text(v, false)))
+                .collect();
             let end = spliced_outcome_text(
                 outcome,
                 r.peer_left_without_close_notify,
                 ("server", "local"),
             );
             format!(
-                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}hops {hops}{end}{fix}",
+                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}{excluded}hops {hops}{end}{fix}",
                 r.id
             )
         }
@@ -3671,8 +3694,9 @@ mod tests {
     use super::*;
 
     /// A client proxy's line names its own address toward the first hop (which the first
-    /// hop's report names), and says what would fix a failure also when the session had come
-    /// up: with TLS 1.3 a server refuses its own middlebox after the handshake, with an alert.
+    /// hop's report names), says what would fix a failure also when the session had come up
+    /// (with TLS 1.3 a server refuses its own middlebox after the handshake, with an alert),
+    /// and names a middlebox it excluded.
     #[test]
     fn the_proxys_line_names_its_first_hop_address_and_a_fix_after_the_handshake() {
         // What the proxy's session ends with then (found in a user trial).
@@ -3702,6 +3726,24 @@ mod tests {
             "{line}"
         );
         assert!(line.ends_with(SERVER_REFUSED_ITS_MIDDLEBOX), "{line}");
+        // A middlebox the client excluded is named with why, on a session that went on.
+        let excluded = ProxyReport {
+            verdicts: vec![MiddleboxVerdict::Excluded {
+                middlebox: Some("mb9.test".into()),
+                why: NOT_APPROVED,
+                detail: None,
+            }],
+            outcome: Ok(()),
+            error: None,
+            ..r
+        };
+        let line = proxy_report_line(&excluded);
+        assert!(
+            line.contains(
+                "; mb9.test was excluded: not in the allow-list (--allow-middlebox); hops "
+            ),
+            "{line}"
+        );
     }
 
     /// The report format is fixed at start: a reload that changes it (from the config file;

@@ -35,11 +35,15 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "bytes_from_client": r.bytes_from_client,
         "bytes_from_server": r.bytes_from_server,
         "key_updates": r.key_updates,
-        // Set only on a session that ended without an error (the error says the rest).
-        "left_without_close_notify": r.left_without_close_notify.map(|side| match side {
-            Side::Client => "client",
-            Side::Server => "server",
-        }),
+        // Known only on a session that ended without an error (the error says the rest):
+        // who left after the other's close_notify without its own, or "none".
+        "left_without_close_notify": r.outcome.is_ok().then_some(
+            match r.left_without_close_notify {
+                Some(Side::Client) => "client",
+                Some(Side::Server) => "server",
+                None => "none",
+            }
+        ),
     }));
     outcome(&mut m, &r.outcome);
     m
@@ -342,6 +346,12 @@ mod tests {
         }
         assert_eq!(v["passive"], "the server did not answer our announcement");
         assert_eq!(v["left_without_close_notify"], "server");
+        let mut both_closed = r.clone();
+        both_closed.left_without_close_notify = None;
+        assert_eq!(middlebox(&both_closed)["left_without_close_notify"], "none");
+        let mut failed = r.clone();
+        failed.outcome = Err("cut".into());
+        assert_eq!(middlebox(&failed)["left_without_close_notify"], Value::Null);
         assert_eq!((&v["ok"], &v["announced"]), (&json!(true), &json!(true)));
         assert_eq!(
             (&v["joined"], &v["secondary_session_started"]),

@@ -3776,6 +3776,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     assert_eq!(s["listen"], server_addr.as_str(), "{s}");
     assert_eq!(p["listen"], proxy_addr.as_str(), "{p}");
     assert_eq!(m["client"], p["first_hop_local"], "{m} {p}");
+    assert_eq!(m["left_without_close_notify"], "none", "{m}");
     for v in [&p, &s] {
         assert_eq!(v["peer_left_without_close_notify"], false, "{v}");
         assert_eq!(v["failed_on_middlebox"], Value::Null, "{v}");
@@ -3801,7 +3802,8 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("unknown variant `yaml`") && err.lines().count() > 1,
+        err.contains("report_format is \"text\" or \"json\", not \"yaml\"")
+            && err.lines().count() > 1,
         "{err}"
     );
     assert!(err.lines().all(|l| l.starts_with("mbx: error: ")), "{err}");

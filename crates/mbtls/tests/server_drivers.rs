@@ -496,6 +496,59 @@ async fn a_proxy_tells_the_local_application_of_a_refusal_after_the_handshake() 
     }
 }
 
+/// A client proxy whose session fails after it checked its own middlebox reports its verdict
+/// on it, whatever the version: with TLS 1.2 the server refuses its own middlebox before the
+/// client's handshake ends (found in a user trial: the proxy's report then had no verdict,
+/// although the client had verified mb1); with TLS 1.3 after it. The server is behind a slow
+/// link (0.3 s each way, as a far server is), so its refusal comes long after the client's
+/// check of its near middlebox; on loopback either could come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_failed_session_keeps_the_verdicts_it_reached() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut refusing = w.server(version, backend);
+        refusing.handshake.policy.measurements =
+            vec![HexBytes(measure("another program", b"").to_vec())];
+        let mut server = MbtlsServer::bind("127.0.0.1:0", refusing).await.unwrap();
+        let slow_link =
+            mbx_testbed::relay::DelayRelay::start(server.local_addr(), Duration::from_millis(300))
+                .await
+                .unwrap();
+        let mb2 = w.mb2_to(slow_link.local_addr()).await;
+        let mut mb1 = w.mb1_to(mb2.local_addr()).await;
+        let mut proxy = ClientProxy::bind(
+            "127.0.0.1:0",
+            ClientProxyConfig {
+                handshake: w.client(version),
+                first_hop: mb1.local_addr().to_string(),
+                session_failed_answer: None,
+                limits: Limits::default(),
+            },
+        )
+        .await
+        .unwrap();
+        let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+            .await
+            .unwrap();
+        let _ = local.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+        let _ = timeout(BOUND, local.read_to_end(&mut Vec::new()))
+            .await
+            .unwrap();
+        let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+        assert!(report.outcome.is_err(), "{version:?}: {report:?}");
+        assert!(
+            matches!(
+                report.verdicts.as_slice(),
+                [MiddleboxVerdict::Verified { middlebox, .. }] if middlebox == "mb1.test"
+            ),
+            "{version:?}: {report:?}"
+        );
+        timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+        timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+    }
+}
+
 /// The server's alert also reaches an mbTLS client through its own middlebox. TLS 1.3: the
 /// alert is under the server's application traffic keys, which the middlebox holds until its
 /// keys come, and the server closes right after it; a middlebox that took that close for the

@@ -206,22 +206,43 @@ impl<H: EndpointHandshake> Connection<H> {
     /// Sends the core's first flight (a client's ClientHello; nothing for a server) and runs
     /// the handshake until the data phase starts. Any failure drops the connection.
     pub(super) async fn handshake(stream: TcpStream, hs: H) -> Result<Self, DriverError> {
+        Self::handshake_telling(stream, hs, &mut Vec::new()).await
+    }
+
+    /// [`handshake`](Self::handshake); when it fails, the verdicts reached before the
+    /// failure go to `verdicts_if_failed` (a proxy reports the middleboxes it had checked
+    /// when the server refused the session).
+    pub(super) async fn handshake_telling(
+        stream: TcpStream,
+        hs: H,
+        verdicts_if_failed: &mut Vec<MiddleboxVerdict>,
+    ) -> Result<Self, DriverError> {
         let _ = stream.set_nodelay(true);
         let mut c = Connection {
             stream,
             session: Session::new(hs),
             buf: vec![0u8; READ_BUF],
         };
-        c.flush().await?;
-        while !c.session.hs.data_phase_started() {
-            if !c.read_some().await? {
+        match c.until_data_phase().await {
+            Ok(()) => Ok(c),
+            Err(e) => {
+                verdicts_if_failed.extend(c.session.take_verdicts());
+                Err(e)
+            }
+        }
+    }
+
+    async fn until_data_phase(&mut self) -> Result<(), DriverError> {
+        self.flush().await?;
+        while !self.session.hs.data_phase_started() {
+            if !self.read_some().await? {
                 return Err(DriverError::PeerGone {
                     peer: H::NEIGHBOUR,
                     when: "during the handshake",
                 });
             }
         }
-        Ok(c)
+        Ok(())
     }
 
     /// Version, suite and the key fingerprint of every hop this endpoint generated or bridged.

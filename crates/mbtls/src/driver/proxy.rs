@@ -213,7 +213,8 @@ async fn proxy_one(
             .await
             .map_err(DriverError::io("cannot connect to the first hop"))?;
         report.first_hop_local = stream.local_addr().ok();
-        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[]).await
+        let failed = &mut report.verdicts;
+        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[], failed).await
     };
     let connected = tokio::time::timeout(limits.handshake_timeout, connecting)
         .await
