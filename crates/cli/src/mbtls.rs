@@ -2576,6 +2576,19 @@ fn print_report(r: &ConnectionReport) {
     print_session(report_line(r), || crate::mbtls_json::middlebox(r));
 }
 
+/// A reload's line (`refused`: why, when it was refused): a notice, or with
+/// `--report-format json` a `reload` event that says whether it was applied.
+fn print_reload(line: String, refused: Option<String>) {
+    if !crate::json_lines::is_on() {
+        return print_line(line);
+    }
+    let mut fields = serde_json::Map::new();
+    fields.insert("applied".into(), refused.is_none().into());
+    fields.insert("error".into(), refused.into());
+    fields.insert("message".into(), line.into());
+    crate::json_lines::print("reload", fields);
+}
+
 /// A session's report: its text line, or with `--report-format json` its fields and the line.
 fn print_session(
     text: String,
@@ -2783,14 +2796,20 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     };
                     let changed = if limits == last_limits { "" } else { " (changed)" };
                     last_limits = limits;
-                    print_line(format!(
+                    let line = format!(
                         "{who} reloaded: {taken}; {}{changed}{also}",
                         limits_line(&limits, what)
-                    ));
+                    );
+                    print_reload(line, None);
                 }
                 Err(e) => {
                     reloads.refused.fetch_add(1, Ordering::Relaxed);
-                    crate::subcommand::reload_failed(&e)
+                    crate::subcommand::reload_failed(&e);
+                    // Standard error has it; a reader of the JSON lines gets it too.
+                    if crate::json_lines::is_on() {
+                        let why = crate::subcommand::error_text(&e);
+                        print_reload(format!("{who} reload refused: {why}"), Some(why));
+                    }
                 }
             },
             r = stop.next() => {

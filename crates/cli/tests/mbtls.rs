@@ -3708,9 +3708,13 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
             .map(|l| parse(l, "notice")["message"].as_str().unwrap().to_owned())
             .collect()
     };
+    // A config file, for the reloads at the end.
+    let server_config = dir.path().join("server.toml");
+    std::fs::write(&server_config, "[mbtls.server]\n").unwrap();
     let mut server_args = mbtls_server_args(&server_addr, &backend, &server);
     server_args.extend(["--report-format", "json"].map(OsStr::new));
-    let (_srv, mut srv_lines, srv_head) = start(&server_args, 3);
+    server_args.splice(0..0, [OsStr::new("--config"), server_config.as_os_str()]);
+    let (mut srv, mut srv_lines, srv_head) = start(&server_args, 3);
     let srv_head = banner(&srv_head);
     assert!(
         srv_head[0].starts_with("mbTLS server listening on "),
@@ -3787,6 +3791,30 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     assert_eq!(s["verdicts"], json!([]), "{s}");
     assert!(p["bytes_up"].as_u64().is_some_and(|n| n > 0), "{p}");
     assert!(s["bytes_to_backend"].as_u64().is_some_and(|n| n > 0), "{s}");
+    // A reload is an event of its own, applied or refused (the refusal is on standard error
+    // too, as in text mode).
+    signal(&mut srv, Signal::HUP);
+    let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
+    assert_eq!(
+        (&r["applied"], &r["error"]),
+        (&json!(true), &Value::Null),
+        "{r}"
+    );
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("server reloaded: "),
+        "{r}"
+    );
+    std::fs::write(&server_config, "[mbtls.server]\nbogus = 1\n").unwrap();
+    signal(&mut srv, Signal::HUP);
+    let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
+    assert_eq!(r["applied"], false, "{r}");
+    assert!(
+        r["error"].as_str().is_some_and(|e| e.contains("bogus")),
+        "{r}"
+    );
     // A value that does not parse in the config file: exit status 2, and every line of the
     // error (the TOML library's message has two) starts with the prefix.
     let config = dir.path().join("yaml.toml");
