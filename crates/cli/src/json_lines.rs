@@ -55,6 +55,11 @@ fn line(h: &Head, fields: Map<String, Value>) -> String {
         Value::from(h.service),
         Value::from(h.listen)
     );
+    // The head's keys are the head's: a field of the same name would make a second key.
+    let mut fields = fields;
+    for key in ["time", "event", "service", "listen"] {
+        fields.remove(key);
+    }
     let rest = Value::Object(fields).to_string();
     let text = match rest.strip_prefix('{') {
         Some("}") | None => head + "}",
@@ -63,14 +68,15 @@ fn line(h: &Head, fields: Map<String, Value>) -> String {
     escape_invisible(&text)
 }
 
-/// serde_json leaves the Unicode line separators and the bidirectional controls as they are:
-/// in a peer's words (an error quoting its evidence, a name) they would reorder or break the
-/// line for whoever reads it in a terminal. They can only stand inside strings, where `\uXXXX`
-/// is the same character to a JSON reader.
+/// serde_json escapes only the C0 controls: DEL, the C1 controls (U+009B starts a terminal
+/// command as ESC [ does), the Unicode line separators and the bidirectional controls it
+/// leaves as they are, and in a peer's words (an error quoting its evidence, a name) they
+/// would drive, reorder or break the line for whoever reads it in a terminal (`tail -f`).
+/// They can only stand inside strings, where `\uXXXX` is the same character to a JSON reader.
 fn escape_invisible(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if crate::subcommand::is_separator_or_bidi(c) {
+        if c.is_control() || crate::subcommand::is_separator_or_bidi(c) {
             out.push_str(&format!("\\u{:04x}", u32::from(c)));
         } else {
             out.push(c);
@@ -135,12 +141,27 @@ mod tests {
 
     #[test]
     fn separators_and_bidi_controls_are_escaped_and_read_back_the_same() {
-        let said = "mb\u{202e}txt.exe\u{2028}next";
-        let l = line(&head("notice"), fields(json!({ "message": said })));
-        assert!(!l.contains('\u{202e}') && !l.contains('\u{2028}'), "{l}");
-        assert!(l.contains("\\u202e") && l.contains("\\u2028"), "{l}");
+        let said = "mb\u{202e}txt.exe\u{2028}next\u{9b}2J\u{7f}\u{1b}[0m";
+        let l = line(&head("notice"), fields(json!({ "text": said })));
+        for c in ['\u{202e}', '\u{2028}', '\u{9b}', '\u{7f}', '\u{1b}'] {
+            assert!(!l.contains(c), "{c:?} in {l}");
+        }
+        assert!(
+            l.contains("\\u202e") && l.contains("\\u2028") && l.contains("\\u009b"),
+            "{l}"
+        );
         let back: Value = serde_json::from_str(&l).unwrap();
-        assert_eq!(back["message"], said);
+        assert_eq!(back["text"], said);
+        // A field cannot take a head key's place.
+        let l = line(
+            &head("notice"),
+            fields(json!({ "event": "forged", "time": 0 })),
+        );
+        let back: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(
+            (&back["event"], l.matches("\"event\"").count()),
+            (&json!("notice"), 1)
+        );
     }
 
     #[test]

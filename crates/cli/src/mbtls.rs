@@ -512,7 +512,7 @@ struct Service {
     metrics_listen: Option<String>,
     /// What each line on standard output is: `text` (the default) or `json`, one JSON object
     /// per line (JSON Lines) with its time, for log shippers: sessions with their fields,
-    /// every other line as a notice. Fixed at start.
+    /// reloads, every other line as a notice (docs/mbtls.md §4.9). Fixed at start.
     #[arg(long, value_enum)]
     report_format: Option<ReportFormat>,
 }
@@ -2585,7 +2585,7 @@ fn print_reload(line: String, refused: Option<String>) {
     let mut fields = serde_json::Map::new();
     fields.insert("applied".into(), refused.is_none().into());
     fields.insert("error".into(), refused.into());
-    fields.insert("message".into(), line.into());
+    fields.insert("text".into(), line.into());
     crate::json_lines::print("reload", fields);
 }
 
@@ -3644,10 +3644,18 @@ fn proxy_report_line(r: &ProxyReport) -> String {
     // refuses its own middlebox after the handshake (a second trial).
     let fix = r.error.as_deref().map_or(String::new(), client_hint);
     match (&r.outcome, r.connected) {
-        (Err(e), false) => format!(
-            "connection {} from {peer}: mbTLS session failed: {e}{fix}",
-            r.id
-        ),
+        (Err(e), false) => {
+            // The middleboxes it had checked (its JSON line lists them too).
+            let checked: String = r
+                .verdicts
+                .iter()
+                .map(|v| format!("; middlebox {}", verdict_text(v, false)))
+                .collect();
+            format!(
+                "connection {} from {peer}: mbTLS session failed: {e}{checked}{fix}",
+                r.id
+            )
+        }
         (outcome, _) => {
             // As the server's and the middlebox's lines say it (a reload may change `tls`).
             let version = r
@@ -3760,6 +3768,20 @@ mod tests {
         assert!(
             line.contains(
                 "; mb9.test was excluded: not in the allow-list (--allow-middlebox); hops "
+            ),
+            "{line}"
+        );
+        // A session that failed in its handshake names what the client had checked.
+        let failed = ProxyReport {
+            connected: false,
+            outcome: Err("mbTLS handshake failed".into()),
+            ..excluded
+        };
+        let line = proxy_report_line(&failed);
+        assert!(
+            line.ends_with(
+                "mbTLS session failed: mbTLS handshake failed; middlebox mb9.test was \
+                 excluded: not in the allow-list (--allow-middlebox)"
             ),
             "{line}"
         );

@@ -91,12 +91,14 @@ fn session(m: &mut Map<String, Value>, summary: Option<&SessionSummary>, v: &[Mi
     let path = summary
         .map(|s| s.middleboxes.as_slice())
         .unwrap_or_default();
+    // Null where the handshake did not get that far (an empty list of hops is a session
+    // whose keys stayed in OpenSSL).
     m.extend(object(json!({
         "version": summary.map(|s| version_name(s.version)),
         "suite": summary.map(|s| s.suite.name()),
-        "resumed": summary.is_some_and(|s| s.resumed),
-        "hops": summary.map_or(Vec::new(), |s| s.hops.iter().map(hop).collect()),
-        "middleboxes": path,
+        "resumed": summary.map(|s| s.resumed),
+        "hops": summary.map(|s| s.hops.iter().map(hop).collect::<Vec<_>>()),
+        "middleboxes": summary.map(|_| path),
         "verdicts": in_path_order(v, path).into_iter().map(verdict).collect::<Vec<_>>(),
     })));
 }
@@ -301,6 +303,13 @@ mod tests {
         assert_eq!(v2["verdicts"][0]["middlebox"], Value::Null);
         assert_eq!(v2["failed_on_middlebox"], Value::Null);
         assert_eq!(v2["peer_left_without_close_notify"], false);
+        // Before the handshake got that far: nulls, not an empty path.
+        let mut early = allowed.clone();
+        early.summary = None;
+        let v3 = Value::Object(server(&early));
+        for key in ["version", "suite", "resumed", "hops", "middleboxes"] {
+            assert_eq!(v3.get(key), Some(&Value::Null), "{key}: {v3}");
+        }
         assert_eq!(second["detail"], "measurement not accepted");
         assert_eq!(
             (&v["ok"], &v["error"]),

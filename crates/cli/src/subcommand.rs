@@ -216,7 +216,7 @@ pub fn print_line(line: impl std::fmt::Display) {
     use std::io::Write;
     if crate::json_lines::is_on() {
         let mut fields = serde_json::Map::new();
-        fields.insert("message".into(), line.to_string().into());
+        fields.insert("text".into(), line.to_string().into());
         return crate::json_lines::print("notice", fields);
     }
     let _ = writeln!(

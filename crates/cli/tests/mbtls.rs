@@ -3705,7 +3705,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     // The banners: notices whose messages are the text lines.
     let banner = |head: &[String]| -> Vec<String> {
         head.iter()
-            .map(|l| parse(l, "notice")["message"].as_str().unwrap().to_owned())
+            .map(|l| parse(l, "notice")["text"].as_str().unwrap().to_owned())
             .collect()
     };
     // A config file, for the reloads at the end.
@@ -3801,10 +3801,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         "{r}"
     );
     assert!(
-        r["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("server reloaded: "),
+        r["text"].as_str().unwrap().starts_with("server reloaded: "),
         "{r}"
     );
     std::fs::write(&server_config, "[mbtls.server]\nbogus = 1\n").unwrap();

@@ -101,6 +101,7 @@ pub enum EngineError {
     /// could read (rustls's are encrypted once the handshake has keys: `detail` then says an
     /// alert went out).
     #[error("TLS failure{}: {detail}", .alert.map(|a| format!(" (sent alert: {a})")).unwrap_or_default())]
+    #[non_exhaustive]
     Fatal {
         alert: Option<AlertDescription>,
         /// OpenSSL error stack or rustls error text.

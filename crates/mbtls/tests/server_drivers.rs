@@ -517,36 +517,108 @@ async fn a_proxys_failed_session_keeps_the_verdicts_it_reached() {
                 .unwrap();
         let mb2 = w.mb2_to(slow_link.local_addr()).await;
         let mut mb1 = w.mb1_to(mb2.local_addr()).await;
-        let mut proxy = ClientProxy::bind(
-            "127.0.0.1:0",
-            ClientProxyConfig {
-                handshake: w.client(version),
-                first_hop: mb1.local_addr().to_string(),
-                session_failed_answer: None,
-                limits: Limits::default(),
-            },
-        )
-        .await
-        .unwrap();
-        let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
-            .await
-            .unwrap();
-        let _ = local.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
-        let _ = timeout(BOUND, local.read_to_end(&mut Vec::new()))
-            .await
-            .unwrap();
-        let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+        let report = one_failed_proxy_session(&w, version, &mb1, Limits::default()).await;
         assert!(report.outcome.is_err(), "{version:?}: {report:?}");
-        assert!(
-            matches!(
-                report.verdicts.as_slice(),
-                [MiddleboxVerdict::Verified { middlebox, .. }] if middlebox == "mb1.test"
-            ),
-            "{version:?}: {report:?}"
-        );
         timeout(BOUND, server.next_report()).await.unwrap().unwrap();
         timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
     }
+}
+
+/// A client proxy whose handshake runs out of time after it checked its own middlebox
+/// reports its verdict on it: the server's records stop at its first ChangeCipherSpec (a
+/// server that stalls mid-handshake), mb1's secondary session with the client is done by
+/// then, and the proxy's handshake timeout (which drops the handshake) ends the session
+/// (found in this round's review: the verdicts went with the dropped handshake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_handshake_that_times_out_keeps_the_verdicts_it_reached() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut cfg = w.server(version, backend);
+        cfg.handshake.middlebox = ServerMiddlebox::none();
+        let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        let stalling = stalling_at_the_servers_change_cipher_spec(server.local_addr()).await;
+        let mut mb1 = w.mb1_to(stalling).await;
+        let limits = Limits {
+            handshake_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        };
+        let report = one_failed_proxy_session(&w, version, &mb1, limits).await;
+        assert!(
+            matches!(
+                report.error.as_deref(),
+                Some(DriverError::HandshakeTimeout(_))
+            ),
+            "{version:?}: {report:?}"
+        );
+        timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+    }
+}
+
+/// One request through a client proxy (`w`'s client, `limits`) whose first hop is `mb1`, a
+/// session that fails: its report, which must hold the verdict on mb1 that the client reached.
+async fn one_failed_proxy_session(
+    w: &World,
+    version: TlsVersion,
+    mb1: &MiddleboxServer,
+    limits: Limits,
+) -> mbx_mbtls::driver::ProxyReport {
+    let mut proxy = ClientProxy::bind(
+        "127.0.0.1:0",
+        ClientProxyConfig {
+            handshake: w.client(version),
+            first_hop: mb1.local_addr().to_string(),
+            session_failed_answer: None,
+            limits,
+        },
+    )
+    .await
+    .unwrap();
+    let mut local = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let _ = local.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+    let _ = timeout(BOUND, local.read_to_end(&mut Vec::new()))
+        .await
+        .unwrap();
+    let report = timeout(BOUND, proxy.next_report()).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            report.verdicts.as_slice(),
+            [MiddleboxVerdict::Verified { middlebox, .. }] if middlebox == "mb1.test"
+        ),
+        "{version:?}: {report:?}"
+    );
+    report
+}
+
+/// A TCP forwarder for one connection toward `to`: the client's bytes pass as they come, the
+/// server's records up to its first ChangeCipherSpec; from there on the server's bytes are
+/// held and both connections stay open.
+async fn stalling_at_the_servers_change_cipher_spec(to: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (inbound, _) = listener.accept().await.unwrap();
+        let outbound = tokio::net::TcpStream::connect(to).await.unwrap();
+        let (mut in_r, mut in_w) = inbound.into_split();
+        let (mut out_r, mut out_w) = outbound.into_split();
+        tokio::spawn(async move { tokio::io::copy(&mut in_r, &mut out_w).await });
+        let mut header = [0u8; 5];
+        while out_r.read_exact(&mut header).await.is_ok() && header[0] != 20 {
+            let mut body = vec![0u8; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+            if out_r.read_exact(&mut body).await.is_err() {
+                break;
+            }
+            if in_w.write_all(&header).await.is_err() || in_w.write_all(&body).await.is_err() {
+                break;
+            }
+        }
+        // Held: the connections stay open until the test ends.
+        std::future::pending::<()>().await;
+        drop((out_r, in_w));
+    });
+    addr
 }
 
 /// The server's alert also reaches an mbTLS client through its own middlebox. TLS 1.3: the

@@ -1151,11 +1151,19 @@ impl OpenSslEngine {
         }
         // OpenSSL's error stack only says "certificate verify failed"; the check's own result
         // says why (a name mismatch, an unknown issuer, an expired certificate).
-        let verified = self.stream.ssl().verify_result();
+        let ssl = self.stream.ssl();
+        let verified = ssl.verify_result();
         let mut certificate = None;
         if verified != openssl::x509::X509VerifyResult::OK {
             detail = format!("{detail} (certificate check: {})", verified.error_string());
-            certificate = Some(certificate_problem(verified));
+            // Without VERIFY_PEER OpenSSL records a failed check and goes on: a later failure
+            // is not the certificate's (review of the twenty-ninth round).
+            if ssl
+                .verify_mode()
+                .contains(openssl::ssl::SslVerifyMode::PEER)
+            {
+                certificate = Some(certificate_problem(verified));
+            }
         }
         EngineError::Fatal {
             alert: st.alert_sent.map(|(_, a)| a),

@@ -91,18 +91,20 @@ impl Connection<ClientHandshake> {
     }
 
     /// Like [`connect_with_data`](Self::connect_with_data), over a connection to the first hop
-    /// that the caller made (its own routing or socket options; the client proxy, to report
-    /// its local address even when the handshake fails). When the handshake fails, the
-    /// verdicts on the middleboxes checked before the failure go to `verdicts_if_failed`
-    /// (after a success they are in [`verdicts`](Self::verdicts)).
+    /// that the caller made (its own routing, a connection it times; `TCP_NODELAY` is set on
+    /// it; the client proxy, to report its local address even when the handshake fails).
+    /// `verdicts_so_far` is kept equal to the verdicts on the middleboxes checked so far,
+    /// after every read: they are there when the handshake fails, and when the caller's
+    /// timeout drops this future (after a success they are also in
+    /// [`verdicts`](Self::verdicts)).
     pub async fn handshake_on(
         stream: TcpStream,
         cfg: ClientHandshakeConfig,
         data: &[u8],
-        verdicts_if_failed: &mut Vec<MiddleboxVerdict>,
+        verdicts_so_far: &mut Vec<MiddleboxVerdict>,
     ) -> Result<MbtlsClient, DriverError> {
         let hs = Self::core(cfg, data)?;
-        Connection::handshake_telling(stream, hs, verdicts_if_failed).await
+        Connection::handshake_telling(stream, hs, Some(verdicts_so_far)).await
     }
 
     /// The client core for a session starting now, with `data` queued.

@@ -206,16 +206,17 @@ impl<H: EndpointHandshake> Connection<H> {
     /// Sends the core's first flight (a client's ClientHello; nothing for a server) and runs
     /// the handshake until the data phase starts. Any failure drops the connection.
     pub(super) async fn handshake(stream: TcpStream, hs: H) -> Result<Self, DriverError> {
-        Self::handshake_telling(stream, hs, &mut Vec::new()).await
+        Self::handshake_telling(stream, hs, None).await
     }
 
-    /// [`handshake`](Self::handshake); when it fails, the verdicts reached before the
-    /// failure go to `verdicts_if_failed` (a proxy reports the middleboxes it had checked
-    /// when the server refused the session).
+    /// [`handshake`](Self::handshake), with `verdicts_so_far` kept equal to the verdicts
+    /// reached after every read: they stay there when the handshake fails, and when a caller's
+    /// timeout drops this future (a proxy reports the middleboxes it had checked when the
+    /// server refused the session or stalled).
     pub(super) async fn handshake_telling(
         stream: TcpStream,
         hs: H,
-        verdicts_if_failed: &mut Vec<MiddleboxVerdict>,
+        mut verdicts_so_far: Option<&mut Vec<MiddleboxVerdict>>,
     ) -> Result<Self, DriverError> {
         let _ = stream.set_nodelay(true);
         let mut c = Connection {
@@ -223,26 +224,20 @@ impl<H: EndpointHandshake> Connection<H> {
             session: Session::new(hs),
             buf: vec![0u8; READ_BUF],
         };
-        match c.until_data_phase().await {
-            Ok(()) => Ok(c),
-            Err(e) => {
-                verdicts_if_failed.extend(c.session.take_verdicts());
-                Err(e)
+        c.flush().await?;
+        while !c.session.hs.data_phase_started() {
+            let read = c.read_some().await;
+            if let Some(so_far) = verdicts_so_far.as_deref_mut() {
+                so_far.clone_from(&c.session.verdicts);
             }
-        }
-    }
-
-    async fn until_data_phase(&mut self) -> Result<(), DriverError> {
-        self.flush().await?;
-        while !self.session.hs.data_phase_started() {
-            if !self.read_some().await? {
+            if !read? {
                 return Err(DriverError::PeerGone {
                     peer: H::NEIGHBOUR,
                     when: "during the handshake",
                 });
             }
         }
-        Ok(())
+        Ok(c)
     }
 
     /// Version, suite and the key fingerprint of every hop this endpoint generated or bridged.
@@ -335,8 +330,10 @@ impl<H: EndpointHandshake> Connection<H> {
             .receive(self.buf.get(..n).unwrap_or_default());
         // Whatever the core queued (e.g. an alert) goes out before we report the error.
         let flushed = self.flush().await;
+        // What it told before failing (a verdict reached in the same read) is kept too.
+        let told = self.session.events();
         r?;
-        self.session.events()?;
+        told?;
         flushed?;
         Ok(true)
     }

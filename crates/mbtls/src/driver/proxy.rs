@@ -213,8 +213,9 @@ async fn proxy_one(
             .await
             .map_err(DriverError::io("cannot connect to the first hop"))?;
         report.first_hop_local = stream.local_addr().ok();
-        let failed = &mut report.verdicts;
-        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[], failed).await
+        // The configuration was checked when it was bound or reloaded: the core takes it.
+        let so_far = &mut report.verdicts;
+        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[], so_far).await
     };
     let connected = tokio::time::timeout(limits.handshake_timeout, connecting)
         .await
