@@ -26,8 +26,6 @@ use mbx_mbtls::handshake::{
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 use mbx_testbed::relay::{DelayRelay, Direction, Tap};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const SERVER: &str = "server.test";
 /// The client-side middleboxes, in path order from the client.
@@ -137,38 +135,10 @@ async fn tapped(upstream: SocketAddr, latency: Duration, tap: &Tap) -> anyhow::R
         .await?)
 }
 
-/// Plain HTTP backend: answers with the request head it received as the body.
-async fn backend() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
-                    }
-                }
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    head.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-                let _ = s.write_all(&head).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    Ok(addr)
-}
-
 async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> anyhow::Result<()> {
     let root = world.pki.root_pem().into_bytes();
     let server_id = identity(&world.pki, &LeafSpec::server(SERVER))?;
-    let backend = backend().await?;
+    let backend = mbx_testbed::http_echo::echo_backend().await?;
 
     let mut primary = primary_server_config(server_id).only(version);
     primary.session_tickets = false;

@@ -5,7 +5,6 @@
 //!
 //! `cargo run -p mbx-mbtls --example embed`; `tests/embed_example.rs` runs it too.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use mbx_mbtls::apps::{Direction, MiddleboxApp, Verdict};
@@ -21,7 +20,6 @@ use mbx_mbtls::handshake::{
     ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_testbed::pki::{LeafSpec, TestPki};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -61,8 +59,9 @@ pub async fn run() -> Res<String> {
     };
     let root = pki.root_pem().into_bytes();
 
-    // A plain-HTTP backend that answers each request with the request it got.
-    let backend = echo_backend().await?;
+    // A plain-HTTP backend that answers each request with the request it got (the test bed's
+    // stand-in for the application behind the server).
+    let backend = mbx_testbed::http_echo::echo_backend().await?;
 
     // The mbTLS server: no server-side middlebox.
     let server = MbtlsServer::bind(
@@ -144,33 +143,6 @@ pub async fn run() -> Res<String> {
         report.keys_installed, report.outcome
     );
     Ok(page)
-}
-
-/// A backend that answers one HTTP request per connection with that request as its body.
-async fn echo_backend() -> Res<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    head.len()
-                );
-                let _ = conn.write_all(answer.as_bytes()).await;
-                let _ = conn.write_all(&head).await;
-            });
-        }
-    });
-    Ok(addr)
 }
 
 #[allow(dead_code)] // Not when the test includes this file.

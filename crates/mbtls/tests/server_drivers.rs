@@ -317,35 +317,9 @@ fn header_app(name: &str) -> AppFactory {
     })
 }
 
-/// A plain HTTP backend: answers every request with its head as the body, then closes.
+/// The test bed's HTTP backend, which answers every request with its head as the body.
 async fn echo_backend() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    head.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-                let _ = s.write_all(&head).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    addr
+    mbx_testbed::http_echo::echo_backend().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,8 @@
 //!
 //! * [`c_heap`]: OpenSSL's and AWS-LC's allocations counted, for memory tests and benchmarks.
 //!
+//! * [`http_echo`]: a plain HTTP backend that answers each request with its head.
+//!
 //! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
 //!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
 //!
@@ -24,6 +26,7 @@
 
 pub mod bench;
 pub mod c_heap;
+pub mod http_echo;
 pub mod netns;
 pub mod peers;
 pub mod pki;
