@@ -101,7 +101,7 @@ fn evidence_in_the_certificate_is_accepted_where_the_policy_allows_it() {
         ..f.policy.clone()
     };
     assert!(matches!(
-        verify_certificate_evidence(&cert, &session_only, NOW),
+        verify_certificate_evidence(&unchecked(), &session_only, NOW),
         Err(AttestError::CertificateEvidenceNotAllowed)
     ));
     // The rest of the policy applies as to any evidence.

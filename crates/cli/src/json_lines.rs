@@ -162,6 +162,10 @@ mod tests {
             (&back["event"], l.matches("\"event\"").count()),
             (&json!("notice"), 1)
         );
+        assert_eq!(
+            (&back["time"], l.matches("\"time\"").count()),
+            (&json!("2026-11-27T19:30:45.123Z"), 1)
+        );
     }
 
     #[test]

@@ -3812,7 +3812,11 @@ mod tests {
         assert!(table.contains_key("other") && !table.contains_key("report_format"));
         let mut bad: toml::Table = toml::from_str("report_format = \"xml\"").unwrap();
         let e = Service::take_from(&mut bad, &Service::default()).unwrap_err();
-        assert!(e.to_string().contains("report_format"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("report_format is \"text\" or \"json\", not \"xml\""),
+            "{e}"
+        );
     }
 
     /// A certificate that is not valid now is warned of where its names are shown.
