@@ -228,7 +228,9 @@ impl<H: EndpointHandshake> Connection<H> {
         while !c.session.hs.data_phase_started() {
             let read = c.read_some().await;
             if let Some(so_far) = verdicts_so_far.as_deref_mut() {
-                so_far.clone_from(&c.session.verdicts);
+                // Verdicts are only ever added: the new ones.
+                let new = c.session.verdicts.get(so_far.len()..).unwrap_or_default();
+                so_far.extend_from_slice(new);
             }
             if !read? {
                 return Err(DriverError::PeerGone {
@@ -328,10 +330,11 @@ impl<H: EndpointHandshake> Connection<H> {
             .session
             .hs
             .receive(self.buf.get(..n).unwrap_or_default());
+        // What it told before failing (a verdict reached in the same read) is kept too, before
+        // the write below, which a caller's timeout may cut.
+        let told = self.session.events();
         // Whatever the core queued (e.g. an alert) goes out before we report the error.
         let flushed = self.flush().await;
-        // What it told before failing (a verdict reached in the same read) is kept too.
-        let told = self.session.events();
         r?;
         told?;
         flushed?;

@@ -139,9 +139,10 @@ pub enum DriverError {
         context: &'static str,
         source: std::io::Error,
     },
-    /// The handshake core refused the session.
+    /// The handshake core refused the session (a configuration it refused is
+    /// [`Config`](Self::Config)).
     #[error("mbTLS handshake failed: {0}")]
-    Handshake(#[from] HandshakeError),
+    Handshake(HandshakeError),
     /// The neighbour closed the TCP connection when it should not have.
     #[error("the {peer} closed the connection {when}")]
     PeerGone {
@@ -172,11 +173,22 @@ pub enum DriverError {
     Config(String),
 }
 
-impl DriverError {
-    /// A configuration a handshake core refused, said once ("configuration: …", not twice).
-    pub(crate) fn config(e: crate::handshake::HandshakeError) -> DriverError {
+/// A configuration the core refused is said once ("configuration: …", not "mbTLS handshake
+/// failed: configuration: …"), wherever the driver meets it.
+impl From<HandshakeError> for DriverError {
+    fn from(e: HandshakeError) -> DriverError {
         match e {
-            crate::handshake::HandshakeError::Config(why) => DriverError::Config(why.into()),
+            HandshakeError::Config(why) => DriverError::Config(why.into()),
+            e => DriverError::Handshake(e),
+        }
+    }
+}
+
+impl DriverError {
+    /// Whatever a configuration check refused is the configuration's.
+    pub(crate) fn config(e: HandshakeError) -> DriverError {
+        match e {
+            HandshakeError::Config(why) => DriverError::Config(why.into()),
             e => DriverError::Config(e.to_string()),
         }
     }

@@ -231,8 +231,8 @@ async fn proxy_one(
             return Err(e);
         }
     };
+    // `report.verdicts` has them all: kept up to date by the handshake.
     report.connected = true;
-    report.verdicts = session.verdicts().to_vec();
     report.summary = session.summary().cloned();
     let answer = cfg.session_failed_answer.as_deref();
     session

@@ -257,8 +257,10 @@ async fn run(
             // The alert just written must reach the client before the connection ends.
             close_reading_the_rest(&mut stream, &[], FAILED_HANDSHAKE_LINGER).await;
         }
+        // What the core told before failing (a verdict reached in the same read) is kept too.
+        let told = session.events();
         r?;
-        session.events()?;
+        told?;
         flushed?;
     }
     report.summary = session.hs.summary().cloned();

@@ -125,17 +125,15 @@ impl MiddleboxHandshakeConfig {
             "evidence in the certificate needs the attester that made it: at start it checks \
              that this middlebox runs the code the evidence claims",
         ))?;
-        {
-            let (_, running) = attester
-                .evidence(&[0; REPORT_DATA_LEN])?
-                .claimed_unverified()?;
-            if running != measurement {
-                return Err(AttestError::CertificateEvidenceForOtherCode {
-                    claimed: HexBytes::from(measurement.as_slice()).to_string(),
-                    running: HexBytes::from(running.as_slice()).to_string(),
-                }
-                .into());
+        let (_, running) = attester
+            .evidence(&[0; REPORT_DATA_LEN])?
+            .claimed_unverified()?;
+        if running != measurement {
+            return Err(AttestError::CertificateEvidenceForOtherCode {
+                claimed: HexBytes::from(measurement.as_slice()).to_string(),
+                running: HexBytes::from(running.as_slice()).to_string(),
             }
+            .into());
         }
         self.in_certificate = Some(Arc::new(CertificateBinding {
             nonce: found.nonce,
