@@ -76,7 +76,7 @@ fn line(h: &Head, fields: Map<String, Value>) -> String {
 fn escape_invisible(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() || crate::subcommand::is_separator_or_bidi(c) {
+        if crate::subcommand::must_escape(c) {
             out.push_str(&format!("\\u{:04x}", u32::from(c)));
         } else {
             out.push(c);

@@ -290,7 +290,9 @@ fn keyserver(
                             Ok(()) => crate::subcommand::print_line("key server reloaded"),
                             Err(e) => eprintln!("mbx: reload failed, configuration unchanged: {e}"),
                         },
-                        Err(e) => crate::subcommand::reload_failed(&e),
+                        Err(e) => {
+                            crate::subcommand::reload_failed(&e);
+                        }
                     }
                 }
             }

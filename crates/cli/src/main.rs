@@ -89,8 +89,7 @@ fn main() -> ExitCode {
     let config = match cli.config.as_deref().map(Config::load).transpose() {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => {
-            let text = subcommand::error_text(&e);
-            subcommand::eprint_lines("mbx: error: ", &subcommand::escape_controls(&text, true));
+            subcommand::eprint_error("mbx: error: ", &e);
             return ExitCode::from(2);
         }
     };
@@ -128,8 +127,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Errors may quote a peer (its evidence, its alert): no terminal controls; line
             // breaks stay for the operator's own files' parse errors.
-            let text = subcommand::error_text(&e);
-            subcommand::eprint_lines("mbx: error: ", &subcommand::escape_controls(&text, true));
+            subcommand::eprint_error("mbx: error: ", &e);
             match e
                 .chain()
                 .any(|cause| cause.is::<subcommand::DoesNotParse>())

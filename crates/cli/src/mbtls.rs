@@ -724,6 +724,14 @@ pub fn run(
     }
 }
 
+/// The TLS versions a service takes (`tls`: its `--tls`), as its banner and reload lines say.
+fn versions_shown(tls: Option<&str>) -> String {
+    match tls {
+        Some(v) => format!("TLS {v} only"),
+        None => "TLS 1.2 and 1.3".to_string(),
+    }
+}
+
 pub(crate) fn version_name(v: TlsVersion) -> &'static str {
     match v {
         TlsVersion::Tls12 => "TLS 1.2",
@@ -984,10 +992,7 @@ impl ClientSetup {
         // Found in a user trial: a reload that changed these took effect unmarked.
         let tls = format!(
             "{}, {}, {}",
-            match s.tls.as_deref() {
-                Some(v) => format!("TLS {v} only"),
-                None => "TLS 1.2 and 1.3".to_string(),
-            },
+            versions_shown(s.tls.as_deref()),
             match s.resume {
                 Some(false) => "sessions not resumed",
                 _ => "sessions resumed",
@@ -1796,6 +1801,24 @@ pub(crate) fn exclusion_text(why: &'static str) -> &'static str {
     }
 }
 
+/// Verdicts on a report line, each as `; middlebox <verdict>`; an unnamed one (excluded
+/// before its certificate verified) says `; a middlebox …`.
+fn verdicts_text<'a>(verdicts: impl IntoIterator<Item = &'a MiddleboxVerdict>) -> String {
+    let mut text = String::new();
+    for v in verdicts {
+        let named = !matches!(
+            v,
+            MiddleboxVerdict::Excluded {
+                middlebox: None,
+                ..
+            }
+        );
+        text.push_str(if named { "; middlebox " } else { "; " });
+        text.push_str(&verdict_text(v, false));
+    }
+    text
+}
+
 /// How long tickets are sealed under one key: `secs` (TOML `ticket_key_secs`), by default the
 /// middleboxes' period, one hour.
 fn ticket_key_period(secs: Option<u64>) -> anyhow::Result<std::time::Duration> {
@@ -2576,31 +2599,20 @@ fn print_report(r: &ConnectionReport) {
     print_session(report_line(r), || crate::mbtls_json::middlebox(r));
 }
 
-/// A reload's line (`refused`: why, when it was refused): a notice, or with
-/// `--report-format json` a `reload` event that says whether it was applied.
-fn print_reload(line: String, refused: Option<String>) {
-    if !crate::json_lines::is_on() {
-        return print_line(line);
-    }
-    let mut fields = serde_json::Map::new();
-    fields.insert("applied".into(), refused.is_none().into());
-    fields.insert("error".into(), refused.into());
-    fields.insert("text".into(), line.into());
-    crate::json_lines::print("reload", fields);
-}
-
 /// A session's report: its text line, or with `--report-format json` its fields and the line.
 fn print_session(
     text: String,
     fields: impl FnOnce() -> serde_json::Map<String, serde_json::Value>,
 ) {
-    if crate::json_lines::is_on() {
-        let mut fields = fields();
-        fields.insert("text".into(), text.into());
-        crate::json_lines::print("session", fields);
-    } else {
-        print_line(text);
-    }
+    crate::subcommand::print_event("session", text, fields);
+}
+
+/// A reload's fields for `--report-format json`: applied, or refused and why.
+fn reload_fields(refused: Option<String>) -> serde_json::Map<String, serde_json::Value> {
+    let mut fields = serde_json::Map::new();
+    fields.insert("applied".into(), refused.is_none().into());
+    fields.insert("error".into(), refused.into());
+    fields
 }
 
 /// A middlebox connection's report line.
@@ -2800,15 +2812,15 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                         "{who} reloaded: {taken}; {}{changed}{also}",
                         limits_line(&limits, what)
                     );
-                    print_reload(line, None);
+                    crate::subcommand::print_event("reload", line, || reload_fields(None));
                 }
                 Err(e) => {
                     reloads.refused.fetch_add(1, Ordering::Relaxed);
-                    crate::subcommand::reload_failed(&e);
+                    let why = crate::subcommand::reload_failed(&e);
                     // Standard error has it; a reader of the JSON lines gets it too.
                     if crate::json_lines::is_on() {
-                        let why = crate::subcommand::error_text(&e);
-                        print_reload(format!("{who} reload refused: {why}"), Some(why));
+                        let line = format!("{who} reload refused: {why}");
+                        crate::subcommand::print_event("reload", line, || reload_fields(Some(why)));
                     }
                 }
             },
@@ -3210,13 +3222,7 @@ impl ServerSetup {
         };
         [
             part(format!("backend {}", s.backend), " (changed)"),
-            part(
-                match s.tls.as_deref() {
-                    Some(v) => format!("TLS {v} only"),
-                    None => "TLS 1.2 and 1.3".to_string(),
-                },
-                " (changed)",
-            ),
+            part(versions_shown(s.tls.as_deref()), " (changed)"),
             certificate_part(
                 &self.certificate_names,
                 " (changed: clients must expect it)",
@@ -3486,18 +3492,7 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         .as_ref()
         .map(|s| s.middleboxes.as_slice())
         .unwrap_or_default();
-    for v in in_path_order(&r.verdicts, path) {
-        // An unnamed one (excluded before its certificate verified) says "a middlebox".
-        let named = !matches!(
-            v,
-            MiddleboxVerdict::Excluded {
-                middlebox: None,
-                ..
-            }
-        );
-        line.push_str(if named { "; middlebox " } else { "; " });
-        line.push_str(&verdict_text(v, false));
-    }
+    line.push_str(&verdicts_text(in_path_order(&r.verdicts, path)));
     line.push_str(&format!(
         "; {} to the backend, {} back",
         count_of(r.bytes_to_backend, "bytes"),
@@ -3646,11 +3641,8 @@ fn proxy_report_line(r: &ProxyReport) -> String {
     match (&r.outcome, r.connected) {
         (Err(e), false) => {
             // The middleboxes it had checked (its JSON line lists them too).
-            let checked: String = r
-                .verdicts
-                .iter()
-                .map(|v| format!("; middlebox {}", verdict_text(v, false)))
-                .collect();
+            let path = r.summary.as_ref().map(|s| s.middleboxes.as_slice());
+            let checked = verdicts_text(in_path_order(&r.verdicts, path.unwrap_or_default()));
             format!(
                 "connection {} from {peer}: mbTLS session failed: {e}{checked}{fix}",
                 r.id
@@ -3777,6 +3769,20 @@ mod tests {
             outcome: Err("mbTLS handshake failed".into()),
             ..excluded
         };
+        // One excluded before its name was known reads as the server's line says it.
+        let unnamed = ProxyReport {
+            verdicts: vec![MiddleboxVerdict::Excluded {
+                middlebox: None,
+                why: NOT_APPROVED,
+                detail: None,
+            }],
+            ..failed.clone()
+        };
+        let line = proxy_report_line(&unnamed);
+        assert!(
+            line.contains("failed; a middlebox was excluded: not in the allow-list"),
+            "{line}"
+        );
         let line = proxy_report_line(&failed);
         assert!(
             line.ends_with(

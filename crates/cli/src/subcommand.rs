@@ -189,12 +189,18 @@ pub fn exit_quietly_when_stdout_closes() {
 
 /// A SIGHUP whose configuration did not build: the running one stays, and the operator is told
 /// why on standard error (once: the log writes there too, so it is not logged as well).
-pub fn reload_failed(e: &anyhow::Error) {
+/// Returns why, as said.
+pub fn reload_failed(e: &anyhow::Error) -> String {
+    eprint_error("mbx: reload failed, configuration unchanged: ", e)
+}
+
+/// `e` and its causes ([`error_text`]) on standard error, its control characters escaped but
+/// its line breaks kept (a config file's parse error), `prefix` before each line; returns the
+/// text.
+pub fn eprint_error(prefix: &str, e: &anyhow::Error) -> String {
     let text = error_text(e);
-    eprint_lines(
-        "mbx: reload failed, configuration unchanged: ",
-        &escape_controls(&text, true),
-    );
+    eprint_lines(prefix, &escape_controls(&text, true));
+    text
 }
 
 /// `text` on standard error with `prefix` before each of its lines: a message of several lines
@@ -213,16 +219,26 @@ pub fn eprint_lines(prefix: &str, text: &str) {
 /// One line of a long-running command's report on stdout. A closed stdout (its reader went
 /// away) is ignored: servers and middleboxes keep serving and never panic in `println!`.
 pub fn print_line(line: impl std::fmt::Display) {
+    print_event("notice", line.to_string(), serde_json::Map::new);
+}
+
+/// One line on stdout: `text`, or with JSON lines on ([`crate::json_lines`]) an `event`
+/// object with `fields` and the text.
+pub fn print_event(
+    event: &str,
+    text: String,
+    fields: impl FnOnce() -> serde_json::Map<String, serde_json::Value>,
+) {
     use std::io::Write;
     if crate::json_lines::is_on() {
-        let mut fields = serde_json::Map::new();
-        fields.insert("text".into(), line.to_string().into());
-        return crate::json_lines::print("notice", fields);
+        let mut fields = fields();
+        fields.insert("text".into(), text.into());
+        return crate::json_lines::print(event, fields);
     }
     let _ = writeln!(
         std::io::stdout().lock(),
         "{}",
-        escape_controls(&line.to_string(), false)
+        escape_controls(&text, false)
     );
 }
 
@@ -237,7 +253,7 @@ pub fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, 
 
 /// [`escape_controls`] keeping the control characters in `kept` as they are.
 pub fn escape_controls_but<'a>(text: &'a str, kept: &[char]) -> std::borrow::Cow<'a, str> {
-    let escaped = |c: char| (c.is_control() || is_separator_or_bidi(c)) && !kept.contains(&c);
+    let escaped = |c: char| must_escape(c) && !kept.contains(&c);
     if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -282,9 +298,15 @@ pub fn each_once<T: PartialEq>(items: Vec<T>) -> Vec<T> {
     kept
 }
 
+/// What may not reach a terminal as it is: the control characters (C0, DEL, C1), U+2028,
+/// U+2029 and the bidirectional formatting characters.
+pub(crate) fn must_escape(c: char) -> bool {
+    c.is_control() || is_separator_or_bidi(c)
+}
+
 /// U+2028, U+2029 and the bidirectional formatting characters (marks, embeddings, overrides,
 /// isolates).
-pub(crate) fn is_separator_or_bidi(c: char) -> bool {
+fn is_separator_or_bidi(c: char) -> bool {
     matches!(
         c,
         '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
