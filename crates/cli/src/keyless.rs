@@ -288,7 +288,9 @@ fn keyserver(
                     match reread_keyserver_config(&flags, config, config_path) {
                         Ok(new) => match running.reload(&new) {
                             Ok(()) => crate::subcommand::print_line("key server reloaded"),
-                            Err(e) => eprintln!("mbx: reload failed, configuration unchanged: {e}"),
+                            Err(e) => {
+                                crate::subcommand::reload_failed(&anyhow::Error::new(e));
+                            }
                         },
                         Err(e) => {
                             crate::subcommand::reload_failed(&e);

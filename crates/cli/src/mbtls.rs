@@ -2608,6 +2608,37 @@ fn print_session(
 }
 
 /// A reload's fields for `--report-format json`: applied, or refused and why.
+/// Where a service's stop has got to (the `"stop"` event's `phase`, docs/mbtls.md §4.9).
+enum StopPhase {
+    /// No new connections; open ones have `grace_secs` to end.
+    Draining { grace_secs: u64 },
+    /// A second signal: the `open` connections are cut.
+    Cutting { open: u64 },
+    /// Every connection has ended (`cut` of them were cut); the process exits.
+    Stopped { cut: u64 },
+    /// A third signal: the process exits without the cut connections' reports.
+    Left,
+}
+
+/// A stop's line, in JSON a `"stop"` event whose fields are the same in every phase (null where
+/// a phase has no such number).
+fn print_stop(phase: StopPhase, text: String) {
+    let (name, grace, open, cut) = match phase {
+        StopPhase::Draining { grace_secs } => ("draining", Some(grace_secs), None, None),
+        StopPhase::Cutting { open } => ("cutting", None, Some(open), None),
+        StopPhase::Stopped { cut } => ("stopped", None, None, Some(cut)),
+        StopPhase::Left => ("left", None, None, None),
+    };
+    crate::subcommand::print_event("stop", text, || {
+        let mut fields = serde_json::Map::new();
+        fields.insert("phase".into(), name.into());
+        fields.insert("grace_secs".into(), grace.into());
+        fields.insert("open".into(), open.into());
+        fields.insert("cut".into(), cut.into());
+        fields
+    });
+}
+
 fn reload_fields(refused: Option<String>) -> serde_json::Map<String, serde_json::Value> {
     let mut fields = serde_json::Map::new();
     fields.insert("applied".into(), refused.is_none().into());
@@ -2828,7 +2859,10 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 r?;
                 if stop.count > 2 {
                     // The cut connections' reports did not come: leave without them.
-                    print_line(format!("{who} stopped without waiting for the reports of the cut {what}"));
+                    print_stop(
+                        StopPhase::Left,
+                        format!("{who} stopped without waiting for the reports of the cut {what}"),
+                    );
                     return Ok(());
                 }
                 if stop.count > 1 {
@@ -2836,22 +2870,30 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     // which may end them all before a count after it.
                     let open = server.open_connections();
                     server.cut_now();
-                    print_line(match open {
+                    let text = match open {
                         0 => format!("{who} stopping now: no {what} open"),
                         _ => format!("{who} stopping now: the open {what} are cut"),
-                    });
+                    };
+                    print_stop(StopPhase::Cutting { open: open as u64 }, text);
                     continue;
                 }
                 server.drain(grace);
-                print_line(format!(
-                    "{who} stopping: no new {what}; open ones have {}s to end (signal again to cut them now)",
-                    grace.as_secs()
-                ));
+                print_stop(
+                    StopPhase::Draining { grace_secs: grace.as_secs() },
+                    format!(
+                        "{who} stopping: no new {what}; open ones have {}s to end (signal again to cut them now)",
+                        grace.as_secs()
+                    ),
+                );
             }
             report = server.next_report() => match report {
                 Some(r) => print(&r),
                 None if stop.count > 0 => {
-                    print_line(format!("{who} stopped ({} cut)", count_of(server.connections_cut(), what)));
+                    let cut = server.connections_cut();
+                    print_stop(
+                        StopPhase::Stopped { cut },
+                        format!("{who} stopped ({} cut)", count_of(cut, what)),
+                    );
                     return Ok(());
                 }
                 None => bail!("the {who} stopped"),

@@ -1,5 +1,6 @@
 //! `mbx keyless keyserver` reloads on SIGHUP: a key and rule added to the files become usable on a
-//! connection opened before the signal, and a config file that no longer parses changes nothing.
+//! connection opened before the signal, and a config file that no longer parses, or a key file
+//! that does not load, changes nothing.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -165,6 +166,31 @@ async fn sighup_adds_a_key_without_dropping_connections() {
     hup(pid);
     let msg = next();
     assert!(msg.starts_with("mbx: reload failed"), "{msg}");
+    signs(&old_conn, &new_site).await.unwrap();
+    signs(&new_conn, &old_site).await.unwrap();
+
+    // A config that parses but a key file that does not load: the key server itself refuses
+    // the reload, and the file's name (here with an escape sequence in it) is said escaped.
+    write_config(&config, &["old.example.test", "new.example.test"]);
+    let bad = keys.join("bad\u{1b}[31m.key");
+    std::fs::write(&bad, "not a key").unwrap();
+    hup(pid);
+    // (The parse error above spans several lines, each with the prefix.)
+    let msg = loop {
+        let line = next();
+        assert!(
+            line.starts_with("mbx: reload failed, configuration unchanged: "),
+            "{line}"
+        );
+        if line.contains("[31m.key") {
+            break line;
+        }
+    };
+    assert!(
+        msg.contains("bad\\u{1b}[31m.key: neither a private key nor a certificate"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\u{1b}'), "{msg}");
     signs(&old_conn, &new_site).await.unwrap();
     signs(&new_conn, &old_site).await.unwrap();
 }

@@ -3810,6 +3810,43 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         r["error"].as_str().is_some_and(|e| e.contains("bogus")),
         "{r}"
     );
+    // A stop, in its phases, with the same keys in each.
+    signal(&mut srv, Signal::TERM);
+    let stop = |line: &str| {
+        let v = parse(line, "stop");
+        let fields = ["phase", "grace_secs", "open", "cut"].map(|k| v.get(k).cloned());
+        (v, fields)
+    };
+    let (v, fields) = stop(&srv_lines.next().unwrap().unwrap());
+    assert_eq!(
+        fields,
+        [
+            Some(json!("draining")),
+            Some(json!(10)),
+            Some(Value::Null),
+            Some(Value::Null)
+        ],
+        "{v}"
+    );
+    assert!(
+        v["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("server stopping: no new sessions"),
+        "{v}"
+    );
+    let (v, fields) = stop(&srv_lines.next().unwrap().unwrap());
+    assert_eq!(
+        fields,
+        [
+            Some(json!("stopped")),
+            Some(Value::Null),
+            Some(Value::Null),
+            Some(json!(0))
+        ],
+        "{v}"
+    );
+    assert_eq!(v["text"], "server stopped (0 sessions cut)", "{v}");
     // A value that does not parse in the config file: exit status 2, and every line of the
     // error (the TOML library's message has two) starts with the prefix.
     let config = dir.path().join("yaml.toml");
