@@ -529,6 +529,105 @@ async fn a_proxys_handshake_that_times_out_keeps_the_verdicts_it_reached() {
     }
 }
 
+/// A verdict the client reaches in the same read as the failure that ends its handshake is kept
+/// in `handshake_on`'s list (the client proxy's report takes it from there): the test plays mb1
+/// with its handshake core over TCP and puts a record of no known content type right behind
+/// the bytes that carry mb1's evidence, in one write, so that one read of the client holds
+/// both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_reached_in_the_read_that_fails_the_handshake_is_kept() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let mut cfg = w.server(version, backend);
+        cfg.handshake.middlebox = ServerMiddlebox::none();
+        let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        let server_addr = server.local_addr();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mb1 = listener.local_addr().unwrap();
+        let mb1_cfg = w
+            .middlebox("mb1.test", server_addr, Placement::ClientSide)
+            .handshake;
+        let playing = tokio::spawn(async move {
+            let (client, _) = listener.accept().await.unwrap();
+            let server = tokio::net::TcpStream::connect(server_addr).await.unwrap();
+            bad_record_behind_the_evidence(client, server, mb1_cfg).await
+        });
+        let stream = tokio::net::TcpStream::connect(mb1).await.unwrap();
+        let mut verdicts = Vec::new();
+        let handshake = MbtlsClient::handshake_on(stream, w.client(version), b"", &mut verdicts);
+        let err = timeout(BOUND, handshake).await.unwrap().unwrap_err();
+        assert!(
+            timeout(BOUND, playing).await.unwrap().unwrap(),
+            "{version:?}: the evidence never went out: {err}"
+        );
+        assert!(
+            err.to_string().contains("unknown content type"),
+            "{version:?}: {err}"
+        );
+        assert!(
+            matches!(
+                verdicts.as_slice(),
+                [MiddleboxVerdict::Verified { middlebox, .. }] if middlebox == "mb1.test"
+            ),
+            "{version:?}: {err}; {verdicts:?}"
+        );
+    }
+}
+
+/// Plays a client-side middlebox between `client` and `server` with its handshake core (the
+/// pass-through app) until its evidence is out, and writes a record of content type 99 right
+/// behind the bytes that carry it, in the same write; then waits for the client to leave.
+/// False if the evidence never went out.
+async fn bad_record_behind_the_evidence(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    cfg: MiddleboxHandshakeConfig,
+) -> bool {
+    use mbx_mbtls::handshake::{MiddleboxHandshake, MiddleboxHandshakeEvent};
+    let mut core = MiddleboxHandshake::new(cfg, mbx_apps::PassThrough).unwrap();
+    let (mut client_r, mut client_w) = client.into_split();
+    let (mut server_r, mut server_w) = server.into_split();
+    let (mut from_client, mut from_server) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    loop {
+        let (from, read) = tokio::select! {
+            r = client_r.read(&mut from_client) => (Side::Client, r),
+            r = server_r.read(&mut from_server) => (Side::Server, r),
+        };
+        let n = match read {
+            Ok(n) if n > 0 => n,
+            _ => return false,
+        };
+        let bytes = match from {
+            Side::Client => &from_client[..n],
+            Side::Server => &from_server[..n],
+        };
+        if core.receive(from, bytes).is_err() {
+            return false;
+        }
+        let mut evidence_sent = false;
+        while let Some(event) = core.poll_event() {
+            evidence_sent |= matches!(event, MiddleboxHandshakeEvent::EvidenceSent);
+        }
+        let to_server = core.take_outgoing(Side::Server);
+        if server_w.write_all(&to_server).await.is_err() {
+            return false;
+        }
+        let mut to_client = core.take_outgoing(Side::Client);
+        if evidence_sent {
+            to_client.extend_from_slice(&[99, 3, 3, 0, 1, 0]);
+        }
+        if client_w.write_all(&to_client).await.is_err() {
+            return false;
+        }
+        if evidence_sent {
+            // Until the client, which failed on the record, leaves.
+            let _ = client_r.read_to_end(&mut Vec::new()).await;
+            return true;
+        }
+    }
+}
+
 /// One request through a client proxy (`w`'s client, `limits`) whose first hop is `mb1`, a
 /// session that fails: its report, which must hold the verdict on mb1 that the client reached.
 async fn one_failed_proxy_session(
