@@ -3776,6 +3776,7 @@ mod tests {
             bytes_down: 0,
             key_updates: 0,
             peer_left_without_close_notify: false,
+            durations: Default::default(),
             outcome: Err(alert.to_string()),
             error: Some(Arc::new(alert)),
         };
@@ -3914,6 +3915,7 @@ mod tests {
             idle_trims: 0,
             key_updates: 0,
             left_without_close_notify: None,
+            durations: Default::default(),
             outcome: Ok(()),
         };
         let line = report_line(&r);
@@ -4091,6 +4093,7 @@ mod tests {
             idle_trims: 0,
             key_updates: 0,
             peer_left_without_close_notify: false,
+            durations: Default::default(),
             outcome: Ok(()),
             error: None,
         };

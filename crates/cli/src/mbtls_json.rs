@@ -4,7 +4,7 @@
 
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, ConnectionReport, DriverError, ProxyReport, ServerConnectionReport,
+    fingerprint_hex, ConnectionReport, DriverError, Durations, ProxyReport, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{HandshakeError, HopFingerprint, SessionSummary};
 use mbx_mbtls::Side;
@@ -45,7 +45,7 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
             }
         ),
     }));
-    outcome(&mut m, &r.outcome);
+    outcome(&mut m, &r.outcome, &r.durations);
     m
 }
 
@@ -62,7 +62,7 @@ pub fn server(r: &ServerConnectionReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome);
+    outcome(&mut m, &r.outcome, &r.durations);
     m
 }
 
@@ -81,7 +81,7 @@ pub fn proxy(r: &ProxyReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome);
+    outcome(&mut m, &r.outcome, &r.durations);
     m
 }
 
@@ -169,7 +169,12 @@ fn failed_on(m: &mut Map<String, Value>, error: Option<&DriverError>) {
     m.insert("failed_on_middlebox".into(), name.into());
 }
 
-fn outcome(m: &mut Map<String, Value>, outcome: &Result<(), String>) {
+/// How the connection ended, and how long it took (milliseconds to the microsecond, from the
+/// accept: `handshake_ms` until this party's handshake was over, null if it never was).
+fn outcome(m: &mut Map<String, Value>, outcome: &Result<(), String>, took: &Durations) {
+    let ms = |d: std::time::Duration| d.as_micros() as f64 / 1000.0;
+    m.insert("handshake_ms".into(), took.handshake.map(ms).into());
+    m.insert("duration_ms".into(), ms(took.total).into());
     m.insert("ok".into(), outcome.is_ok().into());
     m.insert(
         "error".into(),
@@ -244,6 +249,10 @@ mod tests {
             idle_trims: 0,
             key_updates: 1,
             peer_left_without_close_notify: false,
+            durations: Durations {
+                handshake: Some(std::time::Duration::from_micros(2_500)),
+                total: std::time::Duration::from_millis(1_250),
+            },
             outcome: Err("the backend left".into()),
             error: Some(std::sync::Arc::new(DriverError::Handshake(
                 HandshakeError::Middlebox {
@@ -255,6 +264,10 @@ mod tests {
         let v = Value::Object(server(&r));
         assert_eq!(v["role"], "server");
         assert_eq!(v["peer"], "127.0.0.1:4000");
+        assert_eq!(
+            (&v["handshake_ms"], &v["duration_ms"]),
+            (&json!(2.5), &json!(1250.0))
+        );
         assert_eq!(v["version"], "TLS 1.2");
         assert_eq!(v["suite"], "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384");
         assert_eq!(
@@ -346,11 +359,19 @@ mod tests {
             idle_trims: 0,
             key_updates: 0,
             left_without_close_notify: Some(Side::Server),
+            durations: Durations::default(),
             outcome: Ok(()),
         };
         let v = Value::Object(middlebox(&r));
         assert_eq!(v["role"], "middlebox");
-        for key in ["client", "version", "client_hop", "server_hop", "error"] {
+        for key in [
+            "client",
+            "version",
+            "client_hop",
+            "server_hop",
+            "error",
+            "handshake_ms",
+        ] {
             assert_eq!(v.get(key), Some(&Value::Null), "{key}: {v}");
         }
         assert_eq!(v["passive"], "the server did not answer our announcement");

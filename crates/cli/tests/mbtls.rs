@@ -3755,6 +3755,12 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         assert_eq!((&v["ok"], &v["error"]), (&json!(true), &Value::Null), "{v}");
         assert_eq!(v["version"], "TLS 1.3", "{v}");
         assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+        // Each party's handshake was over within its session, both counted from its accept.
+        let (handshake, total) = (v["handshake_ms"].as_f64(), v["duration_ms"].as_f64());
+        assert!(
+            handshake.zip(total).is_some_and(|(h, t)| 0.0 < h && h <= t),
+            "{v}"
+        );
     }
     let hops = p["hops"].as_array().unwrap();
     assert_eq!(hops.len(), 2, "{p}");

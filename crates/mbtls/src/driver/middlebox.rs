@@ -195,6 +195,8 @@ pub struct ConnectionReport {
     /// other side's had passed (and sent nothing after it): the other side's connection was
     /// closed without one too.
     pub left_without_close_notify: Option<Side>,
+    /// From the accept: until the keys arrived, and until the connection ended.
+    pub durations: super::Durations,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -222,6 +224,7 @@ impl ConnectionReport {
             idle_trims: 0,
             key_updates: 0,
             left_without_close_notify: None,
+            durations: super::Durations::default(),
             outcome: Ok(()),
         }
     }
@@ -246,6 +249,9 @@ impl super::reports::Report for ConnectionReport {
     }
     fn bytes(&self) -> (u64, u64) {
         (self.bytes_from_client, self.bytes_from_server)
+    }
+    fn durations_mut(&mut self) -> &mut super::Durations {
+        &mut self.durations
     }
 }
 
@@ -325,8 +331,10 @@ pub async fn serve_connection(
     peer: Option<SocketAddr>,
     cfg: &MiddleboxServerConfig,
 ) -> ConnectionReport {
+    let accepted = tokio::time::Instant::now();
     let mut report = ConnectionReport::new(id, peer);
     serve(&mut report, client, cfg, &LegacyServers::default()).await;
+    report.durations.total = accepted.elapsed();
     report
 }
 
@@ -654,7 +662,8 @@ async fn relay(
     announce: bool,
     report: &mut ConnectionReport,
 ) -> Result<(), DriverError> {
-    let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + cfg.limits.handshake_timeout;
     let server = tokio::time::timeout_at(deadline, TcpStream::connect(next_hop))
         .await
         .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
@@ -825,6 +834,9 @@ async fn relay(
         // Alerts the core queued go out even when it failed, and before records it passed
         // on in the read buffer, which then goes out itself (no copy) and is replaced.
         conn.events(report);
+        if report.keys_installed && report.durations.handshake.is_none() {
+            report.durations.handshake = Some(started.elapsed());
+        }
         conn.push();
         if let Ok(Some(range)) = &received {
             let to = conn.outbox(from.other());

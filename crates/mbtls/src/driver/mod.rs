@@ -43,7 +43,7 @@ pub use proxy::{
     answer_with_error, printable_error, ClientProxy, ClientProxyConfig, ProxyReport,
     SessionFailedAnswer,
 };
-pub use reports::{EndedConnections, CUT_AT_STOP, REPORTS_KEPT};
+pub use reports::{Durations, EndedConnections, CUT_AT_STOP, REPORTS_KEPT};
 pub use server::{MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, ServerConnectionReport};
 
 use crate::handshake::HandshakeError;

@@ -84,6 +84,9 @@ pub struct ProxyReport {
     /// The session ended without an error, but the server left after our close_notify without
     /// its own: the local connection was reset all the same, since a cut there looks the same.
     pub peer_left_without_close_notify: bool,
+    /// From the accept of the local connection: until the mbTLS session's data phase started
+    /// (the first hop's connection included), and until both ended.
+    pub durations: super::Durations,
     /// `Err` with the reason when the session failed or did not end cleanly.
     pub outcome: Result<(), String>,
     /// The error itself, when the session failed with one (the outcome's text comes from it),
@@ -112,6 +115,9 @@ impl super::reports::Report for ProxyReport {
     }
     fn key_updates(&self) -> u64 {
         u64::from(self.key_updates)
+    }
+    fn durations_mut(&mut self) -> &mut super::Durations {
+        &mut self.durations
     }
 }
 
@@ -161,6 +167,7 @@ impl ProxyReport {
             bytes_down: 0,
             key_updates: 0,
             peer_left_without_close_notify: false,
+            durations: super::Durations::default(),
             outcome: Ok(()),
             error: None,
         }
@@ -208,6 +215,7 @@ async fn proxy_one(
     carried: &mut Carried,
 ) -> Result<(), DriverError> {
     let limits = cfg.limits;
+    let started = tokio::time::Instant::now();
     let connecting = async {
         let stream = TcpStream::connect(cfg.first_hop.as_str())
             .await
@@ -233,6 +241,7 @@ async fn proxy_one(
     };
     // `report.verdicts` has them all: kept up to date by the handshake.
     report.connected = true;
+    report.durations.handshake = Some(started.elapsed());
     report.summary = session.summary().cloned();
     let answer = cfg.session_failed_answer.as_deref();
     session

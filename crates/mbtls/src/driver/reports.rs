@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -102,6 +103,18 @@ impl<T> ReportSender<T> {
     }
 }
 
+/// How long a connection took, counted from when it was accepted (the service's clock; for
+/// logs and latency figures, never for a decision).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Durations {
+    /// Until this party's handshake was over: at a middlebox, its keys arrived; at a server or a
+    /// client proxy, its data phase started. `None` if it never was (a failed handshake, a
+    /// middlebox that stood aside).
+    pub handshake: Option<Duration>,
+    /// Until the connection ended and its report was made.
+    pub total: Duration,
+}
+
 /// A connection's report: how it ended, and what the listener's counts take from it.
 pub(crate) trait Report: core::fmt::Debug {
     /// What the connection is, in log events ("mbtls middlebox connection").
@@ -117,6 +130,8 @@ pub(crate) trait Report: core::fmt::Debug {
     fn bytes(&self) -> (u64, u64);
     /// TLS 1.3 KeyUpdates followed (see [`EndedConnections`]).
     fn key_updates(&self) -> u64;
+    /// Where the connection's durations are kept.
+    fn durations_mut(&mut self) -> &mut Durations;
 }
 
 impl<T: Report> ReportSender<T> {
@@ -201,6 +216,8 @@ impl<R> Absorb<()> for R {
 pub(crate) struct Pending<R: Report + Absorb<X>, X> {
     state: Option<(R, X)>,
     sender: ReportSender<R>,
+    /// When the connection was accepted (the report's [`Durations::total`]).
+    accepted: tokio::time::Instant,
 }
 
 impl<R: Report + Absorb<X>, X> Pending<R, X> {
@@ -208,6 +225,7 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
         Pending {
             state: Some((report, beside)),
             sender,
+            accepted: tokio::time::Instant::now(),
         }
     }
 
@@ -227,6 +245,7 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
             return;
         };
         report.absorb(&beside);
+        report.durations_mut().total = self.accepted.elapsed();
         if cut {
             // Unwinding from a panic drops it too: say so rather than blame a stop.
             let why = if std::thread::panicking() {
@@ -263,6 +282,7 @@ mod tests {
     struct Seen {
         outcome: Result<(), String>,
         bytes: u64,
+        durations: Durations,
     }
 
     impl Report for Seen {
@@ -285,6 +305,9 @@ mod tests {
         fn key_updates(&self) -> u64 {
             0
         }
+        fn durations_mut(&mut self) -> &mut Durations {
+            &mut self.durations
+        }
     }
 
     impl Absorb<u64> for Seen {
@@ -294,7 +317,28 @@ mod tests {
     }
 
     fn seen(outcome: Result<(), String>) -> Seen {
-        Seen { outcome, bytes: 0 }
+        Seen {
+            outcome,
+            bytes: 0,
+            durations: Durations::default(),
+        }
+    }
+
+    /// A report's total duration runs from when its connection was accepted (the pending
+    /// report's making) to when it is sent, or cut; on the service's clock (paused here).
+    #[tokio::test(start_paused = true)]
+    async fn a_report_lasts_from_the_accept_to_its_sending() {
+        let (tx, mut rx) = report_queue::<Seen>();
+        let ended = Pending::new(seen(Ok(())), 0u64, tx.clone());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        ended.send();
+        let r = rx.recv().await.unwrap();
+        assert_eq!(r.durations.total, Duration::from_millis(1500));
+        let cut = Pending::new(seen(Ok(())), 0u64, tx);
+        tokio::time::advance(Duration::from_secs(7)).await;
+        drop(cut);
+        let r = rx.recv().await.unwrap();
+        assert_eq!(r.durations.total, Duration::from_secs(7));
     }
 
     /// Sent once, as it is when the connection ends; dropped unsent (an aborted task), sent as

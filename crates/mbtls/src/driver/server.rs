@@ -60,6 +60,8 @@ pub struct ServerConnectionReport {
     /// its own (as HTTP clients may): the backend's connection was reset all the same, since a
     /// cut there looks the same.
     pub peer_left_without_close_notify: bool,
+    /// From the accept: until the data phase started, and until the session ended.
+    pub durations: super::Durations,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
     /// The error itself, when the session failed with one (the outcome's text comes from it),
@@ -89,6 +91,9 @@ impl super::reports::Report for ServerConnectionReport {
     }
     fn key_updates(&self) -> u64 {
         u64::from(self.key_updates)
+    }
+    fn durations_mut(&mut self) -> &mut super::Durations {
+        &mut self.durations
     }
 }
 
@@ -152,10 +157,12 @@ pub async fn serve_session(
     peer: Option<SocketAddr>,
     cfg: &MbtlsServerConfig,
 ) -> ServerConnectionReport {
+    let accepted = tokio::time::Instant::now();
     let mut report = ServerConnectionReport::new(id, peer);
     let mut carried = Carried::default();
     serve(&mut report, &mut carried, stream, cfg).await;
     report.absorb(&carried);
+    report.durations.total = accepted.elapsed();
     report
 }
 
@@ -171,6 +178,7 @@ impl ServerConnectionReport {
             idle_trims: 0,
             key_updates: 0,
             peer_left_without_close_notify: false,
+            durations: super::Durations::default(),
             outcome: Ok(()),
             error: None,
         }
@@ -232,7 +240,8 @@ async fn run(
     let _ = stream.set_nodelay(true);
     let mut buf = vec![0u8; READ_BUF];
     // Handshake: until the data phase starts, within the handshake timeout.
-    let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + cfg.limits.handshake_timeout;
     while !session.hs.data_phase_started() {
         let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
             .await
@@ -263,6 +272,7 @@ async fn run(
         told?;
         flushed?;
     }
+    report.durations.handshake = Some(started.elapsed());
     report.summary = session.hs.summary().cloned();
     // Now, not only at the end: a session cut later (a stop) still reports its middleboxes.
     report.verdicts = session.take_verdicts();
