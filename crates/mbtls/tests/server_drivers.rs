@@ -135,6 +135,17 @@ impl World {
         }
     }
 
+    /// A listening mbTLS server in front of `backend` that takes no middlebox of its own side.
+    async fn server_without_middleboxes(
+        &self,
+        version: TlsVersion,
+        backend: SocketAddr,
+    ) -> MbtlsServer {
+        let mut cfg = self.server(version, backend);
+        cfg.handshake.middlebox = ServerMiddlebox::none();
+        MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap()
+    }
+
     /// An mbTLS server in front of `backend` with the server-side middlebox mb2 in front of it.
     async fn server_behind_mb2(
         &self,
@@ -508,9 +519,7 @@ async fn a_proxys_handshake_that_times_out_keeps_the_verdicts_it_reached() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut cfg = w.server(version, backend);
-        cfg.handshake.middlebox = ServerMiddlebox::none();
-        let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        let server = w.server_without_middleboxes(version, backend).await;
         let stalling = stalling_at_the_servers_change_cipher_spec(server.local_addr()).await;
         let mut mb1 = w.mb1_to(stalling).await;
         let limits = Limits {
@@ -539,9 +548,7 @@ async fn a_verdict_reached_in_the_read_that_fails_the_handshake_is_kept() {
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
-        let mut cfg = w.server(version, backend);
-        cfg.handshake.middlebox = ServerMiddlebox::none();
-        let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        let server = w.server_without_middleboxes(version, backend).await;
         let server_addr = server.local_addr();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mb1 = listener.local_addr().unwrap();
@@ -1619,9 +1626,9 @@ async fn proxy_to_a_bulk_server(w: &World) -> (MbtlsServer, ClientProxy) {
             });
         }
     });
-    let mut cfg = w.server(TlsVersion::Tls13, backend);
-    cfg.handshake.middlebox = ServerMiddlebox::none();
-    let server = MbtlsServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let server = w
+        .server_without_middleboxes(TlsVersion::Tls13, backend)
+        .await;
     let proxy = ClientProxy::bind(
         "127.0.0.1:0",
         ClientProxyConfig {
