@@ -2607,12 +2607,12 @@ fn print_session(
     crate::subcommand::print_event("session", text, fields);
 }
 
-/// A reload's fields for `--report-format json`: applied, or refused and why.
 /// Where a service's stop has got to (the `"stop"` event's `phase`, docs/mbtls.md §4.9).
 enum StopPhase {
     /// No new connections; open ones have `grace_secs` to end.
     Draining { grace_secs: u64 },
-    /// A second signal: the `open` connections are cut.
+    /// A second signal: the connections open as it came (`open`) are cut; some may end on
+    /// their own first, so the final count is [`StopPhase::Stopped`]'s `cut`.
     Cutting { open: u64 },
     /// Every connection has ended (`cut` of them were cut); the process exits.
     Stopped { cut: u64 },
@@ -2639,6 +2639,7 @@ fn print_stop(phase: StopPhase, text: String) {
     });
 }
 
+/// A reload's fields for `--report-format json`: applied, or refused and why.
 fn reload_fields(refused: Option<String>) -> serde_json::Map<String, serde_json::Value> {
     let mut fields = serde_json::Map::new();
     fields.insert("applied".into(), refused.is_none().into());

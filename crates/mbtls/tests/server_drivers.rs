@@ -623,6 +623,8 @@ async fn bad_record_behind_the_evidence(
         let mut to_client = core.take_outgoing(Side::Client);
         if evidence_sent {
             to_client.extend_from_slice(&[99, 3, 3, 0, 1, 0]);
+            // One write the client can take in one read (its buffer holds 32 KiB).
+            assert!(to_client.len() <= 16 * 1024, "{} bytes", to_client.len());
         }
         if client_w.write_all(&to_client).await.is_err() {
             return false;
@@ -633,6 +635,45 @@ async fn bad_record_behind_the_evidence(
             return true;
         }
     }
+}
+
+/// A session served on its own (`server::serve_session`, for an embedder with its own accept
+/// loop) reports its durations too: its handshake within its whole session; one that never
+/// finished its handshake has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_served_on_its_own_reports_its_durations() {
+    use mbx_mbtls::driver::server::serve_session;
+    let w = World::new();
+    let backend = echo_backend().await;
+    let mut cfg = w.server(TlsVersion::Tls13, backend);
+    cfg.handshake.middlebox = ServerMiddlebox::none();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        let mut reports = Vec::new();
+        for id in 0..2 {
+            let (stream, peer) = listener.accept().await.unwrap();
+            reports.push(serve_session(id, stream, Some(peer), &cfg).await);
+        }
+        reports
+    });
+    let mut client = w
+        .client_alone(addr, TlsVersion::Tls13, b"GET / HTTP/1.0\r\n\r\n")
+        .await;
+    let answer = timeout(BOUND, client.read_to_end()).await.unwrap().unwrap();
+    assert!(answer.ends_with(b"GET / HTTP/1.0\r\n\r\n"), "{answer:?}");
+    timeout(BOUND, client.close()).await.unwrap().unwrap();
+    drop(client);
+    // A client that leaves before its handshake.
+    drop(tokio::net::TcpStream::connect(addr).await.unwrap());
+    let reports = timeout(BOUND, serving).await.unwrap().unwrap();
+    let took = reports[0].durations;
+    assert!(
+        took.handshake.is_some_and(|h| h <= took.total) && reports[0].outcome.is_ok(),
+        "{:?}",
+        reports[0]
+    );
+    assert!(reports[1].durations.handshake.is_none() && reports[1].outcome.is_err());
 }
 
 /// One request through a client proxy (`w`'s client, `limits`) whose first hop is `mb1`, a

@@ -329,7 +329,13 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 if let Ok(Stop::Drain(grace)) = stop {
                     let _ = tokio::time::timeout(grace, async {
                         tokio::select! {
-                            () = async { while conns.join_next().await.is_some() {} } => {}
+                            // The open count follows the connections that end meanwhile (a
+                            // metrics scrape, a second stop signal's count).
+                            () = async {
+                                while conns.join_next().await.is_some() {
+                                    counts.open.store(conns.len(), Ordering::Relaxed);
+                                }
+                            } => {}
                             () = cut_now.notified() => {}
                         }
                     })
@@ -356,5 +362,53 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
             () = config.changed.notified() => {}
             Some(_) = conns.join_next(), if !conns.is_empty() => acceptor.connection_ended(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    struct Unlimited(Limits);
+
+    impl ServiceConfig for Unlimited {
+        fn limits(&self) -> &Limits {
+            &self.0
+        }
+    }
+
+    /// Waits (bounded, so that a stale count fails instead of hanging) until `done`.
+    async fn until(done: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the count never came");
+    }
+
+    /// While a drain waits for the open connections, the open count drops as each ends (it
+    /// stayed at its value from the drain's start, so a second stop signal said connections
+    /// were cut that had ended).
+    #[tokio::test]
+    async fn the_open_count_follows_connections_that_end_while_draining() {
+        let serve = |_, mut stream: TcpStream, _, _, _| async move {
+            let _ = stream.read_to_end(&mut Vec::new()).await;
+        };
+        let mut l: Listening<(), Unlimited> =
+            Listening::spawn("127.0.0.1:0", Unlimited(Limits::default()), serve)
+                .await
+                .unwrap();
+        let a = TcpStream::connect(l.local_addr()).await.unwrap();
+        let b = TcpStream::connect(l.local_addr()).await.unwrap();
+        until(|| l.open_connections() == 2).await;
+        l.drain(Duration::from_secs(600));
+        drop(a);
+        until(|| l.open_connections() == 1).await;
+        drop(b);
+        assert!(l.next_report().await.is_none());
+        assert_eq!((l.open_connections(), l.connections_cut()), (0, 0));
     }
 }

@@ -275,9 +275,10 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let legacy = legacy.clone();
             let mut pending = Pending::new(ConnectionReport::new(id, Some(peer)), (), reports);
+            let accepted = pending.accepted();
             async move {
                 if let Some((report, ())) = pending.parts() {
-                    serve(report, stream, &cfg, &legacy).await;
+                    serve(report, stream, &cfg, &legacy, accepted).await;
                 }
                 pending.send();
             }
@@ -333,17 +334,26 @@ pub async fn serve_connection(
 ) -> ConnectionReport {
     let accepted = tokio::time::Instant::now();
     let mut report = ConnectionReport::new(id, peer);
-    serve(&mut report, client, cfg, &LegacyServers::default()).await;
+    serve(
+        &mut report,
+        client,
+        cfg,
+        &LegacyServers::default(),
+        accepted,
+    )
+    .await;
     report.durations.total = accepted.elapsed();
     report
 }
 
-/// Fills `report` as it goes (a connection cut mid-way still reports what it did).
+/// Fills `report` as it goes (a connection cut mid-way still reports what it did); its
+/// handshake's duration counts from `accepted`.
 async fn serve(
     report: &mut ConnectionReport,
     client: TcpStream,
     cfg: &MiddleboxServerConfig,
     legacy: &LegacyServers,
+    accepted: tokio::time::Instant,
 ) {
     let next_hop = match next_hop_of(&client, &cfg.next_hop) {
         Ok(next_hop) => next_hop,
@@ -354,7 +364,7 @@ async fn serve(
     };
     report.next_hop = Some(next_hop.to_string());
     let announce = !legacy.is_legacy(&next_hop);
-    if let Err(e) = relay(client, &next_hop, cfg, announce, report).await {
+    if let Err(e) = relay(client, &next_hop, cfg, announce, report, accepted).await {
         report.outcome = Err(e.to_string());
     }
     // A server that refused our announcement with an alert, the first thing it sent, is
@@ -661,9 +671,9 @@ async fn relay(
     cfg: &MiddleboxServerConfig,
     announce: bool,
     report: &mut ConnectionReport,
+    accepted: tokio::time::Instant,
 ) -> Result<(), DriverError> {
-    let started = tokio::time::Instant::now();
-    let deadline = started + cfg.limits.handshake_timeout;
+    let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
     let server = tokio::time::timeout_at(deadline, TcpStream::connect(next_hop))
         .await
         .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
@@ -835,7 +845,7 @@ async fn relay(
         // on in the read buffer, which then goes out itself (no copy) and is replaced.
         conn.events(report);
         if report.keys_installed && report.durations.handshake.is_none() {
-            report.durations.handshake = Some(started.elapsed());
+            report.durations.handshake = Some(accepted.elapsed());
         }
         conn.push();
         if let Ok(Some(range)) = &received {

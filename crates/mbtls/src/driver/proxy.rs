@@ -143,9 +143,10 @@ impl Listening<ProxyReport, ClientProxyConfig> {
         Listening::spawn(listen, cfg, move |id, local, peer, cfg, reports| {
             let report = ProxyReport::new(id, Some(peer));
             let mut pending = Pending::new(report, Carried::default(), reports);
+            let accepted = pending.accepted();
             async move {
                 if let Some((report, carried)) = pending.parts() {
-                    serve(report, carried, local, &cfg).await;
+                    serve(report, carried, local, &cfg, accepted).await;
                 }
                 pending.send();
             }
@@ -184,12 +185,13 @@ impl Absorb<Carried> for ProxyReport {
 }
 
 /// Fills `report` and `carried` as it goes (a connection cut mid-way still reports what it
-/// did).
+/// did); its handshake's duration counts from `accepted`.
 async fn serve(
     report: &mut ProxyReport,
     carried: &mut Carried,
     local: TcpStream,
     cfg: &ClientProxyConfig,
+    accepted: tokio::time::Instant,
 ) {
     let _ = local.set_nodelay(true);
     // A local connection whose session never carried it in order is reset, not closed: from
@@ -198,7 +200,7 @@ async fn serve(
         "cannot set the local connection to reset when cut",
     ));
     let r = match ready {
-        Ok(()) => proxy_one(local, cfg, report, carried).await,
+        Ok(()) => proxy_one(local, cfg, (report, carried), accepted).await,
         Err(e) => Err(e),
     };
     if let Err(e) = r {
@@ -211,11 +213,10 @@ async fn serve(
 async fn proxy_one(
     local: TcpStream,
     cfg: &ClientProxyConfig,
-    report: &mut ProxyReport,
-    carried: &mut Carried,
+    (report, carried): (&mut ProxyReport, &mut Carried),
+    accepted: tokio::time::Instant,
 ) -> Result<(), DriverError> {
     let limits = cfg.limits;
-    let started = tokio::time::Instant::now();
     let connecting = async {
         let stream = TcpStream::connect(cfg.first_hop.as_str())
             .await
@@ -241,7 +242,7 @@ async fn proxy_one(
     };
     // `report.verdicts` has them all: kept up to date by the handshake.
     report.connected = true;
-    report.durations.handshake = Some(started.elapsed());
+    report.durations.handshake = Some(accepted.elapsed());
     report.summary = session.summary().cloned();
     let answer = cfg.session_failed_answer.as_deref();
     session

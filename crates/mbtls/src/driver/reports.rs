@@ -229,6 +229,11 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
         }
     }
 
+    /// When the connection was accepted, which its durations count from.
+    pub(crate) fn accepted(&self) -> tokio::time::Instant {
+        self.accepted
+    }
+
     /// The report and the counts beside it, to fill while the connection is served (`None`
     /// only after [`send`](Self::send), which takes them).
     pub(crate) fn parts(&mut self) -> Option<(&mut R, &mut X)> {
