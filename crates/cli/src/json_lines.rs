@@ -23,8 +23,8 @@ pub fn is_on() -> bool {
     SOURCE.get().is_some()
 }
 
-/// Writes `{"time": …, "event": event, "service": …, "listen": …, …fields}` as one line (a
-/// closed standard output is ignored, as for text lines).
+/// Writes `{"time": …, "event": event, "service": …, "listen": …, "pid": …, …fields}` as one
+/// line (a closed standard output is ignored, as for text lines).
 pub fn print(event: &str, fields: Map<String, Value>) {
     use std::io::Write;
     let (service, listen) = SOURCE.get().map_or(("", ""), |(s, l)| (s, l));
@@ -33,6 +33,7 @@ pub fn print(event: &str, fields: Map<String, Value>) {
         event,
         service,
         listen,
+        pid: std::process::id(),
     };
     let _ = writeln!(std::io::stdout().lock(), "{}", line(&head, fields));
 }
@@ -43,21 +44,25 @@ struct Head<'a> {
     event: &'a str,
     service: &'a str,
     listen: &'a str,
+    /// The process: session ids count from 0 in each, so `pid` and `id` name a session across
+    /// restarts.
+    pid: u32,
 }
 
 /// One line: the time, the event and the source first (they lead when read by eye), then
 /// `fields`.
 fn line(h: &Head, fields: Map<String, Value>) -> String {
     let head = format!(
-        "{{\"time\":{},\"event\":{},\"service\":{},\"listen\":{}",
+        "{{\"time\":{},\"event\":{},\"service\":{},\"listen\":{},\"pid\":{}",
         Value::from(h.time),
         Value::from(h.event),
         Value::from(h.service),
-        Value::from(h.listen)
+        Value::from(h.listen),
+        h.pid
     );
     // The head's keys are the head's: a field of the same name would make a second key.
     let mut fields = fields;
-    for key in ["time", "event", "service", "listen"] {
+    for key in ["time", "event", "service", "listen", "pid"] {
         fields.remove(key);
     }
     let rest = Value::Object(fields).to_string();
@@ -118,11 +123,12 @@ mod tests {
             event,
             service: "middlebox",
             listen: "127.0.0.1:8443",
+            pid: 4242,
         }
     }
 
     const HEAD: &str = "{\"time\":\"2026-11-27T19:30:45.123Z\",\"event\":\"session\",\
-                        \"service\":\"middlebox\",\"listen\":\"127.0.0.1:8443\"";
+                        \"service\":\"middlebox\",\"listen\":\"127.0.0.1:8443\",\"pid\":4242";
 
     #[test]
     fn a_line_is_one_object_with_time_event_and_source_first() {
@@ -155,7 +161,7 @@ mod tests {
         // A field cannot take a head key's place.
         let l = line(
             &head("notice"),
-            fields(json!({ "event": "forged", "time": 0 })),
+            fields(json!({ "event": "forged", "time": 0, "pid": 1 })),
         );
         let back: Value = serde_json::from_str(&l).unwrap();
         assert_eq!(
@@ -165,6 +171,10 @@ mod tests {
         assert_eq!(
             (&back["time"], l.matches("\"time\"").count()),
             (&json!("2026-11-27T19:30:45.123Z"), 1)
+        );
+        assert_eq!(
+            (&back["pid"], l.matches("\"pid\"").count()),
+            (&json!(4242), 1)
         );
     }
 

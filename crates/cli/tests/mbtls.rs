@@ -3692,7 +3692,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(v["event"], event, "{line}");
         assert!(
-            v["service"].is_string() && v["listen"].is_string(),
+            v["service"].is_string() && v["listen"].is_string() && v["pid"].is_u64(),
             "{line}"
         );
         let time = v["time"].as_str().unwrap_or_else(|| panic!("{line}"));
@@ -3781,6 +3781,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     // connection come from the address the proxy reports.
     assert_eq!(m["listen"], mb_addr.as_str(), "{m}");
     assert_eq!(s["listen"], server_addr.as_str(), "{s}");
+    assert_eq!(s["pid"].as_u64(), srv.id().map(u64::from), "{s}");
     assert_eq!(p["listen"], proxy_addr.as_str(), "{p}");
     assert!(m["client"].is_string(), "{m}");
     assert_eq!(m["client"], p["first_hop_local"], "{m} {p}");
