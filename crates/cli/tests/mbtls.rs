@@ -1698,16 +1698,39 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
 
 /// A second stop signal cuts what the drain still waits for at once, and the cut connection's
 /// report and the "stopped" line still come (twenty-sixth round: before, the process left at
-/// the second signal without them, though the client's error pointed at those lines).
+/// the second signal without them, though the client's error pointed at those lines). In JSON
+/// lines the same lines are `stop` events with their phase and counts.
 #[test]
 fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
+    for json in [false, true] {
+        second_stop_signal(json);
+    }
+}
+
+fn second_stop_signal(json: bool) {
+    use serde_json::{json, Value};
     let (_dir, _pki, _server, mbox) = pki_files("mbx cli second signal root", "mb.test");
     // A next hop that takes the connection and never answers.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let next_hop = listener.local_addr().unwrap().to_string();
-    let (mut mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &["--drain-secs", "3600"], 4);
+    let mut extra = vec!["--drain-secs", "3600"];
+    if json {
+        extra.extend(["--report-format", "json"]);
+    }
+    let (mut mb, lines, head) = start_middlebox(&next_hop, &mbox, &extra, 4);
+    // Each line's text, and in JSON its object.
+    let read = move |line: String| -> (String, Value) {
+        if !json {
+            return (line, Value::Null);
+        }
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        (v["text"].as_str().unwrap_or_default().to_owned(), v)
+    };
+    let stop_fields = |v: &Value| ["phase", "grace_secs", "open", "cut"].map(|k| v.get(k).cloned());
+    let mut lines = lines.map(move |l| read(l.unwrap()));
+    let (banner, _) = read(head[0].clone());
     // A client that connects and says nothing: open until its handshake timeout (60 s).
-    let _client = std::net::TcpStream::connect(listening_addr(&head[0])).unwrap();
+    let _client = std::net::TcpStream::connect(listening_addr(&banner)).unwrap();
     // The middlebox has taken it once it connects to its next hop: only then is a
     // connection open when the signal comes.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -1719,14 +1742,23 @@ fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
         .unwrap()
         .unwrap();
     signal(&mut mb, Signal::TERM);
-    let stopping = lines.next().unwrap().unwrap();
+    let (stopping, v) = lines.next().unwrap();
     assert!(
         stopping.starts_with("middlebox stopping: no new connections"),
         "{stopping}"
     );
+    if json {
+        let phase = [
+            Some(json!("draining")),
+            Some(json!(3600)),
+            Some(Value::Null),
+            Some(Value::Null),
+        ];
+        assert_eq!(stop_fields(&v), phase, "{v}");
+    }
     // A reload while stopping is taken, and says that no new connection comes.
     signal(&mut mb, Signal::HUP);
-    let reloaded = lines.next().unwrap().unwrap();
+    let (reloaded, _) = lines.next().unwrap();
     assert!(
         reloaded.starts_with(
             "middlebox reloaded: it is stopping, though: no new connections come; limits: \
@@ -1735,21 +1767,48 @@ fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
         "{reloaded}"
     );
     signal(&mut mb, Signal::TERM);
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let rest: Vec<(String, Value)> = lines.collect();
+    let texts: Vec<&str> = rest.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(
-        rest.first().map(String::as_str),
+        texts.first().copied(),
         Some("middlebox stopping now: the open connections are cut"),
-        "{rest:?}"
+        "{texts:?}"
     );
     assert!(
-        rest.iter().any(|l| l.contains("cut: the service stopped")),
-        "{rest:?}"
+        texts.iter().any(|l| l.contains("cut: the service stopped")),
+        "{texts:?}"
     );
     assert_eq!(
-        rest.last().map(String::as_str),
+        texts.last().copied(),
         Some("middlebox stopped (1 connection cut)"),
-        "{rest:?}"
+        "{texts:?}"
     );
+    if json {
+        let (first, last) = (&rest[0].1, &rest[rest.len() - 1].1);
+        let cutting = [
+            Some(json!("cutting")),
+            Some(Value::Null),
+            Some(json!(1)),
+            Some(Value::Null),
+        ];
+        assert_eq!(stop_fields(first), cutting, "{first}");
+        let stopped = [
+            Some(json!("stopped")),
+            Some(Value::Null),
+            Some(Value::Null),
+            Some(json!(1)),
+        ];
+        assert_eq!(stop_fields(last), stopped, "{last}");
+        // The cut connection's report: never past its handshake.
+        let cut = rest
+            .iter()
+            .map(|(_, v)| v)
+            .find(|v| v["event"] == "session");
+        assert!(
+            cut.is_some_and(|v| v["ok"] == false && v["handshake_ms"].is_null()),
+            "{rest:?}"
+        );
+    }
     let status = mb.wait_timeout(std::time::Duration::from_secs(60));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
