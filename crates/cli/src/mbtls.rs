@@ -2609,25 +2609,29 @@ fn print_session(
 
 /// Where a service's stop has got to (the `"stop"` event's `phase`, docs/mbtls.md §4.9).
 enum StopPhase {
-    /// No new connections; open ones have `grace_secs` to end.
-    Draining { grace_secs: u64 },
-    /// A second signal: the connections open as it came (`open`) are cut; some may end on
-    /// their own first, so the final count is [`StopPhase::Stopped`]'s `cut`.
-    Cutting { open: u64 },
+    /// No new connections; the `open` ones have `grace_secs` to end.
+    Draining { grace_secs: u64, open: u64 },
+    /// The connections open now (`open`) are cut, on a second signal or when the drain time is
+    /// over (`cause`); some may end on their own first, so the final count is
+    /// [`StopPhase::Stopped`]'s `cut`.
+    Cutting { open: u64, cause: &'static str },
     /// Every connection has ended (`cut` of them were cut); the process exits.
     Stopped { cut: u64 },
-    /// A third signal: the process exits without the cut connections' reports.
-    Left,
+    /// A signal after the cut: the process exits without the reports of the `open` connections
+    /// not yet ended.
+    Left { open: u64 },
 }
 
 /// A stop's line, in JSON a `"stop"` event whose fields are the same in every phase (null where
-/// a phase has no such number).
+/// a phase has no such value).
 fn print_stop(phase: StopPhase, text: String) {
-    let (name, grace, open, cut) = match phase {
-        StopPhase::Draining { grace_secs } => ("draining", Some(grace_secs), None, None),
-        StopPhase::Cutting { open } => ("cutting", None, Some(open), None),
-        StopPhase::Stopped { cut } => ("stopped", None, None, Some(cut)),
-        StopPhase::Left => ("left", None, None, None),
+    let (name, grace, open, cut, cause) = match phase {
+        StopPhase::Draining { grace_secs, open } => {
+            ("draining", Some(grace_secs), Some(open), None, None)
+        }
+        StopPhase::Cutting { open, cause } => ("cutting", None, Some(open), None, Some(cause)),
+        StopPhase::Stopped { cut } => ("stopped", None, None, Some(cut), None),
+        StopPhase::Left { open } => ("left", None, Some(open), None, None),
     };
     crate::subcommand::print_event("stop", text, || {
         let mut fields = serde_json::Map::new();
@@ -2635,8 +2639,37 @@ fn print_stop(phase: StopPhase, text: String) {
         fields.insert("grace_secs".into(), grace.into());
         fields.insert("open".into(), open.into());
         fields.insert("cut".into(), cut.into());
+        fields.insert("cause".into(), cause.into());
         fields
     });
+}
+
+/// Cuts the service's open connections now (`cause`: `"signal"` or `"drain_time_over"`), after
+/// saying so: their reports follow, then the "stopped" line.
+fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: &'static str) {
+    // Counted before the cut, which may end them all before a count after it.
+    let open = server.open_connections();
+    let text = match (open, cause) {
+        (0, _) => format!("{who} stopping now: no {what} open"),
+        (_, "signal") => format!("{who} stopping now: the open {what} are cut"),
+        _ => format!("{who} stopping now: the drain time is over, the open {what} are cut"),
+    };
+    print_stop(
+        StopPhase::Cutting {
+            open: open as u64,
+            cause,
+        },
+        text,
+    );
+    server.cut_now();
+}
+
+/// Ready at `at`; never if `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A reload's fields for `--report-format json`: applied, or refused and why.
@@ -2811,6 +2844,10 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     } = signals;
     let reloads = Arc::new(Reloads::default());
     let grace = service.drain_grace();
+    // After the first stop signal: when the drain time is over. Then (or on a second signal)
+    // the open connections are cut; a signal after that leaves without their reports.
+    let mut drain_over: Option<tokio::time::Instant> = None;
+    let mut cut_asked = false;
     // What a reload's line marks as changed is against the configuration last applied.
     let mut last_limits = *server.config().limits();
     // Stopped when this returns.
@@ -2858,34 +2895,36 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
             },
             r = stop.next() => {
                 r?;
-                if stop.count > 2 {
+                if cut_asked {
                     // The cut connections' reports did not come: leave without them.
+                    let open = server.open_connections() as u64;
                     print_stop(
-                        StopPhase::Left,
+                        StopPhase::Left { open },
                         format!("{who} stopped without waiting for the reports of the cut {what}"),
                     );
                     return Ok(());
                 }
                 if stop.count > 1 {
-                    // Their reports follow, then the "stopped" line. Counted before the cut,
-                    // which may end them all before a count after it.
-                    let open = server.open_connections();
-                    server.cut_now();
-                    let text = match open {
-                        0 => format!("{who} stopping now: no {what} open"),
-                        _ => format!("{who} stopping now: the open {what} are cut"),
-                    };
-                    print_stop(StopPhase::Cutting { open: open as u64 }, text);
+                    cut_asked = true;
+                    cut_open(server, (who, what), "signal");
                     continue;
                 }
-                server.drain(grace);
+                // The drain's end is kept here rather than by the listener, so that the
+                // "cutting" line comes before the cut connections' reports, as after a signal.
+                server.drain(Duration::MAX);
+                drain_over = Some(tokio::time::Instant::now() + grace);
+                let open = server.open_connections() as u64;
                 print_stop(
-                    StopPhase::Draining { grace_secs: grace.as_secs() },
+                    StopPhase::Draining { grace_secs: grace.as_secs(), open },
                     format!(
                         "{who} stopping: no new {what}; open ones have {}s to end (signal again to cut them now)",
                         grace.as_secs()
                     ),
                 );
+            }
+            () = sleep_until_some(drain_over), if !cut_asked => {
+                cut_asked = true;
+                cut_open(server, (who, what), "drain_time_over");
             }
             report = server.next_report() => match report {
                 Some(r) => print(&r),

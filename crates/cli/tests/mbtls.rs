@@ -1698,22 +1698,35 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
 
 /// A second stop signal cuts what the drain still waits for at once, and the cut connection's
 /// report and the "stopped" line still come (twenty-sixth round: before, the process left at
-/// the second signal without them, though the client's error pointed at those lines). In JSON
-/// lines the same lines are `stop` events with their phase and counts.
+/// the second signal without them, though the client's error pointed at those lines). So does
+/// the end of the drain time, with a line of its own before the reports (thirtieth round:
+/// before, nothing said the drain was over). In JSON lines the same lines are `stop` events
+/// with their phase, counts and cause.
 #[test]
 fn a_second_stop_signal_cuts_the_open_connections_and_reports_them() {
     for json in [false, true] {
-        second_stop_signal(json);
+        stop_with_a_connection_open(json, false);
     }
 }
 
-fn second_stop_signal(json: bool) {
+#[test]
+fn the_end_of_the_drain_time_cuts_the_open_connections_and_says_so() {
+    for json in [false, true] {
+        stop_with_a_connection_open(json, true);
+    }
+}
+
+/// A middlebox with one connection open is stopped: cut by a second signal, or (`by_time`) at
+/// the end of a 1 s drain.
+fn stop_with_a_connection_open(json: bool, by_time: bool) {
     use serde_json::{json, Value};
     let (_dir, _pki, _server, mbox) = pki_files("mbx cli second signal root", "mb.test");
     // A next hop that takes the connection and never answers.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let next_hop = listener.local_addr().unwrap().to_string();
-    let mut extra = vec!["--drain-secs", "3600"];
+    let grace = if by_time { 1 } else { 3600 };
+    let grace_arg = grace.to_string();
+    let mut extra = vec!["--drain-secs", grace_arg.as_str()];
     if json {
         extra.extend(["--report-format", "json"]);
     }
@@ -1726,7 +1739,9 @@ fn second_stop_signal(json: bool) {
         let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         (v["text"].as_str().unwrap_or_default().to_owned(), v)
     };
-    let stop_fields = |v: &Value| ["phase", "grace_secs", "open", "cut"].map(|k| v.get(k).cloned());
+    let stop_fields = |v: &Value| {
+        ["phase", "grace_secs", "open", "cut", "cause"].map(|k| v.get(k).cloned().unwrap())
+    };
     let mut lines = lines.map(move |l| read(l.unwrap()));
     let (banner, _) = read(head[0].clone());
     // A client that connects and says nothing: open until its handshake timeout (60 s).
@@ -1747,33 +1762,44 @@ fn second_stop_signal(json: bool) {
         stopping.starts_with("middlebox stopping: no new connections"),
         "{stopping}"
     );
+    let null = Value::Null;
     if json {
-        let phase = [
-            Some(json!("draining")),
-            Some(json!(3600)),
-            Some(Value::Null),
-            Some(Value::Null),
+        let draining = [
+            json!("draining"),
+            json!(grace),
+            json!(1),
+            null.clone(),
+            null.clone(),
         ];
-        assert_eq!(stop_fields(&v), phase, "{v}");
+        assert_eq!(stop_fields(&v), draining, "{v}");
     }
-    // A reload while stopping is taken, and says that no new connection comes.
-    signal(&mut mb, Signal::HUP);
-    let (reloaded, _) = lines.next().unwrap();
-    assert!(
-        reloaded.starts_with(
-            "middlebox reloaded: it is stopping, though: no new connections come; limits: \
-             handshake 60s, idle 600s, at most"
-        ),
-        "{reloaded}"
-    );
-    signal(&mut mb, Signal::TERM);
+    if !by_time {
+        // A reload while stopping is taken, and says that no new connection comes.
+        signal(&mut mb, Signal::HUP);
+        let (reloaded, _) = lines.next().unwrap();
+        assert!(
+            reloaded.starts_with(
+                "middlebox reloaded: it is stopping, though: no new connections come; limits: \
+                 handshake 60s, idle 600s, at most"
+            ),
+            "{reloaded}"
+        );
+        signal(&mut mb, Signal::TERM);
+    }
     let rest: Vec<(String, Value)> = lines.collect();
     let texts: Vec<&str> = rest.iter().map(|(t, _)| t.as_str()).collect();
-    assert_eq!(
-        texts.first().copied(),
-        Some("middlebox stopping now: the open connections are cut"),
-        "{texts:?}"
-    );
+    let (cutting, cause) = if by_time {
+        (
+            "middlebox stopping now: the drain time is over, the open connections are cut",
+            "drain_time_over",
+        )
+    } else {
+        (
+            "middlebox stopping now: the open connections are cut",
+            "signal",
+        )
+    };
+    assert_eq!(texts.first().copied(), Some(cutting), "{texts:?}");
     assert!(
         texts.iter().any(|l| l.contains("cut: the service stopped")),
         "{texts:?}"
@@ -1786,18 +1812,14 @@ fn second_stop_signal(json: bool) {
     if json {
         let (first, last) = (&rest[0].1, &rest[rest.len() - 1].1);
         let cutting = [
-            Some(json!("cutting")),
-            Some(Value::Null),
-            Some(json!(1)),
-            Some(Value::Null),
+            json!("cutting"),
+            null.clone(),
+            json!(1),
+            null.clone(),
+            json!(cause),
         ];
         assert_eq!(stop_fields(first), cutting, "{first}");
-        let stopped = [
-            Some(json!("stopped")),
-            Some(Value::Null),
-            Some(Value::Null),
-            Some(json!(1)),
-        ];
+        let stopped = [json!("stopped"), null.clone(), null.clone(), json!(1), null];
         assert_eq!(stop_fields(last), stopped, "{last}");
         // The cut connection's report: never past its handshake.
         let cut = rest
@@ -3880,7 +3902,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     signal(&mut srv, Signal::TERM);
     let stop = |line: &str| {
         let v = parse(line, "stop");
-        let fields = ["phase", "grace_secs", "open", "cut"].map(|k| v.get(k).cloned());
+        let fields = ["phase", "grace_secs", "open", "cut", "cause"].map(|k| v.get(k).cloned());
         (v, fields)
     };
     let (v, fields) = stop(&srv_lines.next().unwrap().unwrap());
@@ -3889,6 +3911,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         [
             Some(json!("draining")),
             Some(json!(10)),
+            Some(json!(0)),
             Some(Value::Null),
             Some(Value::Null)
         ],
@@ -3908,7 +3931,8 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
             Some(json!("stopped")),
             Some(Value::Null),
             Some(Value::Null),
-            Some(json!(0))
+            Some(json!(0)),
+            Some(Value::Null)
         ],
         "{v}"
     );

@@ -348,7 +348,9 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 }
                 // Wait for every aborted connection so that none relays another byte.
                 conns.abort_all();
-                while conns.join_next().await.is_some() {}
+                while conns.join_next().await.is_some() {
+                    counts.open.store(conns.len(), Ordering::Relaxed);
+                }
                 counts.open.store(0, Ordering::Relaxed);
                 return;
             }
