@@ -3817,6 +3817,7 @@ mod tests {
             key_updates: 0,
             peer_left_without_close_notify: false,
             durations: Default::default(),
+            cut_at_stop: false,
             outcome: Err(alert.to_string()),
             error: Some(Arc::new(alert)),
         };
@@ -3956,6 +3957,8 @@ mod tests {
             key_updates: 0,
             left_without_close_notify: None,
             durations: Default::default(),
+            cut_at_stop: false,
+            error_kind: None,
             outcome: Ok(()),
         };
         let line = report_line(&r);
@@ -4134,6 +4137,7 @@ mod tests {
             key_updates: 0,
             peer_left_without_close_notify: false,
             durations: Default::default(),
+            cut_at_stop: false,
             outcome: Ok(()),
             error: None,
         };

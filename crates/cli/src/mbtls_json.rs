@@ -45,7 +45,12 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
             }
         ),
     }));
-    outcome(&mut m, &r.outcome, &r.durations);
+    outcome(
+        &mut m,
+        &r.outcome,
+        &r.durations,
+        (r.cut_at_stop, r.error_kind),
+    );
     m
 }
 
@@ -62,7 +67,8 @@ pub fn server(r: &ServerConnectionReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome, &r.durations);
+    let kind = r.error.as_deref().map(DriverError::kind);
+    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, kind));
     m
 }
 
@@ -81,7 +87,8 @@ pub fn proxy(r: &ProxyReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome, &r.durations);
+    let kind = r.error.as_deref().map(DriverError::kind);
+    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, kind));
     m
 }
 
@@ -170,11 +177,23 @@ fn failed_on(m: &mut Map<String, Value>, error: Option<&DriverError>) {
 }
 
 /// How the connection ended, and how long it took (milliseconds to the microsecond, from the
-/// accept: `handshake_ms` until this party's handshake was over, null if it never was).
-fn outcome(m: &mut Map<String, Value>, outcome: &Result<(), String>, took: &Durations) {
+/// accept: `handshake_ms` until this party's handshake was over, null if it never was). The
+/// error's kind: the driver's ([`DriverError::kind`]), else `"cut_at_stop"` for a connection
+/// the stop cut, else `"other"`; null when it ended well.
+fn outcome(
+    m: &mut Map<String, Value>,
+    outcome: &Result<(), String>,
+    took: &Durations,
+    (cut_at_stop, kind): (bool, Option<&'static str>),
+) {
     let ms = |d: std::time::Duration| d.as_micros() as f64 / 1000.0;
     m.insert("handshake_ms".into(), took.handshake.map(ms).into());
     m.insert("duration_ms".into(), ms(took.total).into());
+    let kind = outcome
+        .is_err()
+        .then(|| kind.unwrap_or(if cut_at_stop { "cut_at_stop" } else { "other" }));
+    m.insert("cut_at_stop".into(), cut_at_stop.into());
+    m.insert("error_kind".into(), kind.into());
     m.insert("ok".into(), outcome.is_ok().into());
     m.insert(
         "error".into(),
@@ -253,6 +272,7 @@ mod tests {
                 handshake: Some(std::time::Duration::from_micros(2_500)),
                 total: std::time::Duration::from_millis(1_250),
             },
+            cut_at_stop: false,
             outcome: Err("the backend left".into()),
             error: Some(std::sync::Arc::new(DriverError::Handshake(
                 HandshakeError::Middlebox {
@@ -267,6 +287,10 @@ mod tests {
         assert_eq!(
             (&v["handshake_ms"], &v["duration_ms"]),
             (&json!(2.5), &json!(1250.0))
+        );
+        assert_eq!(
+            (&v["error_kind"], &v["cut_at_stop"]),
+            (&json!("handshake"), &json!(false))
         );
         assert_eq!(v["version"], "TLS 1.2");
         assert_eq!(v["suite"], "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384");
@@ -360,6 +384,8 @@ mod tests {
             key_updates: 0,
             left_without_close_notify: Some(Side::Server),
             durations: Durations::default(),
+            cut_at_stop: false,
+            error_kind: None,
             outcome: Ok(()),
         };
         let v = Value::Object(middlebox(&r));
@@ -371,9 +397,11 @@ mod tests {
             "server_hop",
             "error",
             "handshake_ms",
+            "error_kind",
         ] {
             assert_eq!(v.get(key), Some(&Value::Null), "{key}: {v}");
         }
+        assert_eq!(v["cut_at_stop"], false, "{v}");
         assert_eq!(v["passive"], "the server did not answer our announcement");
         assert_eq!(v["left_without_close_notify"], "server");
         let mut both_closed = r.clone();

@@ -1830,6 +1830,12 @@ fn stop_with_a_connection_open(json: bool, by_time: bool) {
             cut.is_some_and(|v| v["ok"] == false && v["handshake_ms"].is_null()),
             "{rest:?}"
         );
+        let cut = cut.unwrap();
+        assert_eq!(
+            (&cut["cut_at_stop"], &cut["error_kind"]),
+            (&json!(true), &json!("cut_at_stop")),
+            "{cut}"
+        );
     }
     let status = mb.wait_timeout(std::time::Duration::from_secs(60));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
@@ -3834,6 +3840,11 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     );
     for v in [&p, &m, &s] {
         assert_eq!((&v["ok"], &v["error"]), (&json!(true), &Value::Null), "{v}");
+        assert_eq!(
+            (&v["error_kind"], &v["cut_at_stop"]),
+            (&Value::Null, &json!(false)),
+            "{v}"
+        );
         assert_eq!(v["version"], "TLS 1.3", "{v}");
         assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
         // Each party's handshake was over within its session, both counted from its accept.

@@ -1163,6 +1163,7 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
         let why = report.outcome.clone().unwrap_err();
         assert!(why.contains("did not finish within"), "{report:?}");
         assert!(!report.keys_installed, "{report:?}");
+        assert_eq!(report.error_kind, Some("handshake_timeout"), "{report:?}");
     }
 
     // A session that got its keys stays up past the handshake timeout.

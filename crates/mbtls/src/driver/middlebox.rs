@@ -197,6 +197,11 @@ pub struct ConnectionReport {
     pub left_without_close_notify: Option<Side>,
     /// From the accept: until the keys arrived, and until the connection ended.
     pub durations: super::Durations,
+    /// Its listener cut the connection when it stopped ([`CUT_AT_STOP`](super::CUT_AT_STOP)).
+    pub cut_at_stop: bool,
+    /// The kind of the failure that ended the session ([`DriverError::kind`], or
+    /// `"legacy_server"`), if one did.
+    pub error_kind: Option<&'static str>,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -225,8 +230,15 @@ impl ConnectionReport {
             key_updates: 0,
             left_without_close_notify: None,
             durations: super::Durations::default(),
+            cut_at_stop: false,
+            error_kind: None,
             outcome: Ok(()),
         }
+    }
+
+    fn failed(&mut self, e: &DriverError) {
+        self.outcome = Err(e.to_string());
+        self.error_kind = Some(e.kind());
     }
 }
 
@@ -252,6 +264,9 @@ impl super::reports::Report for ConnectionReport {
     }
     fn durations_mut(&mut self) -> &mut super::Durations {
         &mut self.durations
+    }
+    fn mark_cut_at_stop(&mut self) {
+        self.cut_at_stop = true;
     }
 }
 
@@ -358,14 +373,14 @@ async fn serve(
     let next_hop = match next_hop_of(&client, &cfg.next_hop) {
         Ok(next_hop) => next_hop,
         Err(e) => {
-            report.outcome = Err(e.to_string());
+            report.failed(&e);
             return;
         }
     };
     report.next_hop = Some(next_hop.to_string());
     let announce = !legacy.is_legacy(&next_hop);
     if let Err(e) = relay(client, &next_hop, cfg, announce, report, accepted).await {
-        report.outcome = Err(e.to_string());
+        report.failed(&e);
     }
     // A server that refused our announcement with an alert, the first thing it sent, is
     // legacy: later sessions are not announced to it. So is one whose first bytes were not
@@ -386,6 +401,7 @@ async fn serve(
             Ok(()) => Err(why),
             Err(e) => Err(format!("{why}; then: {e}")),
         };
+        report.error_kind = Some("legacy_server");
     }
 }
 
@@ -879,7 +895,7 @@ async fn relay(
     // A failure is known now: a stop that cuts the connection while its alerts leave must
     // not report only the cut.
     if let Err(e) = &result {
-        report.outcome = Err(e.to_string());
+        report.failed(e);
     }
     // Orderly or not, let queued bytes (close_notify, alerts) leave, then close both sockets.
     conn.to_client.finish();

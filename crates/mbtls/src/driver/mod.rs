@@ -173,6 +173,25 @@ pub enum DriverError {
     Config(String),
 }
 
+impl DriverError {
+    /// What kind of failure this is, as a stable name for logs and reports (the variant in
+    /// snake case: `"io"`, `"handshake"`, `"peer_gone"`, `"alert"`, `"relay"`,
+    /// `"handshake_timeout"`, `"idle_timeout"`, `"not_redirected"`, `"config"`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DriverError::Io { .. } => "io",
+            DriverError::Handshake(_) => "handshake",
+            DriverError::PeerGone { .. } => "peer_gone",
+            DriverError::Alert { .. } => "alert",
+            DriverError::Relay(_) => "relay",
+            DriverError::HandshakeTimeout(_) => "handshake_timeout",
+            DriverError::IdleTimeout(_) => "idle_timeout",
+            DriverError::NotRedirected(_) => "not_redirected",
+            DriverError::Config(_) => "config",
+        }
+    }
+}
+
 /// A configuration the core refused is said once ("configuration: …", not "mbTLS handshake
 /// failed: configuration: …"), wherever the driver meets it.
 impl From<HandshakeError> for DriverError {

@@ -87,6 +87,8 @@ pub struct ProxyReport {
     /// From the accept of the local connection: until the mbTLS session's data phase started
     /// (the first hop's connection included), and until both ended.
     pub durations: super::Durations,
+    /// Its listener cut the session when it stopped ([`CUT_AT_STOP`](super::CUT_AT_STOP)).
+    pub cut_at_stop: bool,
     /// `Err` with the reason when the session failed or did not end cleanly.
     pub outcome: Result<(), String>,
     /// The error itself, when the session failed with one (the outcome's text comes from it),
@@ -118,6 +120,9 @@ impl super::reports::Report for ProxyReport {
     }
     fn durations_mut(&mut self) -> &mut super::Durations {
         &mut self.durations
+    }
+    fn mark_cut_at_stop(&mut self) {
+        self.cut_at_stop = true;
     }
 }
 
@@ -169,6 +174,7 @@ impl ProxyReport {
             key_updates: 0,
             peer_left_without_close_notify: false,
             durations: super::Durations::default(),
+            cut_at_stop: false,
             outcome: Ok(()),
             error: None,
         }

@@ -132,6 +132,8 @@ pub(crate) trait Report: core::fmt::Debug {
     fn key_updates(&self) -> u64;
     /// Where the connection's durations are kept.
     fn durations_mut(&mut self) -> &mut Durations;
+    /// Marks the report of a connection its listener cut ([`CUT_AT_STOP`]).
+    fn mark_cut_at_stop(&mut self);
 }
 
 impl<T: Report> ReportSender<T> {
@@ -258,6 +260,7 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
             } else {
                 CUT_AT_STOP.to_string()
             };
+            report.mark_cut_at_stop();
             // An error the connection had already met stays first.
             let outcome = report.outcome_mut();
             match outcome {
@@ -288,6 +291,7 @@ mod tests {
         outcome: Result<(), String>,
         bytes: u64,
         durations: Durations,
+        cut: bool,
     }
 
     impl Report for Seen {
@@ -313,6 +317,9 @@ mod tests {
         fn durations_mut(&mut self) -> &mut Durations {
             &mut self.durations
         }
+        fn mark_cut_at_stop(&mut self) {
+            self.cut = true;
+        }
     }
 
     impl Absorb<u64> for Seen {
@@ -326,6 +333,7 @@ mod tests {
             outcome,
             bytes: 0,
             durations: Durations::default(),
+            cut: false,
         }
     }
 
@@ -357,7 +365,7 @@ mod tests {
         }
         ended.send();
         let r = rx.recv().await.unwrap();
-        assert_eq!((r.outcome, r.bytes), (Ok(()), 7));
+        assert_eq!((r.outcome, r.bytes, r.cut), (Ok(()), 7, false));
 
         let mut cut = Pending::new(seen(Ok(())), 0u64, tx.clone());
         if let Some((_, counted)) = cut.parts() {
@@ -365,7 +373,7 @@ mod tests {
         }
         drop(cut);
         let r = rx.recv().await.unwrap();
-        assert_eq!(r.bytes, 3);
+        assert_eq!((r.bytes, r.cut), (3, true));
         assert!(r.outcome.unwrap_err().starts_with("cut: "));
 
         drop(Pending::new(seen(Err("alert".into())), 0u64, tx));

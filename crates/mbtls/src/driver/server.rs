@@ -62,6 +62,8 @@ pub struct ServerConnectionReport {
     pub peer_left_without_close_notify: bool,
     /// From the accept: until the data phase started, and until the session ended.
     pub durations: super::Durations,
+    /// Its listener cut the session when it stopped ([`CUT_AT_STOP`](super::CUT_AT_STOP)).
+    pub cut_at_stop: bool,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
     /// The error itself, when the session failed with one (the outcome's text comes from it),
@@ -94,6 +96,9 @@ impl super::reports::Report for ServerConnectionReport {
     }
     fn durations_mut(&mut self) -> &mut super::Durations {
         &mut self.durations
+    }
+    fn mark_cut_at_stop(&mut self) {
+        self.cut_at_stop = true;
     }
 }
 
@@ -180,6 +185,7 @@ impl ServerConnectionReport {
             key_updates: 0,
             peer_left_without_close_notify: false,
             durations: super::Durations::default(),
+            cut_at_stop: false,
             outcome: Ok(()),
             error: None,
         }
