@@ -4,7 +4,8 @@
 
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, ConnectionReport, DriverError, Durations, ProxyReport, ServerConnectionReport,
+    fingerprint_hex, ConnectionReport, DriverError, Durations, ErrorKind, ProxyReport,
+    ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{HandshakeError, HopFingerprint, SessionSummary};
 use mbx_mbtls::Side;
@@ -184,14 +185,17 @@ fn outcome(
     m: &mut Map<String, Value>,
     outcome: &Result<(), String>,
     took: &Durations,
-    (cut_at_stop, kind): (bool, Option<&'static str>),
+    (cut_at_stop, kind): (bool, Option<ErrorKind>),
 ) {
     let ms = |d: std::time::Duration| d.as_micros() as f64 / 1000.0;
     m.insert("handshake_ms".into(), took.handshake.map(ms).into());
     m.insert("duration_ms".into(), ms(took.total).into());
-    let kind = outcome
-        .is_err()
-        .then(|| kind.unwrap_or(if cut_at_stop { "cut_at_stop" } else { "other" }));
+    let kind = outcome.is_err().then(|| {
+        kind.map_or(
+            if cut_at_stop { "cut_at_stop" } else { "other" },
+            ErrorKind::name,
+        )
+    });
     m.insert("cut_at_stop".into(), cut_at_stop.into());
     m.insert("error_kind".into(), kind.into());
     m.insert("ok".into(), outcome.is_ok().into());

@@ -1148,7 +1148,11 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
             report.announced && report.legacy_server,
             "{legacy}: {report:?}"
         );
-        assert_eq!(report.error_kind, Some("legacy_server"), "{report:?}");
+        assert_eq!(
+            report.error_kind,
+            Some(mbx_mbtls::driver::ErrorKind::LegacyServer),
+            "{report:?}"
+        );
         // A failed session, not a clean one: the server's refusal reached the client.
         let why = report.outcome.as_ref().unwrap_err();
         assert!(

@@ -200,8 +200,8 @@ pub struct ConnectionReport {
     /// Its listener cut the connection when it stopped ([`CUT_AT_STOP`](super::CUT_AT_STOP)).
     pub cut_at_stop: bool,
     /// The kind of the failure that ended the session ([`DriverError::kind`], or
-    /// `"legacy_server"`), if one did.
-    pub error_kind: Option<&'static str>,
+    /// [`ErrorKind::LegacyServer`](super::ErrorKind::LegacyServer)), if one did.
+    pub error_kind: Option<super::ErrorKind>,
     /// `Err` with the reason when the session did not end cleanly.
     pub outcome: Result<(), String>,
 }
@@ -401,7 +401,7 @@ async fn serve(
             Ok(()) => Err(why),
             Err(e) => Err(format!("{why}; then: {e}")),
         };
-        report.error_kind = Some("legacy_server");
+        report.error_kind = Some(super::ErrorKind::LegacyServer);
     }
 }
 

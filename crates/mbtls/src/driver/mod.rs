@@ -173,21 +173,56 @@ pub enum DriverError {
     Config(String),
 }
 
-impl DriverError {
-    /// What kind of failure this is, as a stable name for logs and reports (the variant in
-    /// snake case: `"io"`, `"handshake"`, `"peer_gone"`, `"alert"`, `"relay"`,
-    /// `"handshake_timeout"`, `"idle_timeout"`, `"not_redirected"`, `"config"`).
-    pub fn kind(&self) -> &'static str {
+/// What kind of failure ended a session: [`DriverError::kind`], and at a middlebox
+/// [`ErrorKind::LegacyServer`]. A byte in each report (an idle middlebox connection keeps its
+/// report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    Io,
+    Handshake,
+    PeerGone,
+    Alert,
+    Relay,
+    HandshakeTimeout,
+    IdleTimeout,
+    NotRedirected,
+    Config,
+    /// A middlebox's server refused its announcement: a legacy server.
+    LegacyServer,
+}
+
+impl ErrorKind {
+    /// A stable name for logs and reports: the variant in snake case (`"peer_gone"`).
+    pub fn name(self) -> &'static str {
         match self {
-            DriverError::Io { .. } => "io",
-            DriverError::Handshake(_) => "handshake",
-            DriverError::PeerGone { .. } => "peer_gone",
-            DriverError::Alert { .. } => "alert",
-            DriverError::Relay(_) => "relay",
-            DriverError::HandshakeTimeout(_) => "handshake_timeout",
-            DriverError::IdleTimeout(_) => "idle_timeout",
-            DriverError::NotRedirected(_) => "not_redirected",
-            DriverError::Config(_) => "config",
+            ErrorKind::Io => "io",
+            ErrorKind::Handshake => "handshake",
+            ErrorKind::PeerGone => "peer_gone",
+            ErrorKind::Alert => "alert",
+            ErrorKind::Relay => "relay",
+            ErrorKind::HandshakeTimeout => "handshake_timeout",
+            ErrorKind::IdleTimeout => "idle_timeout",
+            ErrorKind::NotRedirected => "not_redirected",
+            ErrorKind::Config => "config",
+            ErrorKind::LegacyServer => "legacy_server",
+        }
+    }
+}
+
+impl DriverError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DriverError::Io { .. } => ErrorKind::Io,
+            DriverError::Handshake(_) => ErrorKind::Handshake,
+            DriverError::PeerGone { .. } => ErrorKind::PeerGone,
+            DriverError::Alert { .. } => ErrorKind::Alert,
+            DriverError::Relay(_) => ErrorKind::Relay,
+            DriverError::HandshakeTimeout(_) => ErrorKind::HandshakeTimeout,
+            DriverError::IdleTimeout(_) => ErrorKind::IdleTimeout,
+            DriverError::NotRedirected(_) => ErrorKind::NotRedirected,
+            DriverError::Config(_) => ErrorKind::Config,
         }
     }
 }
