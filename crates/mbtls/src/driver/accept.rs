@@ -303,6 +303,14 @@ struct Counts {
     open: Arc<AtomicUsize>,
 }
 
+/// Waits until every connection in `conns` has ended, `open` following them as they end (a
+/// metrics scrape, a second stop signal's count read it meanwhile).
+async fn join_all(conns: &mut JoinSet<()>, open: &AtomicUsize) {
+    while conns.join_next().await.is_some() {
+        open.store(conns.len(), Ordering::Relaxed);
+    }
+}
+
 /// The connection limit is read again on every turn, and a reload wakes the loop: it may have
 /// changed.
 async fn accept_loop<C: ServiceConfig, F, Fut>(
@@ -329,13 +337,7 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 if let Ok(Stop::Drain(grace)) = stop {
                     let _ = tokio::time::timeout(grace, async {
                         tokio::select! {
-                            // The open count follows the connections that end meanwhile (a
-                            // metrics scrape, a second stop signal's count).
-                            () = async {
-                                while conns.join_next().await.is_some() {
-                                    counts.open.store(conns.len(), Ordering::Relaxed);
-                                }
-                            } => {}
+                            () = join_all(&mut conns, &counts.open) => {}
                             () = cut_now.notified() => {}
                         }
                     })
@@ -348,9 +350,7 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
                 }
                 // Wait for every aborted connection so that none relays another byte.
                 conns.abort_all();
-                while conns.join_next().await.is_some() {
-                    counts.open.store(conns.len(), Ordering::Relaxed);
-                }
+                join_all(&mut conns, &counts.open).await;
                 counts.open.store(0, Ordering::Relaxed);
                 return;
             }
