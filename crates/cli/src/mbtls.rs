@@ -2614,12 +2614,31 @@ enum StopPhase {
     /// The connections open now (`open`) are cut, on a second signal or when the drain time is
     /// over (`cause`); some may end on their own first, so the final count is
     /// [`StopPhase::Stopped`]'s `cut`.
-    Cutting { open: u64, cause: &'static str },
+    Cutting { open: u64, cause: CutCause },
     /// Every connection has ended (`cut` of them were cut); the process exits.
     Stopped { cut: u64 },
     /// A signal after the cut: the process exits without the reports of the `open` connections
     /// not yet ended.
     Left { open: u64 },
+}
+
+/// Why a stop cuts the open connections.
+#[derive(Clone, Copy)]
+enum CutCause {
+    /// A second stop signal.
+    Signal,
+    /// The drain time is over.
+    DrainTimeOver,
+}
+
+impl CutCause {
+    /// The `"stop"` event's `cause`.
+    fn name(self) -> &'static str {
+        match self {
+            CutCause::Signal => "signal",
+            CutCause::DrainTimeOver => "drain_time_over",
+        }
+    }
 }
 
 /// A stop's line, in JSON a `"stop"` event whose fields are the same in every phase (null where
@@ -2629,7 +2648,9 @@ fn print_stop(phase: StopPhase, text: String) {
         StopPhase::Draining { grace_secs, open } => {
             ("draining", Some(grace_secs), Some(open), None, None)
         }
-        StopPhase::Cutting { open, cause } => ("cutting", None, Some(open), None, Some(cause)),
+        StopPhase::Cutting { open, cause } => {
+            ("cutting", None, Some(open), None, Some(cause.name()))
+        }
         StopPhase::Stopped { cut } => ("stopped", None, None, Some(cut), None),
         StopPhase::Left { open } => ("left", None, Some(open), None, None),
     };
@@ -2644,15 +2665,17 @@ fn print_stop(phase: StopPhase, text: String) {
     });
 }
 
-/// Cuts the service's open connections now (`cause`: `"signal"` or `"drain_time_over"`), after
-/// saying so: their reports follow, then the "stopped" line.
-fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: &'static str) {
+/// Cuts the service's open connections now, after saying so: their reports follow, then the
+/// "stopped" line.
+fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: CutCause) {
     // Counted before the cut, which may end them all before a count after it.
     let open = server.open_connections();
     let text = match (open, cause) {
         (0, _) => format!("{who} stopping now: no {what} open"),
-        (_, "signal") => format!("{who} stopping now: the open {what} are cut"),
-        _ => format!("{who} stopping now: the drain time is over, the open {what} are cut"),
+        (_, CutCause::Signal) => format!("{who} stopping now: the open {what} are cut"),
+        (_, CutCause::DrainTimeOver) => {
+            format!("{who} stopping now: the drain time is over, the open {what} are cut")
+        }
     };
     print_stop(
         StopPhase::Cutting {
@@ -2662,14 +2685,6 @@ fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: &'
         text,
     );
     server.cut_now();
-}
-
-/// Ready at `at`; never if `None`.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// A reload's fields for `--report-format json`: applied, or refused and why.
@@ -2906,7 +2921,7 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 }
                 if stop.count > 1 {
                     cut_asked = true;
-                    cut_open(server, (who, what), "signal");
+                    cut_open(server, (who, what), CutCause::Signal);
                     continue;
                 }
                 // The drain's end is kept here rather than by the listener, so that the
@@ -2922,9 +2937,9 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     ),
                 );
             }
-            () = sleep_until_some(drain_over), if !cut_asked => {
+            () = mbx_net::sleep_until_some(drain_over), if !cut_asked => {
                 cut_asked = true;
-                cut_open(server, (who, what), "drain_time_over");
+                cut_open(server, (who, what), CutCause::DrainTimeOver);
             }
             report = server.next_report() => match report {
                 Some(r) => print(&r),

@@ -47,12 +47,6 @@ fn holds_memory(buf_c: &ReadBuf, buf_s: &ReadBuf, conn: &Conn) -> bool {
         || conn.to_server.holds_spares()
 }
 
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at).await;
-    }
-}
-
 /// What a middlebox needs to serve connections.
 #[derive(Clone)]
 pub struct MiddleboxServerConfig {
@@ -531,7 +525,9 @@ impl Conn {
         }
     }
 
-    fn events(&mut self, report: &mut ConnectionReport) {
+    /// Takes the core's events into `report` (the handshake's duration counted from
+    /// `accepted`).
+    fn events(&mut self, report: &mut ConnectionReport, accepted: tokio::time::Instant) {
         while let Some(ev) = self.hs.poll_event() {
             match ev {
                 MiddleboxHandshakeEvent::Announced { .. } => report.announced = true,
@@ -544,6 +540,7 @@ impl Conn {
                 MiddleboxHandshakeEvent::Resumed => report.resumed = true,
                 MiddleboxHandshakeEvent::KeysInstalled => {
                     report.keys_installed = true;
+                    report.durations.handshake = Some(accepted.elapsed());
                     if let Some(relay) = self.hs.relay() {
                         report.version = Some(relay.version());
                         // Per side: (read, write). Toward the client we read c2s.
@@ -786,7 +783,7 @@ async fn relay(
             // One timer for both (each branch's timer would take room in every connection's
             // state, idle or not): preparing the answer ahead of the ServerHello, and the
             // end of the wait for the server's last words.
-            _ = sleep_until_opt(prepare_at.or(server_left.map(|(at, _)| at))), if prepare_at.is_some() || server_left.is_some() => {
+            _ = mbx_net::sleep_until_some(prepare_at.or(server_left.map(|(at, _)| at))) => {
                 if prepare_at.take().is_some() {
                     // Makes the TLS 1.3 evidence too (a quote: milliseconds, one at a time).
                     if attester_blocks {
@@ -859,10 +856,7 @@ async fn relay(
         };
         // Alerts the core queued go out even when it failed, and before records it passed
         // on in the read buffer, which then goes out itself (no copy) and is replaced.
-        conn.events(report);
-        if report.keys_installed && report.durations.handshake.is_none() {
-            report.durations.handshake = Some(accepted.elapsed());
-        }
+        conn.events(report, accepted);
         conn.push();
         if let Ok(Some(range)) = &received {
             let to = conn.outbox(from.other());
