@@ -9,14 +9,14 @@ use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
-/// The service whose lines these are, and the address it listens on: set once, when the
-/// lines turn to JSON.
-static SOURCE: OnceLock<(String, String)> = OnceLock::new();
+/// The service whose lines these are, the address it listens on and the process: set once,
+/// when the lines turn to JSON.
+static SOURCE: OnceLock<(String, String, u32)> = OnceLock::new();
 
 /// From now on, every line on standard output is a JSON object naming `service` (its role)
 /// and its `listen` address, so that the lines of several services in one log stay apart.
 pub fn turn_on(service: &str, listen: SocketAddr) {
-    let _ = SOURCE.set((service.to_owned(), listen.to_string()));
+    let _ = SOURCE.set((service.to_owned(), listen.to_string(), std::process::id()));
 }
 
 pub fn is_on() -> bool {
@@ -27,13 +27,13 @@ pub fn is_on() -> bool {
 /// line (a closed standard output is ignored, as for text lines).
 pub fn print(event: &str, fields: Map<String, Value>) {
     use std::io::Write;
-    let (service, listen) = SOURCE.get().map_or(("", ""), |(s, l)| (s, l));
+    let (service, listen, pid) = SOURCE.get().map_or(("", "", 0), |(s, l, p)| (s, l, *p));
     let head = Head {
         time: &now(),
         event,
         service,
         listen,
-        pid: std::process::id(),
+        pid,
     };
     let _ = writeln!(std::io::stdout().lock(), "{}", line(&head, fields));
 }
