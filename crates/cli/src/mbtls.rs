@@ -1973,13 +1973,23 @@ fn middlebox(
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         s.service.start_reports("middlebox", server.local_addr());
-        print_line(format_args!(
+        let text = format!(
             "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
             server.local_addr(),
             next_hop,
             s.side,
             certificate_names
-        ));
+        );
+        print_listening(
+            text,
+            &limits,
+            [
+                // An address, or null and `transparent` for each connection's destination.
+                ("next_hop", next_hop_address(&next_hop).into()),
+                ("transparent", next_hop_address(&next_hop).is_none().into()),
+                ("side", s.side.as_str().into()),
+            ],
+        );
         print_line(format_args!("app: {}", s.app));
         print_line(format_args!("attestation: {attestation_line}"));
         print_line(limits_line(&limits, "connections"));
@@ -2687,11 +2697,53 @@ fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: Cu
     server.cut_now();
 }
 
-/// A reload's fields for `--report-format json`: applied, or refused and why.
-fn reload_fields(refused: Option<String>) -> serde_json::Map<String, serde_json::Value> {
+/// A service's first banner line, in JSON a `"listening"` event: the service is ready, with
+/// its `limits` and the role's `facts` as fields (the banner's other lines stay notices).
+fn print_listening<const N: usize>(
+    text: String,
+    limits: &Limits,
+    facts: [(&str, serde_json::Value); N],
+) {
+    crate::subcommand::print_event("listening", text, || {
+        let mut fields: serde_json::Map<_, _> =
+            facts.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        fields.insert("limits".into(), limits_fields(limits));
+        fields
+    });
+}
+
+/// The middlebox's next hop when it is one address; `None` when transparent.
+fn next_hop_address(next_hop: &NextHop) -> Option<&str> {
+    match next_hop {
+        NextHop::Address(addr) => Some(addr),
+        NextHop::OriginalDestination => None,
+    }
+}
+
+/// A service's limits as a JSON object: seconds, null for an idle time that never ends and
+/// for no limit on open connections (sessions).
+fn limits_fields(limits: &Limits) -> serde_json::Value {
+    serde_json::json!({
+        "handshake_timeout_secs": limits.handshake_timeout.as_secs(),
+        "idle_timeout_secs": limits.idle_timeout.map(|d| d.as_secs()),
+        "max_open": limits.max_connections,
+    })
+}
+
+/// A reload's fields for `--report-format json`: applied with the limits now in force and
+/// whether they changed, or refused and why (`limits` and `limits_changed` null).
+fn reload_fields(
+    outcome: Result<(&Limits, bool), String>,
+) -> serde_json::Map<String, serde_json::Value> {
     let mut fields = serde_json::Map::new();
+    let (limits, changed, refused) = match outcome {
+        Ok((limits, changed)) => (limits_fields(limits), Some(changed), None),
+        Err(why) => (serde_json::Value::Null, None, Some(why)),
+    };
     fields.insert("applied".into(), refused.is_none().into());
     fields.insert("error".into(), refused.into());
+    fields.insert("limits".into(), limits);
+    fields.insert("limits_changed".into(), changed.into());
     fields
 }
 
@@ -2890,13 +2942,15 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                         0 => format!("new {what} get the new configuration"),
                         _ => format!("it is stopping, though: no new {what} come"),
                     };
-                    let changed = if limits == last_limits { "" } else { " (changed)" };
+                    let changed = limits != last_limits;
                     last_limits = limits;
                     let line = format!(
-                        "{who} reloaded: {taken}; {}{changed}{also}",
-                        limits_line(&limits, what)
+                        "{who} reloaded: {taken}; {}{}{also}",
+                        limits_line(&limits, what),
+                        if changed { " (changed)" } else { "" },
                     );
-                    crate::subcommand::print_event("reload", line, || reload_fields(None));
+                    let fields = || reload_fields(Ok((&limits, changed)));
+                    crate::subcommand::print_event("reload", line, fields);
                 }
                 Err(e) => {
                     reloads.refused.fetch_add(1, Ordering::Relaxed);
@@ -2904,7 +2958,7 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     // Standard error has it; a reader of the JSON lines gets it too.
                     if crate::json_lines::is_on() {
                         let line = format!("{who} reload refused: {why}");
-                        crate::subcommand::print_event("reload", line, || reload_fields(Some(why)));
+                        crate::subcommand::print_event("reload", line, || reload_fields(Err(why)));
                     }
                 }
             },
@@ -3380,11 +3434,12 @@ fn server(
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         s.service.start_reports("server", server.local_addr());
-        print_line(format_args!(
+        let text = format!(
             "mbTLS server listening on {}, backend {}, {versions}, {certificate}",
             server.local_addr(),
             s.backend,
-        ));
+        );
+        print_listening(text, &limits, [("backend", s.backend.as_str().into())]);
         match &policy {
             Some(policy) => {
                 print_line(format_args!("server-side middlebox: {described}; {policy}"))
@@ -3691,10 +3746,11 @@ fn local_proxy(
         service.start_reports("client-proxy", proxy.local_addr());
         // The policy's part carries the warning when middleboxes of ours may join and none
         // can pass (what a fetch prints with its verdicts).
-        print_line(format_args!(
+        let text = format!(
             "mbTLS client proxy listening on {}, {shown}",
-            proxy.local_addr(),
-        ));
+            proxy.local_addr()
+        );
+        print_listening(text, &limits, []);
         print_line(limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
         serve_until_stopped(

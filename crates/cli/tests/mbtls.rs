@@ -3763,7 +3763,8 @@ fn options_that_would_be_ignored_are_refused() {
 }
 
 /// `--report-format json` on the three services: every line on standard output is one JSON
-/// object with its time and event (the banners as notices), and each session's report gives
+/// object with its time and event (a banner's first line as `"listening"` with the service's
+/// limits and facts, its others as notices), and each session's report gives
 /// its facts as fields that agree across the path: the client proxy's two hops are the
 /// middlebox's client and server hops, by their key fingerprints (the server, which no
 /// middlebox of its own side could join, kept its keys in OpenSSL and lists none); the proxy's
@@ -3786,11 +3787,31 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         assert!(time.len() == 24 && time.ends_with('Z'), "{line}");
         v
     };
-    // The banners: notices whose messages are the text lines.
-    let banner = |head: &[String]| -> Vec<String> {
-        head.iter()
-            .map(|l| parse(l, "notice")["text"].as_str().unwrap().to_owned())
-            .collect()
+    // The banners: a "listening" event, then notices; the text lines, and the first's fields.
+    let banner_fields = |head: &[String]| -> (Vec<String>, Value) {
+        let first = parse(&head[0], "listening");
+        let rest = head[1..].iter().map(|l| parse(l, "notice"));
+        let text = std::iter::once(first.clone())
+            .chain(rest)
+            .map(|v| v["text"].as_str().unwrap().to_owned())
+            .collect();
+        (text, first)
+    };
+    // What a banner's limits line ("limits: handshake 60s, idle 600s, at most 9980 sessions
+    // at once") says, as the JSON fields should give it.
+    let limits_said = |line: &str| -> Value {
+        let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+        let secs = |w: &str| w.strip_suffix('s').and_then(|n| n.parse::<u64>().ok());
+        assert_eq!(
+            (words[0], words[5], words[6]),
+            ("limits:", "at", "most"),
+            "{line}"
+        );
+        json!({
+            "handshake_timeout_secs": secs(words[2]),
+            "idle_timeout_secs": secs(words[4]),
+            "max_open": words[7].parse::<u64>().ok(),
+        })
     };
     // A config file, for the reloads at the end.
     let server_config = dir.path().join("server.toml");
@@ -3799,14 +3820,38 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     server_args.extend(["--report-format", "json"].map(OsStr::new));
     server_args.splice(0..0, [OsStr::new("--config"), server_config.as_os_str()]);
     let (mut srv, mut srv_lines, srv_head) = start(&server_args, 3);
-    let srv_head = banner(&srv_head);
+    let (srv_head, listening) = banner_fields(&srv_head);
     assert!(
         srv_head[0].starts_with("mbTLS server listening on "),
         "{srv_head:?}"
     );
+    // The limits as the banner's line says them: the defaults, and at most as many sessions
+    // as the process may open descriptors for.
+    let default_limits = limits_said(&srv_head[2]);
+    assert!(
+        srv_head[2].starts_with("limits: handshake 60s, idle 600s, at most "),
+        "{srv_head:?}"
+    );
+    assert!(default_limits["max_open"].is_u64(), "{srv_head:?}");
+    assert_eq!(
+        (&listening["backend"], &listening["limits"]),
+        (&json!(backend), &default_limits),
+        "{listening}"
+    );
     let (_mb, mut mb_lines, mb_head) =
         start_middlebox(&server_addr, &mbox, &["--report-format", "json"], 4);
-    let mb_addr = listening_addr(&banner(&mb_head)[0]);
+    let (mb_head, listening) = banner_fields(&mb_head);
+    let mb_addr = listening_addr(&mb_head[0]);
+    assert_eq!(
+        (
+            &listening["next_hop"],
+            &listening["transparent"],
+            &listening["side"]
+        ),
+        (&json!(server_addr), &json!(false), &json!("client")),
+        "{listening}"
+    );
+    assert_eq!(listening["limits"], limits_said(&mb_head[3]), "{listening}");
     let policy = no_evidence_policy(&dir);
     let (_proxy, mut proxy_lines, phead) = start_proxy(
         &server,
@@ -3820,7 +3865,9 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
             "json",
         ],
     );
-    let proxy_addr = listening_addr(&banner(&phead)[0]);
+    let (phead, listening) = banner_fields(&phead);
+    let proxy_addr = listening_addr(&phead[0]);
+    assert_eq!(listening["limits"], limits_said(&phead[1]), "{listening}");
     let out = mbx_testbed::Curl::new(&format!("http://{proxy_addr}/json"))
         .header("Host: server.test")
         .run()
@@ -3901,10 +3948,31 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         r["text"].as_str().unwrap().starts_with("server reloaded: "),
         "{r}"
     );
+    assert_eq!(
+        (&r["limits"], &r["limits_changed"]),
+        (&default_limits, &json!(false)),
+        "{r}"
+    );
+    // A changed limit: the limits now in force, marked as changed.
+    std::fs::write(&server_config, "[mbtls.server]\nmax_connections = 7\n").unwrap();
+    signal(&mut srv, Signal::HUP);
+    let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
+    let mut limits = default_limits.clone();
+    limits["max_open"] = json!(7);
+    assert_eq!(
+        (&r["applied"], &r["limits"], &r["limits_changed"]),
+        (&json!(true), &limits, &json!(true)),
+        "{r}"
+    );
     std::fs::write(&server_config, "[mbtls.server]\nbogus = 1\n").unwrap();
     signal(&mut srv, Signal::HUP);
     let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
     assert_eq!(r["applied"], false, "{r}");
+    assert_eq!(
+        (&r["limits"], &r["limits_changed"]),
+        (&Value::Null, &Value::Null),
+        "{r}"
+    );
     assert!(
         r["error"].as_str().is_some_and(|e| e.contains("bogus")),
         "{r}"
