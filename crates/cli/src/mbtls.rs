@@ -1980,16 +1980,7 @@ fn middlebox(
             s.side,
             certificate_names
         );
-        print_listening(
-            text,
-            &limits,
-            [
-                // An address, or null and `transparent` for each connection's destination.
-                ("next_hop", next_hop_address(&next_hop).into()),
-                ("transparent", next_hop_address(&next_hop).is_none().into()),
-                ("side", s.side.as_str().into()),
-            ],
-        );
+        print_listening(text, &*server.config());
         print_line(format_args!("app: {}", s.app));
         print_line(format_args!("attestation: {attestation_line}"));
         print_line(limits_line(&limits, "connections"));
@@ -2627,9 +2618,9 @@ enum StopPhase {
     Cutting { open: u64, cause: CutCause },
     /// Every connection has ended (`cut` of them were cut); the process exits.
     Stopped { cut: u64 },
-    /// A signal after the cut: the process exits without the reports of the `open` connections
-    /// not yet ended.
-    Left { open: u64 },
+    /// A signal after the cut: the process exits without the reports of the `unreported`
+    /// connections still ending.
+    Left { unreported: u64 },
 }
 
 /// Why a stop cuts the open connections.
@@ -2662,7 +2653,7 @@ fn print_stop(phase: StopPhase, text: String) {
             ("cutting", None, Some(open), None, Some(cause.name()))
         }
         StopPhase::Stopped { cut } => ("stopped", None, None, Some(cut), None),
-        StopPhase::Left { open } => ("left", None, Some(open), None, None),
+        StopPhase::Left { unreported } => ("left", None, Some(unreported), None, None),
     };
     crate::subcommand::print_event("stop", text, || {
         let mut fields = serde_json::Map::new();
@@ -2673,6 +2664,41 @@ fn print_stop(phase: StopPhase, text: String) {
         fields.insert("cause".into(), cause.into());
         fields
     });
+}
+
+/// A stop signal after the cut: gives the reports already in and waits for no other. Every
+/// accepted connection has one report, given (`reported` counts them) or dropped for want of a
+/// reader ([`Listening::reports_dropped`]); the phase is "left" with those not given yet, or
+/// "stopped" when there are none.
+fn leave_now<R, C>(
+    server: &mut Listening<R, C>,
+    reported: &mut u64,
+    print: &impl Fn(&R),
+    (who, what): (&str, &str),
+) -> (StopPhase, String) {
+    while let Some(r) = server.try_next_report() {
+        *reported += 1;
+        print(&r);
+    }
+    let given = *reported + server.reports_dropped();
+    match server.stats().accepted().saturating_sub(given) {
+        0 => {
+            let cut = server.connections_cut();
+            (StopPhase::Stopped { cut }, stopped_line(who, cut, what))
+        }
+        n => (
+            StopPhase::Left { unreported: n },
+            format!(
+                "{who} stopped without the reports of {} still ending",
+                count_of(n, what)
+            ),
+        ),
+    }
+}
+
+/// The "stopped" line: every connection has ended, `cut` of them cut.
+fn stopped_line(who: &str, cut: u64, what: &str) -> String {
+    format!("{who} stopped ({} cut)", count_of(cut, what))
 }
 
 /// Cuts the service's open connections now, after saying so: their reports follow, then the
@@ -2697,27 +2723,78 @@ fn cut_open<R, C>(server: &Listening<R, C>, (who, what): (&str, &str), cause: Cu
     server.cut_now();
 }
 
-/// A service's first banner line, in JSON a `"listening"` event: the service is ready, with
-/// its `limits` and the role's `facts` as fields (the banner's other lines stay notices).
-fn print_listening<const N: usize>(
-    text: String,
-    limits: &Limits,
-    facts: [(&str, serde_json::Value); N],
-) {
-    crate::subcommand::print_event("listening", text, || {
-        let mut fields: serde_json::Map<_, _> =
-            facts.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        fields.insert("limits".into(), limits_fields(limits));
+/// What a service's configuration shows in its `"listening"` and `"reload"` events: its
+/// `limits` and the role's facts (where it forwards to, on which side), as JSON fields.
+trait ServiceFields: ServiceConfig {
+    /// The role's facts; the same keys whatever the configuration.
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value>;
+
+    /// The facts and the limits.
+    fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut fields = self.facts();
+        fields.insert("limits".into(), limits_fields(self.limits()));
         fields
-    });
+    }
 }
 
-/// The middlebox's next hop when it is one address; `None` when transparent.
-fn next_hop_address(next_hop: &NextHop) -> Option<&str> {
-    match next_hop {
-        NextHop::Address(addr) => Some(addr),
-        NextHop::OriginalDestination => None,
+impl ServiceFields for MiddleboxServerConfig {
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        // An address, or null and `transparent` for each connection's own destination.
+        let address = match &self.next_hop {
+            NextHop::Address(addr) => Some(addr.as_str()),
+            NextHop::OriginalDestination => None,
+        };
+        let side = match self.placement {
+            Placement::ClientSide => "client",
+            Placement::ServerSide => "server",
+        };
+        object(serde_json::json!({
+            "next_hop": address,
+            "transparent": address.is_none(),
+            "side": side,
+        }))
     }
+}
+
+impl ServiceFields for MbtlsServerConfig {
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        object(serde_json::json!({ "backend": self.backend }))
+    }
+}
+
+impl ServiceFields for ClientProxyConfig {
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        // The pre-configured middleboxes in path order, and how many may be discovered.
+        let (middleboxes, discovered) = match &self.handshake.middlebox {
+            ClientMiddlebox::Preconfigured(name) => (vec![name.as_str()], 0),
+            ClientMiddlebox::PreconfiguredPath(names) => {
+                (names.iter().map(String::as_str).collect(), 0)
+            }
+            ClientMiddlebox::Discover(_) => (vec![], 1),
+            ClientMiddlebox::DiscoverUpTo(_, n) => (vec![], *n),
+            ClientMiddlebox::Disabled => (vec![], 0),
+        };
+        object(serde_json::json!({
+            "server_name": self.handshake.server_name,
+            "first_hop": self.first_hop,
+            "middleboxes": middleboxes,
+            "max_discovered": discovered,
+        }))
+    }
+}
+
+/// A JSON object's fields.
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// A service's first banner line, in JSON a `"listening"` event: the service is ready, with
+/// its configuration's fields ([`ServiceFields`]; the banner's other lines stay notices).
+fn print_listening(text: String, config: &impl ServiceFields) {
+    crate::subcommand::print_event("listening", text, || config.fields());
 }
 
 /// A service's limits as a JSON object: seconds, null for an idle time that never ends and
@@ -2730,19 +2807,25 @@ fn limits_fields(limits: &Limits) -> serde_json::Value {
     })
 }
 
-/// A reload's fields for `--report-format json`: applied with the limits now in force and
-/// whether they changed, or refused and why (`limits` and `limits_changed` null).
-fn reload_fields(
-    outcome: Result<(&Limits, bool), String>,
+/// A reload's fields for `--report-format json`: applied, with the configuration's fields
+/// now in force ([`ServiceFields`]) and whether the limits changed, or refused and why (those
+/// fields null, `running`'s keys).
+fn reload_fields<C: ServiceFields>(
+    outcome: Result<(&C, bool), String>,
+    running: &C,
 ) -> serde_json::Map<String, serde_json::Value> {
-    let mut fields = serde_json::Map::new();
-    let (limits, changed, refused) = match outcome {
-        Ok((limits, changed)) => (limits_fields(limits), Some(changed), None),
-        Err(why) => (serde_json::Value::Null, None, Some(why)),
+    let (mut fields, changed, refused) = match outcome {
+        Ok((config, changed)) => (config.fields(), Some(changed), None),
+        Err(why) => {
+            let mut fields = running.fields();
+            fields
+                .values_mut()
+                .for_each(|v| *v = serde_json::Value::Null);
+            (fields, None, Some(why))
+        }
     };
     fields.insert("applied".into(), refused.is_none().into());
     fields.insert("error".into(), refused.into());
-    fields.insert("limits".into(), limits);
     fields.insert("limits_changed".into(), changed.into());
     fields
 }
@@ -2897,7 +2980,7 @@ fn raise_open_files_limit() {
 /// configuration `reload` builds for the connections accepted from then on; one that fails to
 /// build changes nothing. With a metrics listener (bound by [`bind_metrics`] before the
 /// banner), answers Prometheus scrapes there.
-async fn serve_until_stopped<R, C: ServiceConfig>(
+async fn serve_until_stopped<R, C: ServiceFields>(
     server: &mut Listening<R, C>,
     (signals, metrics): (ServiceSignals, Option<tokio::net::TcpListener>),
     service: &Service,
@@ -2915,6 +2998,8 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
     // the open connections are cut; a signal after that leaves without their reports.
     let mut drain_over: Option<tokio::time::Instant> = None;
     let mut cut_asked = false;
+    // Reports given so far: a leave says how many connections it gives none for.
+    let mut reported = 0u64;
     // What a reload's line marks as changed is against the configuration last applied.
     let mut last_limits = *server.config().limits();
     // Stopped when this returns.
@@ -2949,7 +3034,8 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                         limits_line(&limits, what),
                         if changed { " (changed)" } else { "" },
                     );
-                    let fields = || reload_fields(Ok((&limits, changed)));
+                    let config = server.config();
+                    let fields = || reload_fields(Ok((&*config, changed)), &*config);
                     crate::subcommand::print_event("reload", line, fields);
                 }
                 Err(e) => {
@@ -2958,19 +3044,17 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                     // Standard error has it; a reader of the JSON lines gets it too.
                     if crate::json_lines::is_on() {
                         let line = format!("{who} reload refused: {why}");
-                        crate::subcommand::print_event("reload", line, || reload_fields(Err(why)));
+                        let running = server.config();
+                        let fields = || reload_fields(Err(why), &*running);
+                        crate::subcommand::print_event("reload", line, fields);
                     }
                 }
             },
             r = stop.next() => {
                 r?;
                 if cut_asked {
-                    // The cut connections' reports did not come: leave without them.
-                    let open = server.open_connections() as u64;
-                    print_stop(
-                        StopPhase::Left { open },
-                        format!("{who} stopped without waiting for the reports of the cut {what}"),
-                    );
+                    let (phase, text) = leave_now(server, &mut reported, &print, (who, what));
+                    print_stop(phase, text);
                     return Ok(());
                 }
                 if stop.count > 1 {
@@ -2996,13 +3080,13 @@ async fn serve_until_stopped<R, C: ServiceConfig>(
                 cut_open(server, (who, what), CutCause::DrainTimeOver);
             }
             report = server.next_report() => match report {
-                Some(r) => print(&r),
+                Some(r) => {
+                    reported += 1;
+                    print(&r);
+                }
                 None if stop.count > 0 => {
                     let cut = server.connections_cut();
-                    print_stop(
-                        StopPhase::Stopped { cut },
-                        format!("{who} stopped ({} cut)", count_of(cut, what)),
-                    );
+                    print_stop(StopPhase::Stopped { cut }, stopped_line(who, cut, what));
                     return Ok(());
                 }
                 None => bail!("the {who} stopped"),
@@ -3439,7 +3523,7 @@ fn server(
             server.local_addr(),
             s.backend,
         );
-        print_listening(text, &limits, [("backend", s.backend.as_str().into())]);
+        print_listening(text, &*server.config());
         match &policy {
             Some(policy) => {
                 print_line(format_args!("server-side middlebox: {described}; {policy}"))
@@ -3750,7 +3834,7 @@ fn local_proxy(
             "mbTLS client proxy listening on {}, {shown}",
             proxy.local_addr()
         );
-        print_listening(text, &limits, []);
+        print_listening(text, &*proxy.config());
         print_line(limits_line(&limits, "connections"));
         let names = ("proxy", "connections");
         serve_until_stopped(
@@ -3864,6 +3948,60 @@ fn max_discovered(n: Option<u8>) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stop signal after the cut gives the reports already in and says how many it leaves
+    /// without (a user trial saw "left" say 0 while four reports were waiting unread); once
+    /// every report is in, it is "stopped".
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_leave_gives_the_reports_already_in_and_counts_the_others() {
+        let pki = mbx_testbed::TestPki::new("cli leave CA").unwrap();
+        let leaf = pki
+            .issue(&mbx_testbed::LeafSpec::middlebox("mb.test"))
+            .unwrap();
+        let identity = mbx_engine::Identity::from_pem(leaf.chain_pem(), leaf.key_pem().as_bytes());
+        // A next hop whose kernel takes the connections, which then wait there.
+        let next_hop = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cfg = MiddleboxServerConfig {
+            handshake: MiddleboxHandshakeConfig::new(&TlsConfig::server(identity), None).unwrap(),
+            next_hop: next_hop.local_addr().unwrap().to_string().into(),
+            app: Arc::new(|| Box::new(PassThrough) as Box<_>),
+            placement: Placement::ClientSide,
+            limits: Limits::default(),
+        };
+        let mut server = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+        // Two clients that say nothing: each connection waits for its ClientHello.
+        let addr = server.local_addr();
+        let _clients = [
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+        ];
+        // Both connected to the next hop (the listener counts them open from their accept).
+        let mut _held = Vec::new();
+        for _ in 0..2 {
+            _held.push(next_hop.accept().await.unwrap());
+        }
+        let printed = std::cell::Cell::new(0u64);
+        let print = |_: &ConnectionReport| printed.set(printed.get() + 1);
+        let names = ("middlebox", "connections");
+        let mut reported = 0;
+        server.drain(Duration::MAX);
+        server.cut_now();
+        // On this one thread the listener has not run since: no report is in yet.
+        let (phase, text) = leave_now(&mut server, &mut reported, &print, names);
+        assert!(matches!(phase, StopPhase::Left { unreported: 2 }), "{text}");
+        assert_eq!(
+            text,
+            "middlebox stopped without the reports of 2 connections still ending"
+        );
+        // Once the cut connections' reports are in, a leave gives them and says "stopped".
+        while server.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (phase, text) = leave_now(&mut server, &mut reported, &print, names);
+        assert!(matches!(phase, StopPhase::Stopped { cut: 2 }), "{text}");
+        assert_eq!((printed.get(), reported), (2, 2));
+        assert_eq!(text, "middlebox stopped (2 connections cut)");
+    }
 
     /// A client proxy's line names its own address toward the first hop (which the first
     /// hop's report names), says what would fix a failure also when the session had come up

@@ -26,7 +26,8 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "joined": r.keys_installed,
         "secondary_session_started": r.joined,
         "evidence_sent": r.evidence_sent,
-        "resumed": r.resumed,
+        // Its secondary session with the endpoint, when one started.
+        "resumed": r.joined.then_some(r.resumed),
         "legacy_server": r.legacy_server,
         "passive": r.passive,
         "refused_by_endpoint": r.refused_by_endpoint,
@@ -35,7 +36,8 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "server_hop": r.server_hop.as_ref().map(hop),
         "bytes_from_client": r.bytes_from_client,
         "bytes_from_server": r.bytes_from_server,
-        "key_updates": r.key_updates,
+        // Unseen by a middlebox that stood aside: it forwarded records it could not read.
+        "key_updates": r.passive.is_none().then_some(r.key_updates),
         // Known only on a session that ended without an error (the error says the rest):
         // who left after the other's close_notify without its own, or "none".
         "left_without_close_notify": r.outcome.is_ok().then_some(
@@ -362,8 +364,8 @@ mod tests {
         assert_eq!(v["key_updates"], 1);
     }
 
-    /// A middlebox that never got keys: no version or hops (nulls, not absent fields), why it
-    /// stood aside, and who left without close_notify.
+    /// A middlebox that never got keys: no version, hops, resumption or KeyUpdate count
+    /// (nulls, not absent fields), why it stood aside, and who left without close_notify.
     #[test]
     fn a_middleboxs_connection_without_keys_has_nulls_where_it_knows_nothing() {
         let r = ConnectionReport {
@@ -402,9 +404,20 @@ mod tests {
             "error",
             "handshake_ms",
             "error_kind",
+            // No secondary session to have resumed; KeyUpdates unseen, standing aside.
+            "resumed",
+            "key_updates",
         ] {
             assert_eq!(v.get(key), Some(&Value::Null), "{key}: {v}");
         }
+        // Known once a secondary session started, and while it took part.
+        let mut took_part = r.clone();
+        (took_part.joined, took_part.passive) = (true, None);
+        let v2 = middlebox(&took_part);
+        assert_eq!(
+            (&v2["resumed"], &v2["key_updates"]),
+            (&json!(false), &json!(0))
+        );
         assert_eq!(v["cut_at_stop"], false, "{v}");
         assert_eq!(v["passive"], "the server did not answer our announcement");
         assert_eq!(v["left_without_close_notify"], "server");

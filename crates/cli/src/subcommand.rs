@@ -275,14 +275,16 @@ pub fn escape_controls_but<'a>(text: &'a str, kept: &[char]) -> std::borrow::Cow
 pub fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
+        // Without the line break some messages end with (the TOML parser's).
         let said = cause.to_string();
-        if text.contains(&said) {
+        let said = said.trim_end();
+        if text.contains(said) {
             continue;
         }
         if !text.is_empty() {
             text.push_str(": ");
         }
-        text.push_str(&said);
+        text.push_str(said);
     }
     text
 }

@@ -3868,6 +3868,21 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     let (phead, listening) = banner_fields(&phead);
     let proxy_addr = listening_addr(&phead[0]);
     assert_eq!(listening["limits"], limits_said(&phead[1]), "{listening}");
+    assert_eq!(
+        [
+            &listening["server_name"],
+            &listening["first_hop"],
+            &listening["middleboxes"],
+            &listening["max_discovered"]
+        ],
+        [
+            &json!("server.test"),
+            &json!(mb_addr),
+            &json!(["mb.test"]),
+            &json!(0)
+        ],
+        "{listening}"
+    );
     let out = mbx_testbed::Curl::new(&format!("http://{proxy_addr}/json"))
         .header("Host: server.test")
         .run()
@@ -3949,8 +3964,8 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         "{r}"
     );
     assert_eq!(
-        (&r["limits"], &r["limits_changed"]),
-        (&default_limits, &json!(false)),
+        (&r["limits"], &r["limits_changed"], &r["backend"]),
+        (&default_limits, &json!(false), &json!(backend)),
         "{r}"
     );
     // A changed limit: the limits now in force, marked as changed.
@@ -3964,13 +3979,20 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         (&json!(true), &limits, &json!(true)),
         "{r}"
     );
-    std::fs::write(&server_config, "[mbtls.server]\nbogus = 1\n").unwrap();
+    // A key given twice: the TOML parser's message, which ends with a line break.
+    std::fs::write(&server_config, "[mbtls.server]\nbogus = 1\nbogus = 2\n").unwrap();
     signal(&mut srv, Signal::HUP);
     let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
     assert_eq!(r["applied"], false, "{r}");
+    // The configuration's fields are null, the same keys as when applied.
     assert_eq!(
-        (&r["limits"], &r["limits_changed"]),
-        (&Value::Null, &Value::Null),
+        (&r["limits"], &r["limits_changed"], &r["backend"]),
+        (&Value::Null, &Value::Null, &Value::Null),
+        "{r}"
+    );
+    assert!(r.as_object().unwrap().contains_key("backend"), "{r}");
+    assert!(
+        r["error"].as_str().is_some_and(|e| !e.ends_with('\n')),
         "{r}"
     );
     assert!(

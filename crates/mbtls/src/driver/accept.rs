@@ -228,6 +228,11 @@ impl<R, C> Listening<R, C> {
         self.reports.recv().await
     }
 
+    /// The report of a connection that has ended, if one is waiting; never waits.
+    pub fn try_next_report(&mut self) -> Option<R> {
+        self.reports.try_recv()
+    }
+
     /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
     pub fn reports_dropped(&self) -> u64 {
         self.stats.reports_dropped()

@@ -164,6 +164,11 @@ impl<T> ReportReceiver<T> {
         self.rx.recv().await
     }
 
+    /// A report already waiting, if any.
+    pub(crate) fn try_recv(&mut self) -> Option<T> {
+        self.rx.try_recv().ok()
+    }
+
     /// Reports dropped so far because [`REPORTS_KEPT`] waited unread.
     #[cfg(test)]
     pub(crate) fn dropped(&self) -> u64 {
