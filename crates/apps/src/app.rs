@@ -46,7 +46,9 @@ pub enum Verdict {
 /// exactly the bytes the app appended to `out`. Holding bytes back (appending nothing yet) is
 /// allowed; the app must release them later or at [`on_end`](MiddleboxApp::on_end).
 ///
-/// Implementations must not panic on any input: the bytes come from the network.
+/// Implementations must not panic on any input: the bytes come from the network. The mbTLS
+/// middlebox driver runs each app inside [`CatchPanic`](crate::CatchPanic) all the same, so
+/// that a bug ends one session with an `internal_error` alert and a report saying why.
 pub trait MiddleboxApp {
     /// Plaintext arrived in direction `dir`; append the bytes to forward to `out`.
     fn on_data(&mut self, dir: Direction, data: &[u8], out: &mut Vec<u8>) -> Verdict;

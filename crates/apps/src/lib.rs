@@ -18,9 +18,11 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod catch_panic;
 pub mod http;
 pub mod passthrough;
 
 pub use app::{CloseAlert, Direction, MiddleboxApp, Verdict};
+pub use catch_panic::{CatchPanic, APP_PANICKED};
 pub use http::{HttpError, HttpHeaderInsert, HttpLimits, ResponseBody};
 pub use passthrough::PassThrough;

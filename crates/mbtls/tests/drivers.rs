@@ -306,6 +306,65 @@ async fn the_middleboxs_report_says_why_its_app_ended_the_session() {
     );
 }
 
+/// An app that panics (a bug in an operator's plug-in) ends its session with internal_error
+/// toward both sides: the client fails with that alert, not with a peer that vanished, and the
+/// middlebox's report says the app panicked and with what, without blaming a stop. The
+/// middlebox serves its next connection as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_app_ends_its_session_with_an_alert_and_a_report_that_says_so() {
+    struct Fragile;
+    impl MiddleboxApp for Fragile {
+        fn on_data(
+            &mut self,
+            _: mbx_apps::Direction,
+            data: &[u8],
+            out: &mut Vec<u8>,
+        ) -> mbx_apps::Verdict {
+            assert!(
+                !data.windows(5).any(|w| w == b"/boom"),
+                "the app met a boom"
+            );
+            out.extend_from_slice(data);
+            mbx_apps::Verdict::Continue
+        }
+    }
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let nginx = Nginx::from_files(&w.server_files)
+        .protocols(&[tb(version)])
+        .start()
+        .unwrap();
+    let app: AppFactory = Arc::new(|| Box::new(Fragile) as Box<dyn MiddleboxApp + Send>);
+    let mut mbox = w.start_middlebox(nginx.addr(), app).await;
+    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    client
+        .write_all(b"GET /boom HTTP/1.1\r\nHost: server.test\r\n\r\n")
+        .await
+        .unwrap();
+    match timeout(BOUND, client.read()).await.expect("client hung") {
+        Err(DriverError::Alert { description, .. }) => {
+            assert_eq!(description, mbx_apps::APP_PANICKED.0)
+        }
+        other => panic!("expected internal_error, got {other:?}"),
+    }
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.as_ref().unwrap_err();
+    assert!(
+        why.contains("the middlebox app panicked: the app met a boom")
+            && why.contains("internal_error(80)"),
+        "{why}"
+    );
+    assert!(!report.cut_at_stop, "{report:?}");
+    // The next session through the same middlebox is served.
+    let (_client, body) = fetch(
+        mbox.local_addr(),
+        w.client(version, measure(PROGRAM, b"")),
+        "/",
+    )
+    .await;
+    assert!(body.contains("mbx nginx ok"), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     let w = World::new();

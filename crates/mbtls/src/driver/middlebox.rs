@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mbx_apps::MiddleboxApp;
+use mbx_apps::{CatchPanic, MiddleboxApp};
 use mbx_record::TlsVersion;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
@@ -696,13 +696,16 @@ async fn relay(
     let _ = server.set_nodelay(true);
     // The accepted socket has keepalive from the listener (`Listening`).
     super::keep_alive(&server);
+    // An app's panic ends this session with internal_error toward both sides, and the report
+    // says why, instead of unwinding through this task (mbx_apps::CatchPanic).
+    let app: App = Box::new(CatchPanic::new((cfg.app)()));
     let hs = match cfg.placement {
         Placement::ClientSide => {
-            Core::ClientSide(MiddleboxHandshake::new(cfg.handshake.clone(), (cfg.app)())?)
+            Core::ClientSide(MiddleboxHandshake::new(cfg.handshake.clone(), app)?)
         }
         Placement::ServerSide => Core::ServerSide(ServerSideMiddlebox::new(
             cfg.handshake.clone(),
-            (cfg.app)(),
+            app,
             announce,
         )?),
     };

@@ -263,9 +263,9 @@ impl<R: Report + Absorb<X>, X> Pending<R, X> {
             let why = if std::thread::panicking() {
                 "the connection's task panicked".to_string()
             } else {
+                report.mark_cut_at_stop();
                 CUT_AT_STOP.to_string()
             };
-            report.mark_cut_at_stop();
             // An error the connection had already met stays first.
             let outcome = report.outcome_mut();
             match outcome {
@@ -381,9 +381,23 @@ mod tests {
         assert_eq!((r.bytes, r.cut), (3, true));
         assert!(r.outcome.unwrap_err().starts_with("cut: "));
 
-        drop(Pending::new(seen(Err("alert".into())), 0u64, tx));
+        drop(Pending::new(seen(Err("alert".into())), 0u64, tx.clone()));
         let r = rx.recv().await.unwrap();
         assert!(r.outcome.unwrap_err().starts_with("alert; then cut: "));
+
+        // Dropped by a panic's unwinding: said so, and not marked as cut by a stop (a user
+        // trial's panicking app read "cut_at_stop": true).
+        let panicking = Pending::new(seen(Ok(())), 0u64, tx);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = panicking;
+            panic!("a bug");
+        }));
+        assert!(unwound.is_err());
+        let r = rx.recv().await.unwrap();
+        assert_eq!(
+            (r.outcome, r.cut),
+            (Err("the connection's task panicked".into()), false)
+        );
         // Nothing else was sent: each was sent once.
         assert!(rx.recv().await.is_none());
     }
