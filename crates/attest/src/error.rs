@@ -143,12 +143,12 @@ pub enum AttestError {
     #[error("attestation type {0:?} is not supported (need Gramine's \"dcap\" or configfs-tsm's \"tdx_guest\")")]
     UnsupportedAttestationType(String),
     /// Reading or writing an attestation file failed.
-    #[error("I/O error on {}: {source}", path.display())]
+    #[error("I/O error on {}: {error}", path.display())]
     Io {
         /// The file involved.
         path: PathBuf,
         /// The underlying error.
         #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }

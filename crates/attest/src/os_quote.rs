@@ -78,7 +78,7 @@ pub(crate) fn read_quote(path: &Path) -> Result<Vec<u8>, AttestError> {
 pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttestError {
     AttestError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 

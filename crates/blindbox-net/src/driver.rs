@@ -62,10 +62,10 @@ fn compute<T>(f: impl FnOnce() -> T) -> T {
 /// Why a driver stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    #[error("{context}: {source}")]
+    #[error("{context}: {error}")]
     Io {
         context: &'static str,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Net(#[from] NetError),
@@ -74,7 +74,7 @@ pub enum DriverError {
 }
 
 fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
-    move |source| DriverError::Io { context, source }
+    move |error| DriverError::Io { context, error }
 }
 
 /// A BlindBox endpoint on a TCP connection to the middlebox.

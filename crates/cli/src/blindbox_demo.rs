@@ -98,7 +98,7 @@ async fn connection(
     let receiver = tokio::spawn(async move {
         let (s, _) = rcv_l.accept().await.map_err(|e| DriverError::Io {
             context: "accept",
-            source: e,
+            error: e,
         })?;
         let mut conn =
             BlindBoxStream::accept(s, &server_tls, flow, SetupConfig::new(receiver_key)).await?;

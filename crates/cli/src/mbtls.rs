@@ -1238,7 +1238,9 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
         DriverError::PeerGone { .. } => true,
         // A fatal alert from the path: the server's or a middlebox's refusal.
         DriverError::Alert { what, .. } => *what == mbx_mbtls::driver::RECEIVED_FROM_THE_PATH,
-        DriverError::Io { source, .. } => source.kind() == std::io::ErrorKind::ConnectionReset,
+        DriverError::Io { error: source, .. } => {
+            source.kind() == std::io::ErrorKind::ConnectionReset
+        }
         _ => false,
     };
     if let DriverError::Alert { description, .. } = e {

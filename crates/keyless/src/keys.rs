@@ -257,12 +257,12 @@ impl fmt::Debug for SoftwareKey {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyStoreError {
     /// A file or directory could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file holds neither a usable private key nor a certificate.
     #[error("{path}: {reason}")]
@@ -516,7 +516,7 @@ impl KeyStore {
     ) -> Result<KeyStore, KeyStoreError> {
         let io = |path: &Path| {
             let path = path.to_owned();
-            move |source| KeyStoreError::Io { path, source }
+            move |error| KeyStoreError::Io { path, error }
         };
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(io(dir))?

@@ -128,7 +128,7 @@ impl Pkcs11Token {
             Zeroizing::new(std::fs::read_to_string(&config.pin_file).map_err(|source| {
                 KeyStoreError::Io {
                     path: config.pin_file.clone(),
-                    source,
+                    error: source,
                 }
             })?);
         let pin = AuthPin::new(pin_text.trim_end_matches(['\r', '\n']).to_owned());

@@ -31,12 +31,12 @@ pub enum NetnsError {
         stderr: String,
     },
     /// Spawning a process failed.
-    #[error("spawning {command}: {source}")]
+    #[error("spawning {command}: {error}")]
     Spawn {
         /// The command line.
         command: String,
         /// Underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Port allocation on loopback failed.
     #[error(transparent)]
@@ -110,9 +110,9 @@ where
         .args(&args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|source| NetnsError::Spawn {
+        .map_err(|error| NetnsError::Spawn {
             command: command.clone(),
-            source,
+            error,
         })?;
     if !out.status.success() {
         return Err(NetnsError::Command {
@@ -202,7 +202,7 @@ impl Namespace {
         cmd.args(args).stdin(Stdio::null());
         let command = format!("{cmd:?}");
         cmd.output()
-            .map_err(|source| NetnsError::Spawn { command, source })
+            .map_err(|error| NetnsError::Spawn { command, error })
     }
 }
 
@@ -320,7 +320,7 @@ impl Host {
         let child = cmd
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|source| NetnsError::Spawn { command, source })?;
+            .map_err(|error| NetnsError::Spawn { command, error })?;
         Ok(ChildGuard::new(child))
     }
 }

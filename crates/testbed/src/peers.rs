@@ -41,12 +41,12 @@ pub enum PeerError {
         stderr: String,
     },
     /// I/O error (spawning, temp files, sockets).
-    #[error("{context}: {source}")]
+    #[error("{context}: {error}")]
     Io {
         /// What was being done.
         context: String,
         /// Underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A peer exited before it became ready.
     #[error("{what} exited early ({status}): {log}")]
@@ -75,7 +75,7 @@ pub enum PeerError {
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PeerError {
     let context = context.into();
-    move |source| PeerError::Io { context, source }
+    move |error| PeerError::Io { context, error }
 }
 
 /// TLS protocol version selector for the launchers.
@@ -481,7 +481,7 @@ impl StdinLines {
         use std::io::Write;
         let stdin = self.0.as_mut().ok_or_else(|| PeerError::Io {
             context: "peer stdin (not started interactive, or closed)".into(),
-            source: std::io::ErrorKind::NotConnected.into(),
+            error: std::io::ErrorKind::NotConnected.into(),
         })?;
         stdin
             .write_all(format!("{line}\n").as_bytes())
@@ -986,7 +986,7 @@ http {{
                 None => SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?)),
                 Some(h) => h.addr(h.port().map_err(|e| PeerError::Io {
                     context: "a port on the test host".into(),
-                    source: std::io::Error::other(e.to_string()),
+                    error: std::io::Error::other(e.to_string()),
                 })?),
             };
             let addr6 = host

@@ -27,12 +27,12 @@ pub enum PkiError {
     #[error("RSA key generation failed: {0}")]
     Openssl(#[from] openssl::error::ErrorStack),
     /// Writing PEM files failed.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}: {error}")]
     Io {
         /// File that could not be written.
         path: PathBuf,
         /// Underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -569,9 +569,9 @@ impl IssuedCert {
 
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let io = |source| PkiError::Io {
+    let io = |error| PkiError::Io {
         path: path.to_owned(),
-        source,
+        error,
     };
     let mut f = fs::OpenOptions::new()
         .write(true)

@@ -170,12 +170,12 @@ impl FlightCounter {
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// Binding the listener failed.
-    #[error("binding relay listener on {addr}: {source}")]
+    #[error("binding relay listener on {addr}: {error}")]
     Bind {
         /// Requested address.
         addr: SocketAddr,
         /// Underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -226,13 +226,13 @@ impl DelayRelayBuilder {
     pub async fn start(self) -> Result<DelayRelay, RelayError> {
         let listener = TcpListener::bind(self.listen)
             .await
-            .map_err(|source| RelayError::Bind {
+            .map_err(|error| RelayError::Bind {
                 addr: self.listen,
-                source,
+                error,
             })?;
-        let local_addr = listener.local_addr().map_err(|source| RelayError::Bind {
+        let local_addr = listener.local_addr().map_err(|error| RelayError::Bind {
             addr: self.listen,
-            source,
+            error,
         })?;
         let shared = Arc::new(Shared {
             upstream: self.upstream,

@@ -22,12 +22,12 @@ pub const TICKET_SECRET_LEN: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum TicketKeyError {
     /// The file cannot be read.
-    #[error("ticket key {path}: {source}")]
+    #[error("ticket key {path}: {error}")]
     Read {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file does not hold 64 hex digits.
     #[error(
@@ -102,7 +102,7 @@ impl TicketKey {
         let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
             TicketKeyError::Read {
                 path: shown.clone(),
-                source,
+                error: source,
             }
         })?);
         let secret = parse_secret(&text, &shown)?;

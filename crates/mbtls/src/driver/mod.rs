@@ -133,11 +133,12 @@ pub(crate) fn keep_alive(socket: &impl std::os::fd::AsFd) {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DriverError {
-    /// A socket operation failed.
-    #[error("{context}: {source}")]
+    /// A socket operation failed. The message carries the I/O error's, which is therefore not
+    /// also this error's `source()`: a chain printer (anyhow's `{:#}`) says it once.
+    #[error("{context}: {error}")]
     Io {
         context: &'static str,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The handshake core refused the session (a configuration it refused is
     /// [`Config`](Self::Config)).
@@ -248,7 +249,7 @@ impl DriverError {
     }
 
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> DriverError {
-        move |source| DriverError::Io { context, source }
+        move |error| DriverError::Io { context, error }
     }
 
     /// For a socket error on the connection to `peer` (a neighbour on the path, or the plain
@@ -268,7 +269,10 @@ impl DriverError {
                 ConnectionReset | BrokenPipe | ConnectionAborted => {
                     DriverError::PeerGone { peer, when }
                 }
-                _ => DriverError::Io { context, source },
+                _ => DriverError::Io {
+                    context,
+                    error: source,
+                },
             }
         }
     }
@@ -317,5 +321,22 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// An I/O error is said once in a chain: in the message, not again as its source (found
+    /// in an embedder's trial: anyhow's `{:#}` printed "Connection refused" twice).
+    #[test]
+    fn an_io_errors_cause_is_said_once() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let said = refused.to_string();
+        let e = DriverError::io("cannot connect to the next hop")(refused);
+        // The whole chain, as a chain printer walks it.
+        let mut chain = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            chain = format!("{chain}: {c}");
+            cause = c.source();
+        }
+        assert_eq!(chain.matches(said.as_str()).count(), 1, "{chain}");
     }
 }

@@ -293,7 +293,7 @@ async fn run(
     .await
     .map_err(|_| DriverError::Io {
         context: "cannot connect to the backend",
-        source: std::io::ErrorKind::TimedOut.into(),
+        error: std::io::ErrorKind::TimedOut.into(),
     })
     .and_then(|c| c.map_err(DriverError::io("cannot connect to the backend")));
     let backend = match connected {
