@@ -82,6 +82,39 @@ pub trait MiddleboxApp {
     fn close_reason(&self) -> Option<String> {
         None
     }
+
+    /// Which connection this app serves, given once before any data: what an app keeps to
+    /// tie what it finds (an IDS alert, a log line) to the connection's report. The default
+    /// ignores it.
+    fn on_connection(&mut self, connection: &ConnectionInfo) {
+        let _ = connection;
+    }
+}
+
+/// The connection an app serves ([`MiddleboxApp::on_connection`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionInfo {
+    /// The connection's number, as its report gives it (from 0 per listener, in accept order).
+    pub id: u64,
+    /// Where the connection came from (the client, or the middlebox before this one).
+    pub client: Option<std::net::SocketAddr>,
+    /// Where it goes on to (the server, or the next middlebox), as configured or found.
+    pub next_hop: Option<String>,
+}
+
+impl ConnectionInfo {
+    pub fn new(
+        id: u64,
+        client: Option<std::net::SocketAddr>,
+        next_hop: Option<String>,
+    ) -> ConnectionInfo {
+        ConnectionInfo {
+            id,
+            client,
+            next_hop,
+        }
+    }
 }
 
 impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
@@ -99,5 +132,9 @@ impl<A: MiddleboxApp + ?Sized> MiddleboxApp for Box<A> {
 
     fn close_reason(&self) -> Option<String> {
         (**self).close_reason()
+    }
+
+    fn on_connection(&mut self, connection: &ConnectionInfo) {
+        (**self).on_connection(connection)
     }
 }

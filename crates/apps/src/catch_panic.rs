@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use zeroize::Zeroize;
 
-use crate::app::{CloseAlert, Direction, MiddleboxApp, Verdict};
+use crate::app::{CloseAlert, ConnectionInfo, Direction, MiddleboxApp, Verdict};
 
 /// The alert a session ends with when its app panicked (internal_error, 80).
 pub const APP_PANICKED: CloseAlert = CloseAlert(80);
@@ -87,6 +87,11 @@ impl<A: MiddleboxApp> MiddleboxApp for CatchPanic<A> {
     fn pass_unchanged(&mut self, dir: Direction, data: &[u8]) -> Option<Verdict> {
         let stopped = Some(Verdict::Close(APP_PANICKED));
         self.guarded(stopped, |app| app.pass_unchanged(dir, data))
+    }
+
+    fn on_connection(&mut self, connection: &ConnectionInfo) {
+        // A panic here is kept: the first data call then ends the session.
+        self.guarded((), |app| app.on_connection(connection));
     }
 
     fn close_reason(&self) -> Option<String> {

@@ -9,6 +9,10 @@
 //! - [`PassThrough`]: forwards everything unchanged (the baseline, and the relay benchmark).
 //! - [`HttpHeaderInsert`]: the mbTLS paper's HTTP proxy, which adds one header to every
 //!   HTTP/1.1 request, parsing requests incrementally across arbitrary chunk boundaries.
+//! - [`Inspect`]: runs an [`Inspector`], an app that only looks (an IDS, a logger), written
+//!   once for both of the relay's paths.
+//! - [`CatchPanic`]: an app's panic ends its session with `internal_error` instead of
+//!   unwinding through the connection's task.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(
@@ -20,9 +24,11 @@
 pub mod app;
 pub mod catch_panic;
 pub mod http;
+pub mod inspect;
 pub mod passthrough;
 
-pub use app::{CloseAlert, Direction, MiddleboxApp, Verdict};
+pub use app::{CloseAlert, ConnectionInfo, Direction, MiddleboxApp, Verdict};
 pub use catch_panic::{CatchPanic, APP_PANICKED};
 pub use http::{HttpError, HttpHeaderInsert, HttpLimits, ResponseBody};
+pub use inspect::{Inspect, Inspector};
 pub use passthrough::PassThrough;

@@ -365,6 +365,81 @@ async fn a_panicking_app_ends_its_session_with_an_alert_and_a_report_that_says_s
     assert!(body.contains("mbx nginx ok"), "{body}");
 }
 
+/// An app learns which connection it serves before any data (`on_connection`): the id and
+/// client address its report gives, and the next hop, so that what it finds can be tied to
+/// the report (an embedder's trial: an IDS alert could name nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_learns_the_connection_its_report_names() {
+    type Seen = Arc<std::sync::Mutex<Vec<(mbx_apps::ConnectionInfo, usize)>>>;
+    /// Passes everything on; keeps its connection and how many bytes it saw before learning it.
+    struct Recorder {
+        seen: Seen,
+        bytes: usize,
+    }
+    impl MiddleboxApp for Recorder {
+        fn on_data(
+            &mut self,
+            dir: mbx_apps::Direction,
+            data: &[u8],
+            out: &mut Vec<u8>,
+        ) -> mbx_apps::Verdict {
+            out.extend_from_slice(data);
+            self.pass_unchanged(dir, data)
+                .unwrap_or(mbx_apps::Verdict::Continue)
+        }
+        fn pass_unchanged(
+            &mut self,
+            _: mbx_apps::Direction,
+            data: &[u8],
+        ) -> Option<mbx_apps::Verdict> {
+            self.bytes += data.len();
+            Some(mbx_apps::Verdict::Continue)
+        }
+        fn on_connection(&mut self, connection: &mbx_apps::ConnectionInfo) {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push((connection.clone(), self.bytes));
+        }
+    }
+    let w = World::new();
+    let version = TlsVersion::Tls13;
+    let nginx = Nginx::from_files(&w.server_files)
+        .protocols(&[tb(version)])
+        .start()
+        .unwrap();
+    let seen = Seen::default();
+    let recorded = seen.clone();
+    let app: AppFactory = Arc::new(move || {
+        let seen = recorded.clone();
+        Box::new(Recorder { seen, bytes: 0 }) as Box<dyn MiddleboxApp + Send>
+    });
+    let mut mbox = w.start_middlebox(nginx.addr(), app).await;
+    for _ in 0..2 {
+        let cfg = w.client(version, measure(PROGRAM, b""));
+        let (_client, body) = fetch(mbox.local_addr(), cfg, "/").await;
+        assert!(body.contains("mbx nginx ok"), "{body}");
+    }
+    for _ in 0..2 {
+        let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+        let seen = seen.lock().unwrap();
+        let (info, bytes_before) = &seen[report.id as usize];
+        assert_eq!(
+            (
+                info.id,
+                info.client,
+                info.next_hop.as_deref(),
+                *bytes_before
+            ),
+            (
+                report.id,
+                report.client,
+                Some(nginx.addr().to_string().as_str()),
+                0
+            ),
+            "{report:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     let w = World::new();

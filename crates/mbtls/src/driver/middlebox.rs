@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mbx_apps::{CatchPanic, MiddleboxApp};
+use mbx_apps::{CatchPanic, ConnectionInfo, MiddleboxApp};
 use mbx_record::TlsVersion;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
@@ -698,7 +698,12 @@ async fn relay(
     super::keep_alive(&server);
     // An app's panic ends this session with internal_error toward both sides, and the report
     // says why, instead of unwinding through this task (mbx_apps::CatchPanic).
-    let app: App = Box::new(CatchPanic::new((cfg.app)()));
+    let mut app: App = Box::new(CatchPanic::new((cfg.app)()));
+    app.on_connection(&ConnectionInfo::new(
+        report.id,
+        report.client,
+        Some(next_hop.to_owned()),
+    ));
     let hs = match cfg.placement {
         Placement::ClientSide => {
             Core::ClientSide(MiddleboxHandshake::new(cfg.handshake.clone(), app)?)
