@@ -48,7 +48,9 @@ impl MiddleboxApp for Stamp {
 
 /// Runs the whole path once and returns the page the client got.
 pub async fn run() -> Res<String> {
-    // Certificates: one CA for the server and the middlebox (any PKI will do).
+    // Certificates: one CA for the server and the middlebox (any PKI will do). A deployment
+    // reads its own files instead: `Identity::from_pem(std::fs::read("chain.pem")?,
+    // std::fs::read("key.pem")?)` (the certificate chain, leaf first, and the private key).
     let pki = TestPki::new("embed example CA")?;
     let identity = |spec: &LeafSpec| -> Res<Identity> {
         let leaf = pki.issue(spec)?;

@@ -58,7 +58,8 @@ pub struct ClientHandshakeConfig {
     /// other mode needs export (checked by [`ClientHandshake::new`]), though a discovering
     /// client whose middleboxes all stayed silent gives it up at the primary ServerHello.
     pub primary: Arc<OpenSslContext>,
-    /// The server's name (SNI, certificate check).
+    /// The server's name (SNI, certificate check). It is the one checked: the name `primary`
+    /// was built with ([`primary_client_config`](super::primary_client_config)) is not.
     pub server_name: String,
     /// Context for the secondary sessions (trust roots for middlebox certificates): a
     /// [`RustlsClientContext`](mbx_engine::RustlsClientContext) (the cheaper client, what the

@@ -60,7 +60,9 @@ pub const SECONDARY_CIPHER_SUITES: [u16; 9] = [
 /// The configuration an mbTLS client's primary context starts from: a TLS client for
 /// `server_name` under `roots_pem` that registers the MiddleboxSupport extension and pauses
 /// after its handshake, as [`ClientHandshakeConfig::check`] requires (set `only`, resumption
-/// and the rest on it as for any client).
+/// and the rest on it as for any client). A session checks the server against
+/// [`ClientHandshakeConfig::server_name`], whatever name the context was built with, so one
+/// context serves several servers.
 pub fn primary_client_config(server_name: &str, roots_pem: Vec<u8>) -> TlsConfig {
     let mut cfg = TlsConfig::client(server_name, roots_pem);
     cfg.custom_extensions = vec![mbx_engine::CustomExtension::new(
@@ -79,11 +81,13 @@ pub fn primary_server_config(identity: mbx_engine::Identity) -> TlsConfig {
 }
 
 /// The configuration an endpoint's secondary-session context starts from: a TLS client for
-/// middlebox certificates issued under `roots_pem`, checked against `name` where the context
-/// is used with its own name, offering [`SECONDARY_CIPHER_SUITES`], and remembering up to
+/// middlebox certificates issued under `roots_pem`, checked against `name` only where the
+/// context is used with its own name (an mbTLS endpoint checks each middlebox against the
+/// name it expects of it: the pre-configured name, or for a discovered one what its
+/// approver accepts, so `name` does not matter there), offering [`SECONDARY_CIPHER_SUITES`], and remembering up to
 /// [`SECONDARY_VERIFIED_CHAINS`] middlebox chains that verified and resuming the sessions of
 /// up to [`SECONDARY_RESUMED_NAMES`] middleboxes (rustls engine; an OpenSSL context must be
-/// built with `resume_sessions = 0`, see [`check_secondary_context`]).
+/// built with `resume_sessions = 0`, see `check_secondary_context`).
 pub fn secondary_client_config(name: &str, roots_pem: Vec<u8>) -> TlsConfig {
     let mut cfg = TlsConfig::client(name, roots_pem);
     cfg.cipher_suites = SECONDARY_CIPHER_SUITES.to_vec();
