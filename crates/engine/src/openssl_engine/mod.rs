@@ -744,6 +744,9 @@ impl OpenSslContext {
             peer_closed: false,
             plaintext: Vec::new(),
             renewals,
+            expected_name: server_name
+                .filter(|_| self.role == Role::Client && self.verify_peer)
+                .map(str::to_owned),
         })
     }
 }
@@ -838,6 +841,9 @@ pub struct OpenSslEngine {
     /// With the store's count of forgets when the connection was made (a session forgotten
     /// since is not brought back).
     renewals: Option<(Arc<ClientSessions>, String, u64)>,
+    /// A client that checks the server's certificate: the name or address it checks, which a
+    /// refusal for a name mismatch says.
+    expected_name: Option<String>,
 }
 
 impl OpenSslEngine {
@@ -1155,14 +1161,30 @@ impl OpenSslEngine {
         let verified = ssl.verify_result();
         let mut certificate = None;
         if verified != openssl::x509::X509VerifyResult::OK {
-            detail = format!("{detail} (certificate check: {})", verified.error_string());
             // Without VERIFY_PEER OpenSSL records a failed check and goes on: a later failure
             // is not the certificate's (review of the twenty-ninth round).
             if ssl
                 .verify_mode()
                 .contains(openssl::ssl::SslVerifyMode::PEER)
             {
-                certificate = Some(certificate_problem(verified));
+                let problem = certificate_problem(verified);
+                certificate = Some(problem);
+                // Said as the rustls engine says it, without OpenSSL's error stack (source
+                // files and lines), and with the names when they do not match (an embedder's
+                // trial: the message named neither).
+                let names = match (problem, &self.expected_name) {
+                    (CertificateProblem::NameMismatch, Some(expected)) => format!(
+                        " (it is not valid for {expected}; it is for {})",
+                        presented_names(ssl.peer_cert_chain().and_then(|c| c.get(0)))
+                    ),
+                    _ => String::new(),
+                };
+                detail = format!(
+                    "invalid peer certificate: {}{names}",
+                    verified.error_string()
+                );
+            } else {
+                detail = format!("{detail} (certificate check: {})", verified.error_string());
             }
         }
         EngineError::Fatal {
@@ -1529,6 +1551,32 @@ impl OpenSslEngine {
                 cached: None,
             },
         ))
+    }
+}
+
+/// The DNS names and addresses a certificate is for (its subjectAltName), or "no name".
+fn presented_names(cert: Option<&openssl::x509::X509Ref>) -> String {
+    let names: Vec<String> = cert
+        .and_then(|c| c.subject_alt_names())
+        .map(|sans| {
+            sans.iter()
+                .filter_map(|n| {
+                    n.dnsname().map(str::to_owned).or_else(|| {
+                        let ip = n.ipaddress()?;
+                        let ip: std::net::IpAddr = match ip.len() {
+                            4 => <[u8; 4]>::try_from(ip).ok()?.into(),
+                            16 => <[u8; 16]>::try_from(ip).ok()?.into(),
+                            _ => return None,
+                        };
+                        Some(ip.to_string())
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match names.is_empty() {
+        true => "no name".to_owned(),
+        false => names.join(", "),
     }
 }
 
