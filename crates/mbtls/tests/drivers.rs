@@ -191,6 +191,14 @@ async fn nginx_behind_a_header_middlebox(
     (nginx, mbox)
 }
 
+/// nginx serving `version` only, with the test bed's pages.
+fn plain_nginx(w: &World, version: TlsVersion) -> Nginx {
+    Nginx::from_files(&w.server_files)
+        .protocols(&[tb(version)])
+        .start()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserted_header_reaches_nginx_both_versions() {
     let w = World::new();
@@ -328,12 +336,8 @@ async fn a_panicking_app_ends_its_session_with_an_alert_and_a_report_that_says_s
             mbx_apps::Verdict::Continue
         }
     }
-    let w = World::new();
-    let version = TlsVersion::Tls13;
-    let nginx = Nginx::from_files(&w.server_files)
-        .protocols(&[tb(version)])
-        .start()
-        .unwrap();
+    let (w, version) = (World::new(), TlsVersion::Tls13);
+    let nginx = plain_nginx(&w, version);
     let app: AppFactory = Arc::new(|| Box::new(Fragile) as Box<dyn MiddleboxApp + Send>);
     let mut mbox = w.start_middlebox(nginx.addr(), app).await;
     let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
@@ -400,12 +404,8 @@ async fn an_app_learns_the_connection_its_report_names() {
             seen.push((connection.clone(), self.bytes));
         }
     }
-    let w = World::new();
-    let version = TlsVersion::Tls13;
-    let nginx = Nginx::from_files(&w.server_files)
-        .protocols(&[tb(version)])
-        .start()
-        .unwrap();
+    let (w, version) = (World::new(), TlsVersion::Tls13);
+    let nginx = plain_nginx(&w, version);
     let seen = Seen::default();
     let recorded = seen.clone();
     let app: AppFactory = Arc::new(move || {
