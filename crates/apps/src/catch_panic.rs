@@ -24,7 +24,7 @@ pub const APP_PANICKED: CloseAlert = CloseAlert(80);
 pub struct CatchPanic<A> {
     app: A,
     /// The panic's message, once the app panicked.
-    panicked: Option<String>,
+    panicked: Option<Box<str>>,
 }
 
 impl<A: MiddleboxApp> CatchPanic<A> {
@@ -50,7 +50,7 @@ impl<A: MiddleboxApp> CatchPanic<A> {
         match catch_unwind(AssertUnwindSafe(|| call(app))) {
             Ok(answer) => answer,
             Err(payload) => {
-                self.panicked = Some(panic_message(payload.as_ref()));
+                self.panicked = Some(panic_message(payload.as_ref()).into_boxed_str());
                 stopped
             }
         }

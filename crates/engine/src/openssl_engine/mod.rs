@@ -123,10 +123,6 @@ struct ConnState {
     key_updates_requested: u32,
     /// Client with resumption: the server name the sessions it is given are kept under.
     resumption_name: Option<String>,
-    /// A client that checks the server's certificate: the name or address it checks, which a
-    /// refusal for a name mismatch says (kept here, not in the engine, which the mbTLS cores
-    /// hold inline).
-    expected_name: Option<String>,
     /// Server with [`TlsConfig::ticket_key_rotation`]: its context's ticket keys.
     ticket_keys: Option<Arc<TicketKeys>>,
 }
@@ -729,9 +725,6 @@ impl OpenSslContext {
             handlers: self.handlers.clone(),
             resumption_name,
             ticket_keys: self.ticket_keys.clone(),
-            expected_name: server_name
-                .filter(|_| self.role == Role::Client && self.verify_peer)
-                .map(str::to_owned),
             ..ConnState::default()
         }));
         ssl.set_ex_data(state_index()?, state.clone());
@@ -1173,11 +1166,19 @@ impl OpenSslEngine {
                 // Said as the rustls engine says it, without OpenSSL's error stack (source
                 // files and lines), and with the names when they do not match (an embedder's
                 // trial: the message named neither).
-                let names = match (problem, &st.expected_name) {
-                    (CertificateProblem::NameMismatch, Some(expected)) => format!(
-                        " (it is not valid for {expected}; it is for {})",
-                        presented_names(ssl.peer_cert_chain().and_then(|c| c.get(0)))
-                    ),
+                // The name checked is the one sent as SNI (an address is checked but not
+                // sent: then only the certificate's names are said).
+                let presented = || presented_names(ssl.peer_cert_chain().and_then(|c| c.get(0)));
+                let names = match (problem, ssl.servername(openssl::ssl::NameType::HOST_NAME)) {
+                    (CertificateProblem::NameMismatch, Some(expected)) => {
+                        format!(
+                            " (it is not valid for {expected}; it is for {})",
+                            presented()
+                        )
+                    }
+                    (CertificateProblem::NameMismatch, None) => {
+                        format!(" (it is for {})", presented())
+                    }
                     _ => String::new(),
                 };
                 detail = format!(

@@ -29,7 +29,8 @@ use crate::relay::{FailCause, Leaving, MiddleboxRelay, RelayEvent};
 /// Makes a fresh app instance for each connection.
 pub type AppFactory = Arc<dyn Fn() -> Box<dyn MiddleboxApp + Send> + Send + Sync>;
 
-type App = Box<dyn MiddleboxApp + Send>;
+/// The connection's app, its panics caught (held inline: no allocation beside the app's own).
+type App = CatchPanic<Box<dyn MiddleboxApp + Send>>;
 
 /// Client side: how long after forwarding a ClientHello with optimistic hellos the middlebox
 /// answers ours ahead of the ServerHello (`MiddleboxHandshake::prepare`: engine, key share,
@@ -698,7 +699,7 @@ async fn relay(
     super::keep_alive(&server);
     // An app's panic ends this session with internal_error toward both sides, and the report
     // says why, instead of unwinding through this task (mbx_apps::CatchPanic).
-    let mut app: App = Box::new(CatchPanic::new((cfg.app)()));
+    let mut app: App = CatchPanic::new((cfg.app)());
     app.on_connection(&ConnectionInfo::new(
         report.id,
         report.client,
