@@ -2668,22 +2668,18 @@ fn print_stop(phase: StopPhase, text: String) {
     });
 }
 
-/// A stop signal after the cut: gives the reports already in and waits for no other. Every
-/// accepted connection has one report, given (`reported` counts them) or dropped for want of a
-/// reader ([`Listening::reports_dropped`]); the phase is "left" with those not given yet, or
-/// "stopped" when there are none.
+/// A stop signal after the cut: gives the reports already in and waits for no other; the
+/// phase is "left" with those still to come ([`Listening::reports_to_come`]), or "stopped"
+/// when there are none.
 fn leave_now<R, C>(
     server: &mut Listening<R, C>,
-    reported: &mut u64,
     print: &impl Fn(&R),
     (who, what): (&str, &str),
 ) -> (StopPhase, String) {
     while let Some(r) = server.try_next_report() {
-        *reported += 1;
         print(&r);
     }
-    let given = *reported + server.reports_dropped();
-    match server.stats().accepted().saturating_sub(given) {
+    match server.reports_to_come() {
         0 => {
             let cut = server.connections_cut();
             (StopPhase::Stopped { cut }, stopped_line(who, cut, what))
@@ -3000,8 +2996,6 @@ async fn serve_until_stopped<R, C: ServiceFields>(
     // the open connections are cut; a signal after that leaves without their reports.
     let mut drain_over: Option<tokio::time::Instant> = None;
     let mut cut_asked = false;
-    // Reports given so far: a leave says how many connections it gives none for.
-    let mut reported = 0u64;
     // What a reload's line marks as changed is against the configuration last applied.
     let mut last_limits = *server.config().limits();
     // Stopped when this returns.
@@ -3055,7 +3049,7 @@ async fn serve_until_stopped<R, C: ServiceFields>(
             r = stop.next() => {
                 r?;
                 if cut_asked {
-                    let (phase, text) = leave_now(server, &mut reported, &print, (who, what));
+                    let (phase, text) = leave_now(server, &print, (who, what));
                     print_stop(phase, text);
                     return Ok(());
                 }
@@ -3082,10 +3076,7 @@ async fn serve_until_stopped<R, C: ServiceFields>(
                 cut_open(server, (who, what), CutCause::DrainTimeOver);
             }
             report = server.next_report() => match report {
-                Some(r) => {
-                    reported += 1;
-                    print(&r);
-                }
+                Some(r) => print(&r),
                 None if stop.count > 0 => {
                     let cut = server.connections_cut();
                     print_stop(StopPhase::Stopped { cut }, stopped_line(who, cut, what));
@@ -3985,11 +3976,10 @@ mod tests {
         let printed = std::cell::Cell::new(0u64);
         let print = |_: &ConnectionReport| printed.set(printed.get() + 1);
         let names = ("middlebox", "connections");
-        let mut reported = 0;
         server.drain(Duration::MAX);
         server.cut_now();
         // On this one thread the listener has not run since: no report is in yet.
-        let (phase, text) = leave_now(&mut server, &mut reported, &print, names);
+        let (phase, text) = leave_now(&mut server, &print, names);
         assert!(matches!(phase, StopPhase::Left { unreported: 2 }), "{text}");
         assert_eq!(
             text,
@@ -3999,9 +3989,9 @@ mod tests {
         while server.open_connections() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let (phase, text) = leave_now(&mut server, &mut reported, &print, names);
+        let (phase, text) = leave_now(&mut server, &print, names);
         assert!(matches!(phase, StopPhase::Stopped { cut: 2 }), "{text}");
-        assert_eq!((printed.get(), reported), (2, 2));
+        assert_eq!((printed.get(), server.reports_to_come()), (2, 0));
         assert_eq!(text, "middlebox stopped (2 connections cut)");
     }
 

@@ -238,6 +238,14 @@ impl<R, C> Listening<R, C> {
         self.stats.reports_dropped()
     }
 
+    /// Reports still to come: every accepted connection has one, taken here
+    /// ([`next_report`](Self::next_report), [`try_next_report`](Self::try_next_report)),
+    /// dropped unread, or not yet made because the connection is still ending.
+    pub fn reports_to_come(&self) -> u64 {
+        let given = self.reports.taken() + self.reports_dropped();
+        self.stats.accepted().saturating_sub(given)
+    }
+
     /// The listener's counters ([`ListenerStats`]), to read from elsewhere while it runs.
     pub fn stats(&self) -> ListenerStats {
         self.stats.clone()

@@ -155,18 +155,29 @@ impl<T: Report> ReportSender<T> {
 /// The owner's end.
 pub(crate) struct ReportReceiver<T> {
     rx: mpsc::Receiver<T>,
+    /// Reports taken so far.
+    taken: u64,
     dropped: Arc<AtomicU64>,
     tally: Arc<Tally>,
 }
 
 impl<T> ReportReceiver<T> {
     pub(crate) async fn recv(&mut self) -> Option<T> {
-        self.rx.recv().await
+        let report = self.rx.recv().await;
+        self.taken += u64::from(report.is_some());
+        report
     }
 
     /// A report already waiting, if any.
     pub(crate) fn try_recv(&mut self) -> Option<T> {
-        self.rx.try_recv().ok()
+        let report = self.rx.try_recv().ok();
+        self.taken += u64::from(report.is_some());
+        report
+    }
+
+    /// Reports taken so far ([`recv`](Self::recv), [`try_recv`](Self::try_recv)).
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken
     }
 
     /// Reports dropped so far because [`REPORTS_KEPT`] waited unread.
@@ -196,7 +207,12 @@ pub(crate) fn report_queue<T>() -> (ReportSender<T>, ReportReceiver<T>) {
             dropped: dropped.clone(),
             tally: tally.clone(),
         },
-        ReportReceiver { rx, dropped, tally },
+        ReportReceiver {
+            rx,
+            taken: 0,
+            dropped,
+            tally,
+        },
     )
 }
 
