@@ -1238,9 +1238,7 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
         DriverError::PeerGone { .. } => true,
         // A fatal alert from the path: the server's or a middlebox's refusal.
         DriverError::Alert { what, .. } => *what == mbx_mbtls::driver::RECEIVED_FROM_THE_PATH,
-        DriverError::Io { error: source, .. } => {
-            source.kind() == std::io::ErrorKind::ConnectionReset
-        }
+        DriverError::Io { error, .. } => error.kind() == std::io::ErrorKind::ConnectionReset,
         _ => false,
     };
     if let DriverError::Alert { description, .. } = e {
@@ -2746,7 +2744,7 @@ impl ServiceFields for MiddleboxServerConfig {
             Placement::ClientSide => "client",
             Placement::ServerSide => "server",
         };
-        object(serde_json::json!({
+        crate::mbtls_json::object(serde_json::json!({
             "next_hop": address,
             "transparent": address.is_none(),
             "side": side,
@@ -2756,7 +2754,7 @@ impl ServiceFields for MiddleboxServerConfig {
 
 impl ServiceFields for MbtlsServerConfig {
     fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
-        object(serde_json::json!({ "backend": self.backend }))
+        crate::mbtls_json::object(serde_json::json!({ "backend": self.backend }))
     }
 }
 
@@ -2772,20 +2770,12 @@ impl ServiceFields for ClientProxyConfig {
             ClientMiddlebox::DiscoverUpTo(_, n) => (vec![], *n),
             ClientMiddlebox::Disabled => (vec![], 0),
         };
-        object(serde_json::json!({
+        crate::mbtls_json::object(serde_json::json!({
             "server_name": self.handshake.server_name,
             "first_hop": self.first_hop,
             "middleboxes": middleboxes,
             "max_discovered": discovered,
         }))
-    }
-}
-
-/// A JSON object's fields.
-fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
-    match value {
-        serde_json::Value::Object(fields) => fields,
-        _ => serde_json::Map::new(),
     }
 }
 
@@ -2805,21 +2795,21 @@ fn limits_fields(limits: &Limits) -> serde_json::Value {
     })
 }
 
-/// A reload's fields for `--report-format json`: applied, with the configuration's fields
-/// now in force ([`ServiceFields`]) and whether the limits changed, or refused and why (those
-/// fields null, `running`'s keys).
+/// A reload's fields for `--report-format json`: applied, with the fields of `config` (now in
+/// force, [`ServiceFields`]) and whether the limits changed, or refused and why (the same
+/// keys, null).
 fn reload_fields<C: ServiceFields>(
-    outcome: Result<(&C, bool), String>,
-    running: &C,
+    config: &C,
+    outcome: Result<bool, String>,
 ) -> serde_json::Map<String, serde_json::Value> {
-    let (mut fields, changed, refused) = match outcome {
-        Ok((config, changed)) => (config.fields(), Some(changed), None),
+    let mut fields = config.fields();
+    let (changed, refused) = match outcome {
+        Ok(changed) => (Some(changed), None),
         Err(why) => {
-            let mut fields = running.fields();
             fields
                 .values_mut()
                 .for_each(|v| *v = serde_json::Value::Null);
-            (fields, None, Some(why))
+            (None, Some(why))
         }
     };
     fields.insert("applied".into(), refused.is_none().into());
@@ -2996,8 +2986,6 @@ async fn serve_until_stopped<R, C: ServiceFields>(
     // the open connections are cut; a signal after that leaves without their reports.
     let mut drain_over: Option<tokio::time::Instant> = None;
     let mut cut_asked = false;
-    // What a reload's line marks as changed is against the configuration last applied.
-    let mut last_limits = *server.config().limits();
     // Stopped when this returns.
     let _metrics = match metrics {
         Some(listener) => Some(serve_service_metrics(
@@ -3011,11 +2999,12 @@ async fn serve_until_stopped<R, C: ServiceFields>(
     loop {
         tokio::select! {
             Some(()) = hangup.recv() => match reload().and_then(|(cfg, also)| {
-                let limits = *cfg.limits();
+                // What the line marks as changed is against the configuration running now.
+                let before = *server.config().limits();
                 server.reload(cfg)?;
-                Ok((limits, also))
+                Ok((before, also))
             }) {
-                Ok((limits, also)) => {
+                Ok((before, also)) => {
                     reloads.applied.fetch_add(1, Ordering::Relaxed);
                     let also = if also.is_empty() { also } else { format!("; {also}") };
                     // Taken all the same: a stop is not undone by a reload.
@@ -3023,15 +3012,14 @@ async fn serve_until_stopped<R, C: ServiceFields>(
                         0 => format!("new {what} get the new configuration"),
                         _ => format!("it is stopping, though: no new {what} come"),
                     };
-                    let changed = limits != last_limits;
-                    last_limits = limits;
+                    let config = server.config();
+                    let changed = *config.limits() != before;
                     let line = format!(
                         "{who} reloaded: {taken}; {}{}{also}",
-                        limits_line(&limits, what),
+                        limits_line(config.limits(), what),
                         if changed { " (changed)" } else { "" },
                     );
-                    let config = server.config();
-                    let fields = || reload_fields(Ok((&*config, changed)), &*config);
+                    let fields = || reload_fields(&*config, Ok(changed));
                     crate::subcommand::print_event("reload", line, fields);
                 }
                 Err(e) => {
@@ -3041,7 +3029,7 @@ async fn serve_until_stopped<R, C: ServiceFields>(
                     if crate::json_lines::is_on() {
                         let line = format!("{who} reload refused: {why}");
                         let running = server.config();
-                        let fields = || reload_fields(Err(why), &*running);
+                        let fields = || reload_fields(&*running, Err(why));
                         crate::subcommand::print_event("reload", line, fields);
                     }
                 }

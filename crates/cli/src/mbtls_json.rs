@@ -207,7 +207,8 @@ fn outcome(
     );
 }
 
-fn object(v: Value) -> Map<String, Value> {
+/// A JSON object's fields.
+pub(crate) fn object(v: Value) -> Map<String, Value> {
     match v {
         Value::Object(m) => m,
         _ => Map::new(),
