@@ -75,10 +75,10 @@ pub(crate) fn read_quote(path: &Path) -> Result<Vec<u8>, AttestError> {
     read_limited(path, "quote", MAX_QUOTE_LEN)
 }
 
-pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttestError {
+pub(crate) fn io_err(path: &Path, error: std::io::Error) -> AttestError {
     AttestError::Io {
         path: path.to_path_buf(),
-        error: source,
+        error,
     }
 }
 

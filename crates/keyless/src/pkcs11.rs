@@ -125,10 +125,10 @@ impl Pkcs11Token {
     /// Opens the token named in `config`, logs in and returns its private keys.
     pub fn open(config: &Pkcs11Config) -> Result<Vec<Pkcs11Key>, KeyStoreError> {
         let pin_text =
-            Zeroizing::new(std::fs::read_to_string(&config.pin_file).map_err(|source| {
+            Zeroizing::new(std::fs::read_to_string(&config.pin_file).map_err(|error| {
                 KeyStoreError::Io {
                     path: config.pin_file.clone(),
-                    error: source,
+                    error,
                 }
             })?);
         let pin = AuthPin::new(pin_text.trim_end_matches(['\r', '\n']).to_owned());

@@ -1165,22 +1165,17 @@ impl OpenSslEngine {
                 certificate = Some(problem);
                 // Said as the rustls engine says it, without OpenSSL's error stack (source
                 // files and lines), and with the names when they do not match (an embedder's
-                // trial: the message named neither).
-                // The name checked is the one sent as SNI (an address is checked but not
-                // sent: then only the certificate's names are said).
-                let presented = || presented_names(ssl.peer_cert_chain().and_then(|c| c.get(0)));
-                let names = match (problem, ssl.servername(openssl::ssl::NameType::HOST_NAME)) {
-                    (CertificateProblem::NameMismatch, Some(expected)) => {
-                        format!(
-                            " (it is not valid for {expected}; it is for {})",
-                            presented()
-                        )
-                    }
-                    (CertificateProblem::NameMismatch, None) => {
-                        format!(" (it is for {})", presented())
-                    }
-                    _ => String::new(),
-                };
+                // trial: the message named neither). The name checked is the one sent as SNI
+                // (an address is checked but not sent: then only the certificate's are said).
+                let mut names = String::new();
+                if problem == CertificateProblem::NameMismatch {
+                    let expected = ssl
+                        .servername(openssl::ssl::NameType::HOST_NAME)
+                        .map(|name| format!("it is not valid for {name}; "))
+                        .unwrap_or_default();
+                    let leaf = ssl.peer_cert_chain().and_then(|c| c.get(0));
+                    names = format!(" ({expected}it is for {})", presented_names(leaf));
+                }
                 detail = format!(
                     "invalid peer certificate: {}{names}",
                     verified.error_string()

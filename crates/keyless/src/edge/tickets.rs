@@ -99,10 +99,10 @@ impl TicketKey {
     /// Reads the secret from a file of 64 hex digits (surrounding whitespace ignored).
     pub fn load(path: &Path, lifetime: u32) -> Result<TicketKey, TicketKeyError> {
         let shown = path.display().to_string();
-        let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
+        let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|error| {
             TicketKeyError::Read {
                 path: shown.clone(),
-                error: source,
+                error,
             }
         })?);
         let secret = parse_secret(&text, &shown)?;

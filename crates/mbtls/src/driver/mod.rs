@@ -263,16 +263,13 @@ impl DriverError {
         context: &'static str,
         when: &'static str,
     ) -> impl FnOnce(std::io::Error) -> DriverError {
-        move |source| {
+        move |error| {
             use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
-            match source.kind() {
+            match error.kind() {
                 ConnectionReset | BrokenPipe | ConnectionAborted => {
                     DriverError::PeerGone { peer, when }
                 }
-                _ => DriverError::Io {
-                    context,
-                    error: source,
-                },
+                _ => DriverError::Io { context, error },
             }
         }
     }
