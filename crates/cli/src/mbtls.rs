@@ -2692,6 +2692,16 @@ fn leave_now<R, C>(
     }
 }
 
+/// How the process ends after [`leave_now`]: with an error (status 1, the same text on
+/// standard error) when reports were left behind, so that a script or a process manager learns
+/// that the record of the sessions is incomplete; without one when none were.
+fn left_without_reports(phase: &StopPhase, text: &str) -> anyhow::Result<()> {
+    match phase {
+        StopPhase::Left { .. } => bail!("{text}"),
+        _ => Ok(()),
+    }
+}
+
 /// The "stopped" line: every connection has ended, `cut` of them cut.
 fn stopped_line(who: &str, cut: u64, what: &str) -> String {
     format!("{who} stopped ({} cut)", count_of(cut, what))
@@ -3038,8 +3048,9 @@ async fn serve_until_stopped<R, C: ServiceFields>(
                 r?;
                 if cut_asked {
                     let (phase, text) = leave_now(server, &print, (who, what));
+                    let left = left_without_reports(&phase, &text);
                     print_stop(phase, text);
-                    return Ok(());
+                    return left;
                 }
                 if stop.count > 1 {
                     cut_asked = true;
@@ -3973,6 +3984,9 @@ mod tests {
             text,
             "middlebox stopped without the reports of 2 connections still ending"
         );
+        // Reports left behind end the process with an error (status 1), the same text.
+        let left = left_without_reports(&phase, &text).unwrap_err();
+        assert_eq!(left.to_string(), text);
         // Once the cut connections' reports are in, a leave gives them and says "stopped".
         while server.open_connections() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -3981,6 +3995,7 @@ mod tests {
         assert!(matches!(phase, StopPhase::Stopped { cut: 2 }), "{text}");
         assert_eq!((printed.get(), server.reports_to_come()), (2, 0));
         assert_eq!(text, "middlebox stopped (2 connections cut)");
+        assert!(left_without_reports(&phase, &text).is_ok());
     }
 
     /// A client proxy's line names its own address toward the first hop (which the first

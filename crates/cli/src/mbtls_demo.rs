@@ -13,15 +13,14 @@ use std::time::Duration;
 use anyhow::{ensure, Context};
 use mbx_apps::{HttpHeaderInsert, MiddleboxApp};
 use mbx_attest::{sim, HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_engine::{Identity, TlsConfig};
 use mbx_mbtls::driver::{
     fingerprint_hex, ConnectionReport, MbtlsClient, MbtlsServer, MbtlsServerConfig,
     MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement, ServerConnectionReport,
 };
 use mbx_mbtls::handshake::{
-    primary_client_config, primary_server_config, secondary_client_config, ClientHandshakeConfig,
-    ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig, ServerHandshakeConfig,
-    ServerMiddlebox,
+    ClientHandshakeConfig, ClientMiddlebox, HopFingerprint, MiddleboxHandshakeConfig,
+    ServerHandshakeConfig, ServerMiddlebox,
 };
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
@@ -140,21 +139,16 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let server_id = identity(&world.pki, &LeafSpec::server(SERVER))?;
     let backend = mbx_testbed::http_echo::echo_backend().await?;
 
-    let mut primary = primary_server_config(server_id).only(version);
-    primary.session_tickets = false;
     let mut server = MbtlsServer::bind(
         "127.0.0.1:0",
         MbtlsServerConfig {
-            handshake: ServerHandshakeConfig {
-                primary: Arc::new(OpenSslContext::new(&primary)?),
-                secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
-                    SERVER_MB,
-                    root.clone(),
-                ))?),
-                middlebox: ServerMiddlebox::Preconfigured(SERVER_MB.into()),
-                policy: world.policy.clone(),
-                now_unix: 0,
-            },
+            handshake: ServerHandshakeConfig::builder(server_id)
+                .middleboxes(ServerMiddlebox::Preconfigured(SERVER_MB.into()))
+                .middlebox_roots(root.clone())
+                .policy(world.policy.clone())
+                .only(version)
+                .session_tickets(false)
+                .build()?,
             backend: backend.to_string(),
             limits: mbx_mbtls::driver::Limits::default(),
             backend_unavailable: None,
@@ -193,18 +187,13 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     .await?;
     let link1 = tapped(mb1.local_addr(), latency, &taps[0]).await?;
 
-    let client_primary = primary_client_config(SERVER, root.clone()).only(version);
-    let client_cfg = ClientHandshakeConfig {
-        primary: Arc::new(OpenSslContext::new(&client_primary)?),
-        server_name: SERVER.into(),
-        secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
-            CLIENT_MBS[0],
-            root,
-        ))?),
-        middlebox: ClientMiddlebox::PreconfiguredPath(CLIENT_MBS.map(String::from).to_vec()),
-        policy: world.policy.clone(),
-        now_unix: mbx_attest::unix_seconds(std::time::SystemTime::now()),
-    };
+    let client_cfg = ClientHandshakeConfig::builder(SERVER, root)
+        .middleboxes(ClientMiddlebox::PreconfiguredPath(
+            CLIENT_MBS.map(String::from).to_vec(),
+        ))
+        .policy(world.policy.clone())
+        .only(version)
+        .build()?;
     let request = format!(
         "GET /demo HTTP/1.1\r\nHost: {SERVER}\r\nUser-Agent: mbx-demo\r\nConnection: close\r\n\r\n"
     );

@@ -14,10 +14,9 @@ use mbx_mbtls::driver::{
     Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
     Placement,
 };
-use mbx_mbtls::engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_mbtls::engine::{Identity, TlsConfig};
 use mbx_mbtls::handshake::{
-    primary_client_config, primary_server_config, secondary_client_config, ClientHandshakeConfig,
-    ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
+    ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
 };
 use mbx_testbed::pki::{LeafSpec, TestPki};
 
@@ -65,22 +64,13 @@ pub async fn run() -> Res<String> {
     // stand-in for the application behind the server).
     let backend = mbx_testbed::http_echo::echo_backend().await?;
 
-    // The mbTLS server: no server-side middlebox.
+    // The mbTLS server: no server-side middlebox. The builder makes its TLS contexts
+    // (OpenSSL for the session with the client, rustls toward middleboxes it would have).
     let server = MbtlsServer::bind(
         "127.0.0.1:0",
         MbtlsServerConfig {
-            handshake: ServerHandshakeConfig {
-                primary: Arc::new(OpenSslContext::new(&primary_server_config(identity(
-                    &LeafSpec::server("server.test"),
-                )?))?),
-                secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
-                    "middlebox",
-                    root.clone(),
-                ))?),
-                middlebox: ServerMiddlebox::none(),
-                policy: Policy::default(),
-                now_unix: 0,
-            },
+            handshake: ServerHandshakeConfig::builder(identity(&LeafSpec::server("server.test"))?)
+                .build()?,
             backend: backend.to_string(),
             limits: Limits::default(),
             backend_unavailable: None,
@@ -119,19 +109,10 @@ pub async fn run() -> Res<String> {
         sim_platform_keys: vec![HexBytes(platform.public_key().to_vec())],
         ..Policy::default()
     };
-    let client = ClientHandshakeConfig {
-        primary: Arc::new(OpenSslContext::new(&primary_client_config(
-            "server.test",
-            root.clone(),
-        ))?),
-        server_name: "server.test".into(),
-        secondary: Arc::new(RustlsClientContext::new(&secondary_client_config(
-            "mb.test", root,
-        ))?),
-        middlebox: ClientMiddlebox::Preconfigured("mb.test".into()),
-        policy,
-        now_unix: 0,
-    };
+    let client = ClientHandshakeConfig::builder("server.test", root)
+        .middleboxes(ClientMiddlebox::Preconfigured("mb.test".into()))
+        .policy(policy)
+        .build()?;
     let request = b"GET / HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
     let mut session =
         MbtlsClient::connect_with_data(middlebox.local_addr(), client, request).await?;

@@ -690,11 +690,23 @@ fn both_sides_exchange(
     mb1: MiddleboxHandshakeConfig,
     mb2: MiddleboxHandshakeConfig,
 ) -> Path {
+    let client = s.mbtls_client(version);
+    let server = s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()));
+    exchange_between(client, (mb1, mb2), server, version)
+}
+
+/// [`both_sides_exchange`] between the given endpoints.
+fn exchange_between(
+    client: ClientHandshake,
+    (mb1, mb2): (MiddleboxHandshakeConfig, MiddleboxHandshakeConfig),
+    server: ServerHandshake,
+    version: TlsVersion,
+) -> Path {
     let mut path = Path::new(vec![
-        Node::Client(s.mbtls_client(version)),
+        Node::Client(client),
         Node::ClientSideMb(MiddleboxHandshake::new(mb1, tagger("mb1.test")).unwrap()),
         Node::ServerSideMb(ServerSideMiddlebox::new(mb2, tagger("mb2.test"), true).unwrap()),
-        Node::Server(s.server(version, ServerMiddlebox::Preconfigured("mb2.test".into()))),
+        Node::Server(server),
     ]);
     path.first().write(REQUEST);
     path.pump();
@@ -764,6 +776,69 @@ fn middleboxes_on_both_sides_share_the_primary_keys_as_bridge() {
                 .all(|t| !t.windows(14).any(|w| w == b"GET / HTTP/1.1")));
         }
     }
+}
+
+/// The builders (`ClientHandshakeConfig::builder`, `ServerHandshakeConfig::builder`) make
+/// endpoints that run a path with a middlebox on each side in the version asked for, each
+/// middlebox checked against the policy given; and they refuse what cannot work before any
+/// session: server-side middleboxes without roots for their certificates, an empty path.
+#[test]
+fn built_endpoints_run_a_path_with_middleboxes_on_both_sides_both_versions() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let client = ClientHandshakeConfig::builder("server.test", s.root.clone())
+            .middleboxes(ClientMiddlebox::Preconfigured("mb1.test".into()))
+            .policy(s.policy.clone())
+            .only(version)
+            .build()
+            .unwrap();
+        assert!(client.primary.exportable());
+        let server = ServerHandshakeConfig::builder(s.server_id.clone())
+            .middleboxes(ServerMiddlebox::Preconfigured("mb2.test".into()))
+            .middlebox_roots(s.root.clone())
+            .policy(s.policy.clone())
+            .only(version)
+            .build()
+            .unwrap();
+        let mbs = (
+            s.middlebox("mb1.test", PROGRAM),
+            s.middlebox("mb2.test", PROGRAM),
+        );
+        let (client, server) = (
+            ClientHandshake::new(ClientHandshakeConfig {
+                now_unix: now_unix(),
+                ..client
+            })
+            .unwrap(),
+            ServerHandshake::new(ServerHandshakeConfig {
+                now_unix: now_unix(),
+                ..server
+            })
+            .unwrap(),
+        );
+        let mut path = exchange_between(client, mbs, server, version);
+        assert_eq!(path.server().summary().unwrap().version, version);
+    }
+    // Without middleboxes the client's session stays in OpenSSL (no export, no key log).
+    let direct = ClientHandshakeConfig::builder("server.test", s.root.clone())
+        .build()
+        .unwrap();
+    assert!(!direct.primary.exportable());
+    let rootless = ServerHandshakeConfig::builder(s.server_id.clone())
+        .middleboxes(ServerMiddlebox::Preconfigured("mb2.test".into()))
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        rootless.to_string().contains("middlebox_roots"),
+        "{rootless}"
+    );
+    let empty = ClientHandshakeConfig::builder("server.test", s.root.clone())
+        .middleboxes(ClientMiddlebox::PreconfiguredPath(Vec::new()))
+        .build()
+        .err()
+        .unwrap();
+    assert!(empty.to_string().contains("1 to 255"), "{empty}");
 }
 
 #[test]

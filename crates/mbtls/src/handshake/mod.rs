@@ -8,6 +8,7 @@
 //! between the last client-side and the first server-side middlebox. The two middlebox cores
 //! share their plumbing (`wires`). Design: `docs/mbtls.md` §4.
 
+mod builder;
 mod client;
 mod demux;
 mod endpoint_core;
@@ -18,6 +19,7 @@ mod server;
 mod server_side;
 mod wires;
 
+pub use builder::{ClientConfigBuilder, ServerConfigBuilder};
 pub use client::{ClientHandshake, ClientHandshakeConfig, ClientMiddlebox};
 pub use demux::{hello_records, Demux, Piece};
 pub use endpoint_core::{
