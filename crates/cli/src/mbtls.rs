@@ -20,6 +20,7 @@ use mbx_attest::{
 };
 use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
+use mbx_mbtls::driver::in_path_order;
 use mbx_mbtls::driver::{
     fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
     ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
@@ -1651,7 +1652,7 @@ fn session_text(
             "attestation: no client-side middlebox took part".into(),
         );
     }
-    for v in in_path_order(c.verdicts(), names) {
+    for v in c.verdicts_in_path_order() {
         // An exclusion may have nothing to do with attestation (an allow-list, a late answer).
         let label = match v {
             MiddleboxVerdict::Excluded { .. } => "middlebox",
@@ -1711,85 +1712,32 @@ fn path_text(names: &[String], preconfigured: bool, first_hop: &str, server: &st
     }
 }
 
-/// `verdicts` (in the order the middleboxes were checked) in path order: those named in `path`
-/// by their place there, the others (excluded ones) after them, as they came.
-pub(crate) fn in_path_order<'a>(
-    verdicts: &'a [MiddleboxVerdict],
-    path: &[String],
-) -> Vec<&'a MiddleboxVerdict> {
-    let place = |v: &MiddleboxVerdict| {
-        let name = match v {
-            MiddleboxVerdict::Verified { middlebox, .. } => Some(middlebox),
-            MiddleboxVerdict::Excluded { middlebox, .. } => middlebox.as_ref(),
-            MiddleboxVerdict::Direct => None,
-        };
-        name.and_then(|n| path.iter().position(|p| p == n))
-            .unwrap_or(usize::MAX)
-    };
-    let mut ordered: Vec<&MiddleboxVerdict> = verdicts.iter().collect();
-    ordered.sort_by_key(|v| place(v));
-    ordered
-}
-
 /// One verdict, for the client's summary (`long`: with the signer and the SVN) and the
-/// services' report lines.
+/// services' report lines: the library's words ([`MiddleboxVerdict`]'s `Display`), with the
+/// CLI's allow-list for the approval.
 pub(crate) fn verdict_text(v: &MiddleboxVerdict, long: bool) -> String {
-    match v {
-        MiddleboxVerdict::Verified {
-            middlebox,
-            claims: Some(c),
-            resumed,
-            checked_at,
-            evidence_in_certificate,
-        } => {
-            let mut text = format!(
-                "{middlebox} verified ({} TEE, measurement {}",
-                c.tee,
-                hex::encode(&c.measurement)
-            );
-            if *evidence_in_certificate {
-                // Weaker than evidence for each session: it stands for whoever holds the key.
-                text.push_str("; evidence from its certificate, made once for its key");
-            }
-            if long {
-                text.push_str(&format!(
-                    ", signer {}, svn {}",
-                    hex::encode(&c.signer),
-                    c.svn
-                ));
-            }
-            if *resumed {
-                text.push_str(&format!(
-                    "; resumed: evidence checked {} s ago, on an earlier session",
-                    seconds_since(*checked_at)
-                ));
-            }
-            text + ")"
-        }
-        MiddleboxVerdict::Verified {
-            middlebox,
-            claims: None,
-            resumed,
-            ..
-        } => format!(
-            "{middlebox} sent no evidence (the policy does not require it){}",
-            if *resumed { " (resumed)" } else { "" }
-        ),
+    let shown;
+    let v = match v {
         MiddleboxVerdict::Excluded {
             middlebox,
             why,
             detail,
-        } => {
-            let who = middlebox.as_deref().unwrap_or("a middlebox");
-            let why = exclusion_text(why);
-            match detail {
-                Some(d) => format!("{who} was excluded: {why} ({d})"),
-                None => format!("{who} was excluded: {why}"),
-            }
+        } if *why == NOT_APPROVED => {
+            shown = MiddleboxVerdict::Excluded {
+                middlebox: middlebox.clone(),
+                why: exclusion_text(why),
+                detail: detail.clone(),
+            };
+            &shown
         }
-        // `long` is the client's report, which knows only its own side.
-        MiddleboxVerdict::Direct if long => "no client-side middlebox took part".to_string(),
-        MiddleboxVerdict::Direct => "no middlebox took part".to_string(),
+        // The library's words are the client's report, which knows only its own side.
+        MiddleboxVerdict::Direct if !long => return "no middlebox took part".to_string(),
+        v => v,
+    };
+    if long {
+        format!("{v:#}")
+    } else {
+        v.to_string()
     }
 }
 
@@ -1827,11 +1775,6 @@ fn ticket_key_period(secs: Option<u64>) -> anyhow::Result<std::time::Duration> {
         Some(secs) => Ok(std::time::Duration::from_secs(secs)),
         None => Ok(MIDDLEBOX_TICKET_KEY_PERIOD),
     }
-}
-
-/// Seconds from `unix` (seconds since the Unix epoch) to now; 0 for a time not yet past.
-fn seconds_since(unix: u64) -> u64 {
-    mbx_attest::unix_seconds(std::time::SystemTime::now()).saturating_sub(unix)
 }
 
 /// `passthrough` or `http-header:NAME:VALUE`.
@@ -4359,32 +4302,6 @@ mod tests {
         assert!(
             line.starts_with("session 7 from : TLS 1.3; keys kept in OpenSSL; a middlebox was excluded: secondary handshake failed;"),
             "{line}"
-        );
-    }
-
-    #[test]
-    fn verdicts_are_shown_in_path_order_the_excluded_after() {
-        let verified = |m: &str| MiddleboxVerdict::Verified {
-            middlebox: m.into(),
-            claims: None,
-            resumed: false,
-            checked_at: 0,
-            evidence_in_certificate: false,
-        };
-        let excluded = MiddleboxVerdict::Excluded {
-            middlebox: Some("x.test".into()),
-            why: "not approved by the application",
-            detail: None,
-        };
-        let checked = [verified("mb2.test"), excluded.clone(), verified("mb1.test")];
-        let path = ["mb1.test".to_string(), "mb2.test".to_string()];
-        let shown: Vec<_> = in_path_order(&checked, &path)
-            .into_iter()
-            .cloned()
-            .collect();
-        assert_eq!(
-            shown,
-            [verified("mb1.test"), verified("mb2.test"), excluded]
         );
     }
 

@@ -358,7 +358,7 @@ fn report(
     ensure!(verdicts.len() == 2, "client verdicts: {verdicts:?}");
     let mut verified = Vec::new();
     let path: Vec<String> = CLIENT_MBS.iter().map(|m| m.to_string()).collect();
-    for v in crate::mbtls::in_path_order(verdicts, &path) {
+    for v in mbx_mbtls::driver::in_path_order(verdicts, &path) {
         match v {
             MiddleboxVerdict::Verified {
                 middlebox,

@@ -11,7 +11,8 @@ use mbx_mbtls::handshake::{HandshakeError, HopFingerprint, SessionSummary};
 use mbx_mbtls::Side;
 use serde_json::{json, Map, Value};
 
-use crate::mbtls::{exclusion_text, in_path_order, verdict_text, version_name};
+use crate::mbtls::{exclusion_text, verdict_text, version_name};
+use mbx_mbtls::driver::in_path_order;
 
 /// A middlebox's connection.
 pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {

@@ -1858,10 +1858,15 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     // Both middleboxes were verified (each named once) and both apps ran on the request for
     // `path`.
     let both_verified_and_both_apps_ran = |text: &str, path: &str| {
-        for mb in ["mb0.test", "mb1.test"] {
+        let at = ["mb0.test", "mb1.test"].map(|mb| {
             let verified = format!("attestation: {mb} verified (sim TEE");
             assert_eq!(text.matches(&verified).count(), 1, "{text}");
-        }
+            text.find(&verified)
+        });
+        // In path order, whatever the order in which they were checked.
+        let path_line = text.lines().find(|l| l.starts_with("path: ")).unwrap();
+        let on_path = ["mb0.test", "mb1.test"].map(|mb| path_line.find(mb));
+        assert_eq!(at[0] < at[1], on_path[0] < on_path[1], "{text}");
         nginx
             .wait_access_log(|l| logged(l, path, &["x-mb0=\"mb0.test\"", "x-mb1=\"mb1.test\""]))
             .unwrap();

@@ -41,6 +41,104 @@ pub enum MiddleboxVerdict {
     Direct,
 }
 
+impl MiddleboxVerdict {
+    /// The middlebox's name: configured, or from its certificate; `None` for one excluded
+    /// before its certificate verified, and for [`Direct`](Self::Direct).
+    pub fn middlebox(&self) -> Option<&str> {
+        match self {
+            MiddleboxVerdict::Verified { middlebox, .. } => Some(middlebox),
+            MiddleboxVerdict::Excluded { middlebox, .. } => middlebox.as_deref(),
+            MiddleboxVerdict::Direct => None,
+        }
+    }
+}
+
+/// `verdicts` (in the order the middleboxes were checked) in path order: those named in `path`
+/// by their place there, the others (excluded ones) after them, as they came. An endpoint's
+/// path is its [`SessionSummary::middleboxes`](crate::handshake::SessionSummary::middleboxes);
+/// [`Connection::verdicts_in_path_order`](super::Connection::verdicts_in_path_order) does it for a session.
+pub fn in_path_order<'a>(
+    verdicts: &'a [MiddleboxVerdict],
+    path: &[String],
+) -> Vec<&'a MiddleboxVerdict> {
+    let place = |v: &MiddleboxVerdict| {
+        v.middlebox()
+            .and_then(|n| path.iter().position(|p| p == n))
+            .unwrap_or(usize::MAX)
+    };
+    let mut ordered: Vec<&MiddleboxVerdict> = verdicts.iter().collect();
+    ordered.sort_by_key(|v| place(v));
+    ordered
+}
+
+/// The verdict in words, as the CLI's reports say it: `{}` for a report line, `{:#}` adding
+/// the signer and the SVN of a verified middlebox's TEE. An exclusion says the reason the
+/// check gave (an approver's refusal: [`NOT_APPROVED`](crate::handshake::NOT_APPROVED)).
+impl std::fmt::Display for MiddleboxVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MiddleboxVerdict::Verified {
+                middlebox,
+                claims: Some(c),
+                resumed,
+                checked_at,
+                evidence_in_certificate,
+            } => {
+                let measurement = hex::encode(&c.measurement);
+                write!(
+                    f,
+                    "{middlebox} verified ({} TEE, measurement {measurement}",
+                    c.tee
+                )?;
+                if *evidence_in_certificate {
+                    // Weaker than evidence for each session: it stands for whoever holds the key.
+                    f.write_str("; evidence from its certificate, made once for its key")?;
+                }
+                if f.alternate() {
+                    write!(f, ", signer {}, svn {}", hex::encode(&c.signer), c.svn)?;
+                }
+                if *resumed {
+                    let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
+                    let ago = now.saturating_sub(*checked_at);
+                    write!(
+                        f,
+                        "; resumed: evidence checked {ago} s ago, on an earlier session"
+                    )?;
+                }
+                f.write_str(")")
+            }
+            MiddleboxVerdict::Verified {
+                middlebox,
+                claims: None,
+                resumed,
+                ..
+            } => {
+                write!(
+                    f,
+                    "{middlebox} sent no evidence (the policy does not require it)"
+                )?;
+                if *resumed {
+                    f.write_str(" (resumed)")?;
+                }
+                Ok(())
+            }
+            MiddleboxVerdict::Excluded {
+                middlebox,
+                why,
+                detail,
+            } => {
+                let who = middlebox.as_deref().unwrap_or("a middlebox");
+                write!(f, "{who} was excluded: {why}")?;
+                if let Some(d) = detail {
+                    write!(f, " ({d})")?;
+                }
+                Ok(())
+            }
+            MiddleboxVerdict::Direct => f.write_str("no client-side middlebox took part"),
+        }
+    }
+}
+
 /// An mbTLS client session over TCP, after its handshake (the methods common to both roles
 /// are [`Connection`]'s).
 pub type MbtlsClient = Connection<ClientHandshake>;
@@ -171,5 +269,114 @@ impl Connection<ClientHandshake> {
             carried,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MiddleboxVerdict;
+    use mbx_attest::{Claims, TeeKind};
+
+    fn claims() -> Claims {
+        Claims {
+            tee: TeeKind::Simulated,
+            measurement: vec![0xab; 2],
+            signer: vec![0xcd; 2],
+            product_id: 0,
+            svn: 7,
+            debug: false,
+            tcb_status: None,
+            advisory_ids: Vec::new(),
+            tcb_evaluation_data_number: None,
+            platform_key: None,
+            collateral_valid_until: None,
+            collateral_issued_at: None,
+        }
+    }
+
+    #[test]
+    fn verdicts_are_shown_in_path_order_the_excluded_after() {
+        let verified = |m: &str| MiddleboxVerdict::Verified {
+            middlebox: m.into(),
+            claims: None,
+            resumed: false,
+            checked_at: 0,
+            evidence_in_certificate: false,
+        };
+        let excluded = MiddleboxVerdict::Excluded {
+            middlebox: Some("x.test".into()),
+            why: "not approved by the application",
+            detail: None,
+        };
+        let checked = [verified("mb2.test"), excluded.clone(), verified("mb1.test")];
+        let path = ["mb1.test".to_string(), "mb2.test".to_string()];
+        let shown: Vec<_> = super::in_path_order(&checked, &path)
+            .into_iter()
+            .cloned()
+            .collect();
+        assert_eq!(
+            shown,
+            [verified("mb1.test"), verified("mb2.test"), excluded]
+        );
+    }
+
+    /// A verdict's words: short and (`{:#}`) with the signer and the SVN; a resumed verdict
+    /// says how long ago its evidence was checked; an exclusion its reason and detail.
+    #[test]
+    fn a_verdict_says_what_was_decided() {
+        let now = mbx_attest::unix_seconds(std::time::SystemTime::now());
+        let verified = |resumed, in_cert| MiddleboxVerdict::Verified {
+            middlebox: "mb.test".into(),
+            claims: Some(claims()),
+            resumed,
+            checked_at: now.saturating_sub(3600),
+            evidence_in_certificate: in_cert,
+        };
+        let v = verified(false, false);
+        assert_eq!(
+            v.to_string(),
+            "mb.test verified (sim TEE, measurement abab)"
+        );
+        assert_eq!(
+            format!("{v:#}"),
+            "mb.test verified (sim TEE, measurement abab, signer cdcd, svn 7)"
+        );
+        let cert = verified(false, true).to_string();
+        assert!(
+            cert.ends_with("; evidence from its certificate, made once for its key)"),
+            "{cert}"
+        );
+        // The clock may tick between `now` and the verdict's own reading of it.
+        let resumed = verified(true, false).to_string();
+        assert!(
+            resumed.starts_with(
+                "mb.test verified (sim TEE, measurement abab; resumed: evidence checked 36"
+            ) && resumed.ends_with(" s ago, on an earlier session)"),
+            "{resumed}"
+        );
+        let bare = MiddleboxVerdict::Verified {
+            middlebox: "mb.test".into(),
+            claims: None,
+            resumed: true,
+            checked_at: now,
+            evidence_in_certificate: false,
+        };
+        assert_eq!(
+            bare.to_string(),
+            "mb.test sent no evidence (the policy does not require it) (resumed)"
+        );
+        let excluded = MiddleboxVerdict::Excluded {
+            middlebox: None,
+            why: "bad certificate",
+            detail: Some("expired".into()),
+        };
+        assert_eq!(
+            excluded.to_string(),
+            "a middlebox was excluded: bad certificate (expired)"
+        );
+        assert_eq!(
+            MiddleboxVerdict::Direct.to_string(),
+            "no client-side middlebox took part"
+        );
     }
 }

@@ -34,7 +34,7 @@ pub mod server;
 mod splice;
 
 pub use accept::{ListenerStats, Listening, ServiceConfig};
-pub use client::{MbtlsClient, MiddleboxVerdict};
+pub use client::{in_path_order, MbtlsClient, MiddleboxVerdict};
 pub use connection::{Connection, EndpointHandshake};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
