@@ -1,15 +1,18 @@
 //! A minimal Prometheus scrape endpoint: `GET /metrics` answered with the text exposition
 //! (format 0.0.4) a service renders at that moment. One request per connection; a scraper that
-//! sends more than 8 KiB of request head, or nothing for ten seconds, is dropped. Carries
-//! counts only: bind it to loopback or a management network.
+//! sends more than 8 KiB of request head, or nothing for ten seconds, is dropped, and one still
+//! sending its head gives way to a newer connection when all places are taken. Carries counts
+//! only: bind it to loopback or a management network.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
 
 use crate::Acceptor;
 
@@ -17,28 +20,56 @@ use crate::Acceptor;
 const MAX_HEAD: usize = 8 * 1024;
 /// How long a scraper has to send its request and read the answer.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Scrapes answered at once; more wait in the listen queue. Without a bound, connections that
-/// send nothing would each hold a descriptor for `SCRAPE_TIMEOUT`, taken from the service's own
-/// connections (services reserve descriptors for these).
+/// Scrapes held at once. Without a bound, connections that send nothing would each hold a
+/// descriptor for `SCRAPE_TIMEOUT`, taken from the service's own connections (services reserve
+/// descriptors for these, and one for the connection being accepted).
 pub const MAX_SCRAPES: usize = 8;
 
 /// What a service renders for a scrape.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// A scrape whose request head has not come in full yet: the first to give way.
+struct Waiting {
+    task: AbortHandle,
+    head_read: Arc<AtomicBool>,
+}
+
 /// Answers scrapes on `listener` until the task is dropped; failed accepts are counted in
-/// `accept_errors` (and paused after, as every listener here does).
+/// `accept_errors` (and paused after, as every listener here does). When `MAX_SCRAPES` are
+/// held, a new connection takes the place of the oldest one still sending its head (found in
+/// a trial: eight silent connections kept every scrape out for ten seconds at a time, as long
+/// as Prometheus's own scrape timeout); it waits only while all of them are being answered.
 pub async fn serve_metrics(listener: TcpListener, accept_errors: Arc<AtomicU64>, render: Render) {
     let mut acceptor = Acceptor::counting_errors_in(listener, accept_errors);
     let scrapes = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
     loop {
-        let Ok(permit) = Arc::clone(&scrapes).acquire_owned().await else {
-            return;
-        };
         let (tcp, _) = acceptor.accept().await;
+        waiting.retain(|w| !w.task.is_finished() && !w.head_read.load(Ordering::Acquire));
+        let permit = match Arc::clone(&scrapes).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                // Its permit comes back when the aborted task is dropped.
+                if let Some(oldest) = waiting.pop_front() {
+                    oldest.task.abort();
+                }
+                let Ok(permit) = Arc::clone(&scrapes).acquire_owned().await else {
+                    return;
+                };
+                permit
+            }
+        };
         let render = Arc::clone(&render);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, answer_scrape(tcp, &*render)).await;
+        let head_read = Arc::new(AtomicBool::new(false));
+        let read = Arc::clone(&head_read);
+        let task = tokio::spawn(async move {
+            let scrape = answer_scrape(tcp, &*render, &read);
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, scrape).await;
             drop(permit);
+        });
+        waiting.push_back(Waiting {
+            task: task.abort_handle(),
+            head_read,
         });
     }
 }
@@ -46,6 +77,7 @@ pub async fn serve_metrics(listener: TcpListener, accept_errors: Arc<AtomicU64>,
 async fn answer_scrape(
     mut tcp: TcpStream,
     render: &(dyn Fn() -> String + Send + Sync),
+    head_read: &AtomicBool,
 ) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
@@ -56,6 +88,8 @@ async fn answer_scrape(
         }
         head.extend_from_slice(buf.get(..n).unwrap_or_default());
     }
+    // From here it is answered: no newer connection takes its place.
+    head_read.store(true, Ordering::Release);
     let route = route(&head);
     let (status, body) = match route {
         Route::Metrics | Route::MetricsHead => ("200 OK", render()),
@@ -226,56 +260,50 @@ mod tests {
         task.abort();
     }
 
-    /// Scrapers that send their head slowly hold at most `MAX_SCRAPES` descriptors: the next
-    /// scrape is not answered while they are all in flight (it waits in the listen queue; an
-    /// observation window can only miss an early answer, never make a correct limit fail), and
-    /// is answered once one of them is done.
+    /// Connections that send nothing hold at most `MAX_SCRAPES` places, and cannot keep a
+    /// scrape out: each newer connection takes the place of the oldest one still sending its
+    /// head, which is closed, while the newer ones stay open (their ten seconds are not over
+    /// when the scrape is answered: before, the scrape waited for them).
     #[tokio::test]
-    async fn scrapes_in_flight_are_bounded() {
+    async fn silent_connections_give_way_to_newer_ones() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let rendered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = Arc::clone(&rendered);
         let task = tokio::spawn(serve_metrics(
             listener,
             Arc::default(),
-            Arc::new(move || {
-                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                format!("scrape_number {n}\n")
-            }),
+            Arc::new(|| "up 1\n".to_owned()),
         ));
-        let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n";
-        let mut slow = Vec::new();
-        for _ in 0..MAX_SCRAPES {
-            let mut tcp = TcpStream::connect(addr).await.unwrap();
-            tcp.write_all(head).await.unwrap();
-            slow.push(tcp);
+        let mut silent = Vec::new();
+        for _ in 0..MAX_SCRAPES + 4 {
+            silent.push(TcpStream::connect(addr).await.unwrap());
         }
-        let mut next = TcpStream::connect(addr).await.unwrap();
-        next.write_all(head).await.unwrap();
-        next.write_all(b"\r\n").await.unwrap();
+        let mut scrape = TcpStream::connect(addr).await.unwrap();
+        scrape
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
         let mut answer = String::new();
-        let early =
-            tokio::time::timeout(Duration::from_millis(300), next.read_to_string(&mut answer))
-                .await;
-        assert!(early.is_err(), "answered past the bound: {answer}");
-        let bound = Duration::from_secs(5);
-        let mut first = slow.remove(0);
-        first.write_all(b"\r\n").await.unwrap();
-        let mut first_answer = String::new();
-        tokio::time::timeout(bound, first.read_to_string(&mut first_answer))
+        let hang_guard = Duration::from_secs(60);
+        tokio::time::timeout(hang_guard, scrape.read_to_string(&mut answer))
             .await
             .unwrap()
             .unwrap();
-        assert!(
-            first_answer.ends_with("scrape_number 1\n"),
-            "{first_answer}"
-        );
-        tokio::time::timeout(bound, next.read_to_string(&mut answer))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(answer.ends_with("scrape_number 2\n"), "{answer}");
+        assert!(answer.ends_with("up 1\n"), "{answer}");
+        // The 5 oldest gave way (to 4 silent ones and the scrape), the 7 newest are held.
+        let gave_way = 5;
+        let mut buf = [0u8; 1];
+        for (i, tcp) in silent.iter_mut().enumerate() {
+            if i < gave_way {
+                let n = tokio::time::timeout(hang_guard, tcp.read(&mut buf)).await;
+                assert!(matches!(n, Ok(Ok(0))), "{i}: {n:?}");
+            } else {
+                let open = tcp.try_read(&mut buf);
+                assert!(
+                    matches!(&open, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                    "{i}: {open:?}"
+                );
+            }
+        }
         task.abort();
     }
 }
