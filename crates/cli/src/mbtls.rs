@@ -1271,7 +1271,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     let DriverError::Handshake(h) = e else {
         return String::new();
     };
-    if matches!(h.cause(), HandshakeError::NotJoined) {
+    if matches!(h.cause(), HandshakeError::NotJoined { .. }) {
         return match role {
             mbx_engine::Role::Client => {
                 " (the client's middleboxes are started without \

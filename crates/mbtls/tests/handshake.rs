@@ -985,7 +985,7 @@ fn missing_preconfigured_middlebox_fails_the_handshake() {
             matches!(
                 &err,
                 Some(HandshakeError::Middlebox { name, inner })
-                    if name == "mb.test" && matches!(**inner, HandshakeError::NotJoined)
+                    if name == "mb.test" && matches!(**inner, HandshakeError::NotJoined { .. })
             ),
             "{version:?}: {err:?}"
         );

@@ -2789,3 +2789,46 @@ mod secondary_resumption {
         }
     }
 }
+
+/// Two instances of one service, with certificates for the same name, can both be on a
+/// client's path: the path names it twice and each joins with keys of its own. Named twice
+/// with one of them on the path, the session fails: the second is missing.
+#[test]
+fn a_name_twice_in_the_path_is_two_middleboxes() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb1.test"]),
+            client_mb(&s, "mb1.test"),
+            client_mb(&s, "mb1.test"),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        path.assert_no_errors();
+        assert_eq!(
+            path.last().read(),
+            b"GET / HTTP/1.1\r\nHost: server.test\r\nX-Mbtls: mb1.test\r\nX-Mbtls: mb1.test\r\n\r\n",
+            "{version:?}"
+        );
+        let Node::Client(c) = path.first() else {
+            unreachable!()
+        };
+        let sum = c.summary().unwrap().clone();
+        assert_eq!(sum.middleboxes, ["mb1.test", "mb1.test"], "{version:?}");
+        assert!(sum.hops[0] != sum.hops[1] && sum.hops[1] != sum.hops[2]);
+
+        let mut path = Path::new(vec![
+            path_client(&s, version, &["mb1.test", "mb1.test"]),
+            client_mb(&s, "mb1.test"),
+            Node::LegacyServer(s.legacy_server(version)),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        let said = path.errors[0].clone().unwrap_or_default();
+        assert!(
+            said.contains("middlebox mb1.test: a pre-configured middlebox did not join (1 of the 2 configured on this side did)"),
+            "{version:?}: {said}"
+        );
+    }
+}

@@ -639,7 +639,11 @@ impl EndpointCore {
                 .iter()
                 .find(|s| s.state == Secondary::Waiting)
                 .and_then(|s| s.name.clone());
-            return Err(HandshakeError::named(missing, HandshakeError::NotJoined));
+            let not_joined = HandshakeError::NotJoined {
+                joined: spoke,
+                configured: self.required,
+            };
+            return Err(HandshakeError::named(missing, not_joined));
         }
         for slot in &mut self.slots {
             if slot.state == Secondary::Waiting {

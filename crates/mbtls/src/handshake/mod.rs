@@ -145,13 +145,15 @@ pub enum HandshakeError {
     Config(&'static str),
     /// A pre-configured middlebox had not spoken when the primary handshake ended: it is not
     /// on the path, or it serves the other side (named in a [`Middlebox`](Self::Middlebox)
-    /// error when its name is known).
+    /// error when its name is known). `joined` of the `configured` middleboxes spoke (a name
+    /// may be configured twice, for two middleboxes with certificates for it).
     #[error(
-        "a pre-configured middlebox did not join: it is not on the path, or it serves the \
-         other side (a client-side middlebox answers the client's hello, a server-side one \
-         announces itself to the server)"
+        "a pre-configured middlebox did not join ({joined} of the {configured} configured on \
+         this side did): it is not on the path, or it serves the other side (a client-side \
+         middlebox answers the client's hello, a server-side one announces itself to the \
+         server)"
     )]
-    NotJoined,
+    NotJoined { joined: usize, configured: usize },
     /// More middleboxes announced themselves to a server than it lets join (`allowed`: its
     /// configured names, or `max_discovered`); the others got no secondary session.
     #[error(

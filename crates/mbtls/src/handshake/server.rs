@@ -203,9 +203,9 @@ impl ServerHandshake {
         r.map_err(|e| match e {
             // Our slots are made as middleboxes announce themselves: the first missing one
             // is next in the configured list.
-            HandshakeError::NotJoined => {
+            e @ HandshakeError::NotJoined { .. } => {
                 let name = self.cfg.middlebox.configured_name(self.core.slots.len());
-                HandshakeError::named(name.map(str::to_owned), HandshakeError::NotJoined)
+                HandshakeError::named(name.map(str::to_owned), e)
             }
             e => e,
         })
