@@ -3693,7 +3693,8 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 }
 
 /// What the client proxy's local connection is told when its mbTLS session fails before the
-/// server sent anything: an HTTP 502, as the server answers when its backend is down (the
+/// server sent anything (before or after the session came up: the words fit both, found in an
+/// adversarial trial where "no mbTLS session" followed 750 KB carried): an HTTP 502, as the server answers when its backend is down (the
 /// proxy carries HTTP to an https URL), so that curl says why instead of "couldn't connect",
 /// with the error and what the one-shot client would say of it (found in a user trial: a 502
 /// that said only "the first hop closed the connection").
@@ -3701,7 +3702,7 @@ fn proxy_session_failed(e: &mbx_mbtls::driver::DriverError) -> Vec<u8> {
     let why = format!("{e}{}", client_hint(e));
     format!(
         "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\
-         Connection: close\r\n\r\nmbx mbtls proxy: no mbTLS session to the server: {}\n",
+         Connection: close\r\n\r\nmbx mbtls proxy: the mbTLS session to the server failed: {}\n",
         crate::subcommand::escape_controls(&why, false)
     )
     .into_bytes()

@@ -2277,7 +2277,7 @@ fn client_as_a_local_proxy_carries_curl_over_mbtls() {
     let (body, line) = failing_proxy(&refusing.addr().to_string());
     assert!(
         body.starts_with(
-            "mbx mbtls proxy: no mbTLS session to the server: cannot connect to the first hop"
+            "mbx mbtls proxy: the mbTLS session to the server failed: cannot connect to the first hop"
         ),
         "{body}"
     );
