@@ -1036,6 +1036,36 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
     }
 }
 
+/// A next hop that closes as soon as the client's hello reaches it (as a server does on a
+/// client's alert, which TLS 1.3 encrypts): the middlebox's report says that the close came
+/// right after a record from the client's side, which it may have been answering, instead of
+/// blaming the next hop alone (found in an adversarial trial: a client that refused the
+/// server's certificate left the middlebox blaming either side, by chance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_right_after_the_other_sides_record_is_said_to_follow_it() {
+    let w = World::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let next_hop = listener.local_addr().unwrap();
+    let closing = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 16384];
+        let n = sock.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+    });
+    let mut mbox = w.start_middlebox(next_hop, passthrough()).await;
+    let cfg = w.client(TlsVersion::Tls13, measure(PROGRAM, b""));
+    let r = timeout(BOUND, MbtlsClient::connect(mbox.local_addr(), cfg)).await;
+    assert!(matches!(r, Ok(Err(_))), "{:?}", r.map(|c| c.is_ok()));
+    timeout(BOUND, closing).await.unwrap().unwrap();
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    let err = report.outcome.unwrap_err();
+    assert!(
+        err.contains("the next hop (toward the server) closed")
+            && err.contains("right after a record from the client's side"),
+        "{err}"
+    );
+}
+
 /// Sends `data` through the session in 64 KiB pieces and reads each echo back.
 async fn echo_through(client: &mut MbtlsClient, data: &[u8]) {
     for piece in data.chunks(65536) {

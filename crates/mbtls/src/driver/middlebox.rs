@@ -507,6 +507,11 @@ struct Conn {
     to_client: Outbox,
     to_server: Outbox,
     failure: Option<String>,
+    /// Before the keys: the side the last bytes came from. A side that closes right after
+    /// the other side spoke most likely answered it (an endpoint's alert, which TLS 1.3
+    /// encrypts, then its close; the other endpoint closes on the alert, and which close is
+    /// read first is chance).
+    last_from: Option<Side>,
 }
 
 impl Conn {
@@ -645,6 +650,11 @@ impl Conn {
                 "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
             } else if self.hs.keys_installed() {
                 "mid-session, without close_notify"
+            } else if self.last_from == Some(from.other()) {
+                match from {
+                    Side::Server => "during the handshake (before this middlebox received its keys), right after a record from the client's side, which it may have been answering (as a close answers an alert that ends the handshake)",
+                    Side::Client => "during the handshake (before this middlebox received its keys), right after a record from the server's side, which it may have been answering (as a close answers an alert that ends the handshake)",
+                }
             } else {
                 // Its own TLS handshake may be over (a legacy client that leaves at once):
                 // what this middlebox knows is that its keys had not come yet.
@@ -723,6 +733,7 @@ async fn relay(
         to_client: Outbox::recycling(),
         to_server: Outbox::recycling(),
         failure: None,
+        last_from: None,
     };
     let mut open = [true, true]; // reading from client, from server
                                  // Both directions ended; what is queued is leaving.
@@ -847,6 +858,9 @@ async fn relay(
             }
         }
         let n = bytes.len();
+        if !conn.hs.keys_installed() {
+            conn.last_from = Some(from);
+        }
         *match from {
             Side::Client => &mut report.bytes_from_client,
             Side::Server => &mut report.bytes_from_server,
