@@ -78,7 +78,7 @@ pub enum AttestError {
     #[error("the nonce {0} of the evidence in the middlebox's certificate is not in the policy's certificate_nonces")]
     CertificateNonceNotAccepted(String),
     /// Simulated evidence signed by a platform key the policy does not trust.
-    #[error("simulated evidence is signed by an untrusted platform key {0}")]
+    #[error("simulated evidence is signed by an untrusted platform key {0} (not in the policy's sim_platform_keys)")]
     UntrustedPlatformKey(String),
     /// The platform signature over simulated evidence does not verify.
     #[error("simulated evidence signature is invalid")]

@@ -316,6 +316,12 @@ impl Policy {
         Ok(())
     }
 
+    /// No middlebox can pass: evidence is required and no measurement is accepted (the
+    /// default policy, until its measurements are given).
+    pub fn refuses_every_middlebox(&self) -> bool {
+        self.required && self.measurements.is_empty()
+    }
+
     /// Apply the policy to claims whose signature and binding were already verified.
     ///
     /// Measurement and signer comparisons are constant-time over the whole list.

@@ -875,7 +875,7 @@ fn policy_line(p: &Policy) -> String {
 
 /// Evidence required and no measurement accepted (the default policy).
 fn no_middlebox_can_pass(p: &Policy) -> bool {
-    p.required && p.measurements.is_empty()
+    p.refuses_every_middlebox()
 }
 
 /// The attestation policy from a file or an inline table, plus the flags' additions.
@@ -1235,13 +1235,7 @@ fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
 /// middleboxes' and the server's reports.
 fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
     use mbx_mbtls::driver::DriverError;
-    let ended_behind = match e {
-        DriverError::PeerGone { .. } => true,
-        // A fatal alert from the path: the server's or a middlebox's refusal.
-        DriverError::Alert { what, .. } => *what == mbx_mbtls::driver::RECEIVED_FROM_THE_PATH,
-        DriverError::Io { error, .. } => error.kind() == std::io::ErrorKind::ConnectionReset,
-        _ => false,
-    };
+    let ended_behind = e.ended_on_the_path();
     if let DriverError::Alert { description, .. } = e {
         if *description == mbx_engine::AlertDescription::HANDSHAKE_FAILURE.0 && ended_behind {
             return SERVER_REFUSED_ITS_MIDDLEBOX;
@@ -1301,10 +1295,9 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
             .into();
     }
     if role == mbx_engine::Role::Client && named && name_mismatch {
+        // The library's error already says to check the path's names and their order.
         return " (a middlebox is expected under its --middlebox-name, or without one under \
-                 the host of --middlebox: give the name its certificate carries; pre-configured \
-                 middleboxes are named in path order from the client, every one on the path: \
-                 is another middlebox on the path, or are the names in another order?)"
+                 the host of --middlebox)"
             .into();
     }
     // A chain that reaches none of the trusted CAs: which certificate, and which setting

@@ -266,9 +266,7 @@ fn resumption_report(
         })
         .collect();
     for (name, mb) in names.iter().zip(mbs) {
-        let resumed = verdicts.iter().any(|(n, v)| {
-            n == name && matches!(v, MiddleboxVerdict::Verified { resumed: true, .. })
-        });
+        let resumed = verdicts.iter().any(|(n, v)| n == name && v.resumed());
         ensure!(
             resumed == mb.resumed,
             "{name}: the endpoint and the middlebox disagree on resumption"

@@ -1956,7 +1956,9 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
     ]);
     assert!(!ok, "{text}");
     assert!(
-        err.contains("pre-configured middleboxes are named in path order from the client"),
+        err.contains(
+            "checked against the name at its place in the path (in order from the client)"
+        ) && err.contains("(a middlebox is expected under its --middlebox-name"),
         "{err}"
     );
 

@@ -116,7 +116,10 @@ pub async fn run() -> Res<String> {
     let request = b"GET / HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
     let mut session =
         MbtlsClient::connect_with_data(middlebox.local_addr(), client, request).await?;
-    println!("client: middlebox verdict {:?}", session.verdict());
+    // Each middlebox's verdict in words, in path order (`{:#}` adds the TEE's signer and SVN).
+    for verdict in session.verdicts_in_path_order() {
+        println!("client: {verdict:#}");
+    }
     let page = String::from_utf8(session.read_to_end().await?)?;
     // Our close_notify: the session ends on every hop, and the middlebox reports it.
     session.close().await?;

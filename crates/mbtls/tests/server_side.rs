@@ -835,10 +835,30 @@ fn built_endpoints_run_a_path_with_middleboxes_on_both_sides_both_versions() {
     );
     let empty = ClientHandshakeConfig::builder("server.test", s.root.clone())
         .middleboxes(ClientMiddlebox::PreconfiguredPath(Vec::new()))
+        .policy(s.policy.clone())
         .build()
         .err()
         .unwrap();
     assert!(empty.to_string().contains("1 to 255"), "{empty}");
+    // The default policy, which no middlebox can pass, while middleboxes may join.
+    let refusing = [
+        ClientHandshakeConfig::builder("server.test", s.root.clone())
+            .middleboxes(ClientMiddlebox::Preconfigured("mb1.test".into()))
+            .build()
+            .err(),
+        ServerHandshakeConfig::builder(s.server_id.clone())
+            .middleboxes(ServerMiddlebox::Preconfigured("mb2.test".into()))
+            .middlebox_roots(s.root.clone())
+            .build()
+            .err(),
+    ];
+    for e in refusing {
+        let said = e.unwrap().to_string();
+        assert!(
+            said.contains("the attestation policy accepts no middlebox"),
+            "{said}"
+        );
+    }
 }
 
 #[test]
@@ -2829,6 +2849,33 @@ fn a_name_twice_in_the_path_is_two_middleboxes() {
         assert!(
             said.contains("middlebox mb1.test: a pre-configured middlebox did not join (1 of the 2 configured on this side did)"),
             "{version:?}: {said}"
+        );
+    }
+}
+
+/// A path in the wrong order, or missing a middlebox, shows as a certificate for another name:
+/// the error says to check the path as well as the certificate (found in an embedder's trial,
+/// where "not valid for the name mb1.test (it is for mb2.test)" blamed a middlebox that was
+/// fine).
+#[test]
+fn a_wrong_path_is_said_to_be_a_possible_cause() {
+    // The path is mb1 then mb0: swapped, and missing mb0.
+    let cases = [&["mb0.test", "mb1.test"][..], &["mb1.test"][..]];
+    for (s, names) in Setup::both().iter().flat_map(|s| cases.map(|c| (s, c))) {
+        let mut path = Path::new(vec![
+            path_client(&s, TlsVersion::Tls13, names),
+            client_mb(&s, "mb1.test"),
+            client_mb(&s, "mb0.test"),
+            Node::LegacyServer(s.legacy_server(TlsVersion::Tls13)),
+        ]);
+        path.first().write(REQUEST);
+        path.pump();
+        let said = path.errors[0].clone().unwrap_or_default();
+        assert!(
+            said.contains("not valid for")
+                && said.contains("check its certificate, and that the path names every middlebox on this side, in order"),
+            "{} {names:?}: {said}",
+            s.secondary_engine
         );
     }
 }

@@ -42,6 +42,11 @@ pub enum MiddleboxVerdict {
 }
 
 impl MiddleboxVerdict {
+    /// Verified on a resumed secondary session, with the claims of an earlier check.
+    pub fn resumed(&self) -> bool {
+        matches!(self, MiddleboxVerdict::Verified { resumed: true, .. })
+    }
+
     /// The middlebox's name: configured, or from its certificate; `None` for one excluded
     /// before its certificate verified, and for [`Direct`](Self::Direct).
     pub fn middlebox(&self) -> Option<&str> {

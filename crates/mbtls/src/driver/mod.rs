@@ -226,6 +226,20 @@ impl DriverError {
             DriverError::Config(_) => ErrorKind::Config,
         }
     }
+
+    /// The session was ended beyond this endpoint's neighbour: the neighbour closed or reset
+    /// the connection, or a fatal alert came from the path. Who ended it, and why, is then in
+    /// the reports of the middleboxes and of the peer (a `handshake_failure` alert from an
+    /// mbTLS server after a TLS 1.3 handshake that looked done is most often its refusal of
+    /// one of its own middleboxes, docs/mbtls.md §4.2).
+    pub fn ended_on_the_path(&self) -> bool {
+        match self {
+            DriverError::PeerGone { .. } => true,
+            DriverError::Alert { what, .. } => *what == RECEIVED_FROM_THE_PATH,
+            DriverError::Io { error, .. } => error.kind() == std::io::ErrorKind::ConnectionReset,
+            _ => false,
+        }
+    }
 }
 
 /// A configuration the core refused is said once ("configuration: …", not "mbTLS handshake

@@ -190,6 +190,13 @@ impl ServerConnectionReport {
             error: None,
         }
     }
+
+    /// [`verdicts`](Self::verdicts) in path order (as the summary names the middleboxes that
+    /// joined), the excluded ones after them.
+    pub fn verdicts_in_path_order(&self) -> Vec<&MiddleboxVerdict> {
+        let path = self.summary.as_ref().map(|s| s.middleboxes.as_slice());
+        super::client::in_path_order(&self.verdicts, path.unwrap_or_default())
+    }
 }
 
 /// What the splice counted, into the report (also for a session cut mid-way).

@@ -25,6 +25,18 @@ struct Common {
 }
 
 impl Common {
+    /// Refuses a policy no middlebox can pass, for an endpoint whose middleboxes may join.
+    fn check_policy(&self) -> Result<(), HandshakeError> {
+        if self.policy.refuses_every_middlebox() {
+            return Err(HandshakeError::Config(
+                "the attestation policy accepts no middlebox: it requires evidence and lists \
+                 no measurement (give its measurements, or set required = false for \
+                 middleboxes without evidence)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The secondary-session context: a rustls client for middlebox certificates under
     /// `roots_pem`, keeping vouched-for middlebox sessions unless fresh evidence is wanted.
     fn secondary(
@@ -59,21 +71,26 @@ macro_rules! common_options {
         }
 
         /// The attestation policy each middlebox's evidence is checked against (default:
-        /// [`Policy::default`], which refuses simulated evidence).
+        /// [`Policy::default`], which requires evidence and accepts no measurement yet:
+        /// `build` refuses it while middleboxes may join, since none could).
         pub fn policy(mut self, policy: Policy) -> Self {
             self.common.policy = policy;
             self
         }
 
-        /// The primary session in exactly this TLS version (default: TLS 1.2 or 1.3).
+        /// The primary session in exactly this TLS version (default: TLS 1.2 or 1.3). The
+        /// secondary sessions with the middleboxes keep theirs (TLS 1.3 where both sides have
+        /// it; which of them resume depends on it, docs/mbtls.md §4.7).
         pub fn only(mut self, version: TlsVersion) -> Self {
             self.common.version = Some(version);
             self
         }
 
-        /// Fresh evidence from every middlebox on every session: their secondary sessions
-        /// are never resumed (by default a pre-configured middlebox's session is resumed,
-        /// docs/mbtls.md §4.7).
+        /// Fresh evidence from each of this endpoint's middleboxes on every session: their
+        /// secondary sessions are never resumed. By default a pre-configured middlebox's
+        /// session may be: with TLS 1.3 secondary sessions only the one nearest this endpoint
+        /// resumes (docs/mbtls.md §4.7). The other endpoint's middleboxes follow its own
+        /// configuration.
         pub fn fresh_evidence(mut self) -> Self {
             self.common.fresh_evidence = true;
             self
@@ -129,6 +146,9 @@ impl ClientConfigBuilder {
     /// Builds the contexts and checks the result as [`ClientHandshakeConfig::check`] does.
     pub fn build(self) -> Result<ClientHandshakeConfig, HandshakeError> {
         let disabled = matches!(self.middlebox, ClientMiddlebox::Disabled);
+        if !disabled {
+            self.common.check_policy()?;
+        }
         let mut primary = primary_client_config(&self.server_name, self.server_roots_pem.clone());
         primary.exportable = !disabled;
         primary.resume_sessions = usize::from(self.resume_server);
@@ -210,6 +230,7 @@ impl ServerConfigBuilder {
         let (middlebox, roots, name) =
             match (self.middlebox, self.common.middlebox_roots_pem.clone()) {
                 (Some(mb), Some(roots)) => {
+                    self.common.check_policy()?;
                     let name = match &mb {
                         ServerMiddlebox::Preconfigured(name) => name.clone(),
                         ServerMiddlebox::PreconfiguredPath(path) => {

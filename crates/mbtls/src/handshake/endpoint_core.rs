@@ -742,6 +742,16 @@ impl EndpointCore {
             .iter()
             .find(|s| s.subchannel == subchannel)
             .and_then(|s| s.name.clone());
+        let elsewhere = matches!(
+            &err,
+            HandshakeError::Engine(e)
+                if e.certificate_problem() == Some(mbx_engine::CertificateProblem::NameMismatch)
+        );
+        let err = if elsewhere && self.preconfigured() {
+            HandshakeError::NotTheNameAtItsPlace(Box::new(err))
+        } else {
+            err
+        };
         HandshakeError::named(name, err)
     }
 

@@ -174,6 +174,16 @@ pub enum HandshakeError {
         name: String,
         inner: Box<HandshakeError>,
     },
+    /// A pre-configured middlebox presented a certificate for another name: most often the
+    /// configured path is wrong, since each middlebox is checked against the name at its
+    /// place (found in an embedder's trial: a path missing a middlebox read as a bad
+    /// certificate of one that was fine).
+    #[error(
+        "{0}; each pre-configured middlebox is checked against the name at its place in the \
+         path (in order from the client): check its certificate, and that the path names every \
+         middlebox on this side, in order"
+    )]
+    NotTheNameAtItsPlace(Box<HandshakeError>),
 }
 
 impl HandshakeError {
@@ -192,6 +202,7 @@ impl HandshakeError {
     pub fn cause(&self) -> &HandshakeError {
         match self {
             HandshakeError::Middlebox { inner, .. } => inner.cause(),
+            HandshakeError::NotTheNameAtItsPlace(inner) => inner.cause(),
             other => other,
         }
     }
