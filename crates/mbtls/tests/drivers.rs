@@ -13,7 +13,7 @@ use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{
     AttestError, Attester, Evidence, HexBytes, Policy, SimulatedAttester, SimulatedPlatform,
 };
-use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig, TlsEngine};
+use mbx_engine::{CustomExtension, Identity, OpenSslContext, OpenSslEngine, TlsConfig, TlsEngine};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
     AppFactory, DriverError, ErrorKind, MbtlsClient, MiddleboxServer, MiddleboxServerConfig,
@@ -52,6 +52,15 @@ struct World {
 }
 
 impl World {
+    /// An in-process legacy server's context for `version`, with the server's certificate.
+    fn legacy_server_context(&self, version: TlsVersion) -> OpenSslContext {
+        let leaf = Identity::from_pem(
+            std::fs::read(&self.server_files.chain).unwrap(),
+            std::fs::read(&self.server_files.key).unwrap(),
+        );
+        OpenSslContext::new(&TlsConfig::server(leaf).only(version)).unwrap()
+    }
+
     fn new() -> World {
         let pki = TestPki::new("mbtls driver test root").unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -831,11 +840,7 @@ async fn serve_socket(mut sock: TcpStream, ctx: &OpenSslContext, echo: bool) -> 
 async fn middlebox_failing_policy_gets_no_keys_and_server_gets_no_data() {
     let w = World::new();
     for version in VERSIONS {
-        let server_leaf = Identity::from_pem(
-            std::fs::read(&w.server_files.chain).unwrap(),
-            std::fs::read(&w.server_files.key).unwrap(),
-        );
-        let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+        let ctx = w.legacy_server_context(version);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server_addr = listener.local_addr().unwrap();
         let server = tokio::spawn(in_process_server(listener, ctx, false));
@@ -956,21 +961,52 @@ enum Misbehave {
     Vanish,
 }
 
-/// A legacy server that misbehaves after the first request; returns once its connection is
-/// closed by the other side (Forge) or right after closing it (Vanish).
-async fn misbehaving_server(listener: TcpListener, ctx: OpenSslContext, how: Misbehave) {
-    let (mut sock, _) = listener.accept().await.unwrap();
-    let mut engine = ctx.engine().unwrap();
-    let mut buf = vec![0u8; 16384];
+/// A legacy server's handshake on `sock` and the client's first request (up to its blank line).
+async fn handshake_and_request(sock: &mut TcpStream, engine: &mut OpenSslEngine, buf: &mut [u8]) {
     let mut got = Vec::new();
     while !got.ends_with(b"\r\n\r\n") {
-        let n = sock.read(&mut buf).await.unwrap();
+        let n = sock.read(buf).await.unwrap();
         assert!(n > 0, "connection closed before the request");
         engine.feed(&buf[..n]);
         engine.process().unwrap();
         got.extend(engine.take_plaintext());
         sock.write_all(&engine.take_outgoing()).await.unwrap();
     }
+}
+
+/// An in-process legacy server for `version`, run by `serve` on its listener, behind a
+/// pass-through middlebox, and an mbTLS client through them that sent `GET /`.
+async fn client_through_a_middlebox_to<T: Send + 'static>(
+    w: &World,
+    version: TlsVersion,
+    serve: impl FnOnce(TcpListener, OpenSslContext) -> tokio::task::JoinHandle<T>,
+) -> (tokio::task::JoinHandle<T>, MiddleboxServer, MbtlsClient) {
+    let ctx = w.legacy_server_context(version);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    let server = serve(listener, ctx);
+    let mbox = w.start_middlebox(server_addr, passthrough()).await;
+    let client = timeout(
+        BOUND,
+        MbtlsClient::connect_with_data(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            &get("/"),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    (server, mbox, client)
+}
+
+/// A legacy server that misbehaves after the first request; returns once its connection is
+/// closed by the other side (Forge) or right after closing it (Vanish).
+async fn misbehaving_server(listener: TcpListener, ctx: OpenSslContext, how: Misbehave) {
+    let (mut sock, _) = listener.accept().await.unwrap();
+    let mut engine = ctx.engine().unwrap();
+    let mut buf = vec![0u8; 16384];
+    handshake_and_request(&mut sock, &mut engine, &mut buf).await;
     match how {
         Misbehave::Vanish => drop(sock),
         Misbehave::Forge => {
@@ -988,26 +1024,11 @@ async fn server_side_failures_close_both_connections_and_fail_the_client() {
     let w = World::new();
     for version in VERSIONS {
         for how in [Misbehave::Forge, Misbehave::Vanish] {
-            let server_leaf = Identity::from_pem(
-                std::fs::read(&w.server_files.chain).unwrap(),
-                std::fs::read(&w.server_files.key).unwrap(),
-            );
-            let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let server_addr = listener.local_addr().unwrap();
-            let server = tokio::spawn(misbehaving_server(listener, ctx, how));
-            let mut mbox = w.start_middlebox(server_addr, passthrough()).await;
-            let mut client = timeout(
-                BOUND,
-                MbtlsClient::connect_with_data(
-                    mbox.local_addr(),
-                    w.client(version, measure(PROGRAM, b"")),
-                    &get("/"),
-                ),
-            )
-            .await
-            .unwrap()
-            .unwrap();
+            let (server, mut mbox, mut client) =
+                client_through_a_middlebox_to(&w, version, |listener, ctx| {
+                    tokio::spawn(misbehaving_server(listener, ctx, how))
+                })
+                .await;
             let r = timeout(BOUND, client.read()).await.expect("client hung");
             match (how, r) {
                 // bad_record_mac from the middlebox, sealed under the client's hop keys.
@@ -1076,15 +1097,7 @@ async fn forging_streamer(listener: TcpListener, ctx: OpenSslContext) -> Option<
     let (mut sock, _) = listener.accept().await.unwrap();
     let mut engine = ctx.engine().unwrap();
     let mut buf = vec![0u8; 16384];
-    let mut got = Vec::new();
-    while !got.ends_with(b"\r\n\r\n") {
-        let n = sock.read(&mut buf).await.unwrap();
-        assert!(n > 0, "connection closed before the request");
-        engine.feed(&buf[..n]);
-        engine.process().unwrap();
-        got.extend(engine.take_plaintext());
-        sock.write_all(&engine.take_outgoing()).await.unwrap();
-    }
+    handshake_and_request(&mut sock, &mut engine, &mut buf).await;
     // Some good data, then the forgery, then more data as fast as it is taken.
     engine.write_plaintext(&[b'a'; 100_000]).unwrap();
     let mut out = engine.take_outgoing();
@@ -1125,26 +1138,11 @@ async fn forging_streamer(listener: TcpListener, ctx: OpenSslContext) -> Option<
 async fn a_streaming_peer_gets_the_alert_of_a_record_that_failed() {
     let w = World::new();
     for version in VERSIONS {
-        let server_leaf = Identity::from_pem(
-            std::fs::read(&w.server_files.chain).unwrap(),
-            std::fs::read(&w.server_files.key).unwrap(),
-        );
-        let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server_addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(forging_streamer(listener, ctx));
-        let mut mbox = w.start_middlebox(server_addr, passthrough()).await;
-        let mut client = timeout(
-            BOUND,
-            MbtlsClient::connect_with_data(
-                mbox.local_addr(),
-                w.client(version, measure(PROGRAM, b"")),
-                &get("/"),
-            ),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let (server, mut mbox, mut client) =
+            client_through_a_middlebox_to(&w, version, |listener, ctx| {
+                tokio::spawn(forging_streamer(listener, ctx))
+            })
+            .await;
         let r = timeout(BOUND, async {
             loop {
                 match client.read().await {
@@ -1197,11 +1195,7 @@ async fn echo_session(
     tokio::task::JoinHandle<(bool, Vec<u8>)>,
 ) {
     let version = TlsVersion::Tls13;
-    let server_leaf = Identity::from_pem(
-        std::fs::read(&w.server_files.chain).unwrap(),
-        std::fs::read(&w.server_files.key).unwrap(),
-    );
-    let ctx = OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap();
+    let ctx = w.legacy_server_context(version);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server_addr = listener.local_addr().unwrap();
     let server = tokio::spawn(in_process_server(listener, ctx, true));
@@ -1250,11 +1244,7 @@ async fn a_middlebox_waiting_for_a_quote_keeps_relaying_its_other_connections() 
     use std::sync::atomic::Ordering;
     let w = World::new();
     let version = TlsVersion::Tls13;
-    let server_leaf = Identity::from_pem(
-        std::fs::read(&w.server_files.chain).unwrap(),
-        std::fs::read(&w.server_files.key).unwrap(),
-    );
-    let ctx = Arc::new(OpenSslContext::new(&TlsConfig::server(server_leaf).only(version)).unwrap());
+    let ctx = Arc::new(w.legacy_server_context(version));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server_addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

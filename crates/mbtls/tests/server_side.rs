@@ -2863,9 +2863,9 @@ fn a_wrong_path_is_said_to_be_a_possible_cause() {
     let cases = [&["mb0.test", "mb1.test"][..], &["mb1.test"][..]];
     for (s, names) in Setup::both().iter().flat_map(|s| cases.map(|c| (s, c))) {
         let mut path = Path::new(vec![
-            path_client(&s, TlsVersion::Tls13, names),
-            client_mb(&s, "mb1.test"),
-            client_mb(&s, "mb0.test"),
+            path_client(s, TlsVersion::Tls13, names),
+            client_mb(s, "mb1.test"),
+            client_mb(s, "mb0.test"),
             Node::LegacyServer(s.legacy_server(TlsVersion::Tls13)),
         ]);
         path.first().write(REQUEST);
