@@ -116,13 +116,12 @@ fn middlebox(
     );
     let header = HttpHeaderInsert::new("X-Mbtls-Middlebox", name)
         .map_err(|e| anyhow::anyhow!("header app: {e}"))?;
-    Ok(MiddleboxServerConfig {
-        handshake: MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))?,
-        next_hop: next_hop.to_string().into(),
-        app: Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
+    Ok(MiddleboxServerConfig::new(
+        MiddleboxHandshakeConfig::new(&TlsConfig::server(id), Some(Arc::new(attester)))?,
+        next_hop.to_string(),
+        Arc::new(move || Box::new(header.clone()) as Box<dyn MiddleboxApp + Send>),
         placement,
-        limits: mbx_mbtls::driver::Limits::default(),
-    })
+    ))
 }
 
 /// A tapping relay in front of `upstream` (the link's ciphertext is recorded).
@@ -139,20 +138,16 @@ async fn run_version(world: &World, version: TlsVersion, latency: Duration) -> a
     let server_id = identity(&world.pki, &LeafSpec::server(SERVER))?;
     let backend = mbx_testbed::http_echo::echo_backend().await?;
 
+    let server_handshake = ServerHandshakeConfig::builder(server_id)
+        .middleboxes(ServerMiddlebox::Preconfigured(SERVER_MB.into()))
+        .middlebox_roots(root.clone())
+        .policy(world.policy.clone())
+        .only(version)
+        .session_tickets(false)
+        .build()?;
     let mut server = MbtlsServer::bind(
         "127.0.0.1:0",
-        MbtlsServerConfig {
-            handshake: ServerHandshakeConfig::builder(server_id)
-                .middleboxes(ServerMiddlebox::Preconfigured(SERVER_MB.into()))
-                .middlebox_roots(root.clone())
-                .policy(world.policy.clone())
-                .only(version)
-                .session_tickets(false)
-                .build()?,
-            backend: backend.to_string(),
-            limits: mbx_mbtls::driver::Limits::default(),
-            backend_unavailable: None,
-        },
+        MbtlsServerConfig::new(server_handshake, backend.to_string()),
     )
     .await?;
     // Links, from the server back to the client: each behind a tapping relay.

@@ -11,8 +11,8 @@ use mbx_mbtls::apps::{Direction, MiddleboxApp, Verdict};
 use mbx_mbtls::attest::sim::{measure, signer_id};
 use mbx_mbtls::attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_mbtls::driver::{
-    Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig,
-    Placement,
+    AppFactory, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    MiddleboxServerConfig, Placement,
 };
 use mbx_mbtls::engine::{Identity, TlsConfig};
 use mbx_mbtls::handshake::{
@@ -48,8 +48,8 @@ impl MiddleboxApp for Stamp {
 /// Runs the whole path once and returns the page the client got.
 pub async fn run() -> Res<String> {
     // Certificates: one CA for the server and the middlebox (any PKI will do). A deployment
-    // reads its own files instead: `Identity::from_pem(std::fs::read("chain.pem")?,
-    // std::fs::read("key.pem")?)` (the certificate chain, leaf first, and the private key).
+    // reads its own files instead: `Identity::from_pem_files("chain.pem", "key.pem")?` (the
+    // certificate chain, leaf first, and the private key).
     let pki = TestPki::new("embed example CA")?;
     let identity = |spec: &LeafSpec| -> Res<Identity> {
         let leaf = pki.issue(spec)?;
@@ -66,15 +66,11 @@ pub async fn run() -> Res<String> {
 
     // The mbTLS server: no server-side middlebox. The builder makes its TLS contexts
     // (OpenSSL for the session with the client, rustls toward middleboxes it would have).
+    let server_handshake =
+        ServerHandshakeConfig::builder(identity(&LeafSpec::server("server.test"))?).build()?;
     let server = MbtlsServer::bind(
         "127.0.0.1:0",
-        MbtlsServerConfig {
-            handshake: ServerHandshakeConfig::builder(identity(&LeafSpec::server("server.test"))?)
-                .build()?,
-            backend: backend.to_string(),
-            limits: Limits::default(),
-            backend_unavailable: None,
-        },
+        MbtlsServerConfig::new(server_handshake, backend.to_string()),
     )
     .await?;
 
@@ -82,23 +78,24 @@ pub async fn run() -> Res<String> {
     let platform = Arc::new(SimulatedPlatform::generate()?);
     let measurement = measure("embed example middlebox", b"app=stamp");
     let attester = SimulatedAttester::new(platform.clone(), measurement, signer_id("embed"));
+    let handshake = MiddleboxHandshakeConfig::new(
+        &TlsConfig::server(identity(&LeafSpec::middlebox("mb.test"))?),
+        Some(Arc::new(attester)),
+    )?;
+    let app: AppFactory = Arc::new(|| {
+        Box::new(Stamp {
+            name: "mb.test",
+            stamped: false,
+        })
+    });
     let mut middlebox = MiddleboxServer::bind(
         "127.0.0.1:0",
-        MiddleboxServerConfig {
-            handshake: MiddleboxHandshakeConfig::new(
-                &TlsConfig::server(identity(&LeafSpec::middlebox("mb.test"))?),
-                Some(Arc::new(attester)),
-            )?,
-            next_hop: server.local_addr().to_string().into(),
-            app: Arc::new(|| {
-                Box::new(Stamp {
-                    name: "mb.test",
-                    stamped: false,
-                })
-            }),
-            placement: Placement::ClientSide,
-            limits: Limits::default(),
-        },
+        MiddleboxServerConfig::new(
+            handshake,
+            server.local_addr().to_string(),
+            app,
+            Placement::ClientSide,
+        ),
     )
     .await?;
 

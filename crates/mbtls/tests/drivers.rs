@@ -542,15 +542,12 @@ async fn a_client_proxy_follows_and_counts_a_legacy_servers_key_update() {
     use mbx_mbtls::driver::{ClientProxy, ClientProxyConfig, Limits};
     let w = World::new();
     let (mut server, mbox) = interactive_server_behind_a_middlebox(&w).await;
-    let config = ClientProxyConfig {
-        handshake: w.client(TlsVersion::Tls13, measure(PROGRAM, b"")),
-        first_hop: mbox.local_addr().to_string(),
-        session_failed_answer: None,
-        // Ends the session after the test, whether or not s_server answers its close_notify.
-        limits: Limits {
-            idle_timeout: Some(Duration::from_secs(2)),
-            ..Limits::default()
-        },
+    let handshake = w.client(TlsVersion::Tls13, measure(PROGRAM, b""));
+    let mut config = ClientProxyConfig::new(handshake, mbox.local_addr().to_string());
+    // Ends the session after the test, whether or not s_server answers its close_notify.
+    config.limits = Limits {
+        idle_timeout: Some(Duration::from_secs(2)),
+        ..Limits::default()
     };
     let mut proxy = ClientProxy::bind("127.0.0.1:0", config).await.unwrap();
     let mut local = TcpStream::connect(proxy.local_addr()).await.unwrap();

@@ -1512,12 +1512,7 @@ async fn a_server_leaving_mid_record_after_the_proxys_close_notify_is_a_cut() {
         let handshake = w.client_without_middleboxes(version);
         let mut proxy = ClientProxy::bind(
             "127.0.0.1:0",
-            ClientProxyConfig {
-                handshake,
-                first_hop: forwarder.to_string(),
-                limits: Limits::default(),
-                session_failed_answer: None,
-            },
+            ClientProxyConfig::new(handshake, forwarder.to_string()),
         )
         .await
         .unwrap();

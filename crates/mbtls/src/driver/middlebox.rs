@@ -80,6 +80,26 @@ pub enum NextHop {
     OriginalDestination,
 }
 
+impl MiddleboxServerConfig {
+    /// A middlebox with `handshake` (its certificate, key and attester) that connects each
+    /// connection to `next_hop`, runs `app` (one instance per connection) for the endpoint of
+    /// `placement`, and has the default [`Limits`] (change the field to set them).
+    pub fn new(
+        handshake: MiddleboxHandshakeConfig,
+        next_hop: impl Into<NextHop>,
+        app: AppFactory,
+        placement: Placement,
+    ) -> Self {
+        MiddleboxServerConfig {
+            handshake,
+            next_hop: next_hop.into(),
+            app,
+            placement,
+            limits: Limits::default(),
+        }
+    }
+}
+
 impl From<String> for NextHop {
     fn from(addr: String) -> NextHop {
         NextHop::Address(addr)

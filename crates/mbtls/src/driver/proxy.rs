@@ -34,6 +34,20 @@ pub struct ClientProxyConfig {
     pub session_failed_answer: Option<SessionFailedAnswer>,
 }
 
+impl ClientProxyConfig {
+    /// A proxy whose sessions are made with `handshake` through `first_hop` (`host:port`),
+    /// with the default [`Limits`] and a reset for a local connection whose session fails
+    /// (change the fields to set them).
+    pub fn new(handshake: ClientHandshakeConfig, first_hop: impl Into<String>) -> Self {
+        ClientProxyConfig {
+            handshake,
+            first_hop: first_hop.into(),
+            limits: Limits::default(),
+            session_failed_answer: None,
+        }
+    }
+}
+
 /// What a failed session's error becomes for the local application (see
 /// [`ClientProxyConfig::session_failed_answer`]).
 pub type AnswerFn = dyn Fn(&DriverError) -> Vec<u8> + Send + Sync;

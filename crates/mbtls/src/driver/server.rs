@@ -39,6 +39,20 @@ pub struct MbtlsServerConfig {
     pub backend_unavailable: Option<Vec<u8>>,
 }
 
+impl MbtlsServerConfig {
+    /// A server with `handshake` in front of the plain-TCP `backend` (`host:port`), with the
+    /// default [`Limits`] and no answer when the backend cannot be reached (change the fields
+    /// to set them).
+    pub fn new(handshake: ServerHandshakeConfig, backend: impl Into<String>) -> Self {
+        MbtlsServerConfig {
+            handshake,
+            backend: backend.into(),
+            limits: Limits::default(),
+            backend_unavailable: None,
+        }
+    }
+}
+
 /// The outcome of one session.
 #[derive(Debug, Clone)]
 pub struct ServerConnectionReport {
