@@ -49,9 +49,13 @@ pub async fn serve_metrics(listener: TcpListener, accept_errors: Arc<AtomicU64>,
         let permit = match Arc::clone(&scrapes).try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
-                // Its permit comes back when the aborted task is dropped.
-                if let Some(oldest) = waiting.pop_front() {
-                    oldest.task.abort();
+                // Its permit comes back when the aborted task is dropped. One whose head
+                // came in since the pruning above is being answered: the next gives way.
+                while let Some(oldest) = waiting.pop_front() {
+                    if !oldest.head_read.load(Ordering::Acquire) {
+                        oldest.task.abort();
+                        break;
+                    }
                 }
                 let Ok(permit) = Arc::clone(&scrapes).acquire_owned().await else {
                     return;
