@@ -71,6 +71,16 @@ impl DirectDataPhase {
         Ok(())
     }
 
+    /// OpenSSL sends only the alerts of its own failures: an application's fatal alert has no
+    /// way out of a session whose keys stayed inside it.
+    pub(crate) fn abort(&mut self) -> Result<(), MbtlsError> {
+        self.usable()?;
+        Err(MbtlsError::Unsupported(
+            "a fatal alert of the application's where OpenSSL keeps the session (it sends only \
+             its own)",
+        ))
+    }
+
     /// TLS 1.3: sends a KeyUpdate through OpenSSL (`request_peer`: asking for the peer's).
     /// TLS 1.2 (or closed): an error that leaves the session as it was.
     pub(crate) fn update_keys(&mut self, request_peer: bool) -> Result<(), MbtlsError> {

@@ -197,6 +197,24 @@ impl EndpointDataPhase {
         self.hop.update_write_keys()
     }
 
+    /// Ends the session with a fatal alert of ours, `description` (e.g. `internal_error` when
+    /// what the session serves failed): nothing more is sent or read, and the failure is an
+    /// event (`what`) as when a check fails. After our close_notify there is nothing to end.
+    pub fn abort(
+        &mut self,
+        description: AlertDescription,
+        what: &'static str,
+    ) -> Result<(), MbtlsError> {
+        if let Some(a) = self.failed {
+            return Err(MbtlsError::Failed(a));
+        }
+        if self.we_closed {
+            return Err(MbtlsError::Closed);
+        }
+        self.fail(description, what);
+        Ok(())
+    }
+
     /// Send close_notify: no more data from us.
     pub fn close(&mut self) -> Result<(), MbtlsError> {
         if let Some(a) = self.failed {

@@ -27,4 +27,7 @@ pub enum MbtlsError {
     /// Key material that is internally inconsistent (e.g. hops of different suites).
     #[error("inconsistent key material: {0}")]
     KeyMaterial(&'static str),
+    /// What was asked cannot be done in this session (it leaves the session as it was).
+    #[error("not possible in this session: {0}")]
+    Unsupported(&'static str),
 }

@@ -20,7 +20,7 @@ use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
     answer_with_error, AppFactory, ClientProxy, ClientProxyConfig, DriverError, Limits,
     MbtlsClient, MbtlsServer, MbtlsServerConfig, MbtlsServerConnection, MiddleboxServer,
-    MiddleboxServerConfig, MiddleboxVerdict, Placement,
+    MiddleboxServerConfig, MiddleboxVerdict, Placement, RECEIVED_FROM_THE_PATH,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
@@ -1006,6 +1006,47 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
         assert_eq!(csum.hops[1], ssum.hops[0]);
         assert_eq!(r2.server_hop, Some(ssum.hops[1]));
         assert_ne!(csum.hops[0], ssum.hops[1]);
+    }
+}
+
+/// An application serving mbTLS itself ends a session with a fatal alert of its own
+/// (`Connection::abort`): the client reads it through both middleboxes, both versions, and a
+/// second abort is refused (the session has failed already).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_ends_its_session_with_an_alert() {
+    let w = World::new();
+    for version in VERSIONS {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mb2_cfg = w.middlebox(
+            "mb2.test",
+            listener.local_addr().unwrap(),
+            Placement::ServerSide,
+        );
+        let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
+        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
+        let mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
+        let app = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut s = MbtlsServerConnection::accept(stream, cfg).await.unwrap();
+            s.read().await.unwrap().unwrap();
+            let first = s.abort(mbx_engine::AlertDescription::INTERNAL_ERROR).await;
+            let second = s.abort(mbx_engine::AlertDescription::INTERNAL_ERROR).await;
+            (first.is_ok(), second.is_err())
+        });
+        let mut client = w
+            .connect(mb1.local_addr(), version, b"GET / HTTP/1.1\r\n\r\n")
+            .await;
+        let read = timeout(BOUND, client.read()).await.unwrap();
+        assert!(
+            matches!(read, Err(DriverError::Alert { description: 80, what }) if what == RECEIVED_FROM_THE_PATH),
+            "{version:?}: {read:?}"
+        );
+        assert_eq!(
+            timeout(BOUND, app).await.unwrap().unwrap(),
+            (true, true),
+            "{version:?}"
+        );
     }
 }
 
@@ -2250,7 +2291,9 @@ async fn an_unanswering_backend_fails_the_session_after_the_handshake_timeout() 
 /// A backend that refuses the connection: with `backend_unavailable` the client gets that
 /// answer and a clean close_notify (a request it sent meanwhile does not reset the answer away),
 /// through both middleboxes, and the server still reports the session as failed; without it the
-/// session just ends.
+/// client reads the server's fatal `internal_error`, passed on by both middleboxes (thirty-second
+/// round; before, a close without close_notify, as a cut looks). A session that stayed in
+/// OpenSSL (no server-side middlebox) has no alert of the server's to send: it just ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
     let w = World::new();
@@ -2264,7 +2307,13 @@ async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
         let read = timeout(BOUND, client.read_to_end()).await.unwrap();
         match &answer {
             Some(a) => assert_eq!(read.as_deref().ok(), Some(a.as_slice()), "{read:?}"),
-            None => assert!(read.is_err(), "{read:?}"),
+            None => assert!(
+                matches!(
+                    read,
+                    Err(DriverError::Alert { description: 80, what }) if what == RECEIVED_FROM_THE_PATH
+                ),
+                "{read:?}"
+            ),
         }
         // The server reads until the client leaves (within its close grace).
         drop(client);
@@ -2272,6 +2321,19 @@ async fn a_backend_that_cannot_be_reached_gets_the_configured_answer() {
         let why = report.outcome.clone().unwrap_err();
         assert!(why.contains("cannot connect to the backend"), "{report:?}");
     }
+    // Straight to the server, no middlebox: the session stays in OpenSSL, and just ends.
+    let version = TlsVersion::Tls13;
+    let server = w.server_without_middleboxes(version, down).await;
+    let cfg = w.client_without_middleboxes(version);
+    let mut client = timeout(BOUND, MbtlsClient::connect(server.local_addr(), cfg))
+        .await
+        .unwrap()
+        .unwrap();
+    let read = timeout(BOUND, client.read_to_end()).await.unwrap();
+    assert!(
+        matches!(read, Err(DriverError::PeerGone { .. })),
+        "{read:?}"
+    );
 }
 
 /// An established session that carries nothing for the mbTLS server's idle timeout is closed by

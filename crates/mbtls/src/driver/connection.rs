@@ -27,6 +27,11 @@ pub trait EndpointHandshake: sealed::Sealed + Send {
     fn receive(&mut self, bytes: &[u8]) -> Result<(), HandshakeError>;
     fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError>;
     fn close(&mut self) -> Result<(), HandshakeError>;
+    fn abort(
+        &mut self,
+        description: mbx_engine::AlertDescription,
+        what: &'static str,
+    ) -> Result<(), HandshakeError>;
     fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError>;
     fn summary(&self) -> Option<&SessionSummary>;
     fn take_outgoing(&mut self) -> Vec<u8>;
@@ -58,6 +63,13 @@ macro_rules! endpoint_handshake {
             }
             fn close(&mut self) -> Result<(), HandshakeError> {
                 <$core>::close(self)
+            }
+            fn abort(
+                &mut self,
+                description: mbx_engine::AlertDescription,
+                what: &'static str,
+            ) -> Result<(), HandshakeError> {
+                <$core>::abort(self, description, what)
             }
             fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {
                 <$core>::update_keys(self, request_peer)
@@ -291,6 +303,20 @@ impl<H: EndpointHandshake> Connection<H> {
     /// Sends close_notify: no more data from us. Reading stays possible.
     pub async fn close(&mut self) -> Result<(), DriverError> {
         self.session.hs.close()?;
+        self.flush().await
+    }
+
+    /// Ends the session with a fatal alert of ours (`description`, e.g. `internal_error` when
+    /// what the session serves failed), which the middleboxes pass on to the peer; nothing
+    /// more is sent or read. A session that stayed in OpenSSL (no middlebox on this side)
+    /// cannot send one: an error that leaves the session as it was, to be closed instead.
+    pub async fn abort(
+        &mut self,
+        description: mbx_engine::AlertDescription,
+    ) -> Result<(), DriverError> {
+        self.session
+            .hs
+            .abort(description, "ended by this endpoint's application")?;
         self.flush().await
     }
 

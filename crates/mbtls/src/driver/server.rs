@@ -33,9 +33,10 @@ pub struct MbtlsServerConfig {
     /// previous hop and to the backend), and how many sessions are served at once.
     pub limits: Limits,
     /// What the client is sent, then our close_notify, when the backend cannot be reached
-    /// (`None`: the session just ends, and the client sees its connection close). The CLI
-    /// sends an HTTP `502 Bad Gateway`, as a reverse proxy does; the session is reported as
-    /// failed either way.
+    /// (`None`: a fatal `internal_error` alert instead, or, in a session that stayed in
+    /// OpenSSL because no middlebox of the server's side joined, just the end of the
+    /// connection). The CLI sends an HTTP `502 Bad Gateway`, as a reverse proxy does; the
+    /// session is reported as failed either way.
     pub backend_unavailable: Option<Vec<u8>>,
 }
 
@@ -320,9 +321,7 @@ async fn run(
     let backend = match connected {
         Ok(backend) => backend,
         Err(e) => {
-            if let Some(answer) = &cfg.backend_unavailable {
-                answer_and_close(session, &mut stream, answer).await;
-            }
+            answer_and_close(session, &mut stream, cfg.backend_unavailable.as_deref()).await;
             return Err(e);
         }
     };
@@ -348,14 +347,27 @@ const SIDES: Sides = Sides {
     writing_plain: "writing to the backend",
 };
 
-/// Best effort, for a session that fails anyway: `answer` and our close_notify, then
-/// [`close_reading_the_rest`].
+/// Best effort, for a session whose backend cannot be reached: `answer` and our
+/// close_notify, or without an answer a fatal `internal_error` (so that the client reads the
+/// server's failure, not a connection that ended without close_notify, as a cut would look);
+/// then [`close_reading_the_rest`]. A session that stayed in OpenSSL has no alert of ours to
+/// send: without an answer it just ends.
 async fn answer_and_close(
     session: &mut Session<ServerHandshake>,
     stream: &mut TcpStream,
-    answer: &[u8],
+    answer: Option<&[u8]>,
 ) {
-    if session.write(answer).is_err() || session.close().is_err() {
+    let sent = match answer {
+        Some(answer) => session.write(answer).and_then(|()| session.close()),
+        None => session
+            .hs
+            .abort(
+                mbx_engine::AlertDescription::INTERNAL_ERROR,
+                "the backend cannot be reached",
+            )
+            .map_err(DriverError::from),
+    };
+    if sent.is_err() {
         return;
     }
     let out = session.take_outgoing();

@@ -14,7 +14,9 @@ use mbx_attest::{
     recheck_claims, report_data, spki_from_certificate, verify_bytes, Claims, Policy,
     EXPORTER_LABEL, EXPORTER_LEN,
 };
-use mbx_engine::{Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine};
+use mbx_engine::{
+    AlertDescription, Handoff, OpenSslContext, OpenSslEngine, Role, TicketSink, TlsEngine,
+};
 use mbx_wire::{version, Record};
 use zeroize::Zeroizing;
 
@@ -325,6 +327,17 @@ impl DataPhase {
         match self {
             DataPhase::Exported(d) => d.close(),
             DataPhase::Direct(d) => d.close(),
+        }
+    }
+
+    fn abort(
+        &mut self,
+        description: AlertDescription,
+        what: &'static str,
+    ) -> Result<(), MbtlsError> {
+        match self {
+            DataPhase::Exported(d) => d.abort(description, what),
+            DataPhase::Direct(d) => d.abort(),
         }
     }
 
@@ -1140,6 +1153,16 @@ impl EndpointCore {
 
     pub(super) fn close(&mut self) -> Result<(), HandshakeError> {
         self.sending("close before the data phase", DataPhase::close)
+    }
+
+    pub(super) fn abort(
+        &mut self,
+        description: AlertDescription,
+        what: &'static str,
+    ) -> Result<(), HandshakeError> {
+        self.sending("alert of ours before the data phase", |d| {
+            d.abort(description, what)
+        })
     }
 
     pub(super) fn update_keys(&mut self, request_peer: bool) -> Result<(), HandshakeError> {

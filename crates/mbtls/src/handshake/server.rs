@@ -221,6 +221,18 @@ impl ServerHandshake {
         self.core.close()
     }
 
+    /// Data phase: ends the session with a fatal alert of ours (e.g. `internal_error` when
+    /// what the session serves failed), which every middlebox passes on to the client. An error
+    /// that leaves the session as it was when the session stayed in OpenSSL (no middlebox
+    /// joined on our side and none could: OpenSSL sends only its own alerts).
+    pub fn abort(
+        &mut self,
+        description: mbx_engine::AlertDescription,
+        what: &'static str,
+    ) -> Result<(), HandshakeError> {
+        self.core.abort(description, what)
+    }
+
     /// TLS 1.3, data phase: sends a KeyUpdate, after which our records travel under the next
     /// generation of our keys on every hop (each middlebox follows); `request_peer`: the
     /// client is asked to update its keys too. TLS 1.2 has no KeyUpdate: an error that leaves
