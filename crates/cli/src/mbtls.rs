@@ -20,10 +20,9 @@ use mbx_attest::{
 };
 use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
-use mbx_mbtls::driver::in_path_order;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
-    ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    fingerprint_hex, in_path_order, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport,
+    Limits, ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
     MiddleboxServerConfig, NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{

@@ -54,10 +54,8 @@ struct World {
 impl World {
     /// An in-process legacy server's context for `version`, with the server's certificate.
     fn legacy_server_context(&self, version: TlsVersion) -> OpenSslContext {
-        let leaf = Identity::from_pem(
-            std::fs::read(&self.server_files.chain).unwrap(),
-            std::fs::read(&self.server_files.key).unwrap(),
-        );
+        let leaf =
+            Identity::from_pem_files(&self.server_files.chain, &self.server_files.key).unwrap();
         OpenSslContext::new(&TlsConfig::server(leaf).only(version)).unwrap()
     }
 

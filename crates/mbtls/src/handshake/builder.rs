@@ -39,12 +39,10 @@ impl Common {
 
     /// The secondary-session context: a rustls client for middlebox certificates under
     /// `roots_pem`, keeping vouched-for middlebox sessions unless fresh evidence is wanted.
-    fn secondary(
-        &self,
-        name: &str,
-        roots_pem: Vec<u8>,
-    ) -> Result<RustlsClientContext, HandshakeError> {
-        let mut tls = secondary_client_config(name, roots_pem);
+    /// Its configured name is never used: every session checks each middlebox against the
+    /// name it expects of it (`RustlsClientContext` takes the name per session).
+    fn secondary(&self, roots_pem: Vec<u8>) -> Result<RustlsClientContext, HandshakeError> {
+        let mut tls = secondary_client_config("middlebox", roots_pem);
         if self.fresh_evidence {
             tls.resume_sessions = 0;
         }
@@ -152,13 +150,6 @@ impl ClientConfigBuilder {
         let mut primary = primary_client_config(&self.server_name, self.server_roots_pem.clone());
         primary.exportable = !disabled;
         primary.resume_sessions = usize::from(self.resume_server);
-        // The name the secondary context was built with is checked only where the context is
-        // used by it; each session checks each middlebox against the name it expects.
-        let first = match &self.middlebox {
-            ClientMiddlebox::Preconfigured(name) => Some(name.as_str()),
-            ClientMiddlebox::PreconfiguredPath(path) => path.first().map(String::as_str),
-            _ => None,
-        };
         let roots = self
             .common
             .middlebox_roots_pem
@@ -166,10 +157,7 @@ impl ClientConfigBuilder {
             .unwrap_or_else(|| self.server_roots_pem.clone());
         let cfg = ClientHandshakeConfig {
             primary: self.common.primary(primary)?,
-            secondary: Arc::new(
-                self.common
-                    .secondary(first.unwrap_or(&self.server_name), roots)?,
-            ),
+            secondary: Arc::new(self.common.secondary(roots)?),
             server_name: self.server_name,
             middlebox: self.middlebox,
             policy: self.common.policy,
@@ -227,37 +215,27 @@ impl ServerConfigBuilder {
 
     /// Builds the contexts and checks the result as [`ServerHandshakeConfig::check`] does.
     pub fn build(self) -> Result<ServerHandshakeConfig, HandshakeError> {
-        let (middlebox, roots, name) =
-            match (self.middlebox, self.common.middlebox_roots_pem.clone()) {
-                (Some(mb), Some(roots)) => {
-                    self.common.check_policy()?;
-                    let name = match &mb {
-                        ServerMiddlebox::Preconfigured(name) => name.clone(),
-                        ServerMiddlebox::PreconfiguredPath(path) => {
-                            path.first().cloned().unwrap_or_default()
-                        }
-                        _ => String::new(),
-                    };
-                    (mb, roots, name)
-                }
-                (Some(_), None) => {
-                    return Err(HandshakeError::Config(
-                        "server-side middleboxes need middlebox_roots to check their certificates",
-                    ))
-                }
-                // No middlebox joins: the server's own chain stands in as the (unused) trust store.
-                (None, roots) => (
-                    ServerMiddlebox::none(),
-                    roots.unwrap_or_else(|| self.identity.cert_chain_pem.clone()),
-                    String::new(),
-                ),
-            };
+        let (middlebox, roots) = match (self.middlebox, self.common.middlebox_roots_pem.clone()) {
+            (Some(mb), Some(roots)) => {
+                self.common.check_policy()?;
+                (mb, roots)
+            }
+            (Some(_), None) => {
+                return Err(HandshakeError::Config(
+                    "server-side middleboxes need middlebox_roots to check their certificates",
+                ))
+            }
+            // No middlebox joins: the server's own chain stands in as the (unused) trust store.
+            (None, roots) => (
+                ServerMiddlebox::none(),
+                roots.unwrap_or_else(|| self.identity.cert_chain_pem.clone()),
+            ),
+        };
         let mut primary = primary_server_config(self.identity);
         primary.session_tickets = self.session_tickets;
-        let name = if name.is_empty() { "middlebox" } else { &name };
         let cfg = ServerHandshakeConfig {
             primary: self.common.primary(primary)?,
-            secondary: Arc::new(self.common.secondary(name, roots)?),
+            secondary: Arc::new(self.common.secondary(roots)?),
             middlebox,
             policy: self.common.policy,
             // The drivers put the time of each session here.
