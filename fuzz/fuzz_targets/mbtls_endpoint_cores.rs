@@ -56,7 +56,7 @@ fn setup() -> &'static Setup {
             .expect("client");
         client.process().expect("hello");
         // As deployed: the SHA-256 suites first and the verified-chain cache on.
-        let mut secondary = secondary_client_config("mb.test", root.clone());
+        let mut secondary = secondary_client_config(root.clone());
         // The OpenSSL secondary client must not resume (check_secondary_context); the rustls
         // one below keeps the default.
         let rustls_secondary = secondary.clone();

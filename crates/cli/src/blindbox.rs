@@ -668,7 +668,10 @@ fn receiver(flags: ReceiverFlags, config: &BlindboxConfig) -> anyhow::Result<()>
         s.reply
     );
     let ch = channel(&s.channel)?;
-    let mut tls = TlsConfig::server(crate::subcommand::identity(&s.certificate, &s.private_key)?);
+    let mut tls = TlsConfig::server(mbx_engine::Identity::from_pem_files(
+        &s.certificate,
+        &s.private_key,
+    )?);
     tls.session_tickets = false;
     if let Some(v) = ch.version {
         tls = tls.only(v);

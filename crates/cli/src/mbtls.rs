@@ -21,8 +21,8 @@ use mbx_attest::{
 use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, in_path_order, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport,
-    Limits, ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
+    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
+    ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
     MiddleboxServerConfig, NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
@@ -35,7 +35,7 @@ use mbx_record::TlsVersion;
 
 use crate::response_out::ResponseOut;
 use crate::subcommand::{
-    identity, parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
+    parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
 };
 use serde::Deserialize;
 use zeroize::Zeroizing;
@@ -1543,11 +1543,7 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     if flags.proxy.is_some() && s.resume.unwrap_or(true) {
         primary.resume_sessions = 1;
     }
-    let secondary = secondary_config(
-        names.first().map_or(server_name.as_str(), |n| n),
-        mbox_ca,
-        s.middlebox_resumption,
-    );
+    let secondary = secondary_config(mbox_ca, s.middlebox_resumption);
     let middlebox = match names.as_slice() {
         [] if s.no_client_middleboxes => ClientMiddlebox::Disabled,
         [] => ClientMiddlebox::DiscoverUpTo(
@@ -2317,7 +2313,10 @@ fn middlebox_setup(
                 .into(),
         )
     })?;
-    let mut tls = TlsConfig::server(identity(certificate, &s.private_key)?);
+    let mut tls = TlsConfig::server(mbx_engine::Identity::from_pem_files(
+        certificate,
+        &s.private_key,
+    )?);
     tls.ticket_key_rotation = Some(ticket_key_period(s.ticket_key_secs)?);
     let app = app_factory(&s.app)?;
     let (attester, mut attestation_line) = middlebox_attester(&s, fresh_platform)?;
@@ -3314,8 +3313,8 @@ fn policy_flag_replaces_the_files(table: &mut toml::Table, policy_flag: bool) {
 
 /// An endpoint's configuration for its secondary sessions; `resumption`: the
 /// `middlebox_resumption` setting (`Some(false)`: `--fresh-evidence`, no session kept).
-fn secondary_config(name: &str, middlebox_ca: Vec<u8>, resumption: Option<bool>) -> TlsConfig {
-    let mut cfg = secondary_client_config(name, middlebox_ca);
+fn secondary_config(middlebox_ca: Vec<u8>, resumption: Option<bool>) -> TlsConfig {
+    let mut cfg = secondary_client_config(middlebox_ca);
     if resumption == Some(false) {
         cfg.resume_sessions = 0;
     }
@@ -3488,7 +3487,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         measurements: &s.measurements,
         sim_platform_keys: &s.sim_platform_keys,
     })?;
-    let id = identity(&s.certificate, &s.private_key)?;
+    let id = mbx_engine::Identity::from_pem_files(&s.certificate, &s.private_key)?;
     let chain = id.cert_chain_pem.clone();
     let certificate_names = certificate_names(&chain);
     let mut primary = primary_server_config(id);
@@ -3592,11 +3591,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
         }
         None => chain,
     };
-    let secondary = secondary_config(
-        names.first().map_or("middlebox", String::as_str),
-        mbox_ca,
-        s.middlebox_resumption,
-    );
+    let secondary = secondary_config(mbox_ca, s.middlebox_resumption);
     let cfg = MbtlsServerConfig {
         handshake: ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary).context("server TLS configuration")?),
@@ -3650,12 +3645,7 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         // A refused middlebox has no verdict: the error below names it.
         None => line.push_str("handshake not finished"),
     }
-    let path = r
-        .summary
-        .as_ref()
-        .map(|s| s.middleboxes.as_slice())
-        .unwrap_or_default();
-    line.push_str(&verdicts_text(in_path_order(&r.verdicts, path)));
+    line.push_str(&verdicts_text(r.verdicts_in_path_order()));
     line.push_str(&format!(
         "; {} to the backend, {} back",
         count_of(r.bytes_to_backend, "bytes"),
@@ -3806,8 +3796,7 @@ fn proxy_report_line(r: &ProxyReport) -> String {
     match (&r.outcome, r.connected) {
         (Err(e), false) => {
             // The middleboxes it had checked (its JSON line lists them too).
-            let path = r.summary.as_ref().map(|s| s.middleboxes.as_slice());
-            let checked = verdicts_text(in_path_order(&r.verdicts, path.unwrap_or_default()));
+            let checked = verdicts_text(r.verdicts_in_path_order());
             format!(
                 "connection {} from {peer}: mbTLS session failed: {e}{checked}{fix}",
                 r.id

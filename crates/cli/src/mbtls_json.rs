@@ -71,8 +71,7 @@ pub fn server(r: &ServerConnectionReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    let kind = r.error.as_deref().map(DriverError::kind);
-    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, kind));
+    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, r.error_kind()));
     m
 }
 
@@ -91,8 +90,7 @@ pub fn proxy(r: &ProxyReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    let kind = r.error.as_deref().map(DriverError::kind);
-    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, kind));
+    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, r.error_kind()));
     m
 }
 

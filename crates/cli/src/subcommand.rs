@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use mbx_engine::pem_file;
+pub use mbx_engine::pem_file::{name_text, PemKind};
 use mbx_record::TlsVersion;
 
 /// Sets `key` in a config table when a flag gave it (flags win over the config file).
@@ -25,118 +27,15 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// The bytes of a file; the error names it as `what` (`mbx_engine::pem_file::read_file`).
 pub fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        // A relative path in a config file is read from the working directory, not the
-        // file's (found in a user trial started from another directory).
-        let from = match (e.kind(), path.is_relative(), std::env::current_dir()) {
-            (std::io::ErrorKind::NotFound, true, Ok(cwd)) => {
-                format!(
-                    " (a relative path is read from the working directory, {})",
-                    cwd.display()
-                )
-            }
-            _ => String::new(),
-        };
-        anyhow::Error::new(e).context(format!("cannot read {what} {}{from}", path.display()))
-    })
+    Ok(pem_file::read_file(path, what)?)
 }
 
-/// What a PEM file given to a flag must hold.
-#[derive(Clone, Copy)]
-pub enum PemKind {
-    /// Certificates (a chain, or trust roots).
-    Certificates,
-    PrivateKey,
-}
-
-/// [`read`] a PEM file, refused at once, naming the file, when it holds none of what it should:
-/// a swapped certificate and key, or a CA's key given as its certificate, are otherwise found
-/// deep in the TLS library ("empty certificate chain", "no certificate found").
+/// A PEM file given to a flag, refused at once, naming the file, when it holds none of what it
+/// should (`mbx_engine::pem_file::read_pem_file`).
 pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8>> {
-    let bytes = read(path, what)?;
-    let (marker, holds) = match kind {
-        PemKind::Certificates => ("CERTIFICATE-----", "no PEM certificate"),
-        PemKind::PrivateKey => ("PRIVATE KEY-----", "no PEM private key"),
-    };
-    let has = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
-    if !has {
-        let other = match kind {
-            PemKind::Certificates if bytes.windows(16).any(|w| w == b"PRIVATE KEY-----") => {
-                " (it holds a private key: certificate and key swapped?)"
-            }
-            PemKind::PrivateKey if bytes.windows(16).any(|w| w == b"CERTIFICATE-----") => {
-                " (it holds a certificate: certificate and key swapped?)"
-            }
-            PemKind::Certificates
-                if bytes.windows(24).any(|w| w == b"CERTIFICATE REQUEST-----") =>
-            {
-                " (it holds a certificate signing request: give the certificate issued for it)"
-            }
-            _ => "",
-        };
-        bail!("{what} {} holds {holds}{other}", path.display());
-    }
-    Ok(bytes)
-}
-
-/// A service's certificate chain and private key, each checked to hold PEM of its kind, and
-/// the key checked to be the certificate's (OpenSSL's own message names neither file).
-pub fn identity(certificate: &Path, private_key: &Path) -> anyhow::Result<mbx_engine::Identity> {
-    let cert_chain_pem = read_pem(certificate, "certificate", PemKind::Certificates)?;
-    let key_pem =
-        zeroize::Zeroizing::new(read_pem(private_key, "private key", PemKind::PrivateKey)?);
-    let id = mbx_engine::Identity {
-        cert_chain_pem,
-        key_pem,
-    };
-    let key = id.private_key();
-    if let Err(mbx_engine::EngineError::EncryptedPrivateKey) = key {
-        bail!(
-            "private key {0} is encrypted (passphrase-protected), and a service cannot ask for \
-             a passphrase at each start and reload: give it unencrypted, readable by the \
-             service only (e.g. openssl pkey -in {0} -out plain.key)",
-            private_key.display()
-        );
-    }
-    // What does not parse is left to the TLS library, which says why.
-    // The first certificate is the leaf, as the TLS engine takes it (`TRUSTED CERTIFICATE`
-    // blocks too).
-    let chain = openssl::x509::X509::stack_from_pem(&id.cert_chain_pem).unwrap_or_default();
-    if let (Some(leaf), Ok(key)) = (chain.first(), key) {
-        let belongs = |c: &openssl::x509::X509| c.public_key().is_ok_and(|k| k.public_eq(&key));
-        if !belongs(leaf) {
-            // A chain in the wrong order (`cat ca.pem leaf.pem`): the key is a later one's.
-            if let Some(n) = chain.iter().position(belongs) {
-                bail!(
-                    "certificate {} lists its certificates in the wrong order: the private key \
-                     belongs to certificate {} of the file ({}), but the leaf must come first \
-                     (then the CAs that issued it)",
-                    certificate.display(),
-                    n + 1,
-                    name_text(chain[n].subject_name())
-                );
-            }
-            bail!(
-                "private key {} does not belong to certificate {} (their public keys differ)",
-                private_key.display(),
-                certificate.display()
-            );
-        }
-    }
-    Ok(id)
-}
-
-/// A certificate's subject or issuer, one line (`CN=…, O=…`).
-pub fn name_text(name: &openssl::x509::X509NameRef) -> String {
-    name.entries()
-        .map(|e| {
-            let key = e.object().nid().short_name().unwrap_or("?");
-            let value = e.data().to_string().unwrap_or_default();
-            format!("{key}={value}")
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    Ok(pem_file::read_pem_file(path, what, kind)?)
 }
 
 /// `1.2` or `1.3`, as flags and config files spell TLS versions.

@@ -33,26 +33,6 @@ impl Identity {
         }
     }
 
-    /// From PEM files: the certificate chain (leaf first) and the private key; an error names
-    /// the file that cannot be read. (The PEM is checked when a context is built from it.)
-    pub fn from_pem_files(
-        cert_chain: impl AsRef<std::path::Path>,
-        key: impl AsRef<std::path::Path>,
-    ) -> Result<Identity, crate::EngineError> {
-        let read = |path: &std::path::Path, what: &str| {
-            std::fs::read(path).map_err(|e| {
-                crate::EngineError::Config(format!(
-                    "cannot read the {what} {}: {e}",
-                    path.display()
-                ))
-            })
-        };
-        Ok(Identity::from_pem(
-            read(cert_chain.as_ref(), "certificate chain")?,
-            read(key.as_ref(), "private key")?,
-        ))
-    }
-
     /// The private key, parsed. An encrypted key is refused, never decrypted: OpenSSL's
     /// default would ask for its passphrase on the terminal, which blocks the thread (a
     /// service reloading its configuration stopped serving) or fails with a page of errors
@@ -386,33 +366,6 @@ pub(crate) fn trust_roots(pem: &[u8]) -> Result<Vec<openssl::x509::X509>, crate:
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Files read as they are; a file that cannot be read is named, with what it was for.
-    #[test]
-    fn an_identity_from_files_names_a_file_it_cannot_read() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let (chain, key) = (dir.join("chain.pem"), dir.join("key.pem"));
-        std::fs::write(&chain, b"CHAIN").unwrap();
-        std::fs::write(&key, b"KEY").unwrap();
-        let id = Identity::from_pem_files(&chain, &key).unwrap();
-        assert_eq!(
-            (id.cert_chain_pem.as_slice(), id.key_pem.as_slice()),
-            (&b"CHAIN"[..], &b"KEY"[..])
-        );
-        let missing = dir.join("missing.pem");
-        let e = Identity::from_pem_files(&chain, &missing)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("cannot read the private key") && e.contains("missing.pem"),
-            "{e}"
-        );
-        let e = Identity::from_pem_files(&missing, &key)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("cannot read the certificate chain"), "{e}");
-    }
 
     fn server() -> TlsConfig {
         TlsConfig::server(Identity::from_pem(b"chain".to_vec(), b"key".to_vec()))

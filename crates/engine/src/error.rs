@@ -91,6 +91,10 @@ pub enum EngineError {
     /// The configuration cannot be applied (bad PEM, unknown suite, ...).
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// A certificate or key file that cannot be used, and why; the message names the file
+    /// ([`crate::pem_file`], [`crate::Identity::from_pem_files`]).
+    #[error("{0}")]
+    BadFile(String),
     /// The private key is encrypted: refused rather than decrypted ([`crate::Identity::private_key`]).
     #[error("invalid engine configuration: private key: it is encrypted (a passphrase-protected PEM); give the key unencrypted, readable by the service only (e.g. openssl pkey -in KEY -out PLAIN)")]
     EncryptedPrivateKey,

@@ -34,6 +34,7 @@ mod chain_cache;
 mod config;
 mod error;
 mod openssl_engine;
+pub mod pem_file;
 mod records;
 mod rustls_engine;
 mod session;

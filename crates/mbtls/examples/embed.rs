@@ -49,7 +49,7 @@ impl MiddleboxApp for Stamp {
 pub async fn run() -> Res<String> {
     // Certificates: one CA for the server and the middlebox (any PKI will do). A deployment
     // reads its own files instead: `Identity::from_pem_files("chain.pem", "key.pem")?` (the
-    // certificate chain, leaf first, and the private key).
+    // certificate chain, leaf first, and the private key; an error names the file at fault).
     let pki = TestPki::new("embed example CA")?;
     let identity = |spec: &LeafSpec| -> Res<Identity> {
         let leaf = pki.issue(spec)?;

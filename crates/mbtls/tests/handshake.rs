@@ -99,10 +99,7 @@ fn setup_full(
             secondary: match client_secondary {
                 ClientSecondary::OpenSsl => Arc::new(OpenSslContext::new(&secondary).unwrap()),
                 ClientSecondary::Rustls => {
-                    let cli = secondary_client_config(
-                        "mb.test",
-                        secondary.trust_roots_pem.clone().unwrap(),
-                    );
+                    let cli = secondary_client_config(secondary.trust_roots_pem.clone().unwrap());
                     Arc::new(RustlsClientContext::new(&cli).unwrap())
                 }
             },

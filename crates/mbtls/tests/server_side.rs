@@ -2297,9 +2297,7 @@ mod secondary_resumption {
     }
 
     fn rustls_secondary(s: &Setup) -> Arc<RustlsClientContext> {
-        Arc::new(
-            RustlsClientContext::new(&secondary_client_config("mb2.test", s.root.clone())).unwrap(),
-        )
+        Arc::new(RustlsClientContext::new(&secondary_client_config(s.root.clone())).unwrap())
     }
 
     /// One session: legacy client → the middleboxes (in path order) → a server with
@@ -2696,7 +2694,7 @@ mod secondary_resumption {
         for resume_sessions in [SECONDARY_RESUMED_NAMES, 0] {
             let cfg = TlsConfig {
                 resume_sessions,
-                ..secondary_client_config("mb2.test", s.root.clone())
+                ..secondary_client_config(s.root.clone())
             };
             let secondary: Arc<dyn ClientContext> = Arc::new(OpenSslContext::new(&cfg).unwrap());
             let mut primary = TlsConfig::server(s.server_id.clone());
@@ -2744,7 +2742,7 @@ mod secondary_resumption {
     fn a_middlebox_makes_a_ticket_only_for_an_endpoint_that_keeps_it() {
         let s = Setup::new();
         let (mb, _) = counting_middlebox(&s, "mb2.test");
-        let mut no_resume = secondary_client_config("mb2.test", s.root.clone());
+        let mut no_resume = secondary_client_config(s.root.clone());
         no_resume.resume_sessions = 0;
         let contexts: [Arc<dyn ClientContext>; 2] = [
             shared_secondary(&s),

@@ -166,7 +166,7 @@ impl Setup {
         primary.pause_after_handshake = true;
         // A client that can have no middlebox on its side keeps its session in OpenSSL.
         primary.exportable = !matches!(middlebox, ClientMiddlebox::Disabled);
-        let secondary = secondary_client_config(CLIENT_SIDE[0], self.root.clone());
+        let secondary = secondary_client_config(self.root.clone());
         Ok(ClientHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
             server_name: SERVER.into(),
@@ -185,7 +185,7 @@ impl Setup {
     ) -> Res<ServerHandshakeConfig> {
         let mut primary = self.tickets(TlsConfig::server(self.server_id.clone()).only(version));
         primary.pause_after_handshake = true;
-        let secondary = secondary_client_config(SERVER_SIDE[0], self.root.clone());
+        let secondary = secondary_client_config(self.root.clone());
         Ok(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
             secondary: secondary_context(&secondary)?,

@@ -76,6 +76,15 @@ pub fn in_path_order<'a>(
     ordered
 }
 
+/// [`in_path_order`] along the path `summary` names (none: as checked), for the reports and
+/// the connection that keep both.
+pub(crate) fn in_summary_order<'a>(
+    verdicts: &'a [MiddleboxVerdict],
+    summary: Option<&crate::handshake::SessionSummary>,
+) -> Vec<&'a MiddleboxVerdict> {
+    in_path_order(verdicts, summary.map_or(&[], |s| s.middleboxes.as_slice()))
+}
+
 /// The verdict in words, as the CLI's reports say it: `{}` for a report line, `{:#}` adding
 /// the signer and the SVN of a verified middlebox's TEE. An exclusion says the reason the
 /// check gave (an approver's refusal: [`NOT_APPROVED`](crate::handshake::NOT_APPROVED)).

@@ -275,8 +275,7 @@ impl<H: EndpointHandshake> Connection<H> {
     /// [`verdicts`](Self::verdicts) in path order (as [`summary`](Self::summary) names the
     /// middleboxes that joined), the excluded ones after them.
     pub fn verdicts_in_path_order(&self) -> Vec<&MiddleboxVerdict> {
-        let path = self.summary().map(|s| s.middleboxes.as_slice());
-        super::client::in_path_order(&self.session.verdicts, path.unwrap_or_default())
+        super::client::in_summary_order(&self.session.verdicts, self.summary())
     }
 
     /// TLS 1.3 KeyUpdates the peer sent so far, each followed (and answered when it asked).

@@ -255,6 +255,12 @@ impl ConnectionReport {
         self.outcome = Err(e.to_string());
         self.error_kind = Some(e.kind());
     }
+
+    /// The kind of the failure that ended the session, if one did: the field, under the name
+    /// the server's and the proxy's reports give it.
+    pub fn error_kind(&self) -> Option<super::ErrorKind> {
+        self.error_kind
+    }
 }
 
 impl super::reports::Report for ConnectionReport {

@@ -193,6 +193,18 @@ impl ProxyReport {
             error: None,
         }
     }
+
+    /// [`verdicts`](Self::verdicts) in path order (as the summary names the middleboxes that
+    /// joined), the excluded ones after them.
+    pub fn verdicts_in_path_order(&self) -> Vec<&MiddleboxVerdict> {
+        super::client::in_summary_order(&self.verdicts, self.summary.as_ref())
+    }
+
+    /// The kind of the failure that ended the session, if one did (as a middlebox's report
+    /// has it).
+    pub fn error_kind(&self) -> Option<super::ErrorKind> {
+        self.error.as_ref().map(|e| e.kind())
+    }
 }
 
 /// What the splice counted, into the report (also for a connection cut mid-way).

@@ -209,8 +209,13 @@ impl ServerConnectionReport {
     /// [`verdicts`](Self::verdicts) in path order (as the summary names the middleboxes that
     /// joined), the excluded ones after them.
     pub fn verdicts_in_path_order(&self) -> Vec<&MiddleboxVerdict> {
-        let path = self.summary.as_ref().map(|s| s.middleboxes.as_slice());
-        super::client::in_path_order(&self.verdicts, path.unwrap_or_default())
+        super::client::in_summary_order(&self.verdicts, self.summary.as_ref())
+    }
+
+    /// The kind of the failure that ended the session, if one did (as a middlebox's report
+    /// has it).
+    pub fn error_kind(&self) -> Option<super::ErrorKind> {
+        self.error.as_ref().map(|e| e.kind())
     }
 }
 

@@ -39,10 +39,8 @@ impl Common {
 
     /// The secondary-session context: a rustls client for middlebox certificates under
     /// `roots_pem`, keeping vouched-for middlebox sessions unless fresh evidence is wanted.
-    /// Its configured name is never used: every session checks each middlebox against the
-    /// name it expects of it (`RustlsClientContext` takes the name per session).
     fn secondary(&self, roots_pem: Vec<u8>) -> Result<RustlsClientContext, HandshakeError> {
-        let mut tls = secondary_client_config("middlebox", roots_pem);
+        let mut tls = secondary_client_config(roots_pem);
         if self.fresh_evidence {
             tls.resume_sessions = 0;
         }

@@ -83,15 +83,16 @@ pub fn primary_server_config(identity: mbx_engine::Identity) -> TlsConfig {
 }
 
 /// The configuration an endpoint's secondary-session context starts from: a TLS client for
-/// middlebox certificates issued under `roots_pem`, checked against `name` only where the
-/// context is used with its own name (an mbTLS endpoint checks each middlebox against the
-/// name it expects of it: the pre-configured name, or for a discovered one what its
-/// approver accepts, so `name` does not matter there), offering [`SECONDARY_CIPHER_SUITES`], and remembering up to
-/// [`SECONDARY_VERIFIED_CHAINS`] middlebox chains that verified and resuming the sessions of
-/// up to [`SECONDARY_RESUMED_NAMES`] middleboxes (rustls engine; an OpenSSL context must be
-/// built with `resume_sessions = 0`, see `check_secondary_context`).
-pub fn secondary_client_config(name: &str, roots_pem: Vec<u8>) -> TlsConfig {
-    let mut cfg = TlsConfig::client(name, roots_pem);
+/// middlebox certificates issued under `roots_pem`, offering [`SECONDARY_CIPHER_SUITES`], and
+/// remembering up to [`SECONDARY_VERIFIED_CHAINS`] middlebox chains that verified and resuming
+/// the sessions of up to [`SECONDARY_RESUMED_NAMES`] middleboxes (rustls engine; an OpenSSL
+/// context must be built with `resume_sessions = 0`, see `check_secondary_context`). It names
+/// no server: each session checks its middlebox against the name it expects of it (the
+/// pre-configured name, or for a discovered one what its approver accepts), which the
+/// endpoint gives [`mbx_engine::ClientContext::client_engine`].
+pub fn secondary_client_config(roots_pem: Vec<u8>) -> TlsConfig {
+    // The configured name is never used: `client_engine` is always given the session's.
+    let mut cfg = TlsConfig::client("middlebox", roots_pem);
     cfg.cipher_suites = SECONDARY_CIPHER_SUITES.to_vec();
     cfg.verified_chain_cache = SECONDARY_VERIFIED_CHAINS;
     cfg.resume_sessions = SECONDARY_RESUMED_NAMES;
@@ -229,7 +230,7 @@ mod tests {
         let mb = pki.issue(&LeafSpec::middlebox("mb.test")).unwrap();
         let identity = Identity::from_pem(mb.chain_pem(), mb.key_pem().as_bytes());
         for (version, expected) in [(TlsVersion::Tls13, 0x1301), (TlsVersion::Tls12, 0xC02B)] {
-            let cfg = secondary_client_config("mb.test", pki.root_pem().into_bytes()).only(version);
+            let cfg = secondary_client_config(pki.root_pem().into_bytes()).only(version);
             let contexts: [Box<dyn ClientContext>; 2] = [
                 Box::new(RustlsClientContext::new(&cfg).unwrap()),
                 Box::new(OpenSslContext::new(&cfg).unwrap()),
