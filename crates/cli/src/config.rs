@@ -54,7 +54,7 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        let mut config: Config = toml::from_str(&text).map_err(|e| {
             // A policy table at the top, where the spec's example shows it, belongs to a role.
             let hint = match e.message().contains("unknown field `attestation`") {
                 true => {
@@ -65,6 +65,8 @@ impl Config {
                 false => "",
             };
             anyhow::anyhow!("invalid config file {}{hint}: {e}", path.display())
-        })
+        })?;
+        config.mbtls.source = Some(path.to_path_buf());
+        Ok(config)
     }
 }

@@ -367,6 +367,20 @@ pub struct MbtlsConfig {
     pub middlebox: toml::Table,
     #[serde(default)]
     pub server: toml::Table,
+    /// The file the tables were read from (`Config::load`), which errors about a role's
+    /// settings name: a value of the wrong type is found only once the flags are merged in.
+    #[serde(skip)]
+    pub source: Option<std::path::PathBuf>,
+}
+
+impl MbtlsConfig {
+    /// Where a `role`'s merged settings came from, for its errors.
+    fn origin(&self, role: &str) -> String {
+        match &self.source {
+            Some(path) => format!("[mbtls.{role}] of {} and flags", path.display()),
+            None => "flags".into(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -551,6 +565,7 @@ fn does_not_parse(said: String) -> anyhow::Error {
 fn role_settings<T: serde::de::DeserializeOwned>(
     table: toml::Table,
     role: &str,
+    config: &MbtlsConfig,
 ) -> anyhow::Result<T> {
     T::deserialize(toml::Value::Table(table)).map_err(|e| {
         let said = e.to_string();
@@ -573,7 +588,8 @@ fn role_settings<T: serde::de::DeserializeOwned>(
         };
         // A key or a value that does not parse, as a config file that does not: exit 2.
         does_not_parse(format!(
-            "invalid mbTLS {role} configuration ([mbtls.{role}] and flags): {}{hint}",
+            "invalid mbTLS {role} configuration ({}): {}{hint}",
+            config.origin(role),
             said.trim_end()
         ))
     })
@@ -610,14 +626,18 @@ impl Service {
     }
 
     /// Takes the service keys out of `table` (a config-file section); the flags given win.
-    fn take_from(table: &mut toml::Table, flags: &Service) -> anyhow::Result<Service> {
+    fn take_from(
+        table: &mut toml::Table,
+        flags: &Service,
+        origin: &str,
+    ) -> anyhow::Result<Service> {
         let mine: toml::Table = Self::KEYS
             .iter()
             .filter_map(|&key| Some((key.to_string(), table.remove(key)?)))
             .collect();
         let file = Service::deserialize(toml::Value::Table(mine)).map_err(|e| {
             does_not_parse(format!(
-                "invalid service settings ({}): {}",
+                "invalid service settings ({}; {origin}): {}",
                 Self::KEYS.join(", "),
                 e.to_string().trim_end()
             ))
@@ -643,13 +663,19 @@ impl Service {
     /// The driver's limits (defaults for what was not given).
     fn limits(&self) -> anyhow::Result<Limits> {
         let mut limits = Limits::default();
-        for (name, secs) in [
-            ("handshake_timeout_secs", self.handshake_timeout_secs),
-            ("idle_timeout_secs", self.idle_timeout_secs),
+        for (name, secs, zero) in [
+            ("handshake_timeout_secs", self.handshake_timeout_secs, ""),
+            (
+                "idle_timeout_secs",
+                self.idle_timeout_secs,
+                "; 0 for no idle timeout",
+            ),
+            ("drain_secs", self.drain_secs, "; 0 cuts them at once"),
         ] {
-            // Deadlines are instants: far beyond this they overflow the clock.
+            // Deadlines are instants: far beyond this they overflow the clock (a drain time
+            // of 2^64 - 1 s panicked at the stop signal, found in an operator trial).
             if secs.is_some_and(|s| s > MAX_TIMEOUT_SECS) {
-                bail!("{name} must be at most {MAX_TIMEOUT_SECS} (a year; 0 for no idle timeout)");
+                bail!("{name} must be at most {MAX_TIMEOUT_SECS} (a year{zero})");
             }
         }
         match self.handshake_timeout_secs {
@@ -665,7 +691,7 @@ impl Service {
         limits.max_connections = match self.max_connections {
             None => connections_the_files_limit_allows(),
             Some(0) => bail!("max_connections must be at least 1"),
-            Some(n) => Some(usize::try_from(n)?),
+            Some(n) => Some(connections_the_files_limit_can_take(n)?),
         };
         Ok(limits)
     }
@@ -990,17 +1016,24 @@ impl ClientSetup {
         };
         let sessions = format!("sessions to {} via {}", self.server_name, self.first_hop);
         // Found in a user trial: a reload that changed these took effect unmarked.
+        // Only pre-configured middleboxes' sessions are resumed (discovered ones have no
+        // name to keep them under; docs/mbtls.md §4.7): the banner said "resumed" for all
+        // (found in an operator trial).
+        let middlebox_sessions = match (s.no_client_middleboxes, self.names.is_empty()) {
+            (true, _) => String::new(),
+            (false, true) => ", discovered middleboxes' sessions not resumed".into(),
+            (false, false) => match s.middlebox_resumption {
+                Some(false) => ", fresh evidence every session".into(),
+                _ => ", middlebox sessions resumed".into(),
+            },
+        };
         let tls = format!(
-            "{}, {}, {}",
+            "{}, {}{middlebox_sessions}",
             versions_shown(s.tls.as_deref()),
             match s.resume {
                 Some(false) => "sessions not resumed",
                 _ => "sessions resumed",
             },
-            match s.middlebox_resumption {
-                Some(false) => "fresh evidence every session",
-                _ => "middlebox sessions resumed",
-            }
         );
         // The server's CA with where the sessions go; the middleboxes' with the policy.
         let server_ca = trust_key(&[&self.primary_tls]);
@@ -1455,8 +1488,8 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
              --handshake-timeout-secs and --idle-timeout-secs"
         );
     }
-    let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s: ClientSettings = role_settings(table, "client")?;
+    let service = Service::take_from(&mut table, &flags.service, &config.origin("client"))?;
+    let mut s: ClientSettings = role_settings(table, "client", config)?;
     s.service = service;
     // 0 would fail every fetch at once (the services' timeouts refuse it too); a proxy
     // ignores the file's value.
@@ -2092,8 +2125,8 @@ fn middlebox_settings(
     } else if next_hop_flag {
         table.remove("transparent");
     }
-    let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s: MiddleboxSettings = role_settings(table, "middlebox")?;
+    let service = Service::take_from(&mut table, &flags.service, &config.origin("middlebox"))?;
+    let mut s: MiddleboxSettings = role_settings(table, "middlebox", config)?;
     s.service = service;
     attester_options_match(&s)?;
     Ok(s)
@@ -3189,6 +3222,23 @@ fn connections_the_files_limit_allows() -> Option<usize> {
     usize::try_from(cap.max(1)).ok()
 }
 
+/// `max_connections` as asked, refused when the open-files limit (already raised to the hard
+/// one) cannot hold that many connections' descriptors: beyond it each connection accepted
+/// would fail when it opens its second socket (found in an operator trial: 1,000 asked under
+/// a limit of 128, and every session past the 40th failed with "Too many open files").
+fn connections_the_files_limit_can_take(asked: u64) -> anyhow::Result<usize> {
+    if let Some(cap) = connections_the_files_limit_allows() {
+        if asked > cap as u64 {
+            let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+            bail!(
+                "max_connections {asked} is more than the open-files limit ({}) can serve: each                  connection holds two descriptors and {RESERVED_FILES} are kept for the                  process, so at most {cap}; raise the limit (ulimit -n, systemd's                  LimitNOFILE=) or lower max_connections",
+                soft.unwrap_or_default()
+            );
+        }
+    }
+    Ok(usize::try_from(asked)?)
+}
+
 /// The banner line that states a middlebox's or server's limits.
 fn limits_line(limits: &Limits, what: &str) -> String {
     let secs = |d: Duration| format!("{}s", d.as_secs());
@@ -3252,8 +3302,8 @@ fn server_settings(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<S
     }
     append_to_list(&mut table, "middlebox_names", flags.middlebox_names);
     append_to_list(&mut table, "allow_middleboxes", flags.allow_middleboxes);
-    let service = Service::take_from(&mut table, &flags.service)?;
-    let mut s: ServerSettings = role_settings(table, "server")?;
+    let service = Service::take_from(&mut table, &flags.service, &config.origin("server"))?;
+    let mut s: ServerSettings = role_settings(table, "server", config)?;
     s.service = service;
     Ok(s)
 }
@@ -4026,11 +4076,11 @@ mod tests {
         let text = with(Some(ReportFormat::Text));
         assert!(fixed_at_start_unchanged(("a", &with(None)), ("a", &text)).is_ok());
         let mut table: toml::Table = toml::from_str("report_format = \"json\"\nother = 1").unwrap();
-        let taken = Service::take_from(&mut table, &Service::default()).unwrap();
+        let taken = Service::take_from(&mut table, &Service::default(), "flags").unwrap();
         assert_eq!(taken.report_format, Some(ReportFormat::Json));
         assert!(table.contains_key("other") && !table.contains_key("report_format"));
         let mut bad: toml::Table = toml::from_str("report_format = \"xml\"").unwrap();
-        let e = Service::take_from(&mut bad, &Service::default()).unwrap_err();
+        let e = Service::take_from(&mut bad, &Service::default(), "flags").unwrap_err();
         assert!(
             e.to_string()
                 .contains("report_format is \"text\" or \"json\", not \"xml\""),

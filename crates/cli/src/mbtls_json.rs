@@ -71,7 +71,12 @@ pub fn server(r: &ServerConnectionReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, r.error_kind()));
+    outcome(
+        &mut m,
+        &r.outcome,
+        &r.durations,
+        (r.cut_at_stop, r.error_kind()),
+    );
     m
 }
 
@@ -90,7 +95,12 @@ pub fn proxy(r: &ProxyReport) -> Map<String, Value> {
     session(&mut m, r.summary.as_ref(), &r.verdicts);
     left(&mut m, &r.outcome, r.peer_left_without_close_notify);
     failed_on(&mut m, r.error.as_deref());
-    outcome(&mut m, &r.outcome, &r.durations, (r.cut_at_stop, r.error_kind()));
+    outcome(
+        &mut m,
+        &r.outcome,
+        &r.durations,
+        (r.cut_at_stop, r.error_kind()),
+    );
     m
 }
 

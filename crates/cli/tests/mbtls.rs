@@ -779,6 +779,25 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
             && err.contains("the service keys handshake_timeout_secs, idle_timeout_secs"),
         "{err}"
     );
+    // A value of the wrong type is found once the flags are merged in, away from the file's
+    // parse: the error names the file all the same (found in an operator trial), for a role's
+    // key and for a service key.
+    let origin = format!("[mbtls.server] of {} and flags", config.display());
+    for line in ["backend = 8080", "idle_timeout_secs = \"5\""] {
+        std::fs::write(&config, format!("[mbtls.server]\n{line}\n")).unwrap();
+        let out = mbx()
+            .arg("--config")
+            .arg(&config)
+            .args(["mbtls", "server"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&origin) && err.contains("invalid type"),
+            "{err}"
+        );
+    }
 }
 
 /// An address in use is said once: the I/O error is part of the driver's message, not also
@@ -2188,6 +2207,28 @@ fn the_client_proxy_sets_its_connection_limit_from_the_raised_files_limit() {
     signal(&mut proxy, Signal::HUP);
     let reloaded = lines.next().unwrap().unwrap();
     assert_eq!(at_most(&reloaded), started, "{reloaded}");
+    // A proxy with no middlebox of its own resumes no middlebox session, nor does one that
+    // discovers its middleboxes; its banner said so from the thirty-third round on (before:
+    // "middlebox sessions resumed" in both, found in an operator trial).
+    assert!(
+        head[0].contains(", sessions resumed; ") && !head[0].contains("middlebox sessions"),
+        "{head:?}"
+    );
+    let (_discovering, _lines, head) = start_command(
+        mbx()
+            .args(["mbtls", "client", "https://server.test/"])
+            .args(["--allow-middlebox", "mb.test", "--proxy", "127.0.0.1:0"])
+            .arg("--middlebox-ca")
+            .arg(&server.ca)
+            .arg("--server-ca")
+            .arg(&server.ca)
+            .env_remove("MBX_CONFIG"),
+        1,
+    );
+    assert!(
+        head[0].contains(", sessions resumed, discovered middleboxes' sessions not resumed; "),
+        "{head:?}"
+    );
 }
 
 #[test]
@@ -3290,9 +3331,31 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
         err
     };
     let os = std::ffi::OsStr::new;
-    for flag in ["--handshake-timeout-secs", "--idle-timeout-secs"] {
+    // A drain time that large panicked at the stop signal (found in an operator trial).
+    for flag in [
+        "--handshake-timeout-secs",
+        "--idle-timeout-secs",
+        "--drain-secs",
+    ] {
         let err = refused_middlebox(&[os(flag), os("18446744073709551615")]);
         assert!(err.contains("must be at most 31536000"), "{flag}: {err}");
+        // Only the idle timeout is off at 0.
+        let off = err.contains("0 for no idle timeout");
+        assert_eq!(off, flag == "--idle-timeout-secs", "{flag}: {err}");
+    }
+    // More connections than the open-files limit has descriptors for (the middlebox raises
+    // its soft limit to the hard one, so only an unlimited hard limit takes any number).
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let hard = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4));
+    if hard != Some("unlimited") {
+        let err = refused_middlebox(&[os("--max-connections"), os("18446744073709551615")]);
+        assert!(
+            err.contains("is more than the open-files limit") && err.contains("ulimit -n"),
+            "{err}"
+        );
     }
     let key = dir.path().join("platform.key");
     let key_arg = key.to_str().unwrap();

@@ -137,6 +137,24 @@ pub struct HttpHeaderInsert {
     error: Option<HttpError>,
 }
 
+/// Fields the proxy refuses to insert: the client already sent those that apply, and a second
+/// one would change how the server frames the request (Content-Length, Transfer-Encoding: two
+/// readings of one stream, the app's and the server's), where it routes it (Host), or how it
+/// treats the connection. Found in an operator trial: `Transfer-Encoding: chunked` and
+/// `Host` were taken, and every request then got a 400 from nginx.
+const MESSAGE_CONTROL_FIELDS: [&str; 10] = [
+    "Host",
+    "Content-Length",
+    "Transfer-Encoding",
+    "Connection",
+    "Upgrade",
+    "Keep-Alive",
+    "TE",
+    "Trailer",
+    "Proxy-Connection",
+    "Expect",
+];
+
 impl HttpHeaderInsert {
     /// A proxy inserting `name: value`. The name must be an RFC 9110 token and the value visible
     /// ASCII, spaces or tabs (no CR/LF: a value with a line break would inject headers).
@@ -147,6 +165,17 @@ impl HttpHeaderInsert {
     pub fn with_limits(name: &str, value: &str, limits: HttpLimits) -> Result<Self, HttpError> {
         if name.is_empty() || !name.bytes().all(is_token_char) {
             return Err(HttpError::BadInsertedHeader("name is not a token"));
+        }
+        if MESSAGE_CONTROL_FIELDS
+            .iter()
+            .any(|f| f.eq_ignore_ascii_case(name))
+        {
+            return Err(HttpError::BadInsertedHeader(
+                "name is a field that frames, routes or controls the message or its connection \
+                 (Host, Content-Length, Transfer-Encoding, Connection, Upgrade, Keep-Alive, TE, \
+                 Trailer, Proxy-Connection, Expect): a second one makes the request ambiguous \
+                 (request smuggling) or one the server refuses",
+            ));
         }
         if !value
             .bytes()
@@ -1146,5 +1175,20 @@ mod tests {
         assert!(HttpHeaderInsert::new("", "v").is_err());
         assert!(HttpHeaderInsert::new("X", "v\r\nEvil: 1").is_err());
         assert!(HttpHeaderInsert::new("X", "caf\u{e9}").is_err());
+        for name in [
+            "Host",
+            "content-length",
+            "TRANSFER-ENCODING",
+            "Connection",
+            "te",
+        ] {
+            let e = HttpHeaderInsert::new(name, "1").err();
+            assert!(
+                e.is_some_and(|e| e.to_string().contains("request smuggling")),
+                "{name}"
+            );
+        }
+        // A longer name that begins like one is another field.
+        assert!(HttpHeaderInsert::new("Host-Info", "1").is_ok());
     }
 }

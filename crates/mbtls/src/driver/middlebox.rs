@@ -494,7 +494,7 @@ impl Core {
     fn server_alert_passed_on(&self) -> Option<u8> {
         match self {
             Core::ClientSide(c) => c.server_alert_passed_on(),
-            Core::ServerSide(_) => None,
+            Core::ServerSide(c) => c.server_alert_passed_on(),
         }
     }
 

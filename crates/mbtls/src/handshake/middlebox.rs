@@ -26,7 +26,7 @@ use super::demux::{hello_records, Piece};
 use super::kept::Kept;
 use super::wires::{self, Core, Wires};
 use super::HandshakeError;
-use crate::hop::{Alert, Input, Side};
+use crate::hop::{Input, Side};
 use crate::relay::{MiddleboxRelay, RelayEvent};
 use crate::wire::{KeyMaterial, MiddleboxSupport, SecondaryMessage, MIDDLEBOX_SUPPORT_EXTENSION};
 
@@ -229,8 +229,6 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     copies: Vec<Record>,
     /// What `held` and `copies` keep together, within its bound.
     kept: Kept,
-    /// A fatal alert the server sent in the clear before our keys, passed on as it came.
-    server_alert: Option<u8>,
     wires: Wires<A>,
 }
 
@@ -263,7 +261,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             held: Vec::new(),
             copies: Vec::new(),
             kept: Kept::default(),
-            server_alert: None,
             wires: Wires::new(Side::Server),
         })
     }
@@ -402,7 +399,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     fn before_server_hello(&mut self, rec: Record) -> Result<(), HandshakeError> {
         if rec.content_type() != ContentType::HANDSHAKE {
             // An alert before the ServerHello: the handshake is failing; pass it on.
-            self.note_server_alert(&rec);
+            self.wires.note_server_alert(&rec);
             self.wires.out_client.extend_from_slice(rec.as_bytes());
             return Ok(());
         }
@@ -542,7 +539,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                     // This is the server's Finished; everything after it is application data.
                     self.hold = true;
                 } else {
-                    self.note_server_alert(&rec);
+                    self.wires.note_server_alert(&rec);
                 }
                 if rec.content_type() == ContentType::CHANGE_CIPHER_SPEC {
                     self.after_ccs = true;
@@ -557,16 +554,6 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         }
         self.wires.out_client.extend_from_slice(rec.as_bytes());
         Ok(())
-    }
-
-    /// Notes `rec` if it is a fatal alert in the clear (what the server ended the handshake
-    /// with, for the report).
-    fn note_server_alert(&mut self, rec: &Record) {
-        if let (ContentType::ALERT, [Alert::LEVEL_FATAL, description]) =
-            (rec.content_type(), rec.payload())
-        {
-            self.server_alert.get_or_insert(*description);
-        }
     }
 
     fn secondary_in(&mut self, inner: &Record) -> Result<(), HandshakeError> {
@@ -692,7 +679,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     /// The fatal alert the server sent in the clear before this middlebox's keys (and that
     /// it passed on), if any: why a handshake the server then closed ended.
     pub fn server_alert_passed_on(&self) -> Option<u8> {
-        self.server_alert
+        self.wires.server_alert
     }
 
     /// True while this middlebox, in the session and without its keys, keeps server records

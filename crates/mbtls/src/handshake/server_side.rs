@@ -299,6 +299,9 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
                 {
                     // A legacy server refuses the unknown record type; the driver remembers it.
                     self.go_passive(ANNOUNCEMENT_REFUSED);
+                } else {
+                    // An mbTLS server's refusal (a version, evidence): the report says it.
+                    self.wires.note_server_alert(&rec);
                 }
                 self.wires.out_client.extend_from_slice(rec.as_bytes());
                 Ok(())
@@ -459,6 +462,12 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     /// The data phase, once keys are installed.
     pub fn relay(&self) -> Option<&MiddleboxRelay<A>> {
         self.wires.relay.as_ref()
+    }
+
+    /// The fatal alert the server sent in the clear before this middlebox's keys (and that
+    /// it passed on), if any: why a handshake the server then closed ended.
+    pub fn server_alert_passed_on(&self) -> Option<u8> {
+        self.wires.server_alert
     }
 
     /// We announced ourselves and the server never answered on our subchannel (a legacy

@@ -9,12 +9,12 @@ use std::collections::VecDeque;
 
 use mbx_apps::MiddleboxApp;
 use mbx_engine::{AlertDescription, EngineError, OpenSslEngine, TlsEngine};
-use mbx_record::TlsVersion;
+use mbx_record::{ContentType, TlsVersion};
 use mbx_wire::{version, Record};
 
 use super::demux::{Demux, Piece};
 use super::{HandshakeError, MiddleboxHandshakeEvent};
-use crate::hop::{Input, Side};
+use crate::hop::{Alert, Input, Side};
 use crate::relay::{append_or_swap, MiddleboxRelay};
 use crate::wire::{Encapsulated, KeyMaterial, SecondaryMessage, SecondaryReader};
 
@@ -43,6 +43,9 @@ pub(super) struct Wires<A: MiddleboxApp> {
     /// middlebox re-sends every application record through its own app once it switches, so
     /// what it forwarded raw before is not ours to relay.
     path: Option<PathNews>,
+    /// The first fatal alert the server sent in the clear before our keys (and that went on
+    /// to the client): why a handshake the server then closed ended, for the report.
+    pub(super) server_alert: Option<u8>,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -147,6 +150,17 @@ impl<A: MiddleboxApp> Wires<A> {
             endpoint_refused: false,
             secondary: SecondaryReader::new(),
             path: None,
+            server_alert: None,
+        }
+    }
+
+    /// Notes `rec`, from the server, if it is a fatal alert in the clear (an encrypted one
+    /// is longer than its two bytes, and unread).
+    pub(super) fn note_server_alert(&mut self, rec: &Record) {
+        if let (ContentType::ALERT, [Alert::LEVEL_FATAL, description]) =
+            (rec.content_type(), rec.payload())
+        {
+            self.server_alert.get_or_insert(*description);
         }
     }
 
