@@ -765,15 +765,19 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
     // An unknown key: serde's list of keys leaves the service keys out, the error adds them.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("mbx.toml");
-    std::fs::write(&config, "[mbtls.server]\nidle_timeout = 5\n").unwrap();
-    let out = mbx()
-        .arg("--config")
-        .arg(&config)
-        .args(["mbtls", "server"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The server's error with a config file holding `line` in [mbtls.server]: exit status 2.
+    let refused_with = |line: &str| {
+        std::fs::write(&config, format!("[mbtls.server]\n{line}\n")).unwrap();
+        let out = mbx()
+            .arg("--config")
+            .arg(&config)
+            .args(["mbtls", "server"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused_with("idle_timeout = 5");
     assert!(
         err.contains("unknown field `idle_timeout`")
             && err.contains("the service keys handshake_timeout_secs, idle_timeout_secs"),
@@ -784,15 +788,7 @@ fn mbtls_server_without_a_backend_is_one_clear_error() {
     // key and for a service key.
     let origin = format!("[mbtls.server] of {} and flags", config.display());
     for line in ["backend = 8080", "idle_timeout_secs = \"5\""] {
-        std::fs::write(&config, format!("[mbtls.server]\n{line}\n")).unwrap();
-        let out = mbx()
-            .arg("--config")
-            .arg(&config)
-            .args(["mbtls", "server"])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused_with(line);
         assert!(
             err.contains(&origin) && err.contains("invalid type"),
             "{err}"

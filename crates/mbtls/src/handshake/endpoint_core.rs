@@ -984,6 +984,15 @@ impl EndpointCore {
         // Records the engine did not process are application epoch under the primary keys: the
         // middlebox re-sends them through its app after the marker, so they are dropped here,
         // once authenticated.
+        // The engine pauses after its handshake, so it has opened no application record: one
+        // it had would come again neither from the middlebox (which starts at the exported
+        // sequence number) nor from here. Fail closed should that ever change (found in a
+        // security review: it was dropped unread).
+        if !handoff.pending_plaintext.is_empty() {
+            return Err(HandshakeError::Protocol(
+                "the primary engine opened application data before its export",
+            ));
+        }
         let session = handoff.session;
         let bridge = HopKeys::from_export(self.role, &session)?;
         let read = match self.role {
