@@ -3140,6 +3140,62 @@ fn a_transparent_middlebox_on_the_router_joins_a_discovering_client() {
         );
     }
 
+    // A rule in the output hook that catches the middlebox's own connection to the server
+    // too (no `meta skuid != …`): that connection comes back to the middlebox, which refuses
+    // it rather than connect it again, and again (an operator trial saw 24,000 connections
+    // in seconds). The session fails; the next one, the rule gone, runs, and its line is
+    // the next: nothing else was connected meanwhile.
+    let table = format!("mbx_loop_{mb_port}");
+    let nft_run = |args: &[&str]| {
+        let out = router.command(nft).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let (ip, dport) = (server_addr.ip().to_string(), server_addr.port().to_string());
+    nft_run(&["add", "table", "inet", &table]);
+    nft_run(&[
+        "add",
+        "chain",
+        "inet",
+        &table,
+        "output",
+        "{ type nat hook output priority -100 ; }",
+    ]);
+    nft_run(&[
+        "add",
+        "rule",
+        "inet",
+        &table,
+        "output",
+        "ip",
+        "daddr",
+        &ip,
+        "tcp",
+        "dport",
+        &dport,
+        "redirect",
+        "to",
+        &format!(":{mb_port}"),
+    ]);
+    assert!(!fetch(&server_addr.to_string()).status.success());
+    let mut two = [0, 1].map(|_| lines.next().unwrap().unwrap());
+    two.sort_by_key(|l| !l.contains("redirected back"));
+    assert!(
+        two[0].contains("redirect rule must leave the middlebox's own traffic alone"),
+        "{two:?}"
+    );
+    assert!(
+        two[1].contains(&format!(" to {server_addr} (from ")),
+        "{two:?}"
+    );
+    nft_run(&["delete", "table", "inet", &table]);
+    assert!(fetch(&server_addr.to_string()).status.success());
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.contains("): joined"), "{line}");
+
     // Straight to the middlebox: not redirected, so nowhere to go.
     let out = fetch(&router.addr(mb_port).to_string());
     assert!(!out.status.success());

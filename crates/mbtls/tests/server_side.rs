@@ -419,6 +419,34 @@ fn legacy_client_through_a_preconfigured_server_side_middlebox_both_versions() {
     }
 }
 
+/// A legacy client through a client-side middlebox on the path: the middlebox stands aside,
+/// saying that the client does not speak mbTLS (before the thirty-third round "no optimistic
+/// ClientHello left for us", which sent an operator trial to `--max-discovered`).
+#[test]
+fn a_client_side_middlebox_says_a_legacy_client_does_not_speak_mbtls() {
+    let s = Setup::new();
+    for version in VERSIONS {
+        let mut path = Path::new(vec![
+            Node::LegacyClient(s.legacy_client(version)),
+            client_mb(&s, "mb1.test"),
+            Node::Server(s.server(version, ServerMiddlebox::none())),
+        ]);
+        path.first().receive(Side::Server, &[]).unwrap();
+        path.pump();
+        path.assert_no_errors();
+        let Node::ClientSideMb(m) = &mut path.nodes[1] else {
+            unreachable!()
+        };
+        let me: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        assert!(
+            me.iter()
+                .any(|e| matches!(e, MiddleboxHandshakeEvent::Passive(why)
+                if why.starts_with("the client does not speak mbTLS"))),
+            "{version:?}: {me:?}"
+        );
+    }
+}
+
 /// A legacy client resumes its TLS 1.2 session by session ID (no tickets) through a
 /// server-side middlebox: the server's session was exported, yet stays in its cache, and the
 /// middlebox joins the resumed session with fresh keys. Once a resumed session fails at the

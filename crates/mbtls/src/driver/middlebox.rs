@@ -307,19 +307,70 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         cfg: MiddleboxServerConfig,
     ) -> Result<MiddleboxServer, DriverError> {
         // Kept across reloads: a server found to be legacy stays so.
-        let legacy = Arc::new(LegacyServers::default());
+        let memory = Arc::new(ListenerMemory::default());
         Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
-            let legacy = legacy.clone();
+            let memory = memory.clone();
             let mut pending = Pending::new(ConnectionReport::new(id, Some(peer)), (), reports);
             let accepted = pending.accepted();
             async move {
                 if let Some((report, ())) = pending.parts() {
-                    serve(report, stream, &cfg, &legacy, accepted).await;
+                    serve(report, stream, &cfg, &memory, accepted).await;
                 }
                 pending.send();
             }
         })
         .await
+    }
+}
+
+/// What the connections of one listener share.
+#[derive(Default)]
+struct ListenerMemory {
+    legacy: LegacyServers,
+    own_ports: OwnPorts,
+}
+
+/// The local ports of a transparent middlebox's own open connections to their original
+/// destinations, each taken before its connect. A redirect rule that catches those too (an
+/// output-hook rule without `meta skuid != …`) brings each back to the listener, which would
+/// connect it again, and again, without end: one curl made 24,000 connections in seconds in
+/// an operator trial, and went on after curl had left. A connection from one of these ports
+/// on an address of this host is refused ([`DriverError::RedirectedBack`]).
+#[derive(Default)]
+struct OwnPorts(Mutex<HashSet<u16>>);
+
+/// A port in [`OwnPorts`] while its connection is open.
+struct OwnPort<'a> {
+    ports: &'a OwnPorts,
+    port: u16,
+}
+
+impl OwnPorts {
+    fn take(&self, port: u16) -> OwnPort<'_> {
+        if let Ok(mut ports) = self.0.lock() {
+            ports.insert(port);
+        }
+        OwnPort { ports: self, port }
+    }
+
+    /// Whether a connection from `peer` is one of ours come back: its port is one of our
+    /// connections' and its address is one of this host's (binding it works).
+    fn came_back(&self, peer: SocketAddr) -> bool {
+        let ours = self
+            .0
+            .lock()
+            .map(|ports| ports.contains(&peer.port()))
+            .unwrap_or(false);
+        let ip = peer.ip().to_canonical();
+        ours && (ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok())
+    }
+}
+
+impl Drop for OwnPort<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut ports) = self.ports.0.lock() {
+            ports.remove(&self.port);
+        }
     }
 }
 
@@ -374,7 +425,7 @@ pub async fn serve_connection(
         &mut report,
         client,
         cfg,
-        &LegacyServers::default(),
+        &ListenerMemory::default(),
         accepted,
     )
     .await;
@@ -388,7 +439,7 @@ async fn serve(
     report: &mut ConnectionReport,
     client: TcpStream,
     cfg: &MiddleboxServerConfig,
-    legacy: &LegacyServers,
+    memory: &ListenerMemory,
     accepted: tokio::time::Instant,
 ) {
     let next_hop = match next_hop_of(&client, &cfg.next_hop) {
@@ -399,8 +450,22 @@ async fn serve(
         }
     };
     report.next_hop = Some(next_hop.to_string());
+    let transparent = cfg.next_hop == NextHop::OriginalDestination;
+    if let Some(peer) = report
+        .client
+        .filter(|&p| transparent && memory.own_ports.came_back(p))
+    {
+        report.failed(&DriverError::RedirectedBack(peer));
+        return;
+    }
+    let legacy = &memory.legacy;
     let announce = !legacy.is_legacy(&next_hop);
-    if let Err(e) = relay(client, &next_hop, cfg, announce, report, accepted).await {
+    let own_ports = transparent.then_some(&memory.own_ports);
+    if let Err(e) = relay(
+        client, &next_hop, cfg, announce, own_ports, report, accepted,
+    )
+    .await
+    {
         report.failed(&e);
     }
     // A server that refused our announcement with an alert, the first thing it sent, is
@@ -715,19 +780,56 @@ fn side_name(side: Side) -> &'static str {
     }
 }
 
+/// The connection to `next_hop`, made before `deadline`; with `own_ports` (a transparent
+/// middlebox), its local port is taken there before the connect and held while the
+/// connection is open.
+async fn connect_next_hop<'a>(
+    next_hop: &str,
+    own_ports: Option<&'a OwnPorts>,
+    deadline: tokio::time::Instant,
+) -> Result<(TcpStream, Option<OwnPort<'a>>), DriverError> {
+    const CANNOT: &str = "cannot connect to the next hop";
+    let connecting = async {
+        // An original destination is an address: no name to resolve.
+        let Some((ports, dst)) = own_ports.zip(next_hop.parse::<SocketAddr>().ok()) else {
+            return Ok((TcpStream::connect(next_hop).await?, None));
+        };
+        let (socket, any) = match dst {
+            SocketAddr::V4(_) => (
+                tokio::net::TcpSocket::new_v4()?,
+                SocketAddr::from(([0; 4], 0)),
+            ),
+            SocketAddr::V6(_) => (
+                tokio::net::TcpSocket::new_v6()?,
+                SocketAddr::from(([0u16; 8], 0)),
+            ),
+        };
+        socket.bind(any)?;
+        let own = ports.take(socket.local_addr()?.port());
+        Ok((socket.connect(dst).await?, Some(own)))
+    };
+    match tokio::time::timeout_at(deadline, connecting).await {
+        Ok(connected) => connected.map_err(DriverError::io(CANNOT)),
+        // A next hop that never answers (its SYNs dropped) is said as such, not as a TLS
+        // peer that was slow (found in an operator trial: "the handshake did not finish").
+        Err(_) => Err(DriverError::io(
+            "cannot connect to the next hop: no answer within the handshake timeout",
+        )(std::io::ErrorKind::TimedOut.into())),
+    }
+}
+
 async fn relay(
     client: TcpStream,
     next_hop: &str,
     cfg: &MiddleboxServerConfig,
     announce: bool,
+    own_ports: Option<&OwnPorts>,
     report: &mut ConnectionReport,
     accepted: tokio::time::Instant,
 ) -> Result<(), DriverError> {
     let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
-    let server = tokio::time::timeout_at(deadline, TcpStream::connect(next_hop))
-        .await
-        .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
-        .map_err(DriverError::io("cannot connect to the next hop"))?;
+    // Held while the connection is open (see `OwnPorts`).
+    let (server, _own_port) = connect_next_hop(next_hop, own_ports, deadline).await?;
     report.next_hop_local = server.local_addr().ok();
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);

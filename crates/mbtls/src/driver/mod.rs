@@ -169,6 +169,10 @@ pub enum DriverError {
     /// redirected: it was made to the middlebox's own address, so there is nowhere to take it.
     #[error("the connection to {0} was not redirected to this transparent middlebox, so it has no other destination (redirect traffic here with nftables or iptables)")]
     NotRedirected(std::net::SocketAddr),
+    /// A transparent middlebox got back one of its own connections to a next hop: the
+    /// redirect rule catches the middlebox's own traffic too, which would loop.
+    #[error("the connection from {0} is this middlebox's own connection to a next hop, redirected back to it: the redirect rule must leave the middlebox's own traffic alone (nftables: `meta skuid != <its user>` in the output hook; iptables: `-m owner ! --uid-owner <its user>`)")]
+    RedirectedBack(std::net::SocketAddr),
     /// Configuration the driver cannot use.
     #[error("configuration: {0}")]
     Config(String),
@@ -188,6 +192,7 @@ pub enum ErrorKind {
     HandshakeTimeout,
     IdleTimeout,
     NotRedirected,
+    RedirectedBack,
     Config,
     /// A middlebox's server refused its announcement: a legacy server.
     LegacyServer,
@@ -205,6 +210,7 @@ impl ErrorKind {
             ErrorKind::HandshakeTimeout => "handshake_timeout",
             ErrorKind::IdleTimeout => "idle_timeout",
             ErrorKind::NotRedirected => "not_redirected",
+            ErrorKind::RedirectedBack => "redirected_back",
             ErrorKind::Config => "config",
             ErrorKind::LegacyServer => "legacy_server",
         }
@@ -223,6 +229,7 @@ impl DriverError {
             DriverError::HandshakeTimeout(_) => ErrorKind::HandshakeTimeout,
             DriverError::IdleTimeout(_) => ErrorKind::IdleTimeout,
             DriverError::NotRedirected(_) => ErrorKind::NotRedirected,
+            DriverError::RedirectedBack(_) => ErrorKind::RedirectedBack,
             DriverError::Config(_) => ErrorKind::Config,
         }
     }

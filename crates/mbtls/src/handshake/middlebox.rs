@@ -202,6 +202,8 @@ pub struct MiddleboxHandshake<A: MiddleboxApp> {
     mode: Mode,
     client_hello: HandshakeDeframer,
     hellos: Option<Vec<Vec<u8>>>,
+    /// The ClientHello carried the MiddleboxSupport extension (a legacy client's has none).
+    client_speaks_mbtls: bool,
     server_hello: HandshakeDeframer,
     /// Server records before (and including) the one completing the ServerHello.
     pending_sh: Vec<Record>,
@@ -246,6 +248,7 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
             mode: Mode::Hello,
             client_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
             hellos: None,
+            client_speaks_mbtls: false,
             server_hello: HandshakeDeframer::new(DEFAULT_MAX_HANDSHAKE_LEN),
             pending_sh: Vec::new(),
             version: None,
@@ -324,7 +327,9 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.client_hello.push(rec.payload());
         if let Some(msg) = self.client_hello.next_message()? {
             let ch = ClientHello::parse_message(msg.as_bytes())?;
-            let hellos = match ch.extension(MIDDLEBOX_SUPPORT_EXTENSION) {
+            let support = ch.extension(MIDDLEBOX_SUPPORT_EXTENSION);
+            self.client_speaks_mbtls = support.is_some();
+            let hellos = match support {
                 Some(data) => MiddleboxSupport::parse(data)?.client_hellos,
                 None => Vec::new(),
             };
@@ -475,7 +480,12 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
                     Ok(e) => e,
                     Err(why) => return Ok(Err(why)),
                 }) else {
-                    return Ok(Err("no optimistic ClientHello left for us"));
+                    // Which it is tells the operator where to look (found in an operator
+                    // trial: curl's sessions read "no optimistic ClientHello left for us").
+                    return Ok(Err(match self.client_speaks_mbtls {
+                        false => "the client does not speak mbTLS (a legacy client: no MiddleboxSupport extension)",
+                        true => "no optimistic ClientHello left for us (the client offered none, or fewer than the middleboxes nearer it took)",
+                    }));
                 };
                 // TLS 1.3 secondary session: our Finished is out, so the evidence can leave in
                 // the same flight as 0.5-RTT data (docs/mbtls.md §4.1 step 4); the client gets

@@ -254,7 +254,12 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         }
         self.hello_done = true;
         if !self.announce {
-            self.go_passive("not announcing to this server");
+            // Says where the choice came from and how it ends (found in an operator trial: a
+            // server upgraded to mbTLS failed every session with no pointer to why).
+            self.go_passive(
+                "not announcing to this server: an earlier session found it legacy, and this \
+                 listener remembers that until the middlebox restarts",
+            );
         }
         Ok(())
     }
