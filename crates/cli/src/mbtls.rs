@@ -2854,6 +2854,10 @@ fn report_line(r: &ConnectionReport) -> String {
             r.left_without_close_notify,
         )),
     }
+    // An orderly end the app chose reads as the peer's at each endpoint: said here.
+    if let (Ok(()), Some(ended)) = (&r.outcome, &r.app_ended) {
+        line.push_str(&format!(" ({ended})"));
+    }
     line
 }
 
@@ -4125,6 +4129,7 @@ mod tests {
             evidence_sent: true,
             resumed: false,
             keys_installed: false,
+            app_ended: None,
             passive: Some("the server refused our certificate; its own error says why"),
             refused_by_endpoint: None,
             version: None,

@@ -31,6 +31,8 @@ pub fn middlebox(r: &ConnectionReport) -> Map<String, Value> {
         "resumed": r.joined.then_some(r.resumed),
         "legacy_server": r.legacy_server,
         "passive": r.passive,
+        // How its app ended the session, if it did (also after an orderly close_notify).
+        "app_ended": r.app_ended,
         "refused_by_endpoint": r.refused_by_endpoint,
         "version": r.version.map(version_name),
         "client_hop": r.client_hop.as_ref().map(hop),
@@ -391,6 +393,7 @@ mod tests {
             evidence_sent: false,
             resumed: false,
             keys_installed: false,
+            app_ended: None,
             passive: Some("the server did not answer our announcement"),
             refused_by_endpoint: None,
             version: None,

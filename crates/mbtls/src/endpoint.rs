@@ -257,6 +257,11 @@ impl EndpointDataPhase {
                     return false;
                 }
             };
+            if opened.content_type != ContentType::HANDSHAKE && self.post_handshake.mid_message() {
+                let v = crate::key_update::INTERLEAVED;
+                self.fail(v.alert, v.what);
+                return false;
+            }
             if let Some(pt) = record.get_mut(opened.range) {
                 self.handle(opened.content_type, pt);
                 wipe(pt);

@@ -45,6 +45,14 @@ impl PostHandshake {
         self.deframer.capacity()
     }
 
+    /// Whether a handshake message has begun and not ended: until it ends, a record of another
+    /// type is refused (RFC 8446 §5.1: handshake messages must not be interleaved with other
+    /// record types; found in an adversarial trial, which split a KeyUpdate around a data
+    /// record and then a message around a close_notify, and both went through).
+    pub(crate) fn mid_message(&self) -> bool {
+        self.deframer.buffered() > 0
+    }
+
     /// Gives back the reassembly buffer's memory when it holds no partial message (a driver
     /// calls it on an idle connection).
     pub(crate) fn release_idle_buffer(&mut self) {
@@ -99,6 +107,12 @@ impl PostHandshake {
         Ok(update)
     }
 }
+
+/// A record of another type while a handshake message is unfinished ([`PostHandshake::mid_message`]).
+pub(crate) const INTERLEAVED: Violation = Violation {
+    alert: AlertDescription::UNEXPECTED_MESSAGE,
+    what: "a record of another type inside a handshake message (RFC 8446 §5.1)",
+};
 
 const NOT_AT_RECORD_END: Violation = Violation {
     alert: AlertDescription::UNEXPECTED_MESSAGE,

@@ -59,8 +59,9 @@ pub enum RelayEvent {
     /// `from` sent a KeyUpdate (TLS 1.3): it was forwarded, and both hops of that direction
     /// moved to their next keys.
     KeysUpdated { from: Side },
-    /// The app ended the session in an orderly way; close_notify was sent to both sides.
-    AppClosed,
+    /// The app ended the session in an orderly way; close_notify was sent to both sides. `why`:
+    /// its [`MiddleboxApp::close_reason`], if it gave one.
+    AppClosed { why: Option<String> },
     /// The session ended with `alert` (sent to both sides, or forwarded).
     Failed { cause: FailCause, alert: Alert },
 }
@@ -282,6 +283,14 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                     return false;
                 }
             };
+            if opened.content_type != ContentType::HANDSHAKE
+                && self.post_handshake(from).mid_message()
+            {
+                let v = crate::key_update::INTERLEAVED;
+                let what = v.what;
+                self.fail_both(FailCause::Protocol { from, what }, Alert::fatal(v.alert));
+                return false;
+            }
             if opened.content_type == ContentType::APPLICATION_DATA
                 && !opened.range.is_empty()
                 && self.ended(from.other())
@@ -478,7 +487,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                 }
                 self.ended_from_client = true;
                 self.ended_from_server = true;
-                self.events.push_back(RelayEvent::AppClosed);
+                let why = self.app.close_reason();
+                self.events.push_back(RelayEvent::AppClosed { why });
             }
             Verdict::Close(CloseAlert(d)) => {
                 let why = self.app.close_reason();

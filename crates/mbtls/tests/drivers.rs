@@ -20,7 +20,8 @@ use mbx_mbtls::driver::{
     Placement, REPORTS_KEPT,
 };
 use mbx_mbtls::handshake::{
-    ClientHandshakeConfig, ClientMiddlebox, HandshakeError, MiddleboxHandshakeConfig,
+    ClientHandshake, ClientHandshakeConfig, ClientMiddlebox, HandshakeError,
+    MiddleboxHandshakeConfig, PAUSE_READING_AT,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -313,11 +314,53 @@ async fn the_middleboxs_report_says_why_its_app_ended_the_session() {
     let read = timeout(BOUND, client.read()).await.unwrap();
     assert!(read.is_err(), "{read:?}");
     let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    // Its own kind since the thirty-third round (before: "relay", a bad record's too).
+    assert_eq!(report.error_kind(), Some(ErrorKind::App), "{report:?}");
+    assert_eq!(report.app_ended.as_ref(), report.outcome.as_ref().err());
     let why = report.outcome.unwrap_err();
     assert!(
-        why.contains("the app ended the session (CONNECT refused")
+        why.starts_with("the app ended the session (CONNECT refused")
             && why.contains("alert access_denied(49)"),
         "{why}"
+    );
+}
+
+/// An app that ends its session in an orderly way (`Verdict::Close(CLOSE_NOTIFY)`): each
+/// endpoint reads a close_notify, as from its peer, so the middlebox's report is where it
+/// shows — the session ended without an error, and the app ended it (found in an embedder's
+/// trial: the report said nothing, and the client took an empty answer for a whole one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_that_closes_in_an_orderly_way_is_named_in_the_report() {
+    struct Quiet;
+    impl MiddleboxApp for Quiet {
+        fn on_data(
+            &mut self,
+            _: mbx_apps::Direction,
+            _: &[u8],
+            _: &mut Vec<u8>,
+        ) -> mbx_apps::Verdict {
+            mbx_apps::Verdict::Close(mbx_apps::CloseAlert::CLOSE_NOTIFY)
+        }
+        fn close_reason(&self) -> Option<String> {
+            Some("dropped quietly".into())
+        }
+    }
+    let (w, version) = (World::new(), TlsVersion::Tls13);
+    let nginx = plain_nginx(&w, version);
+    let app: AppFactory = Arc::new(|| Box::new(Quiet) as Box<dyn MiddleboxApp + Send>);
+    let mut mbox = w.start_middlebox(nginx.addr(), app).await;
+    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
+        .await
+        .unwrap();
+    let body = timeout(BOUND, client.read_to_end()).await.unwrap();
+    assert_eq!(body.ok(), Some(Vec::new()));
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    assert!(report.outcome.is_ok(), "{report:?}");
+    assert_eq!(
+        report.app_ended.as_deref(),
+        Some("the app ended the session (dropped quietly), close_notify to both sides")
     );
 }
 
@@ -786,6 +829,83 @@ async fn killed_middlebox_makes_the_client_fail_with_an_error() {
             other => panic!("{version:?}: expected an error, got {other:?}"),
         }
     }
+}
+
+/// A client that has a middlebox join and finishes the primary handshake, but never sends the
+/// rest of its secondary session (so no key material), while its server streams: the
+/// middlebox keeps at most `PAUSE_READING_AT` of what the server sends (and one read more),
+/// then stops reading it, and TCP holds the server back until the middlebox's handshake
+/// timeout ends the connection. Before the thirty-third round it read on up to its 16 MiB
+/// bound, per connection (an adversarial trial: 3 GB with 200 such clients); the test fails so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_middlebox_stops_reading_what_it_keeps_for_keys_that_do_not_come() {
+    let (w, version) = (World::new(), TlsVersion::Tls13);
+    let ctx = w.legacy_server_context(version);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    // Its handshake, then up to 64 MiB, until the connection goes.
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut engine = ctx.engine().unwrap();
+        let mut buf = vec![0u8; 16384];
+        while engine.is_handshaking() {
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            engine.feed(&buf[..n]);
+            engine.process().unwrap();
+            sock.write_all(&engine.take_outgoing()).await.unwrap();
+        }
+        for _ in 0..4096 {
+            engine.write_plaintext(&[b'x'; 16384]).unwrap();
+            if sock.write_all(&engine.take_outgoing()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut cfg = w.middlebox(server_addr, passthrough());
+    cfg.limits.handshake_timeout = Duration::from_secs(2);
+    let mut mbox = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
+    let mut client = ClientHandshake::new(w.client(version, measure(PROGRAM, b""))).unwrap();
+    let mut sock = TcpStream::connect(mbox.local_addr()).await.unwrap();
+    sock.write_all(&client.take_outgoing()).await.unwrap();
+    // Only its primary records go out from then on: its Finished, nothing on its subchannel.
+    let primary_only = |stream: Vec<u8>| -> Vec<u8> {
+        let mut rest = stream.as_slice();
+        let mut out = Vec::new();
+        while rest.len() >= 5 {
+            let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            let (rec, tail) = rest.split_at(len.min(rest.len()));
+            if rec[0] != 30 {
+                out.extend_from_slice(rec);
+            }
+            rest = tail;
+        }
+        out
+    };
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = timeout(BOUND, sock.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "the middlebox closed during the handshake");
+        client.receive(&buf[..n]).unwrap();
+        let finished = primary_only(client.take_outgoing());
+        if !finished.is_empty() {
+            sock.write_all(&finished).await.unwrap();
+            break;
+        }
+    }
+    // Nothing more from the client: the middlebox waits for keys until its timeout.
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    assert!(report.joined && !report.keys_installed, "{report:?}");
+    assert_eq!(
+        report.error_kind(),
+        Some(ErrorKind::HandshakeTimeout),
+        "{report:?}"
+    );
+    let read = report.bytes_from_server as usize;
+    assert!((PAUSE_READING_AT..1 << 20).contains(&read), "{read}");
+    timeout(BOUND, server).await.unwrap().unwrap();
 }
 
 /// A legacy TLS server in process (OpenSSL engine over a socket) that records every byte of

@@ -270,3 +270,53 @@ fn an_idle_relay_gives_back_its_post_handshake_buffer() {
     }
     assert!(!relay.is_failed());
 }
+
+/// A handshake message split over records must not have a record of another type inside it
+/// (RFC 8446 §5.1): a data record or a close_notify there ends the session with
+/// `unexpected_message`, at a middlebox and at an endpoint; the same message whole, or split
+/// with nothing between its pieces, passes (thirty-third round: an adversarial trial split a
+/// KeyUpdate around a data record, and a message around a close_notify, and both went through).
+#[test]
+fn a_record_inside_a_split_handshake_message_ends_the_session() {
+    let ku = [24u8, 0, 0, 1, 0];
+    for (between, fails) in [
+        (Some((ContentType::APPLICATION_DATA, &b"GET"[..])), true),
+        (Some((ContentType::ALERT, &[1u8, 0][..])), true),
+        (None, false),
+    ] {
+        // The records a peer sends: the message's first two bytes, what comes between, the rest.
+        let wire = |sealer: &mut RecordSealer| {
+            let mut wire = Vec::new();
+            sealer
+                .seal(ContentType::HANDSHAKE, &ku[..2], &mut wire)
+                .unwrap();
+            if let Some((ct, body)) = between {
+                sealer.seal(ct, body, &mut wire).unwrap();
+            }
+            sealer
+                .seal(ContentType::HANDSHAKE, &ku[2..], &mut wire)
+                .unwrap();
+            wire
+        };
+        let what = format!("{between:?}");
+        let (mut relay, mut client) = relay_and_client();
+        relay.receive(Side::Client, &wire(&mut client));
+        assert_eq!(relay.is_failed(), fails, "{what}");
+        if fails {
+            let events: Vec<_> = std::iter::from_fn(|| relay.poll_event()).collect();
+            assert!(
+                events.iter().any(|e| matches!(e,
+                    RelayEvent::Failed { alert, .. }
+                        if *alert == Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE))),
+                "{what}: {events:?}"
+            );
+        }
+        let (_, keys, _) = common::lone_relay(Box::new(PassThrough));
+        let hop = keys.endpoint;
+        let mut peer = RecordSealer::new(TlsVersion::Tls13, hop.c2s.keys.clone(), hop.c2s.next_seq);
+        let mut end = EndpointDataPhase::new(Role::Server, TlsVersion::Tls13, hop.clone());
+        end.receive(&wire(&mut peer));
+        let failed = Some(Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE));
+        assert_eq!(end.failure(), if fails { failed } else { None }, "{what}");
+    }
+}

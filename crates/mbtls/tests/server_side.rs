@@ -22,7 +22,7 @@ use mbx_mbtls::handshake::{
     HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     ServerHandshake, ServerHandshakeConfig, ServerMiddlebox, ServerSideMiddlebox,
 };
-use mbx_mbtls::handshake::{ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS};
+use mbx_mbtls::handshake::{ANNOUNCEMENT_REFUSED, ANNOUNCEMENT_REFUSED_NOT_TLS, PAUSE_READING_AT};
 use mbx_mbtls::wire::{announcement_record, MAX_INNER_PAYLOAD_LEN};
 use mbx_mbtls::{EndpointEvent, Side, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
@@ -1264,6 +1264,16 @@ fn a_server_side_middlebox_copies_a_bounded_amount_of_client_data_before_its_key
     let (mut client, mut mb, _server, _) =
         up_to_finished_with_request(&Setup::new(), TlsVersion::Tls13);
     assert!(!mb.keys_installed());
+    // A driver stops reading the client once PAUSE_READING_AT is kept (thirty-third round),
+    // long before the bound; the server's side, where the keys come from, is read on.
+    assert!(!mb.waits_before_reading(Side::Client));
+    client
+        .write_plaintext(&vec![b'x'; PAUSE_READING_AT])
+        .unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    mb.take_outgoing(Side::Server);
+    assert!(mb.waits_before_reading(Side::Client));
+    assert!(!mb.waits_before_reading(Side::Server));
     let e = common::refused_past_the_bound(|mib| {
         client.write_plaintext(mib).unwrap();
         mb.receive(Side::Client, &client.take_outgoing())?;

@@ -189,6 +189,11 @@ pub struct ConnectionReport {
     pub resumed: bool,
     /// Key material arrived: this middlebox saw (and could change) the plaintext.
     pub keys_installed: bool,
+    /// The app ended the session, how and why ("the app ended the session (why), alert
+    /// access_denied(49)" or "…, close_notify to both sides"): with an alert it is also the
+    /// error ([`ErrorKind::App`](super::ErrorKind::App)); with close_notify the session ended
+    /// without one, and each endpoint read an orderly end from its peer.
+    pub app_ended: Option<String>,
     /// Why the middlebox did not take part, if it did not.
     pub passive: Option<&'static str>,
     /// The endpoint refused this middlebox and said why (its evidence, its approval), in the
@@ -234,6 +239,7 @@ impl ConnectionReport {
             evidence_sent: false,
             resumed: false,
             keys_installed: false,
+            app_ended: None,
             passive: None,
             refused_by_endpoint: None,
             version: None,
@@ -555,6 +561,14 @@ impl Core {
         self.relay().is_some()
     }
 
+    /// See [`MiddleboxHandshake::waits_before_reading`].
+    fn waits_before_reading(&self, from: Side) -> bool {
+        match self {
+            Core::ClientSide(c) => c.waits_before_reading(from),
+            Core::ServerSide(c) => c.waits_before_reading(from),
+        }
+    }
+
     /// See [`MiddleboxHandshake::server_alert_passed_on`].
     fn server_alert_passed_on(&self) -> Option<u8> {
         match self {
@@ -597,7 +611,7 @@ struct Conn {
     hs: Core,
     to_client: Outbox,
     to_server: Outbox,
-    failure: Option<String>,
+    failure: Option<DriverError>,
     /// Before the keys: the side the last bytes came from. A side that closes right after
     /// the other side spoke most likely answered it (an endpoint's alert, which TLS 1.3
     /// encrypts, then its close; the other endpoint closes on the alert, and which close is
@@ -654,15 +668,18 @@ impl Conn {
                         report.server_hop = fp(Side::Server, false);
                     }
                 }
+                MiddleboxHandshakeEvent::Relay(RelayEvent::Failed {
+                    cause: FailCause::App { why },
+                    alert,
+                }) => {
+                    let ended = app_ended(why.as_deref(), &format!("alert {}", alert.description));
+                    report.app_ended = Some(ended.clone());
+                    self.failure.get_or_insert(DriverError::App(ended));
+                }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::Failed { cause, alert }) => {
                     let alert = alert.description;
-                    self.failure.get_or_insert_with(|| match cause {
-                        FailCause::App { why: Some(why) } => {
-                            format!("the app ended the session ({why}), alert {alert}")
-                        }
-                        FailCause::App { why: None } => {
-                            format!("the app ended the session, alert {alert}")
-                        }
+                    self.failure.get_or_insert_with(|| DriverError::Relay(match cause {
+                        FailCause::App { .. } => String::new(), // the arm above
                         FailCause::PeerAlert { from } => format!(
                             "alert {alert} came from the {}, passed on to the {}",
                             side_name(from),
@@ -679,7 +696,13 @@ impl Conn {
                         FailCause::Local => {
                             format!("sealing failed here, alert {alert} to both sides")
                         }
-                    });
+                    }));
+                }
+                MiddleboxHandshakeEvent::Relay(RelayEvent::AppClosed { why }) => {
+                    // An orderly end the app chose: each endpoint reads it as its peer's, so
+                    // the report is where it shows (found in an embedder's trial).
+                    let both = "close_notify to both sides";
+                    report.app_ended = Some(app_ended(why.as_deref(), both));
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::KeysUpdated { from }) => {
                     report.key_updates = report.key_updates.saturating_add(1);
@@ -768,6 +791,15 @@ fn neighbour_name(side: Side) -> &'static str {
     match side {
         Side::Client => "previous hop (toward the client)",
         Side::Server => "next hop (toward the server)",
+    }
+}
+
+/// How the app ended a session, for the report and the error: "the app ended the session
+/// (why), `how`".
+fn app_ended(why: Option<&str>, how: &str) -> String {
+    match why {
+        Some(why) => format!("the app ended the session ({why}), {how}"),
+        None => format!("the app ended the session, {how}"),
     }
 }
 
@@ -880,7 +912,7 @@ async fn relay(
     tokio::pin!(handshake_deadline);
     let result: Result<(), DriverError> = loop {
         if let Some(f) = conn.failure.take() {
-            break Err(DriverError::Relay(f));
+            break Err(f);
         }
         if !draining && (conn.finished() || (!open[0] && !open[1])) {
             // Both directions ended. What is queued (the last data, the close_notifys, each
@@ -897,7 +929,10 @@ async fn relay(
         let holding = activity.trim_pending() || holds_memory(&buf_c, &buf_s, &conn);
         let in_handshake = !conn.hs.keys_installed() && !conn.hs.is_passive();
         // What the client sends goes to the server, and the other way round.
-        let (room_c, room_s) = (conn.to_server.has_room(), conn.to_client.has_room());
+        // Not read from either while it keeps that side's data, up to its bound, for keys that
+        // have not come: TCP holds the rest back.
+        let room_c = conn.to_server.has_room() && !conn.hs.waits_before_reading(Side::Client);
+        let room_s = conn.to_client.has_room() && !conn.hs.waits_before_reading(Side::Server);
         let (want_c, want_s) = (conn.to_client.wants_write(), conn.to_server.wants_write());
         let (from, read) = tokio::select! {
             r = read_into(&mut client_r, &mut buf_c), if open[0] && room_c => (Side::Client, r.map(|n| buf_c.bytes.get_mut(..n).unwrap_or_default())),

@@ -156,9 +156,13 @@ pub enum DriverError {
         mbx_engine::AlertDescription(*.description)
     )]
     Alert { description: u8, what: &'static str },
-    /// The data phase ended abnormally (bad record, alert, app verdict).
+    /// The data phase ended abnormally (bad record, alert).
     #[error("relay: {0}")]
     Relay(String),
+    /// A middlebox's app ended the session with a fatal alert (its verdict, and the reason it
+    /// gave).
+    #[error("{0}")]
+    App(String),
     /// The handshake did not finish in time (`handshake_timeout` of the middlebox or server).
     #[error("the handshake did not finish within {0:?}")]
     HandshakeTimeout(std::time::Duration),
@@ -189,6 +193,8 @@ pub enum ErrorKind {
     PeerGone,
     Alert,
     Relay,
+    /// A middlebox's app ended the session ([`DriverError::App`]).
+    App,
     HandshakeTimeout,
     IdleTimeout,
     NotRedirected,
@@ -207,6 +213,7 @@ impl ErrorKind {
             ErrorKind::PeerGone => "peer_gone",
             ErrorKind::Alert => "alert",
             ErrorKind::Relay => "relay",
+            ErrorKind::App => "app",
             ErrorKind::HandshakeTimeout => "handshake_timeout",
             ErrorKind::IdleTimeout => "idle_timeout",
             ErrorKind::NotRedirected => "not_redirected",
@@ -226,6 +233,7 @@ impl DriverError {
             DriverError::PeerGone { .. } => ErrorKind::PeerGone,
             DriverError::Alert { .. } => ErrorKind::Alert,
             DriverError::Relay(_) => ErrorKind::Relay,
+            DriverError::App(_) => ErrorKind::App,
             DriverError::HandshakeTimeout(_) => ErrorKind::HandshakeTimeout,
             DriverError::IdleTimeout(_) => ErrorKind::IdleTimeout,
             DriverError::NotRedirected(_) => ErrorKind::NotRedirected,

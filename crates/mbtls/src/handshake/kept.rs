@@ -19,6 +19,16 @@ pub const MAX_COPIED_BYTES: usize = 16 * 1024 * 1024;
 /// arrive. Without it a peer could have millions of empty records kept within the bound.
 const KEPT_RECORD_COST: usize = 256;
 
+/// From this much kept (records' own bytes and their cost), a middlebox stops reading from the
+/// side whose data it keeps until its keys arrive, and TCP makes that side wait: a peer that
+/// never sends the keys' flight cannot have it keep [`MAX_COPIED_BYTES`] of what the other side
+/// sends (found in an adversarial trial: a client that joined a middlebox, had the server send
+/// a 15 MB file and never sent key material made it keep 15 MB per connection, 3 GB with 200).
+/// Far above what an honest session keeps before the keys (a handshake flight, tickets, a first
+/// answer), and below what a data-phase connection with a slow reader holds (≈ 0.5 MB,
+/// docs/mbtls.md §9).
+pub const PAUSE_READING_AT: usize = 256 * 1024;
+
 /// Bytes kept so far, against [`MAX_COPIED_BYTES`].
 #[derive(Debug, Default)]
 pub(super) struct Kept(usize);
@@ -31,6 +41,11 @@ impl Kept {
         too_much: &'static str,
     ) -> Result<(), HandshakeError> {
         self.bytes(rec.as_bytes().len() + KEPT_RECORD_COST, too_much)
+    }
+
+    /// Whether [`PAUSE_READING_AT`] is reached.
+    pub(super) fn asks_for_a_pause(&self) -> bool {
+        self.0 >= PAUSE_READING_AT
     }
 
     /// `n` more bytes kept in a buffer that holds them all.

@@ -675,6 +675,13 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.mode == Mode::Passive
     }
 
+    /// True while the driver should not read from `from`: the server's records kept for the
+    /// keys reached [`PAUSE_READING_AT`](super::PAUSE_READING_AT) and the keys (from the
+    /// client's side) have not come. Reading resumes with them.
+    pub fn waits_before_reading(&self, from: Side) -> bool {
+        from == Side::Server && !self.keys_installed() && self.kept.asks_for_a_pause()
+    }
+
     /// Gives back memory kept for traffic that is over, for a driver to call on an idle
     /// connection; nothing queued or buffered is lost.
     pub fn release_idle_buffers(&mut self) {

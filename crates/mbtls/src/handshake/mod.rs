@@ -26,7 +26,7 @@ pub use endpoint_core::{
     Approver, ClientHandshakeEvent, HopFingerprint, ServerHandshakeEvent, SessionSummary,
     NOT_APPROVED,
 };
-pub use kept::MAX_COPIED_BYTES;
+pub use kept::{MAX_COPIED_BYTES, PAUSE_READING_AT};
 pub use middlebox::{
     CertificateBinding, MiddleboxHandshake, MiddleboxHandshakeConfig, MiddleboxHandshakeEvent,
     MIDDLEBOX_TICKET_KEY_PERIOD,

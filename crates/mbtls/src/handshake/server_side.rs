@@ -453,6 +453,13 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         self.mode == Mode::Passive
     }
 
+    /// True while the driver should not read from `from`: the client's records copied for the
+    /// keys reached [`PAUSE_READING_AT`](super::PAUSE_READING_AT) and the keys (from the
+    /// server's side) have not come. Reading resumes with them.
+    pub fn waits_before_reading(&self, from: Side) -> bool {
+        from == Side::Client && !self.keys_installed() && self.kept.asks_for_a_pause()
+    }
+
     /// Gives back memory kept for traffic that is over, for a driver to call on an idle
     /// connection; nothing queued or buffered is lost.
     pub fn release_idle_buffers(&mut self) {
