@@ -20,7 +20,7 @@
 //!
 //! The crates an embedder also needs are re-exported ([`engine`], [`attest`], [`apps`],
 //! [`TlsVersion`]); `examples/embed.rs` runs a client, a middlebox with its own app and a
-//! server on loopback in about 180 lines.
+//! server on loopback in about 140 lines.
 
 // Network input must never panic the process: no unwrap/expect/panic outside tests.
 #![cfg_attr(

@@ -170,8 +170,9 @@ const SIDES: Sides = Sides {
 };
 
 impl Connection<ClientHandshake> {
-    /// Connects to the first middlebox and runs the handshake until the data phase starts
-    /// (key material sent, or a direct session). Any failure closes the connection.
+    /// Connects to `first_hop` (the first middlebox, or the server) and runs the handshake
+    /// until the data phase starts (key material sent, or a direct session). Any failure
+    /// closes the connection.
     pub async fn connect(
         first_hop: impl ToSocketAddrs,
         cfg: ClientHandshakeConfig,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use mbx_attest::Policy;
-use mbx_engine::{Identity, OpenSslContext, RustlsClientContext, TlsConfig};
+use mbx_engine::{EngineError, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_record::TlsVersion;
 
 use super::{
@@ -153,9 +153,20 @@ impl ClientConfigBuilder {
             .middlebox_roots_pem
             .clone()
             .unwrap_or_else(|| self.server_roots_pem.clone());
+        let middlebox_roots = match self.common.middlebox_roots_pem {
+            Some(_) => "middlebox roots",
+            None => "middlebox roots (the server roots, none given)",
+        };
         let cfg = ClientHandshakeConfig {
-            primary: self.common.primary(primary)?,
-            secondary: Arc::new(self.common.secondary(roots)?),
+            primary: self
+                .common
+                .primary(primary)
+                .map_err(roots_named("server roots", &self.server_roots_pem))?,
+            secondary: Arc::new(
+                self.common
+                    .secondary(roots.clone())
+                    .map_err(roots_named(middlebox_roots, &roots))?,
+            ),
             server_name: self.server_name,
             middlebox: self.middlebox,
             policy: self.common.policy,
@@ -233,7 +244,11 @@ impl ServerConfigBuilder {
         primary.session_tickets = self.session_tickets;
         let cfg = ServerHandshakeConfig {
             primary: self.common.primary(primary)?,
-            secondary: Arc::new(self.common.secondary(roots)?),
+            secondary: Arc::new(
+                self.common
+                    .secondary(roots.clone())
+                    .map_err(roots_named("middlebox roots", &roots))?,
+            ),
             middlebox,
             policy: self.common.policy,
             // The drivers put the time of each session here.
@@ -241,5 +256,30 @@ impl ServerConfigBuilder {
         };
         cfg.check()?;
         Ok(cfg)
+    }
+}
+
+/// An error from building a context on trust roots `pem`, named as `which` roots (both
+/// builders take two sets, and the engine's message named neither), and said to look like a
+/// file path when the bytes are one: a path compiles where the PEM goes (`impl Into<Vec<u8>>`;
+/// both found in an embedder's trial).
+fn roots_named<'a>(
+    which: &'a str,
+    pem: &'a [u8],
+) -> impl FnOnce(HandshakeError) -> HandshakeError + 'a {
+    move |e| match e {
+        HandshakeError::Engine(EngineError::Config(why)) if why.starts_with("trust roots") => {
+            let looks_like_a_path = !pem.is_empty()
+                && pem.len() < 4096
+                && !pem.windows(10).any(|w| w == b"-----BEGIN")
+                && std::str::from_utf8(pem).is_ok_and(|p| !p.contains('\n'));
+            let path = match looks_like_a_path {
+                true => " (these bytes look like a file path: give the file's contents, e.g. std::fs::read(path)?)",
+                false => "",
+            };
+            let why = why.replacen("trust roots", which, 1);
+            HandshakeError::Engine(EngineError::Config(format!("{why}{path}")))
+        }
+        e => e,
     }
 }

@@ -714,6 +714,12 @@ impl EndpointCore {
         why: &'static str,
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
+        let unknown_issuer = matches!(&err, HandshakeError::Engine(e)
+            if e.certificate_problem() == Some(mbx_engine::CertificateProblem::UnknownIssuer));
+        let err = match unknown_issuer {
+            true => HandshakeError::UntrustedMiddleboxIssuer(Box::new(err)),
+            false => err,
+        };
         // Our own protocol reasons are `why` already; a check's error says more.
         let detail = match &err {
             HandshakeError::Protocol(_) => None,

@@ -185,6 +185,14 @@ pub enum HandshakeError {
          middlebox on this side, in order"
     )]
     NotTheNameAtItsPlace(Box<HandshakeError>),
+    /// A middlebox's chain reaches none of this endpoint's middlebox roots (the builders'
+    /// `middlebox_roots`; a client's default is its server roots): which roots is said with the
+    /// engine's error (an embedder's trial read only rustls's "UnknownIssuer").
+    #[error(
+        "{0}; a middlebox's chain is checked against this endpoint's middlebox roots, and none \
+         of them issued it"
+    )]
+    UntrustedMiddleboxIssuer(Box<HandshakeError>),
 }
 
 impl HandshakeError {
@@ -203,7 +211,8 @@ impl HandshakeError {
     pub fn cause(&self) -> &HandshakeError {
         match self {
             HandshakeError::Middlebox { inner, .. } => inner.cause(),
-            HandshakeError::NotTheNameAtItsPlace(inner) => inner.cause(),
+            HandshakeError::NotTheNameAtItsPlace(inner)
+            | HandshakeError::UntrustedMiddleboxIssuer(inner) => inner.cause(),
             other => other,
         }
     }
