@@ -331,6 +331,11 @@ struct MiddleboxFlags {
     /// request with --certificate-request.
     #[arg(long)]
     evidence_in_certificate: bool,
+    /// Fail closed: cut a session this middlebox cannot take part in (a legacy client or
+    /// server, a client that offers it no hello or refuses it), instead of passing it through
+    /// unread.
+    #[arg(long)]
+    fail_closed: bool,
     /// Make a new key at --private-key (which must not exist; under Gramine a protected file)
     /// and write a certificate signing request (PEM) for it to this file, carrying the
     /// attester's evidence for that key and --nonce (extension 2.23.133.5.4.9), then exit; the
@@ -438,6 +443,9 @@ struct MiddleboxSettings {
     /// Sessions point at the evidence in the certificate.
     #[serde(default)]
     evidence_in_certificate: bool,
+    /// Sessions it cannot take part in are cut.
+    #[serde(default)]
+    fail_closed: bool,
     #[serde(default = "default_attester")]
     attester: String,
     sim_platform_key: Option<PathBuf>,
@@ -1900,7 +1908,7 @@ fn middlebox(
     };
     let shown = ShownParts::new(&parts(
         &cfg.next_hop.to_string(),
-        &s.app,
+        &app_shown(&s),
         &certificate_names,
         &attestation_line,
     ));
@@ -1920,7 +1928,7 @@ fn middlebox(
         running.keep_unless_changed(setup.tls, attestation, &mut setup.cfg.handshake.tls);
         let line = shown.reloaded(&parts(
             &setup.cfg.next_hop.to_string(),
-            &setup.s.app,
+            &app_shown(&setup.s),
             &setup.certificate_names,
             &setup.attestation_line,
         ));
@@ -1945,7 +1953,7 @@ fn middlebox(
             certificate_names
         );
         print_listening(text, &*server.config());
-        print_line(format_args!("app: {}", s.app));
+        print_line(format_args!("app: {}", app_shown(&s)));
         print_line(format_args!("attestation: {attestation_line}"));
         print_line(limits_line(&limits, "connections"));
         let names = ("middlebox", "connections");
@@ -2078,6 +2086,17 @@ fn fixed_at_start_unchanged(
     Ok(())
 }
 
+/// The middlebox's app as its banner and reload lines show it, with whether it fails closed.
+fn app_shown(s: &MiddleboxSettings) -> String {
+    match s.fail_closed {
+        true => format!(
+            "{} (fails closed: sessions it cannot take part in are cut)",
+            s.app
+        ),
+        false => s.app.clone(),
+    }
+}
+
 /// The middlebox's settings: the config file's table with the flags over it.
 fn middlebox_settings(
     flags: MiddleboxFlags,
@@ -2113,6 +2132,9 @@ fn middlebox_settings(
     );
     if flags.server_side {
         set(&mut table, "side", Some("server".into()));
+    }
+    if flags.fail_closed {
+        table.insert("fail_closed".into(), toml::Value::Boolean(true));
     }
     if flags.evidence_in_certificate {
         table.insert("evidence_in_certificate".into(), toml::Value::Boolean(true));
@@ -2359,6 +2381,9 @@ fn middlebox_setup(
         let (shown, cfg) = evidence_in_certificate(handshake)?;
         handshake = cfg;
         attestation_line = format!("{shown} ({attestation_line})");
+    }
+    if s.fail_closed {
+        handshake = handshake.fail_closed();
     }
     let cfg = MiddleboxServerConfig {
         handshake,

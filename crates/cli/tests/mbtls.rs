@@ -2074,6 +2074,27 @@ fn client_through_two_middleboxes_and_through_a_discovered_one() {
         .unwrap();
 }
 
+/// `--fail-closed`: a middlebox cuts a session it cannot take part in (here a client that
+/// offers it no hello), its banner says it will, and its report says why (thirty-third round,
+/// from an embedder's trial). Without the flag the same session passes through it.
+#[test]
+fn a_middlebox_that_fails_closed_cuts_a_session_it_cannot_join() {
+    let (_dir, _pki, server, mbox) = pki_files("mbx cli mbtls fail closed root", "mb.test");
+    let nginx = Nginx::from_files(&server).start().unwrap();
+    for fail_closed in [true, false] {
+        let extra: &[&str] = if fail_closed { &["--fail-closed"] } else { &[] };
+        let (_mb, mut lines, head) = start_middlebox(&nginx.addr().to_string(), &mbox, extra, 4);
+        let said = head[1].contains("(fails closed: sessions it cannot take part in are cut)");
+        assert_eq!(said, fail_closed, "{head:?}");
+        let out = fetch_directly(&server, &listening_addr(&head[0]), "/", &[]);
+        assert_eq!(out.status.success(), !fail_closed);
+        let line = lines.next().unwrap().unwrap();
+        let cut = line.contains("no optimistic ClientHello left for us")
+            && line.contains("fails closed: the session is cut");
+        assert_eq!(cut, fail_closed, "{line}");
+    }
+}
+
 /// A client-side middlebox process (attester none) in front of `nginx` that inserts
 /// `X-Mbtls: value`, and its address.
 fn header_middlebox(nginx: &Nginx, mbox: &PkiFiles, value: &str) -> (ChildGuard, String) {

@@ -1457,6 +1457,31 @@ mod discovered {
         }
     }
 
+    /// The same with a middlebox that fails closed: the session ends at it, and the client's
+    /// request never reaches the server (thirty-third round, from an embedder's trial: an IDS
+    /// could not refuse what it could not read).
+    #[test]
+    fn a_middlebox_that_fails_closed_cuts_a_session_it_cannot_join() {
+        for (version, export) in versions_and_export() {
+            let mut s = setup(version, "mb.test", measure(PROGRAM, b""));
+            disabled(&mut s, export);
+            s.mbox_cfg = s.mbox_cfg.clone().fail_closed();
+            let mut net = run(&s);
+            let e = net
+                .mbox_err
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(
+                e.contains("does not take part (no optimistic ClientHello left for us")
+                    && e.contains("fails closed"),
+                "{version:?}: {e}"
+            );
+            assert!(!net.client.keys_sent() && !net.mbox.keys_installed());
+            assert!(net.server.take_plaintext().is_empty(), "{version:?}");
+        }
+    }
+
     /// Client-side middleboxes disabled, but a middlebox on the path: it finds no optimistic
     /// hello to answer, stays passive and never sees plaintext; the session runs end to end.
     #[test]

@@ -1187,6 +1187,30 @@ fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
             path.pump();
             path.assert_no_errors();
             assert_eq!(path.last().read(), REQUEST);
+            // A middlebox that fails closed cuts that session instead, at the ClientHello
+            // (thirty-third round).
+            let mut path = Path::new(vec![
+                Node::LegacyClient(s.legacy_client(version)),
+                Node::ServerSideMb(
+                    ServerSideMiddlebox::new(
+                        s.middlebox("mb2.test", PROGRAM).fail_closed(),
+                        passthrough(),
+                        false,
+                    )
+                    .unwrap(),
+                ),
+                Node::LegacyServer(s.legacy_server(version)),
+            ]);
+            path.first().receive(Side::Server, &[]).unwrap();
+            path.pump();
+            let cut = path.errors[1].clone().unwrap_or_default();
+            assert!(
+                cut.contains("not announcing to this server") && cut.contains("fails closed"),
+                "{version:?}: {:?}",
+                path.errors
+            );
+            // The client's handshake never finished: there was nothing to send it through.
+            assert!(path.last().read().is_empty(), "{version:?}");
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct MiddleboxHandshakeConfig {
     /// The evidence is in the certificate ([`Self::evidence_in_certificate`]): sessions get
     /// [`IN_CERTIFICATE`] instead of evidence of their own.
     in_certificate: Option<Arc<CertificateBinding>>,
+    /// Cut a session this middlebox does not take part in ([`Self::fail_closed`]).
+    pub(crate) fail_closed: bool,
 }
 
 /// What the evidence in a middlebox's certificate is bound to, as it claims (its signature is
@@ -99,7 +101,20 @@ impl MiddleboxHandshakeConfig {
             spki,
             session_tickets,
             in_certificate: None,
+            fail_closed: false,
         })
+    }
+
+    /// Fail closed: a session this middlebox cannot take part in (a legacy client or server,
+    /// a client that offers it no hello or refuses it, a server that does not answer its
+    /// announcement) ends with [`HandshakeError::FailClosed`] instead of passing through it
+    /// unread, and nothing of its data passes — for a middlebox that must see everything that
+    /// goes by (an IDS, a DLP filter). By default such a session passes, as the paper's
+    /// middleboxes let it (found in an embedder's trial: an IDS vendor could not refuse what
+    /// it could not inspect).
+    pub fn fail_closed(mut self) -> Self {
+        self.fail_closed = true;
+        self
     }
 
     /// Points every session at the evidence in the middlebox's certificate (the spec's
@@ -441,14 +456,8 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         let joined = self.join(&sh);
         self.early = None;
         self.prepare_pending = false;
-        match joined? {
-            Ok(()) => {}
-            Err(why) => {
-                self.mode = Mode::Passive;
-                self.wires
-                    .events
-                    .push_back(MiddleboxHandshakeEvent::Passive(why));
-            }
+        if let Err(why) = joined? {
+            self.go_passive(why);
         }
         for rec in pending {
             match self.mode {
@@ -600,10 +609,15 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
     }
 
     /// Stop taking part: release what was held and forward everything unchanged from now on.
+    /// Failing closed, nothing held passes, and the session ends once this piece is done.
     fn go_passive(&mut self, why: &'static str) {
         self.mode = Mode::Passive;
         self.engine = None;
         self.copies.clear();
+        if self.cfg.fail_closed {
+            self.held.clear();
+            self.wires.fail_closed = Some(why);
+        }
         for rec in self.held.drain(..) {
             self.wires.out_client.extend_from_slice(rec.as_bytes());
         }

@@ -193,6 +193,10 @@ pub enum HandshakeError {
          of them issued it"
     )]
     UntrustedMiddleboxIssuer(Box<HandshakeError>),
+    /// A middlebox that fails closed ([`MiddleboxHandshakeConfig::fail_closed`]) could not
+    /// take part in the session, and why: the session ends, nothing of it passed.
+    #[error("this middlebox does not take part ({0}) and fails closed: the session is cut")]
+    FailClosed(&'static str),
 }
 
 impl HandshakeError {

@@ -390,10 +390,14 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     }
 
     /// Stop taking part and forward everything unchanged from now on (nothing is held).
+    /// Failing closed, the session ends once this piece is done ([`MiddleboxHandshakeConfig::fail_closed`]).
     fn go_passive(&mut self, why: &'static str) {
         self.mode = Mode::Passive;
         self.engine = None;
         self.copies.clear();
+        if self.cfg.fail_closed {
+            self.wires.fail_closed = Some(why);
+        }
         self.wires
             .events
             .push_back(MiddleboxHandshakeEvent::Passive(why));

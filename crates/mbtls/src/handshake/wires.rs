@@ -46,6 +46,8 @@ pub(super) struct Wires<A: MiddleboxApp> {
     /// The first fatal alert the server sent in the clear before our keys (and that went on
     /// to the client): why a handshake the server then closed ended, for the report.
     pub(super) server_alert: Option<u8>,
+    /// The middlebox went passive while failing closed, and why: the session ends.
+    pub(super) fail_closed: Option<&'static str>,
 }
 
 /// A middlebox core: its [`Wires`] and what it does with a piece before the data phase.
@@ -131,6 +133,11 @@ fn receive_pieces<A: MiddleboxApp>(
             continue;
         }
         core.piece(from, piece)?;
+        // Failing closed: nothing after the piece that made it passive is passed on.
+        if let Some(why) = core.wires().fail_closed {
+            core.wires().failed = true;
+            return Err(HandshakeError::FailClosed(why));
+        }
     }
 }
 
@@ -151,6 +158,7 @@ impl<A: MiddleboxApp> Wires<A> {
             secondary: SecondaryReader::new(),
             path: None,
             server_alert: None,
+            fail_closed: None,
         }
     }
 
