@@ -1169,40 +1169,25 @@ fn legacy_server_refuses_the_announcement_and_the_middlebox_notices() {
             assert!(path.server_side_mb(1).announcement_unanswered());
             assert_eq!(refusals(path.server_side_mb(1)), 1, "{version:?}");
             // Not announcing (the server is remembered as legacy): the session works untouched.
-            let mut path = Path::new(vec![
-                Node::LegacyClient(s.legacy_client(version)),
-                Node::ServerSideMb(
-                    ServerSideMiddlebox::new(
-                        s.middlebox("mb2.test", PROGRAM),
-                        passthrough(),
-                        false,
-                    )
-                    .unwrap(),
-                ),
-                Node::LegacyServer(s.legacy_server(version)),
-            ]);
-            path.first().receive(Side::Server, &[]).unwrap();
-            path.pump();
+            let unannounced = |mb: MiddleboxHandshakeConfig| {
+                let mb = ServerSideMiddlebox::new(mb, passthrough(), false).unwrap();
+                let mut path = Path::new(vec![
+                    Node::LegacyClient(s.legacy_client(version)),
+                    Node::ServerSideMb(mb),
+                    Node::LegacyServer(s.legacy_server(version)),
+                ]);
+                path.first().receive(Side::Server, &[]).unwrap();
+                path.pump();
+                path
+            };
+            let mut path = unannounced(s.middlebox("mb2.test", PROGRAM));
             path.first().write(REQUEST);
             path.pump();
             path.assert_no_errors();
             assert_eq!(path.last().read(), REQUEST);
             // A middlebox that fails closed cuts that session instead, at the ClientHello
             // (thirty-third round).
-            let mut path = Path::new(vec![
-                Node::LegacyClient(s.legacy_client(version)),
-                Node::ServerSideMb(
-                    ServerSideMiddlebox::new(
-                        s.middlebox("mb2.test", PROGRAM).fail_closed(),
-                        passthrough(),
-                        false,
-                    )
-                    .unwrap(),
-                ),
-                Node::LegacyServer(s.legacy_server(version)),
-            ]);
-            path.first().receive(Side::Server, &[]).unwrap();
-            path.pump();
+            let mut path = unannounced(s.middlebox("mb2.test", PROGRAM).fail_closed());
             let cut = path.errors[1].clone().unwrap_or_default();
             assert!(
                 cut.contains("not announcing to this server") && cut.contains("fails closed"),
