@@ -1228,6 +1228,21 @@ fn a_server_answering_the_announcement_in_plain_text_is_a_legacy_refusal() {
         mb.receive(Side::Server, b"\x00\xff").unwrap();
         assert_eq!(mb.take_outgoing(Side::Client), b"\x00\xff");
     }
+    // Failing closed, the refusal ends the session, and nothing the client sends next goes on.
+    let mut client = s.legacy_client(TlsVersion::Tls13);
+    client.process().unwrap();
+    let mut mb = ServerSideMiddlebox::new(
+        s.middlebox("mb2.test", PROGRAM).fail_closed(),
+        passthrough(),
+        true,
+    )
+    .unwrap();
+    mb.receive(Side::Client, &client.take_outgoing()).unwrap();
+    mb.take_outgoing(Side::Server);
+    let err = mb.receive(Side::Server, page).unwrap_err();
+    assert!(err.to_string().contains("fails closed"), "{err}");
+    let later = mb.receive(Side::Client, &[23, 3, 3, 0, 1, 0]);
+    assert_refused_unforwarded(&mut mb, later, "fails closed");
     // After a record from the server, text is a broken stream, not a refusal.
     let mut mb = announced_middlebox(&s);
     // (The first byte of a handshake message: a ServerHello's beginning.)

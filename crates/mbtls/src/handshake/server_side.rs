@@ -134,7 +134,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     /// connections.
     pub fn receive(&mut self, from: Side, bytes: &[u8]) -> Result<(), HandshakeError> {
         if self.passed_on_unframed(from, bytes) {
-            return Ok(());
+            return self.wires.check_fail_closed();
         }
         wires::receive(self, from, Input::Borrowed(bytes))
     }
@@ -146,7 +146,7 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         bytes: &mut [u8],
     ) -> Result<Option<std::ops::Range<usize>>, HandshakeError> {
         if self.passed_on_unframed(from, bytes) {
-            return Ok(None);
+            return self.wires.check_fail_closed().map(|()| None);
         }
         wires::receive_lending(self, from, bytes)
     }

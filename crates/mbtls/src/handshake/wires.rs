@@ -67,6 +67,7 @@ pub(super) fn receive<A: MiddleboxApp>(
     input: Input<'_>,
 ) -> Result<(), HandshakeError> {
     let w = core.wires();
+    w.check_fail_closed()?;
     if w.failed {
         return Err(HandshakeError::Protocol(
             "middlebox handshake already failed",
@@ -134,10 +135,7 @@ fn receive_pieces<A: MiddleboxApp>(
         }
         core.piece(from, piece)?;
         // Failing closed: nothing after the piece that made it passive is passed on.
-        if let Some(why) = core.wires().fail_closed {
-            core.wires().failed = true;
-            return Err(HandshakeError::FailClosed(why));
-        }
+        core.wires().check_fail_closed()?;
     }
 }
 
@@ -159,6 +157,16 @@ impl<A: MiddleboxApp> Wires<A> {
             path: None,
             server_alert: None,
             fail_closed: None,
+        }
+    }
+
+    /// The session's end once this middlebox went passive while failing closed (set by the
+    /// cores' `go_passive`): checked after every piece and before any later input, so
+    /// nothing more passes whichever way the bytes came in.
+    pub(super) fn check_fail_closed(&self) -> Result<(), HandshakeError> {
+        match self.fail_closed {
+            Some(why) => Err(HandshakeError::FailClosed(why)),
+            None => Ok(()),
         }
     }
 
