@@ -668,35 +668,16 @@ impl Conn {
                         report.server_hop = fp(Side::Server, false);
                     }
                 }
-                MiddleboxHandshakeEvent::Relay(RelayEvent::Failed {
-                    cause: FailCause::App { why },
-                    alert,
-                }) => {
-                    let ended = app_ended(why.as_deref(), &format!("alert {}", alert.description));
-                    report.app_ended = Some(ended.clone());
-                    self.failure.get_or_insert(DriverError::App(ended));
-                }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::Failed { cause, alert }) => {
-                    let alert = alert.description;
-                    self.failure.get_or_insert_with(|| DriverError::Relay(match cause {
-                        FailCause::App { .. } => String::new(), // the arm above
-                        FailCause::PeerAlert { from } => format!(
-                            "alert {alert} came from the {}, passed on to the {}",
-                            side_name(from),
-                            side_name(from.other())
-                        ),
-                        FailCause::BadRecord { from } => format!(
-                            "a record from the {} failed authentication or framing (bad record), alert {alert} to both sides",
-                            side_name(from)
-                        ),
-                        FailCause::Protocol { from, what } => format!(
-                            "the {} broke the protocol ({what}), alert {alert} to both sides",
-                            side_name(from)
-                        ),
-                        FailCause::Local => {
-                            format!("sealing failed here, alert {alert} to both sides")
+                    let why = relay_failure(&cause, alert.description);
+                    let failure = match cause {
+                        FailCause::App { .. } => {
+                            report.app_ended = Some(why.clone());
+                            DriverError::App(why)
                         }
-                    }));
+                        _ => DriverError::Relay(why),
+                    };
+                    self.failure.get_or_insert(failure);
                 }
                 MiddleboxHandshakeEvent::Relay(RelayEvent::AppClosed { why }) => {
                     // An orderly end the app chose: each endpoint reads it as its peer's, so
@@ -791,6 +772,27 @@ fn neighbour_name(side: Side) -> &'static str {
     match side {
         Side::Client => "previous hop (toward the client)",
         Side::Server => "next hop (toward the server)",
+    }
+}
+
+/// Why the relay ended a session with `alert`, in the report's words.
+fn relay_failure(cause: &FailCause, alert: mbx_engine::AlertDescription) -> String {
+    match *cause {
+        FailCause::App { ref why } => app_ended(why.as_deref(), &format!("alert {alert}")),
+        FailCause::PeerAlert { from } => format!(
+            "alert {alert} came from the {}, passed on to the {}",
+            side_name(from),
+            side_name(from.other())
+        ),
+        FailCause::BadRecord { from } => format!(
+            "a record from the {} failed authentication or framing (bad record), alert {alert} to both sides",
+            side_name(from)
+        ),
+        FailCause::Protocol { from, what } => format!(
+            "the {} broke the protocol ({what}), alert {alert} to both sides",
+            side_name(from)
+        ),
+        FailCause::Local => format!("sealing failed here, alert {alert} to both sides"),
     }
 }
 
