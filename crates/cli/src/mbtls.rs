@@ -1320,10 +1320,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
     }
     // What the TLS libraries found wrong with a certificate, for what an operator most likely
     // got wrong.
-    let problem = match h.cause() {
-        HandshakeError::Engine(e) => e.certificate_problem(),
-        _ => None,
-    };
+    let problem = h.certificate_problem();
     let named = matches!(h, HandshakeError::Middlebox { .. });
     let name_mismatch = problem == Some(mbx_engine::CertificateProblem::NameMismatch);
     // A middlebox named by default after the address of --middlebox (found in a user trial).

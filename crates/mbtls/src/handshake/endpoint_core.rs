@@ -714,8 +714,8 @@ impl EndpointCore {
         why: &'static str,
         err: HandshakeError,
     ) -> Result<(), HandshakeError> {
-        let unknown_issuer = matches!(&err, HandshakeError::Engine(e)
-            if e.certificate_problem() == Some(mbx_engine::CertificateProblem::UnknownIssuer));
+        let unknown_issuer =
+            err.certificate_problem() == Some(mbx_engine::CertificateProblem::UnknownIssuer);
         let err = match unknown_issuer {
             true => HandshakeError::UntrustedMiddleboxIssuer(Box::new(err)),
             false => err,
@@ -761,11 +761,8 @@ impl EndpointCore {
             .iter()
             .find(|s| s.subchannel == subchannel)
             .and_then(|s| s.name.clone());
-        let elsewhere = matches!(
-            &err,
-            HandshakeError::Engine(e)
-                if e.certificate_problem() == Some(mbx_engine::CertificateProblem::NameMismatch)
-        );
+        let elsewhere =
+            err.certificate_problem() == Some(mbx_engine::CertificateProblem::NameMismatch);
         let err = if elsewhere && self.preconfigured() {
             HandshakeError::NotTheNameAtItsPlace(Box::new(err))
         } else {

@@ -220,6 +220,15 @@ impl HandshakeError {
             other => other,
         }
     }
+
+    /// What the TLS engine found wrong with a peer's certificate, when that is the
+    /// [`cause`](Self::cause).
+    pub fn certificate_problem(&self) -> Option<mbx_engine::CertificateProblem> {
+        match self.cause() {
+            HandshakeError::Engine(e) => e.certificate_problem(),
+            _ => None,
+        }
+    }
 }
 
 impl From<mbx_wire::WireError> for HandshakeError {
