@@ -28,7 +28,8 @@ use mbx_blindbox_setup::{EndpointConfig, MiddleboxConfig, RgKey, TaggedRules};
 use mbx_engine::TlsConfig;
 use mbx_record::TlsVersion;
 
-use crate::subcommand::{parse_version, path_str, print_line, read, runtime, set};
+use crate::subcommand::{parse_version, path_str, print_line, runtime, set};
+use mbx_engine::pem_file::read_file;
 use mbx_net::Acceptor;
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -516,7 +517,7 @@ fn sender(flags: SenderFlags, config: &BlindboxConfig) -> anyhow::Result<()> {
     let s = SenderSettings::deserialize(toml::Value::Table(table))
         .context("invalid BlindBox sender configuration ([blindbox.sender] and flags)")?;
     let ch = channel(&s.channel)?;
-    let ca = read(&s.server_ca, "server CA file")?;
+    let ca = read_file(&s.server_ca, "server CA file")?;
     let mut tls = TlsConfig::client(&s.server_name, ca);
     tls.session_tickets = false;
     if let Some(v) = ch.version {

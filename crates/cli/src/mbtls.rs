@@ -34,9 +34,8 @@ use mbx_mbtls::Side;
 use mbx_record::TlsVersion;
 
 use crate::response_out::ResponseOut;
-use crate::subcommand::{
-    parse_version, path_str, print_line, read, read_pem, runtime, set, PemKind,
-};
+use crate::subcommand::{parse_version, path_str, print_line, runtime, set};
+use mbx_engine::pem_file::{read_file, read_pem_file, PemKind};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
@@ -897,18 +896,13 @@ fn policy_line(p: &Policy) -> String {
             count_of(n as u64, "nonces")
         )),
     }
-    if no_middlebox_can_pass(p) {
+    if p.refuses_every_middlebox() {
         line.push_str(
             "; WARNING: no middlebox can pass it (no measurement is accepted: give \
              --measurement, or a policy file or [attestation] table)",
         );
     }
     line
-}
-
-/// Evidence required and no measurement accepted (the default policy).
-fn no_middlebox_can_pass(p: &Policy) -> bool {
-    p.refuses_every_middlebox()
 }
 
 /// The attestation policy from a file or an inline table, plus the flags' additions.
@@ -934,7 +928,7 @@ fn build_policy(s: PolicyParts<'_>) -> anyhow::Result<Policy> {
     let mut policy = match (s.file, s.table) {
         (Some(_), Some(_)) => bail!("give the attestation policy as a file or a table, not both"),
         (Some(path), None) => {
-            let text = String::from_utf8(read(path, "policy file")?)
+            let text = String::from_utf8(read_file(path, "policy file")?)
                 .context("policy file is not UTF-8")?;
             Policy::from_toml_str(&text)
                 .map_err(|e| does_not_parse(format!("invalid policy {}: {e}", path.display())))?
@@ -1564,9 +1558,9 @@ fn client_setup(flags: ClientFlags, config: &MbtlsConfig) -> anyhow::Result<Clie
     };
     let version = s.tls.as_deref().map(parse_version).transpose()?;
     let policy = client_policy(&s)?;
-    let server_ca = read_pem(&s.server_ca, "server CA file", PemKind::Certificates)?;
+    let server_ca = read_pem_file(&s.server_ca, "server CA file", PemKind::Certificates)?;
     let mbox_ca = match &s.middlebox_ca {
-        Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
+        Some(p) => read_pem_file(p, "middlebox CA file", PemKind::Certificates)?,
         None => server_ca.clone(),
     };
     let mut primary = primary_client_config(&server_name, server_ca);
@@ -1845,7 +1839,7 @@ fn platform(
         let pkcs8 = SimulatedPlatform::generate_pkcs8()?;
         crate::subcommand::write_new_private_file(path, &pkcs8)?;
     }
-    let pkcs8 = Zeroizing::new(read(path, "simulated platform key")?);
+    let pkcs8 = Zeroizing::new(read_file(path, "simulated platform key")?);
     Ok((
         Arc::new(SimulatedPlatform::from_pkcs8(&pkcs8).with_context(|| {
             format!(
@@ -2218,7 +2212,7 @@ fn check_request(flags: CheckRequestFlags) -> anyhow::Result<()> {
     // Checked again with what was just set (a nonce the mode refuses, as 32 bytes).
     policy.validate()?;
     let shown = flags.request.display();
-    let bytes = read(&flags.request, "certificate signing request")?;
+    let bytes = read_file(&flags.request, "certificate signing request")?;
     let der = match openssl::x509::X509Req::from_pem(&bytes) {
         Ok(req) => req.to_der()?,
         // Not a PEM request: a DER one, or a certificate given by mistake.
@@ -3257,7 +3251,10 @@ fn connections_the_files_limit_can_take(asked: u64) -> anyhow::Result<usize> {
         if asked > cap as u64 {
             let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
             bail!(
-                "max_connections {asked} is more than the open-files limit ({}) can serve: each                  connection holds two descriptors and {RESERVED_FILES} are kept for the                  process, so at most {cap}; raise the limit (ulimit -n, systemd's                  LimitNOFILE=) or lower max_connections",
+                "max_connections {asked} is more than the open-files limit ({}) can serve: each \
+                 connection holds two descriptors and {RESERVED_FILES} are kept for the \
+                 process, so at most {cap}; raise the limit (ulimit -n, systemd's \
+                 LimitNOFILE=) or lower max_connections",
                 soft.unwrap_or_default()
             );
         }
@@ -3659,7 +3656,7 @@ fn server_setup(flags: ServerFlags, config: &MbtlsConfig) -> anyhow::Result<Serv
     // Without a middlebox CA nothing can verify: the server's own chain stands in as the trust
     // store, so only a middlebox certified by the server's own CA chain could pass.
     let mbox_ca = match &s.middlebox_ca {
-        Some(p) => read_pem(p, "middlebox CA file", PemKind::Certificates)?,
+        Some(p) => read_pem_file(p, "middlebox CA file", PemKind::Certificates)?,
         None if !names.is_empty() || !s.allow_middleboxes.is_empty() => {
             bail!(
                 "middlebox_ca (--middlebox-ca) is required with middlebox_names (--middlebox-name) or allow_middleboxes (--allow-middlebox)"
@@ -3752,10 +3749,11 @@ fn proxy_config(setup: ClientSetup) -> anyhow::Result<ClientProxyConfig> {
 
 /// What the client proxy's local connection is told when its mbTLS session fails before the
 /// server sent anything (before or after the session came up: the words fit both, found in an
-/// adversarial trial where "no mbTLS session" followed 750 KB carried): an HTTP 502, as the server answers when its backend is down (the
-/// proxy carries HTTP to an https URL), so that curl says why instead of "couldn't connect",
-/// with the error and what the one-shot client would say of it (found in a user trial: a 502
-/// that said only "the first hop closed the connection").
+/// adversarial trial where "no mbTLS session" followed 750 KB carried): an HTTP 502, as the
+/// server answers when its backend is down (the proxy carries HTTP to an https URL), so that
+/// curl says why instead of "couldn't connect", with the error and what the one-shot client
+/// would say of it (found in a user trial: a 502 that said only "the first hop closed the
+/// connection").
 fn proxy_session_failed(e: &mbx_mbtls::driver::DriverError) -> Vec<u8> {
     let why = format!("{e}{}", client_hint(e));
     format!(

@@ -1,11 +1,10 @@
 //! Small pieces every system's subcommands share: merging flags into a config table, reading
 //! files with a clear error, the async runtime and TLS version names.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use mbx_engine::pem_file;
-pub use mbx_engine::pem_file::{name_text, PemKind};
+pub use mbx_engine::pem_file::name_text;
 use mbx_record::TlsVersion;
 
 /// Sets `key` in a config table when a flag gave it (flags win over the config file).
@@ -25,17 +24,6 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")
-}
-
-/// The bytes of a file; the error names it as `what` (`mbx_engine::pem_file::read_file`).
-pub fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    Ok(pem_file::read_file(path, what)?)
-}
-
-/// A PEM file given to a flag, refused at once, naming the file, when it holds none of what it
-/// should (`mbx_engine::pem_file::read_pem_file`).
-pub fn read_pem(path: &Path, what: &str, kind: PemKind) -> anyhow::Result<Vec<u8>> {
-    Ok(pem_file::read_pem_file(path, what, kind)?)
 }
 
 /// `1.2` or `1.3`, as flags and config files spell TLS versions.
