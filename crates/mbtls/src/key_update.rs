@@ -108,7 +108,8 @@ impl PostHandshake {
     }
 }
 
-/// A record of another type while a handshake message is unfinished ([`PostHandshake::mid_message`]).
+/// A record of another type while a handshake message is unfinished
+/// ([`PostHandshake::mid_message`]).
 pub(crate) const INTERLEAVED: Violation = Violation {
     alert: AlertDescription::UNEXPECTED_MESSAGE,
     what: "a record of another type inside a handshake message (RFC 8446 §5.1)",

@@ -390,7 +390,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
     }
 
     /// Stop taking part and forward everything unchanged from now on (nothing is held).
-    /// Failing closed, the session ends once this piece is done ([`MiddleboxHandshakeConfig::fail_closed`]).
+    /// Failing closed ([`MiddleboxHandshakeConfig::fail_closed`]), the session ends once this
+    /// piece is done.
     fn go_passive(&mut self, why: &'static str) {
         self.mode = Mode::Passive;
         self.engine = None;
