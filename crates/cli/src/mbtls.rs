@@ -522,6 +522,12 @@ struct Service {
     /// what the open-files limit allows, two descriptors per connection).
     #[arg(long)]
     max_connections: Option<u64>,
+    /// Serve at most this many connections at once from one client address; more are closed
+    /// at once (counted in the metrics, the first of each run logged), as nginx's
+    /// `limit_conn`. Default: no limit. Not behind a load balancer or server-side
+    /// middleboxes, whose connections all come from one address.
+    #[arg(long)]
+    max_connections_per_client: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
     /// end before cutting them (default 10; a second signal cuts them at once).
     #[arg(long)]
@@ -603,21 +609,23 @@ fn role_settings<T: serde::de::DeserializeOwned>(
 }
 
 impl Service {
-    const KEYS: [&'static str; 6] = [
+    const KEYS: [&'static str; 7] = [
         "handshake_timeout_secs",
         "idle_timeout_secs",
         "max_connections",
+        "max_connections_per_client",
         "drain_secs",
         "metrics_listen",
         "report_format",
     ];
 
     /// Which are given, in the order of [`Self::KEYS`].
-    fn given(&self) -> [bool; 6] {
+    fn given(&self) -> [bool; 7] {
         [
             self.handshake_timeout_secs.is_some(),
             self.idle_timeout_secs.is_some(),
             self.max_connections.is_some(),
+            self.max_connections_per_client.is_some(),
             self.drain_secs.is_some(),
             self.metrics_listen.is_some(),
             self.report_format.is_some(),
@@ -653,6 +661,9 @@ impl Service {
             handshake_timeout_secs: flags.handshake_timeout_secs.or(file.handshake_timeout_secs),
             idle_timeout_secs: flags.idle_timeout_secs.or(file.idle_timeout_secs),
             max_connections: flags.max_connections.or(file.max_connections),
+            max_connections_per_client: flags
+                .max_connections_per_client
+                .or(file.max_connections_per_client),
             drain_secs: flags.drain_secs.or(file.drain_secs),
             metrics_listen: flags.metrics_listen.clone().or(file.metrics_listen),
             report_format: flags.report_format.or(file.report_format),
@@ -699,6 +710,12 @@ impl Service {
             None => connections_the_files_limit_allows(),
             Some(0) => bail!("max_connections must be at least 1"),
             Some(n) => Some(connections_the_files_limit_can_take(n)?),
+        };
+        limits.max_connections_per_client = match self.max_connections_per_client {
+            None => None,
+            Some(0) => bail!("max_connections_per_client must be at least 1"),
+            // More than fits in memory is no limit.
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         };
         Ok(limits)
     }
@@ -2779,12 +2796,13 @@ fn print_listening(text: String, config: &impl ServiceFields) {
 }
 
 /// A service's limits as a JSON object: seconds, null for an idle time that never ends and
-/// for no limit on open connections (sessions).
+/// for no limit on open connections (sessions), in all or per client address.
 fn limits_fields(limits: &Limits) -> serde_json::Value {
     serde_json::json!({
         "handshake_timeout_secs": limits.handshake_timeout.as_secs(),
         "idle_timeout_secs": limits.idle_timeout.map(|d| d.as_secs()),
         "max_open": limits.max_connections,
+        "max_open_per_client": limits.max_connections_per_client,
     })
 }
 
@@ -3165,6 +3183,13 @@ fn service_metrics_text(
     write_metric(
         &mut out,
         "counter",
+        &name("connections_refused_per_client_total"),
+        "Connections closed at their accept: their client address had max_connections_per_client open.",
+        stats.refused_per_client(),
+    );
+    write_metric(
+        &mut out,
+        "counter",
         &name("connections_cut_total"),
         "Connections cut by a stop after the drain's grace period.",
         stats.connections_cut(),
@@ -3265,8 +3290,11 @@ fn connections_the_files_limit_can_take(asked: u64) -> anyhow::Result<usize> {
 /// The banner line that states a middlebox's or server's limits.
 fn limits_line(limits: &Limits, what: &str) -> String {
     let secs = |d: Duration| format!("{}s", d.as_secs());
+    let per_client = limits
+        .max_connections_per_client
+        .map_or(String::new(), |n| format!(", {n} per client address"));
     format!(
-        "limits: handshake {}, idle {}, at most {} at once",
+        "limits: handshake {}, idle {}, at most {} at once{per_client}",
         secs(limits.handshake_timeout),
         limits.idle_timeout.map_or("never".into(), secs),
         limits

@@ -3315,9 +3315,19 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         ..
     } = Setup::new("mbx cli mbtls metrics root");
     let next_hop = nginx.addr().to_string();
-    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let metrics = [
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--max-connections-per-client",
+        "1",
+    ];
     let (mut mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &metrics, 5);
     let mb_addr = listening_addr(&head[0]);
+    assert!(
+        head.iter()
+            .any(|l| l.contains(" at once, 1 per client address")),
+        "{head:?}"
+    );
     let metrics_url = head[4]
         .strip_prefix("metrics: ")
         .unwrap_or_else(|| panic!("{head:?}"))
@@ -3376,6 +3386,33 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         bytes("upstream") > 300 && bytes("downstream") > 300,
         "{text}"
     );
+
+    // `--max-connections-per-client 1`: while one connection from this address is open (it
+    // says nothing, so it waits for its handshake), a second is closed at once and counted.
+    let _held = std::net::TcpStream::connect(&mb_addr).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !scrape().contains("mbtls_middlebox_connections_open 1\n") {
+        assert!(std::time::Instant::now() < deadline, "{}", scrape());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut refused = std::net::TcpStream::connect(&mb_addr).unwrap();
+    refused
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let read = std::io::Read::read(&mut refused, &mut [0u8; 1]);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock),
+        "{read:?}"
+    );
+    let text = scrape();
+    assert!(
+        text.contains("mbtls_middlebox_connections_refused_per_client_total 1\n")
+            && text.contains("mbtls_middlebox_connections_accepted_total 3\n"),
+        "{text}"
+    );
 }
 
 /// `--ticket-key-secs` (TOML `ticket_key_secs`) sets how long the middlebox seals tickets
@@ -3416,6 +3453,11 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
         let off = err.contains("0 for no idle timeout");
         assert_eq!(off, flag == "--idle-timeout-secs", "{flag}: {err}");
     }
+    let err = refused_middlebox(&[os("--max-connections-per-client"), os("0")]);
+    assert!(
+        err.contains("max_connections_per_client must be at least 1"),
+        "{err}"
+    );
     // More connections than the open-files limit has descriptors for (the middlebox raises
     // its soft limit to the hard one, so only an unlimited hard limit takes any number).
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
@@ -3941,7 +3983,8 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         (text, first)
     };
     // What a banner's limits line ("limits: handshake 60s, idle 600s, at most 9980 sessions
-    // at once") says, as the JSON fields should give it.
+    // at once", and ", 2 per client address" with that limit) says, as the JSON fields should
+    // give it.
     let limits_said = |line: &str| -> Value {
         let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
         let secs = |w: &str| w.strip_suffix('s').and_then(|n| n.parse::<u64>().ok());
@@ -3954,6 +3997,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
             "handshake_timeout_secs": secs(words[2]),
             "idle_timeout_secs": secs(words[4]),
             "max_open": words[7].parse::<u64>().ok(),
+            "max_open_per_client": words.get(11).and_then(|w| w.parse::<u64>().ok()),
         })
     };
     // A config file, for the reloads at the end.
@@ -4112,11 +4156,16 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
         "{r}"
     );
     // A changed limit: the limits now in force, marked as changed.
-    std::fs::write(&server_config, "[mbtls.server]\nmax_connections = 7\n").unwrap();
+    std::fs::write(
+        &server_config,
+        "[mbtls.server]\nmax_connections = 7\nmax_connections_per_client = 2\n",
+    )
+    .unwrap();
     signal(&mut srv, Signal::HUP);
     let r = parse(&srv_lines.next().unwrap().unwrap(), "reload");
     let mut limits = default_limits.clone();
     limits["max_open"] = json!(7);
+    limits["max_open_per_client"] = json!(2);
     assert_eq!(
         (&r["applied"], &r["limits"], &r["limits_changed"]),
         (&json!(true), &limits, &json!(true)),

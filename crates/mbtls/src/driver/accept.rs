@@ -1,12 +1,14 @@
 //! The listening side shared by the middlebox, the server and the client proxy ([`Listening`]):
 //! accepting without spinning when `accept` fails ([`mbx_net::Acceptor`]: pauses of 5 ms
 //! doubling to 1 s, cut short when one of its connections ends and frees a descriptor), at most
-//! so many connections at once, the reports, and stopping either at once or by draining.
+//! so many connections at once (and so many per client address), the reports, and stopping
+//! either at once or by draining.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -90,6 +92,7 @@ pub struct ListenerStats {
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
     dropped: Arc<AtomicU64>,
+    refused_per_client: Arc<AtomicU64>,
     ended: Arc<Tally>,
 }
 
@@ -121,6 +124,13 @@ impl ListenerStats {
     /// Reports dropped because [`REPORTS_KEPT`](super::REPORTS_KEPT) waited unread.
     pub fn reports_dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed at their accept because their client address had
+    /// [`Limits::max_connections_per_client`] open; not counted as accepted, and without a
+    /// report.
+    pub fn refused_per_client(&self) -> u64 {
+        self.refused_per_client.load(Ordering::Relaxed)
     }
 
     /// Counts of the connections that ended so far, whether or not their reports were read:
@@ -162,6 +172,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
         let accepted = Arc::new(AtomicU64::new(0));
         let cut = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicUsize::new(0));
+        let refused_per_client = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
         let cut_now = Arc::new(Notify::new());
         let config = Arc::new(ConfigSlot::new(config));
@@ -171,6 +182,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             accepted: accepted.clone(),
             cut: cut.clone(),
             open: open.clone(),
+            refused_per_client: refused_per_client.clone(),
         };
         let task = tokio::spawn(accept_loop(
             acceptor,
@@ -185,6 +197,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             cut,
             open,
             dropped: reports.dropped_count(),
+            refused_per_client,
             ended: reports.tally(),
         };
         Ok(Listening {
@@ -314,6 +327,65 @@ struct Counts {
     accepted: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     open: Arc<AtomicUsize>,
+    refused_per_client: Arc<AtomicU64>,
+}
+
+/// The open connections of each client address, for [`Limits::max_connections_per_client`]
+/// (only addresses with a connection open have an entry).
+#[derive(Default)]
+struct PerClient(Mutex<HashMap<IpAddr, ClientOpen>>);
+
+struct ClientOpen {
+    connections: usize,
+    /// A refusal at this address was logged since its first connection opened: a client that
+    /// keeps knocking at its limit is logged once, not once per attempt.
+    refusal_logged: bool,
+}
+
+/// One open connection of a client address, given back when its task ends or is aborted.
+struct ClientSlot {
+    table: Arc<PerClient>,
+    ip: IpAddr,
+}
+
+impl PerClient {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, ClientOpen>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot for one more connection from `ip`, or, when it has `max` open, whether this
+    /// refusal is the first to log.
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Result<ClientSlot, bool> {
+        // No entry for an address that may never open one: it would never be removed.
+        if max == 0 {
+            return Err(false);
+        }
+        let mut entries = self.entries();
+        let open = entries.entry(ip).or_insert(ClientOpen {
+            connections: 0,
+            refusal_logged: false,
+        });
+        if open.connections >= max {
+            return Err(!std::mem::replace(&mut open.refusal_logged, true));
+        }
+        open.connections += 1;
+        Ok(ClientSlot {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut entries = self.table.entries();
+        if let Some(open) = entries.get_mut(&self.ip) {
+            open.connections -= 1;
+            if open.connections == 0 {
+                entries.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Waits until every connection in `conns` has ended, `open` following them as they end (a
@@ -338,6 +410,7 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
 {
     let mut next_id = 0u64;
     let mut conns = JoinSet::new();
+    let per_client = Arc::new(PerClient::default());
     loop {
         counts.open.store(conns.len(), Ordering::Relaxed);
         let current = config.current();
@@ -370,7 +443,35 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
             // At the limit, new connections wait in the listen queue until one ends.
             (stream, peer) = acceptor.accept(), if room => {
                 // The configuration as of now: a reload may have come while we waited.
-                conns.spawn(serve(next_id, stream, peer, config.current()));
+                let current = config.current();
+                let ip = peer.ip().to_canonical();
+                let slot = match current.limits().max_connections_per_client {
+                    None => None,
+                    Some(max) => match per_client.take(ip, max) {
+                        Ok(slot) => Some(slot),
+                        Err(first) => {
+                            counts.refused_per_client.fetch_add(1, Ordering::Relaxed);
+                            if first {
+                                tracing::warn!(
+                                    client = %ip,
+                                    limit = max,
+                                    "connections from this address closed at their accept while it has max_connections_per_client open"
+                                );
+                            }
+                            drop(stream);
+                            continue;
+                        }
+                    },
+                };
+                let connection = serve(next_id, stream, peer, current);
+                match slot {
+                    // Given back when the task ends, or when a stop aborts it.
+                    Some(slot) => conns.spawn(async move {
+                        let _slot = slot;
+                        connection.await
+                    }),
+                    None => conns.spawn(connection),
+                };
                 next_id += 1;
                 counts.accepted.store(next_id, Ordering::Relaxed);
             }
@@ -425,5 +526,52 @@ mod tests {
         drop(b);
         assert!(l.next_report().await.is_none());
         assert_eq!((l.open_connections(), l.connections_cut()), (0, 0));
+    }
+
+    /// A connection from `from` (a loopback address) to `to`.
+    async fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(to).await.unwrap()
+    }
+
+    /// One client address gets at most `max_connections_per_client` at once: one more is
+    /// closed at its accept, other addresses are served, and the address gets its slot back
+    /// when its connection ends.
+    #[tokio::test]
+    async fn a_client_address_gets_at_most_its_connections() {
+        let serve = |_, mut stream: TcpStream, _, _, _| async move {
+            let _ = stream.read_to_end(&mut Vec::new()).await;
+        };
+        let limits = Limits {
+            max_connections_per_client: Some(1),
+            ..Limits::default()
+        };
+        let l: Listening<(), Unlimited> = Listening::spawn("127.0.0.1:0", Unlimited(limits), serve)
+            .await
+            .unwrap();
+        let to = l.local_addr();
+        let first = connect_from([127, 0, 0, 1], to).await;
+        until(|| l.open_connections() == 1).await;
+        let mut second = connect_from([127, 0, 0, 1], to).await;
+        // Closed by the listener: end of stream (or a reset), not a connection left waiting.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(60), second.read(&mut byte))
+            .await
+            .expect("the refused connection was left open");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        assert_eq!(l.stats().refused_per_client(), 1);
+        // Another address is not limited by this one's connection.
+        let _other = connect_from([127, 0, 0, 2], to).await;
+        until(|| l.open_connections() == 2).await;
+        drop(first);
+        until(|| l.open_connections() == 1).await;
+        let _again = connect_from([127, 0, 0, 1], to).await;
+        until(|| l.open_connections() == 2).await;
+        assert_eq!(
+            (l.stats().accepted(), l.stats().refused_per_client()),
+            (3, 1)
+        );
+        drop(l);
     }
 }

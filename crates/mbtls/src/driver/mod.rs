@@ -91,15 +91,26 @@ pub struct Limits {
     /// wait in the kernel's listen queue (as with HAProxy's `maxconn`) instead of being
     /// accepted and then failing for want of descriptors or memory. `None`: no limit.
     pub max_connections: Option<usize>,
+    /// At most this many connections open at once from one client address (IPv4-mapped IPv6
+    /// counts as IPv4), as nginx's `limit_conn` on `$binary_remote_addr`: one client cannot take
+    /// every slot of `max_connections`, nor make the service run that many handshakes at once.
+    /// One more is accepted and closed at once, without a report (the listener counts it,
+    /// [`ListenerStats::refused_per_client`](super::ListenerStats::refused_per_client), and logs
+    /// the first of each run at that address). Leave it `None` (no limit) where the clients
+    /// arrive through one address: a server behind server-side middleboxes or a load balancer,
+    /// or clients behind one NAT. `Some(0)` closes every connection (counted, not logged). A
+    /// reload that sets it counts the connections accepted from then on.
+    pub max_connections_per_client: Option<usize>,
 }
 
 impl Default for Limits {
-    /// [`DEFAULT_HANDSHAKE_TIMEOUT`], [`DEFAULT_IDLE_TIMEOUT`] and no connection limit.
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`], [`DEFAULT_IDLE_TIMEOUT`] and no connection limits.
     fn default() -> Limits {
         Limits {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             max_connections: None,
+            max_connections_per_client: None,
         }
     }
 }
