@@ -21,9 +21,10 @@ use mbx_attest::{
 use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, Limits,
-    ListenerStats, Listening, MbtlsClient, MbtlsServer, MbtlsServerConfig, MiddleboxServer,
-    MiddleboxServerConfig, NextHop, Placement, ProxyReport, ServerConnectionReport, ServiceConfig,
+    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport,
+    HandshakeProgress, Limits, ListenerStats, Listening, MbtlsClient, MbtlsServer,
+    MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement, ProxyReport,
+    ServerConnectionReport, ServiceConfig,
 };
 use mbx_mbtls::handshake::{
     primary_client_config, primary_server_config, secondary_client_config, Approver,
@@ -1180,14 +1181,26 @@ fn client(
             ClientMiddlebox::DiscoverUpTo(_, n) => Some(n),
             _ => None,
         };
-        let connect =
-            MbtlsClient::connect_with_data(middlebox_addr.as_str(), cfg, request.as_bytes());
-        let mut c = tokio::time::timeout(bound, connect)
-            .await
+        let mut progress = HandshakeProgress::default();
+        let connect = MbtlsClient::connect_with_progress(
+            middlebox_addr.as_str(),
+            cfg,
+            request.as_bytes(),
+            &mut progress,
+        );
+        let connected = tokio::time::timeout(bound, connect).await;
+        let mut c = connected
             .map_err(|_| {
+                // What the handshake waited for names the party that stopped answering (an
+                // independent implementer's middlebox that sent no evidence message read
+                // only "something on the path").
+                let who = progress.waiting_for.as_deref().map_or_else(
+                    || "something on the path stopped answering".to_string(),
+                    |w| format!("it was waiting for {w}"),
+                );
                 anyhow::anyhow!(
                     "the mbTLS session through {middlebox_addr} was not set up within {} s \
-                     (something on the path stopped answering; {raise} if the path is slow)",
+                     ({who}; {raise} if the path is slow)",
                     bound.as_secs()
                 )
             })?

@@ -1237,6 +1237,26 @@ fn fetch_directly(
 
 /// The client straight to the server at `addr` (no middlebox of its own), fetching `url`,
 /// trusting `ca` for the server.
+/// A fetch whose first hop accepts and then never answers gives up after `--timeout-secs` and
+/// says what its handshake waited for (thirty-fourth round; before, only "something on the
+/// path stopped answering").
+#[test]
+fn a_fetch_that_times_out_says_what_its_handshake_waited_for() {
+    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls waiting root", "mb.test");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let out = direct_client(&server.ca, &addr, "https://server.test/")
+        .args(["--timeout-secs", "1"])
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("was not set up within 1 s (it was waiting for the server's handshake;"),
+        "{err}"
+    );
+    drop(silent);
+}
+
 fn direct_client(ca: &std::path::Path, addr: &str, url: &str) -> std::process::Command {
     let mut client = mbx();
     client
@@ -1659,7 +1679,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     silent_peer_is_closed(&mb_addr);
     let mb_report = mb_lines.next().unwrap().unwrap();
     assert!(
-        mb_report.contains("did not finish within 2s"),
+        mb_report.contains("did not finish within 2s; it was waiting for the client's ClientHello"),
         "{mb_report}"
     );
     // The server first reports the middlebox's connection, which ended without a byte.
@@ -1673,7 +1693,7 @@ fn curl_through_server_side_middlebox_and_mbtls_server_processes() {
     silent_peer_is_closed(&server_addr);
     let srv_report = srv_lines.next().unwrap().unwrap();
     assert!(
-        srv_report.contains("did not finish within 6s"),
+        srv_report.contains("did not finish within 6s; it was waiting for the client's handshake"),
         "{srv_report}"
     );
 

@@ -39,14 +39,15 @@ pub fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, EngineError> {
 /// certificate and key, or a CA's key given as its certificate, are otherwise found deep in
 /// the TLS library.
 pub fn read_pem_file(path: &Path, what: &str, kind: PemKind) -> Result<Vec<u8>, EngineError> {
-    let bytes = read_file(path, what)?;
+    // A private key given where it does not belong is wiped when refused.
+    let mut bytes = zeroize::Zeroizing::new(read_file(path, what)?);
     let holds = |marker: &str| bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
     let (marker, missing) = match kind {
         PemKind::Certificates => ("CERTIFICATE-----", "no PEM certificate"),
         PemKind::PrivateKey => ("PRIVATE KEY-----", "no PEM private key"),
     };
     if holds(marker) {
-        return Ok(bytes);
+        return Ok(std::mem::take(&mut *bytes));
     }
     let instead = match kind {
         PemKind::Certificates if holds("PRIVATE KEY-----") => {

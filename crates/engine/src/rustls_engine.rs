@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::Identity;
-use mbx_record::TlsVersion;
+use mbx_record::{wipe, TlsVersion};
 use openssl::x509::X509;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
@@ -206,7 +206,9 @@ pub struct RustlsEngine {
     secrets: Arc<SecretSink>,
     incoming: Vec<u8>,
     outgoing: Vec<u8>,
-    plaintext: Vec<u8>,
+    /// Wiped when dropped: plaintext the application never took (a session that failed or
+    /// was dropped).
+    plaintext: Zeroizing<Vec<u8>>,
     /// The ServerHello random, looked for in the server→client bytes (rustls does not expose
     /// it; TLS 1.2 key expansion needs it).
     server_random: records::ServerRandomWatch,
@@ -306,7 +308,7 @@ impl RustlsEngine {
             secrets,
             incoming: Vec::new(),
             outgoing: Vec::new(),
-            plaintext: Vec::new(),
+            plaintext: Zeroizing::new(Vec::new()),
             server_random: records::ServerRandomWatch::new(),
             pause_after_handshake: config.pause_after_handshake,
             failed: false,
@@ -373,17 +375,26 @@ impl RustlsEngine {
         }
     }
 
+    /// Moves what rustls decrypted into `plaintext`, leaving no copy behind: the bounce
+    /// buffer is wiped, and a buffer that must grow has its old allocation wiped (as the
+    /// OpenSSL engine's `keep_plaintext`).
     fn drain_plaintext(&mut self) -> Result<(), EngineError> {
         let mut buf = [0u8; 4096];
         loop {
             match self.conn.reader().read(&mut buf) {
-                Ok(0) => return Ok(()),
-                Ok(n) => self.plaintext.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Ok(0) => break,
+                Ok(n) => {
+                    let read = buf.get(..n).unwrap_or_default();
+                    wipe::reserve(&mut self.plaintext, read.len());
+                    self.plaintext.extend_from_slice(read);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 // UnexpectedEof: the peer closed without close_notify; surfaced by peer_closed().
-                Err(_) => return Ok(()),
+                Err(_) => break,
             }
         }
+        wipe::wipe(&mut buf);
+        Ok(())
     }
 }
 
@@ -460,7 +471,7 @@ impl TlsEngine for RustlsEngine {
     }
 
     fn take_plaintext(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.plaintext)
+        std::mem::take(&mut *self.plaintext)
     }
 
     fn peer_closed(&self) -> bool {
@@ -754,7 +765,7 @@ impl RustlsClientContext {
             secrets: Arc::new(SecretSink::default()),
             incoming: Vec::new(),
             outgoing: Vec::new(),
-            plaintext: Vec::new(),
+            plaintext: Zeroizing::new(Vec::new()),
             server_random: records::ServerRandomWatch::new(),
             pause_after_handshake: self.pause_after_handshake,
             failed: false,

@@ -55,8 +55,9 @@ pub struct Handoff {
     /// Ciphertext the engine produced but nobody took yet; send it before any record sealed
     /// with `session.tx`.
     pub pending_outgoing: Vec<u8>,
-    /// Application data the engine decrypted but nobody took yet.
-    pub pending_plaintext: Vec<u8>,
+    /// Application data the engine decrypted but nobody took yet (wiped when dropped; its
+    /// `Debug` does not show it).
+    pub pending_plaintext: Zeroizing<Vec<u8>>,
 }
 
 /// Secrets collected from an engine's key log (NSS SSLKEYLOGFILE labels).

@@ -534,7 +534,7 @@ fn export_with_records_in_flight_and_undelivered_plaintext() {
         c.write_plaintext(b"C: not sent").unwrap();
         let ch = c.export_session().unwrap();
         let sh = s.export_session().unwrap();
-        assert_eq!(ch.pending_plaintext, b"A: decrypted, not taken");
+        assert_eq!(ch.pending_plaintext.as_slice(), b"A: decrypted, not taken");
         assert_eq!(ch.unprocessed_incoming, b);
         assert_eq!(split_records(&ch.pending_outgoing).len(), 1);
         check_export_pair(ch, sh);

@@ -39,6 +39,14 @@ pub enum EndpointEvent {
     Failed { alert: Alert, what: &'static str },
 }
 
+/// Why this end sent `bad_record_mac`, in words that say it was sent here, not received
+/// (an independent implementer read "session ended with alert bad_record_mac(20) (bad record)"
+/// for two bugs of his middlebox and could not tell who raised it).
+const NOT_AUTHENTIC: &str = "sent by this end: a record from its neighbour on the path did not \
+     authenticate under this hop's keys (keys or sequence numbers that differ, or tampering)";
+const BAD_FRAMING: &str =
+    "sent by this end: a record from its neighbour on the path was not a well-formed record";
+
 /// The record layer of a client or server after an mbTLS handshake.
 /// Plaintext not yet taken by the application is wiped when the data phase is dropped.
 pub struct EndpointDataPhase {
@@ -247,19 +255,21 @@ impl EndpointDataPhase {
         let mut pending = self.hop.take_pending();
         for_each_record(version, &mut pending, input, |record| {
             let Ok(record) = record else {
-                self.fail(AlertDescription::BAD_RECORD_MAC, "bad record framing");
+                self.fail(AlertDescription::BAD_RECORD_MAC, BAD_FRAMING);
                 return false;
             };
             let opened = match self.hop.open_in_place(record) {
                 Ok(o) => o,
                 Err(_) => {
-                    self.fail(AlertDescription::BAD_RECORD_MAC, "bad record");
+                    self.fail(AlertDescription::BAD_RECORD_MAC, NOT_AUTHENTIC);
                     return false;
                 }
             };
             if opened.content_type != ContentType::HANDSHAKE && self.post_handshake.mid_message() {
                 let v = crate::key_update::INTERLEAVED;
                 self.fail(v.alert, v.what);
+                // Opened, so wiped as any record's plaintext.
+                wipe(record.get_mut(opened.range).unwrap_or_default());
                 return false;
             }
             if let Some(pt) = record.get_mut(opened.range) {

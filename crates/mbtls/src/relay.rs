@@ -289,6 +289,8 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                 let v = crate::key_update::INTERLEAVED;
                 let what = v.what;
                 self.fail_both(FailCause::Protocol { from, what }, Alert::fatal(v.alert));
+                // Opened, so wiped as any record's plaintext.
+                wipe(record.get_mut(opened.range).unwrap_or_default());
                 return false;
             }
             if opened.content_type == ContentType::APPLICATION_DATA
@@ -601,6 +603,10 @@ impl<A: MiddleboxApp> core::fmt::Debug for MiddleboxRelay<A> {
     }
 }
 
+/// What an app may add to a record's plaintext (e.g. a header it inserts) without making the
+/// output queue reallocate while it holds plaintext.
+const APP_HEADROOM: usize = 1024;
+
 /// Runs the app on `plaintext` with its output going straight into `out` (the ciphertext queue
 /// toward the next hop), behind room for the record header, and seals it there: no copy of the
 /// app's output. Output larger than one record is moved to `scratch` and sealed in pieces.
@@ -615,9 +621,10 @@ fn app_data<A: MiddleboxApp>(
 ) -> (Verdict, Result<(), RecordError>) {
     let start = out.len();
     let body = start + hop.seal_prefix_len();
-    // Room for a pass-through app's output and the trailer: no reallocation, which would leave
-    // plaintext in freed memory (an app that outputs more may still cause one).
-    out.reserve(body - start + plaintext.len() + hop.seal_suffix_len());
+    // Room for the app's output and the trailer: no reallocation, which would leave plaintext
+    // in freed memory. An app that outputs up to `APP_HEADROOM` more than it got (a header it
+    // inserts) fits; one that outputs more may still cause one.
+    out.reserve(body - start + plaintext.len() + APP_HEADROOM + hop.seal_suffix_len());
     out.resize(body, 0);
     let verdict = app.on_data(dir, plaintext, out);
     let sealed = match out.len().checked_sub(body) {

@@ -903,6 +903,12 @@ async fn a_middlebox_stops_reading_what_it_keeps_for_keys_that_do_not_come() {
         Some(ErrorKind::HandshakeTimeout),
         "{report:?}"
     );
+    let why = report.outcome.clone().unwrap_err();
+    // Its subchannel stayed silent: not even its secondary Finished came.
+    assert!(
+        why.ends_with("; it was waiting for the client to finish our secondary handshake"),
+        "{why}"
+    );
     let read = report.bytes_from_server as usize;
     assert!((PAUSE_READING_AT..1 << 20).contains(&read), "{read}");
     timeout(BOUND, server).await.unwrap().unwrap();
@@ -1537,7 +1543,10 @@ async fn a_stalled_handshake_is_closed_and_an_idle_session_is_not() {
         until_closed(&mut upstream).await;
         let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
         let why = report.outcome.clone().unwrap_err();
-        assert!(why.contains("did not finish within"), "{report:?}");
+        assert!(
+            why.contains("did not finish within 2s; it was waiting for the client's ClientHello"),
+            "{report:?}"
+        );
         assert!(!report.keys_installed, "{report:?}");
         assert_eq!(
             report.error_kind.map(ErrorKind::name),

@@ -18,6 +18,7 @@ use mbx_mbtls::handshake::{
     ClientMiddlebox, HandshakeError, MiddleboxHandshake, MiddleboxHandshakeConfig,
     MiddleboxHandshakeEvent,
 };
+use mbx_mbtls::wire::SecondaryMessage;
 use mbx_mbtls::{EndpointEvent, Side, CT_ENCAPSULATED, MIDDLEBOX_SUPPORT_EXTENSION};
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
@@ -825,17 +826,68 @@ fn tls12_secondary_session_sends_evidence_after_its_handshake() {
     }
 }
 
-/// A rogue middlebox (a plain server engine speaking the mbTLS wire format) that sends its
-/// valid evidence as 0.5-RTT data followed by `extra`: the client accepts nothing but the one
-/// evidence message, fails, and never sends key material.
-#[test]
-fn client_accepts_only_the_evidence_as_half_rtt_data() {
+/// What a rogue middlebox (a plain server engine speaking the mbTLS wire format) and the
+/// server send the client for its ClientHello: the rogue's first flight on subchannel 0, with
+/// the 0.5-RTT messages `half_rtt` gives it the evidence for (its exporter-bound evidence),
+/// then the server's first flight.
+fn rogue_and_server_flights(
+    s: &Setup,
+    client: &mut ClientHandshake,
+    half_rtt: impl FnOnce(Vec<u8>) -> Vec<SecondaryMessage>,
+) -> Vec<u8> {
     use mbx_attest::{report_data, EXPORTER_LABEL, EXPORTER_LEN};
     use mbx_mbtls::handshake::{hello_records, Demux, Piece};
-    use mbx_mbtls::wire::{Encapsulated, MiddleboxSupport, SecondaryMessage};
+    use mbx_mbtls::wire::{Encapsulated, MiddleboxSupport};
+    use mbx_wire::ClientHello;
+
+    let mut server = s.server_ctx.engine().unwrap();
+    let ch = client.take_outgoing();
+    // The optimistic hello from the client's MiddleboxSupport extension.
+    let mut demux = Demux::new();
+    demux.push(&ch);
+    let Some(Piece::Primary(rec)) = demux.next_piece().unwrap() else {
+        panic!("no primary ClientHello record");
+    };
+    let hello = ClientHello::parse_message(rec.payload()).unwrap();
+    let support =
+        MiddleboxSupport::parse(hello.extension(MIDDLEBOX_SUPPORT_EXTENSION).unwrap()).unwrap();
+    let mut rogue = s.mbox_cfg.tls.engine().unwrap();
+    rogue.enable_half_rtt().unwrap();
+    rogue.feed(&hello_records(&support.client_hellos[0]).unwrap());
+    rogue.process().unwrap();
+    let label = std::str::from_utf8(EXPORTER_LABEL).unwrap();
+    let binder = rogue
+        .export_keying_material(label, None, EXPORTER_LEN)
+        .unwrap();
+    let spki = s.mbox_cfg.spki().to_vec();
+    let attester = s.mbox_cfg.attester.as_ref().unwrap();
+    let evidence = attester
+        .evidence(&report_data(&spki, &binder))
+        .unwrap()
+        .to_bytes();
+    for message in half_rtt(evidence) {
+        rogue.write_half_rtt(&message.encode().unwrap()).unwrap();
+    }
+    let mut to_client = Vec::new();
+    Encapsulated::wrap_stream(
+        0,
+        &rogue.take_outgoing(),
+        mbx_wire::version::TLS1_2,
+        &mut to_client,
+    )
+    .unwrap();
+    server.feed(&ch);
+    server.process().unwrap();
+    to_client.extend(server.take_outgoing());
+    to_client
+}
+
+/// A rogue middlebox that sends its valid evidence as 0.5-RTT data followed by `extra`: the
+/// client accepts nothing but the one evidence message, fails, and never sends key material.
+#[test]
+fn client_accepts_only_the_evidence_as_half_rtt_data() {
     use mbx_mbtls::{client_side_keys, HopKeys};
     use mbx_record::CipherSuite;
-    use mbx_wire::ClientHello;
 
     let suite = CipherSuite::TLS13_AES_128_GCM_SHA256;
     let bridge = HopKeys::generate(TlsVersion::Tls13, &suite, 0, 0).unwrap();
@@ -850,46 +902,9 @@ fn client_accepts_only_the_evidence_as_half_rtt_data() {
     ];
     for extra in extras {
         let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
-        let mut server = s.server_ctx.engine().unwrap();
-        let ch = client.take_outgoing();
-        // The optimistic hello from the client's MiddleboxSupport extension.
-        let mut demux = Demux::new();
-        demux.push(&ch);
-        let Some(Piece::Primary(rec)) = demux.next_piece().unwrap() else {
-            panic!("no primary ClientHello record");
-        };
-        let hello = ClientHello::parse_message(rec.payload()).unwrap();
-        let support =
-            MiddleboxSupport::parse(hello.extension(MIDDLEBOX_SUPPORT_EXTENSION).unwrap()).unwrap();
-        let mut rogue = s.mbox_cfg.tls.engine().unwrap();
-        rogue.enable_half_rtt().unwrap();
-        rogue.feed(&hello_records(&support.client_hellos[0]).unwrap());
-        rogue.process().unwrap();
-        let label = std::str::from_utf8(EXPORTER_LABEL).unwrap();
-        let binder = rogue
-            .export_keying_material(label, None, EXPORTER_LEN)
-            .unwrap();
-        let spki = s.mbox_cfg.spki().to_vec();
-        let attester = s.mbox_cfg.attester.as_ref().unwrap();
-        let evidence = attester
-            .evidence(&report_data(&spki, &binder))
-            .unwrap()
-            .to_bytes();
-        let good = SecondaryMessage::Evidence(evidence).encode().unwrap();
-        rogue.write_half_rtt(&good).unwrap();
-        rogue.write_half_rtt(&extra.encode().unwrap()).unwrap();
-        let mut to_client = Vec::new();
-        Encapsulated::wrap_stream(
-            0,
-            &rogue.take_outgoing(),
-            mbx_wire::version::TLS1_2,
-            &mut to_client,
-        )
-        .unwrap();
-        server.feed(&ch);
-        server.process().unwrap();
-        to_client.extend(server.take_outgoing());
-
+        let to_client = rogue_and_server_flights(&s, &mut client, |evidence| {
+            vec![SecondaryMessage::Evidence(evidence), extra]
+        });
         let err = client.receive(&to_client).unwrap_err();
         assert!(
             matches!(err.cause(), HandshakeError::Protocol(m) if m.contains("unexpected secondary message")),
@@ -912,6 +927,39 @@ fn client_accepts_only_the_evidence_as_half_rtt_data() {
         assert!(!ce.contains(&ClientHandshakeEvent::KeysSent), "{ce:?}");
         assert!(!client.keys_sent());
     }
+}
+
+/// A client's handshake says what it waits for (the error of a handshake that timed out
+/// names it; thirty-fourth round, from an independent implementer whose middlebox sent no
+/// evidence message and whose client said only that the session was not set up in time):
+/// the server's handshake at first; a middlebox whose secondary handshake is done but whose
+/// evidence message has not come, by name, and no longer the server, whose flight is in; then
+/// nothing, once the evidence came and the data phase started.
+#[test]
+fn a_clients_handshake_says_what_it_waits_for() {
+    let s = setup(TlsVersion::Tls13, "mb.test", measure(PROGRAM, b""));
+    let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+    assert_eq!(
+        client.waiting_for().as_deref(),
+        Some("the server's handshake")
+    );
+    let to_client = rogue_and_server_flights(&s, &mut client, |_| Vec::new());
+    client.receive(&to_client).unwrap();
+    let waiting = client.waiting_for().unwrap_or_default();
+    assert!(
+        waiting.starts_with("middlebox mb.test's evidence message")
+            && !waiting.contains("the server"),
+        "{waiting}"
+    );
+    assert!(!client.keys_sent());
+
+    let mut client = ClientHandshake::new(s.client_cfg.clone()).unwrap();
+    let to_client = rogue_and_server_flights(&s, &mut client, |evidence| {
+        vec![SecondaryMessage::Evidence(evidence)]
+    });
+    client.receive(&to_client).unwrap();
+    assert!(client.keys_sent());
+    assert_eq!(client.waiting_for(), None);
 }
 
 /// The raw server records the client drops before the middlebox's switch marker must still
@@ -1428,8 +1476,10 @@ mod discovered {
             assert!(
                 events.iter().any(|e| matches!(
                     e,
-                    ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, .. })
+                    // Ours says it raised the alert itself (OpenSSL's words are its own).
+                    ClientHandshakeEvent::Data(EndpointEvent::Failed { alert, what })
                         if alert.description == AlertDescription::BAD_RECORD_MAC
+                            && (!export || what.starts_with("sent by this end: a record"))
                 )),
                 "{version:?} export={export}: {events:?}"
             );

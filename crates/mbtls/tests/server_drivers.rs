@@ -19,8 +19,9 @@ use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
 use mbx_engine::{CustomExtension, Identity, OpenSslContext, TlsConfig};
 use mbx_mbtls::driver::{
     answer_with_error, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport, DriverError,
-    ErrorKind, Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig, MbtlsServerConnection,
-    MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement, RECEIVED_FROM_THE_PATH,
+    ErrorKind, HandshakeProgress, Limits, MbtlsClient, MbtlsServer, MbtlsServerConfig,
+    MbtlsServerConnection, MiddleboxServer, MiddleboxServerConfig, MiddleboxVerdict, Placement,
+    RECEIVED_FROM_THE_PATH,
 };
 use mbx_mbtls::handshake::{
     ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig,
@@ -574,10 +575,12 @@ async fn a_proxys_handshake_that_times_out_keeps_the_verdicts_it_reached() {
             ..Limits::default()
         };
         let report = one_failed_proxy_session(&w, version, &mb1, limits).await;
+        // Said with what the handshake waited for: the server, which stalled.
         assert!(
             matches!(
                 report.error.as_deref(),
-                Some(DriverError::HandshakeTimeout(_))
+                Some(DriverError::HandshakeTimeout { waiting_for: Some(w), .. })
+                    if w == "the server's handshake"
             ),
             "{version:?}: {report:?}"
         );
@@ -608,8 +611,8 @@ async fn a_verdict_reached_in_the_read_that_fails_the_handshake_is_kept() {
             bad_record_behind_the_evidence(client, server, mb1_cfg).await
         });
         let stream = tokio::net::TcpStream::connect(mb1).await.unwrap();
-        let mut verdicts = Vec::new();
-        let handshake = MbtlsClient::handshake_on(stream, w.client(version), b"", &mut verdicts);
+        let mut progress = HandshakeProgress::default();
+        let handshake = MbtlsClient::handshake_on(stream, w.client(version), b"", &mut progress);
         let err = timeout(BOUND, handshake).await.unwrap().unwrap_err();
         assert!(
             timeout(BOUND, playing).await.unwrap().unwrap(),
@@ -621,10 +624,10 @@ async fn a_verdict_reached_in_the_read_that_fails_the_handshake_is_kept() {
         );
         assert!(
             matches!(
-                verdicts.as_slice(),
+                progress.verdicts.as_slice(),
                 [MiddleboxVerdict::Verified { middlebox, .. }] if middlebox == "mb1.test"
             ),
-            "{version:?}: {err}; {verdicts:?}"
+            "{version:?}: {err}; {progress:?}"
         );
     }
 }

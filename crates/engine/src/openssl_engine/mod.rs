@@ -1472,7 +1472,7 @@ impl OpenSslEngine {
             session,
             unprocessed_incoming: std::mem::take(&mut io.incoming),
             pending_outgoing: std::mem::take(&mut io.outgoing),
-            pending_plaintext: std::mem::take(&mut self.plaintext),
+            pending_plaintext: Zeroizing::new(std::mem::take(&mut self.plaintext)),
         })
     }
 

@@ -4,7 +4,7 @@
 use mbx_attest::Claims;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
-use super::connection::Connection;
+use super::connection::{Connection, HandshakeProgress};
 use super::proxy::AnswerFn;
 use super::splice::{reset_when_closed, splice, Carried, Sides};
 use super::{keep_alive, DriverError};
@@ -193,6 +193,27 @@ impl Connection<ClientHandshake> {
         cfg: ClientHandshakeConfig,
         data: &[u8],
     ) -> Result<MbtlsClient, DriverError> {
+        Self::connect_telling(first_hop, cfg, data, None).await
+    }
+
+    /// [`connect_with_data`](Self::connect_with_data), keeping `progress` up to date as
+    /// [`handshake_on`](Self::handshake_on) does: a caller whose timeout drops this future can
+    /// still say what the handshake waited for.
+    pub async fn connect_with_progress(
+        first_hop: impl ToSocketAddrs,
+        cfg: ClientHandshakeConfig,
+        data: &[u8],
+        progress: &mut HandshakeProgress,
+    ) -> Result<MbtlsClient, DriverError> {
+        Self::connect_telling(first_hop, cfg, data, Some(progress)).await
+    }
+
+    async fn connect_telling(
+        first_hop: impl ToSocketAddrs,
+        cfg: ClientHandshakeConfig,
+        data: &[u8],
+        progress: Option<&mut HandshakeProgress>,
+    ) -> Result<MbtlsClient, DriverError> {
         // The core first: a configuration that fails every session is told before anything
         // is connected (an embedder found its mistake reported by the first hop as a
         // connection that closed), and checked once (`ClientHandshake::new`).
@@ -200,24 +221,24 @@ impl Connection<ClientHandshake> {
         let stream = TcpStream::connect(first_hop)
             .await
             .map_err(DriverError::io("cannot connect to the first hop"))?;
-        Connection::handshake(stream, hs).await
+        Connection::handshake_telling(stream, hs, progress).await
     }
 
     /// Like [`connect_with_data`](Self::connect_with_data), over a connection to the first hop
     /// that the caller made (its own routing, a connection it times; `TCP_NODELAY` is set on
     /// it; the client proxy, to report its local address even when the handshake fails).
-    /// `verdicts_so_far` is kept equal to the verdicts on the middleboxes checked so far,
-    /// after every read: they are there when the handshake fails, and when the caller's
-    /// timeout drops this future (after a success they are also in
+    /// `progress` is kept up to date after every read: the verdicts on the middleboxes
+    /// checked so far and what the handshake waits for, there when the handshake fails, and
+    /// when the caller's timeout drops this future (after a success the verdicts are also in
     /// [`verdicts`](Self::verdicts)).
     pub async fn handshake_on(
         stream: TcpStream,
         cfg: ClientHandshakeConfig,
         data: &[u8],
-        verdicts_so_far: &mut Vec<MiddleboxVerdict>,
+        progress: &mut HandshakeProgress,
     ) -> Result<MbtlsClient, DriverError> {
         let hs = Self::core(cfg, data)?;
-        Connection::handshake_telling(stream, hs, Some(verdicts_so_far)).await
+        Connection::handshake_telling(stream, hs, Some(progress)).await
     }
 
     /// The client core for a session starting now, with `data` queued.

@@ -40,6 +40,19 @@ pub trait EndpointHandshake: sealed::Sealed + Send {
     fn data_phase_started(&self) -> bool;
     fn release_idle_buffers(&mut self);
     fn has_partial_record(&self) -> bool;
+    fn waiting_for(&self) -> Option<String>;
+}
+
+/// How far a client's handshake got, kept up to date after every read
+/// ([`MbtlsClient::handshake_on`](super::MbtlsClient::handshake_on)): it stays with the caller
+/// when the handshake fails, and when the caller's timeout drops the handshake.
+#[derive(Debug, Default, Clone)]
+pub struct HandshakeProgress {
+    /// The verdicts on the middleboxes checked so far, in the order checked.
+    pub verdicts: Vec<MiddleboxVerdict>,
+    /// What the handshake was waiting for after the last read
+    /// ([`ClientHandshake::waiting_for`]); `None` once its data phase started.
+    pub waiting_for: Option<String>,
 }
 
 mod sealed {
@@ -94,6 +107,9 @@ macro_rules! endpoint_handshake {
             }
             fn has_partial_record(&self) -> bool {
                 <$core>::has_partial_record(self)
+            }
+            fn waiting_for(&self) -> Option<String> {
+                <$core>::waiting_for(self)
             }
         }
     };
@@ -221,14 +237,14 @@ impl<H: EndpointHandshake> Connection<H> {
         Self::handshake_telling(stream, hs, None).await
     }
 
-    /// [`handshake`](Self::handshake), with `verdicts_so_far` kept equal to the verdicts
-    /// reached after every read: they stay there when the handshake fails, and when a caller's
-    /// timeout drops this future (a proxy reports the middleboxes it had checked when the
-    /// server refused the session or stalled).
+    /// [`handshake`](Self::handshake), with `progress` kept up to date after every read: the
+    /// verdicts reached and what the handshake waits for stay there when the handshake fails,
+    /// and when a caller's timeout drops this future (a proxy reports the middleboxes it had
+    /// checked, and what it waited for, when the server refused the session or stalled).
     pub(super) async fn handshake_telling(
         stream: TcpStream,
         hs: H,
-        mut verdicts_so_far: Option<&mut Vec<MiddleboxVerdict>>,
+        mut progress: Option<&mut HandshakeProgress>,
     ) -> Result<Self, DriverError> {
         let _ = stream.set_nodelay(true);
         let mut c = Connection {
@@ -236,14 +252,23 @@ impl<H: EndpointHandshake> Connection<H> {
             session: Session::new(hs),
             buf: vec![0u8; READ_BUF],
         };
+        let tell = |c: &Self, progress: &mut Option<&mut HandshakeProgress>| {
+            if let Some(p) = progress.as_deref_mut() {
+                // Verdicts are only ever added: the new ones.
+                let new = c
+                    .session
+                    .verdicts
+                    .get(p.verdicts.len()..)
+                    .unwrap_or_default();
+                p.verdicts.extend_from_slice(new);
+                p.waiting_for = c.session.hs.waiting_for();
+            }
+        };
+        tell(&c, &mut progress);
         c.flush().await?;
         while !c.session.hs.data_phase_started() {
             let read = c.read_some().await;
-            if let Some(so_far) = verdicts_so_far.as_deref_mut() {
-                // Verdicts are only ever added: the new ones.
-                let new = c.session.verdicts.get(so_far.len()..).unwrap_or_default();
-                so_far.extend_from_slice(new);
-            }
+            tell(&c, &mut progress);
             if !read? {
                 return Err(DriverError::PeerGone {
                     peer: H::NEIGHBOUR,

@@ -561,6 +561,14 @@ impl Core {
         self.relay().is_some()
     }
 
+    /// See [`MiddleboxHandshake::waiting_for`].
+    fn waiting_for(&self) -> Option<&'static str> {
+        match self {
+            Core::ClientSide(c) => c.waiting_for(),
+            Core::ServerSide(c) => c.waiting_for(),
+        }
+    }
+
     /// See [`MiddleboxHandshake::waits_before_reading`].
     fn waits_before_reading(&self, from: Side) -> bool {
         match self {
@@ -986,7 +994,10 @@ async fn relay(
                 }
             }
             _ = &mut handshake_deadline, if in_handshake => {
-                break Err(DriverError::HandshakeTimeout(cfg.limits.handshake_timeout));
+                break Err(DriverError::HandshakeTimeout {
+                    after: cfg.limits.handshake_timeout,
+                    waiting_for: conn.hs.waiting_for().map(str::to_string),
+                });
             }
             due = activity.due(holding), if holding || activity.has_timeout() => match due {
                 Due::Trim => {
@@ -1091,7 +1102,7 @@ async fn relay(
     .await;
     let timed_out = matches!(
         result,
-        Err(DriverError::HandshakeTimeout(_) | DriverError::IdleTimeout(_))
+        Err(DriverError::HandshakeTimeout { .. } | DriverError::IdleTimeout(_))
     );
     if result.is_err() && !timed_out && !conn.hs.keys_installed() {
         // A handshake that failed (not one that stalled): see FAILED_HANDSHAKE_LINGER.

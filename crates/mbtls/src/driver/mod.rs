@@ -35,7 +35,7 @@ mod splice;
 
 pub use accept::{ListenerStats, Listening, ServiceConfig};
 pub use client::{in_path_order, MbtlsClient, MiddleboxVerdict};
-pub use connection::{Connection, EndpointHandshake};
+pub use connection::{Connection, EndpointHandshake, HandshakeProgress};
 pub use middlebox::{
     AppFactory, ConnectionReport, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement,
 };
@@ -174,9 +174,16 @@ pub enum DriverError {
     /// gave).
     #[error("{0}")]
     App(String),
-    /// The handshake did not finish in time (`handshake_timeout` of the middlebox or server).
-    #[error("the handshake did not finish within {0:?}")]
-    HandshakeTimeout(std::time::Duration),
+    /// The handshake did not finish in time (`handshake_timeout` of the middlebox, the server
+    /// or the client proxy); `waiting_for`: what an endpoint's handshake was waiting for then
+    /// ([`ClientHandshake::waiting_for`](crate::handshake::ClientHandshake::waiting_for)), so
+    /// that a stalled middlebox is named (found by an independent implementer, whose
+    /// middlebox sent no evidence message and read only "not set up within 8 s").
+    #[error("the handshake did not finish within {after:?}{}", waiting_text(waiting_for.as_deref()))]
+    HandshakeTimeout {
+        after: std::time::Duration,
+        waiting_for: Option<String>,
+    },
     /// The session carried nothing for its idle timeout (`Limits::idle_timeout`) and was closed.
     #[error("the session was idle for {0:?} and was closed")]
     IdleTimeout(std::time::Duration),
@@ -235,6 +242,11 @@ impl ErrorKind {
     }
 }
 
+/// "; it was waiting for …" when something is named.
+fn waiting_text(waiting_for: Option<&str>) -> String {
+    waiting_for.map_or_else(String::new, |w| format!("; it was waiting for {w}"))
+}
+
 impl DriverError {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
@@ -245,7 +257,7 @@ impl DriverError {
             DriverError::Alert { .. } => ErrorKind::Alert,
             DriverError::Relay(_) => ErrorKind::Relay,
             DriverError::App(_) => ErrorKind::App,
-            DriverError::HandshakeTimeout(_) => ErrorKind::HandshakeTimeout,
+            DriverError::HandshakeTimeout { .. } => ErrorKind::HandshakeTimeout,
             DriverError::IdleTimeout(_) => ErrorKind::IdleTimeout,
             DriverError::NotRedirected(_) => ErrorKind::NotRedirected,
             DriverError::RedirectedBack(_) => ErrorKind::RedirectedBack,

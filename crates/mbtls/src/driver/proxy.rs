@@ -10,6 +10,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use super::accept::{Listening, ServiceConfig};
 use super::client::{MbtlsClient, MiddleboxVerdict};
+use super::connection::HandshakeProgress;
 use super::reports::{Absorb, Pending};
 use super::splice::{answer_and_close, reset_when_closed, Carried};
 use super::{DriverError, Limits};
@@ -249,18 +250,23 @@ async fn proxy_one(
     accepted: tokio::time::Instant,
 ) -> Result<(), DriverError> {
     let limits = cfg.limits;
+    let mut progress = HandshakeProgress::default();
     let connecting = async {
         let stream = TcpStream::connect(cfg.first_hop.as_str())
             .await
             .map_err(DriverError::io("cannot connect to the first hop"))?;
         report.first_hop_local = stream.local_addr().ok();
         // The configuration was checked when it was bound or reloaded: the core takes it.
-        let so_far = &mut report.verdicts;
-        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[], so_far).await
+        MbtlsClient::handshake_on(stream, cfg.handshake.clone(), &[], &mut progress).await
     };
-    let connected = tokio::time::timeout(limits.handshake_timeout, connecting)
-        .await
-        .map_err(|_| DriverError::HandshakeTimeout(limits.handshake_timeout))
+    let connected = tokio::time::timeout(limits.handshake_timeout, connecting).await;
+    // Kept by the handshake as it went, when it failed or timed out too.
+    report.verdicts = std::mem::take(&mut progress.verdicts);
+    let connected = connected
+        .map_err(|_| DriverError::HandshakeTimeout {
+            after: limits.handshake_timeout,
+            waiting_for: progress.waiting_for.take(),
+        })
         .and_then(|c| c);
     let session = match connected {
         Ok(session) => session,

@@ -278,9 +278,13 @@ async fn run(
     // Handshake: until the data phase starts, within the handshake timeout.
     let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
     while !session.hs.data_phase_started() {
+        let timed_out = |hs: &ServerHandshake| DriverError::HandshakeTimeout {
+            after: cfg.limits.handshake_timeout,
+            waiting_for: hs.waiting_for(),
+        };
         let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
             .await
-            .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))?
+            .map_err(|_| timed_out(&session.hs))?
             .map_err(DriverError::on_path(
                 SIDES.path,
                 SIDES.reading_path,
@@ -295,7 +299,7 @@ async fn run(
         let r = session.hs.receive(buf.get(..n).unwrap_or_default());
         let flushed = tokio::time::timeout_at(deadline, flush(&mut session.hs, &mut stream))
             .await
-            .map_err(|_| DriverError::HandshakeTimeout(cfg.limits.handshake_timeout))
+            .map_err(|_| timed_out(&session.hs))
             .and_then(|f| f);
         if r.is_err() && flushed.is_ok() {
             // The alert just written must reach the client before the connection ends.

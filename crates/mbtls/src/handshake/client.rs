@@ -280,6 +280,13 @@ impl ClientHandshake {
         self.core.is_ready()
     }
 
+    /// What the handshake waits for before its data phase, in words ("middlebox mb.test's
+    /// evidence message …", "the server's handshake"), for the error of a handshake that
+    /// timed out; `None` once the data phase started.
+    pub fn waiting_for(&self) -> Option<String> {
+        self.core.waiting_for("the server")
+    }
+
     /// For an idle session: frees the buffers traffic made grow, keeping any incomplete
     /// record (see [`ServerHandshake::release_idle_buffers`](super::ServerHandshake::release_idle_buffers)).
     pub fn release_idle_buffers(&mut self) {

@@ -439,7 +439,9 @@ pub(super) struct EndpointCore {
     /// Waiting for that marker; primary-key records meanwhile are dropped (the middlebox
     /// re-sends them through its app).
     marker_seen: bool,
-    pending_writes: Vec<u8>,
+    /// Application data written before the data phase (wiped when dropped, grown without
+    /// leaving a copy behind).
+    pending_writes: Zeroizing<Vec<u8>>,
     /// Primary-key records dropped while waiting for the marker.
     discarded: usize,
     /// What the peer sent after the primary handshake ended and before the data phase: the
@@ -482,7 +484,7 @@ impl EndpointCore {
             data: None,
             marker_subchannel: None,
             marker_seen: false,
-            pending_writes: Vec::new(),
+            pending_writes: Zeroizing::new(Vec::new()),
             discarded: 0,
             kept_after_handshake: Kept::default(),
             primary_spoke: false,
@@ -1059,14 +1061,18 @@ impl EndpointCore {
                 Role::Client => j + 1 < n,
                 Role::Server => j > 0,
             };
-            // Its TLS 1.3 session ticket, if we resume its sessions and no middlebox nearer
+            // Its TLS 1.3 session ticket, if we resume its sessions, its secondary session is
+            // TLS 1.3 (a TLS 1.2 one sent its ticket in its handshake) and no middlebox nearer
             // us (client side: earlier; server side: later) joined: that one would take the
             // ticket for this one's marker (docs/mbtls.md §4.7).
             let near_neighbour_joined = match self.role {
                 Role::Client => j > 0,
                 Role::Server => j + 1 < n,
             };
-            let ticket_wanted = !near_neighbour_joined && self.slot_mut(id)?.resumable;
+            let slot = self.slot_mut(id)?;
+            let ticket_wanted = !near_neighbour_joined
+                && slot.resumable
+                && slot.engine.version() == Some(mbx_record::TlsVersion::Tls13);
             // Path message and key material in one write (one secondary record), in a
             // buffer that never grows (so no unwiped copy of the keys is left behind).
             let path = SecondaryMessage::Path {
@@ -1157,6 +1163,7 @@ impl EndpointCore {
 
     pub(super) fn write(&mut self, data: &[u8]) -> Result<(), HandshakeError> {
         if self.data.is_none() {
+            mbx_record::wipe::reserve(&mut self.pending_writes, data.len());
             self.pending_writes.extend_from_slice(data);
             return Ok(());
         }
@@ -1243,6 +1250,41 @@ impl EndpointCore {
 
     pub(super) fn is_ready(&self) -> bool {
         self.marker_seen
+    }
+
+    /// What the handshake waits for, in words, before its data phase (for the error of a
+    /// handshake that timed out): each middlebox that spoke and has not been judged, its
+    /// secondary handshake or its evidence message, then the peer's primary handshake
+    /// (`peer`: "the server" or "the client"; before a server's ClientHello the primary
+    /// engine does not exist yet).
+    pub(super) fn waiting_for(&self, peer: &str) -> Option<String> {
+        if self.data.is_some() {
+            return None;
+        }
+        let mut waiting: Vec<String> = self
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let who = match &s.name {
+                    Some(name) => format!("middlebox {name}"),
+                    None => format!("the middlebox on subchannel {}", s.subchannel),
+                };
+                match s.state {
+                    Secondary::Running | Secondary::Verified if s.engine.is_handshaking() => {
+                        Some(format!("{who} to finish its secondary handshake"))
+                    }
+                    Secondary::Running => Some(format!(
+                        "{who}'s evidence message (its secondary handshake is done; one \
+                         without evidence sends it empty)"
+                    )),
+                    _ => None,
+                }
+            })
+            .collect();
+        if self.primary.as_ref().is_none_or(|p| p.is_handshaking()) {
+            waiting.push(format!("{peer}'s handshake"));
+        }
+        (!waiting.is_empty()).then(|| waiting.join("; "))
     }
 }
 

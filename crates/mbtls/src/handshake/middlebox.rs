@@ -702,6 +702,21 @@ impl<A: MiddleboxApp> MiddleboxHandshake<A> {
         self.wires.release_idle_buffers();
     }
 
+    /// What the handshake waits for, in words, for the error of a handshake that timed out;
+    /// `None` once the keys are in or the middlebox stands aside.
+    pub fn waiting_for(&self) -> Option<&'static str> {
+        match self.mode {
+            Mode::Passive => None,
+            _ if self.keys_installed() => None,
+            Mode::Hello if self.hellos.is_none() => Some("the client's ClientHello"),
+            Mode::Hello => Some("the server's ServerHello"),
+            Mode::Joined if self.engine.as_ref().is_some_and(|e| e.is_handshaking()) => {
+                Some("the client to finish our secondary handshake")
+            }
+            Mode::Joined => Some("the client's key material"),
+        }
+    }
+
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
         self.wires.relay.is_some()

@@ -280,6 +280,13 @@ impl ServerHandshake {
         self.core.is_ready()
     }
 
+    /// What the handshake waits for before its data phase, in words ("middlebox mb.test's
+    /// evidence message …", "the client's handshake"), for the error of a handshake that
+    /// timed out; `None` once the data phase started.
+    pub fn waiting_for(&self) -> Option<String> {
+        self.core.waiting_for("the client")
+    }
+
     /// For an idle session (the driver calls it after 2 s without a read): frees the buffers
     /// traffic made grow (the demultiplexer's, the record layer's; OpenSSL's transport when
     /// the session stayed in OpenSSL), keeping any incomplete record. Only ciphertext buffers

@@ -471,6 +471,21 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
         self.wires.release_idle_buffers();
     }
 
+    /// What the handshake waits for, in words, for the error of a handshake that timed out;
+    /// `None` once the keys are in or the middlebox stands aside.
+    pub fn waiting_for(&self) -> Option<&'static str> {
+        match self.mode {
+            Mode::Passive => None,
+            _ if self.keys_installed() => None,
+            Mode::Hello => Some("the client's ClientHello"),
+            Mode::Announced => Some("the server's answer to our announcement"),
+            Mode::Joined if self.engine.as_ref().is_some_and(|e| e.is_handshaking()) => {
+                Some("the server to finish our secondary handshake")
+            }
+            Mode::Joined => Some("the server's key material"),
+        }
+    }
+
     /// True once key material arrived and the data phase runs.
     pub fn keys_installed(&self) -> bool {
         self.wires.relay.is_some()
