@@ -3935,6 +3935,7 @@ fn options_that_would_be_ignored_are_refused() {
             "--fresh-evidence",
             "--max-discovered",
             "2",
+            "--announcements-after-hello",
         ]
         .map(OsStr::new),
     );
@@ -3942,8 +3943,28 @@ fn options_that_would_be_ignored_are_refused() {
     assert!(
         err.contains(
             "middlebox_ca (--middlebox-ca), allow_simulated (--allow-simulated), \
-             middlebox_resumption (--fresh-evidence), max_discovered (--max-discovered) \
+             middlebox_resumption (--fresh-evidence), max_discovered (--max-discovered), \
+             announcements_after_hello (--announcements-after-hello) \
              would be ignored: no middlebox may join"
+        ),
+        "{err}"
+    );
+    // Late announcements are for discovery: pre-configured middleboxes need no option.
+    let mut named = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    named.extend(
+        [
+            "--middlebox-name",
+            "mb.test",
+            "--announcements-after-hello",
+            "--middlebox-ca",
+        ]
+        .map(OsStr::new),
+    );
+    named.push(server.ca.as_os_str());
+    let err = refused(&named);
+    assert!(
+        err.contains(
+            "announcements_after_hello (--announcements-after-hello) is for discovered middleboxes"
         ),
         "{err}"
     );

@@ -59,6 +59,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
                 middlebox: ServerMiddlebox::Discover(Arc::new(|_: &[Vec<u8>]| false)),
                 policy: Policy::default(),
                 now_unix: 0,
+                announcements_after_hello: false,
             },
             backend: refused.to_string(),
             limits: Limits::default(),

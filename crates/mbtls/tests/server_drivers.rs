@@ -129,6 +129,7 @@ impl World {
                 middlebox: ServerMiddlebox::Preconfigured("mb2.test".into()),
                 policy: self.policy(),
                 now_unix: 0,
+                announcements_after_hello: false,
             },
             backend: backend.to_string(),
             limits: mbx_mbtls::driver::Limits::default(),

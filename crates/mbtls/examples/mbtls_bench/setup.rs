@@ -192,6 +192,7 @@ impl Setup {
             middlebox,
             policy: self.policy(attest),
             now_unix: now_unix(),
+            announcements_after_hello: false,
         })
     }
 

@@ -66,14 +66,29 @@ pub fn in_path_order<'a>(
     verdicts: &'a [MiddleboxVerdict],
     path: &[String],
 ) -> Vec<&'a MiddleboxVerdict> {
-    let place = |v: &MiddleboxVerdict| {
-        v.middlebox()
-            .and_then(|n| path.iter().position(|p| p == n))
-            .unwrap_or(usize::MAX)
-    };
-    let mut ordered: Vec<&MiddleboxVerdict> = verdicts.iter().collect();
-    ordered.sort_by_key(|v| place(v));
-    ordered
+    // A name may stand at several places (one name, several middleboxes): each verified one
+    // takes the first place of its name not taken yet, in the order checked (a server checks
+    // its middleboxes in path order). Before, both took the first, and a path mb0, mb, mb0
+    // read mb0, mb0, mb (found by an independent implementer).
+    let mut taken = vec![false; path.len()];
+    let mut placed: Vec<(usize, &MiddleboxVerdict)> = verdicts
+        .iter()
+        .map(|v| {
+            let at = match v {
+                MiddleboxVerdict::Verified { middlebox, .. } => {
+                    (0..path.len()).find(|&i| !taken[i] && path[i] == *middlebox)
+                }
+                _ => None,
+            };
+            if let Some(i) = at {
+                taken[i] = true;
+            }
+            (at.unwrap_or(usize::MAX), v)
+        })
+        .collect();
+    // Stable: the excluded stay in the order they came.
+    placed.sort_by_key(|&(at, _)| at);
+    placed.into_iter().map(|(_, v)| v).collect()
 }
 
 /// [`in_path_order`] along the path `summary` names (none: as checked), for the reports and
@@ -352,7 +367,34 @@ mod tests {
             .collect();
         assert_eq!(
             shown,
-            [verified("mb1.test"), verified("mb2.test"), excluded]
+            [verified("mb1.test"), verified("mb2.test"), excluded.clone()]
+        );
+        // One name at two places: each verdict at its own place, not both at the first; an
+        // excluded middlebox of the same name takes none.
+        let excluded = MiddleboxVerdict::Excluded {
+            middlebox: Some("mb0.test".into()),
+            why: "not approved by the application",
+            detail: None,
+        };
+        let checked = [
+            excluded.clone(),
+            verified("mb0.test"),
+            verified("mb.test"),
+            verified("mb0.test"),
+        ];
+        let path = ["mb0.test", "mb.test", "mb0.test"].map(String::from);
+        let shown: Vec<_> = super::in_path_order(&checked, &path)
+            .into_iter()
+            .cloned()
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                verified("mb0.test"),
+                verified("mb.test"),
+                verified("mb0.test"),
+                excluded
+            ]
         );
     }
 

@@ -184,6 +184,7 @@ pub struct ServerConfigBuilder {
     identity: Identity,
     middlebox: Option<ServerMiddlebox>,
     session_tickets: bool,
+    announcements_after_hello: bool,
     common: Common,
 }
 
@@ -199,6 +200,7 @@ impl ServerHandshakeConfig {
             identity,
             middlebox: None,
             session_tickets: true,
+            announcements_after_hello: false,
             common: Common::default(),
         }
     }
@@ -217,6 +219,14 @@ impl ServerConfigBuilder {
     /// [`TlsConfig`]; TLS 1.2 clients also resume by session ID from OpenSSL's cache).
     pub fn session_tickets(mut self, on: bool) -> Self {
         self.session_tickets = on;
+        self
+    }
+
+    /// Discovering, also take middleboxes that announce themselves after the ClientHello
+    /// (the paper's and the spec's order), at the cost of the key log on every session
+    /// ([`ServerHandshakeConfig::announcements_after_hello`]; off by default).
+    pub fn announcements_after_hello(mut self, on: bool) -> Self {
+        self.announcements_after_hello = on;
         self
     }
 
@@ -253,6 +263,7 @@ impl ServerConfigBuilder {
             policy: self.common.policy,
             // The drivers put the time of each session here.
             now_unix: 0,
+            announcements_after_hello: self.announcements_after_hello,
         };
         cfg.check()?;
         Ok(cfg)

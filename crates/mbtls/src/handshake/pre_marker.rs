@@ -10,8 +10,14 @@ use crate::hop::next_generation;
 use crate::key_update::PostHandshake;
 use crate::keys::{DirectionKeys, TrafficSecret};
 
-const FAILED: HandshakeError =
-    HandshakeError::Protocol("a record before the middlebox's switch failed authentication");
+/// Says what else it may be than tampering: a middlebox that relays under its new keys
+/// without having sent its marker first reads the same (found by an independent implementer,
+/// who suspected his keys).
+const FAILED: HandshakeError = HandshakeError::Protocol(
+    "a record before the middlebox's switch marker (the close_notify of its secondary session, \
+     on its subchannel) failed authentication under the bridge keys: altered, or sent under the \
+     hop's new keys by a middlebox that had not sent its marker first",
+);
 
 /// The bridge's read direction as the peer left it at the export, moved on by the peer's
 /// TLS 1.3 KeyUpdates among those records (one may follow its Finished at once, RFC 8446

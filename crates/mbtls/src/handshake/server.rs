@@ -67,6 +67,13 @@ pub struct ServerHandshakeConfig {
     /// Current time for evidence verification (seconds since the Unix epoch); the server
     /// driver ([`MbtlsServer`](crate::driver::MbtlsServer)) replaces it for each connection.
     pub now_unix: u64,
+    /// Discovering, also take middleboxes that announce themselves after the ClientHello, in
+    /// the order of the paper and the spec (ours announce before it, docs/mbtls.md §6). Off, a
+    /// session with no announcement before its ClientHello is kept in OpenSSL, which skips the
+    /// key log an export needs, and a later announcement fails it; on, every session's primary
+    /// engine can export, at the cost of that key log whether or not a middlebox joins.
+    /// Pre-configured middleboxes may announce after the ClientHello either way.
+    pub announcements_after_hello: bool,
 }
 
 impl ServerHandshakeConfig {
@@ -173,7 +180,9 @@ impl ServerHandshake {
                         if core.kept_in_openssl() {
                             return Err(HandshakeError::Protocol(
                                 "middlebox announcement after the ClientHello, which this \
-                                 server took as ruling middleboxes out (announce before it)",
+                                 discovering server took as ruling middleboxes out (announce \
+                                 before it, or let the server take late announcements: \
+                                 announcements_after_hello, --announcements-after-hello)",
                             ));
                         }
                         if let Some(refusal) = announced(cfg, core, enc.subchannel)? {
@@ -304,18 +313,21 @@ impl ServerHandshake {
     }
 }
 
-/// The primary engine, made when the ClientHello arrives. Without pre-configured middleboxes
-/// and without an announcement before it, no middlebox can join this session: the engine is
-/// made without export, so OpenSSL keeps the session and skips its key log.
+/// The primary engine, made when the ClientHello arrives. Without pre-configured middleboxes,
+/// without an announcement before it and unless announcements may follow it
+/// ([`ServerHandshakeConfig::announcements_after_hello`]), no middlebox can join this session:
+/// the engine is made without export, so OpenSSL keeps the session and skips its key log.
 fn primary_engine(
     cfg: &ServerHandshakeConfig,
     core: &EndpointCore,
 ) -> Result<OpenSslEngine, HandshakeError> {
-    Ok(if !core.preconfigured() && core.slots.is_empty() {
-        cfg.primary.engine_without_export()?
-    } else {
-        cfg.primary.engine()?
-    })
+    Ok(
+        if !core.preconfigured() && core.slots.is_empty() && !cfg.announcements_after_hello {
+            cfg.primary.engine_without_export()?
+        } else {
+            cfg.primary.engine()?
+        },
+    )
 }
 
 /// A middlebox announced itself on `subchannel`: open the secondary session there as TLS client.
