@@ -67,6 +67,7 @@ fn setup() -> &'static Setup {
             middlebox: ServerMiddlebox::Preconfigured("mb.test".into()),
             policy: Policy::default(),
             now_unix: 1_800_000_000,
+            announcements_after_hello: false,
         };
         let mut client_primary = TlsConfig::client("server.test", root.clone());
         client_primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
