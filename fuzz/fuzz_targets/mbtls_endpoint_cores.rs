@@ -1,6 +1,7 @@
 //! Arbitrary bytes into the mbTLS handshake cores (a server-side middlebox from either side, a
 //! client-side middlebox from either side, an mbTLS server with a pre-configured middlebox or
-//! discovering up to three, an mbTLS client discovering up to two after its first flight; the
+//! discovering up to three, before or also after the ClientHello, an mbTLS client discovering
+//! up to two after its first flight, each asked what it waits for after every read; the
 //! endpoints' secondary sessions on OpenSSL or rustls), after a real ClientHello or instead of
 //! one: nothing may panic; every error is typed.
 #![no_main]
@@ -119,6 +120,7 @@ fuzz_target!(|data: &[u8]| {
         for chunk in rest.chunks(97) {
             let _ = c.receive(chunk);
             let _ = c.take_outgoing();
+            let _ = c.waiting_for();
             // The client proxy's idle trim, likewise.
             if selector & 64 != 0 {
                 c.release_idle_buffers();
@@ -139,6 +141,7 @@ fuzz_target!(|data: &[u8]| {
                 } else {
                     let _ = m.receive(side, chunk);
                 }
+                let _ = m.waiting_for();
                 // An idle trim between any two reads must lose nothing and never panic.
                 if selector & 64 != 0 {
                     m.release_idle_buffers();
@@ -156,6 +159,7 @@ fuzz_target!(|data: &[u8]| {
                 } else {
                     let _ = m.receive(side, chunk);
                 }
+                let _ = m.waiting_for();
                 // An idle trim between any two reads must lose nothing and never panic.
                 if selector & 64 != 0 {
                     m.release_idle_buffers();
@@ -170,6 +174,8 @@ fuzz_target!(|data: &[u8]| {
             };
             if n == 3 {
                 cfg.middlebox = ServerMiddlebox::DiscoverUpTo(Arc::new(|_: &[Vec<u8>]| true), 3);
+                // Announcements after the ClientHello taken too (every engine exportable).
+                cfg.announcements_after_hello = selector & 128 != 0;
             }
             let mut srv = ServerHandshake::new(cfg).expect("server");
             if with_hello {
@@ -177,6 +183,7 @@ fuzz_target!(|data: &[u8]| {
             }
             for chunk in rest.chunks(97) {
                 let _ = srv.receive(chunk);
+                let _ = srv.waiting_for();
                 // The server's idle trim, likewise.
                 if selector & 64 != 0 {
                     srv.release_idle_buffers();
