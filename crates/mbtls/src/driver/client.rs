@@ -354,46 +354,46 @@ mod tests {
             checked_at: 0,
             evidence_in_certificate: false,
         };
-        let excluded = MiddleboxVerdict::Excluded {
-            middlebox: Some("x.test".into()),
+        let excluded = |name: &str| MiddleboxVerdict::Excluded {
+            middlebox: Some(name.into()),
             why: "not approved by the application",
             detail: None,
         };
-        let checked = [verified("mb2.test"), excluded.clone(), verified("mb1.test")];
-        let path = ["mb1.test".to_string(), "mb2.test".to_string()];
-        let shown: Vec<_> = super::in_path_order(&checked, &path)
-            .into_iter()
-            .cloned()
-            .collect();
+        let shown = |checked: &[MiddleboxVerdict], path: &[&str]| -> Vec<MiddleboxVerdict> {
+            let path: Vec<String> = path.iter().map(|p| p.to_string()).collect();
+            super::in_path_order(checked, &path)
+                .into_iter()
+                .cloned()
+                .collect()
+        };
+        let checked = [
+            verified("mb2.test"),
+            excluded("x.test"),
+            verified("mb1.test"),
+        ];
         assert_eq!(
-            shown,
-            [verified("mb1.test"), verified("mb2.test"), excluded.clone()]
+            shown(&checked, &["mb1.test", "mb2.test"]),
+            [
+                verified("mb1.test"),
+                verified("mb2.test"),
+                excluded("x.test")
+            ]
         );
         // One name at two places: each verdict at its own place, not both at the first; an
         // excluded middlebox of the same name takes none.
-        let excluded = MiddleboxVerdict::Excluded {
-            middlebox: Some("mb0.test".into()),
-            why: "not approved by the application",
-            detail: None,
-        };
         let checked = [
-            excluded.clone(),
+            excluded("mb0.test"),
             verified("mb0.test"),
             verified("mb.test"),
             verified("mb0.test"),
         ];
-        let path = ["mb0.test", "mb.test", "mb0.test"].map(String::from);
-        let shown: Vec<_> = super::in_path_order(&checked, &path)
-            .into_iter()
-            .cloned()
-            .collect();
         assert_eq!(
-            shown,
+            shown(&checked, &["mb0.test", "mb.test", "mb0.test"]),
             [
                 verified("mb0.test"),
                 verified("mb.test"),
                 verified("mb0.test"),
-                excluded
+                excluded("mb0.test")
             ]
         );
     }
