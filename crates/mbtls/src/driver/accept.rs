@@ -353,6 +353,32 @@ impl PerClient {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a connection from `peer` may be served under `limit`
+    /// ([`Limits::max_connections_per_client`]): `Ok(None)` without a limit, `Ok(Some(slot))`
+    /// holding its place, `Err(())` when the address has `limit` open (counted in `refused`,
+    /// and logged when it is the first refusal of the run).
+    fn admit(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        limit: Option<usize>,
+        refused: &AtomicU64,
+    ) -> Result<Option<ClientSlot>, ()> {
+        let Some(max) = limit else {
+            return Ok(None);
+        };
+        let ip = peer.ip().to_canonical();
+        self.take(ip, max).map(Some).map_err(|first| {
+            refused.fetch_add(1, Ordering::Relaxed);
+            if first {
+                tracing::warn!(
+                    client = %ip,
+                    limit = max,
+                    "connections from this address closed at their accept while it has max_connections_per_client open"
+                );
+            }
+        })
+    }
+
     /// A slot for one more connection from `ip`, or, when it has `max` open, whether this
     /// refusal is the first to log.
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Result<ClientSlot, bool> {
@@ -444,24 +470,10 @@ async fn accept_loop<C: ServiceConfig, F, Fut>(
             (stream, peer) = acceptor.accept(), if room => {
                 // The configuration as of now: a reload may have come while we waited.
                 let current = config.current();
-                let ip = peer.ip().to_canonical();
-                let slot = match current.limits().max_connections_per_client {
-                    None => None,
-                    Some(max) => match per_client.take(ip, max) {
-                        Ok(slot) => Some(slot),
-                        Err(first) => {
-                            counts.refused_per_client.fetch_add(1, Ordering::Relaxed);
-                            if first {
-                                tracing::warn!(
-                                    client = %ip,
-                                    limit = max,
-                                    "connections from this address closed at their accept while it has max_connections_per_client open"
-                                );
-                            }
-                            drop(stream);
-                            continue;
-                        }
-                    },
+                let limit = current.limits().max_connections_per_client;
+                // Refused: the stream is dropped, which closes it.
+                let Ok(slot) = per_client.admit(peer, limit, &counts.refused_per_client) else {
+                    continue;
                 };
                 let connection = serve(next_id, stream, peer, current);
                 match slot {

@@ -277,11 +277,11 @@ async fn run(
     let mut buf = vec![0u8; READ_BUF];
     // Handshake: until the data phase starts, within the handshake timeout.
     let deadline = tokio::time::Instant::now() + cfg.limits.handshake_timeout;
+    let timed_out = |hs: &ServerHandshake| DriverError::HandshakeTimeout {
+        after: cfg.limits.handshake_timeout,
+        waiting_for: hs.waiting_for(),
+    };
     while !session.hs.data_phase_started() {
-        let timed_out = |hs: &ServerHandshake| DriverError::HandshakeTimeout {
-            after: cfg.limits.handshake_timeout,
-            waiting_for: hs.waiting_for(),
-        };
         let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
             .await
             .map_err(|_| timed_out(&session.hs))?

@@ -1265,20 +1265,20 @@ impl EndpointCore {
             .slots
             .iter()
             .filter_map(|s| {
-                let who = match &s.name {
-                    Some(name) => format!("middlebox {name}"),
-                    None => format!("the middlebox on subchannel {}", s.subchannel),
-                };
-                match s.state {
+                let what = match s.state {
                     Secondary::Running | Secondary::Verified if s.engine.is_handshaking() => {
-                        Some(format!("{who} to finish its secondary handshake"))
+                        " to finish its secondary handshake"
                     }
-                    Secondary::Running => Some(format!(
-                        "{who}'s evidence message (its secondary handshake is done; one \
-                         without evidence sends it empty)"
-                    )),
-                    _ => None,
-                }
+                    Secondary::Running => {
+                        "'s evidence message (its secondary handshake is done; one without \
+                         evidence sends it empty)"
+                    }
+                    _ => return None,
+                };
+                Some(match &s.name {
+                    Some(name) => format!("middlebox {name}{what}"),
+                    None => format!("the middlebox on subchannel {}{what}", s.subchannel),
+                })
             })
             .collect();
         if self.primary.as_ref().is_none_or(|p| p.is_handshaking()) {
