@@ -200,6 +200,20 @@ async fn nginx_behind_a_header_middlebox(
 }
 
 /// nginx serving `version` only, with the test bed's pages.
+/// A TLS 1.3 session through a middlebox running `app` in front of nginx, `GET {path}` sent.
+async fn request_through(
+    app: AppFactory,
+    path: &str,
+) -> (World, Nginx, MiddleboxServer, MbtlsClient) {
+    let (w, version) = (World::new(), TlsVersion::Tls13);
+    let nginx = plain_nginx(&w, version);
+    let mbox = w.start_middlebox(nginx.addr(), app).await;
+    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: server.test\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    (w, nginx, mbox, client)
+}
+
 fn plain_nginx(w: &World, version: TlsVersion) -> Nginx {
     Nginx::from_files(&w.server_files)
         .protocols(&[tb(version)])
@@ -345,15 +359,8 @@ async fn an_app_that_closes_in_an_orderly_way_is_named_in_the_report() {
             Some("dropped quietly".into())
         }
     }
-    let (w, version) = (World::new(), TlsVersion::Tls13);
-    let nginx = plain_nginx(&w, version);
     let app: AppFactory = Arc::new(|| Box::new(Quiet) as Box<dyn MiddleboxApp + Send>);
-    let mut mbox = w.start_middlebox(nginx.addr(), app).await;
-    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
-    client
-        .write_all(b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n")
-        .await
-        .unwrap();
+    let (_w, _nginx, mut mbox, mut client) = request_through(app, "/").await;
     let body = timeout(BOUND, client.read_to_end()).await.unwrap();
     assert_eq!(body.ok(), Some(Vec::new()));
     let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
@@ -386,15 +393,9 @@ async fn a_panicking_app_ends_its_session_with_an_alert_and_a_report_that_says_s
             mbx_apps::Verdict::Continue
         }
     }
-    let (w, version) = (World::new(), TlsVersion::Tls13);
-    let nginx = plain_nginx(&w, version);
     let app: AppFactory = Arc::new(|| Box::new(Fragile) as Box<dyn MiddleboxApp + Send>);
-    let mut mbox = w.start_middlebox(nginx.addr(), app).await;
-    let mut client = connect(&mbox, w.client(version, measure(PROGRAM, b""))).await;
-    client
-        .write_all(b"GET /boom HTTP/1.1\r\nHost: server.test\r\n\r\n")
-        .await
-        .unwrap();
+    let (w, _nginx, mut mbox, mut client) = request_through(app, "/boom").await;
+    let version = TlsVersion::Tls13;
     match timeout(BOUND, client.read()).await.expect("client hung") {
         Err(DriverError::Alert { description, .. }) => {
             assert_eq!(description, mbx_apps::APP_PANICKED.0)
