@@ -3,17 +3,10 @@
 
 mod common;
 
-use common::{check_exact, pump, transfer, Pki, V12, V13};
-use mbx_engine::{EngineError, OpenSslContext, OpenSslEngine, RustlsEngine, TlsConfig, TlsEngine};
+use common::{check_exact, ossl, pump, transfer, Pki, V12, V13};
+use mbx_engine::{EngineError, RustlsEngine, TlsEngine};
 
 const LABEL: &str = "EXPORTER-test-half-rtt";
-
-fn ossl(cfg: &TlsConfig) -> OpenSslEngine {
-    OpenSslContext::new(cfg)
-        .expect("context")
-        .engine()
-        .expect("engine")
-}
 
 #[test]
 fn half_rtt_data_leaves_with_the_server_finished_and_counts_in_the_application_epoch() {

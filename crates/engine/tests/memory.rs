@@ -4,19 +4,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{open_and_reseal, pump, pump_err, split_records, Pki, HOST, SUITES, V12, V13};
+use common::{open_and_reseal, ossl, pump, pump_err, split_records, Pki, HOST, SUITES, V12, V13};
 use mbx_engine::{
     AlertDescription, CertificateProblem, CustomExtension, EngineError, ExtensionResponse, Handoff,
     OpenSslContext, OpenSslEngine, RustlsClientContext, RustlsEngine, TlsConfig, TlsEngine,
 };
 use mbx_record::{ContentType, RecordOpener, RecordSealer, TlsVersion};
-
-fn ossl(cfg: &TlsConfig) -> OpenSslEngine {
-    OpenSslContext::new(cfg)
-        .expect("context")
-        .engine()
-        .expect("engine")
-}
 
 fn pair(pki: &Pki, version: TlsVersion, suite: Option<u16>) -> (OpenSslEngine, OpenSslEngine) {
     let mut c = pki.client_config().only(version);

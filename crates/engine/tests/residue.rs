@@ -6,17 +6,10 @@
 
 mod common;
 
-use common::{pump, split_records, Pki};
-use mbx_engine::{OpenSslContext, OpenSslEngine, TlsEngine};
+use common::{no_copy, ossl, pump, split_records, Pki};
+use mbx_engine::{OpenSslEngine, TlsEngine};
 use mbx_record::{wipe, TlsVersion};
 use mbx_testbed::residue::{Masked, Scanner};
-
-fn ossl(cfg: &mbx_engine::TlsConfig) -> OpenSslEngine {
-    OpenSslContext::new(cfg)
-        .expect("context")
-        .engine()
-        .expect("engine")
-}
 
 /// Where the marker goes in the message: in the first record and in the second (whose arrival
 /// grows the receiver's plaintext buffer).
@@ -41,11 +34,6 @@ fn delivered(pki: &Pki, version: TlsVersion, marker: &Masked) -> (OpenSslEngine,
         c.process().unwrap();
     }
     (c, s)
-}
-
-fn no_copy(scan: &mut Scanner, marker: &Masked, what: &str) {
-    let found = scan.find(marker).unwrap();
-    assert_eq!(found, Vec::<usize>::new(), "{what}");
 }
 
 #[test]

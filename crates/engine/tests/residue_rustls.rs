@@ -7,17 +7,10 @@
 
 mod common;
 
-use common::{pump, split_records, Pki};
-use mbx_engine::{OpenSslContext, OpenSslEngine, RustlsEngine, TlsEngine};
+use common::{no_copy, ossl, pump, split_records, Pki};
+use mbx_engine::{RustlsEngine, TlsEngine};
 use mbx_record::{wipe, TlsVersion};
 use mbx_testbed::residue::{Masked, Scanner};
-
-fn ossl(cfg: &mbx_engine::TlsConfig) -> OpenSslEngine {
-    OpenSslContext::new(cfg)
-        .expect("context")
-        .engine()
-        .expect("engine")
-}
 
 const LEN: usize = 600;
 const AT: usize = 100;
@@ -27,11 +20,6 @@ fn message(marker: &Masked) -> Vec<u8> {
     let mut msg = vec![0x20u8; LEN];
     marker.unmask_into(&mut msg, AT);
     msg
-}
-
-fn no_copy(scan: &mut Scanner, marker: &Masked, what: &str) {
-    let found = scan.find(marker).unwrap();
-    assert_eq!(found, Vec::<usize>::new(), "{what}");
 }
 
 #[test]

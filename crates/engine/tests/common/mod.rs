@@ -196,3 +196,21 @@ pub fn check_exact(c: &Handoff, s: &Handoff) {
         assert!(late.open(&rec).is_err());
     }
 }
+
+/// An OpenSSL engine of a context made from `cfg`.
+pub fn ossl(cfg: &TlsConfig) -> mbx_engine::OpenSslEngine {
+    mbx_engine::OpenSslContext::new(cfg)
+        .expect("context")
+        .engine()
+        .expect("engine")
+}
+
+/// The scan finds no copy of `marker` anywhere in the process (`what` names the moment).
+pub fn no_copy(
+    scan: &mut mbx_testbed::residue::Scanner,
+    marker: &mbx_testbed::residue::Masked,
+    what: &str,
+) {
+    let found = scan.find(marker).unwrap();
+    assert_eq!(found, Vec::<usize>::new(), "{what}");
+}
