@@ -21,7 +21,7 @@ use mbx_attest::{
 use mbx_engine::{OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::driver::client::MiddleboxVerdict;
 use mbx_mbtls::driver::{
-    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionReport,
+    fingerprint_hex, AppFactory, ClientProxy, ClientProxyConfig, ConnectionRate, ConnectionReport,
     HandshakeProgress, Limits, ListenerStats, Listening, MbtlsClient, MbtlsServer,
     MbtlsServerConfig, MiddleboxServer, MiddleboxServerConfig, NextHop, Placement, ProxyReport,
     ServerConnectionReport, ServiceConfig,
@@ -538,6 +538,16 @@ struct Service {
     /// middleboxes, whose connections all come from one address.
     #[arg(long)]
     max_connections_per_client: Option<u64>,
+    /// Accept at most this many new connections per second from one client (an IPv4 address
+    /// or an IPv6 /64); more are closed at once (counted in the metrics, the first of each run
+    /// logged), as nginx's `limit_req` with `nodelay`. Default: no limit. The same caveat as
+    /// for --max-connections-per-client.
+    #[arg(long)]
+    connection_rate_per_client: Option<u64>,
+    /// With --connection-rate-per-client: how many a client may open at once after a pause
+    /// (default: one second's worth, the rate).
+    #[arg(long)]
+    connection_burst_per_client: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
     /// end before cutting them (default 10; a second signal cuts them at once).
     #[arg(long)]
@@ -619,23 +629,27 @@ fn role_settings<T: serde::de::DeserializeOwned>(
 }
 
 impl Service {
-    const KEYS: [&'static str; 7] = [
+    const KEYS: [&'static str; 9] = [
         "handshake_timeout_secs",
         "idle_timeout_secs",
         "max_connections",
         "max_connections_per_client",
+        "connection_rate_per_client",
+        "connection_burst_per_client",
         "drain_secs",
         "metrics_listen",
         "report_format",
     ];
 
     /// Which are given, in the order of [`Self::KEYS`].
-    fn given(&self) -> [bool; 7] {
+    fn given(&self) -> [bool; 9] {
         [
             self.handshake_timeout_secs.is_some(),
             self.idle_timeout_secs.is_some(),
             self.max_connections.is_some(),
             self.max_connections_per_client.is_some(),
+            self.connection_rate_per_client.is_some(),
+            self.connection_burst_per_client.is_some(),
             self.drain_secs.is_some(),
             self.metrics_listen.is_some(),
             self.report_format.is_some(),
@@ -674,6 +688,12 @@ impl Service {
             max_connections_per_client: flags
                 .max_connections_per_client
                 .or(file.max_connections_per_client),
+            connection_rate_per_client: flags
+                .connection_rate_per_client
+                .or(file.connection_rate_per_client),
+            connection_burst_per_client: flags
+                .connection_burst_per_client
+                .or(file.connection_burst_per_client),
             drain_secs: flags.drain_secs.or(file.drain_secs),
             metrics_listen: flags.metrics_listen.clone().or(file.metrics_listen),
             report_format: flags.report_format.or(file.report_format),
@@ -726,6 +746,23 @@ impl Service {
             Some(0) => bail!("max_connections_per_client must be at least 1"),
             // More than fits in memory is no limit.
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        };
+        // More than a u32 is no limit either.
+        let at_most_u32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        limits.connection_rate_per_client = match (
+            self.connection_rate_per_client,
+            self.connection_burst_per_client,
+        ) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                bail!("connection_burst_per_client needs connection_rate_per_client")
+            }
+            (Some(0), _) => bail!("connection_rate_per_client must be at least 1"),
+            (Some(_), Some(0)) => bail!("connection_burst_per_client must be at least 1"),
+            (Some(rate), burst) => Some(ConnectionRate {
+                per_second: at_most_u32(rate),
+                burst: at_most_u32(burst.unwrap_or(rate)),
+            }),
         };
         Ok(limits)
     }
@@ -2825,6 +2862,8 @@ fn limits_fields(limits: &Limits) -> serde_json::Value {
         "idle_timeout_secs": limits.idle_timeout.map(|d| d.as_secs()),
         "max_open": limits.max_connections,
         "max_open_per_client": limits.max_connections_per_client,
+        "new_per_second_per_client": limits.connection_rate_per_client.map(|r| r.per_second),
+        "burst_per_client": limits.connection_rate_per_client.map(|r| r.burst),
     })
 }
 
@@ -3212,6 +3251,13 @@ fn service_metrics_text(
     write_metric(
         &mut out,
         "counter",
+        &name("connections_refused_rate_per_client_total"),
+        "Connections closed at their accept: their client opened them faster than connection_rate_per_client.",
+        stats.refused_rate_per_client(),
+    );
+    write_metric(
+        &mut out,
+        "counter",
         &name("connections_cut_total"),
         "Connections cut by a stop after the drain's grace period.",
         stats.connections_cut(),
@@ -3315,8 +3361,16 @@ fn limits_line(limits: &Limits, what: &str) -> String {
     let per_client = limits
         .max_connections_per_client
         .map_or(String::new(), |n| format!(", {n} per client address"));
+    let rate = limits
+        .connection_rate_per_client
+        .map_or(String::new(), |r| {
+            format!(
+                ", {} new per second per client address (burst {})",
+                r.per_second, r.burst
+            )
+        });
     format!(
-        "limits: handshake {}, idle {}, at most {} at once{per_client}",
+        "limits: handshake {}, idle {}, at most {} at once{per_client}{rate}",
         secs(limits.handshake_timeout),
         limits.idle_timeout.map_or("never".into(), secs),
         limits

@@ -3435,6 +3435,80 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
     );
 }
 
+/// `--connection-rate-per-client` with `--connection-burst-per-client`: the server's banner
+/// says the limit, connections a client opens faster are closed at their accept, counted for
+/// Prometheus and logged once. (Twenty at once against a burst of two and one a second: the
+/// last ones are refused however slow the machine.)
+#[test]
+fn a_server_closes_connections_a_client_opens_faster_than_its_rate() {
+    let (_dir, _pki, server, _mbox) = pki_files("mbx cli mbtls rate root", "mb.test");
+    let mut args = mbtls_server_args("127.0.0.1:0", "127.0.0.1:9", &server);
+    args.extend(
+        [
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--connection-rate-per-client",
+            "1",
+            "--connection-burst-per-client",
+            "2",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let (_srv, _lines, errors, head) = start_with_errors(&args, 4);
+    let addr = listening_addr(&head[0]);
+    assert!(
+        head.iter().any(|l| l.starts_with("limits: ")
+            && l.ends_with(" at once, 1 new per second per client address (burst 2)")),
+        "{head:?}"
+    );
+    let metrics_url = head
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics: "))
+        .unwrap_or_else(|| panic!("{head:?}"))
+        .to_owned();
+    let scrape = || {
+        let out = mbx_testbed::Curl::new(&metrics_url).run().unwrap();
+        assert_eq!(out.status, Some(200), "{}", out.verbose);
+        out.body_str().to_owned()
+    };
+    let counter = |text: &str, name: &str| -> u64 {
+        let key = format!("mbtls_server_{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let held: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let text = loop {
+        let text = scrape();
+        let refused = counter(&text, "connections_refused_rate_per_client_total");
+        if counter(&text, "connections_accepted_total") + refused == 20 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(
+        counter(&text, "connections_refused_rate_per_client_total") >= 10,
+        "{text}"
+    );
+    assert_eq!(
+        counter(&text, "connections_refused_per_client_total"),
+        0,
+        "{text}"
+    );
+    let warned = errors
+        .map_while(Result::ok)
+        .find(|l| l.contains("connection_rate_per_client"))
+        .unwrap();
+    assert!(warned.contains("127.0.0.1"), "{warned}");
+    drop(held);
+}
+
 /// `--ticket-key-secs` (TOML `ticket_key_secs`) sets how long the middlebox seals tickets
 /// under one key; zero is refused at start-up with a clear error, a positive value starts.
 /// Service timeouts beyond a year are refused at the start (a deadline that far overflows the
@@ -3478,6 +3552,28 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
         err.contains("max_connections_per_client must be at least 1"),
         "{err}"
     );
+    for (flags, said) in [
+        (
+            &["--connection-rate-per-client", "0"][..],
+            "connection_rate_per_client must be at least 1",
+        ),
+        (
+            &["--connection-burst-per-client", "5"],
+            "connection_burst_per_client needs connection_rate_per_client",
+        ),
+        (
+            &[
+                "--connection-rate-per-client",
+                "5",
+                "--connection-burst-per-client",
+                "0",
+            ],
+            "connection_burst_per_client must be at least 1",
+        ),
+    ] {
+        let err = refused_middlebox(&flags.iter().map(|f| os(f)).collect::<Vec<_>>());
+        assert!(err.contains(said), "{flags:?}: {err}");
+    }
     // More connections than the open-files limit has descriptors for (the middlebox raises
     // its soft limit to the hard one, so only an unlimited hard limit takes any number).
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
@@ -4034,11 +4130,26 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
             ("limits:", "at", "most"),
             "{line}"
         );
+        // ", N per client address" and ", N new per second per client address (burst B)".
+        let part = |ends: &str| {
+            line.split(", ")
+                .find_map(|p| p.strip_suffix(ends))
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        let rate = line
+            .split(", ")
+            .find_map(|p| p.split_once(" new per second per client address (burst "));
+        let number = |n: Option<&str>| {
+            let digits = n?.split(|c: char| !c.is_ascii_digit()).next()?;
+            digits.parse::<u64>().ok()
+        };
         json!({
             "handshake_timeout_secs": secs(words[2]),
             "idle_timeout_secs": secs(words[4]),
             "max_open": words[7].parse::<u64>().ok(),
-            "max_open_per_client": words.get(11).and_then(|w| w.parse::<u64>().ok()),
+            "max_open_per_client": part(" per client address"),
+            "new_per_second_per_client": number(rate.map(|r| r.0)),
+            "burst_per_client": number(rate.map(|r| r.1)),
         })
     };
     // A config file, for the reloads at the end.
@@ -4199,7 +4310,7 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     // A changed limit: the limits now in force, marked as changed.
     std::fs::write(
         &server_config,
-        "[mbtls.server]\nmax_connections = 7\nmax_connections_per_client = 2\n",
+        "[mbtls.server]\nmax_connections = 7\nmax_connections_per_client = 2\nconnection_rate_per_client = 50\nconnection_burst_per_client = 80\n",
     )
     .unwrap();
     signal(&mut srv, Signal::HUP);
@@ -4207,6 +4318,17 @@ fn json_reports_from_a_client_proxy_a_middlebox_and_a_server() {
     let mut limits = default_limits.clone();
     limits["max_open"] = json!(7);
     limits["max_open_per_client"] = json!(2);
+    limits["new_per_second_per_client"] = json!(50);
+    limits["burst_per_client"] = json!(80);
+    // What the reload's text says, its fields say.
+    let said = r["text"].as_str().unwrap().to_owned();
+    let limits_part = said
+        .split("limits: ")
+        .nth(1)
+        .map(|l| format!("limits: {l}"));
+    if let Some(line) = limits_part {
+        assert_eq!(limits_said(&line), limits, "{said}");
+    }
     assert_eq!(
         (&r["applied"], &r["limits"], &r["limits_changed"]),
         (&json!(true), &limits, &json!(true)),

@@ -26,6 +26,7 @@ pub mod client;
 pub mod connection;
 pub mod middlebox;
 mod outbox;
+mod per_client;
 pub mod proxy;
 mod quiet;
 mod read_buf;
@@ -91,8 +92,8 @@ pub struct Limits {
     /// wait in the kernel's listen queue (as with HAProxy's `maxconn`) instead of being
     /// accepted and then failing for want of descriptors or memory. `None`: no limit.
     pub max_connections: Option<usize>,
-    /// At most this many connections open at once from one client address (IPv4-mapped IPv6
-    /// counts as IPv4), as nginx's `limit_conn` on `$binary_remote_addr`: one client cannot take
+    /// At most this many connections open at once from one client (an IPv4 address, IPv4-mapped
+    /// IPv6 counting as IPv4, or an IPv6 /64), as nginx's `limit_conn`: one client cannot take
     /// every slot of `max_connections`, nor make the service run that many handshakes at once.
     /// One more is accepted and closed at once, without a report (the listener counts it,
     /// [`ListenerStats::refused_per_client`](super::ListenerStats::refused_per_client), and logs
@@ -101,6 +102,26 @@ pub struct Limits {
     /// or clients behind one NAT. `Some(0)` closes every connection (counted, not logged). A
     /// reload that sets it counts the connections accepted from then on.
     pub max_connections_per_client: Option<usize>,
+    /// At most this many new connections per second from one client (counted as for
+    /// `max_connections_per_client`), `burst` of them at once: each connection makes the
+    /// service run a handshake, a middlebox's evidence and its own connection to the next hop,
+    /// which cost it far more than the client's ClientHello costs the client. One more is
+    /// accepted and closed at once, without a report (counted,
+    /// [`ListenerStats::refused_rate_per_client`](super::ListenerStats::refused_rate_per_client),
+    /// and the first of each run logged; a run ends when the client's budget is whole again).
+    /// A connection refused for `max_connections_per_client` does not use the rate up. The
+    /// same caveat: leave it `None` where the clients arrive through one address.
+    pub connection_rate_per_client: Option<ConnectionRate>,
+}
+
+/// A rate of new connections: `per_second` on average, `burst` at once after a pause of
+/// `burst / per_second` seconds or more (a token bucket of `burst` refilled `per_second` times
+/// a second, as nginx's `limit_req` with `burst` and `nodelay`). `per_second` 0 refuses every
+/// connection; `burst` 0 counts as 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionRate {
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 impl Default for Limits {
@@ -111,6 +132,7 @@ impl Default for Limits {
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             max_connections: None,
             max_connections_per_client: None,
+            connection_rate_per_client: None,
         }
     }
 }
