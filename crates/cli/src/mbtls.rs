@@ -326,6 +326,12 @@ struct MiddleboxFlags {
     /// server`; a legacy server fails the first session and is then passed through unchanged).
     #[arg(long)]
     server_side: bool,
+    /// With --server-side: seconds a server that refused our announcement is remembered as
+    /// legacy (its sessions passed through unannounced) before it is announced to again; each
+    /// time costs the session that finds it legacy (default: until the middlebox stops; 0:
+    /// announce on every session).
+    #[arg(long)]
+    forget_legacy_after_secs: Option<u64>,
     /// Seconds the middlebox seals its session tickets under one key before it makes the next
     /// (default 3600): a ticket, and with it a resumed secondary session without new
     /// evidence, opens for one to two periods.
@@ -463,6 +469,8 @@ struct MiddleboxSettings {
     side: String,
     /// Seconds per session-ticket key (default `MIDDLEBOX_TICKET_KEY_PERIOD`, 3600).
     ticket_key_secs: Option<u64>,
+    /// Server side: seconds a legacy server is remembered (default: until the middlebox stops).
+    forget_legacy_after_secs: Option<u64>,
     #[serde(skip)]
     service: Service,
 }
@@ -1974,7 +1982,7 @@ fn middlebox(
         ]
     };
     let shown = ShownParts::new(&parts(
-        &cfg.next_hop.to_string(),
+        &format!("{}{}", cfg.next_hop, legacy_memory_shown(&cfg)),
         &app_shown(&s),
         &certificate_names,
         &attestation_line,
@@ -1994,7 +2002,7 @@ fn middlebox(
         let attestation = setup.attestation_line.clone();
         running.keep_unless_changed(setup.tls, attestation, &mut setup.cfg.handshake.tls);
         let line = shown.reloaded(&parts(
-            &setup.cfg.next_hop.to_string(),
+            &format!("{}{}", setup.cfg.next_hop, legacy_memory_shown(&setup.cfg)),
             &app_shown(&setup.s),
             &setup.certificate_names,
             &setup.attestation_line,
@@ -2013,10 +2021,11 @@ fn middlebox(
         let metrics = bind_metrics(&s.service).await?;
         s.service.start_reports("middlebox", server.local_addr());
         let text = format!(
-            "mbTLS middlebox listening on {}, next hop {}, {} side, certificate for {}",
+            "mbTLS middlebox listening on {}, next hop {}, {} side{}, certificate for {}",
             server.local_addr(),
             next_hop,
             s.side,
+            legacy_memory_shown(&server.config()),
             certificate_names
         );
         print_listening(text, &*server.config());
@@ -2207,6 +2216,11 @@ fn middlebox_settings(
         table.insert("evidence_in_certificate".into(), toml::Value::Boolean(true));
     }
     set_secs(&mut table, "ticket_key_secs", flags.ticket_key_secs)?;
+    set_secs(
+        &mut table,
+        "forget_legacy_after_secs",
+        flags.forget_legacy_after_secs,
+    )?;
     // One way to name the next hop wins over the file's other one.
     if flags.transparent {
         table.remove("next_hop");
@@ -2476,6 +2490,17 @@ fn middlebox_setup(
             other => bail!("unknown middlebox side {other:?} (use client or server)"),
         },
         limits: s.service.limits()?,
+        forget_legacy_after: match s.forget_legacy_after_secs {
+            None => None,
+            Some(_) if s.side != "server" => bail!(
+                "forget_legacy_after_secs is for a server-side middlebox (--server-side): a \
+                 client-side one never announces itself"
+            ),
+            Some(n) if n > MAX_TIMEOUT_SECS => {
+                bail!("forget_legacy_after_secs must be at most {MAX_TIMEOUT_SECS} (a year)")
+            }
+            Some(n) => Some(Duration::from_secs(n)),
+        },
     };
     let certificate_names = tls.identity.as_ref().map_or_else(
         || "(none)".into(),
@@ -2487,6 +2512,14 @@ fn middlebox_setup(
         s,
         attestation_line,
         certificate_names,
+    })
+}
+
+/// What the banner and a reload's line add for a server-side middlebox that forgets legacy
+/// servers: " (legacy servers forgotten after Ns)", or nothing.
+fn legacy_memory_shown(cfg: &MiddleboxServerConfig) -> String {
+    cfg.forget_legacy_after.map_or(String::new(), |d| {
+        format!(" (legacy servers forgotten after {}s)", d.as_secs())
     })
 }
 
@@ -2817,6 +2850,7 @@ impl ServiceFields for MiddleboxServerConfig {
             "next_hop": address,
             "transparent": address.is_none(),
             "side": side,
+            "forget_legacy_after_secs": self.forget_legacy_after.map(|d| d.as_secs()),
         }))
     }
 }
@@ -2923,7 +2957,7 @@ fn report_line(r: &ConnectionReport) -> String {
             line.push_str(&format!("; {} KeyUpdates followed", r.key_updates));
         }
     } else if r.legacy_server {
-        line.push_str("the server refused our announcement (a legacy server): remembered, not announced to again");
+        line.push_str("the server refused our announcement (a legacy server): remembered, not announced to again until forgotten");
     } else if let Some(why) = r.passive {
         line.push_str(&format!("not joined ({why}), bytes forwarded unchanged"));
     } else {
@@ -3255,6 +3289,16 @@ fn service_metrics_text(
         "Connections closed at their accept: their client opened them faster than connection_rate_per_client.",
         stats.refused_rate_per_client(),
     );
+    // Only a middlebox remembers legacy servers.
+    if prefix.ends_with("_middlebox") {
+        write_metric(
+            &mut out,
+            "gauge",
+            &name("legacy_servers_remembered"),
+            "Next hops remembered as legacy servers (server side): their sessions pass through unannounced.",
+            stats.legacy_servers_remembered() as u64,
+        );
+    }
     write_metric(
         &mut out,
         "counter",
@@ -4084,6 +4128,7 @@ mod tests {
             app: Arc::new(|| Box::new(PassThrough) as Box<_>),
             placement: Placement::ClientSide,
             limits: Limits::default(),
+            forget_legacy_after: None,
         };
         let mut server = MiddleboxServer::bind("127.0.0.1:0", cfg).await.unwrap();
         // Two clients that say nothing: each connection waits for its ClientHello.

@@ -3435,6 +3435,65 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
     );
 }
 
+/// A server-side middlebox in front of a legacy server (nginx): the session that finds it
+/// legacy fails, the server is remembered (the metrics' gauge), and with
+/// `--forget-legacy-after-secs 0` the next session is announced again, and fails again, where
+/// a middlebox that remembers passes it through (`legacy_server_behind_a_server_side_middlebox_is_remembered`
+/// in the library's tests).
+#[test]
+fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
+    // The directory holds the files: kept to the end.
+    let Setup {
+        dir: _dir,
+        server,
+        mbox,
+        nginx,
+        ..
+    } = Setup::new("mbx cli mbtls forget legacy root");
+    let next_hop = nginx.addr().to_string();
+    let flags = [
+        "--server-side",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--forget-legacy-after-secs",
+        "0",
+    ];
+    let (_mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &flags, 5);
+    assert!(
+        head[0].contains(", server side (legacy servers forgotten after 0s), certificate for "),
+        "{head:?}"
+    );
+    let mb_addr: std::net::SocketAddr = listening_addr(&head[0]).parse().unwrap();
+    let metrics_url = head[4]
+        .strip_prefix("metrics: ")
+        .unwrap_or_else(|| panic!("{head:?}"))
+        .to_owned();
+    let fetch = || {
+        mbx_testbed::Curl::new(&format!("https://server.test:{}/", mb_addr.port()))
+            .resolve("server.test", mb_addr.port(), mb_addr.ip())
+            .cacert(&server.ca)
+            .run()
+            .unwrap()
+    };
+    for session in ["first", "second"] {
+        let out = fetch();
+        assert_ne!(out.exit_code, Some(0), "{session}: {}", out.verbose);
+        let line = lines.next().unwrap().unwrap();
+        assert!(
+            line.contains("(a legacy server): remembered, not announced to again until forgotten"),
+            "{session}: {line}"
+        );
+        let text = mbx_testbed::Curl::new(&metrics_url)
+            .run()
+            .unwrap()
+            .body_str();
+        assert!(
+            text.contains("# TYPE mbtls_middlebox_legacy_servers_remembered gauge\nmbtls_middlebox_legacy_servers_remembered 1\n"),
+            "{session}: {text}"
+        );
+    }
+}
+
 /// `--connection-rate-per-client` with `--connection-burst-per-client`: the server's banner
 /// says the limit, connections a client opens faster are closed at their accept, counted for
 /// Prometheus and logged once. (Twenty at once against a burst of two and one a second: the
@@ -3554,7 +3613,11 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
     );
     for (flags, said) in [
         (
-            &["--connection-rate-per-client", "0"][..],
+            &["--forget-legacy-after-secs", "5"][..],
+            "forget_legacy_after_secs is for a server-side middlebox (--server-side)",
+        ),
+        (
+            &["--connection-rate-per-client", "0"],
             "connection_rate_per_client must be at least 1",
         ),
         (

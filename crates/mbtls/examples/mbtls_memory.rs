@@ -267,6 +267,7 @@ fn main() -> Res<()> {
         app,
         placement: Placement::ClientSide,
         limits: Limits::default(),
+        forget_legacy_after: None,
     };
     let mut mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg.clone()))?;
     let mbox_addr = mbox.local_addr();

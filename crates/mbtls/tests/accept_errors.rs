@@ -43,6 +43,7 @@ async fn out_of_descriptors_the_listeners_pause_and_then_serve_again() {
             app: Arc::new(|| Box::new(mbx_apps::PassThrough) as Box<_>),
             placement: Placement::ClientSide,
             limits: Limits::default(),
+            forget_legacy_after: None,
         },
     )
     .await

@@ -138,6 +138,7 @@ impl World {
             app,
             placement: Placement::ClientSide,
             limits: mbx_mbtls::driver::Limits::default(),
+            forget_legacy_after: None,
         }
     }
 }

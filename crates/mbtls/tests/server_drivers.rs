@@ -103,6 +103,7 @@ impl World {
             app: header_app(name),
             placement,
             limits: mbx_mbtls::driver::Limits::default(),
+            forget_legacy_after: None,
         }
     }
 
@@ -1261,6 +1262,19 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         );
         assert!(
             report.outcome.is_ok() || report.passive.is_some(),
+            "{legacy}: {report:?}"
+        );
+        assert_eq!(mb2.stats().legacy_servers_remembered(), 1, "{legacy}");
+        // A reload that forgets at once: the next session is announced again, and fails
+        // again (a server that had become mbTLS-aware would now be joined).
+        let mut forgetful = (*mb2.config()).clone();
+        forgetful.forget_legacy_after = Some(Duration::ZERO);
+        mb2.reload(forgetful).unwrap();
+        let third = run("/third").await;
+        assert_ne!(third.exit_code, Some(0), "{legacy}: {}", third.verbose);
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(
+            report.announced && report.legacy_server,
             "{legacy}: {report:?}"
         );
     }

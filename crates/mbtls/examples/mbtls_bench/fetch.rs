@@ -87,6 +87,7 @@ async fn path(
                     app,
                     placement: Placement::ClientSide,
                     limits: mbx_mbtls::driver::Limits::default(),
+                    forget_legacy_after: None,
                 },
             )
             .await?;

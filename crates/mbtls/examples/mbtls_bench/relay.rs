@@ -327,6 +327,7 @@ impl Tcp {
                 app,
                 placement: Placement::ClientSide,
                 limits: mbx_mbtls::driver::Limits::default(),
+                forget_legacy_after: None,
             };
             let mbox = mbox_rt.block_on(MiddleboxServer::bind("127.0.0.1:0", cfg))?;
             let relay_addr = mbox_rt.block_on(tcp_relay(server))?;

@@ -94,6 +94,7 @@ pub struct ListenerStats {
     dropped: Arc<AtomicU64>,
     refused_per_client: Arc<AtomicU64>,
     refused_rate_per_client: Arc<AtomicU64>,
+    legacy_servers: Arc<AtomicUsize>,
     ended: Arc<Tally>,
 }
 
@@ -138,6 +139,14 @@ impl ListenerStats {
     /// [`Limits::connection_rate_per_client`]; not counted as accepted, and without a report.
     pub fn refused_rate_per_client(&self) -> u64 {
         self.refused_rate_per_client.load(Ordering::Relaxed)
+    }
+
+    /// Next hops a server-side middlebox remembers as legacy servers now (it passes their
+    /// sessions through unannounced,
+    /// [`MiddleboxServerConfig::forget_legacy_after`](super::MiddleboxServerConfig::forget_legacy_after));
+    /// 0 for other listeners.
+    pub fn legacy_servers_remembered(&self) -> usize {
+        self.legacy_servers.load(Ordering::Relaxed)
     }
 
     /// Counts of the connections that ended so far, whether or not their reports were read:
@@ -208,6 +217,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             dropped: reports.dropped_count(),
             refused_per_client,
             refused_rate_per_client,
+            legacy_servers: Arc::default(),
             ended: reports.tally(),
         };
         Ok(Listening {
@@ -233,6 +243,11 @@ impl<R, C> Listening<R, C> {
         config.check()?;
         self.config.replace(config);
         Ok(())
+    }
+
+    /// Where [`ListenerStats::legacy_servers_remembered`] reads its count.
+    pub(super) fn count_legacy_servers(&mut self, count: Arc<AtomicUsize>) {
+        self.stats.legacy_servers = count;
     }
 
     /// The configuration new connections get.

@@ -3,10 +3,11 @@
 //! at once. One report per connection says what happened.
 
 use std::borrow::Cow;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mbx_apps::{CatchPanic, ConnectionInfo, MiddleboxApp};
 use mbx_record::TlsVersion;
@@ -64,6 +65,13 @@ pub struct MiddleboxServerConfig {
     /// When a stalled handshake or an idle session is closed (both sockets), and how many
     /// connections are served at once.
     pub limits: Limits,
+    /// Server side: how long a next hop that refused our announcement is remembered as legacy
+    /// (its sessions passed through unannounced). `None` (the default): until the listener
+    /// stops. Each time a server is found legacy costs the session that found it, so a short
+    /// time fails a session of each legacy server that often; a server that has become
+    /// mbTLS-aware is announced to again once this has passed. A reload that sets it applies
+    /// to the servers already remembered.
+    pub forget_legacy_after: Option<Duration>,
 }
 
 /// Where a middlebox connects each accepted connection.
@@ -96,6 +104,7 @@ impl MiddleboxServerConfig {
             app,
             placement,
             limits: Limits::default(),
+            forget_legacy_after: None,
         }
     }
 }
@@ -312,9 +321,11 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         listen: impl ToSocketAddrs,
         cfg: MiddleboxServerConfig,
     ) -> Result<MiddleboxServer, DriverError> {
-        // Kept across reloads: a server found to be legacy stays so.
+        // Kept across reloads: a server found to be legacy stays so (for the
+        // `forget_legacy_after` of the configuration in force).
         let memory = Arc::new(ListenerMemory::default());
-        Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
+        let legacy_count = memory.legacy.count.clone();
+        let mut listening = Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let memory = memory.clone();
             let mut pending = Pending::new(ConnectionReport::new(id, Some(peer)), (), reports);
             let accepted = pending.accepted();
@@ -325,7 +336,9 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
                 pending.send();
             }
         })
-        .await
+        .await?;
+        listening.count_legacy_servers(legacy_count);
+        Ok(listening)
     }
 }
 
@@ -387,32 +400,67 @@ const REMEMBERED_LEGACY_SERVERS: usize = 4096;
 
 /// Next hops that refused our announcement with an alert (server side), shared by every
 /// connection of one listener: at most [`REMEMBERED_LEGACY_SERVERS`], the oldest forgotten
-/// first.
+/// first, each for [`MiddleboxServerConfig::forget_legacy_after`] if set. Sans-I/O: the
+/// caller gives the time.
 #[derive(Default)]
-struct LegacyServers(Mutex<(HashSet<String>, VecDeque<String>)>);
+pub(super) struct LegacyServers {
+    kept: Mutex<LegacyKept>,
+    /// How many are remembered now, for [`ListenerStats`](super::ListenerStats).
+    count: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+struct LegacyKept {
+    /// Each next hop and when it was (last) found legacy.
+    since: HashMap<String, Instant>,
+    /// The order they were found in; an entry whose time differs from `since`'s was found
+    /// again later (or forgotten), and stands for nothing.
+    order: VecDeque<(String, Instant)>,
+}
 
 impl LegacyServers {
-    fn is_legacy(&self, next_hop: &str) -> bool {
-        self.0
-            .lock()
-            .map(|kept| kept.0.contains(next_hop))
-            .unwrap_or(false)
+    /// Whether `next_hop` is remembered as legacy at `now`; one remembered longer than
+    /// `forget_after` is forgotten here.
+    fn is_legacy(&self, next_hop: &str, now: Instant, forget_after: Option<Duration>) -> bool {
+        let Ok(mut kept) = self.kept.lock() else {
+            return false;
+        };
+        let Some(&since) = kept.since.get(next_hop) else {
+            return false;
+        };
+        let expired =
+            forget_after.is_some_and(|after| now.saturating_duration_since(since) >= after);
+        if expired {
+            kept.since.remove(next_hop);
+            self.count.store(kept.since.len(), Ordering::Relaxed);
+        }
+        !expired
     }
 
-    fn remember_legacy(&self, next_hop: &str) {
-        let Ok(mut kept) = self.0.lock() else {
+    fn remember_legacy(&self, next_hop: &str, now: Instant) {
+        let Ok(mut kept) = self.kept.lock() else {
             return;
         };
-        let (set, order) = &mut *kept;
-        if !set.insert(next_hop.to_string()) {
-            return;
-        }
-        order.push_back(next_hop.to_string());
-        while order.len() > REMEMBERED_LEGACY_SERVERS {
-            if let Some(oldest) = order.pop_front() {
-                set.remove(&oldest);
+        let LegacyKept { since, order } = &mut *kept;
+        since.insert(next_hop.to_string(), now);
+        order.push_back((next_hop.to_string(), now));
+        // The oldest are forgotten while over the limit, and entries that stand for nothing
+        // dropped as they come to the front ...
+        while let Some((front, at)) = order.front() {
+            let live = since.get(front) == Some(at);
+            if live && since.len() <= REMEMBERED_LEGACY_SERVERS {
+                break;
             }
+            if live {
+                since.remove(front);
+            }
+            order.pop_front();
         }
+        // ... or, when they pile up behind a live one, all at once.
+        if order.len() > 2 * REMEMBERED_LEGACY_SERVERS {
+            order.retain(|(name, at)| since.get(name) == Some(at));
+        }
+        self.count.store(since.len(), Ordering::Relaxed);
     }
 }
 
@@ -465,7 +513,7 @@ async fn serve(
         return;
     }
     let legacy = &memory.legacy;
-    let announce = !legacy.is_legacy(&next_hop);
+    let announce = !legacy.is_legacy(&next_hop, Instant::now(), cfg.forget_legacy_after);
     let own_ports = transparent.then_some(&memory.own_ports);
     if let Err(e) = relay(
         client, &next_hop, cfg, announce, own_ports, report, accepted,
@@ -483,7 +531,7 @@ async fn serve(
     let how = report.passive.and_then(legacy_refusal);
     if let Some(how) = how.filter(|_| report.announced && !report.joined) {
         report.legacy_server = true;
-        legacy.remember_legacy(&next_hop);
+        legacy.remember_legacy(&next_hop, Instant::now());
         // The server's refusal went on to the client: this session failed, whatever the
         // sockets' ends looked like, and whatever the client made of it.
         let why = format!(
@@ -1126,19 +1174,73 @@ mod tests {
     #[test]
     fn legacy_servers_are_remembered_up_to_the_limit_oldest_forgotten_first() {
         let legacy = LegacyServers::default();
+        let now = Instant::now();
         for i in 0..=REMEMBERED_LEGACY_SERVERS {
-            legacy.remember_legacy(&format!("10.0.0.1:{i}"));
+            legacy.remember_legacy(&format!("10.0.0.1:{i}"), now);
         }
         // Once more: no second entry, nothing else forgotten.
-        legacy.remember_legacy("10.0.0.1:5");
-        assert!(!legacy.is_legacy("10.0.0.1:0"));
+        legacy.remember_legacy("10.0.0.1:5", now);
+        assert!(!legacy.is_legacy("10.0.0.1:0", now, None));
         for i in 1..=REMEMBERED_LEGACY_SERVERS {
-            assert!(legacy.is_legacy(&format!("10.0.0.1:{i}")), "{i}");
+            assert!(legacy.is_legacy(&format!("10.0.0.1:{i}"), now, None), "{i}");
         }
-        let kept = legacy.0.lock().unwrap();
+        let kept = legacy.kept.lock().unwrap();
+        assert_eq!(kept.since.len(), REMEMBERED_LEGACY_SERVERS);
+        assert!(kept.order.len() <= REMEMBERED_LEGACY_SERVERS + 1);
         assert_eq!(
-            (kept.0.len(), kept.1.len()),
-            (REMEMBERED_LEGACY_SERVERS, REMEMBERED_LEGACY_SERVERS)
+            legacy.count.load(Ordering::Relaxed),
+            REMEMBERED_LEGACY_SERVERS
         );
+    }
+
+    /// With `forget_legacy_after`, a server is announced to again once that long has passed
+    /// since it was found legacy (found again, it is remembered afresh); without, it stays.
+    /// The count follows.
+    #[test]
+    fn legacy_servers_are_forgotten_after_the_time_set() {
+        let legacy = LegacyServers::default();
+        let t0 = Instant::now();
+        let secs = |n| t0 + Duration::from_secs(n);
+        let hour = Some(Duration::from_secs(3600));
+        legacy.remember_legacy("a:443", t0);
+        legacy.remember_legacy("b:443", secs(1000));
+        assert_eq!(legacy.count.load(Ordering::Relaxed), 2);
+        assert!(legacy.is_legacy("a:443", secs(3599), hour));
+        assert!(legacy.is_legacy("a:443", secs(100_000), None));
+        assert!(!legacy.is_legacy("a:443", secs(3600), hour));
+        assert_eq!(legacy.count.load(Ordering::Relaxed), 1);
+        // Forgotten for good: a longer time later does not bring it back.
+        assert!(!legacy.is_legacy("a:443", secs(3600), None));
+        assert!(legacy.is_legacy("b:443", secs(4599), hour));
+        legacy.remember_legacy("a:443", secs(4000));
+        assert!(legacy.is_legacy("a:443", secs(7599), hour));
+        assert!(!legacy.is_legacy("a:443", secs(7600), hour));
+        assert!(!legacy.is_legacy("b:443", secs(7600), hour));
+        assert_eq!(legacy.count.load(Ordering::Relaxed), 0);
+        assert!(!legacy.is_legacy("c:443", t0, None));
+    }
+
+    /// A server found legacy over and over (a short `forget_legacy_after`) behind one that is
+    /// never looked up again does not grow the queue without bound, nor cost the older one its
+    /// place.
+    #[test]
+    fn finding_one_server_legacy_again_and_again_keeps_the_memory_bounded() {
+        let legacy = LegacyServers::default();
+        let t0 = Instant::now();
+        legacy.remember_legacy("old:443", t0);
+        for n in 1..=(5 * REMEMBERED_LEGACY_SERVERS as u64) {
+            let now = t0 + Duration::from_secs(n);
+            assert!(!legacy.is_legacy("again:443", now, Some(Duration::ZERO)));
+            legacy.remember_legacy("again:443", now);
+        }
+        let kept = legacy.kept.lock().unwrap();
+        assert!(
+            kept.order.len() <= 2 * REMEMBERED_LEGACY_SERVERS + 1,
+            "{}",
+            kept.order.len()
+        );
+        assert_eq!(kept.since.len(), 2);
+        drop(kept);
+        assert!(legacy.is_legacy("old:443", t0, None));
     }
 }

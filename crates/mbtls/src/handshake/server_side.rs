@@ -258,7 +258,8 @@ impl<A: MiddleboxApp> ServerSideMiddlebox<A> {
             // server upgraded to mbTLS failed every session with no pointer to why).
             self.go_passive(
                 "not announcing to this server: an earlier session found it legacy, and this \
-                 listener remembers that until the middlebox restarts",
+                 listener remembers that until the middlebox restarts, or for \
+                 forget_legacy_after if set",
             );
         }
         Ok(())
