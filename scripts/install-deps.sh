@@ -14,6 +14,7 @@ PACKAGES=(
     nginx            # real TLS server peer (crates/testbed peers::Nginx)
     openssl          # s_server / s_client / verify
     curl             # real TLS client peer
+    gnutls-bin       # gnutls-serv / gnutls-cli: legacy peers on a TLS stack other than OpenSSL
     iproute2         # `ip netns`, veth pairs (crates/testbed netns)
     nftables         # `nft`: the redirect in front of the transparent mbTLS middlebox (netns test)
     iputils-ping     # ping across namespaces

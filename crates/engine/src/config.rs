@@ -345,6 +345,9 @@ pub fn suite_openssl_name(id: u16) -> Option<(&'static str, bool)> {
         0xC030 => ("ECDHE-RSA-AES256-GCM-SHA384", false),
         0xCCA8 => ("ECDHE-RSA-CHACHA20-POLY1305", false),
         0xCCA9 => ("ECDHE-ECDSA-CHACHA20-POLY1305", false),
+        0x009E => ("DHE-RSA-AES128-GCM-SHA256", false),
+        0x009F => ("DHE-RSA-AES256-GCM-SHA384", false),
+        0xCCAA => ("DHE-RSA-CHACHA20-POLY1305", false),
         _ => return None,
     })
 }

@@ -521,6 +521,77 @@ async fn openssl_s_server_www_through_the_middlebox_both_versions() {
     }
 }
 
+/// A legacy server on a TLS stack other than OpenSSL: GnuTLS's `gnutls-serv` behind the
+/// header-inserting client-side middlebox, TLS 1.2 and 1.3. The page it answers with names
+/// the protocol it negotiated (with the bridging middlebox's keys) and echoes the request's
+/// header, the middlebox's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnutls_serv_through_the_middlebox_both_versions() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server = mbx_testbed::GnutlsServer::start(&w.server_files, Some(tb(version))).unwrap();
+        let mbox = w.start_middlebox(server.addr(), header_app()).await;
+        let (client, response) = fetch(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            "/gnutls",
+        )
+        .await;
+        assert!(
+            response.starts_with("HTTP/1.0 200 OK"),
+            "{version:?}: {response}"
+        );
+        let proto = match version {
+            TlsVersion::Tls12 => "TLS1.2",
+            TlsVersion::Tls13 => "TLS1.3",
+        };
+        assert!(response.contains(proto), "{version:?}: {response}");
+        assert!(
+            response.contains("X-Mbtls: mb.test"),
+            "{version:?}: {response}"
+        );
+        assert_eq!(client.summary().unwrap().version, version);
+    }
+}
+
+/// A legacy TLS 1.2 server that takes only a CBC suite (`openssl s_server -cipher
+/// ECDHE-ECDSA-AES128-SHA256`), behind a client-side middlebox, fails the client's handshake
+/// with its `handshake_failure`: the primary session (`primary_client_config`) offers only
+/// suites the record layer carries. With OpenSSL's defaults the session settled on the CBC
+/// suite and failed after the handshake, when the middlebox was to get keys no record layer of
+/// ours takes (found in a GnuTLS trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_server_with_only_cbc_suites_fails_the_handshake_itself() {
+    let w = World::new();
+    let server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls12))
+        .arg("-cipher")
+        .arg("ECDHE-ECDSA-AES128-SHA256")
+        .start()
+        .unwrap();
+    let mbox = w.start_middlebox(server.addr(), passthrough()).await;
+    let mut cfg = w.client(TlsVersion::Tls12, measure(PROGRAM, b""));
+    let mut primary =
+        mbx_mbtls::handshake::primary_client_config("server.test", w.root_pem.clone())
+            .only(TlsVersion::Tls12);
+    primary.pause_after_handshake = true;
+    cfg.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    let err = timeout(BOUND, MbtlsClient::connect(mbox.local_addr(), cfg))
+        .await
+        .unwrap()
+        .expect_err("a session on a CBC suite");
+    let said = err.to_string();
+    assert!(
+        said.contains("handshake_failure") && !said.contains("record layer"),
+        "{said}"
+    );
+    assert!(
+        server.log().contains("no shared cipher"),
+        "{}",
+        server.log()
+    );
+}
+
 /// Reads (bounded) from `client` until what arrived contains `text`; the peer must not close
 /// before.
 async fn read_until(client: &mut MbtlsClient, text: &str) {

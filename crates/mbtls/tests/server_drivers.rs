@@ -972,6 +972,87 @@ async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
     }
 }
 
+/// A legacy client on a TLS stack other than OpenSSL: GnuTLS's `gnutls-cli` through the
+/// server-side middlebox to the mbTLS server, TLS 1.2 and 1.3; the request reaches the
+/// backend with the middlebox's header, and the answer comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnutls_cli_through_a_server_side_middlebox_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
+        let addr = mb2.local_addr();
+        let ca = w.server_files.ca.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            mbx_testbed::gnutls_cli(
+                addr,
+                "server.test",
+                &ca,
+                Some(tb(version)),
+                b"GET /gnutls-cli HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n",
+            )
+            .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = out.stdout_str();
+        assert!(
+            stdout.contains("HTTP/1.1 200 OK"),
+            "{version:?}: {stdout}\n{}",
+            out.stderr_str()
+        );
+        assert!(stdout.contains("X-Mbtls: mb2.test"), "{stdout}");
+        let proto = match version {
+            TlsVersion::Tls12 => "(TLS1.2-",
+            TlsVersion::Tls13 => "(TLS1.3-",
+        };
+        assert!(
+            out.stderr_str().contains(proto) || stdout.contains(proto),
+            "{version:?}: {stdout}"
+        );
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(report.keys_installed, "{report:?}");
+    }
+}
+
+/// A legacy client that offers only a CBC suite (`openssl s_client -cipher
+/// ECDHE-ECDSA-AES128-SHA256`), through a server-side middlebox, is refused by the mbTLS
+/// server's handshake with `handshake_failure`: its primary session (`primary_server_config`)
+/// accepts only suites the record layer carries. With OpenSSL's defaults the server took the
+/// CBC suite and then failed for want of a record layer for it, closing without an alert
+/// (found in a GnuTLS trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_client_with_only_cbc_suites_is_refused_in_the_handshake() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    let mut cfg = w.server(TlsVersion::Tls12, backend);
+    let mut primary =
+        mbx_mbtls::handshake::primary_server_config(w.server_id.clone()).only(TlsVersion::Tls12);
+    primary.session_tickets = true;
+    cfg.handshake.primary = Arc::new(OpenSslContext::new(&primary).unwrap());
+    let (mut server, mb2) = w.server_behind_mb2_with(cfg).await;
+    let addr = mb2.local_addr();
+    let ca = w.server_files.ca.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        OpensslClient::new(addr)
+            .servername("server.test")
+            .cafile(ca)
+            .version(tb(TlsVersion::Tls12))
+            .arg("-cipher")
+            .arg("ECDHE-ECDSA-AES128-SHA256")
+            .input(&b"GET / HTTP/1.1\r\nHost: server.test\r\n\r\n"[..])
+            .run()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let said = format!("{}{}", out.stdout_str(), out.stderr_str());
+    assert!(said.contains("alert handshake failure"), "{said}");
+    let report = timeout(BOUND, server.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.as_ref().unwrap_err();
+    assert!(why.contains("no shared cipher"), "{why}");
+}
+
 /// Waits (bounded) until `s_client` printed `text` `times` times.
 async fn wait_for_client_output(client: &InteractiveClient, text: &str, times: usize) {
     mbx_testbed::wait::printed(|| client.log(), text, times, BOUND)

@@ -6,8 +6,9 @@
 //!   with an optional tap that captures one hop's bytes and a flight counter for round trips.
 //! * [`netns`]: network namespaces linked by veth pairs when running as root, and a [`netns::Topology`]
 //!   that falls back to loopback when namespaces are unavailable.
-//! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`) and run
-//!   them as child processes that are killed on drop.
+//! * [`peers`]: find-or-install real peers (`openssl s_server`/`s_client`, `nginx`, `curl`,
+//!   GnuTLS's `gnutls-serv`/`gnutls-cli`) and run them as child processes that are killed on
+//!   drop.
 //!
 //! * [`wait`]: waiting in a test for a peer to close a socket or a process to print something.
 //!
@@ -38,8 +39,8 @@ pub mod wait;
 
 pub use netns::{Host, Topology};
 pub use peers::{
-    ensure_tool, free_port, refusing_addr, Curl, InteractiveClient, Nginx, OpensslClient,
-    OpensslServer, ServerMode, TlsVersion,
+    ensure_tool, free_port, gnutls_cli, refusing_addr, Curl, GnutlsServer, InteractiveClient,
+    Nginx, OpensslClient, OpensslServer, ServerMode, TlsVersion,
 };
 pub use pki::{IssuedCert, KeyType, LeafSpec, PkiFiles, Role, TestPki, Validity};
 pub use relay::{DelayRelay, Direction, FlightCounter, Tap};

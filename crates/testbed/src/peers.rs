@@ -1142,6 +1142,113 @@ impl Nginx {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GnuTLS: gnutls-serv and gnutls-cli, a TLS stack independent of OpenSSL
+
+/// The GnuTLS priority string that allows `version` only (or GnuTLS's defaults).
+fn gnutls_priority(version: Option<TlsVersion>) -> &'static str {
+    match version {
+        None => "NORMAL",
+        Some(TlsVersion::Tls12) => "NORMAL:-VERS-ALL:+VERS-TLS1.2",
+        Some(TlsVersion::Tls13) => "NORMAL:-VERS-ALL:+VERS-TLS1.3",
+    }
+}
+
+/// A running `gnutls-serv --http` (GnuTLS's test server; it answers any request with an HTML
+/// page naming the protocol and echoing the request's header), killed on drop.
+#[derive(Debug)]
+pub struct GnutlsServer {
+    addr: SocketAddr,
+    log: PathBuf,
+    _child: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+impl GnutlsServer {
+    /// Starts a server with `files`' chain and key on a free port (it listens on every
+    /// address; this is its 127.0.0.1), allowing `version` only if given, and waits until it
+    /// accepts connections. Installs `gnutls-bin` if missing (as root).
+    pub fn start(
+        files: &crate::pki::PkiFiles,
+        version: Option<TlsVersion>,
+    ) -> Result<GnutlsServer, PeerError> {
+        let serv = ensure_tool("gnutls-serv", "gnutls-bin")?;
+        let dir = temp_dir("mbx-gnutls-serv")?;
+        let mut last = None;
+        for attempt in 0..BIND_ATTEMPTS {
+            let port = free_port()?;
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let log = dir.path().join(format!("gnutls-serv.{attempt}.log"));
+            let out = log_file(&log)?;
+            let err = out.try_clone().map_err(io_err("dup log"))?;
+            let child = Command::new(&serv)
+                .args(["--http", "--port", &port.to_string()])
+                .arg("--x509certfile")
+                .arg(&files.chain)
+                .arg("--x509keyfile")
+                .arg(&files.key)
+                .args(["--priority", gnutls_priority(version)])
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .map_err(io_err("spawning gnutls-serv"))?;
+            let mut child = ChildGuard::new(child);
+            match wait_for_port(addr, &mut child, "gnutls-serv", &log) {
+                Ok(()) => {
+                    return Ok(GnutlsServer {
+                        addr,
+                        log,
+                        _child: child,
+                        _dir: dir,
+                    })
+                }
+                Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
+                    last = Some(text);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(PeerError::Timeout {
+            what: "gnutls-serv (no free port)".into(),
+            after: READY_TIMEOUT,
+            log: last.unwrap_or_default(),
+        })
+    }
+
+    /// Its address on loopback.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Everything it printed so far.
+    pub fn log(&self) -> String {
+        read_lossy(&self.log)
+    }
+}
+
+/// A run of `gnutls-cli` (GnuTLS's client) against `addr`: the server's name is sent (SNI)
+/// and checked against its certificate, which must chain to `cafile`; `input` is sent, and
+/// what comes back until the server closes is captured.
+pub fn gnutls_cli(
+    addr: SocketAddr,
+    server_name: &str,
+    cafile: &Path,
+    version: Option<TlsVersion>,
+    input: &[u8],
+) -> Result<ProcessOutput, PeerError> {
+    let cli = ensure_tool("gnutls-cli", "gnutls-bin")?;
+    let mut cmd = Command::new(cli);
+    cmd.arg("--x509cafile")
+        .arg(cafile)
+        .args(["--priority", gnutls_priority(version)])
+        .args(["--sni-hostname", server_name])
+        .args(["--verify-hostname", server_name])
+        .args(["--port", &addr.port().to_string()])
+        .arg(addr.ip().to_string());
+    run_with_timeout(cmd, input, RUN_TIMEOUT)
+}
+
+// ---------------------------------------------------------------------------------------------
 // curl
 
 /// Builder-style runner for `curl`.

@@ -67,6 +67,7 @@ pub const SECONDARY_CIPHER_SUITES: [u16; 9] = [
 /// context serves several servers.
 pub fn primary_client_config(server_name: &str, roots_pem: Vec<u8>) -> TlsConfig {
     let mut cfg = TlsConfig::client(server_name, roots_pem);
+    cfg.cipher_suites = PRIMARY_CIPHER_SUITES.to_vec();
     cfg.custom_extensions = vec![mbx_engine::CustomExtension::new(
         crate::MIDDLEBOX_SUPPORT_EXTENSION,
     )];
@@ -78,9 +79,34 @@ pub fn primary_client_config(server_name: &str, roots_pem: Vec<u8>) -> TlsConfig
 /// `identity` that pauses after its handshake, as [`ServerHandshakeConfig::check`] requires.
 pub fn primary_server_config(identity: mbx_engine::Identity) -> TlsConfig {
     let mut cfg = TlsConfig::server(identity);
+    cfg.cipher_suites = PRIMARY_CIPHER_SUITES.to_vec();
     cfg.pause_after_handshake = true;
     cfg
 }
+
+/// The suites a primary session offers (client) and accepts (server): every forward-secret
+/// AEAD suite the record layer carries, in OpenSSL's default order. The primary session's keys
+/// go to middleboxes, whose record layer must take them: with OpenSSL's defaults a TLS 1.2
+/// session could settle on a CBC suite, which worked end to end but failed the moment a
+/// middlebox joined, after the handshake ("cipher suite 0xc023 is not supported by the mbx
+/// record layer", found in a GnuTLS trial). A peer that has only others now fails the
+/// handshake itself, with `handshake_failure`. Left out: CBC suites, and the RSA key exchange,
+/// which the record layer carries but which has no forward secrecy (whoever later holds the
+/// server's private key opens every recorded session).
+pub const PRIMARY_CIPHER_SUITES: [u16; 12] = [
+    0x1302, // TLS_AES_256_GCM_SHA384
+    0x1303, // TLS_CHACHA20_POLY1305_SHA256
+    0x1301, // TLS_AES_128_GCM_SHA256
+    0xC02C, // ECDHE-ECDSA-AES256-GCM-SHA384
+    0xC030, // ECDHE-RSA-AES256-GCM-SHA384
+    0x009F, // DHE-RSA-AES256-GCM-SHA384
+    0xCCA9, // ECDHE-ECDSA-CHACHA20-POLY1305
+    0xCCA8, // ECDHE-RSA-CHACHA20-POLY1305
+    0xCCAA, // DHE-RSA-CHACHA20-POLY1305
+    0xC02B, // ECDHE-ECDSA-AES128-GCM-SHA256
+    0xC02F, // ECDHE-RSA-AES128-GCM-SHA256
+    0x009E, // DHE-RSA-AES128-GCM-SHA256
+];
 
 /// The configuration an endpoint's secondary-session context starts from: a TLS client for
 /// middlebox certificates issued under `roots_pem`, offering [`SECONDARY_CIPHER_SUITES`], and
@@ -243,6 +269,44 @@ mod tests {
     use mbx_engine::{ClientContext, Identity, OpenSslContext, RustlsClientContext, TlsEngine};
     use mbx_record::TlsVersion;
     use mbx_testbed::pki::{LeafSpec, TestPki};
+
+    /// A primary ClientHello offers only suites the record layer carries (and OpenSSL's
+    /// renegotiation SCSV), every one of [`PRIMARY_CIPHER_SUITES`], TLS 1.2 and 1.3 alike.
+    #[test]
+    fn the_primary_session_offers_only_suites_the_record_layer_carries() {
+        let pki = TestPki::new("primary suites CA").unwrap();
+        for &id in &PRIMARY_CIPHER_SUITES {
+            assert!(mbx_record::CipherSuite::from_id(id).is_some(), "{id:#06x}");
+        }
+        for version in [None, Some(TlsVersion::Tls12), Some(TlsVersion::Tls13)] {
+            let mut cfg = primary_client_config("server.test", pki.root_pem().into_bytes());
+            cfg.custom_extensions.clear();
+            if let Some(v) = version {
+                cfg = cfg.only(v);
+            }
+            let mut c = OpenSslContext::new(&cfg).unwrap().engine().unwrap();
+            c.process().unwrap();
+            let out = c.take_outgoing();
+            // One handshake record: 5 bytes of record header, then the ClientHello.
+            let hello = mbx_wire::hello::ClientHello::parse_message(&out[5..]).unwrap();
+            let offered: Vec<u16> = hello
+                .cipher_suites
+                .iter()
+                .copied()
+                .filter(|&id| id != 0x00FF)
+                .collect();
+            let expected: Vec<u16> = PRIMARY_CIPHER_SUITES
+                .iter()
+                .copied()
+                .filter(|&id| match version {
+                    Some(TlsVersion::Tls12) => id >> 8 != 0x13,
+                    Some(TlsVersion::Tls13) => id >> 8 == 0x13,
+                    None => true,
+                })
+                .collect();
+            assert_eq!(offered, expected, "{version:?}");
+        }
+    }
 
     /// Both engines accept the secondary suites, and a middlebox's OpenSSL server with its
     /// default suites negotiates the first one of the version (the SHA-256 suite).
