@@ -554,6 +554,37 @@ async fn gnutls_serv_through_the_middlebox_both_versions() {
     }
 }
 
+/// A legacy server on rustls (in process), behind the header-inserting client-side middlebox,
+/// TLS 1.2 and 1.3: the request reaches it with the middlebox's header, its answer comes back,
+/// and its close_notify ends the session cleanly. rustls sends its TLS 1.3 tickets right
+/// after its handshake, which the middlebox passes on as post-handshake records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rustls_server_through_the_middlebox_both_versions() {
+    let w = World::new();
+    for version in VERSIONS {
+        let server =
+            mbx_testbed::rustls_peer::rustls_echo_server(&w.server_files, Some(tb(version)))
+                .await
+                .unwrap();
+        let mbox = w.start_middlebox(server, header_app()).await;
+        let (client, response) = fetch(
+            mbox.local_addr(),
+            w.client(version, measure(PROGRAM, b"")),
+            "/rustls",
+        )
+        .await;
+        assert!(
+            response.starts_with("HTTP/1.1 200 OK") && response.contains("GET /rustls HTTP/1.1"),
+            "{version:?}: {response}"
+        );
+        assert!(
+            response.contains("X-Mbtls: mb.test"),
+            "{version:?}: {response}"
+        );
+        assert_eq!(client.summary().unwrap().version, version);
+    }
+}
+
 /// A legacy TLS 1.2 server that takes only a CBC suite (`openssl s_server -cipher
 /// ECDHE-ECDSA-AES128-SHA256`), behind a client-side middlebox, fails the client's handshake
 /// with its `handshake_failure`: the primary session (`primary_client_config`) offers only

@@ -1015,6 +1015,41 @@ async fn gnutls_cli_through_a_server_side_middlebox_both_versions() {
     }
 }
 
+/// A legacy client on rustls (in process) through the server-side middlebox to the mbTLS
+/// server, TLS 1.2 and 1.3: the request reaches the backend with the middlebox's header, and
+/// the answer and the server's close_notify come back (rustls reads a stream that ends without
+/// one as an error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rustls_client_through_a_server_side_middlebox_both_versions() {
+    let w = World::new();
+    let backend = echo_backend().await;
+    for version in VERSIONS {
+        let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
+        let fetched = mbx_testbed::rustls_peer::rustls_fetch(
+            mb2.local_addr(),
+            "server.test",
+            &w.server_files.ca,
+            Some(tb(version)),
+            b"GET /rustls HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let text = String::from_utf8_lossy(&fetched.response);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{version:?}: {text}");
+        assert!(text.contains("X-Mbtls: mb2.test"), "{version:?}: {text}");
+        let expected = match version {
+            TlsVersion::Tls12 => rustls::ProtocolVersion::TLSv1_2,
+            TlsVersion::Tls13 => rustls::ProtocolVersion::TLSv1_3,
+        };
+        assert_eq!(fetched.version, Some(expected));
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(
+            report.keys_installed && report.outcome.is_ok(),
+            "{report:?}"
+        );
+    }
+}
+
 /// A legacy client that offers only a CBC suite (`openssl s_client -cipher
 /// ECDHE-ECDSA-AES128-SHA256`), through a server-side middlebox, is refused by the mbTLS
 /// server's handshake with `handshake_failure`: its primary session (`primary_server_config`)

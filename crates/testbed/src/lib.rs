@@ -19,6 +19,9 @@
 //!
 //! * [`http_echo`]: a plain HTTP backend that answers each request with its head.
 //!
+//! * [`rustls_peer`]: rustls as a legacy TLS server (answering with the request's head) and
+//!   client, in process.
+//!
 //! * [`bench`]: what the benchmark report programs share: CPU model and load average, per-thread
 //!   CPU time from `/proc`, median/min/max statistics, named runtimes, the plot font.
 //!
@@ -33,6 +36,7 @@ pub mod peers;
 pub mod pki;
 pub mod relay;
 pub mod residue;
+pub mod rustls_peer;
 pub mod starve;
 pub mod tcp_table;
 pub mod wait;
