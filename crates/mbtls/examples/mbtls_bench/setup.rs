@@ -13,7 +13,7 @@ use mbx_engine::{
 };
 use mbx_mbtls::handshake::{
     secondary_client_config, ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig,
-    ServerHandshakeConfig, ServerMiddlebox,
+    ServerHandshakeConfig, ServerMiddlebox, PRIMARY_CIPHER_SUITES,
 };
 use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
@@ -121,6 +121,17 @@ impl Setup {
         cfg
     }
 
+    /// The suites an mbTLS primary session offers and accepts (`PRIMARY_CIPHER_SUITES`, as
+    /// `primary_client_config` and `primary_server_config` set them), given to plain and split
+    /// TLS too: every configuration sends and reads the same ClientHello list, so the ratios
+    /// hold only what mbTLS adds.
+    fn primary_suites(cfg: TlsConfig) -> TlsConfig {
+        TlsConfig {
+            cipher_suites: PRIMARY_CIPHER_SUITES.to_vec(),
+            ..cfg
+        }
+    }
+
     /// The endpoints' attestation policy: evidence from the simulated platform required, or
     /// not asked for at all (`attest = false`).
     pub fn policy(&self, attest: bool) -> Policy {
@@ -161,7 +172,9 @@ impl Setup {
         middlebox: ClientMiddlebox,
         attest: bool,
     ) -> Res<ClientHandshakeConfig> {
-        let mut primary = self.sessions(TlsConfig::client(SERVER, self.root.clone()).only(version));
+        let mut primary = Self::primary_suites(
+            self.sessions(TlsConfig::client(SERVER, self.root.clone()).only(version)),
+        );
         primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
         primary.pause_after_handshake = true;
         // A client that can have no middlebox on its side keeps its session in OpenSSL.
@@ -183,7 +196,9 @@ impl Setup {
         middlebox: ServerMiddlebox,
         attest: bool,
     ) -> Res<ServerHandshakeConfig> {
-        let mut primary = self.tickets(TlsConfig::server(self.server_id.clone()).only(version));
+        let mut primary = Self::primary_suites(
+            self.tickets(TlsConfig::server(self.server_id.clone()).only(version)),
+        );
         primary.pause_after_handshake = true;
         let secondary = secondary_client_config(self.root.clone());
         Ok(ServerHandshakeConfig {
@@ -198,20 +213,24 @@ impl Setup {
 
     /// A plain TLS client of the server (OpenSSL engine).
     pub fn tls_client(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = self.sessions(
-            TlsConfig::client(SERVER, self.root.clone())
-                .only(version)
-                .without_export(),
+        let cfg = Self::primary_suites(
+            self.sessions(
+                TlsConfig::client(SERVER, self.root.clone())
+                    .only(version)
+                    .without_export(),
+            ),
         );
         Ok(Arc::new(OpenSslContext::new(&cfg)?))
     }
 
     /// A plain TLS server (OpenSSL engine) with the server's certificate.
     pub fn tls_server(&self, version: TlsVersion) -> Res<Arc<OpenSslContext>> {
-        let cfg = self.tickets(
-            TlsConfig::server(self.server_id.clone())
-                .only(version)
-                .without_export(),
+        let cfg = Self::primary_suites(
+            self.tickets(
+                TlsConfig::server(self.server_id.clone())
+                    .only(version)
+                    .without_export(),
+            ),
         );
         Ok(Arc::new(OpenSslContext::new(&cfg)?))
     }
