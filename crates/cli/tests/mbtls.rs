@@ -3322,6 +3322,13 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
     );
 }
 
+/// The text a service's metrics endpoint (`metrics: URL` in its banner) answers with.
+fn scrape(metrics_url: &str) -> String {
+    let out = mbx_testbed::Curl::new(metrics_url).run().unwrap();
+    assert_eq!(out.status, Some(200), "{}", out.verbose);
+    out.body_str().to_owned()
+}
+
 /// `--metrics-listen`: the middlebox answers Prometheus scrapes with its counters, which follow
 /// the connections it served (one session it joined, one connection that failed) and its
 /// reloads.
@@ -3352,11 +3359,7 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         .strip_prefix("metrics: ")
         .unwrap_or_else(|| panic!("{head:?}"))
         .to_owned();
-    let scrape = || {
-        let out = mbx_testbed::Curl::new(&metrics_url).run().unwrap();
-        assert_eq!(out.status, Some(200), "{}", out.verbose);
-        out.body_str().to_owned()
-    };
+    let scrape = || scrape(&metrics_url);
     let policy = no_evidence_policy(&dir);
     let out = mbx()
         .args(["mbtls", "client", "https://server.test/headers"])
@@ -3483,10 +3486,7 @@ fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
             line.contains("(a legacy server): remembered, not announced to again until forgotten"),
             "{session}: {line}"
         );
-        let text = mbx_testbed::Curl::new(&metrics_url)
-            .run()
-            .unwrap()
-            .body_str();
+        let text = scrape(&metrics_url);
         assert!(
             text.contains("# TYPE mbtls_middlebox_legacy_servers_remembered gauge\nmbtls_middlebox_legacy_servers_remembered 1\n"),
             "{session}: {text}"
@@ -3525,11 +3525,7 @@ fn a_server_closes_connections_a_client_opens_faster_than_its_rate() {
         .find_map(|l| l.strip_prefix("metrics: "))
         .unwrap_or_else(|| panic!("{head:?}"))
         .to_owned();
-    let scrape = || {
-        let out = mbx_testbed::Curl::new(&metrics_url).run().unwrap();
-        assert_eq!(out.status, Some(200), "{}", out.verbose);
-        out.body_str().to_owned()
-    };
+    let scrape = || scrape(&metrics_url);
     let counter = |text: &str, name: &str| -> u64 {
         let key = format!("mbtls_server_{name} ");
         text.lines()

@@ -941,113 +941,96 @@ async fn a_resumed_tls12_servers_alert_after_its_finished_reaches_the_client() {
     assert!(why.contains("handshake_failure"), "{why}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
+/// Runs a legacy client through the server-side middlebox mb2 to an mbTLS server, TLS 1.2 and
+/// 1.3: `fetch(mb2's address, version, the root CA's file)` sends a request and returns what
+/// came back, which must be the backend's answer with mb2's header; mb2 must have had its keys.
+async fn legacy_client_through_mb2<F, Fut>(fetch: F)
+where
+    F: Fn(SocketAddr, TlsVersion, std::path::PathBuf) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
     let w = World::new();
     let backend = echo_backend().await;
     for version in VERSIONS {
         let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
-        let addr = mb2.local_addr();
-        let ca = w.server_files.ca.clone();
+        let answer = fetch(mb2.local_addr(), version, w.server_files.ca.clone()).await;
+        assert!(answer.contains("HTTP/1.1 200 OK"), "{version:?}: {answer}");
+        assert!(
+            answer.contains("X-Mbtls: mb2.test"),
+            "{version:?}: {answer}"
+        );
+        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+        assert!(report.keys_installed, "{report:?}");
+    }
+}
+
+/// The request the legacy clients send.
+const LEGACY_REQUEST: &[u8] =
+    b"GET /legacy HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openssl_s_client_through_a_server_side_middlebox_both_versions() {
+    legacy_client_through_mb2(|addr, version, ca| async move {
         let out = tokio::task::spawn_blocking(move || {
             OpensslClient::new(addr)
                 .servername("server.test")
                 .cafile(ca)
                 .version(tb(version))
-                .input(&b"GET /s-client HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n"[..])
+                .input(LEGACY_REQUEST)
                 .run()
                 .unwrap()
         })
         .await
         .unwrap();
-        let stdout = out.stdout_str();
-        assert!(
-            stdout.contains("HTTP/1.1 200 OK"),
-            "{version:?}: {stdout}\n{}",
-            out.stderr_str()
-        );
-        assert!(stdout.contains("X-Mbtls: mb2.test"), "{stdout}");
-        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
-        assert!(report.keys_installed, "{report:?}");
-    }
+        format!("{}\n{}", out.stdout_str(), out.stderr_str())
+    })
+    .await;
 }
 
-/// A legacy client on a TLS stack other than OpenSSL: GnuTLS's `gnutls-cli` through the
-/// server-side middlebox to the mbTLS server, TLS 1.2 and 1.3; the request reaches the
-/// backend with the middlebox's header, and the answer comes back.
+/// A legacy client on a TLS stack other than OpenSSL: GnuTLS's `gnutls-cli`, which names the
+/// version it negotiated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gnutls_cli_through_a_server_side_middlebox_both_versions() {
-    let w = World::new();
-    let backend = echo_backend().await;
-    for version in VERSIONS {
-        let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
-        let addr = mb2.local_addr();
-        let ca = w.server_files.ca.clone();
+    legacy_client_through_mb2(|addr, version, ca| async move {
         let out = tokio::task::spawn_blocking(move || {
-            mbx_testbed::gnutls_cli(
-                addr,
-                "server.test",
-                &ca,
-                Some(tb(version)),
-                b"GET /gnutls-cli HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n",
-            )
-            .unwrap()
+            mbx_testbed::gnutls_cli(addr, "server.test", &ca, Some(tb(version)), LEGACY_REQUEST)
+                .unwrap()
         })
         .await
         .unwrap();
-        let stdout = out.stdout_str();
-        assert!(
-            stdout.contains("HTTP/1.1 200 OK"),
-            "{version:?}: {stdout}\n{}",
-            out.stderr_str()
-        );
-        assert!(stdout.contains("X-Mbtls: mb2.test"), "{stdout}");
+        let said = format!("{}\n{}", out.stdout_str(), out.stderr_str());
         let proto = match version {
             TlsVersion::Tls12 => "(TLS1.2-",
             TlsVersion::Tls13 => "(TLS1.3-",
         };
-        assert!(
-            out.stderr_str().contains(proto) || stdout.contains(proto),
-            "{version:?}: {stdout}"
-        );
-        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
-        assert!(report.keys_installed, "{report:?}");
-    }
+        assert!(said.contains(proto), "{version:?}: {said}");
+        said
+    })
+    .await;
 }
 
-/// A legacy client on rustls (in process) through the server-side middlebox to the mbTLS
-/// server, TLS 1.2 and 1.3: the request reaches the backend with the middlebox's header, and
-/// the answer and the server's close_notify come back (rustls reads a stream that ends without
-/// one as an error).
+/// A legacy client on rustls (in process); it reads a stream that ends without the server's
+/// close_notify as an error, so the answer arriving also means the close_notify came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rustls_client_through_a_server_side_middlebox_both_versions() {
-    let w = World::new();
-    let backend = echo_backend().await;
-    for version in VERSIONS {
-        let (_server, mut mb2) = w.server_behind_mb2(version, backend).await;
+    legacy_client_through_mb2(|addr, version, ca| async move {
         let fetched = mbx_testbed::rustls_peer::rustls_fetch(
-            mb2.local_addr(),
+            addr,
             "server.test",
-            &w.server_files.ca,
+            &ca,
             Some(tb(version)),
-            b"GET /rustls HTTP/1.1\r\nHost: server.test\r\nConnection: close\r\n\r\n",
+            LEGACY_REQUEST,
         )
         .await
         .unwrap();
-        let text = String::from_utf8_lossy(&fetched.response);
-        assert!(text.starts_with("HTTP/1.1 200 OK"), "{version:?}: {text}");
-        assert!(text.contains("X-Mbtls: mb2.test"), "{version:?}: {text}");
         let expected = match version {
             TlsVersion::Tls12 => rustls::ProtocolVersion::TLSv1_2,
             TlsVersion::Tls13 => rustls::ProtocolVersion::TLSv1_3,
         };
         assert_eq!(fetched.version, Some(expected));
-        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
-        assert!(
-            report.keys_installed && report.outcome.is_ok(),
-            "{report:?}"
-        );
-    }
+        String::from_utf8_lossy(&fetched.response).into_owned()
+    })
+    .await;
 }
 
 /// A legacy client that offers only a CBC suite (`openssl s_client -cipher
