@@ -555,16 +555,14 @@ impl OpensslServerBuilder {
     pub fn start(self) -> Result<OpensslServer, PeerError> {
         let openssl = ensure_tool("openssl", "openssl")?;
         let dir = temp_dir("mbx-s_server")?;
-        let mut last = None;
-        for attempt in 0..BIND_ATTEMPTS {
-            let port = free_port()?;
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let log = dir.path().join(format!("s_server.{attempt}.log"));
+        let interactive = self.mode == ServerMode::Interactive;
+        let started = start_on_free_port("openssl s_server", dir.path(), interactive, |port| {
             // Interactive: s_server reports commands through stdio, line-buffered by `stdbuf`
             // (coreutils) so that its log shows each as it happens.
-            let mut cmd = match self.mode {
-                ServerMode::Interactive => line_buffered_openssl(&openssl),
-                _ => Command::new(&openssl),
+            let mut cmd = if interactive {
+                line_buffered_openssl(&openssl)
+            } else {
+                Command::new(&openssl)
             };
             cmd.arg("s_server")
                 .arg("-accept")
@@ -586,42 +584,71 @@ impl OpensslServerBuilder {
             };
             cmd.args(mode);
             cmd.args(&self.args);
-            let out = log_file(&log)?;
-            let err = out.try_clone().map_err(io_err("dup log"))?;
-            let stdin = match self.mode {
-                ServerMode::Interactive => Stdio::piped(),
-                _ => Stdio::null(),
-            };
-            let mut child = cmd
-                .stdin(stdin)
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .map_err(io_err("spawning openssl s_server"))?;
-            let stdin = child.stdin.take();
-            let mut child = ChildGuard::new(child);
-            match wait_for_port(addr, &mut child, "openssl s_server", &log) {
-                Ok(()) => {
-                    return Ok(OpensslServer {
-                        addr,
-                        log,
-                        stdin: StdinLines(stdin),
-                        child,
-                        _dir: dir,
-                    })
-                }
-                Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
-                    last = Some(text);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(PeerError::Timeout {
-            what: "openssl s_server (no free port)".into(),
-            after: READY_TIMEOUT,
-            log: last.unwrap_or_default(),
+            cmd
+        })?;
+        Ok(OpensslServer {
+            addr: started.addr,
+            log: started.log,
+            stdin: StdinLines(started.stdin),
+            child: started.child,
+            _dir: dir,
         })
     }
+}
+
+/// A peer [`start_on_free_port`] started.
+struct Started {
+    addr: SocketAddr,
+    log: PathBuf,
+    stdin: Option<std::process::ChildStdin>,
+    child: ChildGuard,
+}
+
+/// Starts `what` on a free 127.0.0.1 port and waits until it accepts connections:
+/// `command(port)` is its command for that port; its output goes to a log in `dir`, and its
+/// standard input is piped if `stdin`. One that fails to bind (another process took the
+/// port in between) is started again on another.
+fn start_on_free_port(
+    what: &str,
+    dir: &Path,
+    stdin: bool,
+    command: impl Fn(u16) -> Command,
+) -> Result<Started, PeerError> {
+    let mut last = None;
+    for attempt in 0..BIND_ATTEMPTS {
+        let port = free_port()?;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let log = dir.join(format!("{}.{attempt}.log", what.replace(' ', "-")));
+        let out = log_file(&log)?;
+        let err = out.try_clone().map_err(io_err("dup log"))?;
+        let mut child = command(port)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io_err(format!("spawning {what}")))?;
+        let stdin = child.stdin.take();
+        let mut child = ChildGuard::new(child);
+        match wait_for_port(addr, &mut child, what, &log) {
+            Ok(()) => {
+                return Ok(Started {
+                    addr,
+                    log,
+                    stdin,
+                    child,
+                })
+            }
+            Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
+                last = Some(text);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(PeerError::Timeout {
+        what: format!("{what} (no free port)"),
+        after: READY_TIMEOUT,
+        log: last.unwrap_or_default(),
+    })
 }
 
 /// A running `openssl s_server`, killed on drop.
@@ -1173,45 +1200,21 @@ impl GnutlsServer {
     ) -> Result<GnutlsServer, PeerError> {
         let serv = ensure_tool("gnutls-serv", "gnutls-bin")?;
         let dir = temp_dir("mbx-gnutls-serv")?;
-        let mut last = None;
-        for attempt in 0..BIND_ATTEMPTS {
-            let port = free_port()?;
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let log = dir.path().join(format!("gnutls-serv.{attempt}.log"));
-            let out = log_file(&log)?;
-            let err = out.try_clone().map_err(io_err("dup log"))?;
-            let child = Command::new(&serv)
-                .args(["--http", "--port", &port.to_string()])
+        let started = start_on_free_port("gnutls-serv", dir.path(), false, |port| {
+            let mut cmd = Command::new(&serv);
+            cmd.args(["--http", "--port", &port.to_string()])
                 .arg("--x509certfile")
                 .arg(&files.chain)
                 .arg("--x509keyfile")
                 .arg(&files.key)
-                .args(["--priority", gnutls_priority(version)])
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .map_err(io_err("spawning gnutls-serv"))?;
-            let mut child = ChildGuard::new(child);
-            match wait_for_port(addr, &mut child, "gnutls-serv", &log) {
-                Ok(()) => {
-                    return Ok(GnutlsServer {
-                        addr,
-                        log,
-                        _child: child,
-                        _dir: dir,
-                    })
-                }
-                Err(PeerError::Exited { log: text, .. }) if looks_like_bind_failure(&text) => {
-                    last = Some(text);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(PeerError::Timeout {
-            what: "gnutls-serv (no free port)".into(),
-            after: READY_TIMEOUT,
-            log: last.unwrap_or_default(),
+                .args(["--priority", gnutls_priority(version)]);
+            cmd
+        })?;
+        Ok(GnutlsServer {
+            addr: started.addr,
+            log: started.log,
+            _child: started.child,
+            _dir: dir,
         })
     }
 
