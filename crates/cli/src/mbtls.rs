@@ -3894,6 +3894,13 @@ fn server_report_line(r: &ServerConnectionReport) -> String {
         count_of(r.bytes_to_backend, "bytes"),
         r.bytes_from_backend
     ));
+    // As the middlebox's line says them (its count has the answers too).
+    if r.key_updates > 0 {
+        line.push_str(&format!(
+            "; {} from the client followed",
+            count_of(u64::from(r.key_updates), "KeyUpdates")
+        ));
+    }
     let end = spliced_outcome_text(
         &r.outcome,
         r.peer_left_without_close_notify,
@@ -4053,6 +4060,13 @@ fn proxy_report_line(r: &ProxyReport) -> String {
                 .as_ref()
                 .map_or(String::new(), |s| format!("{}; ", version_name(s.version)));
             let bytes = format!("{version}{} bytes up, {} down; ", r.bytes_up, r.bytes_down);
+            let key_updates = match r.key_updates {
+                0 => String::new(),
+                n => format!(
+                    "{} from the server followed; ",
+                    count_of(u64::from(n), "KeyUpdates")
+                ),
+            };
             let via = match r.summary.as_ref().map(|s| s.middleboxes.join(", ")) {
                 Some(names) if !names.is_empty() => format!("via {names}; "),
                 _ => String::new(),
@@ -4091,7 +4105,7 @@ fn proxy_report_line(r: &ProxyReport) -> String {
                 ("server", "local"),
             );
             format!(
-                "connection {} from {peer}: {bytes}{via}{resumed}{mb_resumed}{excluded}hops {hops}{end}{fix}",
+                "connection {} from {peer}: {bytes}{key_updates}{via}{resumed}{mb_resumed}{excluded}hops {hops}{end}{fix}",
                 r.id
             )
         }
@@ -4219,6 +4233,16 @@ mod tests {
             line.contains(
                 "; mb9.test was excluded: not in the allow-list (--allow-middlebox); hops "
             ),
+            "{line}"
+        );
+        // The server's KeyUpdates, as the middlebox's line counts them.
+        let updated = ProxyReport {
+            key_updates: 1,
+            ..excluded.clone()
+        };
+        let line = proxy_report_line(&updated);
+        assert!(
+            line.contains("3 bytes up, 0 down; 1 KeyUpdate from the server followed; "),
             "{line}"
         );
         // A session that failed in its handshake names what the client had checked.
@@ -4529,6 +4553,13 @@ mod tests {
         let line = server_report_line(&r);
         assert!(
             line.starts_with("session 7 from : TLS 1.3; keys kept in OpenSSL; a middlebox was excluded: secondary handshake failed;"),
+            "{line}"
+        );
+        // The client's KeyUpdates, as the middlebox's line counts them.
+        r.key_updates = 2;
+        let line = server_report_line(&r);
+        assert!(
+            line.ends_with("; 1 byte to the backend, 2 back; 2 KeyUpdates from the client followed; closed cleanly"),
             "{line}"
         );
     }

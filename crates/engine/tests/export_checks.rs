@@ -170,3 +170,26 @@ fn a_tls12_alert_is_in_plaintext_before_our_change_cipher_spec_and_sealed_after(
     assert_eq!(sealed.first(), Some(&0x15));
     assert_ne!(sealed.len(), 7, "sealed, not in plaintext");
 }
+
+/// A failure's words carry OpenSSL's error stack without its source files and lines: a
+/// server that takes only TLS 1.3 from a client that offers only TLS 1.2 says "unsupported
+/// protocol", not "…:../ssl/statem/statem_srvr.c:1664:" (found in an interop trial).
+#[test]
+fn a_failure_names_openssls_reason_without_its_source_lines() {
+    let pki = Pki::new();
+    let client = OpenSslContext::new(&pki.client_config().only(V12)).unwrap();
+    let server = OpenSslContext::new(&pki.server_config().only(V13)).unwrap();
+    let (mut c, mut s) = (
+        client.engine_for(Some(HOST)).unwrap(),
+        server.engine().unwrap(),
+    );
+    let (_, from_server) = common::pump_err(&mut c, &mut s);
+    let said = from_server
+        .expect("the server refuses the version")
+        .to_string();
+    assert!(
+        said.contains(":SSL routines:") && said.contains("unsupported protocol"),
+        "{said}"
+    );
+    assert!(!said.contains(".c:"), "{said}");
+}

@@ -47,6 +47,11 @@ const NOT_AUTHENTIC: &str = "sent by this end: a record from its neighbour on th
 const BAD_FRAMING: &str =
     "sent by this end: a record from its neighbour on the path was not a well-formed record";
 
+/// Why a TLS 1.2 handshake message after the handshake ends the session (an interop trial's
+/// Java peers renegotiated, and read only "record type not allowed in the data phase").
+pub(crate) const RENEGOTIATION: &str = "a handshake message after the handshake: TLS 1.2 \
+     renegotiation, which mbTLS does not support (docs/mbtls.md §7)";
+
 /// The record layer of a client or server after an mbTLS handshake.
 /// Plaintext not yet taken by the application is wiped when the data phase is dropped.
 pub struct EndpointDataPhase {
@@ -308,6 +313,9 @@ impl EndpointDataPhase {
             },
             ContentType::HANDSHAKE if self.hop.version() == TlsVersion::Tls13 => {
                 self.post_handshake_record(pt)
+            }
+            ContentType::HANDSHAKE => {
+                self.fail(AlertDescription::UNEXPECTED_MESSAGE, RENEGOTIATION)
             }
             _ => self.fail(
                 AlertDescription::UNEXPECTED_MESSAGE,

@@ -446,6 +446,13 @@ impl<A: MiddleboxApp> MiddleboxRelay<A> {
                     self.events.push_back(RelayEvent::KeysUpdated { from });
                 }
             }
+            ContentType::HANDSHAKE => self.fail_both(
+                FailCause::Protocol {
+                    from,
+                    what: crate::endpoint::RENEGOTIATION,
+                },
+                Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE),
+            ),
             _ => self.fail_both(
                 FailCause::Protocol {
                     from,

@@ -680,6 +680,44 @@ async fn a_legacy_servers_key_updates_are_followed_across_the_middlebox() {
     assert_eq!(mbox.stats().ended().key_updates, 5);
 }
 
+/// A TLS 1.2 legacy server that renegotiates (`openssl s_server`'s `r` command: a
+/// HelloRequest after the handshake) ends the session at the middlebox, which says why in
+/// words, and the client reads the middlebox's `unexpected_message`; the data the server sent
+/// before still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_server_that_renegotiates_is_refused_in_words() {
+    let w = World::new();
+    let mut server = OpensslServer::from_files(&w.server_files)
+        .version(tb(TlsVersion::Tls12))
+        .mode(ServerMode::Interactive)
+        .start()
+        .unwrap();
+    let mut mbox = w.start_middlebox(server.addr(), passthrough()).await;
+    let mut client = connect(&mbox, w.client(TlsVersion::Tls12, measure(PROGRAM, b""))).await;
+    client.write_all(b"hello\n").await.unwrap();
+    wait_for_output(&server, "hello", 1).await;
+    server.send_line("server data").unwrap();
+    read_until(&mut client, "server data").await;
+    server.send_line("r").unwrap();
+    let read = timeout(BOUND, client.read()).await.unwrap();
+    assert!(
+        matches!(
+            read,
+            Err(DriverError::Alert {
+                description: 10,
+                ..
+            })
+        ),
+        "{read:?}"
+    );
+    let report = timeout(BOUND, mbox.next_report()).await.unwrap().unwrap();
+    let why = report.outcome.unwrap_err();
+    assert!(
+        why.contains("the server's side broke the protocol (a handshake message after the handshake: TLS 1.2 renegotiation, which mbTLS does not support"),
+        "{why}"
+    );
+}
+
 /// The same through the client proxy: the legacy server's KeyUpdate asking for one back is
 /// followed and answered by the proxy's session, and counted in its report and its metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1201,6 +1201,61 @@ async fn an_application_ends_its_session_with_an_alert() {
     }
 }
 
+/// Data that arrives in the same read as the alert that ends the session is read before the
+/// error, as a TLS library delivers it: the server's application writes part of an answer and
+/// aborts; once the client-side middlebox has passed both on and closed, the client's one
+/// socket read holds both. Before, the read returned only the error and the data was lost
+/// (found in an interop trial: a Java server's last chunk before its HelloRequest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_before_the_alert_that_ends_a_session_is_read_first() {
+    let w = World::new();
+    for version in VERSIONS {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mb2_cfg = w.middlebox(
+            "mb2.test",
+            listener.local_addr().unwrap(),
+            Placement::ServerSide,
+        );
+        let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
+        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
+        let mut mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
+        let app = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut s = MbtlsServerConnection::accept(stream, cfg).await.unwrap();
+            s.read().await.unwrap().unwrap();
+            s.write_all(b"part of an answer").await.unwrap();
+            s.abort(mbx_engine::AlertDescription::INTERNAL_ERROR)
+                .await
+                .unwrap();
+        });
+        let mut client = w
+            .connect(mb1.local_addr(), version, b"GET / HTTP/1.1\r\n\r\n")
+            .await;
+        timeout(BOUND, app).await.unwrap().unwrap();
+        // mb1 passed on the data and the alert, and closed: both wait in the client's socket.
+        let report = timeout(BOUND, mb1.next_report()).await.unwrap().unwrap();
+        assert!(report.outcome.is_err(), "{version:?}: {report:?}");
+        let first = timeout(BOUND, client.read()).await.unwrap();
+        assert_eq!(
+            first.unwrap(),
+            Some(b"part of an answer".to_vec()),
+            "{version:?}"
+        );
+        let then = timeout(BOUND, client.read()).await.unwrap();
+        assert!(
+            matches!(
+                then,
+                Err(DriverError::Alert {
+                    description: 80,
+                    ..
+                })
+            ),
+            "{version:?}: {then:?}"
+        );
+    }
+}
+
 /// An application serving mbTLS itself (no backend): it accepts a connection as an
 /// `MbtlsServerConnection` behind a server-side middlebox, with an mbTLS client on the other
 /// side of a client-side one, both versions. Data goes both ways through both middleboxes'

@@ -306,7 +306,12 @@ impl Connection<ClientHandshake> {
             stream,
             mut session,
             buf,
+            failure,
         } = self;
+        // A read that failed after delivering data (none is made before a proxy carries).
+        if let Some(e) = failure {
+            return Err(e);
+        }
         keep_alive(&stream);
         // The data phase reads into buffers sized by the traffic, which an idle session frees.
         drop(buf);

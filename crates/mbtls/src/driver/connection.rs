@@ -123,6 +123,10 @@ pub struct Connection<H> {
     pub(super) stream: TcpStream,
     pub(super) session: Session<H>,
     pub(super) buf: Vec<u8>,
+    /// The error of a read that also brought plaintext (records before the one that failed,
+    /// or an alert behind data): given once that plaintext has been read, as a TLS library
+    /// delivers the data before the error.
+    pub(super) failure: Option<DriverError>,
 }
 
 /// The core and what its events told so far (apart from the socket, so that the socket can be
@@ -251,6 +255,7 @@ impl<H: EndpointHandshake> Connection<H> {
             stream,
             session: Session::new(hs),
             buf: vec![0u8; READ_BUF],
+            failure: None,
         };
         let tell = |c: &Self, progress: &mut Option<&mut HandshakeProgress>| {
             if let Some(p) = progress.as_deref_mut() {
@@ -345,17 +350,33 @@ impl<H: EndpointHandshake> Connection<H> {
     }
 
     /// The next piece of application data; `None` once the peer sent close_notify. A connection
-    /// that ends without close_notify is an error (truncation), as is any alert.
+    /// that ends without close_notify is an error (truncation), as is any alert; the data that
+    /// came before either is read first.
     pub async fn read(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
         loop {
             let data = self.session.hs.take_plaintext();
             if !data.is_empty() {
                 return Ok(Some(data));
             }
+            if let Some(e) = self.failure.take() {
+                // Said once; a read after it finds the core failed, or the socket closed.
+                return Err(e);
+            }
             if self.session.peer_closed {
                 return Ok(None);
             }
-            if !self.read_some().await? {
+            let read = match self.read_some().await {
+                Err(e) => {
+                    let data = self.session.hs.take_plaintext();
+                    if data.is_empty() {
+                        return Err(e);
+                    }
+                    self.failure = Some(e);
+                    return Ok(Some(data));
+                }
+                Ok(read) => read,
+            };
+            if !read {
                 return Err(DriverError::PeerGone {
                     peer: H::NEIGHBOUR,
                     when: "without close_notify (the session may be truncated)",
