@@ -221,6 +221,15 @@ impl World {
         .unwrap()
     }
 
+    /// A listener for an application serving mbTLS itself, behind the server-side middlebox
+    /// mb2, with the client-side mb1 in front of that: (listener, mb1, mb2).
+    async fn app_behind_mb1_and_mb2(&self) -> (TcpListener, MiddleboxServer, MiddleboxServer) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mb2 = self.mb2_to(listener.local_addr().unwrap()).await;
+        let mb1 = self.mb1_to(mb2.local_addr()).await;
+        (listener, mb1, mb2)
+    }
+
     /// The client-side middlebox mb1, in front of `next_hop`.
     async fn mb1_to(&self, next_hop: SocketAddr) -> MiddleboxServer {
         MiddleboxServer::bind(
@@ -1167,15 +1176,7 @@ async fn middleboxes_on_both_sides_over_tcp_both_versions() {
 async fn an_application_ends_its_session_with_an_alert() {
     let w = World::new();
     for version in VERSIONS {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mb2_cfg = w.middlebox(
-            "mb2.test",
-            listener.local_addr().unwrap(),
-            Placement::ServerSide,
-        );
-        let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
-        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
-        let mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        let (listener, mb1, _mb2) = w.app_behind_mb1_and_mb2().await;
         let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
         let app = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
@@ -1210,15 +1211,7 @@ async fn an_application_ends_its_session_with_an_alert() {
 async fn data_before_the_alert_that_ends_a_session_is_read_first() {
     let w = World::new();
     for version in VERSIONS {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mb2_cfg = w.middlebox(
-            "mb2.test",
-            listener.local_addr().unwrap(),
-            Placement::ServerSide,
-        );
-        let mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
-        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
-        let mut mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        let (listener, mut mb1, _mb2) = w.app_behind_mb1_and_mb2().await;
         let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
         let app = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
@@ -1266,12 +1259,7 @@ async fn data_before_the_alert_that_ends_a_session_is_read_first() {
 async fn an_application_serves_mbtls_itself_and_updates_its_keys() {
     let w = World::new();
     for version in VERSIONS {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let placement = Placement::ServerSide;
-        let mb2_cfg = w.middlebox("mb2.test", listener.local_addr().unwrap(), placement);
-        let mut mb2 = MiddleboxServer::bind("127.0.0.1:0", mb2_cfg).await.unwrap();
-        let mb1_cfg = w.middlebox("mb1.test", mb2.local_addr(), Placement::ClientSide);
-        let mut mb1 = MiddleboxServer::bind("127.0.0.1:0", mb1_cfg).await.unwrap();
+        let (listener, mut mb1, mut mb2) = w.app_behind_mb1_and_mb2().await;
         // The server's handshake configuration, as the service's.
         let cfg = w.server(version, "127.0.0.1:9".parse().unwrap()).handshake;
         let app = tokio::spawn(async move {
