@@ -540,20 +540,20 @@ struct Service {
     /// what the open-files limit allows, two descriptors per connection).
     #[arg(long)]
     max_connections: Option<u64>,
-    /// Serve at most this many connections at once from one client address; more are closed
-    /// at once (counted in the metrics, the first of each run logged), as nginx's
-    /// `limit_conn`. Default: no limit. Not behind a load balancer or server-side
+    /// Serve at most this many connections at once from one client address (an IPv6 client:
+    /// its /64; at least 1); more are closed at once (counted in the metrics, the first of
+    /// each run logged), as nginx's `limit_conn`. Default: no limit. Not behind a load balancer or server-side
     /// middleboxes, whose connections all come from one address.
     #[arg(long)]
     max_connections_per_client: Option<u64>,
     /// Accept at most this many new connections per second from one client (an IPv4 address
-    /// or an IPv6 /64); more are closed at once (counted in the metrics, the first of each run
-    /// logged), as nginx's `limit_req` with `nodelay`. Default: no limit. The same caveat as
-    /// for --max-connections-per-client.
+    /// or an IPv6 /64; 1 to 4294967295); more are closed at once (counted in the metrics, the
+    /// first of each run logged), as nginx's `limit_req` with `nodelay`. Default: no limit. The
+    /// same caveat as for --max-connections-per-client.
     #[arg(long)]
     connection_rate_per_client: Option<u64>,
     /// With --connection-rate-per-client: how many a client may open at once after a pause
-    /// (default: one second's worth, the rate).
+    /// (1 to 4294967295; default: one second's worth, the rate).
     #[arg(long)]
     connection_burst_per_client: Option<u64>,
     /// On Ctrl-C or SIGTERM stop accepting and give open connections this many seconds to
@@ -755,8 +755,14 @@ impl Service {
             // More than fits in memory is no limit.
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         };
-        // More than a u32 is no limit either.
-        let at_most_u32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        // A typo's number is refused, not quietly taken as the largest that fits.
+        let per_client = |name: &str, n: u64| -> anyhow::Result<u32> {
+            match u32::try_from(n) {
+                Ok(0) => bail!("{name} must be at least 1"),
+                Ok(n) => Ok(n),
+                Err(_) => bail!("{name} must be at most {}", u32::MAX),
+            }
+        };
         limits.connection_rate_per_client = match (
             self.connection_rate_per_client,
             self.connection_burst_per_client,
@@ -765,11 +771,9 @@ impl Service {
             (None, Some(_)) => {
                 bail!("connection_burst_per_client needs connection_rate_per_client")
             }
-            (Some(0), _) => bail!("connection_rate_per_client must be at least 1"),
-            (Some(_), Some(0)) => bail!("connection_burst_per_client must be at least 1"),
             (Some(rate), burst) => Some(ConnectionRate {
-                per_second: at_most_u32(rate),
-                burst: at_most_u32(burst.unwrap_or(rate)),
+                per_second: per_client("connection_rate_per_client", rate)?,
+                burst: per_client("connection_burst_per_client", burst.unwrap_or(rate))?,
             }),
         };
         Ok(limits)
@@ -1359,11 +1363,19 @@ fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
             return SERVER_REFUSED_ITS_MIDDLEBOX;
         }
     }
-    if ended_behind {
-        "; a middlebox or the server ended the session (their report lines say why; a process \
-         that was killed leaves none)"
-    } else {
-        ""
+    match (ended_behind, e) {
+        (false, _) => "",
+        (true, DriverError::Alert { .. }) => {
+            "; a middlebox or the server ended the session (their report lines say why; a \
+             process that was killed leaves none)"
+        }
+        // A close or a reset: also what a hop that refuses this address sends.
+        (true, _) => {
+            "; a middlebox or the server ended the session (their report lines say why; a \
+             process that was killed leaves none, and one that refused this address for its \
+             max_connections_per_client or connection_rate_per_client only a warning in its \
+             log)"
+        }
     }
 }
 
@@ -1970,19 +1982,24 @@ fn middlebox(
     let running = RunningContext::new(&tls, &attestation_line, &cfg.handshake.tls);
     // The measurement covers the app, which a reload may change: both are shown. What the
     // endpoints check (the names, the measurement) changing says that they must follow.
-    let parts = |next_hop: &str, app: &str, names: &str, attestation: &str| {
-        [
-            part(format!("next hop {next_hop}"), " (changed)"),
+    // A server-side middlebox also shows how long it remembers legacy servers.
+    let parts = |cfg: &MiddleboxServerConfig, app: &str, names: &str, attestation: &str| {
+        let mut parts = vec![
+            part(format!("next hop {}", cfg.next_hop), " (changed)"),
             part(format!("app: {app}"), " (changed)"),
             certificate_part(names, " (changed: endpoints must expect it)"),
             part(
                 format!("attestation: {attestation}"),
                 " (changed: endpoints' policies must accept it)",
             ),
-        ]
+        ];
+        if cfg.placement == Placement::ServerSide {
+            parts.push(part(legacy_memory_shown(cfg), " (changed)"));
+        }
+        parts
     };
     let shown = ShownParts::new(&parts(
-        &format!("{}{}", cfg.next_hop, legacy_memory_shown(&cfg)),
+        &cfg,
         &app_shown(&s),
         &certificate_names,
         &attestation_line,
@@ -2002,7 +2019,7 @@ fn middlebox(
         let attestation = setup.attestation_line.clone();
         running.keep_unless_changed(setup.tls, attestation, &mut setup.cfg.handshake.tls);
         let line = shown.reloaded(&parts(
-            &format!("{}{}", setup.cfg.next_hop, legacy_memory_shown(&setup.cfg)),
+            &setup.cfg,
             &app_shown(&setup.s),
             &setup.certificate_names,
             &setup.attestation_line,
@@ -2025,7 +2042,15 @@ fn middlebox(
             server.local_addr(),
             next_hop,
             s.side,
-            legacy_memory_shown(&server.config()),
+            match (
+                server.config().placement,
+                server.config().forget_legacy_after
+            ) {
+                (Placement::ServerSide, Some(_)) => {
+                    format!(" ({})", legacy_memory_shown(&server.config()))
+                }
+                _ => String::new(),
+            },
             certificate_names
         );
         print_listening(text, &*server.config());
@@ -2515,12 +2540,14 @@ fn middlebox_setup(
     })
 }
 
-/// What the banner and a reload's line add for a server-side middlebox that forgets legacy
-/// servers: " (legacy servers forgotten after Ns)", or nothing.
+/// How long a server-side middlebox remembers legacy servers, as its banner and a reload's
+/// line say it.
 fn legacy_memory_shown(cfg: &MiddleboxServerConfig) -> String {
-    cfg.forget_legacy_after.map_or(String::new(), |d| {
-        format!(" (legacy servers forgotten after {}s)", d.as_secs())
-    })
+    match cfg.forget_legacy_after.map(|d| d.as_secs()) {
+        None => "legacy servers remembered until the middlebox stops".into(),
+        Some(0) => "legacy servers not remembered".into(),
+        Some(secs) => format!("legacy servers forgotten after {secs}s"),
+    }
 }
 
 /// The part "certificate for NAMES": changed when the names change, not when a validity
@@ -2957,7 +2984,8 @@ fn report_line(r: &ConnectionReport) -> String {
             line.push_str(&format!("; {} KeyUpdates followed", r.key_updates));
         }
     } else if r.legacy_server {
-        line.push_str("the server refused our announcement (a legacy server): remembered, not announced to again until forgotten");
+        // How long it is remembered is in the outcome below (`forget_legacy_after`).
+        line.push_str("the server refused our announcement (a legacy server)");
     } else if let Some(why) = r.passive {
         line.push_str(&format!("not joined ({why}), bytes forwarded unchanged"));
     } else {
@@ -3355,7 +3383,9 @@ fn service_metrics_text(
 /// A number from a flag overrides the config file's.
 fn set_secs(table: &mut toml::Table, key: &str, secs: Option<u64>) -> anyhow::Result<()> {
     if let Some(t) = secs {
-        let t = i64::try_from(t).with_context(|| format!("{key} {t} is too large"))?;
+        // Past what a TOML integer holds (said without the conversion's own words).
+        let t = i64::try_from(t)
+            .map_err(|_| anyhow::anyhow!("{key} {t} is too large (at most {})", i64::MAX))?;
         table.insert(key.into(), toml::Value::Integer(t));
     }
     Ok(())
@@ -4452,6 +4482,19 @@ mod tests {
             what: "sent",
         };
         assert_eq!(ended_behind_hint(&ours), "");
+        // A close before anything came may be a hop refusing this address: said too.
+        let closed = DriverError::PeerGone {
+            peer: "first hop",
+            when: "during the handshake",
+        };
+        assert!(
+            ended_behind_hint(&closed).ends_with(
+                "one that refused this address for its max_connections_per_client or \
+                 connection_rate_per_client only a warning in its log)"
+            ),
+            "{}",
+            ended_behind_hint(&closed)
+        );
     }
 
     /// Addresses used only when a connection comes are checked at the start (a backend

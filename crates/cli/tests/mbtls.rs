@@ -3438,32 +3438,34 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
     );
 }
 
-/// A server-side middlebox in front of a legacy server (nginx): the session that finds it
-/// legacy fails, the server is remembered (the metrics' gauge), and with
-/// `--forget-legacy-after-secs 0` the next session is announced again, and fails again, where
-/// a middlebox that remembers passes it through (`legacy_server_behind_a_server_side_middlebox_is_remembered`
-/// in the library's tests).
+/// A server-side middlebox in front of a legacy server (nginx) that forgets it after the
+/// time set (TOML `forget_legacy_after_secs`): the session that finds it legacy fails, it is
+/// counted as remembered (the metrics' gauge) and the next session passes through; a reload
+/// to 0 forgets it at once (the gauge reads 0 before any session), and the next session is
+/// announced again, and fails again.
 #[test]
 fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
     // The directory holds the files: kept to the end.
     let Setup {
-        dir: _dir,
+        dir,
         server,
         mbox,
         nginx,
         ..
     } = Setup::new("mbx cli mbtls forget legacy root");
+    let config = dir.path().join("forget.toml");
+    std::fs::write(
+        &config,
+        "[mbtls.middlebox]\nforget_legacy_after_secs = 3600\n",
+    )
+    .unwrap();
     let next_hop = nginx.addr().to_string();
-    let flags = [
-        "--server-side",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--forget-legacy-after-secs",
-        "0",
-    ];
-    let (_mb, mut lines, head) = start_middlebox(&next_hop, &mbox, &flags, 5);
+    let mut args = service_args("middlebox", "127.0.0.1:0", ("--next-hop", &next_hop), &mbox);
+    args.splice(0..0, [std::ffi::OsStr::new("--config"), config.as_os_str()]);
+    args.extend(["--server-side", "--metrics-listen", "127.0.0.1:0"].map(std::ffi::OsStr::new));
+    let (mut mb, mut lines, head) = start(&args, 5);
     assert!(
-        head[0].contains(", server side (legacy servers forgotten after 0s), certificate for "),
+        head[0].contains(", server side (legacy servers forgotten after 3600s), certificate for "),
         "{head:?}"
     );
     let mb_addr: std::net::SocketAddr = listening_addr(&head[0]).parse().unwrap();
@@ -3471,6 +3473,19 @@ fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
         .strip_prefix("metrics: ")
         .unwrap_or_else(|| panic!("{head:?}"))
         .to_owned();
+    let remembered = || {
+        let text = scrape(&metrics_url);
+        let key = "mbtls_middlebox_legacy_servers_remembered ";
+        assert!(
+            text.contains("# TYPE mbtls_middlebox_legacy_servers_remembered gauge\n"),
+            "{text}"
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse::<u64>()
+            .unwrap()
+    };
     let fetch = || {
         mbx_testbed::Curl::new(&format!("https://server.test:{}/", mb_addr.port()))
             .resolve("server.test", mb_addr.port(), mb_addr.ip())
@@ -3478,20 +3493,40 @@ fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
             .run()
             .unwrap()
     };
-    for session in ["first", "second"] {
+    let found_legacy = |what: &str, lines: &mut TimedLines| {
         let out = fetch();
-        assert_ne!(out.exit_code, Some(0), "{session}: {}", out.verbose);
+        assert_ne!(out.exit_code, Some(0), "{what}: {}", out.verbose);
         let line = lines.next().unwrap().unwrap();
         assert!(
-            line.contains("(a legacy server): remembered, not announced to again until forgotten"),
-            "{session}: {line}"
+            line.contains("the server refused our announcement (a legacy server)")
+                && line.contains("later sessions to it are passed through unannounced"),
+            "{what}: {line}"
         );
-        let text = scrape(&metrics_url);
-        assert!(
-            text.contains("# TYPE mbtls_middlebox_legacy_servers_remembered gauge\nmbtls_middlebox_legacy_servers_remembered 1\n"),
-            "{session}: {text}"
-        );
-    }
+        line
+    };
+    let line = found_legacy("first", &mut lines);
+    assert!(line.contains("for 3600s"), "{line}");
+    assert_eq!(remembered(), 1);
+    // Passed through, unannounced (nginx answers the request).
+    let out = fetch();
+    assert_eq!(out.exit_code, Some(0), "{}", out.verbose);
+    lines.next().unwrap().unwrap();
+    std::fs::write(&config, "[mbtls.middlebox]\nforget_legacy_after_secs = 0\n").unwrap();
+    signal(&mut mb, Signal::HUP);
+    let reloaded = lines.next().unwrap().unwrap();
+    assert!(
+        reloaded.contains("legacy servers not remembered (changed)"),
+        "{reloaded}"
+    );
+    assert_eq!(remembered(), 0);
+    let out = fetch();
+    assert_ne!(out.exit_code, Some(0), "{}", out.verbose);
+    let line = lines.next().unwrap().unwrap();
+    assert!(
+        line.contains("the server refused our announcement (a legacy server)")
+            && line.contains("not remembered (forget_legacy_after is 0)"),
+        "{line}"
+    );
 }
 
 /// `--connection-rate-per-client` with `--connection-burst-per-client`: the server's banner
@@ -3628,6 +3663,10 @@ fn service_settings_and_the_simulated_key_file_are_checked() {
                 "0",
             ],
             "connection_burst_per_client must be at least 1",
+        ),
+        (
+            &["--connection-rate-per-client", "4294967296"],
+            "connection_rate_per_client must be at most 4294967295",
         ),
     ] {
         let err = refused_middlebox(&flags.iter().map(|f| os(f)).collect::<Vec<_>>());

@@ -1412,6 +1412,8 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         let mut forgetful = (*mb2.config()).clone();
         forgetful.forget_legacy_after = Some(Duration::ZERO);
         mb2.reload(forgetful).unwrap();
+        // Due to be forgotten: no longer counted, before any session looks it up.
+        assert_eq!(mb2.stats().legacy_servers_remembered(), 0, "{legacy}");
         let third = run("/third").await;
         assert_ne!(third.exit_code, Some(0), "{legacy}: {}", third.verbose);
         let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();

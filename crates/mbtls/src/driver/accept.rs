@@ -94,8 +94,24 @@ pub struct ListenerStats {
     dropped: Arc<AtomicU64>,
     refused_per_client: Arc<AtomicU64>,
     refused_rate_per_client: Arc<AtomicU64>,
-    legacy_servers: Arc<AtomicUsize>,
+    legacy_servers: Gauge,
     ended: Arc<Tally>,
+}
+
+/// A count made when it is read (e.g. at each metrics scrape).
+#[derive(Clone)]
+struct Gauge(Arc<dyn Fn() -> usize + Send + Sync>);
+
+impl Default for Gauge {
+    fn default() -> Gauge {
+        Gauge(Arc::new(|| 0))
+    }
+}
+
+impl core::fmt::Debug for Gauge {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", (self.0)())
+    }
 }
 
 impl ListenerStats {
@@ -146,7 +162,7 @@ impl ListenerStats {
     /// [`MiddleboxServerConfig::forget_legacy_after`](super::MiddleboxServerConfig::forget_legacy_after));
     /// 0 for other listeners.
     pub fn legacy_servers_remembered(&self) -> usize {
-        self.legacy_servers.load(Ordering::Relaxed)
+        (self.legacy_servers.0)()
     }
 
     /// Counts of the connections that ended so far, whether or not their reports were read:
@@ -217,7 +233,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             dropped: reports.dropped_count(),
             refused_per_client,
             refused_rate_per_client,
-            legacy_servers: Arc::default(),
+            legacy_servers: Gauge::default(),
             ended: reports.tally(),
         };
         Ok(Listening {
@@ -245,9 +261,16 @@ impl<R, C> Listening<R, C> {
         Ok(())
     }
 
-    /// Where [`ListenerStats::legacy_servers_remembered`] reads its count.
-    pub(super) fn count_legacy_servers(&mut self, count: Arc<AtomicUsize>) {
-        self.stats.legacy_servers = count;
+    /// How [`ListenerStats::legacy_servers_remembered`] counts, given the configuration in
+    /// force when it is read.
+    pub(super) fn count_legacy_servers(
+        &mut self,
+        count: impl Fn(&C) -> usize + Send + Sync + 'static,
+    ) where
+        C: Send + Sync + 'static,
+    {
+        let slot = self.config.clone();
+        self.stats.legacy_servers = Gauge(Arc::new(move || count(&slot.current())));
     }
 
     /// The configuration new connections get.

@@ -5,7 +5,6 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -324,7 +323,7 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
         // Kept across reloads: a server found to be legacy stays so (for the
         // `forget_legacy_after` of the configuration in force).
         let memory = Arc::new(ListenerMemory::default());
-        let legacy_count = memory.legacy.count.clone();
+        let counted = memory.clone();
         let mut listening = Listening::spawn(listen, cfg, move |id, stream, peer, cfg, reports| {
             let memory = memory.clone();
             let mut pending = Pending::new(ConnectionReport::new(id, Some(peer)), (), reports);
@@ -337,7 +336,11 @@ impl Listening<ConnectionReport, MiddleboxServerConfig> {
             }
         })
         .await?;
-        listening.count_legacy_servers(legacy_count);
+        listening.count_legacy_servers(move |cfg: &MiddleboxServerConfig| {
+            counted
+                .legacy
+                .remembered(Instant::now(), cfg.forget_legacy_after)
+        });
         Ok(listening)
     }
 }
@@ -405,8 +408,6 @@ const REMEMBERED_LEGACY_SERVERS: usize = 4096;
 #[derive(Default)]
 pub(super) struct LegacyServers {
     kept: Mutex<LegacyKept>,
-    /// How many are remembered now, for [`ListenerStats`](super::ListenerStats).
-    count: Arc<AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -432,9 +433,24 @@ impl LegacyServers {
             forget_after.is_some_and(|after| now.saturating_duration_since(since) >= after);
         if expired {
             kept.since.remove(next_hop);
-            self.count.store(kept.since.len(), Ordering::Relaxed);
         }
         !expired
+    }
+
+    /// How many are remembered at `now` and not yet due to be forgotten after `forget_after`
+    /// (one due is dropped only when its next session looks it up).
+    fn remembered(&self, now: Instant, forget_after: Option<Duration>) -> usize {
+        let Ok(kept) = self.kept.lock() else {
+            return 0;
+        };
+        match forget_after {
+            None => kept.since.len(),
+            Some(after) => kept
+                .since
+                .values()
+                .filter(|&&since| now.saturating_duration_since(since) < after)
+                .count(),
+        }
     }
 
     fn remember_legacy(&self, next_hop: &str, now: Instant) {
@@ -460,7 +476,6 @@ impl LegacyServers {
         if order.len() > 2 * REMEMBERED_LEGACY_SERVERS {
             order.retain(|(name, at)| since.get(name) == Some(at));
         }
-        self.count.store(since.len(), Ordering::Relaxed);
     }
 }
 
@@ -534,8 +549,13 @@ async fn serve(
         legacy.remember_legacy(&next_hop, Instant::now());
         // The server's refusal went on to the client: this session failed, whatever the
         // sockets' ends looked like, and whatever the client made of it.
+        let then = match cfg.forget_legacy_after.map(|d| d.as_secs()) {
+            None => ": later sessions to it are passed through unannounced until the middlebox restarts".to_string(),
+            Some(0) => ", not remembered (forget_legacy_after is 0): later sessions are announced to it again".to_string(),
+            Some(secs) => format!(": later sessions to it are passed through unannounced for {secs}s"),
+        };
         let why = format!(
-            "the server answered our announcement {how}, which ended the session (a legacy server: later sessions to it are passed through unannounced)"
+            "the server answered our announcement {how}, which ended the session (a legacy server{then})"
         );
         report.outcome = match std::mem::replace(&mut report.outcome, Ok(())) {
             Ok(()) => Err(why),
@@ -801,6 +821,14 @@ impl Conn {
                 "without close_notify after the other side's, having sent data since or been cut (the session may be truncated)"
             } else if self.hs.keys_installed() {
                 "mid-session, without close_notify"
+            } else if from == Side::Server && report.bytes_from_server == 0 {
+                // Nothing at all came, which is also how a hop that refuses this middlebox's
+                // address closes (an operator trial read only the record's cause for one).
+                if self.last_from == Some(Side::Client) {
+                    "during the handshake (before this middlebox received its keys), having sent nothing at all, right after a record from the client's side: it may have been answering that record (as a close answers an alert that ends the handshake), or refusing connections from this middlebox's address (its max_connections_per_client or connection_rate_per_client, which it says only in its log)"
+                } else {
+                    "during the handshake (before this middlebox received its keys), having sent nothing at all: it may be refusing connections from this middlebox's address (its max_connections_per_client or connection_rate_per_client, which it says only in its log)"
+                }
             } else if self.last_from == Some(from.other()) {
                 match from {
                     Side::Server => "during the handshake (before this middlebox received its keys), right after a record from the client's side, which it may have been answering (as a close answers an alert that ends the handshake)",
@@ -1184,13 +1212,10 @@ mod tests {
         for i in 1..=REMEMBERED_LEGACY_SERVERS {
             assert!(legacy.is_legacy(&format!("10.0.0.1:{i}"), now, None), "{i}");
         }
+        assert_eq!(legacy.remembered(now, None), REMEMBERED_LEGACY_SERVERS);
         let kept = legacy.kept.lock().unwrap();
         assert_eq!(kept.since.len(), REMEMBERED_LEGACY_SERVERS);
         assert!(kept.order.len() <= REMEMBERED_LEGACY_SERVERS + 1);
-        assert_eq!(
-            legacy.count.load(Ordering::Relaxed),
-            REMEMBERED_LEGACY_SERVERS
-        );
     }
 
     /// With `forget_legacy_after`, a server is announced to again once that long has passed
@@ -1204,11 +1229,14 @@ mod tests {
         let hour = Some(Duration::from_secs(3600));
         legacy.remember_legacy("a:443", t0);
         legacy.remember_legacy("b:443", secs(1000));
-        assert_eq!(legacy.count.load(Ordering::Relaxed), 2);
+        assert_eq!(legacy.remembered(secs(1000), hour), 2);
+        // Due to be forgotten counts as forgotten, before any session looks it up.
+        assert_eq!(legacy.remembered(secs(3600), hour), 1);
+        assert_eq!(legacy.remembered(secs(3600), Some(Duration::ZERO)), 0);
         assert!(legacy.is_legacy("a:443", secs(3599), hour));
         assert!(legacy.is_legacy("a:443", secs(100_000), None));
         assert!(!legacy.is_legacy("a:443", secs(3600), hour));
-        assert_eq!(legacy.count.load(Ordering::Relaxed), 1);
+        assert_eq!(legacy.remembered(secs(3600), None), 1);
         // Forgotten for good: a longer time later does not bring it back.
         assert!(!legacy.is_legacy("a:443", secs(3600), None));
         assert!(legacy.is_legacy("b:443", secs(4599), hour));
@@ -1216,7 +1244,7 @@ mod tests {
         assert!(legacy.is_legacy("a:443", secs(7599), hour));
         assert!(!legacy.is_legacy("a:443", secs(7600), hour));
         assert!(!legacy.is_legacy("b:443", secs(7600), hour));
-        assert_eq!(legacy.count.load(Ordering::Relaxed), 0);
+        assert_eq!(legacy.remembered(secs(7600), None), 0);
         assert!(!legacy.is_legacy("c:443", t0, None));
     }
 

@@ -23,6 +23,8 @@ pub(super) struct Client(IpAddr);
 impl Client {
     pub(super) fn of(peer: SocketAddr) -> Client {
         match peer.ip().to_canonical() {
+            // One host whatever its /64 (::/64) holds: named as itself in the log.
+            IpAddr::V6(v6) if v6.is_loopback() => Client(IpAddr::V6(v6)),
             IpAddr::V6(v6) => {
                 let prefix = u128::from(v6) & !((1u128 << 64) - 1);
                 Client(IpAddr::V6(Ipv6Addr::from(prefix)))
@@ -36,6 +38,7 @@ impl core::fmt::Display for Client {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.0 {
             IpAddr::V4(v4) => write!(f, "{v4}"),
+            IpAddr::V6(v6) if v6.is_loopback() => write!(f, "{v6}"),
             IpAddr::V6(v6) => write!(f, "{v6}/64"),
         }
     }
@@ -55,6 +58,7 @@ pub(super) enum Refused {
 pub(super) struct ClientLimits {
     open: Arc<OpenPerClient>,
     rates: Mutex<RatePerClient>,
+    log: Mutex<LogGate>,
     pub(super) refused_open: Arc<AtomicU64>,
     pub(super) refused_rate: Arc<AtomicU64>,
 }
@@ -78,11 +82,12 @@ impl ClientLimits {
                 Ok(slot) => Some(slot),
                 Err(first) => {
                     self.refused_open.fetch_add(1, Ordering::Relaxed);
-                    if first {
+                    if let Some(unlogged) = self.log_now(first, now) {
                         tracing::warn!(
                             %client,
                             limit = max,
-                            "connections from this client closed at their accept while it has max_connections_per_client open"
+                            unlogged,
+                            "connections from this client closed at their accept while it has max_connections_per_client open (later ones while it has: counted in connections_refused_per_client_total, not logged)"
                         );
                     }
                     return Err(Refused::Open);
@@ -97,18 +102,58 @@ impl ClientLimits {
                 .take(client, rate, now);
             if let Err(first) = taken {
                 self.refused_rate.fetch_add(1, Ordering::Relaxed);
-                if first {
+                if let Some(unlogged) = self.log_now(first, now) {
                     tracing::warn!(
                         %client,
                         per_second = rate.per_second,
                         burst = rate.burst,
-                        "connections from this client closed at their accept: it opens them faster than connection_rate_per_client"
+                        unlogged,
+                        "connections from this client closed at their accept: it opens them faster than connection_rate_per_client (later ones until it slows down: counted in connections_refused_rate_per_client_total, not logged)"
                     );
                 }
                 return Err(Refused::Rate);
             }
         }
         Ok(slot)
+    }
+
+    /// Whether a client's first refusal of a run is logged now, and how many such first
+    /// refusals the gate held back since the last line ([`LogGate`]).
+    fn log_now(&self, first: bool, now: Instant) -> Option<u64> {
+        if !first {
+            return None;
+        }
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).pass(now)
+    }
+}
+
+/// Refusal warnings a listener writes per minute at most: each client's first refusal of a
+/// run is one line, and many clients at once (a scan, a botnet) would otherwise flood the
+/// log. The next line that passes says how many were held back (`unlogged`).
+const REFUSAL_LINES_PER_MINUTE: u32 = 10;
+
+#[derive(Debug, Default)]
+struct LogGate {
+    /// When the current minute began, and the lines written in it.
+    window: Option<(Instant, u32)>,
+    held_back: u64,
+}
+
+impl LogGate {
+    /// `Some(held back since the last line)` if a line may be written at `now`.
+    fn pass(&mut self, now: Instant) -> Option<u64> {
+        let minute = Duration::from_secs(60);
+        let (start, lines) = match self.window {
+            Some((start, lines)) if now.saturating_duration_since(start) < minute => (start, lines),
+            _ => (now, 0),
+        };
+        if lines >= REFUSAL_LINES_PER_MINUTE {
+            self.window = Some((start, lines));
+            self.held_back += 1;
+            return None;
+        }
+        self.window = Some((start, lines + 1));
+        Some(std::mem::take(&mut self.held_back))
     }
 }
 
@@ -316,6 +361,28 @@ mod tests {
             burst: u32::MAX,
         };
         assert_eq!(rates.take(client("192.0.2.9"), huge, t0), Ok(()));
+    }
+
+    /// At most ten refusal lines a minute, the next one after saying how many were held
+    /// back; a new minute starts afresh.
+    #[test]
+    fn refusal_lines_are_at_most_ten_a_minute() {
+        let mut gate = LogGate::default();
+        let t0 = Instant::now();
+        for _ in 0..REFUSAL_LINES_PER_MINUTE {
+            assert_eq!(gate.pass(t0), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(gate.pass(t0 + Duration::from_secs(59)), None);
+        }
+        assert_eq!(gate.pass(t0 + Duration::from_secs(60)), Some(5));
+        assert_eq!(gate.pass(t0 + Duration::from_secs(61)), Some(0));
+    }
+
+    #[test]
+    fn ipv6_loopback_is_its_own_client() {
+        assert_eq!(client("::1").to_string(), "::1");
+        assert_ne!(client("::1"), client("::2"));
     }
 
     /// Both limits at one accept: a connection refused for the number open leaves the rate's
