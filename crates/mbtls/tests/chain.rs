@@ -849,3 +849,46 @@ fn records_passed_on_in_place_keep_their_order_around_other_records() {
     );
     assert!(!relay.is_failed());
 }
+
+/// A TLS 1.2 handshake message in the data phase (a renegotiation's HelloRequest or
+/// ClientHello) that reaches an endpoint, as behind a middlebox of another implementation that
+/// passed it on, ends the session with `unexpected_message` in words that name renegotiation
+/// (ours refuses it first, in the same words: `a_legacy_server_that_renegotiates_is_refused_in_words`).
+#[test]
+fn an_endpoint_refuses_tls12_renegotiation_in_words() {
+    let suite = CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384;
+    let keys = mbx_mbtls::HopKeys::generate(TlsVersion::Tls12, &suite, 0, 0).unwrap();
+    let mut sealer = mbx_record::RecordSealer::new(TlsVersion::Tls12, keys.c2s.keys.clone(), 0);
+    let mut server =
+        mbx_mbtls::EndpointDataPhase::new(mbx_engine::Role::Server, TlsVersion::Tls12, keys);
+    let mut records = Vec::new();
+    sealer
+        .seal(
+            mbx_record::ContentType::APPLICATION_DATA,
+            b"before",
+            &mut records,
+        )
+        .unwrap();
+    // A ClientHello's first bytes: what matters is the record's type.
+    sealer
+        .seal(
+            mbx_record::ContentType::HANDSHAKE,
+            &[1, 0, 0, 0],
+            &mut records,
+        )
+        .unwrap();
+    server.receive(&records);
+    assert_eq!(server.take_plaintext(), b"before");
+    assert_eq!(
+        server.failure(),
+        Some(Alert::fatal(AlertDescription::UNEXPECTED_MESSAGE))
+    );
+    let events: Vec<EndpointEvent> = std::iter::from_fn(|| server.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EndpointEvent::Failed { what, .. }
+            if what.contains("TLS 1.2 renegotiation, which mbTLS does not support"))),
+        "{events:?}"
+    );
+}
