@@ -114,8 +114,8 @@ pub enum EngineError {
         /// (the CLI's hints) need not read `detail`, whose words change between versions.
         certificate: Option<CertificateProblem>,
     },
-    /// An OpenSSL call outside the TLS state machine failed.
-    #[error("OpenSSL: {0}")]
+    /// An OpenSSL call outside the TLS state machine failed (said as [`stack_words`] says it).
+    #[error("OpenSSL: {}", stack_words(.0))]
     OpenSsl(#[from] openssl::error::ErrorStack),
     /// The operation exists in the trait but this engine cannot do it (rustls cannot add or read
     /// custom handshake extensions, by design).
@@ -164,5 +164,48 @@ impl EngineError {
             EngineError::Fatal { certificate, .. } => *certificate,
             _ => None,
         }
+    }
+}
+
+/// OpenSSL's error stack as its `Display` says it (`error:CODE:library:function:reason`, and
+/// any data), without the source file and line of each entry.
+pub(crate) fn stack_words(stack: &openssl::error::ErrorStack) -> String {
+    let words: Vec<String> = stack
+        .errors()
+        .iter()
+        .map(|e| {
+            let mut w = format!(
+                "error:{:08X}:{}:{}:{}",
+                e.code(),
+                e.library().unwrap_or("unknown library"),
+                e.function().unwrap_or("unknown function"),
+                e.reason().unwrap_or("unknown reason")
+            );
+            if let Some(data) = e.data() {
+                w.push(':');
+                w.push_str(data);
+            }
+            w
+        })
+        .collect();
+    if words.is_empty() {
+        "OpenSSL error".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An OpenSSL failure outside a handshake is said without OpenSSL's source files and
+    /// lines too, as a handshake's is.
+    #[test]
+    fn an_openssl_error_names_its_reason_without_source_lines() {
+        let stack = openssl::pkey::PKey::private_key_from_pem(b"not a key").unwrap_err();
+        let said = EngineError::from(stack).to_string();
+        assert!(said.starts_with("OpenSSL: error:"), "{said}");
+        assert!(!said.contains(".c:"), "{said}");
     }
 }

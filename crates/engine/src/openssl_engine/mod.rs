@@ -1143,7 +1143,7 @@ impl OpenSslEngine {
         // OpenSSL's stack without its source files and lines, which say nothing to an
         // operator (an interop trial's report read "…:../ssl/statem/statem_srvr.c:1664:").
         let mut detail = match e.ssl_error() {
-            Some(stack) => stack_words(stack),
+            Some(stack) => crate::error::stack_words(stack),
             None => e.to_string(),
         };
         if self.stream.get_ref().malformed {
@@ -1548,34 +1548,6 @@ impl OpenSslEngine {
                 cached: None,
             },
         ))
-    }
-}
-
-/// OpenSSL's error stack as its `Display` says it (`error:CODE:library:function:reason`, and
-/// any data), without the source file and line of each entry.
-fn stack_words(stack: &ErrorStack) -> String {
-    let words: Vec<String> = stack
-        .errors()
-        .iter()
-        .map(|e| {
-            let mut w = format!(
-                "error:{:08X}:{}:{}:{}",
-                e.code(),
-                e.library().unwrap_or("unknown library"),
-                e.function().unwrap_or("unknown function"),
-                e.reason().unwrap_or("unknown reason")
-            );
-            if let Some(data) = e.data() {
-                w.push(':');
-                w.push_str(data);
-            }
-            w
-        })
-        .collect();
-    if words.is_empty() {
-        "OpenSSL error".to_string()
-    } else {
-        words.join(", ")
     }
 }
 
