@@ -1355,27 +1355,25 @@ fn check_host_port(setting: &str, addr: &str) -> anyhow::Result<()> {
 /// The first hop only passes a close or a reset on (in the handshake too, e.g. when the
 /// server behind a middlebox is down): who ended the session, and why, is in the
 /// middleboxes' and the server's reports.
-fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> &'static str {
+fn ended_behind_hint(e: &mbx_mbtls::driver::DriverError) -> String {
     use mbx_mbtls::driver::DriverError;
+    const ENDED_BEHIND: &str = "; a middlebox or the server ended the session (their report \
+         lines say why; a process that was killed leaves none";
     let ended_behind = e.ended_on_the_path();
     if let DriverError::Alert { description, .. } = e {
         if *description == mbx_engine::AlertDescription::HANDSHAKE_FAILURE.0 && ended_behind {
-            return SERVER_REFUSED_ITS_MIDDLEBOX;
+            return SERVER_REFUSED_ITS_MIDDLEBOX.into();
         }
     }
     match (ended_behind, e) {
-        (false, _) => "",
-        (true, DriverError::Alert { .. }) => {
-            "; a middlebox or the server ended the session (their report lines say why; a \
-             process that was killed leaves none)"
-        }
+        (false, _) => String::new(),
+        (true, DriverError::Alert { .. }) => format!("{ENDED_BEHIND})"),
         // A close or a reset: also what a hop that refuses this address sends.
-        (true, _) => {
-            "; a middlebox or the server ended the session (their report lines say why; a \
-             process that was killed leaves none, and one that refused this address for its \
+        (true, _) => format!(
+            "{ENDED_BEHIND}, and one that refused this address for its \
              max_connections_per_client or connection_rate_per_client only a warning in its \
              log)"
-        }
+        ),
     }
 }
 
@@ -1484,7 +1482,7 @@ fn fix_hint(e: &mbx_mbtls::driver::DriverError, role: mbx_engine::Role) -> Strin
 /// What a client (the one-shot fetch, the proxy's report line and its 502) says after a
 /// failed session's error: which reports tell why, and what would fix it.
 fn client_hint(e: &mbx_mbtls::driver::DriverError) -> String {
-    ended_behind_hint(e).to_owned() + &fix_hint(e, mbx_engine::Role::Client)
+    ended_behind_hint(e) + &fix_hint(e, mbx_engine::Role::Client)
 }
 
 /// `--nonce` as bytes.
@@ -2037,21 +2035,16 @@ fn middlebox(
             .with_context(|| cannot_listen(&s.listen))?;
         let metrics = bind_metrics(&s.service).await?;
         s.service.start_reports("middlebox", server.local_addr());
+        // A server-side middlebox that forgets legacy servers says after how long.
+        let running = server.config();
+        let forgets = match (running.placement, running.forget_legacy_after) {
+            (Placement::ServerSide, Some(_)) => format!(" ({})", legacy_memory_shown(&running)),
+            _ => String::new(),
+        };
         let text = format!(
-            "mbTLS middlebox listening on {}, next hop {}, {} side{}, certificate for {}",
+            "mbTLS middlebox listening on {}, next hop {next_hop}, {} side{forgets}, certificate for {certificate_names}",
             server.local_addr(),
-            next_hop,
             s.side,
-            match (
-                server.config().placement,
-                server.config().forget_legacy_after
-            ) {
-                (Placement::ServerSide, Some(_)) => {
-                    format!(" ({})", legacy_memory_shown(&server.config()))
-                }
-                _ => String::new(),
-            },
-            certificate_names
         );
         print_listening(text, &*server.config());
         print_line(format_args!("app: {}", app_shown(&s)));
@@ -3318,13 +3311,13 @@ fn service_metrics_text(
         stats.refused_rate_per_client(),
     );
     // Only a middlebox remembers legacy servers.
-    if prefix.ends_with("_middlebox") {
+    if let Some(remembered) = stats.legacy_servers_remembered() {
         write_metric(
             &mut out,
             "gauge",
             &name("legacy_servers_remembered"),
             "Next hops remembered as legacy servers (server side): their sessions pass through unannounced.",
-            stats.legacy_servers_remembered() as u64,
+            remembered as u64,
         );
     }
     write_metric(

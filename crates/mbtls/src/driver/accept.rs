@@ -94,19 +94,14 @@ pub struct ListenerStats {
     dropped: Arc<AtomicU64>,
     refused_per_client: Arc<AtomicU64>,
     refused_rate_per_client: Arc<AtomicU64>,
-    legacy_servers: Gauge,
+    /// A middlebox's only: [`ListenerStats::legacy_servers_remembered`].
+    legacy_servers: Option<Gauge>,
     ended: Arc<Tally>,
 }
 
 /// A count made when it is read (e.g. at each metrics scrape).
 #[derive(Clone)]
 struct Gauge(Arc<dyn Fn() -> usize + Send + Sync>);
-
-impl Default for Gauge {
-    fn default() -> Gauge {
-        Gauge(Arc::new(|| 0))
-    }
-}
 
 impl core::fmt::Debug for Gauge {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -157,12 +152,12 @@ impl ListenerStats {
         self.refused_rate_per_client.load(Ordering::Relaxed)
     }
 
-    /// Next hops a server-side middlebox remembers as legacy servers now (it passes their
-    /// sessions through unannounced,
+    /// Next hops a middlebox remembers as legacy servers now (it passes their sessions
+    /// through unannounced,
     /// [`MiddleboxServerConfig::forget_legacy_after`](super::MiddleboxServerConfig::forget_legacy_after));
-    /// 0 for other listeners.
-    pub fn legacy_servers_remembered(&self) -> usize {
-        (self.legacy_servers.0)()
+    /// `None` for other listeners, which remember none.
+    pub fn legacy_servers_remembered(&self) -> Option<usize> {
+        self.legacy_servers.as_ref().map(|count| (count.0)())
     }
 
     /// Counts of the connections that ended so far, whether or not their reports were read:
@@ -233,7 +228,7 @@ impl<R: Send + 'static, C: ServiceConfig> Listening<R, C> {
             dropped: reports.dropped_count(),
             refused_per_client,
             refused_rate_per_client,
-            legacy_servers: Gauge::default(),
+            legacy_servers: None,
             ended: reports.tally(),
         };
         Ok(Listening {
@@ -270,7 +265,7 @@ impl<R, C> Listening<R, C> {
         C: Send + Sync + 'static,
     {
         let slot = self.config.clone();
-        self.stats.legacy_servers = Gauge(Arc::new(move || count(&slot.current())));
+        self.stats.legacy_servers = Some(Gauge(Arc::new(move || count(&slot.current()))));
     }
 
     /// The configuration new connections get.
