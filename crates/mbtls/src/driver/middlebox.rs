@@ -3,7 +3,7 @@
 //! at once. One report per connection says what happened.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -407,16 +407,13 @@ const REMEMBERED_LEGACY_SERVERS: usize = 4096;
 /// caller gives the time.
 #[derive(Default)]
 pub(super) struct LegacyServers {
-    kept: Mutex<LegacyKept>,
+    /// Each next hop and when it was (last) found legacy.
+    kept: Mutex<HashMap<String, Instant>>,
 }
 
-#[derive(Default)]
-struct LegacyKept {
-    /// Each next hop and when it was (last) found legacy.
-    since: HashMap<String, Instant>,
-    /// The order they were found in; an entry whose time differs from `since`'s was found
-    /// again later (or forgotten), and stands for nothing.
-    order: VecDeque<(String, Instant)>,
+/// Whether a server found legacy at `since` is due to be forgotten at `now`.
+fn forgotten(since: Instant, now: Instant, forget_after: Option<Duration>) -> bool {
+    forget_after.is_some_and(|after| now.saturating_duration_since(since) >= after)
 }
 
 impl LegacyServers {
@@ -426,15 +423,14 @@ impl LegacyServers {
         let Ok(mut kept) = self.kept.lock() else {
             return false;
         };
-        let Some(&since) = kept.since.get(next_hop) else {
+        let Some(&since) = kept.get(next_hop) else {
             return false;
         };
-        let expired =
-            forget_after.is_some_and(|after| now.saturating_duration_since(since) >= after);
-        if expired {
-            kept.since.remove(next_hop);
+        if forgotten(since, now, forget_after) {
+            kept.remove(next_hop);
+            return false;
         }
-        !expired
+        true
     }
 
     /// How many are remembered at `now` and not yet due to be forgotten after `forget_after`
@@ -443,38 +439,26 @@ impl LegacyServers {
         let Ok(kept) = self.kept.lock() else {
             return 0;
         };
-        match forget_after {
-            None => kept.since.len(),
-            Some(after) => kept
-                .since
-                .values()
-                .filter(|&&since| now.saturating_duration_since(since) < after)
-                .count(),
-        }
+        kept.values()
+            .filter(|&&since| !forgotten(since, now, forget_after))
+            .count()
     }
 
+    /// Remembers `next_hop` as found legacy at `now`; past the limit the one found longest ago
+    /// is forgotten (a scan of the table, on a failed session only).
     fn remember_legacy(&self, next_hop: &str, now: Instant) {
         let Ok(mut kept) = self.kept.lock() else {
             return;
         };
-        let LegacyKept { since, order } = &mut *kept;
-        since.insert(next_hop.to_string(), now);
-        order.push_back((next_hop.to_string(), now));
-        // The oldest are forgotten while over the limit, and entries that stand for nothing
-        // dropped as they come to the front ...
-        while let Some((front, at)) = order.front() {
-            let live = since.get(front) == Some(at);
-            if live && since.len() <= REMEMBERED_LEGACY_SERVERS {
-                break;
+        kept.insert(next_hop.to_string(), now);
+        if kept.len() > REMEMBERED_LEGACY_SERVERS {
+            let oldest = kept
+                .iter()
+                .min_by_key(|&(_, &since)| since)
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                kept.remove(&oldest);
             }
-            if live {
-                since.remove(front);
-            }
-            order.pop_front();
-        }
-        // ... or, when they pile up behind a live one, all at once.
-        if order.len() > 2 * REMEMBERED_LEGACY_SERVERS {
-            order.retain(|(name, at)| since.get(name) == Some(at));
         }
     }
 }
@@ -1202,20 +1186,21 @@ mod tests {
     #[test]
     fn legacy_servers_are_remembered_up_to_the_limit_oldest_forgotten_first() {
         let legacy = LegacyServers::default();
-        let now = Instant::now();
+        let t0 = Instant::now();
+        // Each found a little later than the one before.
+        let at = |i: usize| t0 + Duration::from_nanos(i as u64);
         for i in 0..=REMEMBERED_LEGACY_SERVERS {
-            legacy.remember_legacy(&format!("10.0.0.1:{i}"), now);
+            legacy.remember_legacy(&format!("10.0.0.1:{i}"), at(i));
         }
         // Once more: no second entry, nothing else forgotten.
+        let now = at(REMEMBERED_LEGACY_SERVERS + 1);
         legacy.remember_legacy("10.0.0.1:5", now);
         assert!(!legacy.is_legacy("10.0.0.1:0", now, None));
         for i in 1..=REMEMBERED_LEGACY_SERVERS {
             assert!(legacy.is_legacy(&format!("10.0.0.1:{i}"), now, None), "{i}");
         }
         assert_eq!(legacy.remembered(now, None), REMEMBERED_LEGACY_SERVERS);
-        let kept = legacy.kept.lock().unwrap();
-        assert_eq!(kept.since.len(), REMEMBERED_LEGACY_SERVERS);
-        assert!(kept.order.len() <= REMEMBERED_LEGACY_SERVERS + 1);
+        assert_eq!(legacy.kept.lock().unwrap().len(), REMEMBERED_LEGACY_SERVERS);
     }
 
     /// With `forget_legacy_after`, a server is announced to again once that long has passed
@@ -1248,9 +1233,8 @@ mod tests {
         assert!(!legacy.is_legacy("c:443", t0, None));
     }
 
-    /// A server found legacy over and over (a short `forget_legacy_after`) behind one that is
-    /// never looked up again does not grow the queue without bound, nor cost the older one its
-    /// place.
+    /// A server found legacy over and over (a short `forget_legacy_after`) keeps one entry,
+    /// and does not cost one found before it, and never looked up again, its place.
     #[test]
     fn finding_one_server_legacy_again_and_again_keeps_the_memory_bounded() {
         let legacy = LegacyServers::default();
@@ -1261,14 +1245,7 @@ mod tests {
             assert!(!legacy.is_legacy("again:443", now, Some(Duration::ZERO)));
             legacy.remember_legacy("again:443", now);
         }
-        let kept = legacy.kept.lock().unwrap();
-        assert!(
-            kept.order.len() <= 2 * REMEMBERED_LEGACY_SERVERS + 1,
-            "{}",
-            kept.order.len()
-        );
-        assert_eq!(kept.since.len(), 2);
-        drop(kept);
+        assert_eq!(legacy.kept.lock().unwrap().len(), 2);
         assert!(legacy.is_legacy("old:443", t0, None));
     }
 }
