@@ -8,14 +8,12 @@ use std::sync::Arc;
 
 use mbx_attest::sim::{measure, signer_id};
 use mbx_attest::{HexBytes, Policy, SimulatedAttester, SimulatedPlatform};
-use mbx_engine::{
-    ClientContext, CustomExtension, Identity, OpenSslContext, RustlsClientContext, TlsConfig,
-};
+use mbx_engine::{ClientContext, Identity, OpenSslContext, RustlsClientContext, TlsConfig};
 use mbx_mbtls::handshake::{
-    secondary_client_config, ClientHandshakeConfig, ClientMiddlebox, MiddleboxHandshakeConfig,
-    ServerHandshakeConfig, ServerMiddlebox, PRIMARY_CIPHER_SUITES,
+    primary_client_config, primary_server_config, secondary_client_config, ClientHandshakeConfig,
+    ClientMiddlebox, MiddleboxHandshakeConfig, ServerHandshakeConfig, ServerMiddlebox,
+    PRIMARY_CIPHER_SUITES,
 };
-use mbx_mbtls::MIDDLEBOX_SUPPORT_EXTENSION;
 use mbx_record::TlsVersion;
 use mbx_testbed::pki::{KeyType, LeafSpec, TestPki};
 
@@ -122,9 +120,9 @@ impl Setup {
     }
 
     /// The suites an mbTLS primary session offers and accepts (`PRIMARY_CIPHER_SUITES`, as
-    /// `primary_client_config` and `primary_server_config` set them), given to plain and split
-    /// TLS too: every configuration sends and reads the same ClientHello list, so the ratios
-    /// hold only what mbTLS adds.
+    /// `primary_client_config` and `primary_server_config` set them), for plain and split TLS:
+    /// every configuration sends and reads the same ClientHello list, so the ratios hold only
+    /// what mbTLS adds.
     fn primary_suites(cfg: TlsConfig) -> TlsConfig {
         TlsConfig {
             cipher_suites: PRIMARY_CIPHER_SUITES.to_vec(),
@@ -172,11 +170,9 @@ impl Setup {
         middlebox: ClientMiddlebox,
         attest: bool,
     ) -> Res<ClientHandshakeConfig> {
-        let mut primary = Self::primary_suites(
-            self.sessions(TlsConfig::client(SERVER, self.root.clone()).only(version)),
-        );
-        primary.custom_extensions = vec![CustomExtension::new(MIDDLEBOX_SUPPORT_EXTENSION)];
-        primary.pause_after_handshake = true;
+        // As the builders and the CLI make it (suites, extension, pause).
+        let mut primary =
+            self.sessions(primary_client_config(SERVER, self.root.clone()).only(version));
         // A client that can have no middlebox on its side keeps its session in OpenSSL.
         primary.exportable = !matches!(middlebox, ClientMiddlebox::Disabled);
         let secondary = secondary_client_config(self.root.clone());
@@ -196,10 +192,7 @@ impl Setup {
         middlebox: ServerMiddlebox,
         attest: bool,
     ) -> Res<ServerHandshakeConfig> {
-        let mut primary = Self::primary_suites(
-            self.tickets(TlsConfig::server(self.server_id.clone()).only(version)),
-        );
-        primary.pause_after_handshake = true;
+        let primary = self.tickets(primary_server_config(self.server_id.clone()).only(version));
         let secondary = secondary_client_config(self.root.clone());
         Ok(ServerHandshakeConfig {
             primary: Arc::new(OpenSslContext::new(&primary)?),
