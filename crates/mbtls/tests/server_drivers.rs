@@ -1376,13 +1376,7 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         let port = mb2.local_addr().port();
         let run = |path: &'static str| w.curl(port, path, None);
         // First session: the announcement makes the legacy server fail.
-        let first = run("/first").await;
-        assert_ne!(first.exit_code, Some(0), "{legacy}: {}", first.verbose);
-        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
-        assert!(
-            report.announced && report.legacy_server,
-            "{legacy}: {report:?}"
-        );
+        let report = found_legacy(&w, &mut mb2, "/first", legacy).await;
         assert_eq!(
             report.error_kind,
             Some(mbx_mbtls::driver::ErrorKind::LegacyServer),
@@ -1414,14 +1408,26 @@ async fn legacy_server_behind_a_server_side_middlebox_is_remembered() {
         mb2.reload(forgetful).unwrap();
         // Due to be forgotten: no longer counted, before any session looks it up.
         assert_eq!(mb2.stats().legacy_servers_remembered(), Some(0), "{legacy}");
-        let third = run("/third").await;
-        assert_ne!(third.exit_code, Some(0), "{legacy}: {}", third.verbose);
-        let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
-        assert!(
-            report.announced && report.legacy_server,
-            "{legacy}: {report:?}"
-        );
+        found_legacy(&w, &mut mb2, "/third", legacy).await;
     }
+}
+
+/// A session through `mb2` (curl to its port) that its announcement makes the `legacy`
+/// server fail: mb2's report of it, announced and marking the server legacy.
+async fn found_legacy(
+    w: &World,
+    mb2: &mut MiddleboxServer,
+    path: &'static str,
+    legacy: &str,
+) -> mbx_mbtls::driver::ConnectionReport {
+    let out = w.curl(mb2.local_addr().port(), path, None).await;
+    assert_ne!(out.exit_code, Some(0), "{legacy}: {}", out.verbose);
+    let report = timeout(BOUND, mb2.next_report()).await.unwrap().unwrap();
+    assert!(
+        report.announced && report.legacy_server,
+        "{legacy}: {report:?}"
+    );
+    report
 }
 
 /// A ClientHello for server.test, as any TLS client sends it.
