@@ -3322,6 +3322,16 @@ fn a_transparent_server_side_middlebox_on_the_router_announces_itself() {
     );
 }
 
+/// The value of the sample `name` (with its labels, if any) in a scrape's `text`.
+fn metric(text: &str, name: &str) -> u64 {
+    let key = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
 /// The text a service's metrics endpoint (`metrics: URL` in its banner) answers with.
 fn scrape(metrics_url: &str) -> String {
     let out = mbx_testbed::Curl::new(metrics_url).run().unwrap();
@@ -3397,12 +3407,10 @@ fn the_middlebox_counts_its_connections_for_prometheus() {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
     let bytes = |direction: &str| -> u64 {
-        let key = format!("mbtls_middlebox_bytes_total{{direction=\"{direction}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .unwrap_or_else(|| panic!("{text}"))
-            .parse()
-            .unwrap()
+        metric(
+            &text,
+            &format!("mbtls_middlebox_bytes_total{{direction=\"{direction}\"}}"),
+        )
     };
     // The request and the response crossed, with the handshakes: some hundreds of bytes.
     assert!(
@@ -3475,16 +3483,11 @@ fn a_server_side_middlebox_forgets_a_legacy_server_when_told() {
         .to_owned();
     let remembered = || {
         let text = scrape(&metrics_url);
-        let key = "mbtls_middlebox_legacy_servers_remembered ";
         assert!(
             text.contains("# TYPE mbtls_middlebox_legacy_servers_remembered gauge\n"),
             "{text}"
         );
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .unwrap_or_else(|| panic!("{text}"))
-            .parse::<u64>()
-            .unwrap()
+        metric(&text, "mbtls_middlebox_legacy_servers_remembered")
     };
     let fetch = || {
         mbx_testbed::Curl::new(&format!("https://server.test:{}/", mb_addr.port()))
@@ -3561,14 +3564,7 @@ fn a_server_closes_connections_a_client_opens_faster_than_its_rate() {
         .unwrap_or_else(|| panic!("{head:?}"))
         .to_owned();
     let scrape = || scrape(&metrics_url);
-    let counter = |text: &str, name: &str| -> u64 {
-        let key = format!("mbtls_server_{name} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-            .parse()
-            .unwrap()
-    };
+    let counter = |text: &str, name: &str| metric(text, &format!("mbtls_server_{name}"));
     let held: Vec<_> = (0..20)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();
